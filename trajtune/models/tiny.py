@@ -1,0 +1,174 @@
+"""TinyTransformer: a small decoder-only transformer with a KV cache, for CPU gyms and tests.
+
+Pre-LayerNorm blocks, learned absolute positions, tied input/output embeddings,
+`scaled_dot_product_attention` with an explicit boolean mask. Positions are
+derived from the attention mask (`cumsum - 1`), so left-padded prompts (used by
+the sampler) and right-padded training batches give the same logits for the
+same real tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    vocab_size: int
+    """number of token ids (tokenizer's `vocab_size`)"""
+    dim: int = 128
+    """width of the residual stream"""
+    n_layers: int = 4
+    """number of transformer blocks"""
+    n_heads: int = 4
+    """attention heads per block (dim must be divisible by it)"""
+    max_len: int = 512
+    """context length: the largest position the model can embed"""
+    mlp_ratio: int = 4
+    """hidden width of the MLP = mlp_ratio * dim"""
+    dropout: float = 0.0
+    """dropout on attention output and MLP (0 keeps sampling and training identical)"""
+    value_head: bool = False
+    """add a scalar head on the last hidden state (PPO value / reward model)"""
+
+    def __post_init__(self) -> None:
+        if self.dim % self.n_heads:
+            raise ValueError(f"TinyConfig: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TinyConfig: {name} must be positive, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class KVCache:
+    """Preallocated keys/values for incremental decoding.
+
+    k, v: per layer [B, H, max_len, head_dim]; `length` = positions filled so far;
+    `key_mask` [B, max_len] bool marks real (non-padding) positions.
+    """
+
+    def __init__(self, config: TinyConfig, batch_size: int, device, dtype=torch.float32, max_len: int | None = None):
+        L = max_len or config.max_len
+        hd = config.dim // config.n_heads
+        shape = (batch_size, config.n_heads, L, hd)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.key_mask = torch.zeros(batch_size, L, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)  # next position id per row
+        self.length = 0
+        self.capacity = L
+
+
+class Block(nn.Module):
+    def __init__(self, c: TinyConfig):
+        super().__init__()
+        self.n_heads = c.n_heads
+        self.ln1 = nn.LayerNorm(c.dim)
+        self.qkv = nn.Linear(c.dim, 3 * c.dim)
+        self.proj = nn.Linear(c.dim, c.dim)
+        self.ln2 = nn.LayerNorm(c.dim)
+        self.mlp = nn.Sequential(nn.Linear(c.dim, c.mlp_ratio * c.dim), nn.GELU(), nn.Linear(c.mlp_ratio * c.dim, c.dim))
+        self.drop = nn.Dropout(c.dropout)
+
+    def forward(self, x, allowed, cache: KVCache | None = None, layer: int = 0):
+        # x [B, t, D]; allowed [B, 1, t, S] bool (S = keys visible: t, or cache length + t)
+        B, t, D = x.shape
+        H = self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
+        q, k, v = (z.view(B, t, H, D // H).transpose(1, 2) for z in (q, k, v))  # [B, H, t, hd]
+        if cache is not None:
+            s = cache.length
+            cache.k[layer][:, :, s : s + t] = k
+            cache.v[layer][:, :, s : s + t] = v
+            k, v = cache.k[layer][:, :, : s + t], cache.v[layer][:, :, : s + t]  # [B, H, S, hd]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [B, H, t, hd]
+        y = y.transpose(1, 2).reshape(B, t, D)
+        x = x + self.drop(self.proj(y))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class TinyTransformer(nn.Module):
+    """`forward(ids [B,t], attention_mask [B,t] | None, cache) -> logits [B,t,V]`.
+
+    Without a cache: ordinary causal forward over the whole sequence.
+    With a cache: `ids` are the next t tokens of every row; their keys/values are
+    appended to the cache and they attend to everything cached before them.
+    `attention_mask` marks real tokens among the new `ids` (False = padding).
+    """
+
+    def __init__(self, config: TinyConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
+        self.pos_emb = nn.Embedding(c.max_len, c.dim)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.ln_f = nn.LayerNorm(c.dim)
+        self.value = nn.Linear(c.dim, 1) if c.value_head else None
+        self.apply(self._init)
+        for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        p = self.tok_emb.weight
+        return KVCache(self.config, batch_size, p.device, p.dtype, max_len)
+
+    def hidden(self, ids, attention_mask=None, cache: KVCache | None = None):
+        """Final hidden states [B, t, D] (after the last LayerNorm)."""
+        B, t = ids.shape
+        real = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        if cache is None:
+            pos = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, t]
+            keys = real  # [B, S=t]
+            causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+        else:
+            s = cache.length
+            if s + t > cache.capacity:
+                raise ValueError(f"KV cache overflow: {s} cached + {t} new > capacity {cache.capacity}")
+            pos = cache.positions[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)
+            cache.positions = cache.positions + real.long().sum(-1)
+            cache.key_mask[:, s : s + t] = real
+            keys = cache.key_mask[:, : s + t]
+            causal = torch.ones(t, s + t, dtype=torch.bool, device=ids.device).tril(diagonal=s)
+        if int(pos.max()) >= self.config.max_len:
+            raise ValueError(f"sequence longer than the model's context max_len={self.config.max_len}")
+        allowed = causal[None] & keys[:, None, :]  # [B, t, S]
+        # a query always sees itself, so padded queries never attend to nothing (NaN)
+        diag = torch.zeros_like(allowed)
+        diag[:, torch.arange(t), torch.arange(t) + (allowed.shape[-1] - t)] = True
+        allowed = (allowed | diag)[:, None]  # [B, 1, t, S]
+        x = self.tok_emb(ids) + self.pos_emb(pos)
+        for i, block in enumerate(self.blocks):
+            x = block(x, allowed, cache, i)
+        if cache is not None:
+            cache.length += t
+        return self.ln_f(x)
+
+    def forward(self, ids, attention_mask=None, cache: KVCache | None = None):
+        h = self.hidden(ids, attention_mask, cache)
+        return h @ self.tok_emb.weight.T  # [B, t, V] (tied embeddings)
+
+    def values(self, ids, attention_mask=None):
+        """Scalar head on every position: [B, T] (needs `value_head=True`)."""
+        if self.value is None:
+            raise ValueError("this TinyTransformer has no value head (TinyConfig.value_head=False)")
+        return self.value(self.hidden(ids, attention_mask)).squeeze(-1)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
