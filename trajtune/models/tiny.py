@@ -160,9 +160,14 @@ class TinyTransformer(nn.Module):
             cache.length += t
         return self.ln_f(x)
 
-    def forward(self, ids, attention_mask=None, cache: KVCache | None = None):
+    def forward(self, ids, attention_mask=None, cache: KVCache | None = None, return_values: bool = False):
         h = self.hidden(ids, attention_mask, cache)
-        return h @ self.tok_emb.weight.T  # [B, t, V] (tied embeddings)
+        logits = h @ self.tok_emb.weight.T  # [B, t, V] (tied embeddings)
+        if not return_values:
+            return logits
+        if self.value is None:
+            raise ValueError("this TinyTransformer has no value head (TinyConfig.value_head=False)")
+        return logits, self.value(h).squeeze(-1)  # [B, t, V], [B, t]
 
     def values(self, ids, attention_mask=None):
         """Scalar head on every position: [B, T] (needs `value_head=True`)."""

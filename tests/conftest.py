@@ -1,0 +1,10 @@
+import pytest
+import torch
+
+from trajtune.models.tiny import TinyConfig, TinyTransformer
+
+
+@pytest.fixture
+def tiny_model():
+    torch.manual_seed(0)
+    return TinyTransformer(TinyConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, max_len=64)).eval()

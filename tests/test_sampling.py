@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from trajtune.sampling import filter_logits, sample
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_same_seed_same_samples_and_cache_equals_recompute(tiny_model):
+    a = sample(tiny_model, PROMPTS, 12, gen(0), temperature=0.9, stop_ids=[7])
+    b = sample(tiny_model, PROMPTS, 12, gen(0), temperature=0.9, stop_ids=[7])
+    c = sample(tiny_model, PROMPTS, 12, gen(0), temperature=0.9, stop_ids=[7], use_cache=False)
+    d = sample(tiny_model, PROMPTS, 12, gen(1), temperature=0.9, stop_ids=[7])
+    assert a == b
+    assert a.tokens == c.tokens
+    assert a.tokens != d.tokens
+
+
+def test_logprobs_are_the_models_log_probs(tiny_model):
+    out = sample(tiny_model, PROMPTS, 6, gen(2))
+    for p, toks, lps in zip(PROMPTS, out.tokens, out.logprobs):
+        ids = torch.tensor([p + toks])
+        ref = torch.log_softmax(tiny_model(ids)[0, len(p) - 1 : -1], -1).gather(-1, torch.tensor(toks)[:, None])
+        assert torch.allclose(torch.tensor(lps), ref.squeeze(-1), atol=1e-5)
+
+
+def test_batched_greedy_equals_one_prompt_at_a_time(tiny_model):
+    batched = sample(tiny_model, PROMPTS, 10, greedy=True)
+    for p, toks in zip(PROMPTS, batched.tokens):
+        assert sample(tiny_model, [p], 10, greedy=True).tokens[0] == toks
+
+
+def test_stop_tokens_and_budget(tiny_model):
+    greedy = sample(tiny_model, PROMPTS, 10, greedy=True)
+    stop = greedy.tokens[0][2]  # force a stop where this token first appears in row 0
+    out = sample(tiny_model, PROMPTS, 10, greedy=True, stop_ids=[stop])
+    first = greedy.tokens[0].index(stop)
+    assert out.tokens[0] == greedy.tokens[0][: first + 1] and out.stopped[0]
+    for toks, s in zip(out.tokens, out.stopped):
+        assert len(toks) <= 10 and (s == (stop in toks))
+        if s:
+            assert toks.index(stop) == len(toks) - 1
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(tiny_model):
+    greedy = sample(tiny_model, PROMPTS, 8, greedy=True).tokens
+    assert sample(tiny_model, PROMPTS, 8, gen(3), top_k=1).tokens == greedy
+    assert sample(tiny_model, PROMPTS, 8, gen(3), top_p=1e-6).tokens == greedy
+
+
+def test_filter_logits():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[True, False, False, True]]
+    # probs ~ [0.09, 0.67, 0.24, 0.03]: the 0.8 nucleus keeps the two most likely tokens
+    assert torch.isinf(filter_logits(logits, top_p=0.8)).tolist() == [[True, False, False, True]]
+
+
+def test_bad_arguments(tiny_model):
+    with pytest.raises(ValueError, match="at least one token"):
+        sample(tiny_model, [[]], 3)
+    with pytest.raises(ValueError, match="temperature"):
+        sample(tiny_model, PROMPTS, 3, temperature=0.0)
+    assert sample(tiny_model, [], 3).tokens == []

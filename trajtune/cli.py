@@ -1,0 +1,124 @@
+"""Command line: `trajtune run [RECIPE]`, `trajtune list`, `trajtune gym ...`.
+
+    trajtune run                          # the built-in default recipe
+    trajtune run recipe.toml --set config.sft.steps=50 --run-dir runs/x
+    trajtune run addition                 # a built-in recipe by name
+    trajtune list                         # built-in recipes with one-line descriptions
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from .config import ConfigError, from_dict, load_toml, set_dotted
+from .experiments import get_experiment
+
+DEFAULT_RECIPE = "addition"
+RECIPE_KEYS = ("experiment", "description", "config")
+
+
+def builtin_recipes() -> dict[str, Path]:
+    """name -> path of every TOML recipe shipped in trajtune/recipes/."""
+    root = resources.files("trajtune.recipes")
+    return {Path(p.name).stem: Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml")}
+
+
+def resolve_recipe(name_or_path: str | None) -> Path:
+    name_or_path = name_or_path or DEFAULT_RECIPE
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        return p
+    recipes = builtin_recipes()
+    if name_or_path not in recipes:
+        import difflib
+
+        close = difflib.get_close_matches(name_or_path, list(recipes), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no recipe file or built-in recipe named {name_or_path!r}{hint} (see `trajtune list`)")
+    return recipes[name_or_path]
+
+
+def load_recipe(path: Path, overrides: list[str] = ()):
+    """Parse and validate a recipe: (experiment module, its Config instance, raw dict)."""
+    raw = load_toml(path)
+    for a in overrides:
+        set_dotted(raw, a)
+    for key in raw:
+        if key not in RECIPE_KEYS:
+            import difflib
+
+            close = difflib.get_close_matches(key, RECIPE_KEYS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid top-level keys: {', '.join(RECIPE_KEYS)}"
+            raise ConfigError(f"{path}: unknown key {key!r}{hint}")
+    if "experiment" not in raw:
+        raise ConfigError(f"{path}: missing key 'experiment' (which experiment to run)")
+    try:
+        module = get_experiment(raw["experiment"])
+    except KeyError as e:
+        raise ConfigError(f"{path}: {e.args[0]}") from e
+    config = from_dict(module.Config, raw.get("config", {}), where=f"{path}: [config]")
+    return module, config, raw
+
+
+def cmd_run(args) -> int:
+    path = resolve_recipe(args.recipe)
+    module, config, raw = load_recipe(path, args.set or [])
+    name = raw["experiment"]
+    run_dir = Path(args.run_dir or Path("runs") / f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+    print(f"trajtune: running {path} (experiment {name}) in {run_dir}", flush=True)
+    if args.dry_run:
+        print("recipe is valid (dry run: nothing trained)")
+        return 0
+    t0 = time.time()
+    report = module.run(config, run_dir)
+    print(f"done in {time.time() - t0:.0f}s")
+    print(report)
+    return 0
+
+
+def cmd_list(args) -> int:
+    rows = []
+    for name, path in sorted(builtin_recipes().items()):
+        raw = load_toml(path)
+        rows.append((name + (" (default)" if name == DEFAULT_RECIPE else ""), raw.get("description", "")))
+    width = max(len(r[0]) for r in rows)
+    for name, desc in rows:
+        print(f"{name:<{width}}  {desc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trajtune", description="Post-train language-model policies.")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a recipe (default: the built-in default recipe)")
+    r.add_argument("recipe", nargs="?", help="a recipe .toml file or the name of a built-in recipe")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe value, e.g. config.sft.steps=50")
+    r.add_argument("--run-dir", help="where to write metrics, checkpoints and the report (default runs/NAME-TIME)")
+    r.add_argument("--dry-run", action="store_true", help="validate the recipe and stop")
+    r.set_defaults(func=cmd_run)
+    ls = sub.add_parser("list", help="list the built-in recipes")
+    ls.set_defaults(func=cmd_list)
+    try:
+        from .gym_cli import add_gym_parser
+    except ImportError:  # gyms not installed in this build
+        pass
+    else:
+        add_gym_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"trajtune: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

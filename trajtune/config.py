@@ -1,0 +1,153 @@
+"""Recipes: TOML files that set fields of flat config dataclasses, validated before any work.
+
+A recipe file:
+
+    experiment = "addition_sft"          # which experiment (see `trajtune list`)
+    description = "one line for `trajtune list`"
+
+    [config]                             # fields of that experiment's config dataclass
+    steps = 300
+    [config.optim]                       # nested dataclass fields
+    lr = 3e-3
+
+Every key is checked against the dataclass: an unknown key fails naming the
+file, the key and the closest valid key; a value of the wrong type fails naming
+the key and the expected type. Nothing trains before the whole recipe is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+
+class ConfigError(ValueError):
+    """An invalid recipe or option; the message names the file and key."""
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, where: str):
+    """Check `value` against annotation `tp`; return it (ints widen to float)."""
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for a in args:
+            if a is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} is not a {' or '.join(_type_name(a) for a in args)}")
+    if origin is Literal:
+        if value not in args:
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{where}: {value!r} is not one of {list(args)}{hint}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table of {tp.__name__} fields, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table, got {value!r}")
+        return dict(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number (float), got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp in (bool, str):
+        if not isinstance(value, tp):
+            raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")
+
+
+def from_dict(cls, data: dict, where: str = "config"):
+    """Build dataclass `cls` from a dict, checking every key and type (see module doc)."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{where}: {e}") from e
+
+
+def to_dict(config) -> dict:
+    """A config dataclass as plain JSON/TOML-able data (saved with every run)."""
+    return dataclasses.asdict(config)
+
+
+def set_dotted(data: dict, assignment: str, where: str = "--set") -> None:
+    """Apply a command-line override `a.b=value` (value parsed as TOML, else a string)."""
+    if "=" not in assignment:
+        raise ConfigError(f"{where}: expected KEY=VALUE, got {assignment!r}")
+    key, raw = assignment.split("=", 1)
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    node = data
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: {key!r} goes through a non-table value")
+    node[parts[-1]] = value
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a dataclass (read from its source), for --help and docs."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    docs, body = {}, tree.body[0].body
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+            docs[a.target.id] = str(b.value.value).strip()
+    return docs
+
+
+def load_toml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such recipe file")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML ({e})") from e

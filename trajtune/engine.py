@@ -1,0 +1,207 @@
+"""The engine: the one seam between algorithm loops and the hardware.
+
+Algorithm loops never touch the model, the optimizer or the device directly;
+they call
+
+    engine.forward(batch)                     -> ForwardOutput (no gradient)
+    engine.forward_backward(batch, loss_fn)   -> metrics (gradients accumulate)
+    engine.optim_step()                       -> metrics (clip, step, zero grads)
+    engine.sample(prompts, max_new_tokens, generator, ...) -> Samples
+    engine.save_state(dir) / engine.load_state(dir)
+
+so the same loop runs on a laptop CPU (`LocalEngine`, this file) and, later,
+under `torchrun` behind a distributed engine with the same methods.
+
+`loss_fn(out: ForwardOutput, batch: Batch) -> (loss scalar, metrics dict)` is a
+pure function of the forward output: it never samples and never steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from .checkpoint import atomic_dir, load_model_weights, save_model_weights, load_tensors, save_tensors
+from .logprobs import token_log_probs
+from .sampling import Samples, sample
+from .trajectory import Batch
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up and optional cosine decay."""
+
+    lr: float = 1e-3
+    """peak learning rate"""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay"""
+    beta1: float = 0.9
+    """Adam first-moment decay"""
+    beta2: float = 0.95
+    """Adam second-moment decay"""
+    grad_clip: float = 1.0
+    """clip the global gradient norm to this value (0 disables)"""
+    warmup_steps: int = 0
+    """linear warm-up from 0 to lr over this many optimizer steps"""
+    decay_steps: int = 0
+    """if > 0, cosine decay from lr to lr/10 over this many steps after warm-up"""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.grad_clip < 0 or self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError("grad_clip, warmup_steps and decay_steps must be >= 0")
+
+    def lr_at(self, step: int) -> float:
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.decay_steps:
+            t = min(1.0, (step - self.warmup_steps) / self.decay_steps)
+            return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        return self.lr
+
+
+@dataclass
+class ForwardOutput:
+    """What a loss function sees.
+
+    logits   [B, T, V]  raw next-token logits
+    logprobs [B, T-1]   log pi(ids[:, t+1] | ids[:, :t+1])
+    values   [B, T] | None   scalar head, if the model has one and it was asked for
+    """
+
+    logits: torch.Tensor
+    logprobs: torch.Tensor
+    values: torch.Tensor | None = None
+
+
+LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
+
+
+class LocalEngine:
+    """One process, one device (CPU or a single GPU)."""
+
+    def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.optim_config = optim or OptimConfig()
+        self.step = 0  # optimizer steps taken
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    # --- optimizer (created lazily: inference-only engines never allocate Adam state)
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        if self._optimizer is None:
+            c = self.optim_config
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self._optimizer = torch.optim.AdamW(
+                params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay
+            )
+        return self._optimizer
+
+    # --- forward / backward ----------------------------------------------------
+    def _forward(self, batch: Batch, values: bool) -> ForwardOutput:
+        batch = batch.to(self.device)
+        if values:
+            logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask, return_values=True)
+        else:
+            logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask), None
+        return ForwardOutput(logits, token_log_probs(logits, batch.ids), vals)
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, values: bool = False) -> ForwardOutput:
+        """Forward without gradient (reference / old log-probs, evaluation)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._forward(batch, values)
+        finally:
+            self.model.train(was_training)
+
+    def forward_backward(self, batch: Batch, loss_fn: LossFn, scale: float = 1.0, values: bool = False) -> dict:
+        """Run `loss_fn` on a forward pass and accumulate `scale * grad(loss)`.
+
+        Call several times before `optim_step()` for gradient accumulation (the
+        caller picks `scale`, e.g. 1/num_micro_batches). Returns loss_fn's metrics
+        (floats) plus `loss`.
+        """
+        self.model.train()
+        out = self._forward(batch, values)
+        loss, metrics = loss_fn(out, batch.to(self.device))
+        if loss.dim() != 0:
+            raise ValueError(f"loss_fn must return a scalar loss, got shape {tuple(loss.shape)}")
+        (loss * scale).backward()
+        result = {"loss": float(loss.detach())}
+        result.update({k: _to_float(v) for k, v in metrics.items()})
+        return result
+
+    def optim_step(self) -> dict:
+        """Clip gradients, step the optimizer with this step's learning rate, zero gradients."""
+        c = self.optim_config
+        lr = c.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"grad_norm": float(norm), "lr": lr}
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+    # --- sampling --------------------------------------------------------------
+    def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None, **kw) -> Samples:
+        """Batched KV-cached sampling (see `trajtune.sampling.sample` for the options)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return sample(self.model, prompts, max_new_tokens, generator, **kw)
+        finally:
+            self.model.train(was_training)
+
+    # --- state -----------------------------------------------------------------
+    def save_state(self, path: str | os.PathLike, extra: dict | None = None) -> None:
+        """Write model, optimizer state, step and `extra` (JSON) atomically to directory `path`."""
+        with atomic_dir(path) as tmp:
+            save_model_weights(self.model, tmp / "model.safetensors")
+            opt = self._optimizer.state_dict() if self._optimizer is not None else None
+            tensors, meta = {}, {"step": self.step, "optim": asdict(self.optim_config), "extra": extra or {}}
+            if opt is not None:
+                for idx, st in opt["state"].items():
+                    for name, v in st.items():
+                        tensors[f"{idx}.{name}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
+                meta["param_groups"] = opt["param_groups"]
+                save_tensors(tensors, tmp / "optimizer.safetensors")
+            (tmp / "engine.json").write_text(json.dumps(meta, indent=1))
+
+    def load_state(self, path: str | os.PathLike) -> dict:
+        """Restore what `save_state` wrote; returns its `extra` dict."""
+        path = Path(path)
+        meta_file = path / "engine.json"
+        if not meta_file.exists():
+            raise FileNotFoundError(f"{path}: not an engine state directory (no engine.json)")
+        meta = json.loads(meta_file.read_text())
+        load_model_weights(self.model, path / "model.safetensors")
+        self.step = int(meta["step"])
+        if "param_groups" in meta:
+            tensors = load_tensors(path / "optimizer.safetensors")
+            state: dict[int, dict] = {}
+            for key, v in tensors.items():
+                idx, name = key.split(".", 1)
+                state.setdefault(int(idx), {})[name] = v.to(self.device) if name != "step" else v
+            self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        return meta.get("extra", {})
+
+
+def _to_float(v) -> float:
+    if isinstance(v, torch.Tensor):
+        return float(v.detach().float().mean()) if v.numel() != 1 else float(v.detach())
+    return float(v)

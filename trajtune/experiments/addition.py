@@ -1,0 +1,110 @@
+"""Smallest end-to-end run: teach a tiny character-level transformer 2-digit addition by SFT.
+
+Demonstrations are `Q: 23+45\nA: ` (PROMPT) -> `68<eos>` (POLICY). We measure
+greedy exact-match accuracy on held-out problems (pairs never seen in training)
+before and after training, and print a few answers so you can see what it learned.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..algorithms.sft import SFTConfig, train_sft
+from ..checkpoint import save_model
+from ..config import to_dict
+from ..engine import LocalEngine, OptimConfig
+from ..metrics import MetricsLogger
+from ..models.tiny import TinyConfig, TinyTransformer
+from ..text.tokenizers import CharTokenizer
+from ..trajectory import Owner, Trajectory
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """one seed for model init, data split and batches"""
+    n_train: int = 4000
+    """training problems (a+b with a, b in 0..99; the rest of the 10,000 pairs is held out)"""
+    n_eval: int = 300
+    """held-out problems used for accuracy"""
+    dim: int = 96
+    """model width"""
+    n_layers: int = 3
+    """transformer blocks"""
+    n_heads: int = 4
+    """attention heads"""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=600, batch_size=64, eval_every=100))
+    """the SFT loop's settings"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=30, decay_steps=570))
+    """optimizer settings"""
+
+
+def problem_text(a: int, b: int) -> tuple[str, str]:
+    return f"Q: {a}+{b}\nA: ", str(a + b)
+
+
+def split_problems(seed: int, n_train: int, n_eval: int) -> tuple[list, list]:
+    pairs = [(a, b) for a in range(100) for b in range(100)]
+    random.Random(seed).shuffle(pairs)
+    if n_train + n_eval > len(pairs):
+        raise ValueError(f"n_train + n_eval must be <= {len(pairs)}")
+    return pairs[:n_train], pairs[n_train : n_train + n_eval]
+
+
+def demonstration(tok: CharTokenizer, a: int, b: int) -> Trajectory:
+    q, ans = problem_text(a, b)
+    t = Trajectory()
+    t.append([tok.bos_id], Owner.TEMPLATE, 0)
+    t.append(tok.encode(q), Owner.PROMPT, 0)
+    t.append(tok.encode(ans) + [tok.eos_id], Owner.POLICY, 0)
+    return t
+
+
+def greedy_answers(engine: LocalEngine, tok: CharTokenizer, problems) -> list[str]:
+    prompts = [[tok.bos_id] + tok.encode(problem_text(a, b)[0]) for a, b in problems]
+    out = engine.sample(prompts, 5, greedy=True, stop_ids=[tok.eos_id], pad_id=tok.pad_id)
+    return [tok.decode(t, skip_special=True) for t in out.tokens]
+
+
+def accuracy(engine, tok, problems) -> float:
+    answers = greedy_answers(engine, tok, problems)
+    return sum(ans == str(a + b) for ans, (a, b) in zip(answers, problems, strict=True)) / len(problems)
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    torch.manual_seed(config.seed)
+    tok = CharTokenizer.from_corpus("0123456789+QA: \n")
+    model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads, max_len=32))
+    engine = LocalEngine(model, config.optim)
+    train, held_out = split_problems(config.seed, config.n_train, config.n_eval)
+    demos = [demonstration(tok, a, b) for a, b in train]
+    print(f"addition SFT: {model.num_parameters():,} parameters, {len(demos)} demonstrations, "
+          f"{len(held_out)} held-out problems, {config.sft.steps} steps")
+
+    before = accuracy(engine, tok, held_out)
+    logger = MetricsLogger(run_dir)
+    history = train_sft(engine, demos, config.sft, tok.pad_id, logger,
+                        evaluate=lambda step: {"eval/accuracy": accuracy(engine, tok, held_out)})
+    logger.close()
+    after = history[-1]["eval/accuracy"]
+    save_model(run_dir / "checkpoint", model, tok, meta={"experiment": "addition_sft"})
+
+    shown = held_out[:8]
+    lines = ["# Addition SFT", "", f"Held-out exact-match accuracy (greedy): **{before:.1%} -> {after:.1%}**", "",
+             "| step | train loss | held-out accuracy |", "|---|---|---|"]
+    lines += [f"| {r['step']} | {r['train/loss']:.3f} | {r['eval/accuracy']:.1%} |" for r in history if "eval/accuracy" in r]
+    lines += ["", "| problem | model's answer | correct |", "|---|---|---|"]
+    for (a, b), ans in zip(shown, greedy_answers(engine, tok, shown), strict=True):
+        lines.append(f"| {a}+{b} | {ans} | {'yes' if ans == str(a + b) else 'no (' + str(a + b) + ')'} |")
+    report = run_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[2:]))
+    return report
