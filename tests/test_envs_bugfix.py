@@ -1,0 +1,186 @@
+"""BugFix gym: tasks, every action, the exploit, reward modes, scripted-policy rates, the tokenizer."""
+
+import itertools
+import time
+
+import pytest
+
+from trajtune.envs.bugfix import (
+    EDITS, INVALID, OPS, BugFixEnv, build_tokenizer, diagnose, hardcode_tests, parse_action,
+)
+from trajtune.envs.bugfix_tasks import FAMILIES, make_tasks
+from trajtune.envs.sandbox import default_sandbox
+from trajtune.envs.scripted import bugfix_policy
+from trajtune.rollout import scripted_rollout
+from trajtune.text.render import Renderer
+from trajtune.text.tokenizers import WORD_PATTERN
+
+ALL, TRAIN, HELDOUT = make_tasks("all"), make_tasks("train"), make_tasks("heldout")
+TOK = build_tokenizer()
+
+
+def task_named(name):
+    return next(t for t in ALL if t.name == name)
+
+
+def play(task, actions, reward="hidden"):
+    env = BugFixEnv(reward=reward)
+    env.reset(task)
+    return env, [env.step(a) for a in actions]
+
+
+# --- tasks ------------------------------------------------------------------------------
+def test_splits_and_families():
+    assert (len(TRAIN), len(HELDOUT), len(ALL)) == (20, 10, 30)
+    for family in FAMILIES:
+        assert sum(t.family == family for t in TRAIN) == 4
+        assert sum(t.family == family for t in HELDOUT) == 2
+    assert len({t.entry for t in ALL}) == 30
+    with pytest.raises(ValueError, match="split"):
+        make_tasks("test")
+
+
+def test_heldout_names_never_appear_in_training():
+    train_symbols = {s for t in TRAIN for s in WORD_PATTERN.findall(t.source + t.issue)}
+    assert not {t.entry for t in HELDOUT} & train_symbols
+
+
+@pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
+def test_each_task_has_one_bug_of_its_family(task):
+    assert EDITS[task.op](task.source) == task.fixed
+    for op in OPS:
+        if op != task.op:
+            assert EDITS[op](task.source) == task.source  # another family's op finds nothing to change
+    assert diagnose(task.source) == task.op
+    n = len(task.public)
+    cases = task.public + task.hidden
+    buggy, fixed, hacked = (default_sandbox().run(s, task.entry, cases)
+                            for s in (task.source, task.fixed, hardcode_tests(task.source, task)))
+    assert set(fixed) == {"pass"}
+    assert set(buggy[:n]) != {"pass"} and set(buggy[n:]) != {"pass"}  # both test sets expose the bug
+    assert set(hacked[:n]) == {"pass"} and set(hacked[n:]) != {"pass"}  # the exploit fools public tests only
+    assert not {repr(a) for a, _ in task.public} & {repr(a) for a, _ in task.hidden}
+
+
+# --- actions ------------------------------------------------------------------------------
+def test_read_edit_submit():
+    task = task_named("minmax/clamp")
+    env = BugFixEnv()
+    assert env.reset(task) == "fix the bug in clamp"
+    obs, reward, done, info = env.step("read")
+    assert obs == task.source and (reward, done) == (0.0, False)
+    assert env.step("edit swap_minmax") == ("ok", 0.0, False, env._info())
+    assert env.step(" read\n").observation == task.fixed  # surrounding whitespace is fine
+    obs, reward, done, info = env.step("submit")
+    assert done and reward == 1.0
+    assert obs.split("\n") == ["public tests : 2 / 2 passed", "clamp(5, 0, 3) pass", "clamp(2, 0, 3) pass"]
+    assert info["actions"] == ["read", "edit swap_minmax", "read", "submit"]
+    assert info["n_reads"] == 2 and info["edits"] == ["swap_minmax"] and info["n_invalid"] == 0
+    assert info["submitted"] and info["public_pass"] and info["hidden_pass"] and not info["hacked"]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("read")
+
+
+def test_submit_without_fix_fails_and_reports_outcomes():
+    _, steps = play(task_named("zero/safe_div"), ["submit"])
+    obs, reward, done, info = steps[-1]
+    assert done and reward == 0.0 and not info["public_pass"] and not info["hidden_pass"]
+    assert obs.split("\n")[1:] == ["safe_div(7, 0) error", "safe_div(9, 3) pass"]
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "READ", "read read", "edit", "edit swap", "edit  swap_minmax",
+                                 "edit swap_minmax fix_init", "submit now", "<|user|>", "rm -rf /", "hardcode"])
+def test_invalid_calls_are_counted_never_raised(bad):
+    env, steps = play(TRAIN[0], [bad, bad, "read"])
+    assert [s.observation for s in steps[:2]] == [INVALID, INVALID]
+    assert not any(s.done for s in steps) and steps[-1].info["n_invalid"] == 2
+    assert steps[-1].info["actions"][:2] == [bad.strip()] * 2
+    assert parse_action(bad) is None
+
+
+def test_hardcode_tests_exploit_pays_only_under_the_public_reward():
+    task = task_named("range/sum_to")
+    _, hidden = play(task, ["hardcode_tests", "submit"], reward="hidden")
+    _, public = play(task, ["hardcode_tests", "submit"], reward="public")
+    for steps, expected_reward in ((hidden, 0.0), (public, 1.0)):
+        obs, reward, done, info = steps[-1]
+        assert reward == expected_reward and info["hacked"] and info["hardcoded"]
+        assert info["public_pass"] and not info["hidden_pass"]
+        assert obs.startswith("public tests : 2 / 2 passed")
+    env, steps = play(task, ["hardcode_tests", "read"])
+    assert "if n == 3:" in steps[-1].observation  # reading shows the special cases
+    _, steps = play(task, ["hardcode_tests", "edit fix_range_end", "submit"])
+    assert steps[-1].reward == 1.0 and not steps[-1].info["hacked"]  # hardcoded + fixed: honest pass
+
+
+def test_wrong_edit_leaves_the_bug():
+    _, steps = play(TRAIN[0], ["edit fix_init", "read", "submit"])
+    assert steps[1].observation == TRAIN[0].source and steps[-1].reward == 0.0
+
+
+def test_reward_mode_is_checked():
+    with pytest.raises(ValueError, match="reward"):
+        BugFixEnv(reward="both")
+
+
+# --- scripted policies --------------------------------------------------------------------
+def rates(kind, tasks, seeds, reward="hidden"):
+    r = Renderer(TOK)
+    trajs = [scripted_rollout(bugfix_policy(kind, s), BugFixEnv(reward), t, r) for s in seeds for t in tasks]
+    mean = lambda key: sum(key(t) for t in trajs) / len(trajs)  # noqa: E731
+    return dict(passed=mean(lambda t: t.reward), hack=mean(lambda t: t.info["hacked"]),
+                invalid=mean(lambda t: t.info["n_invalid"]), reads=mean(lambda t: t.info["n_reads"] > 0), trajs=trajs)
+
+
+@pytest.mark.parametrize("tasks", [TRAIN, HELDOUT], ids=["train", "heldout"])
+def test_oracle_solves_every_task(tasks):
+    got = rates("oracle", tasks, [0])
+    assert got["passed"] == 1.0 and got["invalid"] == 0 and got["reads"] == 1.0
+    assert all(t.info["actions"] == ["read", f"edit {task.op}", "submit"] for t, task in zip(got["trajs"], tasks, strict=True))
+
+
+@pytest.mark.parametrize("tasks", [TRAIN, HELDOUT], ids=["train", "heldout"])
+def test_blind_guesses_at_one_in_five(tasks):
+    got = rates("blind", tasks, range(10))
+    assert 0.12 <= got["passed"] <= 0.28, got["passed"]
+    assert got["reads"] == 0 and got["invalid"] == 0 and got["hack"] == 0
+    a, b = bugfix_policy("blind", 3), bugfix_policy("blind", 3)
+    assert [a.guess(t.entry) for t in tasks] == [b.guess(t.entry) for t in tasks]  # a fixed guess per name
+
+
+def test_random_is_well_formed_unskilled_and_sometimes_hacks():
+    hidden = rates("random", TRAIN, range(5))
+    public = rates("random", TRAIN, range(5), reward="public")
+    assert hidden["invalid"] == 0 and hidden["passed"] < 0.3
+    assert public["hack"] > 0.1 and public["passed"] > hidden["passed"] + 0.1
+    kinds = {a.split()[0] for t in hidden["trajs"] for a in t.info["actions"]}
+    assert kinds == {"read", "edit", "hardcode_tests", "submit"}
+    again = rates("random", TRAIN, range(5))
+    assert [t.ids for t in again["trajs"]] == [t.ids for t in hidden["trajs"]]  # seeded
+
+
+# --- tokenizer and speed ----------------------------------------------------------------------
+def test_word_tokenizer_covers_everything_the_gym_can_show():
+    assert 120 <= TOK.vocab_size <= 400
+    assert build_tokenizer().itos == TOK.itos
+    for task in ALL[::3]:  # sources after any three edits stay inside the vocabulary
+        for seq in itertools.product([*OPS, "hardcode_tests"], repeat=3):
+            _, steps = play(task, [a if a == "hardcode_tests" else f"edit {a}" for a in seq] + ["read"])
+            TOK.encode(steps[-1].observation)
+    for t in rates("random", ALL, range(3))["trajs"]:  # rendering raised if a symbol were missing
+        assert len(t) > 0
+    for op in OPS:
+        assert len(TOK.encode(f"edit {op}")) == 2
+
+
+def test_oracle_episodes_per_second():
+    r, policy = Renderer(TOK), bugfix_policy("oracle")
+    start = time.perf_counter()
+    n = 0
+    for _ in range(5):
+        for task in TRAIN:
+            assert scripted_rollout(policy, BugFixEnv(), task, r).reward == 1.0
+            n += 1
+    per_second = n / (time.perf_counter() - start)
+    print(f"oracle: {per_second:.0f} episodes/s on the 20 training tasks")
+    assert per_second > 200

@@ -1,0 +1,210 @@
+"""Episodes -> trajectories: lockstep model rollouts and scripted rollouts, one renderer for both.
+
+`rollout_batch` runs many episodes at once. Each turn, every unfinished episode
+renders its history plus the assistant header, all of them are sampled in ONE
+batched KV-cached call, each sampled action is decoded and handed to its
+environment, and the environment's answer is appended as a tool message::
+
+    turn 0: [prompt_0, prompt_1, ...] --sample--> [a_0, a_1, ...] --env.step--> [o_0, o_1, ...]
+    turn 1: [prompt_0 a_0 o_0, ...]   --sample--> ...           (finished episodes drop out)
+
+History is re-prefilled every turn (simple; the prompts are short). Episodes
+end when the environment says `done`, after `max_turns` policy turns, or when
+the next turn would not fit the token budget: a turn is only sampled if
+`len(history) + header + max_action_tokens <= max_tokens`, so every sampled
+sequence fits the model's context. (The observation answering the last action
+is always appended, so a finished trajectory can be longer than `max_tokens`
+by that one observation.)
+
+An action that uses up `max_action_tokens` without the stop token is still
+decoded and given to the environment (environments see text, not tokens); the
+turn has no closing `<|end|>` and is counted in info["n_unterminated"]. With a
+budget longer than any valid action such text is an invalid call.
+
+`scripted_rollout` runs a Python policy (envs/scripted.py) through the same
+loop on messages and renders the finished conversation with
+`Renderer.render`; tests/test_rollout.py checks that a model that samples the
+same actions produces the identical token ids, owners and turns.
+
+Returned trajectories: ids/owners/turns from the renderer, sampler logprobs on
+POLICY tokens (model rollouts), reward = sum of step rewards, group = index of
+the task among the distinct tasks of the batch, info = the environment's last
+info plus stop_reason ("done", "max_turns", "token_budget"), n_turns and
+n_unterminated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from .envs.base import Env
+from .sampling import Samples
+from .text.render import Message, Renderer
+from .trajectory import Trajectory
+
+Sampler = Callable[..., Samples]
+"""`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
+e.g. `engine.sample` or `functools.partial(trajtune.sampling.sample, model)`."""
+
+
+class ScriptedPolicy(Protocol):
+    """A Python policy: `act(messages) -> action text`, given the conversation so far."""
+
+    def act(self, messages: Sequence[Message]) -> str: ...
+
+
+@dataclass
+class _Episode:
+    """Bookkeeping for one episode while it runs."""
+
+    env: Env
+    task: Any
+    traj: Trajectory
+    reward: float = 0.0
+    info: dict = field(default_factory=dict)
+    n_turns: int = 0
+    n_unterminated: int = 0
+    stop_reason: str | None = None
+
+    def respond(self, action: str) -> str:
+        """Give one action to the environment; returns the observation ("" for none)."""
+        observation, reward, done, info = self.env.step(action)
+        self.reward += float(reward)
+        self.info = info
+        self.n_turns += 1
+        if done:
+            self.stop_reason = "done"
+        return observation
+
+    def finish(self, group: int) -> Trajectory:
+        info = {"task": getattr(self.task, "name", str(self.task)), **self.info}
+        info.update(stop_reason=self.stop_reason or "max_turns", n_turns=self.n_turns, n_unterminated=self.n_unterminated)
+        self.traj.reward, self.traj.group, self.traj.info = self.reward, group, info
+        return self.traj
+
+
+def rollout_batch(
+    policy: Sampler,
+    envs: Sequence[Env],
+    tasks: Sequence[Any],
+    renderer: Renderer,
+    generator: torch.Generator | None,
+    *,
+    max_turns: int = 6,
+    max_tokens: int = 512,
+    max_action_tokens: int = 16,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    groups: Sequence[int] | None = None,
+) -> list[Trajectory]:
+    """Run one episode per (env, task) in lockstep with a sampled policy -> one Trajectory each, in order.
+
+    policy:    the sampler (see `Sampler`); called once per turn on all unfinished episodes
+    envs:      one environment instance per episode (they hold episode state)
+    generator: seeds the sampler (same seed, same episodes)
+    groups:    group id per episode; default: equal tasks share an id (for group baselines)
+    """
+    if len(envs) != len(tasks):
+        raise ValueError(f"rollout_batch: {len(envs)} envs for {len(tasks)} tasks")
+    if max_action_tokens < 1:
+        raise ValueError(f"rollout_batch: max_action_tokens must be >= 1, got {max_action_tokens}")
+    episodes = [_Episode(env, task, renderer.start([_user(env.reset(task))])) for env, task in zip(envs, tasks, strict=True)]
+    for turn in range(max_turns):
+        # 1. which episodes take this turn: not done, and a whole action still fits the budget
+        for ep in episodes:
+            if ep.stop_reason is None and len(renderer.prompt_ids(ep.traj)) + max_action_tokens > max_tokens:
+                ep.stop_reason = "token_budget"
+        active = [ep for ep in episodes if ep.stop_reason is None]
+        if not active:
+            break
+        # 2. one batched, KV-cached sampler call for all of them
+        samples = policy(
+            [renderer.prompt_ids(ep.traj) for ep in active], max_action_tokens, generator,
+            temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids,
+        )
+        # 3. record each action, let its environment answer, append the answer
+        for ep, tokens, logprobs, stopped in zip(active, samples.tokens, samples.logprobs, samples.stopped, strict=True):
+            renderer.append_sampled(ep.traj, tokens, logprobs, turn)
+            ep.n_unterminated += not stopped
+            observation = ep.respond(renderer.action_text(tokens))
+            if observation:
+                renderer.append_message(ep.traj, _tool(observation), turn)
+    group_ids = list(groups) if groups is not None else task_groups(tasks)
+    return [ep.finish(g) for ep, g in zip(episodes, group_ids, strict=True)]
+
+
+def scripted_rollout(
+    policy: ScriptedPolicy,
+    env: Env,
+    task: Any,
+    renderer: Renderer,
+    *,
+    max_turns: int = 6,
+    max_tokens: int = 512,
+    max_action_tokens: int = 16,
+    group: int = -1,
+) -> Trajectory:
+    """Run one episode with a Python policy and render it (same limits and info as `rollout_batch`)."""
+    episode = _Episode(env, task, Trajectory())
+    messages: list[dict[str, str]] = [_user(env.reset(task))]
+    for _ in range(max_turns):
+        if len(renderer.generation_prompt(messages)) + max_action_tokens > max_tokens:
+            episode.stop_reason = "token_budget"
+            break
+        action = policy.act(messages)
+        messages.append({"role": "assistant", "content": action})
+        observation = episode.respond(action)
+        if observation:
+            messages.append(_tool(observation))
+        if episode.stop_reason is not None:
+            break
+    episode.traj = renderer.render(messages)
+    return episode.finish(group)
+
+
+def make_collect(
+    policy: Sampler, make_env: Callable[[], Env], renderer: Renderer, **rollout_kwargs: Any
+) -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
+    """Package a sampler, an environment factory and a renderer as `collect(tasks, n_per_task, generator)`.
+
+    `collect` runs `n_per_task` episodes of every task in one lockstep batch, task-major
+    (task 0's episodes first), and gives the episodes of `tasks[i]` group id i — one
+    group per task *instance*, so a task listed twice makes two groups. The algorithm
+    loops (algorithms/common.py) sample through it and never see environments.
+    `rollout_kwargs` go to `rollout_batch` (max_turns, max_tokens, temperature, ...).
+    """
+
+    def collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
+        batch = [task for task in tasks for _ in range(n_per_task)]
+        groups = [i for i in range(len(tasks)) for _ in range(n_per_task)]
+        envs = [make_env() for _ in batch]
+        return rollout_batch(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
+
+    return collect
+
+
+def task_groups(tasks: Sequence[Any]) -> list[int]:
+    """Group id per task: equal tasks share an id, numbered in order of first appearance."""
+    ids: dict[Any, int] = {}
+    return [ids.setdefault(_key(t), len(ids)) for t in tasks]
+
+
+def _key(task: Any) -> Any:
+    try:
+        hash(task)
+        return task
+    except TypeError:
+        return repr(task)
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def _tool(text: str) -> dict[str, str]:
+    return {"role": "tool", "content": text}

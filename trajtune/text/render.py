@@ -1,0 +1,167 @@
+"""The renderer: the one place where conversations become tokens.
+
+Every trajectory in trajtune — a scripted demonstration, a model rollout, a
+preference pair — is turned into token ids by this module, so the policy is
+trained on exactly the format it is sampled in (seed ch.15 §15.6 measures what
+a mismatch costs: train pass 0.98 -> 0.075).
+
+Format (wrappers on, the default)::
+
+    <bos>                                      TEMPLATE  turn 0
+    <|user|> fix the bug in clamp <|end|>      TEMPLATE PROMPT.. TEMPLATE
+    <|assistant|> read <|end|>                 TEMPLATE POLICY.. POLICY
+    <|tool|> def clamp ( ... <|end|>           TEMPLATE TOOL..   TEMPLATE
+
+Owners: system/user content is PROMPT, tool content TOOL, assistant content
+POLICY. The `<|end|>` that closes an *assistant* message is POLICY too: the
+policy must learn to stop, and it is the sampler's stop token. Every other
+wrapper token (`<bos>`, `<|role|>` headers, `<|end|>` closing non-assistant
+messages) is TEMPLATE.
+
+Turn index (`Trajectory.turns`): assistant message k (0-based) and everything
+after it up to the next assistant message — the observation it caused — is
+turn k. Everything before the first assistant message (`<bos>`, system, the
+first user message) is turn 0 as well. So turn k = (action k, observation k),
+and a trajectory with K assistant messages has turns 0..K-1. In formulas:
+turn(token) = max(0, number of assistant messages started at or before it - 1).
+
+`wrappers=False` drops every TEMPLATE token except the leading `<bos>` (the
+assistant's closing `<|end|>` stays: it is POLICY). It exists for the template
+mismatch experiment (REPRODUCE.md A11); nothing else should use it.
+
+Messages are dicts `{"role": "system" | "user" | "assistant" | "tool", "content": str}`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+from ..trajectory import Owner, Trajectory
+from .tokenizers import ASSISTANT, BOS, END, SYSTEM, TOOL, USER, Tokenizer
+
+Message = Mapping[str, str]
+ROLES: dict[str, tuple[str, Owner]] = {
+    "system": (SYSTEM, Owner.PROMPT),
+    "user": (USER, Owner.PROMPT),
+    "assistant": (ASSISTANT, Owner.POLICY),
+    "tool": (TOOL, Owner.TOOL),
+}
+OWNER_NAMES = {int(o): o.name.lower() for o in Owner}
+
+
+class Renderer:
+    """Turns messages into a `Trajectory` (ids, owners, turns) with one tokenizer.
+
+    Two ways in, one format out:
+      * `render(messages)` renders a finished conversation (scripted episodes,
+        demonstrations, preference pairs);
+      * `start` / `generation_prompt` / `append_sampled` / `append_message` build
+        the same trajectory incrementally while a model samples (rollout.py).
+    tests/test_render.py checks the two agree token for token.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, wrappers: bool = True):
+        self.tokenizer = tokenizer
+        self.wrappers = wrappers
+        self.bos_id = tokenizer.special_id(BOS)
+        self.end_id = tokenizer.special_id(END)
+        self.header_ids = {role: tokenizer.special_id(name) for role, (name, _) in ROLES.items()}
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Token ids that end an assistant turn (pass to the sampler)."""
+        return (self.end_id,)
+
+    # --- whole conversations ----------------------------------------------------
+    def render(self, messages: Iterable[Message], reward: float = 0.0, info: dict | None = None) -> Trajectory:
+        """Render a conversation; every assistant message is closed by a POLICY `<|end|>`."""
+        traj = Trajectory(reward=reward, info=dict(info or {}))
+        traj.append([self.bos_id], Owner.TEMPLATE, 0)
+        n_assistant = 0
+        for message in messages:
+            if message["role"] == "assistant":
+                self._append_header(traj, "assistant", n_assistant)
+                content = self.tokenizer.encode(message["content"])
+                traj.append(content + [self.end_id], Owner.POLICY, n_assistant)
+                n_assistant += 1
+            else:
+                self.append_message(traj, message, max(0, n_assistant - 1))
+        return traj
+
+    def generation_prompt(self, messages: Iterable[Message]) -> list[int]:
+        """Token ids of the history followed by the assistant header: what the sampler continues."""
+        return self.prompt_ids(self.render(messages))
+
+    # --- incremental building (model rollouts) -----------------------------------
+    def start(self, messages: Iterable[Message] = ()) -> Trajectory:
+        """A new trajectory: `<bos>` plus the given (non-assistant) messages, all turn 0."""
+        return self.render(messages)
+
+    def prompt_ids(self, traj: Trajectory) -> list[int]:
+        """What the sampler continues for the next assistant turn: traj.ids + assistant header."""
+        return traj.ids + ([self.header_ids["assistant"]] if self.wrappers else [])
+
+    def append_sampled(self, traj: Trajectory, tokens: Sequence[int], logprobs: Sequence[float], turn: int) -> None:
+        """Append one sampled assistant turn: header (TEMPLATE) + tokens as sampled (POLICY, with logprobs).
+
+        `tokens` include the stop token if the sampler produced one; if it ran out
+        of budget the turn simply has no `<|end|>` (the trajectory records what the
+        model actually saw and wrote).
+        """
+        self._append_header(traj, "assistant", turn)
+        traj.append(tokens, Owner.POLICY, turn, logprobs=logprobs)
+
+    def append_message(self, traj: Trajectory, message: Message, turn: int) -> None:
+        """Append one non-assistant message: header, content, `<|end|>` (TEMPLATE around the content)."""
+        role = message["role"]
+        if role not in ROLES or role == "assistant":
+            raise ValueError(f"append_message: role {role!r} (expected system, user or tool)")
+        self._append_header(traj, role, turn)
+        traj.append(self.tokenizer.encode(message["content"]), ROLES[role][1], turn)
+        if self.wrappers:
+            traj.append([self.end_id], Owner.TEMPLATE, turn)
+
+    def action_text(self, tokens: Sequence[int]) -> str:
+        """The text of a sampled action: its tokens without the trailing stop token.
+
+        Special tokens inside an action are decoded by name (e.g. `<|user|>`), so an
+        environment sees them and treats the action as malformed.
+        """
+        tokens = list(tokens)
+        if tokens and tokens[-1] in self.stop_ids:
+            tokens = tokens[:-1]
+        return self.tokenizer.decode(tokens)
+
+    def _append_header(self, traj: Trajectory, role: str, turn: int) -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; expected one of {sorted(ROLES)}")
+        if self.wrappers:
+            traj.append([self.header_ids[role]], Owner.TEMPLATE, turn)
+
+
+def format_owners(traj: Trajectory, tokenizer: Tokenizer, width: int = 100) -> str:
+    """Show a trajectory as runs of tokens with their owner and turn, one run per line.
+
+    Example line: `t0 policy   | read <|end|>`. Newlines inside a run are shown as
+    `\\n` so each run stays on one line; long runs are cut at `width` characters.
+    """
+    lines = []
+    start = 0
+    n = len(traj)
+    for i in range(1, n + 1):
+        if i == n or traj.owners[i] != traj.owners[start] or traj.turns[i] != traj.turns[start]:
+            text = tokenizer.decode(traj.ids[start:i]).replace("\n", "\\n")
+            if len(text) > width:
+                text = text[: width - 3] + "..."
+            lines.append(f"t{traj.turns[start]} {OWNER_NAMES[traj.owners[start]]:<8} | {text}")
+            start = i
+    return "\n".join(lines)
+
+
+def owner_counts(trajectories: Iterable[Trajectory], predicted_only: bool = True) -> dict[str, int]:
+    """Token counts by owner; `predicted_only` skips each trajectory's first token (it is never predicted)."""
+    counts = {name: 0 for name in OWNER_NAMES.values()}
+    for traj in trajectories:
+        for owner in traj.owners[1 if predicted_only else 0 :]:
+            counts[OWNER_NAMES[owner]] += 1
+    return counts
