@@ -1,0 +1,13 @@
+"""Pure loss functions: tensors in, `(loss, metrics)` out (DESIGN.md, "Pieces").
+
+    sft              weighted_nll, weighted_sft_loss, sft_loss          (the one idea)
+    advantages       group_advantages (REINFORCE/RLOO/GRPO/Dr.GRPO), gae, whiten, ...
+    policy_gradient  policy_gradient_loss (PG/PPO/GSPO/CISPO, TIS, KL, entropy), value_loss
+    kl               kl_estimate (k1/k2/k3), kl_penalized_rewards, kl_loss, full_kl
+    reward_model     bradley_terry_loss, plackett_luce_loss, orm_loss, prm_loss
+    preference       dpo_loss (DPO/cDPO/IPO/RPO), simpo_loss, orpo_loss, kto_loss
+    importance       iw_sft_weights, iw_sft_loss                         (iw-SFT §3.4)
+    distill          distill_advantages, reverse_kl_loss                 (book ch.12)
+
+Import from the submodules, e.g. `from trajtune.objectives.preference import dpo_loss`.
+"""

@@ -1,0 +1,217 @@
+"""Advantages: group baselines (REINFORCE / RLOO / GRPO / Dr. GRPO), GAE, whitening.
+
+Every advantage estimator of the policy-gradient family lives here once:
+
+| method              | call                                                           |
+|---------------------|----------------------------------------------------------------|
+| REINFORCE, batch    | group_advantages(r, None)              (baseline = batch mean)  |
+| REINFORCE, group    | group_advantages(r, groups)            (baseline = group mean)  |
+| RLOO                | group_advantages(r, groups, baseline="leave_one_out")          |
+| GRPO                | group_advantages(r, groups, std_normalize=True)                |
+| Dr. GRPO            | group_advantages(r, groups)            (mean baseline, no std)  |
+| PPO (value head)    | gae(token_rewards, values, mask, gamma, lam)                   |
+
+Sources: RLHF book "Policy Gradient Algorithms" (REINFORCE eq. REINFORCE_with_baseline,
+RLOO eqs. RLOO_baseline / RLOO_advantage, GRPO eq. GRPO_ADV, Dr. GRPO eq. DrGRPO_ADV
+and the identity eq. RLOO_GRPO_EQUIV) and "Auxiliary Topics" (GAE eq. GAE_DFN).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ._checks import expect_dim, expect_like, expect_rows
+
+Baseline = Literal["mean", "leave_one_out", "none"]
+
+
+def _group_index(rewards: torch.Tensor, groups: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Flatten rewards and map each row to a dense group index.
+
+    rewards [B] with groups [B] (any ids, any order), [B] with groups None (one group),
+    or [P, G] with groups None (each row a group) -> (rewards [N], index [N] long, n_groups).
+    """
+    if rewards.dim() == 2:
+        if groups is not None:
+            raise ValueError("group_advantages: pass [P, G] rewards without `groups`, or [B] rewards with groups [B]")
+        P, G = rewards.shape
+        index = torch.arange(P, device=rewards.device).repeat_interleave(G)  # [P*G]
+        return rewards.reshape(-1), index, P
+    expect_dim("rewards", rewards, 1)
+    if groups is None:
+        return rewards, torch.zeros_like(rewards, dtype=torch.long), 1
+    expect_rows("groups", groups, rewards.shape[0])
+    _, index = torch.unique(groups, return_inverse=True)
+    return rewards, index, int(index.max()) + 1 if len(index) else 0
+
+
+def _group_sum(values: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=values.dtype, device=values.device).index_add_(0, index, values)  # [n]
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    *,
+    baseline: Baseline = "mean",
+    std_normalize: bool = False,
+    eps: float = 1e-4,
+    unbiased_std: bool = True,
+) -> torch.Tensor:
+    """Sequence-level advantages from episode rewards and group ids (detached).
+
+    rewards [B] with groups [B] long (episodes sampled for the same prompt share an id;
+            any order, any group sizes), or [B] with groups None (the whole batch is one
+            group), or [P, G] with groups None (row p is the group of prompt p)
+    baseline "mean": A_i = R_i - mean_group(R)                      (REINFORCE / Dr. GRPO)
+             "leave_one_out": A_i = R_i - mean_{j != i} R_j         (RLOO, book eq. RLOO_baseline;
+                       a group of size 1 has no other sample and gets A = 0)
+             "none": A_i = R_i                                      (vanilla REINFORCE, 0/1 PG)
+    std_normalize: divide by (std_group(R) + eps) (GRPO, book eq. GRPO_ADV with the code's
+             `std + 1e-4`; torch's unbiased std unless `unbiased_std=False`, erratum E7)
+    returns  advantages of the same shape as `rewards`
+
+    A group whose rewards are all equal gets exactly zero advantage with any baseline
+    (checklist 6.7 pitfall), even where float rounding of the mean would leave ~1e-8.
+    """
+    flat, index, n = _group_index(rewards, groups)  # [N], [N]
+    flat = flat.detach().to(torch.float32 if not flat.is_floating_point() else flat.dtype)
+    count = _group_sum(torch.ones_like(flat), index, n)  # [n]
+    total = _group_sum(flat, index, n)  # [n]
+    mean = (total / count.clamp(min=1))[index]  # [N]
+    if baseline == "mean":
+        adv = flat - mean
+    elif baseline == "leave_one_out":
+        others = (count - 1)[index]  # [N]
+        loo = (total[index] - flat) / others.clamp(min=1)
+        adv = torch.where(others > 0, flat - loo, torch.zeros_like(flat))
+    elif baseline == "none":
+        adv = flat.clone()
+    else:
+        raise ValueError(f"unknown baseline {baseline!r}; choose 'mean', 'leave_one_out' or 'none'")
+    if std_normalize:
+        dof = (count - 1) if unbiased_std else count  # [n]
+        var = _group_sum((flat - mean).pow(2), index, n) / dof.clamp(min=1)
+        adv = adv / (var.sqrt()[index] + eps)
+    if baseline != "none":
+        spread, _ = group_reward_range(rewards, groups)  # [n]
+        adv = torch.where((spread == 0)[index], torch.zeros_like(adv), adv)
+    return adv.reshape(rewards.shape)
+
+
+def group_reward_range(rewards: torch.Tensor, groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """max - min of the rewards of each group: 0 marks a group without signal.
+
+    rewards/groups as in `group_advantages` -> (range [n_groups], group index [N] of each
+    flattened episode, dense in 0..n_groups-1).
+    """
+    flat, index, n = _group_index(rewards, groups)
+    flat = flat.detach() if flat.is_floating_point() else flat.detach().float()
+    hi = torch.full((n,), -torch.inf, dtype=flat.dtype, device=flat.device).scatter_reduce(0, index, flat, "amax")
+    lo = torch.full((n,), torch.inf, dtype=flat.dtype, device=flat.device).scatter_reduce(0, index, flat, "amin")
+    return hi - lo, index
+
+
+def whiten(
+    values: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Zero-mean, unit-variance advantages or rewards over the masked entries (RLHF book
+    "Implementation": whitening; the PPO example whitens with `std + 1e-8`). Statistics
+    use only mask == 1 entries (erratum E4: the book's example includes padding);
+    masked-out entries come back as 0.
+
+    values [...] and mask [...] (same shape; None = all) -> same shape, detached.
+    `shift_mean=False` only rescales (keeps the sign of every entry).
+    """
+    values = values.detach()
+    m = torch.ones_like(values) if mask is None else mask.to(values.dtype)
+    if mask is not None:
+        expect_like("mask", mask, "values", values)
+    n = m.sum()
+    mean = (values * m).sum() / n.clamp(min=1)
+    var = ((values - mean).pow(2) * m).sum() / (n - 1).clamp(min=1)  # unbiased, like torch.std
+    out = (values - mean) if shift_mean else values
+    return out / (var.sqrt() + eps) * m
+
+
+def place_at_last_action(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Put one number per sequence on its last POLICY token (where an outcome reward lives
+    in token-level RL; checklist 6.6 [CC]: "scalar reward placed at the last action index").
+
+    values [B], mask [B, T-1] -> [B, T-1], zero elsewhere and on rows without a POLICY token.
+    """
+    expect_dim("mask", mask, 2)
+    expect_rows("values", values, mask.shape[0])
+    m = mask > 0
+    T1 = mask.shape[1]
+    pos = torch.arange(T1, device=mask.device).expand_as(mask)  # [B, T-1]
+    last = torch.where(m, pos, torch.full_like(pos, -1)).max(-1).values  # [B]
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    has = last >= 0
+    out[has.nonzero(as_tuple=True)[0], last[has]] = values[has]
+    return out
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    bootstrap: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation over the POLICY tokens of each episode
+    (RLHF book "Auxiliary Topics", eqs. TD_RESIDUAL and GAE_DFN; checklist 6.6):
+
+        delta_t = r_t + gamma V(s_{t+1}) - V(s_t),   A_t = sum_l (gamma lam)^l delta_{t+l}
+
+    rewards [B, T-1]  per-token rewards (e.g. `kl_penalized_rewards`); only entries on
+                      POLICY tokens are read: put outcome rewards on the last action
+    values  [B, T-1]  V(s_t) from the value head, at the same positions
+    mask    [B, T-1]  1.0 on POLICY tokens. Non-policy tokens in between (tool output,
+                      templates) are skipped: "the next state" of an action is the next
+                      action of the same episode, so a multi-turn episode is one chain
+                      of decisions
+    bootstrap [B] or None  value after the last action (a truncated, not finished,
+                      episode); None = 0 (the episode ended)
+    returns (advantages [B, T-1], returns [B, T-1]) detached, zero off the mask;
+            returns = advantages + values are the value-regression targets.
+
+    lam=1 gives Monte-Carlo returns minus V, lam=0 the one-step TD residual. The loop runs
+    over the longest count of POLICY tokens in the batch, vectorised over episodes.
+    """
+    expect_dim("rewards", rewards, 2)
+    expect_like("values", values, "rewards", rewards)
+    expect_like("mask", mask, "rewards", rewards)
+    B, T1 = rewards.shape
+    r, v, m = rewards.detach().float(), values.detach().float(), mask > 0
+    # compact each row's POLICY tokens to the left, in order: [B, n_max]
+    order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices  # actions first
+    n_act = m.sum(-1)  # [B]
+    n_max = int(n_act.max()) if B else 0
+    order = order[:, :n_max]
+    r_c, v_c = r.gather(1, order), v.gather(1, order)
+    valid = torch.arange(n_max, device=r.device)[None, :] < n_act[:, None]  # [B, n_max]
+    adv_c = torch.zeros_like(r_c)
+    acc = torch.zeros(B, device=r.device)
+    next_v = torch.zeros(B, device=r.device) if bootstrap is None else bootstrap.detach().float()
+    for k in reversed(range(n_max)):
+        live = valid[:, k]
+        delta = r_c[:, k] + gamma * next_v - v_c[:, k]
+        new = delta + gamma * lam * acc
+        acc = torch.where(live, new, acc)
+        next_v = torch.where(live, v_c[:, k], next_v)
+        adv_c[:, k] = torch.where(live, new, torch.zeros_like(new))
+    adv = torch.zeros_like(r).scatter(1, order, adv_c) * m
+    return adv.to(rewards.dtype), ((adv + v) * m).to(rewards.dtype)
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Monte-Carlo returns G_t = r_t + gamma G_{t+1} over POLICY tokens (checklist 6.5,
+    "MC targets (no GAE)"): GAE with V = 0 and lam = 1.
+
+    rewards [B, T-1], mask [B, T-1] -> [B, T-1] detached, zero off the mask.
+    """
+    return gae(rewards, torch.zeros_like(rewards), mask, gamma=gamma, lam=1.0)[0]

@@ -1,0 +1,137 @@
+"""KL(pi || pi_ref) from the policy's own samples: estimators, reward penalty, loss term.
+
+Sign convention (RLHF book ch.15 "Regularization", eq. kl_expectation; checklist 6.16
+and erratum E11): everything here takes
+
+    log_ratio = log pi(x) - log pi_ref(x)        at x ~ pi (the policy's own tokens)
+
+and estimates KL(pi || pi_ref) = E_{x~pi}[log pi(x) - log pi_ref(x)] (the *reverse*
+KL of RLHF). With Schulman's r = pi_ref(x)/pi(x) = exp(-log_ratio):
+
+    k1 = -log r          = log_ratio                       unbiased, high variance, can be < 0
+    k2 = (log r)^2 / 2   = log_ratio^2 / 2                 biased, low variance, >= 0
+    k3 = (r - 1) - log r = expm1(-log_ratio) + log_ratio   unbiased, >= 0, low variance
+
+(J. Schulman, "Approximating KL Divergence", 2020 — the book cites it as
+[@schulman2016klapprox] without defining the estimators.) The book's companion code
+uses the inverted ratio inside k3 (erratum E11); this module does not.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ..logprobs import Aggregation, aggregate
+from ._checks import expect_dim, expect_like, expect_rows
+from .advantages import place_at_last_action
+
+KLEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+def kl_estimate(log_ratio: torch.Tensor, kind: KLEstimator = "k3") -> torch.Tensor:
+    """Per-sample KL(pi || pi_ref) estimate from log pi(x) - log pi_ref(x), x ~ pi.
+
+    log_ratio [...] (any shape, e.g. [B, T-1]) -> same shape. Differentiable: used as a
+    loss term (GRPO, checklist 6.7) the gradient flows through `log_ratio`.
+    """
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.pow(2)
+    if kind == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"unknown KL estimator {kind!r}; choose one of {KL_ESTIMATORS}")
+
+
+def masked_log_ratio(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log pi - log pi_ref on POLICY tokens and exactly 0 elsewhere (so padding can never
+    turn into inf/NaN inside an estimator). logp, ref_logp, mask [B, T-1] -> [B, T-1];
+    the gradient flows through `logp` only.
+    """
+    expect_dim("logp", logp, 2)
+    expect_like("ref_logp", ref_logp, "logp", logp)
+    expect_like("mask", mask, "logp", logp)
+    diff = logp - ref_logp.detach()
+    return torch.where(mask > 0, diff, torch.zeros_like(diff))
+
+
+def sequence_kl(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    kind: KLEstimator = "k1",
+    reduce: Literal["sum", "mean"] = "sum",
+) -> torch.Tensor:
+    """Per-sequence KL estimate over POLICY tokens.
+
+    logp, ref_logp, mask [B, T-1] -> [B]. "sum" is the sequence-level KL (the book's
+    RLOO "aggregates the per-token KL over the completion"); "mean" is the per-token
+    average the companion code folds into the reward (erratum E12). Default: sum.
+    """
+    m = mask.to(logp.dtype)
+    summed = (kl_estimate(masked_log_ratio(logp, ref_logp, mask), kind) * m).sum(-1)  # [B]
+    if reduce == "sum":
+        return summed
+    if reduce == "mean":
+        return summed / m.sum(-1).clamp(min=1)
+    raise ValueError(f"sequence_kl: reduce must be 'sum' or 'mean', got {reduce!r}")
+
+
+def kl_penalized_rewards(
+    rewards: torch.Tensor,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    kind: KLEstimator = "k1",
+) -> torch.Tensor:
+    """KL as a per-token reward penalty (PPO style; RLHF book "Example: PPO",
+    checklist 6.4): r_t = -beta * k_t on every POLICY token, plus the episode reward
+    on the last POLICY token.
+
+    rewards [B] episode rewards; logp, ref_logp, mask [B, T-1] -> per-token rewards
+    [B, T-1], detached (a reward is data, not a function of theta). Rows without a
+    POLICY token get no reward. Feed the result to `advantages.gae`.
+    """
+    expect_rows("rewards", rewards, logp.shape[0])
+    with torch.no_grad():
+        m = mask.to(logp.dtype)
+        penalty = -beta * kl_estimate(masked_log_ratio(logp, ref_logp, mask), kind) * m  # [B, T-1]
+        return penalty + place_at_last_action(rewards.to(logp.dtype), mask)
+
+
+def kl_loss(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    kind: KLEstimator = "k3",
+    aggregation: Aggregation = "token",
+    constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KL(pi || pi_ref) as a loss term (GRPO style, RLHF book eq. grpo_loss_kl:
+    L = L_pg + beta * KL; checklist 6.7). Multiply by beta yourself, or pass
+    `kl_coef` to `policy_gradient_loss`, which calls this.
+
+    logp [B, T-1] (with grad), ref_logp [B, T-1] (frozen), mask [B, T-1]
+    returns (loss [], metrics {"kl/<kind>": token-mean estimate})
+    """
+    per_tok = kl_estimate(masked_log_ratio(logp, ref_logp, mask), kind)  # [B, T-1]
+    loss = aggregate(per_tok, mask, aggregation, constant)
+    m = mask.to(logp.dtype)
+    value = (per_tok.detach() * m).sum() / m.sum().clamp(min=1)
+    return loss, {f"kl/{kind}": value}
+
+
+def full_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
+    """Exact KL(p || q) between two categorical distributions given by logits.
+
+    logits_p, logits_q [..., V] -> [...] in nats: sum_v p_v (log p_v - log q_v).
+    The correct form of the book's `F.kl_div` call (erratum E3). Gradient flows into both.
+    """
+    expect_like("logits_q", logits_q, "logits_p", logits_p)
+    logp = torch.log_softmax(logits_p.float(), dim=-1)
+    logq = torch.log_softmax(logits_q.float(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(-1)

@@ -1,0 +1,261 @@
+"""The policy-gradient family as ONE loss with options, plus the PPO value loss.
+
+    per-token loss = surrogate(ratio, A) [x TIS weight] + kl_coef * KL_t - entropy_coef * H_t
+
+| method            | advantages from                       | options                                       |
+|-------------------|---------------------------------------|-----------------------------------------------|
+| REINFORCE / RLOO  | group_advantages(...)                 | surrogate="reinforce" (-A log pi)             |
+| GRPO / Dr. GRPO   | group_advantages(..., std_normalize)  | surrogate="ppo", kl_coef>0 for GRPO's KL term |
+| PPO               | gae(...) with a value head            | surrogate="ppo" (+ dual_clip), value_loss     |
+| GSPO              | group_advantages(...)                 | surrogate="ppo", ratio_level="sequence"       |
+| CISPO             | group_advantages(...)                 | surrogate="cispo", eps_high > eps_low         |
+| + stale sampler   | any                                   | sampler_logp=..., tis_cap=2.0 (TIS)           |
+| distillation      | distill.distill_advantages(...)       | surrogate="reinforce"                         |
+
+Sources: RLHF book "Policy Gradient Algorithms" (eqs. PPO_EQN_EXPANDED, GRPO_token,
+GSPO_ratio / GSPO_objective, CISPO_objective / CISPO_ratio), "Implementation"
+(Example: PPO / GRPO code, Truncated Importance Sampling eqs. tis_backend,
+reinforce_tis, ppo_tis) and "Value Functions and PPO" (clipped value loss).
+Dual clip: Ye et al. 2020 ("Mastering Complex Control in MOBA Games"), not in the book.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from ..logprobs import Aggregation, aggregate, masked_mean
+from ._checks import expect_dim, expect_like, per_token
+from .kl import KLEstimator, kl_estimate, masked_log_ratio
+from .sft import weighted_nll
+
+Surrogate = Literal["reinforce", "ppo", "cispo"]
+RatioLevel = Literal["token", "sequence"]
+
+
+def log_importance_ratio(
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: RatioLevel = "token"
+) -> torch.Tensor:
+    """log rho, with the gradient flowing through `logp` (0 off the mask, so rho = 1 there).
+
+    logp, old_logp, mask [B, T-1] -> [B, T-1]
+    "token":    log rho_t = log pi(a_t) - log pi_old(a_t)            (PPO / GRPO / CISPO)
+    "sequence": log rho_i = (1/|a_i|) sum_t (log pi - log pi_old),    (GSPO, book eq. GSPO_ratio)
+                the length-normalised sequence ratio, broadcast to every token of row i
+    """
+    diff = masked_log_ratio(logp, old_logp, mask)  # [B, T-1], 0 off the mask
+    if level == "token":
+        return diff
+    if level == "sequence":
+        m = mask.to(logp.dtype)
+        seq = (diff * m).sum(-1) / m.sum(-1).clamp(min=1)  # [B]
+        return seq[:, None].expand_as(diff)
+    raise ValueError(f"unknown ratio level {level!r}; choose 'token' or 'sequence'")
+
+
+def truncated_is_weights(
+    target_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float = 2.0
+) -> torch.Tensor:
+    """Truncated importance-sampling weights for a stale or mismatched sampler
+    (RLHF book "Truncated Importance Sampling", eq. tis_backend; checklist 6.12):
+    w_t = min(pi_target(a_t) / pi_sampler(a_t), C), log-ratio clamped to [-10, 10] first.
+
+    target_logp, sampler_logp [B, T-1] -> [B, T-1] detached. One-sided: weights below 1
+    are kept as they are. C = 2 is Open Instruct's value.
+    """
+    expect_like("sampler_logp", sampler_logp, "target_logp", target_logp)
+    log_w = (target_logp.detach() - sampler_logp.detach()).clamp(-10.0, 10.0)
+    return log_w.exp().clamp(max=cap)
+
+
+def _surrogate(
+    logp: torch.Tensor,
+    adv: torch.Tensor,
+    log_ratio: torch.Tensor | None,
+    mask: torch.Tensor,
+    surrogate: Surrogate,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token surrogate loss [B, T-1] and a per-token 'clipped' indicator [B, T-1]."""
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    if surrogate == "reinforce":
+        if log_ratio is None:  # on-policy: -A log pi (book, canonical PG code)
+            return weighted_nll(logp, adv, mask), torch.zeros_like(mask, dtype=torch.bool)
+        return -adv * log_ratio.exp(), torch.zeros_like(mask, dtype=torch.bool)
+    ratio = log_ratio.exp()  # [B, T-1]
+    if surrogate == "ppo":  # book eq. PPO_EQN_EXPANDED, code: max(-A rho, -A clip(rho))
+        pg1 = -adv * ratio
+        pg2 = -adv * ratio.clamp(lo, hi)
+        loss = torch.maximum(pg1, pg2)
+        clipped = pg2 > pg1
+        if dual_clip is not None:  # A < 0: the loss is capped at -c A (its gradient is 0 beyond)
+            if dual_clip <= 1.0:
+                raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+            capped = torch.minimum(loss, -adv * dual_clip)
+            clipped = clipped | ((adv < 0) & (capped < loss))
+            loss = torch.where(adv < 0, capped, loss)
+        return loss, clipped
+    if surrogate == "cispo":  # book eq. CISPO_objective: -sg(clip(rho)) A log pi
+        weight = ratio.detach().clamp(lo, hi) * adv
+        clipped = (ratio.detach() < lo) | (ratio.detach() > hi)
+        return weighted_nll(logp, weight, mask), clipped
+    raise ValueError(f"unknown surrogate {surrogate!r}; choose 'reinforce', 'ppo' or 'cispo'")
+
+
+def policy_gradient_loss(
+    logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    old_logp: torch.Tensor | None = None,
+    *,
+    surrogate: Surrogate = "reinforce",
+    ratio_level: RatioLevel = "token",
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    sampler_logp: torch.Tensor | None = None,
+    tis_cap: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    aggregation: Aggregation = "token",
+    constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One policy-gradient loss for REINFORCE, RLOO, GRPO, Dr. GRPO, PPO, GSPO and CISPO.
+
+    logp         [B, T-1]  log pi_theta of the sampled tokens (with grad)
+    advantages   [B] (broadcast to every POLICY token) or [B, T-1] (GAE, distillation); data
+    mask         [B, T-1]  1.0 on POLICY tokens (Batch.action_mask)
+    old_logp     [B, T-1] or None  log pi_old at sampling time (the ratio's denominator).
+                 None = on-policy, one step: rho = pi / sg(pi) = 1 with the PG gradient
+    surrogate    "reinforce": -A log pi on-policy, -A rho with old_logp (no clipping)
+                 "ppo":   max(-A rho, -A clip(rho, 1-eps_low, 1+eps_high)); dual_clip=c > 1
+                          also caps the loss of A < 0 tokens at -c A
+                 "cispo": -sg(clip(rho, 1-eps_low, 1+eps_high)) A log pi (no token is dropped)
+    ratio_level  "token" or "sequence" (GSPO's length-normalised sequence ratio)
+    sampler_logp [B, T-1], tis_cap C  truncated IS weight min(pi_old/pi_sampler, C) on the
+                 PG term (on-policy: min(pi/pi_sampler, C)); both or neither
+    ref_logp     [B, T-1], kl_coef, kl_estimator  GRPO-style KL(pi||pi_ref) loss term
+    entropy      [B, T-1], entropy_coef  entropy bonus (subtracted from the loss)
+    aggregation, constant  how per-token losses become a scalar (logprobs.aggregate)
+    returns (loss [], metrics): pg/loss, pg/advantage_mean, pg/ratio_mean, pg/ratio_max,
+        pg/approx_kl (k2 against pi_old), pg/clip_frac, [pg/tis_weight_mean,
+        pg/tis_capped_frac], [kl/<estimator>], [policy/entropy]
+    """
+    expect_dim("logp", logp, 2)
+    expect_like("mask", mask, "logp", logp)
+    adv = per_token("advantages", advantages, mask).detach().to(logp.dtype)  # [B, T-1]
+    log_ratio = None
+    if old_logp is not None:
+        expect_like("old_logp", old_logp, "logp", logp)
+        log_ratio = log_importance_ratio(logp, old_logp, mask, ratio_level)
+    elif surrogate != "reinforce":  # pi_old = pi: ratio 1, same gradient as REINFORCE
+        log_ratio = log_importance_ratio(logp, logp.detach(), mask, ratio_level)
+    per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, surrogate, eps_low, eps_high, dual_clip)
+    metrics: dict[str, torch.Tensor] = {}
+    if (sampler_logp is None) != (tis_cap is None):
+        raise ValueError("truncated IS needs both sampler_logp and tis_cap")
+    if sampler_logp is not None:  # on-policy: the learner itself is the target
+        w = truncated_is_weights(old_logp if old_logp is not None else logp, sampler_logp, tis_cap)
+        per_tok = per_tok * w  # [B, T-1]
+        metrics["pg/tis_weight_mean"] = masked_mean(w, mask)
+        metrics["pg/tis_capped_frac"] = masked_mean((w >= tis_cap).float(), mask)
+    metrics["pg/loss"] = aggregate(per_tok.detach(), mask, aggregation, constant)
+    per_tok = _add_regularizers(per_tok, logp, mask, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, metrics)
+    loss = aggregate(per_tok, mask, aggregation, constant)
+    metrics.update(_ratio_metrics(log_ratio, clipped, adv, mask))
+    return loss, metrics
+
+
+def _add_regularizers(
+    per_tok: torch.Tensor,
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    kl_coef: float,
+    kl_estimator: KLEstimator,
+    entropy: torch.Tensor | None,
+    entropy_coef: float,
+    metrics: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """per_tok + kl_coef * KL_t - entropy_coef * H_t (all [B, T-1]); logs into `metrics`."""
+    if kl_coef:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs ref_logp")
+        kl_tok = kl_estimate(masked_log_ratio(logp, ref_logp, mask), kl_estimator)  # [B, T-1]
+        per_tok = per_tok + kl_coef * kl_tok
+        metrics[f"kl/{kl_estimator}"] = masked_mean(kl_tok.detach(), mask)
+    if entropy is not None:
+        expect_like("entropy", entropy, "logp", logp)
+        per_tok = per_tok - entropy_coef * entropy
+        metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
+    return per_tok
+
+
+def _ratio_metrics(
+    log_ratio: torch.Tensor | None, clipped: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Logged statistics of the importance ratio (book "Example: PPO" metrics)."""
+    with torch.no_grad():
+        m = mask > 0
+        lr = torch.zeros_like(adv) if log_ratio is None else log_ratio.detach()
+        ratio = lr.exp()
+        return {
+            "pg/advantage_mean": masked_mean(adv, mask),
+            "pg/ratio_mean": masked_mean(ratio, mask),
+            "pg/ratio_max": ratio[m].max() if m.any() else ratio.new_tensor(1.0),
+            "pg/approx_kl": masked_mean(0.5 * lr.pow(2), mask),
+            "pg/clip_frac": masked_mean(clipped.float(), mask),
+        }
+
+
+def value_loss(
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    old_values: torch.Tensor | None = None,
+    clip_eps: float | None = None,
+    aggregation: Aggregation = "token",
+    constant: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO critic loss (RLHF book "Value Functions and PPO", code "Basic PPO critic targets
+    & loss"; checklist 6.5): 0.5 (V - y)^2, with optional value clipping
+
+        V_clip = V_old + clamp(V - V_old, -eps_v, eps_v),  loss_t = max(0.5(V-y)^2, 0.5(V_clip-y)^2)
+
+    values [B, T-1] (with grad), returns [B, T-1] targets (e.g. from `gae`), mask [B, T-1],
+    old_values [B, T-1] critic predictions at rollout time (needed for clip_eps).
+    returns (loss [], metrics: value/loss, value/clip_frac, value/explained_variance).
+    Total PPO loss = policy_gradient_loss + vf_coef * value_loss.
+    """
+    expect_dim("values", values, 2)
+    expect_like("returns", returns, "values", values)
+    expect_like("mask", mask, "values", values)
+    y = returns.detach()
+    vf = 0.5 * (values - y).pow(2)  # [B, T-1]
+    clipped = torch.zeros_like(vf, dtype=torch.bool)
+    if clip_eps is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs old_values")
+        expect_like("old_values", old_values, "values", values)
+        v_old = old_values.detach()
+        v_clip = v_old + (values - v_old).clamp(-clip_eps, clip_eps)
+        vf_clip = 0.5 * (v_clip - y).pow(2)
+        clipped = vf_clip > vf
+        vf = torch.maximum(vf, vf_clip)
+    loss = aggregate(vf, mask, aggregation, constant)
+    with torch.no_grad():
+        resid = y - values.detach()
+        var_y = masked_mean((y - masked_mean(y, mask)).pow(2), mask)
+        var_r = masked_mean((resid - masked_mean(resid, mask)).pow(2), mask)
+        metrics = {
+            "value/loss": loss.detach(),
+            "value/clip_frac": masked_mean(clipped.float(), mask),
+            "value/explained_variance": 1.0 - var_r / var_y.clamp(min=1e-8),
+        }
+    return loss, metrics

@@ -1,0 +1,136 @@
+"""Reward-model losses: Bradley-Terry (with margin), K-wise Plackett-Luce, ORM, PRM.
+
+Sources: RLHF book ch.5 "Reward Modeling" — "Training a Bradley-Terry Reward Model"
+(BT loss, both forms), the Llama 2 margin loss (ch.15 eq. margin_loss), "Other Reward
+Model Variants" (K-wise Plackett-Luce, Starling / Zhu et al. 2023), "Outcome Reward
+Models" (per-token BCE, labels copied onto completion tokens, -100 elsewhere) and
+"Process Reward Models" (labels only at step separators). Checklist 5.2-5.7.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import expect_dim, expect_like
+
+IGNORE_INDEX = -100
+"""Label value of positions that carry no supervision (prompt tokens, non-separators)."""
+
+
+def pairwise_accuracy(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torch.Tensor:
+    """Share of pairs with r_chosen > r_rejected (ties count as wrong).
+
+    r_chosen, r_rejected [B] -> [] detached.
+    """
+    expect_dim("r_chosen", r_chosen, 1)
+    expect_like("r_rejected", r_rejected, "r_chosen", r_chosen)
+    return (r_chosen.detach() > r_rejected.detach()).float().mean()
+
+
+def bradley_terry_loss(
+    r_chosen: torch.Tensor,
+    r_rejected: torch.Tensor,
+    margin: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Bradley-Terry reward-model loss (book ch.5 eq. for the BT loss; checklist 5.2-5.3):
+
+        L = -log sigma(r_c - r_r - m) = softplus(r_r - r_c + m)
+
+    r_chosen, r_rejected [B] scalar rewards (with grad); margin [B] or None (Llama 2's
+    rating-difference margin m; None = 0). Mean over pairs.
+    returns (loss [], metrics rm/accuracy, rm/margin (mean r_c - r_r), rm/chosen, rm/rejected).
+    """
+    expect_dim("r_chosen", r_chosen, 1)
+    expect_like("r_rejected", r_rejected, "r_chosen", r_chosen)
+    diff = r_chosen - r_rejected  # [B]
+    if margin is not None:
+        expect_like("margin", margin, "r_chosen", r_chosen)
+        diff = diff - margin.to(diff.dtype)
+    loss = F.softplus(-diff).mean()
+    metrics = {
+        "rm/accuracy": pairwise_accuracy(r_chosen, r_rejected),
+        "rm/margin": (r_chosen - r_rejected).detach().mean(),
+        "rm/chosen": r_chosen.detach().mean(),
+        "rm/rejected": r_rejected.detach().mean(),
+    }
+    return loss, metrics
+
+
+def plackett_luce_loss(
+    rewards: torch.Tensor, ranking: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """K-wise Plackett-Luce loss (book ch.5 "K-wise loss function"; checklist 5.5):
+
+        P(sigma) = prod_k exp(r_sigma(k)) / sum_{j >= k} exp(r_sigma(j)),   L = -log P
+
+    rewards [B, K] scores of K completions per prompt; ranking [B, K] long or None:
+    ranking[b, k] is the index of the k-th best completion (None: already best-first).
+    At K = 2 this is the Bradley-Terry loss. Mean over prompts.
+    returns (loss [], metrics rm/top1_accuracy: share of prompts whose best completion
+    has the highest reward).
+    """
+    expect_dim("rewards", rewards, 2)
+    ordered = rewards if ranking is None else rewards.gather(1, ranking)  # [B, K] best first
+    if ranking is not None:
+        expect_like("ranking", ranking, "rewards", rewards)
+    # log sum_{j >= k} exp(r_j): a reverse logcumsumexp
+    tail = torch.logcumsumexp(ordered.flip(-1), dim=-1).flip(-1)  # [B, K]
+    loss = (tail - ordered).sum(-1).mean()
+    top1 = (ordered.detach().argmax(-1) == 0).float().mean()
+    return loss, {"rm/top1_accuracy": top1}
+
+
+def orm_labels(correct: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Outcome labels copied onto every completion token (book "Outcome Reward Models").
+
+    correct [B] (0/1 or bool), mask [B, T] (1 on supervised tokens) -> labels [B, T] long,
+    the outcome on masked tokens and IGNORE_INDEX (-100) elsewhere.
+    """
+    expect_dim("mask", mask, 2)
+    expect_dim("correct", correct, 1)
+    lab = correct.long()[:, None].expand_as(mask)
+    return torch.where(mask > 0, lab, torch.full_like(lab, IGNORE_INDEX))
+
+
+def orm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Outcome reward model: per-token binary cross-entropy (Lightman et al.; book
+    "Outcome Reward Models", code `binary_cross_entropy_with_logits(logits[mask], ...)`).
+
+    logits [B, T] one logit per token; labels [B, T] long: 0/1 on supervised tokens,
+    -100 elsewhere. Mean over supervised tokens; with none, 0 that keeps the graph.
+    returns (loss [], metrics orm/accuracy (token-level, threshold 0), orm/tokens).
+    """
+    expect_dim("logits", logits, 2)
+    expect_like("labels", labels, "logits", logits)
+    sup = labels != IGNORE_INDEX
+    if not sup.any():
+        zero = logits.sum() * 0
+        return zero, {"orm/accuracy": zero.detach(), "orm/tokens": zero.detach()}
+    y = labels[sup].to(logits.dtype)
+    loss = F.binary_cross_entropy_with_logits(logits[sup], y)
+    acc = ((logits[sup].detach() > 0).to(y.dtype) == y).float().mean()
+    return loss, {"orm/accuracy": acc, "orm/tokens": sup.sum().float()}
+
+
+def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Process reward model: a step label only at step separators (book "Process Reward
+    Models"; checklist 5.7: labels sit on the last token of each step, -100 elsewhere).
+
+    logits [B, T, C] (C classes, e.g. 3 for {-1, 0, +1} -> {0, 1, 2}) with labels [B, T]
+    class ids; or logits [B, T] (binary correct / incorrect) with labels [B, T] in {0, 1}.
+    Cross-entropy (or BCE) averaged over labelled positions; 0 with the graph when none.
+    returns (loss [], metrics prm/accuracy, prm/steps).
+    """
+    if logits.dim() == 2:
+        loss, m = orm_loss(logits, labels)
+        return loss, {"prm/accuracy": m["orm/accuracy"], "prm/steps": m["orm/tokens"]}
+    expect_dim("logits", logits, 3)
+    expect_like("labels", labels, "logits[..., 0]", logits[..., 0])
+    sup = labels != IGNORE_INDEX
+    if not sup.any():
+        zero = logits.sum() * 0
+        return zero, {"prm/accuracy": zero.detach(), "prm/steps": zero.detach()}
+    loss = F.cross_entropy(logits[sup].float(), labels[sup])
+    acc = (logits[sup].detach().argmax(-1) == labels[sup]).float().mean()
+    return loss, {"prm/accuracy": acc, "prm/steps": sup.sum().float()}
