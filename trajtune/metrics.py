@@ -22,31 +22,95 @@ from typing import Iterable
 from tqdm.auto import tqdm
 
 METRICS: dict[str, str] = {
-    # --- train: one optimizer step
+    # --- train: one optimizer step (loops)
     "train/loss": "loss minimised at this step (after aggregation)",
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used for this step",
     "train/tokens": "number of trained-on (POLICY) tokens in the step's batch",
-    "train/entropy": "mean entropy (nats) of the policy at trained-on tokens",
-    # --- eval: measured on held-out or train tasks without gradient
+    "train/kept_episodes": "episodes the RL step trained on (after dropping zero-variance groups)",
+    "train/round": "expert-iteration / iw-SFT round (1-based)",
+    # --- eval: measured without gradient
     "eval/accuracy": "exact-match accuracy of greedy answers",
     "eval/loss": "mean NLL per trained-on token on evaluation data",
-    "eval/pass_rate": "share of evaluation episodes with reward 1",
-    # --- rollout: statistics of sampled episodes
-    "rollout/pass_rate": "share of sampled episodes with reward 1",
+    "eval/pass_rate": "share of evaluation episodes with reward >= 1",
+    # --- rollout: statistics of the step's sampled episodes (algorithms.common.rollout_metrics)
+    "rollout/pass_rate": "share of sampled episodes with reward >= 1",
     "rollout/reward": "mean reward of sampled episodes",
-    "rollout/tokens": "mean number of tokens per sampled episode",
+    "rollout/policy_tokens": "mean number of POLICY tokens per sampled episode",
+    "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
+    # --- sft (objectives.sft)
+    "sft/nll": "unweighted mean NLL per POLICY token",
+    "sft/weight_mean": "mean trajectory weight w_i (1 for plain SFT)",
+    "sft/tokens": "POLICY tokens in the batch",
+    # --- pg: policy-gradient loss (objectives.policy_gradient)
+    "pg/loss": "policy-gradient part of the loss (no KL, no entropy)",
+    "pg/advantage_mean": "mean advantage over POLICY tokens",
+    "pg/ratio_mean": "mean importance ratio pi / pi_old",
+    "pg/ratio_max": "largest importance ratio in the batch",
+    "pg/approx_kl": "0.5 * mean (log pi - log pi_old)^2: how far the update moved from the sampler",
+    "pg/clip_frac": "share of POLICY tokens whose ratio was clipped",
+    "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler",
+    "pg/tis_capped_frac": "share of tokens whose TIS weight hit the cap",
+    "policy/entropy": "mean entropy (nats) of the policy at POLICY tokens",
+    # --- value head (PPO)
+    "value/loss": "value-regression loss 0.5 (V - return)^2",
+    "value/clip_frac": "share of tokens where value clipping was active",
+    "value/explained_variance": "1 - Var(return - V) / Var(return)",
+    # --- kl: KL(pi || ref) estimates per POLICY token (objectives.kl)
+    "kl/k1": "k1 estimate log(pi/ref): unbiased, high variance",
+    "kl/k2": "k2 estimate 0.5 log(pi/ref)^2: biased, low variance",
+    "kl/k3": "k3 estimate ref/pi - 1 - log(ref/pi): unbiased, low variance",
+    # --- preference losses (objectives.preference)
+    "dpo/chosen_reward": "beta (log pi - log ref) of chosen episodes",
+    "dpo/rejected_reward": "beta (log pi - log ref) of rejected episodes",
+    "dpo/margin": "chosen minus rejected implicit reward",
+    "dpo/accuracy": "share of pairs with a positive margin",
+    "dpo/chosen_logp_drift": "log pi - log ref of chosen episodes (nats)",
+    "dpo/rejected_logp_drift": "log pi - log ref of rejected episodes (nats)",
+    "dpo/nll": "NLL per chosen token (DPO + NLL)",
+    "simpo/chosen_reward": "beta * mean log pi per token of chosen episodes",
+    "simpo/rejected_reward": "beta * mean log pi per token of rejected episodes",
+    "simpo/margin": "chosen minus rejected SimPO reward",
+    "simpo/accuracy": "share of pairs with a positive SimPO margin",
+    "orpo/accuracy": "share of pairs where chosen has the higher odds",
+    "orpo/log_odds_ratio": "mean log odds ratio chosen vs rejected",
+    "orpo/nll": "NLL part of the ORPO loss",
+    "kto/desirable_reward": "mean implicit reward of desirable episodes",
+    "kto/undesirable_reward": "mean implicit reward of undesirable episodes",
+    "kto/z0": "KTO reference point (batch KL estimate)",
+    # --- reward models (objectives.reward_model)
+    "rm/accuracy": "share of pairs the reward model orders correctly",
+    "rm/margin": "mean r_chosen - r_rejected",
+    "rm/chosen": "mean reward of chosen episodes",
+    "rm/rejected": "mean reward of rejected episodes",
+    "rm/top1_accuracy": "share of K-wise rankings whose best item scores highest",
+    "orm/accuracy": "per-token accuracy of the outcome reward model",
+    "orm/tokens": "tokens the ORM was trained on",
+    "prm/accuracy": "per-step accuracy of the process reward model",
+    "prm/steps": "labelled steps in the batch",
+    # --- iw-SFT weights (objectives.importance)
+    "iw/weight_mean": "mean trajectory importance weight",
+    "iw/weight_max": "largest trajectory importance weight",
+    "iw/log_weight_mean": "mean log weight",
+    "iw/ess": "effective sample size / batch size, (sum w)^2 / (B sum w^2)",
+    # --- rejection sampling (algorithms.rft)
+    "rft/sampled": "episodes sampled this round",
+    "rft/kept_raw": "episodes the selection kept, before dedup and cap",
+    "rft/kept": "episodes trained on this round",
+    "rft/kept_hack_share": "share of kept episodes passing public tests but failing hidden ones",
+    "rft/share_*": "share of kept episodes per value of the config's share_key (e.g. task family)",
+    # --- distillation (objectives.distill)
+    "distill/reverse_kl": "exact KL(student || teacher) per POLICY token",
     # --- time
     "time/step_s": "wall seconds of this step",
 }
 
 
 def is_documented(key: str) -> bool:
-    """True for keys in `METRICS` (an entry ending in '/*' documents a whole family)."""
+    """True for keys in `METRICS` (an entry ending in '_*' documents a family, e.g. rft/share_*)."""
     if key in METRICS:
         return True
-    ns = key.split("/", 1)[0]
-    return f"{ns}/*" in METRICS
+    return any(k.endswith("*") and key.startswith(k[:-1]) for k in METRICS)
 
 
 def register(key: str, doc: str) -> None:

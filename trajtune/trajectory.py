@@ -113,6 +113,7 @@ class Batch:
     rewards: torch.Tensor
     groups: torch.Tensor
     old_logprobs: torch.Tensor
+    index: torch.Tensor
     infos: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -174,5 +175,6 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         rewards=torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32),
         groups=torch.tensor([t.group for t in trajectories], dtype=torch.long),
         old_logprobs=old_lp[:, 1:].contiguous(),
+        index=torch.arange(B),
         infos=[t.info for t in trajectories],
     )

@@ -14,7 +14,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from ..engine import ForwardOutput, LocalEngine
-from ..logprobs import aggregate
+from ..objectives.sft import sft_loss
 from ..metrics import MetricsLogger, progress
 from ..trajectory import Batch, Trajectory, collate
 
@@ -45,9 +45,7 @@ def sft_loss_fn(aggregation: str = "token", constant: float = 0.0):
     """loss_fn for `engine.forward_backward`: masked NLL on POLICY tokens."""
 
     def loss_fn(out: ForwardOutput, batch: Batch):
-        nll = -out.logprobs  # [B, T-1]
-        loss = aggregate(nll, batch.action_mask, aggregation, constant or None)
-        return loss, {"train/tokens": batch.action_mask.sum()}
+        return sft_loss(out.logprobs, batch.action_mask, aggregation, constant or None)
 
     return loss_fn
 
@@ -79,7 +77,7 @@ def train_sft(
         m = engine.forward_backward(batch, loss_fn)
         # 3. update
         o = engine.optim_step()
-        row = {"train/loss": m["loss"], "train/tokens": m["train/tokens"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"]}
+        row = {"train/loss": m["loss"], "train/tokens": m["sft/tokens"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"]}
         # 4. log / evaluate
         last = step == config.steps - 1
         if evaluate is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):

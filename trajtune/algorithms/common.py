@@ -1,0 +1,114 @@
+"""Pieces the sampling loops share: the `Collect` source, task picking, rollout statistics, selection.
+
+A loop that trains on the policy's own samples gets them from a `Collect`:
+
+    collect(tasks, n_per_task, generator) -> list[Trajectory]
+
+which runs `n_per_task` episodes of every task with the *current* policy and
+returns finished trajectories with `reward`, `group` (one id per task
+instance) and `info` set. Experiments build it with `trajtune.rollout.make_collect`
+from a sampler (`engine.sample`), an environment factory and a renderer; loops
+never see environments.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+
+from ..trajectory import Owner, Trajectory
+
+Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
+
+
+def pick_tasks(tasks: Sequence[Any], n: int, generator: torch.Generator) -> list[Any]:
+    """`n` tasks: a random permutation's prefix when n <= len(tasks), else whole passes plus a prefix."""
+    out: list[Any] = []
+    while len(out) < n:
+        perm = torch.randperm(len(tasks), generator=generator).tolist()
+        out += [tasks[i] for i in perm[: n - len(out)]]
+    return out
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
+    """Mean reward, pass rate (reward >= 1), POLICY tokens and invalid calls per episode."""
+    if not trajs:
+        return {}
+    n = len(trajs)
+    out = {
+        f"{prefix}/reward": sum(t.reward for t in trajs) / n,
+        f"{prefix}/pass_rate": sum(t.reward >= 1.0 for t in trajs) / n,
+        f"{prefix}/policy_tokens": sum(t.count(Owner.POLICY) for t in trajs) / n,
+    }
+    if all("n_invalid" in t.info for t in trajs):
+        out[f"{prefix}/invalid_per_episode"] = sum(t.info["n_invalid"] for t in trajs) / n
+    return out
+
+
+Selection = Literal["accepted", "top_per_prompt", "top_overall"]
+
+
+def select_episodes(
+    trajs: Sequence[Trajectory],
+    mode: Selection = "accepted",
+    threshold: float = 1.0,
+    top_fraction: float = 0.25,
+    random_control: bool = False,
+    seed: int = 0,
+) -> list[Trajectory]:
+    """Which sampled episodes rejection sampling keeps (RLHF book ch.9).
+
+    accepted:        reward >= threshold (a verifier's yes)
+    top_per_prompt:  the best-scoring episode of each group (ties: the first)
+    top_overall:     the best `top_fraction` of all episodes
+    random_control:  keep the same *number* of episodes, chosen uniformly at random --
+                     the control that shows how much the selection itself matters
+    """
+    trajs = list(trajs)
+    if mode == "accepted":
+        kept = [t for t in trajs if t.reward >= threshold]
+    elif mode == "top_per_prompt":
+        best: dict[int, Trajectory] = {}
+        for t in trajs:
+            if t.group not in best or t.reward > best[t.group].reward:
+                best[t.group] = t
+        kept = list(best.values())
+    elif mode == "top_overall":
+        k = max(1, round(top_fraction * len(trajs)))
+        kept = sorted(trajs, key=lambda t: -t.reward)[:k]
+    else:
+        raise ValueError(f"unknown selection {mode!r}; choose accepted, top_per_prompt or top_overall")
+    if random_control:
+        kept = random.Random(seed).sample(trajs, len(kept))
+    return kept
+
+
+def action_key(t: Trajectory) -> tuple:
+    """Identity of an episode for deduplication: its task and its sequence of actions."""
+    return (t.info.get("task"), tuple(t.info.get("actions", ())) or tuple(t.tokens_of(Owner.POLICY)))
+
+
+def dedup_and_cap(trajs: Sequence[Trajectory], dedup: bool, per_task_cap: int) -> list[Trajectory]:
+    """Drop repeated (task, action sequence) episodes and keep at most `per_task_cap` per task (0: no cap)."""
+    seen, per_task, out = set(), Counter(), []
+    for t in trajs:
+        key = action_key(t)
+        if dedup and key in seen:
+            continue
+        task = t.info.get("task", t.group)
+        if per_task_cap and per_task[task] >= per_task_cap:
+            continue
+        seen.add(key)
+        per_task[task] += 1
+        out.append(t)
+    return out
+
+
+def shares(trajs: Sequence[Trajectory], key: str) -> dict[str, float]:
+    """Share of episodes per value of `info[key]` (e.g. the task family)."""
+    counts = Counter(str(t.info.get(key)) for t in trajs)
+    n = max(1, len(trajs))
+    return {k: v / n for k, v in sorted(counts.items())}

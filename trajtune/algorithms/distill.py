@@ -1,0 +1,84 @@
+"""On-policy distillation (RLHF book ch.12): the student samples, a teacher grades every token.
+
+Source: the student's own samples. Weight: per token, the teacher's log-ratio
+log pi_T(a_t) - log pi_theta(a_t) (a per-token reverse-KL reward, "sampled"),
+or the exact reverse KL over the vocabulary at every visited state ("full").
+
+    1. sample   the student's episodes
+    2. grade    teacher log-probs (or logits) on exactly those tokens
+    3. update   policy-gradient step with per-token advantages / reverse-KL loss
+    4. log
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+
+from ..engine import ForwardOutput, LocalEngine
+from ..metrics import MetricsLogger, progress
+from ..objectives.distill import distill_advantages, reverse_kl_loss
+from ..objectives.policy_gradient import policy_gradient_loss
+from ..trajectory import Batch, collate
+from .common import Collect, pick_tasks, rollout_metrics
+
+
+@dataclass
+class DistillConfig:
+    steps: int = 40
+    """student updates"""
+    tasks_per_step: int = 8
+    """tasks per step"""
+    samples_per_task: int = 4
+    """student episodes per task"""
+    mode: Literal["sampled", "full"] = "sampled"
+    """sampled: teacher log-ratio of the sampled token as advantage; full: exact reverse KL"""
+    aggregation: Literal["token", "sequence", "constant"] = "token"
+    """loss aggregation"""
+    seed: int = 0
+    """step s samples with a generator seeded from (seed, s)"""
+
+
+def train_distill(
+    engine: LocalEngine,
+    teacher: torch.nn.Module,
+    tasks: Sequence,
+    collect: Collect,
+    config: DistillConfig,
+    pad_id: int,
+    logger: MetricsLogger | None = None,
+    evaluate: Callable[[int], dict] | None = None,
+    eval_every: int = 0,
+    stage: str = "distill",
+) -> list[dict]:
+    teacher_engine = LocalEngine(teacher)
+    history = []
+    for step in progress(range(config.steps), desc=stage):
+        g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        # 1. sample
+        trajs = collect(pick_tasks(tasks, config.tasks_per_step, g), config.samples_per_task, g)
+        batch = collate(trajs, pad_id)
+        # 2. grade
+        t_out = teacher_engine.forward(batch)
+        if config.mode == "sampled":
+            adv = distill_advantages(engine.forward(batch).logprobs, t_out.logprobs, batch.action_mask)  # [B, T-1]
+
+            def loss_fn(out: ForwardOutput, b: Batch):
+                return policy_gradient_loss(out.logprobs, adv, b.action_mask, aggregation=config.aggregation)
+        else:
+            def loss_fn(out: ForwardOutput, b: Batch):
+                return reverse_kl_loss(out.logits[:, :-1], t_out.logits[:, :-1], b.action_mask, config.aggregation)
+        # 3. update
+        m = engine.forward_backward(batch, loss_fn)
+        o = engine.optim_step()
+        # 4. log
+        row = {**rollout_metrics(trajs), "train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
+               **{k: v for k, v in m.items() if k != "loss"}}
+        if evaluate is not None and (step == config.steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
+            row.update(evaluate(step + 1))
+        if logger is not None:
+            logger.log(step + 1, row, stage=stage)
+        history.append({"step": step + 1, **row})
+    return history

@@ -1,0 +1,131 @@
+"""Direct preference optimisation and its relatives (RLHF book ch.8; seed agent-rl ch.15 §15.4).
+
+Source: a fixed set of (chosen, rejected) trajectory pairs -- or, with
+`regenerate_every`, pairs re-made from the current policy every K steps.
+Weight: +-beta * sigmoid(-margin) on the chosen / rejected log-likelihood (DPO);
+IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
+
+    1. reference   summed log pi_ref of every pair, once per pair set (frozen copy)
+    2. step        a batch of pairs: forward chosen and rejected together, preference loss
+    3. log         loss, implicit rewards, chosen/rejected log-prob drift (A7's d_chosen, d_rejected)
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+
+from ..engine import ForwardOutput, LocalEngine
+from ..metrics import MetricsLogger, progress
+from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
+from ..trajectory import Batch, Trajectory, collate
+from .sft import batch_indices
+
+Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
+
+
+@dataclass
+class DPOConfig:
+    steps: int = 100
+    """optimizer steps"""
+    batch_size: int = 0
+    """pairs per step (0: all pairs, full-batch as in the seed)"""
+    loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
+    """which preference loss"""
+    beta: float = 0.1
+    """KL strength (DPO/IPO) or reward scale (SimPO)"""
+    label_smoothing: float = 0.0
+    """conservative DPO: assumed probability that a label is flipped"""
+    nll_weight: float = 0.0
+    """weight of the NLL on chosen tokens (DPO + NLL, RPO)"""
+    simpo_gamma_ratio: float = 0.5
+    """SimPO target margin gamma / beta"""
+    orpo_lambda: float = 0.1
+    """ORPO odds-ratio weight"""
+    regenerate_every: int = 0
+    """re-make pairs from the current policy (and reset the reference) every this many steps (0: offline)"""
+    seed: int = 0
+    """batch of step s is a function of (seed, s)"""
+
+    def __post_init__(self) -> None:
+        if self.beta <= 0:
+            raise ValueError(f"DPOConfig: beta must be > 0, got {self.beta}")
+        if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0:
+            raise ValueError("DPOConfig: steps, batch_size and regenerate_every must be >= 0")
+
+
+def pair_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:
+    """Chosen episodes in rows [0, P), their rejected partners in rows [P, 2P)."""
+    return collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+
+
+def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T-1] per-token log-probs -> [B] sum over POLICY tokens."""
+    return (logprobs * mask).sum(-1)
+
+
+def preference_loss_fn(config: DPOConfig, ref_sums: torch.Tensor):
+    """loss_fn over a `pair_batch`; `ref_sums` [2P_all] reference sums indexed by `batch.index`."""
+
+    def loss_fn(out: ForwardOutput, batch: Batch):
+        P = batch.size // 2
+        mask = batch.action_mask
+        sums, counts = summed_logps(out.logprobs, mask), mask.sum(-1)  # [2P]
+        if config.loss in ("dpo", "ipo"):
+            ref = ref_sums[batch.index]
+            return dpo_loss(sums[:P], sums[P:], ref[:P], ref[P:], config.beta,
+                            loss_type="ipo" if config.loss == "ipo" else "sigmoid",
+                            label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
+                            chosen_lengths=counts[:P] if config.nll_weight else None)
+        avg = sums / counts.clamp(min=1)
+        if config.loss == "simpo":
+            return simpo_loss(avg[:P], avg[P:], config.beta, config.simpo_gamma_ratio)
+        return orpo_loss(avg[:P], avg[P:], config.orpo_lambda)
+
+    return loss_fn
+
+
+def train_dpo(
+    engine: LocalEngine,
+    pairs: Sequence[Pair],
+    config: DPOConfig,
+    pad_id: int,
+    logger: MetricsLogger | None = None,
+    evaluate: Callable[[int], dict] | None = None,
+    eval_every: int = 0,
+    make_pairs: Callable[[LocalEngine, torch.Generator], list[Pair]] | None = None,
+    stage: str = "dpo",
+) -> list[dict]:
+    """Train on preference pairs; `make_pairs(engine, generator)` is needed for regenerate_every > 0."""
+    if config.regenerate_every and make_pairs is None:
+        raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
+    if not pairs and make_pairs is None:
+        raise ValueError("train_dpo: no pairs")
+    history, full, loss_fn = [], None, None
+    for step in progress(range(config.steps), desc=stage):
+        # 1. (re)build the pair set and its reference log-probs
+        if full is None or (config.regenerate_every and step % config.regenerate_every == 0):
+            if config.regenerate_every and make_pairs is not None:
+                pairs = make_pairs(engine, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
+            full = pair_batch(pairs, pad_id)
+            reference = LocalEngine(copy.deepcopy(engine.model))
+            ref_sums = summed_logps(reference.forward(full).logprobs, full.action_mask)  # [2P]
+            loss_fn = preference_loss_fn(config, ref_sums)
+        # 2. one step on a batch of pairs
+        P = full.size // 2
+        rows = torch.arange(P) if not config.batch_size else batch_indices(P, config.batch_size, config.seed, step)
+        batch = full.select(torch.cat([rows, rows + P]))
+        m = engine.forward_backward(batch, loss_fn)
+        o = engine.optim_step()
+        # 3. log
+        row = {"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
+               **{k: v for k, v in m.items() if k != "loss"}}
+        if evaluate is not None and (step == config.steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
+            row.update(evaluate(step + 1))
+        if logger is not None:
+            logger.log(step + 1, row, stage=stage)
+        history.append({"step": step + 1, **row})
+    return history

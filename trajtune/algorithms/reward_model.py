@@ -1,0 +1,98 @@
+"""Reward models: a scalar head trained on preference pairs (RLHF book ch.5, Bradley-Terry).
+
+The reward of an episode is the value head's output at its last real token. The
+trained model scores samples for best-of-N, rejection sampling and RL.
+
+    1. step   a batch of pairs: forward chosen and rejected together, Bradley-Terry loss
+    2. log    loss, pair accuracy on the batch (and held-out accuracy via `evaluate`)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..engine import ForwardOutput, LocalEngine
+from ..metrics import MetricsLogger, progress
+from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
+from ..trajectory import Batch, Trajectory, collate
+from .dpo import Pair, pair_batch
+from .sft import batch_indices
+
+
+@dataclass
+class RewardModelConfig:
+    steps: int = 200
+    """optimizer steps"""
+    batch_size: int = 32
+    """pairs per step"""
+    margin: float = 0.0
+    """Bradley-Terry margin m: -log sigma(r_c - r_r - m) (book ch.5 margin loss)"""
+    seed: int = 0
+    """batch of step s is a function of (seed, s)"""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1:
+            raise ValueError("RewardModelConfig: steps >= 0 and batch_size >= 1")
+
+
+def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """values [B, T], attention_mask [B, T] -> [B]: the value at each row's last real token."""
+    last = attention_mask.long().sum(-1) - 1  # [B]
+    return values.gather(1, last[:, None]).squeeze(1)
+
+
+def score(engine: LocalEngine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256) -> list[float]:
+    """Reward-model scores of episodes (no gradient)."""
+    out: list[float] = []
+    for i in range(0, len(trajs), batch_size):
+        batch = collate(trajs[i : i + batch_size], pad_id)
+        values = engine.forward(batch, values=True).values
+        out += last_token_values(values, batch.attention_mask).tolist()
+    return out
+
+
+def pair_accuracy(engine: LocalEngine, pairs: Sequence[Pair], pad_id: int) -> float:
+    """Share of pairs whose chosen episode scores higher than the rejected one."""
+    s = score(engine, [c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+    P = len(pairs)
+    return float(pairwise_accuracy(torch.tensor(s[:P]), torch.tensor(s[P:])))
+
+
+def train_reward_model(
+    engine: LocalEngine,
+    pairs: Sequence[Pair],
+    config: RewardModelConfig,
+    pad_id: int,
+    logger: MetricsLogger | None = None,
+    evaluate: Callable[[int], dict] | None = None,
+    eval_every: int = 0,
+    stage: str = "reward_model",
+) -> list[dict]:
+    """Train the value head (and body) of `engine.model` as a Bradley-Terry reward model."""
+    if not pairs:
+        raise ValueError("train_reward_model: no pairs")
+    full = pair_batch(pairs, pad_id)
+    P = len(pairs)
+
+    def loss_fn(out: ForwardOutput, batch: Batch):
+        r = last_token_values(out.values, batch.attention_mask)  # [2p]
+        p = batch.size // 2
+        margin = torch.full_like(r[:p], config.margin) if config.margin else None
+        return bradley_terry_loss(r[:p], r[p:], margin)
+
+    history = []
+    for step in progress(range(config.steps), desc=stage):
+        rows = batch_indices(P, config.batch_size, config.seed, step)
+        m = engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss_fn, values=True)
+        o = engine.optim_step()
+        row = {"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
+               **{k: v for k, v in m.items() if k != "loss"}}
+        if evaluate is not None and (step == config.steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
+            row.update(evaluate(step + 1))
+        if logger is not None:
+            logger.log(step + 1, row, stage=stage)
+        history.append({"step": step + 1, **row})
+    return history

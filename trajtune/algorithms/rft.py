@@ -1,0 +1,115 @@
+"""Rejection-sampling fine-tuning / expert iteration (RLHF book ch.9; seed agent-rl ch.15 §15.3).
+
+Source: the policy's own samples, kept if the verifier accepts them (or the best by a
+reward model). Weight: 1 on kept episodes -- in policy-gradient terms R_i / p-hat.
+One round, top to bottom:
+
+    1. sample   samples_per_task episodes of every task with the current policy
+    2. select   accepted / top per prompt / top overall (or a random control of equal size),
+                then optional dedup by action sequence and a per-task cap
+    3. train    SFT on the kept episodes for steps_per_round steps
+    4. log      pass rate, kept count, family shares and hack share of the kept set
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+
+from ..engine import LocalEngine
+from ..metrics import MetricsLogger
+from ..trajectory import Trajectory
+from .common import Collect, dedup_and_cap, rollout_metrics, select_episodes, shares
+from .sft import SFTConfig, train_sft
+
+
+@dataclass
+class RFTConfig:
+    rounds: int = 4
+    """sample -> select -> train rounds"""
+    samples_per_task: int = 16
+    """episodes sampled per task and round"""
+    steps_per_round: int = 15
+    """SFT steps on the kept episodes per round"""
+    batch_size: int = 32
+    """episodes per SFT step"""
+    select: Literal["accepted", "top_per_prompt", "top_overall"] = "accepted"
+    """which samples to keep (see algorithms.common.select_episodes)"""
+    threshold: float = 1.0
+    """reward needed for select='accepted'"""
+    top_fraction: float = 0.25
+    """share kept by select='top_overall'"""
+    random_control: bool = False
+    """keep as many episodes as the selection would, uniformly at random (the control)"""
+    dedup: bool = False
+    """keep one copy of each (task, action sequence)"""
+    per_task_cap: int = 0
+    """keep at most this many episodes per task (0: no cap)"""
+    accumulate: bool = False
+    """train on the kept episodes of all rounds so far (False: this round's only)"""
+    share_key: str = "family"
+    """info key whose shares in the kept set are logged (e.g. the task family)"""
+    aggregation: Literal["token", "sequence", "constant"] = "token"
+    """SFT loss aggregation"""
+    seed: int = 0
+    """round r samples with a generator seeded from (seed, r)"""
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0 or self.samples_per_task < 1 or self.steps_per_round < 0 or self.batch_size < 1:
+            raise ValueError("RFTConfig: rounds >= 0, samples_per_task >= 1, steps_per_round >= 0, batch_size >= 1")
+
+
+def train_rft(
+    engine: LocalEngine,
+    tasks: Sequence,
+    collect: Collect,
+    config: RFTConfig,
+    pad_id: int,
+    logger: MetricsLogger | None = None,
+    evaluate: Callable[[int], dict] | None = None,
+    score: Callable[[list[Trajectory]], list[float]] | None = None,
+    stage: str = "rft",
+) -> list[dict]:
+    """Expert iteration. `score`, if given, replaces each sample's reward (a reward model)
+    before selection. Returns one row per round, logged at the cumulative SFT step."""
+    history, pool = [], []
+    for r in range(config.rounds):
+        g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
+        # 1. sample
+        trajs = collect(list(tasks), config.samples_per_task, g)
+        row = {"train/round": float(r + 1), **rollout_metrics(trajs)}
+        if score is not None:
+            for t, s in zip(trajs, score(trajs), strict=True):
+                t.info["verifier_reward"], t.reward = t.reward, float(s)
+        # 2. select
+        kept = select_episodes(trajs, config.select, config.threshold, config.top_fraction,
+                               config.random_control, seed=config.seed * 1_000_003 + r)
+        raw = len(kept)
+        kept = dedup_and_cap(kept, config.dedup, config.per_task_cap)
+        pool = pool + kept if config.accumulate else kept
+        row.update(kept_metrics(trajs, raw, kept, config.share_key))
+        # 3. train
+        if pool and config.steps_per_round:
+            sft = SFTConfig(steps=config.steps_per_round, batch_size=config.batch_size,
+                            aggregation=config.aggregation, seed=config.seed * 1_000_003 + r)
+            last = train_sft(engine, pool, sft, pad_id)[-1]
+            row.update({k: last[k] for k in ("train/loss", "train/grad_norm", "train/lr")})
+        # 4. log
+        if evaluate is not None:
+            row.update(evaluate(engine.step))
+        if logger is not None:
+            logger.log(engine.step, row, stage=stage)
+        history.append({"step": engine.step, **row})
+    return history
+
+
+def kept_metrics(sampled: list[Trajectory], raw_kept: int, kept: list[Trajectory], share_key: str) -> dict:
+    """Kept counts, the share of reward hacks among kept episodes, and per-`share_key` shares."""
+    out = {"rft/sampled": float(len(sampled)), "rft/kept_raw": float(raw_kept), "rft/kept": float(len(kept))}
+    if kept and all("public_pass" in t.info and "hidden_pass" in t.info for t in kept):
+        out["rft/kept_hack_share"] = sum(t.info["public_pass"] and not t.info["hidden_pass"] for t in kept) / len(kept)
+    for k, v in shares(kept, share_key).items() if kept and share_key else ():
+        out[f"rft/share_{k}"] = v
+    return out

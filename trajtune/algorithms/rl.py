@@ -1,0 +1,203 @@
+"""Reinforcement learning with the policy-gradient family: REINFORCE, RLOO, GRPO, Dr. GRPO,
+PPO (with a value head and GAE), GSPO, CISPO.
+
+Source: the policy's own samples, `group_size` per task. Weight: an advantage
+(DESIGN.md table). One step, top to bottom:
+
+    1. sample   tasks_per_step tasks x group_size episodes with the current policy
+    2. score    rewards -> advantages (group baseline, or GAE with the value head)
+    3. update   epochs x minibatches of policy_gradient_loss (+ value loss)
+    4. log
+
+Everything the loss needs lives in `trajtune.objectives`; this file only wires it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+
+from ..engine import ForwardOutput, LocalEngine
+from ..logprobs import entropy_from_logits, masked_mean
+from ..metrics import MetricsLogger, progress
+from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
+from ..objectives.kl import kl_penalized_rewards
+from ..objectives.policy_gradient import policy_gradient_loss, value_loss
+from ..trajectory import Batch, Trajectory, collate
+from .common import Collect, pick_tasks, rollout_metrics
+
+
+@dataclass
+class RLConfig:
+    steps: int = 40
+    """policy updates (one batch of fresh samples each)"""
+    tasks_per_step: int = 8
+    """tasks sampled per step (with replacement across steps, a function of (seed, step))"""
+    group_size: int = 8
+    """episodes per task; group baselines compare episodes of the same task"""
+    advantage: Literal["reinforce", "rloo", "grpo", "dr_grpo", "gae", "none"] = "reinforce"
+    """reinforce: R - group mean; rloo: leave-one-out mean; grpo: (R - mean)/std;
+    dr_grpo: R - mean (use with aggregation='constant'); gae: value head + GAE (PPO);
+    none: raw reward (the 0/1 policy gradient)"""
+    surrogate: Literal["reinforce", "ppo", "cispo"] = "reinforce"
+    """per-token objective: plain PG, PPO clipped ratio, or CISPO clipped stop-gradient weight"""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """'sequence' gives GSPO's length-normalised sequence-level ratio"""
+    epochs: int = 1
+    """passes over each batch of samples (> 1 makes the ratio leave 1: PPO-style reuse)"""
+    minibatches: int = 1
+    """optimizer steps per epoch"""
+    eps_low: float = 0.2
+    """clip range below 1 for PPO/CISPO ratios"""
+    eps_high: float = 0.2
+    """clip range above 1"""
+    kl_coef: float = 0.0
+    """weight of KL(pi || ref); > 0 keeps a frozen copy of the starting policy as ref"""
+    kl_in_reward: bool = False
+    """put the KL penalty into per-token rewards (PPO/GAE style) instead of the loss"""
+    entropy_coef: float = 0.0
+    """entropy bonus weight"""
+    vf_coef: float = 0.5
+    """value-loss weight (advantage='gae')"""
+    value_clip: float = 0.0
+    """value clipping range (0 disables)"""
+    gamma: float = 1.0
+    """discount for GAE"""
+    lam: float = 0.95
+    """GAE lambda"""
+    whiten_advantages: bool = False
+    """normalise advantages over the batch's POLICY tokens"""
+    skip_zero_variance: bool = False
+    """drop groups whose rewards are all equal (they carry no signal with a group baseline)"""
+    aggregation: Literal["token", "sequence", "constant"] = "token"
+    """loss aggregation (RLHF book, Loss Aggregation)"""
+    aggregation_constant: float = 0.0
+    """C for aggregation='constant' (e.g. the longest generation)"""
+    tis_cap: float = 0.0
+    """truncated importance sampling cap against the sampler's log-probs (0 disables)"""
+    seed: int = 0
+    """sampling and task order of step s are functions of (seed, s)"""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2 and self.advantage in ("reinforce", "rloo", "grpo", "dr_grpo"):
+            raise ValueError(f"RLConfig: advantage={self.advantage!r} needs group_size >= 2 (got {self.group_size})")
+        if self.steps < 0 or self.tasks_per_step < 1 or self.epochs < 1 or self.minibatches < 1:
+            raise ValueError("RLConfig: steps >= 0, tasks_per_step, epochs and minibatches >= 1")
+        if self.aggregation == "constant" and self.aggregation_constant <= 0:
+            raise ValueError("RLConfig: aggregation='constant' needs aggregation_constant > 0")
+
+
+BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
+             "dr_grpo": ("mean", False), "none": ("none", False)}
+
+
+def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, ref_logp: torch.Tensor | None,
+                   old_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages [B] (group baselines) or [B, T-1] (GAE), and GAE returns [B, T-1] or None."""
+    if config.advantage != "gae":
+        baseline, std = BASELINES[config.advantage]
+        return group_advantages(batch.rewards, batch.groups, baseline=baseline, std_normalize=std), None
+    mask = batch.action_mask
+    if config.kl_coef and config.kl_in_reward:
+        token_rewards = kl_penalized_rewards(batch.rewards, old_logp, ref_logp, mask, config.kl_coef)
+    else:
+        token_rewards = place_at_last_action(batch.rewards, mask)
+    return gae(token_rewards, values, mask, config.gamma, config.lam)
+
+
+def make_loss_fn(config: RLConfig, advantages, returns, old_logp, old_values, ref_logp, use_old: bool):
+    """loss_fn(out, batch) for the engine: policy-gradient loss (+ value loss) on a minibatch."""
+    kl_loss_coef = config.kl_coef if not config.kl_in_reward else 0.0
+    constant = config.aggregation_constant or None
+
+    def loss_fn(out: ForwardOutput, batch: Batch):
+        rows = batch.index  # rows of this minibatch in the step's batch
+        mask = batch.action_mask
+        entropy = entropy_from_logits(out.logits[:, :-1]) if config.entropy_coef else None
+        loss, metrics = policy_gradient_loss(
+            out.logprobs, advantages[rows], mask, old_logp[rows] if use_old else None,
+            surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
+            sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
+            ref_logp=ref_logp[rows] if kl_loss_coef else None, kl_coef=kl_loss_coef,
+            entropy=entropy, entropy_coef=config.entropy_coef,
+            aggregation=config.aggregation, constant=constant,
+        )
+        if returns is not None:
+            vloss, vm = value_loss(out.values[:, :-1], returns[rows], mask, old_values[rows],
+                                   config.value_clip or None, config.aggregation, constant)
+            loss = loss + config.vf_coef * vloss
+            metrics.update(vm)
+        return loss, metrics
+
+    return loss_fn
+
+
+def train_rl(
+    engine: LocalEngine,
+    tasks: Sequence,
+    collect: Collect,
+    config: RLConfig,
+    pad_id: int,
+    logger: MetricsLogger | None = None,
+    evaluate: Callable[[int], dict] | None = None,
+    eval_every: int = 0,
+    stage: str = "rl",
+) -> list[dict]:
+    """Run `config.steps` policy-gradient updates; returns the logged rows."""
+    ref = copy.deepcopy(engine.model).eval() if config.kl_coef else None
+    use_values = config.advantage == "gae"
+    history = []
+    for step in progress(range(config.steps), desc=stage):
+        g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        # 1. sample
+        step_tasks = pick_tasks(tasks, config.tasks_per_step, g)
+        trajs: list[Trajectory] = collect(step_tasks, config.group_size, g)
+        row = rollout_metrics(trajs)
+        if config.skip_zero_variance:
+            trajs = drop_zero_variance_groups(trajs)
+        if not trajs:  # every group had equal rewards: nothing to learn from this step
+            row.update({"train/kept_episodes": 0.0})
+            _finish(step, row, evaluate, eval_every, config.steps, logger, history, stage)
+            continue
+        batch = collate(trajs, pad_id)
+        # 2. score
+        old = engine.forward(batch, values=use_values)
+        old_logp = old.logprobs
+        ref_logp = LocalEngine(ref).forward(batch).logprobs if ref is not None else None
+        old_values = old.values[:, :-1] if use_values else None
+        advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp)
+        if config.whiten_advantages:
+            advantages = whiten(advantages if advantages.dim() == 2 else advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
+        use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
+        loss_fn = make_loss_fn(config, advantages, returns, old_logp, old_values, ref_logp, use_old)
+        # 3. update
+        for epoch in range(config.epochs):
+            order = torch.randperm(batch.size, generator=g)
+            for chunk in order.chunk(config.minibatches):
+                m = engine.forward_backward(batch.select(chunk), loss_fn, values=use_values)
+                o = engine.optim_step()
+        # 4. log (the last minibatch's loss statistics)
+        row.update({"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
+                    "train/kept_episodes": float(batch.size), "train/tokens": float(batch.action_mask.sum())})
+        row.update({k: v for k, v in m.items() if k != "loss"})
+        _finish(step, row, evaluate, eval_every, config.steps, logger, history, stage)
+    return history
+
+
+def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:
+    """Keep the episodes of groups whose rewards differ (the 'informative' groups)."""
+    rewards = torch.tensor([t.reward for t in trajs])
+    groups = torch.tensor([t.group for t in trajs])
+    spread, index = group_reward_range(rewards, groups)
+    return [t for t, s in zip(trajs, spread[index].tolist(), strict=True) if s > 0]
+
+
+def _finish(step, row, evaluate, eval_every, steps, logger, history, stage):
+    if evaluate is not None and (step == steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
+        row.update(evaluate(step + 1))
+    if logger is not None:
+        logger.log(step + 1, row, stage=stage)
+    history.append({"step": step + 1, **row})
