@@ -95,3 +95,16 @@ def test_sft_step_lowers_loss(tiny_model):
         engine.forward_backward(batch, loss_fn)
         engine.optim_step()
     assert engine.forward_backward(batch, loss_fn)["loss"] < first - 0.5
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_micro_batching_gives_the_one_batch_gradient(tiny_model, mode):
+    import copy
+
+    batch, loss_fn = demo_batch(5), sft_loss_fn(mode)  # rows of different lengths: token shares != row shares
+    whole = LocalEngine(copy.deepcopy(tiny_model))
+    split = LocalEngine(copy.deepcopy(tiny_model), micro_batch_size=2)
+    mw, ms = whole.forward_backward(batch, loss_fn), split.forward_backward(batch, loss_fn)
+    assert ms["loss"] == pytest.approx(mw["loss"], rel=1e-5)
+    for pa, pb in zip(whole.model.parameters(), split.model.parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-6)

@@ -8,6 +8,7 @@ they call
     engine.optim_step()                       -> metrics (clip, step, zero grads)
     engine.sample(prompts, max_new_tokens, generator, ...) -> Samples
     engine.save_state(dir) / engine.load_state(dir)
+    engine.reference_engine()                 -> a frozen engine on the current policy (KL / DPO reference)
 
 so the same loop runs on a laptop CPU (`LocalEngine`, this file) and, later,
 under `torchrun` behind a distributed engine with the same methods.
@@ -18,6 +19,8 @@ pure function of the forward output: it never samples and never steps.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
 import os
@@ -28,7 +31,7 @@ from typing import Callable, Sequence
 import torch
 
 from .checkpoint import atomic_dir, load_model_weights, save_model_weights, load_tensors, save_tensors
-from .logprobs import token_log_probs
+from .logprobs import aggregation_share, token_log_probs
 from .sampling import Samples, sample
 from .trajectory import Batch
 
@@ -87,12 +90,30 @@ LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
 class LocalEngine:
     """One process, one device (CPU or a single GPU)."""
 
-    def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optim: OptimConfig | None = None,
+        device: str | torch.device = "cpu",
+        *,
+        autocast: str | None = None,
+        micro_batch_size: int = 0,
+    ):
+        """autocast: None (full precision), "bf16" or "fp16": mixed-precision forward passes
+        (weights and optimizer stay in their own dtype). micro_batch_size: if > 0, `forward`
+        and `forward_backward` split a batch into chunks of at most this many rows and
+        accumulate (gradient accumulation at fixed memory); see `micro_batches`."""
         self.device = torch.device(device)
         self.model = model.to(self.device)
         self.optim_config = optim or OptimConfig()
         self.step = 0  # optimizer steps taken
         self._optimizer: torch.optim.Optimizer | None = None
+        if autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"LocalEngine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
+        if micro_batch_size < 0:
+            raise ValueError(f"LocalEngine: micro_batch_size must be >= 0, got {micro_batch_size}")
+        self.autocast = autocast
+        self.micro_batch_size = micro_batch_size
 
     # --- optimizer (created lazily: inference-only engines never allocate Adam state)
     @property
@@ -106,21 +127,35 @@ class LocalEngine:
         return self._optimizer
 
     # --- forward / backward ----------------------------------------------------
+    def _autocast(self):
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.autocast])
+
     def _forward(self, batch: Batch, values: bool) -> ForwardOutput:
         batch = batch.to(self.device)
-        if values:
-            logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask, return_values=True)
-        else:
-            logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask), None
+        with self._autocast():
+            if values:
+                logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask, return_values=True)
+            else:
+                logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask), None
+        vals = vals.float() if vals is not None else None
         return ForwardOutput(logits, token_log_probs(logits, batch.ids), vals)
 
     @torch.no_grad()
     def forward(self, batch: Batch, values: bool = False) -> ForwardOutput:
-        """Forward without gradient (reference / old log-probs, evaluation)."""
+        """Forward without gradient (reference / old log-probs, evaluation); micro-batched if configured."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._forward(batch, values)
+            chunks = micro_batches(batch.size, self.micro_batch_size)
+            if len(chunks) == 1:
+                return self._forward(batch, values)
+            outs = [self._forward(batch.select(rows), values) for rows in chunks]
+            order = torch.cat(chunks).argsort().to(self.device)  # back to the batch's row order
+            cat = lambda xs: torch.cat(xs)[order]  # noqa: E731
+            return ForwardOutput(cat([o.logits for o in outs]), cat([o.logprobs for o in outs]),
+                                 cat([o.values for o in outs]) if values else None)
         finally:
             self.model.train(was_training)
 
@@ -129,16 +164,27 @@ class LocalEngine:
 
         Call several times before `optim_step()` for gradient accumulation (the
         caller picks `scale`, e.g. 1/num_micro_batches). Returns loss_fn's metrics
-        (floats) plus `loss`.
+        (floats) plus `loss`. With `micro_batch_size` set, the batch is split by
+        `micro_batches` and each chunk's loss is weighted by its share of the whole
+        batch's normaliser, declared by `loss_fn.aggregation` ("token": share of POLICY
+        tokens; "sequence" / "constant" or undeclared: share of rows; see
+        `logprobs.aggregation_share`), so the accumulated gradient equals the
+        one-chunk gradient. Metrics are the same weighted means.
         """
         self.model.train()
-        out = self._forward(batch, values)
-        loss, metrics = loss_fn(out, batch.to(self.device))
-        if loss.dim() != 0:
-            raise ValueError(f"loss_fn must return a scalar loss, got shape {tuple(loss.shape)}")
-        (loss * scale).backward()
-        result = {"loss": float(loss.detach())}
-        result.update({k: _to_float(v) for k, v in metrics.items()})
+        mode = getattr(loss_fn, "aggregation", "sequence")
+        chunks = micro_batches(batch.size, self.micro_batch_size)
+        result: dict[str, float] = {}
+        for rows in chunks:
+            part = batch if len(chunks) == 1 else batch.select(rows)
+            share = 1.0 if len(chunks) == 1 else aggregation_share(part.action_mask, batch.action_mask, mode)
+            out = self._forward(part, values)
+            loss, metrics = loss_fn(out, part.to(self.device))
+            if loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar loss, got shape {tuple(loss.shape)}")
+            (loss * scale * share).backward()
+            for k, v in {"loss": loss, **metrics}.items():
+                result[k] = result.get(k, 0.0) + share * _to_float(v)
         return result
 
     def optim_step(self) -> dict:
@@ -156,6 +202,18 @@ class LocalEngine:
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
+
+    def reference_engine(self) -> "LocalEngine":
+        """A frozen engine on the *current* policy: the KL / DPO reference.
+
+        A model may provide `frozen_reference()` to give one without a second copy of
+        its weights (the Hugging Face adapter with fresh LoRA adapters: the base weights
+        with adapters disabled); otherwise this is a deep copy. Same device, autocast
+        and micro-batching as this engine; it never builds an optimizer.
+        """
+        make = getattr(self.model, "frozen_reference", None)
+        ref = make() if make is not None else copy.deepcopy(self.model)
+        return LocalEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size)
 
     # --- sampling --------------------------------------------------------------
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None, **kw) -> Samples:
@@ -199,6 +257,25 @@ class LocalEngine:
                 state.setdefault(int(idx), {})[name] = v.to(self.device) if name != "step" else v
             self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
         return meta.get("extra", {})
+
+
+AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def micro_batches(n: int, size: int) -> list[torch.Tensor]:
+    """Row indices of the micro-batches of an `n`-row batch with at most `size` rows each (0: one chunk).
+
+    Rows i and i + n/2 always land in the same chunk when n is even, so a pair batch
+    (chosen rows [0, P), rejected rows [P, 2P); algorithms.dpo.pair_batch) keeps every
+    pair together; any row-separable loss is indifferent to the grouping.
+    """
+    if size <= 0 or n <= size:
+        return [torch.arange(n)]
+    if n % 2:
+        return list(torch.arange(n).split(size))
+    half, per = n // 2, max(1, size // 2)
+    return [torch.cat([torch.arange(i, min(i + per, half)), torch.arange(i + half, min(i + per, half) + half)])
+            for i in range(0, half, per)]
 
 
 def _to_float(v) -> float:

@@ -1,0 +1,133 @@
+"""The Hugging Face adapter: same logits as the HF model, left padding + KV cache, LoRA reference
+without a copy, saving in the HF format, the two generation backends, engine micro-batching."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from trajtune.algorithms.dpo import pair_batch  # noqa: E402
+from trajtune.algorithms.sft import sft_loss_fn  # noqa: E402
+from trajtune.engine import LocalEngine, micro_batches  # noqa: E402
+from trajtune.generation import make_backend  # noqa: E402
+from trajtune.models.hf import AdaptersOff, LoraSettings, ModelPathError, load_policy, load_tokenizer  # noqa: E402
+from trajtune.models.hf_random import make_random_model  # noqa: E402
+from trajtune.sampling import sample  # noqa: E402
+from trajtune.trajectory import Owner, Trajectory, collate  # noqa: E402
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model_dir(request, tmp_path_factory):
+    return make_random_model(tmp_path_factory.mktemp(request.param) / "m", request.param, "tiny")
+
+
+def _traj(ids, n_prompt):
+    t = Trajectory()
+    t.append(ids[:n_prompt], Owner.PROMPT, 0)
+    t.append(ids[n_prompt:], Owner.POLICY, 0)
+    return t
+
+
+def test_logits_match_hf_and_left_padding_and_cache_agree(model_dir):
+    policy = load_policy(model_dir).eval()
+    raw = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    ids = torch.randint(5, 200, (2, 9))
+    with torch.no_grad():
+        assert torch.allclose(policy(ids), raw(input_ids=ids).logits, atol=1e-5)
+        # right-padded row 1 (training batches) gives the same logits on its real tokens
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        mask[1, 6:] = False
+        assert torch.allclose(policy(ids, mask)[1, :6], policy(ids[1:, :6])[0], atol=1e-5)
+    prompts = [ids[0, :7].tolist(), ids[1, :3].tolist()]  # different lengths: left padding in the sampler
+    a = sample(policy, prompts, 6, torch.Generator().manual_seed(1))
+    b = sample(policy, prompts, 6, torch.Generator().manual_seed(1), use_cache=False)
+    assert a.tokens == b.tokens
+    assert max(abs(x - y) for u, v in zip(a.logprobs, b.logprobs) for x, y in zip(u, v)) < 1e-4
+    # the sampler's log-probs are the training forward's log-probs of the same tokens
+    traj = _traj(prompts[1] + a.tokens[1], len(prompts[1]))
+    out = LocalEngine(policy).forward(collate([traj], 0))
+    assert torch.allclose(out.logprobs[0, -6:], torch.tensor(a.logprobs[1]), atol=1e-4)
+
+
+def test_sampler_and_generate_backends_return_the_same_data(model_dir):
+    tok = load_tokenizer(model_dir)
+    engine = LocalEngine(load_policy(model_dir))
+    prompts = [[1, 30, 40, 50], [1, 60]]
+    kw = dict(greedy=True, stop_ids=(tok.eos_token_id,))
+    s = make_backend("sampler", engine)(prompts, 5, torch.Generator().manual_seed(0), **kw)
+    g = make_backend("generate", engine, tok.pad_token_id)(prompts, 5, torch.Generator().manual_seed(0), **kw)
+    assert s.tokens == g.tokens and s.stopped == g.stopped
+    assert max(abs(x - y) for u, v in zip(s.logprobs, g.logprobs) for x, y in zip(u, v)) < 1e-4
+    g1 = make_backend("generate", engine, 0)(prompts, 5, torch.Generator().manual_seed(3))
+    g2 = make_backend("generate", engine, 0)(prompts, 5, torch.Generator().manual_seed(3))
+    assert g1.tokens == g2.tokens  # seeded
+
+
+def test_lora_reference_is_the_base_without_a_copy_and_save_loads(model_dir, tmp_path):
+    policy = load_policy(model_dir, lora=LoraSettings(r=4))
+    trainable = policy.num_parameters(trainable=True)
+    assert 0 < trainable < policy.num_parameters() // 2
+    engine = LocalEngine(policy, micro_batch_size=2)
+    ref = engine.reference_engine()
+    assert isinstance(ref.model, AdaptersOff) and sum(p.numel() for p in ref.model.parameters()) == 0
+    trajs = [_traj(list(range(5, 15)), 4), _traj(list(range(20, 28)), 3), _traj(list(range(30, 36)), 2)]
+    batch = collate(trajs, 0)
+    base_logp = ref.forward(batch).logprobs
+    for _ in range(3):
+        engine.forward_backward(batch, sft_loss_fn())
+        engine.optim_step()
+    mask = batch.action_mask
+    assert not torch.allclose(engine.forward(batch).logprobs * mask, base_logp * mask)
+    assert torch.allclose(ref.forward(batch).logprobs * mask, base_logp * mask)  # still the base weights
+    assert not isinstance(engine.reference_engine().model, AdaptersOff)  # trained adapters: a real copy
+    out = policy.save_pretrained(tmp_path / "out", load_tokenizer(model_dir))
+    merged = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=batch.ids).logits, policy.eval()(batch.ids), atol=1e-4)
+    assert (out / "adapter" / "adapter_config.json").exists()
+
+
+def test_value_head_saved_and_restored(model_dir, tmp_path):
+    policy = load_policy(model_dir, value_head=True)
+    ids = torch.randint(5, 200, (2, 6))
+    with torch.no_grad():
+        v = policy.values(ids)
+    assert v.shape == (2, 6)
+    policy.save_pretrained(tmp_path / "rm")
+    with torch.no_grad():
+        assert torch.allclose(load_policy(tmp_path / "rm", value_head=True).values(ids), v, atol=1e-5)
+
+
+def test_missing_or_non_model_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelPathError, match="no such directory.*local paths only"):
+        load_policy(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelPathError, match="not a Hugging Face model directory"):
+        load_policy(tmp_path / "empty")
+
+
+def test_micro_batches_keep_pairs_and_match_the_full_batch_gradient(model_dir):
+    assert [c.tolist() for c in micro_batches(8, 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [c.tolist() for c in micro_batches(5, 2)] == [[0, 1], [2, 3], [4]]
+    trajs = [_traj(list(range(5 + i, 12 + 2 * i)), 3) for i in range(4)]
+    grads = []
+    for mbs in (0, 2):
+        torch.manual_seed(0)
+        engine = LocalEngine(load_policy(model_dir), micro_batch_size=mbs)
+        m = engine.forward_backward(pair_batch(list(zip(trajs[:2], trajs[2:])), 0), sft_loss_fn("sequence"))
+        grads.append(torch.cat([p.grad.flatten() for p in engine.model.parameters() if p.grad is not None]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+    assert m["loss"] > 0
+
+
+def test_bf16_autocast_and_gradient_checkpointing_train(model_dir):
+    engine = LocalEngine(load_policy(model_dir, gradient_checkpointing=True), autocast="bf16")
+    batch = collate([_traj(list(range(5, 15)), 4)] * 2, 0)
+    first = engine.forward_backward(batch, sft_loss_fn())["loss"]
+    engine.optim_step()
+    assert torch.isfinite(torch.tensor(first))
+    with pytest.raises(ValueError, match="autocast"):
+        LocalEngine(load_policy(model_dir), autocast="int8")

@@ -1,0 +1,273 @@
+"""`trajtune sft|rm|dpo|grpo|rft --model DIR --data FILE`: post-train a local Hugging Face causal LM.
+
+    trajtune sft  --model ./my-model --data chats.jsonl --steps 100 --lr 1e-5 --out runs/sft
+    trajtune dpo  --model runs/sft/model --data pairs.jsonl --beta 0.1 --lora-r 16 --out runs/dpo
+    trajtune grpo --model runs/sft/model --data prompts.jsonl --reward my_rewards.py:exact --out runs/grpo
+    trajtune rm   --model ./my-model --data pairs.jsonl --out runs/rm
+    trajtune rft  --model ./my-model --data prompts.jsonl --reward my_rewards:exact --rounds 4
+
+The same options as a recipe: `experiment = "hf"` with a `[config]` table of
+`HFConfig` fields (see trajtune/recipes/hf_sft.toml).
+
+Data formats (trajtune.data): `messages` (sft), `prompt`/`completion` (sft),
+`prompt`/`chosen`/`rejected` or implicit-prompt `chosen`/`rejected` (dpo, rm),
+`prompt` + columns with a reward function `module:function` (grpo, rft).
+Each command is a thin wiring of the library: load the model behind the
+engine, turn rows into trajectories / pairs / prompt tasks, call the algorithm
+loop (train_sft, train_reward_model, train_dpo, train_rl, train_rft), save.
+
+Writes into `--out`: metrics.jsonl, config.json, checkpoints/step-N (every
+--save-every steps) and model/ -- a directory `AutoModelForCausalLM.from_pretrained`
+loads (LoRA merged; the adapter alone in model/adapter; reward models add
+value_head.safetensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Literal
+
+COMMANDS = {
+    "sft": "supervised fine-tuning on conversations or prompt/completion rows",
+    "rm": "train a Bradley-Terry reward model (value head) on preference pairs",
+    "dpo": "direct preference optimisation (and ipo / simpo / orpo) on preference pairs",
+    "grpo": "RL with group baselines (GRPO, RLOO, REINFORCE; PPO with --advantage gae) and a reward function",
+    "rft": "rejection-sampling fine-tuning (expert iteration) with a reward function",
+}
+
+
+@dataclass
+class HFConfig:
+    command: Literal["sft", "rm", "dpo", "grpo", "rft"] = "sft"
+    """which method (the subcommand)"""
+    model: str = ""
+    """local Hugging Face model directory (config.json, weights, tokenizer)"""
+    data: str = ""
+    """JSONL file of rows (formats: see trajtune.data)"""
+    out: str = "runs/hf"
+    """run directory: metrics.jsonl, checkpoints/, model/"""
+    reward: str = ""
+    """grpo/rft: reward function 'module:function' or 'file.py:function', TRL signature fn(prompts, completions, **columns)"""
+    steps: int = 100
+    """optimizer steps (rft: SFT steps per round)"""
+    batch_size: int = 8
+    """sft: conversations, rm/dpo: pairs per step"""
+    micro_batch_size: int = 0
+    """rows per forward/backward chunk (gradient accumulation; 0: whole batch at once)"""
+    lr: float = 1e-5
+    """peak learning rate (AdamW)"""
+    warmup_steps: int = 0
+    """linear warm-up steps"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    grad_clip: float = 1.0
+    """clip the gradient norm (0: off)"""
+    lora_r: int = 0
+    """LoRA rank (0: train all weights); the reference is then the base model with adapters off"""
+    lora_alpha: float = 32.0
+    """LoRA alpha"""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """autocast precision of forward passes (weights stay fp32)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in backward to save memory"""
+    max_length: int = 2048
+    """sft/rm/dpo: skip samples longer than this many tokens; grpo/rft: prompt + completion budget"""
+    save_every: int = 0
+    """write a checkpoint (HF format) every this many steps (0: only the final model)"""
+    device: str = "cpu"
+    """torch device ("cpu", "cuda", "cuda:1", "mps")"""
+    seed: int = 0
+    """seeds batches, sampling and initialisation"""
+    beta: float = 0.1
+    """dpo: KL strength (simpo: reward scale)"""
+    loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
+    """dpo: which preference loss"""
+    prompts_per_step: int = 8
+    """grpo: prompts per step"""
+    group_size: int = 8
+    """grpo: completions per prompt; rft: samples per prompt and round"""
+    max_new_tokens: int = 64
+    """grpo/rft: generation budget per completion"""
+    temperature: float = 1.0
+    """grpo/rft: sampling temperature"""
+    advantage: Literal["grpo", "rloo", "reinforce", "dr_grpo", "gae"] = "grpo"
+    """grpo: advantage estimator (gae: PPO with a value head)"""
+    epochs: int = 1
+    """grpo: passes over each batch of samples (> 1: PPO-style clipped reuse)"""
+    kl_coef: float = 0.0
+    """grpo: KL(pi || ref) weight (k3 estimator in the loss)"""
+    backend: Literal["sampler", "generate"] = "sampler"
+    """grpo/rft: generation backend: trajtune's KV-cached sampler or HF model.generate"""
+    rounds: int = 4
+    """rft: sample -> select -> train rounds"""
+    threshold: float = 1.0
+    """rft: reward needed to keep a sample"""
+
+    def __post_init__(self) -> None:
+        if not self.model or not self.data:
+            raise ValueError("HFConfig: --model and --data are required")
+        if self.command in ("grpo", "rft") and not self.reward:
+            raise ValueError(f"HFConfig: {self.command} needs --reward module:function")
+        for name in ("steps", "batch_size", "max_length", "prompts_per_step", "group_size", "max_new_tokens", "rounds"):
+            if getattr(self, name) < (0 if name == "steps" else 1):
+                raise ValueError(f"HFConfig: {name} must be positive, got {getattr(self, name)}")
+
+
+def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
+    """Run one command end to end; returns the directory of the saved model."""
+    import torch
+
+    from . import data as D
+    from .algorithms.dpo import DPOConfig, train_dpo
+    from .algorithms.reward_model import RewardModelConfig, train_reward_model
+    from .algorithms.rft import RFTConfig, train_rft
+    from .algorithms.rl import RLConfig, train_rl
+    from .algorithms.sft import SFTConfig, train_sft
+    from .config import to_dict
+    from .engine import LocalEngine, OptimConfig
+    from .envs.base import SingleTurnEnv
+    from .generation import make_backend
+    from .metrics import MetricsLogger
+    from .models.hf import LoraSettings, load_policy, load_tokenizer
+    from .rollout import make_collect
+    from .text.chat import ChatRenderer
+
+    c = config
+    out = Path(run_dir or c.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(c), indent=1))
+    torch.manual_seed(c.seed)
+    tokenizer = load_tokenizer(c.model)
+    renderer = ChatRenderer(tokenizer)
+    rows = D.read_rows(c.data)
+    # 1. the data, in the shape the command's loop takes
+    if c.command == "sft":
+        items = _fit(D.sft_trajectories(rows, renderer), c.max_length, len)
+    elif c.command in ("rm", "dpo"):
+        items = _fit(D.preference_pairs(rows, renderer), c.max_length, lambda p: max(len(p[0]), len(p[1])))
+    else:
+        items = D.prompt_tasks(rows)
+        verifier = D.reward_verifier(D.load_reward_function(c.reward))
+    # 2. the model behind the engine
+    lora = LoraSettings(r=c.lora_r, alpha=c.lora_alpha) if c.lora_r else None
+    value_head = c.command == "rm" or (c.command == "grpo" and c.advantage == "gae")
+    policy = load_policy(c.model, value_head=value_head, lora=lora, gradient_checkpointing=c.gradient_checkpointing)
+    optim = OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip, warmup_steps=c.warmup_steps)
+    engine = LocalEngine(policy, optim, c.device, autocast=None if c.precision == "fp32" else c.precision,
+                         micro_batch_size=c.micro_batch_size)
+    trainable = policy.num_parameters(trainable=True)
+    print(f"trajtune {c.command}: {c.model} ({policy.num_parameters():,} parameters, {trainable:,} trained), "
+          f"{len(items)} {'prompts' if c.command in ('grpo', 'rft') else 'samples'} from {c.data} -> {out}", flush=True)
+
+    def checkpoint(step: int) -> dict:
+        if c.save_every and step % c.save_every == 0:
+            policy.save_pretrained(out / "checkpoints" / f"step-{step}", tokenizer, meta={"step": step})
+        return {}
+
+    # 3. the loop
+    pad = renderer.pad_id
+    t0 = time.time()
+    with MetricsLogger(out) as logger:
+        if c.command == "sft":
+            train_sft(engine, items, SFTConfig(steps=c.steps, batch_size=c.batch_size, eval_every=c.save_every,
+                                               seed=c.seed), pad, logger, evaluate=checkpoint)
+        elif c.command == "rm":
+            train_reward_model(engine, items, RewardModelConfig(steps=c.steps, batch_size=c.batch_size, seed=c.seed),
+                               pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+        elif c.command == "dpo":
+            train_dpo(engine, items, DPOConfig(steps=c.steps, batch_size=c.batch_size, loss=c.loss, beta=c.beta,
+                                               seed=c.seed), pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+        else:
+            collect = make_collect(make_backend(c.backend, engine, pad), lambda: SingleTurnEnv(verifier), renderer,
+                                   max_turns=1, max_tokens=c.max_length, max_action_tokens=c.max_new_tokens,
+                                   temperature=c.temperature)
+            if c.command == "grpo":
+                rl = RLConfig(steps=c.steps, tasks_per_step=c.prompts_per_step, group_size=c.group_size,
+                              advantage=c.advantage, surrogate="ppo" if c.advantage == "gae" or c.epochs > 1 else "reinforce",
+                              epochs=c.epochs, kl_coef=c.kl_coef, seed=c.seed)
+                train_rl(engine, items, collect, rl, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+            else:
+                rft = RFTConfig(rounds=c.rounds, samples_per_task=c.group_size, steps_per_round=c.steps,
+                                batch_size=c.batch_size, threshold=c.threshold, seed=c.seed)
+                train_rft(engine, items, collect, rft, pad, logger, evaluate=checkpoint)
+    # 4. save in the Hugging Face format
+    final = policy.save_pretrained(out / "model", tokenizer, meta={"command": c.command, "steps": engine.step})
+    print(f"done in {time.time() - t0:.0f}s: {engine.step} optimizer steps; model saved to {final} "
+          f"(load with AutoModelForCausalLM.from_pretrained({str(final)!r}))", flush=True)
+    return final
+
+
+def _fit(items: list, max_length: int, length) -> list:
+    """Drop samples longer than `max_length` tokens (never truncate: the end carries the answer)."""
+    kept = [x for x in items if length(x) <= max_length]
+    if len(kept) < len(items):
+        print(f"trajtune: skipped {len(items) - len(kept)} of {len(items)} samples longer than --max-length {max_length}",
+              file=sys.stderr)
+    if not kept:
+        raise ValueError(f"no sample fits --max-length {max_length}")
+    return kept
+
+
+# --- argparse ---------------------------------------------------------------------------
+def add_hf_parsers(subparsers) -> None:
+    """Add `sft rm dpo grpo rft` to an argparse subparsers object; each sets `func=cmd_hf`.
+
+    Every `HFConfig` field is an option (`--batch-size`, `--lora-r`, ...) with its docstring as help.
+    """
+    from typing import get_args, get_origin, get_type_hints
+
+    from .config import field_docs
+
+    docs, types = field_docs(HFConfig), get_type_hints(HFConfig)
+    for command, help_text in COMMANDS.items():
+        p = subparsers.add_parser(command, help=f"HF model: {help_text}", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        for f in fields(HFConfig):
+            if f.name == "command":
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kw: dict = {"default": f.default, "help": f"{docs.get(f.name, '')} (default {f.default!r})"}
+            tp = types[f.name]
+            if tp is bool:
+                p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+                continue
+            if get_origin(tp) is Literal:
+                kw["choices"] = list(get_args(tp))
+            else:
+                kw["type"] = tp
+            if f.name in ("model", "data"):
+                kw["required"] = True
+            p.add_argument(flag, **kw)
+        p.set_defaults(func=cmd_hf, hf_command=command)
+
+
+def cmd_hf(args) -> int:
+    from .config import ConfigError
+
+    values = {f.name: getattr(args, f.name) for f in fields(HFConfig) if f.name != "command"}
+    try:
+        config = HFConfig(command=args.hf_command, **values)
+        run_hf(config)
+    except (ValueError, FileNotFoundError) as e:  # DataError, ModelPathError, TemplateError, config errors
+        raise ConfigError(str(e)) from e
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trajtune.hf_cli")
+    add_hf_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"trajtune: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

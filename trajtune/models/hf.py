@@ -1,0 +1,280 @@
+"""Hugging Face causal LMs behind the TinyTransformer contract (local paths only, optional LoRA).
+
+`HFPolicy` wraps any `AutoModelForCausalLM` so the sampler, the engine and every
+algorithm loop use it exactly like `TinyTransformer`:
+
+    policy(ids [B,t], attention_mask [B,t] | None, cache=None, return_values=False)
+        -> logits [B,t,V]   (and values [B,t] with return_values=True)
+    policy.new_cache(batch_size, max_len) -> HFCache
+
+Positions come from the attention mask (`cumsum - 1`), as in TinyTransformer, so
+left-padded sampler prompts and right-padded training batches give the same
+logits for the same real tokens. With a cache, `ids` are the next t tokens of
+every row; `attention_mask` marks which of them are real, and the cache keeps
+the mask of everything before them.
+
+Nothing here touches the network: models and tokenizers load with
+`local_files_only=True`, and a path that is missing or holds no model fails with
+a message that says so.
+
+LoRA (peft): `load_policy(..., lora=LoraSettings(r=16))` freezes the base
+weights and trains adapters. The KL / DPO reference is then the base model with
+adapters disabled (`frozen_reference`), not a second copy of the weights.
+`save_pretrained` writes a directory `AutoModelForCausalLM.from_pretrained`
+loads (LoRA merged in) plus `adapter/` (the peft adapter) and, for reward models
+and PPO, `value_head.safetensors`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..checkpoint import atomic_dir, load_tensors, save_tensors
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelPathError(FileNotFoundError):
+    """A model path that does not exist or does not hold a Hugging Face model."""
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    """adapter rank"""
+    alpha: float = 32.0
+    """scaling numerator (the update is alpha / r * B A)"""
+    dropout: float = 0.0
+    """dropout on the adapter input"""
+    target_modules: list[str] | str = "all-linear"
+    """which Linear layers get adapters ("all-linear", or names such as ["q_proj", "v_proj"])"""
+
+    def __post_init__(self) -> None:
+        if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
+            raise ValueError(f"LoraSettings: r >= 1, alpha > 0, 0 <= dropout < 1 (got {asdict(self)})")
+
+
+def check_model_dir(path: str | os.PathLike) -> Path:
+    """`path` as a Path if it is a directory with a config.json; otherwise a clear error."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelPathError(f"{p}: no such directory (trajtune loads models from local paths only; no hub downloads)")
+    if not p.is_dir() or not (p / "config.json").exists():
+        raise ModelPathError(f"{p}: not a Hugging Face model directory (no config.json); "
+                             "save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)")
+    return p
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The tokenizer saved in a local model directory (pad token set to eos if missing)."""
+    from transformers import AutoTokenizer
+
+    p = check_model_dir(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelPathError(f"{p}: cannot load a tokenizer ({e})") from e
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_policy(
+    path: str | os.PathLike,
+    *,
+    value_head: bool = False,
+    lora: LoraSettings | None = None,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
+) -> "HFPolicy":
+    """Load `AutoModelForCausalLM` from a local directory and wrap it as an `HFPolicy`.
+
+    value_head: add a scalar head (reward model, PPO value); restored from
+      `value_head.safetensors` when the directory has one.
+    lora: train LoRA adapters instead of all weights.
+    dtype: weight dtype ("float32"; "bfloat16" to halve memory; use engine autocast for mixed precision).
+    gradient_checkpointing: recompute activations in backward (less memory, ~30% more compute).
+    """
+    from transformers import AutoModelForCausalLM
+
+    p = check_model_dir(path)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {list(DTYPES)}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=DTYPES[dtype])
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelPathError(f"{p}: cannot load a causal LM ({type(e).__name__}: {e})") from e
+    if gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):  # the name since transformers 5.x
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    policy = HFPolicy(model, value_head=value_head)
+    head = p / "value_head.safetensors"
+    if value_head and head.exists():
+        policy.value.load_state_dict(load_tensors(head))
+    return policy
+
+
+class HFCache:
+    """KV cache of an HF model plus what the adapter needs to continue left-padded rows.
+
+    kv: the model's own cache object (`DynamicCache`); key_mask [B, S] bool: real
+    positions so far; positions [B]: next position id of each row.
+    """
+
+    def __init__(self, batch_size: int, device, config):
+        from transformers import DynamicCache
+
+        try:
+            self.kv = DynamicCache(config=config)
+        except TypeError:  # older signature
+            self.kv = DynamicCache()
+        self.key_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+        self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length = 0
+
+
+class HFPolicy(nn.Module):
+    """An HF causal LM (optionally a peft LoRA model) with the TinyTransformer forward contract."""
+
+    def __init__(self, model: nn.Module, value_head: bool = False):
+        super().__init__()
+        self.model = model
+        hidden = self.base_config.hidden_size
+        self.value = nn.Linear(hidden, 1) if value_head else None
+        if self.value is not None:
+            nn.init.normal_(self.value.weight, std=1.0 / (hidden + 1) ** 0.5)
+            nn.init.zeros_(self.value.bias)
+            self.value.to(next(model.parameters()).dtype)
+        params = inspect.signature(self._causal_lm().forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2x renamed it
+
+    # --- what kind of model this is
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def _causal_lm(self) -> nn.Module:
+        return self.model.get_base_model() if self.is_lora else self.model
+
+    @property
+    def base_config(self):
+        return self._causal_lm().config
+
+    @property
+    def max_len(self) -> int:
+        return int(getattr(self.base_config, "max_position_embeddings", 0) or 1 << 30)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> HFCache:
+        if max_len is not None and max_len > self.max_len:
+            raise ValueError(f"KV cache of {max_len} positions > the model's max_position_embeddings={self.max_len}")
+        return HFCache(batch_size, next(self.parameters()).device, self.base_config)
+
+    # --- the contract
+    def forward(self, ids, attention_mask=None, cache: HFCache | None = None, return_values: bool = False):
+        real = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()  # [B, t]
+        step = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, t]
+        kwargs = {}
+        if cache is None:
+            pos, mask = step, real
+        else:
+            pos = cache.positions[:, None] + step
+            cache.positions = cache.positions + real.long().sum(-1)
+            cache.key_mask = torch.cat([cache.key_mask, real], 1)  # [B, S + t]
+            mask = cache.key_mask
+            kwargs = {self._cache_kw: cache.kv, "use_cache": True}
+            cache.length += ids.shape[1]
+        if int(pos.max()) >= self.max_len:
+            raise ValueError(f"sequence longer than the model's context max_position_embeddings={self.max_len}")
+        out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=pos,
+                         output_hidden_states=return_values, **kwargs)
+        if not return_values:
+            return out.logits
+        if self.value is None:
+            raise ValueError("this HFPolicy has no value head (load_policy(..., value_head=True))")
+        h = out.hidden_states[-1]  # [B, t, D]
+        return out.logits, self.value(h.to(self.value.weight.dtype)).squeeze(-1)  # [B, t, V], [B, t]
+
+    def values(self, ids, attention_mask=None):
+        """Scalar head on every position: [B, T]."""
+        return self.forward(ids, attention_mask, return_values=True)[1]
+
+    # --- reference without a second copy
+    def frozen_reference(self) -> nn.Module:
+        """A frozen model equal to the current policy, for KL / DPO references.
+
+        With LoRA adapters that are still at their initial value (B = 0, so the policy
+        equals the base model) this is the base model seen with adapters disabled: no
+        second copy in memory. Otherwise a deep copy.
+        """
+        if self.is_lora and all(float(p.detach().abs().max()) == 0.0
+                                for n, p in self.model.named_parameters() if "lora_B" in n):
+            return AdaptersOff(self)
+        ref = copy.deepcopy(self)
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    # --- saving in the Hugging Face format
+    def save_pretrained(self, path: str | os.PathLike, tokenizer=None, meta: dict | None = None) -> Path:
+        """Write a directory `AutoModelForCausalLM.from_pretrained(path)` loads (LoRA merged),
+        plus `adapter/` (LoRA only), `value_head.safetensors` (value head only),
+        the tokenizer and `trajtune.json` (`meta`). Atomic: a crash leaves the old directory."""
+        with atomic_dir(path) as tmp:
+            if self.is_lora:
+                self.model.save_pretrained(str(tmp / "adapter"))
+                merged = copy.deepcopy(self.model).merge_and_unload()
+            else:
+                merged = self.model
+            merged.save_pretrained(str(tmp))
+            if tokenizer is not None:
+                tokenizer.save_pretrained(str(tmp))
+            if self.value is not None:
+                save_tensors(self.value.state_dict(), tmp / "value_head.safetensors")
+            (tmp / "trajtune.json").write_text(json.dumps({"format": "trajtune-hf", "lora": self.is_lora,
+                                                           "value_head": self.value is not None, "meta": meta or {}}, indent=1))
+        return Path(path)
+
+    def num_parameters(self, trainable: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable)
+
+
+class AdaptersOff(nn.Module):
+    """The base model under a LoRA `HFPolicy`: same weights, adapters disabled (no copy).
+
+    Holds the policy without registering it, so `parameters()` is empty: an engine
+    around it never builds an optimizer over the policy's weights.
+    """
+
+    def __init__(self, policy: HFPolicy):
+        super().__init__()
+        object.__setattr__(self, "policy", policy)
+        self.anchor = nn.Parameter(torch.zeros(0, device=next(policy.parameters()).device), requires_grad=False)
+
+    def train(self, mode: bool = True):  # never switch the shared policy's mode from here
+        self.training = mode
+        return self
+
+    def forward(self, ids, attention_mask=None, cache=None, return_values: bool = False):
+        was = self.policy.training
+        self.policy.eval()
+        try:
+            with self.policy.model.disable_adapter():
+                return self.policy(ids, attention_mask, cache, return_values)
+        finally:
+            self.policy.train(was)

@@ -1,0 +1,250 @@
+"""Chat-template rendering with token owners: the Hugging Face tokenizer's own template, tagged.
+
+`ChatRenderer` renders conversations with `tokenizer.apply_chat_template` and
+tags every token with its owner, so a Hugging Face model is trained on exactly
+the tokens its template produces (tests check `ids == apply_chat_template(...)`)
+and only on what the assistant wrote:
+
+    <|im_start|>system\\n ... <|im_end|>\\n     TEMPLATE, PROMPT.., TEMPLATE
+    <|im_start|>user\\n fix it <|im_end|>\\n    TEMPLATE, PROMPT.., TEMPLATE
+    <|im_start|>assistant\\n                   TEMPLATE  (the generation prompt)
+    <tool_call>{...}</tool_call><|im_end|>     POLICY    (up to and including the stop token)
+    \\n                                        TEMPLATE  (what the template adds after it)
+    <|im_start|>tool\\n 3 passed <|im_end|>\\n  TEMPLATE, TOOL.., TEMPLATE
+
+How owners are found: the conversation is rendered prefix by prefix. Message i
+owns the text that `messages[:i+1]` adds to `messages[:i]`; for an assistant
+message the generation prompt (`add_generation_prompt=True`) is TEMPLATE and the
+rest, up to the first stop token, is POLICY. Within a system / user / tool
+message the content string is PROMPT / TOOL and the wrapper text TEMPLATE. The
+whole text is then tokenized once (with offsets), and each token takes the owner
+of its first character. Turns are numbered as in `trajtune.text.render`.
+
+Templates that are not prefix-preserving. Some templates render earlier turns
+differently once the conversation goes on (Qwen3-style templates drop the
+`<think>` block of earlier assistant turns). Then the tokens of a later turn's
+context are not the tokens the model saw when it wrote an earlier turn. The
+renderer detects this (the rendered prefix stops being a prefix) and starts a
+new training sample at that turn: `render_samples` returns one trajectory per
+consistent stretch, each trained only on assistant turns whose context it holds
+exactly as the template renders it. In the new sample, the context (including
+the earlier, already trained assistant turns) is PROMPT.
+
+The incremental methods (`start`, `prompt_ids`, `append_sampled`,
+`append_message`, `action_text`, `stop_ids`) give rollout.py the same interface
+as the toy `Renderer`; sampled tokens are kept as sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..trajectory import Owner, Trajectory
+
+CONTENT_OWNERS = {"system": Owner.PROMPT, "user": Owner.PROMPT, "tool": Owner.TOOL}
+
+
+class TemplateError(ValueError):
+    """A chat template that cannot be tagged (missing, or inconsistent with its generation prompt)."""
+
+
+class ChatRenderer:
+    """Conversations -> trajectories with a Hugging Face tokenizer's chat template.
+
+    tokenizer: a `transformers` tokenizer with `chat_template` set.
+    tools: tool schemas passed to the template (`apply_chat_template(tools=...)`).
+    stop_ids: ids that end an assistant turn (default: eos plus the special token the
+      template puts right after assistant content, e.g. `<|im_end|>` or `<|eot_id|>`).
+    """
+
+    def __init__(self, tokenizer, tools: list[dict] | None = None, stop_ids: Sequence[int] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise TemplateError("the tokenizer has no chat_template; set tokenizer.chat_template (a Jinja string) "
+                                "or use a model directory whose tokenizer_config has one")
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._stop_ids = tuple(stop_ids) if stop_ids is not None else self._detect_stop_ids()
+        self._stop_texts = [tokenizer.convert_ids_to_tokens(i) for i in self._stop_ids]
+
+    # --- the template, as text
+    def text(self, messages: Sequence[Mapping[str, Any]], generation_prompt: bool = False) -> str:
+        """The template's rendering of `messages` (a string)."""
+        if not messages:
+            return ""
+        return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def template_ids(self, messages: Sequence[Mapping[str, Any]], generation_prompt: bool = False) -> list[int]:
+        """`apply_chat_template(..., tokenize=True)` as a plain list of ids (the reference the tests compare to)."""
+        out = self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=True,
+                                                 add_generation_prompt=generation_prompt)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+    def _detect_stop_ids(self) -> tuple[int, ...]:
+        tok = self.tokenizer
+        ids = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        body = self.text(probe)[len(self.text(probe[:1], True)):]
+        after = body[body.find("y") + 1:]
+        enc = tok(after, add_special_tokens=False)["input_ids"]
+        special = set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+        for i in enc:
+            if i in special:
+                if i not in ids:
+                    ids.append(i)
+                break
+        if not ids:
+            raise TemplateError("cannot tell which token ends an assistant turn; pass stop_ids=")
+        return tuple(ids)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Token ids that end an assistant turn (pass to the sampler)."""
+        return self._stop_ids
+
+    # --- whole conversations
+    def render_samples(self, messages: Sequence[Mapping[str, Any]], reward: float = 0.0,
+                       info: dict | None = None) -> list[Trajectory]:
+        """Render a conversation into one trajectory, or several where the template is not
+        prefix-preserving (see the module docstring). Samples without POLICY tokens are dropped."""
+        messages = [dict(m) for m in messages]
+        if not messages or messages[0]["role"] == "assistant":
+            raise TemplateError("a conversation must start with a system or user message")
+        samples: list[tuple[str, list]] = []
+        text, spans, n_assistant = "", [], 0  # spans: (start, end, owner, turn)
+        for i, m in enumerate(messages):
+            role = m.get("role")
+            if role not in ("system", "user", "assistant", "tool"):
+                raise TemplateError(f"message {i}: unknown role {role!r} (system, user, assistant or tool)")
+            turn = max(0, n_assistant - (role != "assistant"))
+            if role == "assistant":
+                head = self.text(messages[:i], generation_prompt=True)
+                full = self.text(messages[: i + 1])
+                if not head.startswith(text):  # earlier turns re-rendered: a new sample from here
+                    samples.append((text, spans))
+                    text, spans = "", [(0, len(head), Owner.PROMPT, turn)]
+                else:
+                    spans.append((len(text), len(head), Owner.TEMPLATE, turn))
+                if not full.startswith(head):
+                    raise TemplateError(f"message {i}: the template renders this assistant turn differently from its "
+                                        "generation prompt (add_generation_prompt=True); cannot tell what the model writes")
+                end = self._policy_end(full, len(head))
+                spans += [(len(head), end, Owner.POLICY, turn), (end, len(full), Owner.TEMPLATE, turn)]
+                n_assistant += 1
+            else:
+                full = self.text(messages[: i + 1])
+                if not full.startswith(text):
+                    samples.append((text, spans))
+                    text, spans = "", [(0, len(full), Owner.PROMPT, turn)]
+                else:
+                    spans += self._content_spans(full, len(text), m, CONTENT_OWNERS[role], turn)
+            text = full
+        samples.append((text, spans))
+        out = [self._tokenize(t, s, reward, info) for t, s in samples if any(o == Owner.POLICY for _, _, o, _ in s)]
+        return out
+
+    def render(self, messages: Sequence[Mapping[str, Any]], reward: float = 0.0, info: dict | None = None) -> Trajectory:
+        """Render a conversation as one trajectory (errors if the template splits it; use render_samples)."""
+        samples = self.render_samples(messages, reward, info)
+        if len(samples) != 1:
+            raise TemplateError(f"the chat template is not prefix-preserving for this conversation: "
+                                f"it renders as {len(samples)} training samples (use render_samples)")
+        return samples[0]
+
+    def generation_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Ids of the template's generation prompt for `messages` (what a sampler continues)."""
+        return self.template_ids(messages, generation_prompt=True)
+
+    # --- incremental building (model rollouts)
+    def start(self, messages: Iterable[Mapping[str, Any]] = ()) -> Trajectory:
+        """A new trajectory holding the (non-assistant) opening messages."""
+        messages = [dict(m) for m in messages]
+        text = self.text(messages)
+        spans, prev = [], ""
+        for i, m in enumerate(messages):
+            if m["role"] not in CONTENT_OWNERS:
+                raise TemplateError(f"start: message {i} has role {m['role']!r} (system, user or tool)")
+            full = self.text(messages[: i + 1])
+            spans += self._content_spans(full, len(prev), m, CONTENT_OWNERS[m["role"]], 0)
+            prev = full
+        traj = self._tokenize(text, spans, 0.0, None)
+        traj.info["messages"] = messages
+        return traj
+
+    def prompt_ids(self, traj: Trajectory) -> list[int]:
+        """What the sampler continues for the next assistant turn: traj.ids + the generation prompt."""
+        return traj.ids + self._header_ids(traj.info["messages"])
+
+    def append_sampled(self, traj: Trajectory, tokens: Sequence[int], logprobs: Sequence[float], turn: int) -> None:
+        """Append one sampled assistant turn: generation prompt (TEMPLATE) + tokens as sampled (POLICY)."""
+        messages = traj.info["messages"]
+        traj.append(self._header_ids(messages), Owner.TEMPLATE, turn)
+        traj.append(tokens, Owner.POLICY, turn, logprobs=logprobs)
+        messages.append({"role": "assistant", "content": self.action_text(tokens)})
+        traj.info["_stopped"] = bool(tokens) and tokens[-1] in self.stop_ids
+
+    def append_message(self, traj: Trajectory, message: Mapping[str, Any], turn: int) -> None:
+        """Append a system / user / tool message (after an assistant turn: the template's tail first)."""
+        role = message["role"]
+        if role not in CONTENT_OWNERS:
+            raise TemplateError(f"append_message: role {role!r} (expected system, user or tool)")
+        messages = traj.info["messages"]
+        before = self.text(messages)
+        if messages and messages[-1]["role"] == "assistant" and traj.info.pop("_stopped", False):
+            end = self._policy_end(before, len(self.text(messages[:-1], True)))
+            traj.append(self._encode(before[end:]), Owner.TEMPLATE, turn)  # e.g. the "\n" after <|im_end|>
+        full = self.text(messages + [dict(message)])
+        n = len(before)
+        spans = [(s - n, e - n, o, t) for s, e, o, t in self._content_spans(full, n, message, CONTENT_OWNERS[role], turn)]
+        piece = self._tokenize(full[n:], spans, 0.0, None)
+        for tid, owner in zip(piece.ids, piece.owners, strict=True):
+            traj.append([tid], owner, turn)
+        messages.append(dict(message))
+
+    def action_text(self, tokens: Sequence[int]) -> str:
+        """The text of a sampled action: its tokens without the trailing stop token."""
+        tokens = list(tokens)
+        if tokens and tokens[-1] in self.stop_ids:
+            tokens = tokens[:-1]
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
+    # --- helpers
+    def _header_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        before = self.text(messages)
+        return self._encode(self.text(messages, generation_prompt=True)[len(before):])
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def _policy_end(self, full: str, start: int) -> int:
+        """End (exclusive) of the assistant's own text in `full[start:]`: through the first stop token."""
+        hits = [full.find(s, start) for s in self._stop_texts]
+        hits = [(h, len(s)) for h, s in zip(hits, self._stop_texts, strict=True) if h >= 0]
+        if not hits:
+            return len(full)
+        h, n = min(hits)
+        return h + n
+
+    @staticmethod
+    def _content_spans(full: str, start: int, message: Mapping[str, Any], owner: Owner, turn: int) -> list:
+        """Spans of one non-assistant message's text `full[start:]`: the content string is `owner`, the rest TEMPLATE."""
+        content = message.get("content")
+        at = full.find(content, start) if isinstance(content, str) and content else -1
+        if at < 0:
+            return [(start, len(full), owner, turn)]
+        end = at + len(content)
+        return [(start, at, Owner.TEMPLATE, turn), (at, end, owner, turn), (end, len(full), Owner.TEMPLATE, turn)]
+
+    def _tokenize(self, text: str, spans: list, reward: float, info: dict | None) -> Trajectory:
+        """Tokenize `text` once; each token takes the owner and turn of the span holding its first character."""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        traj = Trajectory(reward=reward, info=dict(info or {}))
+        spans = sorted((s for s in spans if s[1] > s[0]), key=lambda s: s[0])
+        k = 0
+        for tid, (a, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+            while k + 1 < len(spans) and spans[k][1] <= a:
+                k += 1
+            owner, turn = (spans[k][2], spans[k][3]) if spans else (Owner.TEMPLATE, 0)
+            traj.append([tid], owner, turn)
+        return traj
