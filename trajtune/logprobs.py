@@ -88,3 +88,20 @@ def aggregate(
             raise ValueError("aggregate(mode='constant') needs a positive `constant`")
         return (summed / constant).mean()
     raise ValueError(f"unknown aggregation {mode!r}; choose one of {AGGREGATIONS}")
+
+
+def aggregation_share(part_mask: torch.Tensor, whole_mask: torch.Tensor, mode: Aggregation = "token") -> float:
+    """Weight of a sub-batch's `aggregate`d loss in the whole batch's: sum over the parts of
+    share * aggregate(part) == aggregate(whole). Used to shard a batch across processes
+    (trajtune.distributed) and to split it into micro-batches.
+
+    part_mask [b, T-1] (rows of the whole batch), whole_mask [B, T-1] -> float in [0, 1].
+    - "token": the part's POLICY tokens / the whole batch's (0 when the batch has none)
+    - "sequence", "constant": the part's rows / the whole batch's rows
+    """
+    if mode == "token":
+        total = float(whole_mask.sum())
+        return float(part_mask.sum()) / total if total > 0 else 0.0
+    if mode in ("sequence", "constant"):
+        return part_mask.shape[0] / whole_mask.shape[0]
+    raise ValueError(f"unknown aggregation {mode!r}; choose one of {AGGREGATIONS}")

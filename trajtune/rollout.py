@@ -68,6 +68,7 @@ class _Episode:
     n_turns: int = 0
     n_unterminated: int = 0
     stop_reason: str | None = None
+    generator: torch.Generator | None = None  # the episode's own stream (rollout_batch row_seeds)
 
     def respond(self, action: str) -> str:
         """Give one action to the environment; returns the observation ("" for none)."""
@@ -101,6 +102,7 @@ def rollout_batch(
     top_p: float = 1.0,
     greedy: bool = False,
     groups: Sequence[int] | None = None,
+    row_seeds: Sequence[int] | None = None,
 ) -> list[Trajectory]:
     """Run one episode per (env, task) in lockstep with a sampled policy -> one Trajectory each, in order.
 
@@ -108,12 +110,20 @@ def rollout_batch(
     envs:      one environment instance per episode (they hold episode state)
     generator: seeds the sampler (same seed, same episodes)
     groups:    group id per episode; default: equal tasks share an id (for group baselines)
+    row_seeds: optional seed per episode: each episode samples from its own generator
+               (replaces `generator`), so its actions do not depend on the other
+               episodes of the batch (sharded rollouts, trajtune.distributed)
     """
     if len(envs) != len(tasks):
         raise ValueError(f"rollout_batch: {len(envs)} envs for {len(tasks)} tasks")
     if max_action_tokens < 1:
         raise ValueError(f"rollout_batch: max_action_tokens must be >= 1, got {max_action_tokens}")
-    episodes = [_Episode(env, task, renderer.start([_user(env.reset(task))])) for env, task in zip(envs, tasks, strict=True)]
+    episodes = [_Episode(env, task, renderer.start(_opening(env.reset(task)))) for env, task in zip(envs, tasks, strict=True)]
+    if row_seeds is not None:
+        if len(row_seeds) != len(episodes):
+            raise ValueError(f"rollout_batch: {len(row_seeds)} row_seeds for {len(episodes)} episodes")
+        for ep, seed in zip(episodes, row_seeds, strict=True):
+            ep.generator = torch.Generator().manual_seed(int(seed))
     for turn in range(max_turns):
         # 1. which episodes take this turn: not done, and a whole action still fits the budget
         for ep in episodes:
@@ -123,9 +133,10 @@ def rollout_batch(
         if not active:
             break
         # 2. one batched, KV-cached sampler call for all of them
+        per_row = {} if row_seeds is None else {"generators": [ep.generator for ep in active]}
         samples = policy(
             [renderer.prompt_ids(ep.traj) for ep in active], max_action_tokens, generator,
-            temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids,
+            temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids, **per_row,
         )
         # 3. record each action, let its environment answer, append the answer
         for ep, tokens, logprobs, stopped in zip(active, samples.tokens, samples.logprobs, samples.stopped, strict=True):
@@ -151,7 +162,7 @@ def scripted_rollout(
 ) -> Trajectory:
     """Run one episode with a Python policy and render it (same limits and info as `rollout_batch`)."""
     episode = _Episode(env, task, Trajectory())
-    messages: list[dict[str, str]] = [_user(env.reset(task))]
+    messages: list[dict[str, str]] = _opening(env.reset(task))
     for _ in range(max_turns):
         if len(renderer.generation_prompt(messages)) + max_action_tokens > max_tokens:
             episode.stop_reason = "token_budget"
@@ -168,7 +179,8 @@ def scripted_rollout(
 
 
 def make_collect(
-    policy: Sampler, make_env: Callable[[], Env], renderer: Renderer, **rollout_kwargs: Any
+    policy: Sampler, make_env: Callable[[], Env], renderer: Renderer, *, episode_seeds: bool = False,
+    shard: Any = None, **rollout_kwargs: Any
 ) -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
     """Package a sampler, an environment factory and a renderer as `collect(tasks, n_per_task, generator)`.
 
@@ -177,15 +189,33 @@ def make_collect(
     group per task *instance*, so a task listed twice makes two groups. The algorithm
     loops (algorithms/common.py) sample through it and never see environments.
     `rollout_kwargs` go to `rollout_batch` (max_turns, max_tokens, temperature, ...).
+
+    episode_seeds: episode e of a call samples from its own generator, seeded by one
+    draw of `generator` and e, so its actions do not depend on the batch it runs in.
+    shard: run only this process's share of the episodes and all-gather the finished
+    trajectories (`trajtune.distributed.Shard`, e.g. `engine.shard` of a DistributedEngine;
+    implies episode_seeds): every process returns the same whole list, in order.
     """
 
     def collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
         batch = [task for task in tasks for _ in range(n_per_task)]
         groups = [i for i in range(len(tasks)) for _ in range(n_per_task)]
-        envs = [make_env() for _ in batch]
-        return rollout_batch(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
+        if not episode_seeds and shard is None:
+            envs = [make_env() for _ in batch]
+            return rollout_batch(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
+        base = int(torch.randint(0, 2**62, (1,), generator=generator))
+        mine = list(range(len(batch))) if shard is None else shard.rows(len(batch))
+        trajs = rollout_batch(policy, [make_env() for _ in mine], [batch[i] for i in mine], renderer, None,
+                              groups=[groups[i] for i in mine], row_seeds=[episode_seed(base, i) for i in mine],
+                              **rollout_kwargs) if mine else []
+        return trajs if shard is None else shard.gather(len(batch), trajs)
 
     return collect
+
+
+def episode_seed(base: int, episode: int) -> int:
+    """Seed of episode `episode` of a collect call whose generator drew `base` (a pure function)."""
+    return (base * 1_000_003 + episode * 7_919 + 1) % 2**63
 
 
 def task_groups(tasks: Sequence[Any]) -> list[int]:
@@ -200,6 +230,12 @@ def _key(task: Any) -> Any:
         return task
     except TypeError:
         return repr(task)
+
+
+def _opening(first: str | Sequence[Message]) -> list:
+    """The conversation an episode starts with: `env.reset` returns the user message's text,
+    or a list of messages (e.g. a system prompt and a user message) for chat datasets."""
+    return [_user(first)] if isinstance(first, str) else [dict(m) for m in first]
 
 
 def _user(text: str) -> dict[str, str]:

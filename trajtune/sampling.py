@@ -87,17 +87,23 @@ def sample(
     stop_ids: Sequence[int] = (),
     pad_id: int = 0,
     use_cache: bool = True,
+    generators: Sequence[torch.Generator] | None = None,
 ) -> Samples:
     """Sample continuations of `prompts` (lists of token ids, any lengths).
 
     Seeded by `generator` (same seed, same samples). `greedy=True` takes the argmax
     and ignores temperature/top-k/top-p. `use_cache=False` recomputes the whole
     sequence at every step (only for benchmarks and tests; same results).
+    `generators` (one CPU generator per prompt, replaces `generator`): each row draws
+    from its own stream, and only while it is unfinished, so a row's samples do not
+    depend on which other rows share its batch (sharded rollouts, trajtune.distributed).
     """
     if not prompts:
         return Samples([], [], [])
     if any(len(p) == 0 for p in prompts):
         raise ValueError("sample: every prompt needs at least one token (e.g. bos)")
+    if generators is not None and len(generators) != len(prompts):
+        raise ValueError(f"sample: {len(generators)} generators for {len(prompts)} prompts")
     if temperature <= 0 and not greedy:
         raise ValueError("sample: temperature must be > 0 (use greedy=True for argmax)")
     device = next(model.parameters()).device
@@ -118,7 +124,10 @@ def sample(
     cache = model.new_cache(B, P + max_new_tokens) if use_cache else None
     logits = model(ids, attention_mask=real, cache=cache)[:, -1]  # [B, V]
     for step in range(max_new_tokens):
-        tok, lp = pick_next(logits, generator, temperature, top_k, top_p, greedy)
+        if generators is None:
+            tok, lp = pick_next(logits, generator, temperature, top_k, top_p, greedy)
+        else:
+            tok, lp = _pick_per_row(logits, generators, done, temperature, top_k, top_p, greedy)
         active = ~done
         tok = torch.where(active, tok, torch.full_like(tok, pad_id))
         out_tok[:, step] = tok
@@ -142,3 +151,13 @@ def sample(
         tokens.append(out_tok[b, :n].tolist())
         logprobs.append(out_lp[b, :n].tolist())
     return Samples(tokens, logprobs, stopped.tolist())
+
+
+def _pick_per_row(logits, generators, done, temperature, top_k, top_p, greedy) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pick_next` row by row, each unfinished row with its own generator (drawn on CPU). logits [B, V]."""
+    tok = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    lp = torch.zeros(logits.shape[0], device=logits.device)
+    for b in (~done).nonzero().flatten().tolist():
+        t, l = pick_next(logits[b : b + 1].cpu(), generators[b], temperature, top_k, top_p, greedy)
+        tok[b], lp[b] = t[0], l[0]
+    return tok, lp

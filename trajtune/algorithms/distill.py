@@ -17,6 +17,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from ..distributed import make_engine
 from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger, progress
 from ..objectives.distill import distill_advantages, reverse_kl_loss
@@ -53,7 +54,7 @@ def train_distill(
     eval_every: int = 0,
     stage: str = "distill",
 ) -> list[dict]:
-    teacher_engine = LocalEngine(teacher)
+    teacher_engine = make_engine(teacher, device=engine.device, frozen=True)  # sharded like the policy under torchrun
     history = []
     for step in progress(range(config.steps), desc=stage):
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
@@ -66,10 +67,11 @@ def train_distill(
             adv = distill_advantages(engine.forward(batch).logprobs, t_out.logprobs, batch.action_mask)  # [B, T-1]
 
             def loss_fn(out: ForwardOutput, b: Batch):
-                return policy_gradient_loss(out.logprobs, adv, b.action_mask, aggregation=config.aggregation)
+                return policy_gradient_loss(out.logprobs, adv[b.index], b.action_mask, aggregation=config.aggregation)
         else:
             def loss_fn(out: ForwardOutput, b: Batch):
-                return reverse_kl_loss(out.logits[:, :-1], t_out.logits[:, :-1], b.action_mask, config.aggregation)
+                return reverse_kl_loss(out.logits[:, :-1], t_out.logits[b.index, :-1], b.action_mask, config.aggregation)
+        loss_fn.aggregation = config.aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
         # 3. update
         m = engine.forward_backward(batch, loss_fn)
         o = engine.optim_step()

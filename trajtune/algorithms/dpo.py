@@ -5,14 +5,13 @@ Source: a fixed set of (chosen, rejected) trajectory pairs -- or, with
 Weight: +-beta * sigmoid(-margin) on the chosen / rejected log-likelihood (DPO);
 IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
 
-    1. reference   summed log pi_ref of every pair, once per pair set (frozen copy)
+    1. reference   summed log pi_ref of every pair, once per pair set (engine.reference_engine())
     2. step        a batch of pairs: forward chosen and rejected together, preference loss
     3. log         loss, implicit rewards, chosen/rejected log-prob drift (A7's d_chosen, d_rejected)
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
@@ -111,7 +110,7 @@ def train_dpo(
             if config.regenerate_every and make_pairs is not None:
                 pairs = make_pairs(engine, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
             full = pair_batch(pairs, pad_id)
-            reference = LocalEngine(copy.deepcopy(engine.model))
+            reference = engine.reference_engine()
             ref_sums = summed_logps(reference.forward(full).logprobs, full.action_mask)  # [2P]
             loss_fn = preference_loss_fn(config, ref_sums)
         # 2. one step on a batch of pairs

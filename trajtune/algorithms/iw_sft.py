@@ -13,7 +13,6 @@ data and q is a time-lagged copy of the policy being trained (refreshed every
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
@@ -91,14 +90,15 @@ def train_iw_sft(
             full = collate(kept, pad_id)
             # 2. the data-generating policy's log-probs, once
             ref_logp = engine.forward(full).logprobs
-            q = LocalEngine(copy.deepcopy(engine.model))
+            q = engine.reference_engine()  # a frozen copy, on the same device / processes as the policy
             # 3. weighted training with a lagged q
             for s in range(config.steps_per_round):
                 if s and s % config.q_update_every == 0:
                     q.model.load_state_dict(engine.model.state_dict())
                 batch = full.select(batch_indices(full.size, config.batch_size, config.seed * 1_000_003 + r, s))
-                q_logp = q.forward(batch).logprobs
-                m = engine.forward_backward(batch, _loss_fn(config, q_logp, ref_logp[batch.index]))
+                q_logp = torch.zeros_like(ref_logp)  # [full rows, T-1]; filled on this step's rows
+                q_logp[batch.index] = q.forward(batch).logprobs
+                m = engine.forward_backward(batch, _loss_fn(config, q_logp, ref_logp))
                 o = engine.optim_step()
             row.update({"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
                         **{k: v for k, v in m.items() if k.startswith("iw/")}})
@@ -112,8 +112,11 @@ def train_iw_sft(
 
 
 def _loss_fn(config: IWSFTConfig, q_logp: torch.Tensor, ref_logp: torch.Tensor):
+    """loss_fn over rows of the round's batch; q_logp, ref_logp [full rows, T-1] indexed by `batch.index`."""
     def loss_fn(out: ForwardOutput, batch: Batch):
-        return iw_sft_loss(out.logprobs, q_logp, ref_logp, batch.action_mask, variant=config.variant,
+        rows = batch.index
+        return iw_sft_loss(out.logprobs, q_logp[rows], ref_logp[rows], batch.action_mask, variant=config.variant,
                            step_clip=(config.step_clip_low, config.step_clip_high), traj_clip=config.traj_clip,
                            alpha=config.alpha, aggregation=config.aggregation)
+    loss_fn.aggregation = config.aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
     return loss_fn

@@ -14,7 +14,6 @@ Everything the loss needs lives in `trajtune.objectives`; this file only wires i
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence
 
@@ -95,7 +94,7 @@ BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "gr
 
 
 def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, ref_logp: torch.Tensor | None,
-                   old_logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   old_logp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Advantages [B] (group baselines) or [B, T-1] (GAE), and GAE returns [B, T-1] or None."""
     if config.advantage != "gae":
         baseline, std = BASELINES[config.advantage]
@@ -132,6 +131,7 @@ def make_loss_fn(config: RLConfig, advantages, returns, old_logp, old_values, re
             metrics.update(vm)
         return loss, metrics
 
+    loss_fn.aggregation = config.aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
     return loss_fn
 
 
@@ -147,7 +147,7 @@ def train_rl(
     stage: str = "rl",
 ) -> list[dict]:
     """Run `config.steps` policy-gradient updates; returns the logged rows."""
-    ref = copy.deepcopy(engine.model).eval() if config.kl_coef else None
+    ref = engine.reference_engine() if config.kl_coef else None  # frozen starting policy
     use_values = config.advantage == "gae"
     history = []
     for step in progress(range(config.steps), desc=stage):
@@ -163,15 +163,16 @@ def train_rl(
             _finish(step, row, evaluate, eval_every, config.steps, logger, history, stage)
             continue
         batch = collate(trajs, pad_id)
-        # 2. score
-        old = engine.forward(batch, values=use_values)
-        old_logp = old.logprobs
-        ref_logp = LocalEngine(ref).forward(batch).logprobs if ref is not None else None
+        # 2. score (pi_old's forward only when something reads it: one on-policy
+        # REINFORCE step never does, and skipping it saves a quarter of the step)
+        use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
+        old = engine.forward(batch, values=use_values) if use_old or use_values or config.kl_in_reward else None
+        old_logp = old.logprobs if old is not None else None
+        ref_logp = ref.forward(batch).logprobs if ref is not None else None
         old_values = old.values[:, :-1] if use_values else None
         advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp)
         if config.whiten_advantages:
             advantages = whiten(advantages if advantages.dim() == 2 else advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
-        use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
         loss_fn = make_loss_fn(config, advantages, returns, old_logp, old_values, ref_logp, use_old)
         # 3. update
         for epoch in range(config.epochs):

@@ -47,6 +47,7 @@ def sft_loss_fn(aggregation: str = "token", constant: float = 0.0):
     def loss_fn(out: ForwardOutput, batch: Batch):
         return sft_loss(out.logprobs, batch.action_mask, aggregation, constant or None)
 
+    loss_fn.aggregation = aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
     return loss_fn
 
 
@@ -77,7 +78,7 @@ def train_sft(
         m = engine.forward_backward(batch, loss_fn)
         # 3. update
         o = engine.optim_step()
-        row = {"train/loss": m["loss"], "train/tokens": m["sft/tokens"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"]}
+        row = {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"], "train/lr": o["lr"]}
         # 4. log / evaluate
         last = step == config.steps - 1
         if evaluate is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):

@@ -17,6 +17,7 @@ import torch
 from ..algorithms.sft import SFTConfig, train_sft
 from ..checkpoint import save_model
 from ..config import to_dict
+from ..distributed import is_main, make_engine, sharded_map
 from ..engine import LocalEngine, OptimConfig
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -72,39 +73,45 @@ def greedy_answers(engine: LocalEngine, tok: CharTokenizer, problems) -> list[st
 
 
 def accuracy(engine, tok, problems) -> float:
-    answers = greedy_answers(engine, tok, problems)
+    """Greedy exact match; under torchrun each rank answers its share of the problems."""
+    answers = sharded_map(engine, problems, lambda part: greedy_answers(engine, tok, part))
     return sum(ans == str(a + b) for ans, (a, b) in zip(answers, problems, strict=True)) / len(problems)
 
 
 def run(config: Config, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    if is_main():  # under torchrun only rank 0 writes
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     torch.manual_seed(config.seed)
     tok = CharTokenizer.from_corpus("0123456789+QA: \n")
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads, max_len=32))
-    engine = LocalEngine(model, config.optim)
+    engine = make_engine(model, config.optim)  # a DistributedEngine under torchrun
     train, held_out = split_problems(config.seed, config.n_train, config.n_eval)
     demos = [demonstration(tok, a, b) for a, b in train]
-    print(f"addition SFT: {model.num_parameters():,} parameters, {len(demos)} demonstrations, "
-          f"{len(held_out)} held-out problems, {config.sft.steps} steps")
+    say = print if is_main() else (lambda *a, **k: None)
+    say(f"addition SFT: {model.num_parameters():,} parameters, {len(demos)} demonstrations, "
+        f"{len(held_out)} held-out problems, {config.sft.steps} steps")
 
     before = accuracy(engine, tok, held_out)
-    logger = MetricsLogger(run_dir)
+    logger = MetricsLogger(run_dir) if is_main() else None
     history = train_sft(engine, demos, config.sft, tok.pad_id, logger,
                         evaluate=lambda step: {"eval/accuracy": accuracy(engine, tok, held_out)})
-    logger.close()
     after = history[-1]["eval/accuracy"]
+    shown = held_out[:8]
+    answers = sharded_map(engine, shown, lambda part: greedy_answers(engine, tok, part))
+    report = run_dir / "report.md"
+    if not is_main():
+        return report
+    logger.close()
     save_model(run_dir / "checkpoint", model, tok, meta={"experiment": "addition_sft"})
 
-    shown = held_out[:8]
     lines = ["# Addition SFT", "", f"Held-out exact-match accuracy (greedy): **{before:.1%} -> {after:.1%}**", "",
              "| step | train loss | held-out accuracy |", "|---|---|---|"]
     lines += [f"| {r['step']} | {r['train/loss']:.3f} | {r['eval/accuracy']:.1%} |" for r in history if "eval/accuracy" in r]
     lines += ["", "| problem | model's answer | correct |", "|---|---|---|"]
-    for (a, b), ans in zip(shown, greedy_answers(engine, tok, shown), strict=True):
+    for (a, b), ans in zip(shown, answers, strict=True):
         lines.append(f"| {a}+{b} | {ans} | {'yes' if ans == str(a + b) else 'no (' + str(a + b) + ')'} |")
-    report = run_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[2:]))
     return report
