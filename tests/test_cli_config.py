@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from trajtune.cli import builtin_recipes, load_recipe, main
+from trajtune.cli import DEFAULT_RECIPE, builtin_recipes, load_recipe, main
 from trajtune.config import ConfigError, from_dict
 from trajtune.engine import OptimConfig
 from trajtune.experiments import EXPERIMENTS, get_experiment
@@ -43,7 +43,7 @@ def test_every_builtin_recipe_validates_and_lists(capsys):
     for path in builtin_recipes().values():
         load_recipe(path)
     assert main(["list"]) == 0
-    assert "addition (default)" in capsys.readouterr().out
+    assert f"{DEFAULT_RECIPE} (default)" in capsys.readouterr().out
     for name in EXPERIMENTS:
         assert dataclasses.is_dataclass(get_experiment(name).Config)
 

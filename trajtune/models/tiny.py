@@ -78,7 +78,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x, allowed, cache: KVCache | None = None, layer: int = 0):
-        # x [B, t, D]; allowed [B, 1, t, S] bool (S = keys visible: t, or cache length + t)
+        # x [B, t, D]; allowed [B, 1, t, S] bool (S = keys visible: t, or cache length + t),
+        # or None: plain causal attention (no cache, every row's padding is on the right)
         B, t, D = x.shape
         H = self.n_heads
         q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
@@ -88,7 +89,7 @@ class Block(nn.Module):
             cache.k[layer][:, :, s : s + t] = k
             cache.v[layer][:, :, s : s + t] = v
             k, v = cache.k[layer][:, :, : s + t], cache.v[layer][:, :, : s + t]  # [B, H, S, hd]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # [B, H, t, hd]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=allowed is None)  # [B, H, t, hd]
         y = y.transpose(1, 2).reshape(B, t, D)
         x = x + self.drop(self.proj(y))
         return x + self.drop(self.mlp(self.ln2(x)))
@@ -136,7 +137,7 @@ class TinyTransformer(nn.Module):
         if cache is None:
             pos = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, t]
             keys = real  # [B, S=t]
-            causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()
+            causal_diagonal = 0
         else:
             s = cache.length
             if s + t > cache.capacity:
@@ -145,14 +146,20 @@ class TinyTransformer(nn.Module):
             cache.positions = cache.positions + real.long().sum(-1)
             cache.key_mask[:, s : s + t] = real
             keys = cache.key_mask[:, : s + t]
-            causal = torch.ones(t, s + t, dtype=torch.bool, device=ids.device).tril(diagonal=s)
+            causal_diagonal = s
         if int(pos.max()) >= self.config.max_len:
             raise ValueError(f"sequence longer than the model's context max_len={self.config.max_len}")
-        allowed = causal[None] & keys[:, None, :]  # [B, t, S]
-        # a query always sees itself, so padded queries never attend to nothing (NaN)
-        diag = torch.zeros_like(allowed)
-        diag[:, torch.arange(t), torch.arange(t) + (allowed.shape[-1] - t)] = True
-        allowed = (allowed | diag)[:, None]  # [B, 1, t, S]
+        if cache is None and bool((real[:, 1:] <= real[:, :-1]).all()):
+            # right padding only (training batches): causal attention alone gives every real
+            # token the same keys as the explicit mask, and no [B, t, t] mask is built
+            allowed = None
+        else:
+            causal = torch.ones(t, keys.shape[1], dtype=torch.bool, device=ids.device).tril(diagonal=causal_diagonal)
+            allowed = causal[None] & keys[:, None, :]  # [B, t, S]
+            # a query always sees itself, so padded queries never attend to nothing (NaN)
+            diag = torch.zeros_like(allowed)
+            diag[:, torch.arange(t), torch.arange(t) + (allowed.shape[-1] - t)] = True
+            allowed = (allowed | diag)[:, None]  # [B, 1, t, S]
         x = self.tok_emb(ids) + self.pos_emb(pos)
         for i, block in enumerate(self.blocks):
             x = block(x, allowed, cache, i)

@@ -1,0 +1,113 @@
+"""The agent experiment (experiments/agent.py) on a reduced budget: every stage runs, checkpoints,
+logs documented metrics and feeds the report; the diagnostics are exact; the CLI wiring works.
+
+The full-budget run is the main job (`trajtune run`), not a test.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from trajtune.algorithms.dpo import DPOConfig
+from trajtune.algorithms.rft import RFTConfig
+from trajtune.algorithms.rl import RLConfig
+from trajtune.algorithms.sft import SFTConfig
+from trajtune.checkpoint import load_model
+from trajtune.cli import DEFAULT_RECIPE, load_recipe, main, parse_seeds, resolve_recipe
+from trajtune.config import ConfigError
+from trajtune.engine import LocalEngine
+from trajtune.experiments import agent, agent_diagnostics
+from trajtune.experiments.agent_gym import Gym, scripted_play
+from trajtune.experiments.agent_report import write_seeds_report
+from trajtune.metrics import is_documented, read_metrics
+
+SMALL = agent.Config(
+    workers=1, weak=SFTConfig(steps=40, batch_size=16), oracle=SFTConfig(steps=6, batch_size=20, eval_every=3),
+    cold_start_step=3, rft=RFTConfig(rounds=2, samples_per_task=2, steps_per_round=2, batch_size=8), hack_rounds=2,
+    dpo=DPOConfig(steps=4), dpo_eval_every=2, pair_samples=4, rl=RLConfig(steps=6, tasks_per_step=2, group_size=4),
+    rl_eval_every=3, eval_samples=1, describe_samples=1, probe_group=2,
+)
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("agent")
+    report = agent.run(SMALL, run_dir)
+    return run_dir, report
+
+
+def test_every_stage_checkpoints_and_reports(small_run):
+    run_dir, report = small_run
+    for stage in agent.STAGES:
+        assert (run_dir / stage / "results.json").exists(), stage
+        if stage != "diagnostics":
+            model, tok = load_model(run_dir / stage / "checkpoint")
+            assert tok is not None and model.config.dim == SMALL.dim
+    for step in (3, 6):  # oracle SFT snapshots at every evaluation
+        assert (run_dir / "oracle_sft" / f"step-{step}" / "model.safetensors").exists()
+    assert report == run_dir / "report.md"
+    text = report.read_text()
+    for i in range(1, 14):
+        assert f"| A{i} |" in text
+    for png in ("curves_train.png", "curves_heldout.png", "dpo_drift.png", "dpo_behaviour.png", "hacking.png"):
+        assert (run_dir / png).stat().st_size > 1000 and png in text
+    assert (run_dir / "report.html").exists() and json.loads((run_dir / "summary.json").read_text())["holds"]
+
+
+def test_metrics_name_their_stage_and_are_documented(small_run):
+    rows = read_metrics(small_run[0])
+    stages = {r["stage"] for r in rows}
+    assert stages >= set(agent.STAGES) - {"diagnostics"}
+    assert all(is_documented(k) for r in rows for k in r if "/" in k)
+    weak = [r["train/loss"] for r in rows if r["stage"] == "weak_base"]
+    assert len(weak) == SMALL.weak.steps and weak[-1] < 0.5 * weak[0]  # SFT on play learns the format
+    rl = [r for r in rows if r["stage"] == "sft_rl" and "eval/pass_rate" in r]
+    assert [r["step"] for r in rl] == [0, 3]  # SFT -> RL: 3 RL steps after the step-3 snapshot
+
+
+def test_curves_costs_and_exact_diagnostics(small_run):
+    run_dir, _ = small_run
+    res = agent.run_stages(SMALL, run_dir)  # everything is read back, nothing reruns
+    assert [p["step"] for p in res["oracle_sft"]["curve"]] == [0, 3, 6]
+    assert set(res["oracle_sft"]["probes"]) == {"0", "3", "6"}
+    assert res["rl_only"]["costs"]["sampled"] == 6 * 2 * 4
+    assert res["rft"]["costs"]["sampled"] == 2 * 20 * 2 and len(res["rft"]["rounds"]) == 2
+    a6 = res["diagnostics"]["a6"]
+    assert [round(v, 4) for v in a6.values()] == [0.6931, 0.1269, 2.1269]
+    a1 = res["diagnostics"]["a1"]
+    assert a1["owners"]["policy"] < a1["owners"]["tool"] and abs(a1["masked_loss"] - a1["log_vocab"]) < 0.5
+
+
+def test_gradient_identity_on_a_mixed_batch():
+    """A4 on scripted episodes (oracle wins, blind mostly loses): the identity holds for any 0/1 batch."""
+    gym = Gym()
+    trajs = scripted_play(gym, "oracle", [0], gym.train[:4]) + scripted_play(gym, "blind", [0, 1], gym.train[:4])
+    engine = LocalEngine(agent.new_model(SMALL, gym))
+    out = agent_diagnostics.gradient_identity(engine, trajs, gym.pad_id)
+    assert 0 < out["kept"] < out["episodes"]
+    assert out["max_abs_diff"] <= 1e-5 * out["max_abs_grad"]
+    assert 0 < out["cosine_baseline"] < 1
+
+
+def test_rerunning_one_stage(small_run, tmp_path):
+    run_dir, _ = small_run
+    before = json.loads((run_dir / "dpo" / "results.json").read_text())
+    res = agent.run_stages(dataclasses.replace(SMALL, stages=["dpo"]), run_dir)
+    assert res["dpo"]["curve"] == before["curve"]  # same seed, same numbers
+
+
+def test_seeds_report_and_cli_wiring(small_run, tmp_path):
+    summary = json.loads((small_run[0] / "summary.json").read_text())
+    report = write_seeds_report(tmp_path, {0: summary, 1: summary})
+    text = report.read_text()
+    assert "± 0.00" in text and "| A6 | 2/2 |" in text
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    with pytest.raises(ConfigError):
+        parse_seeds("0,x")
+    assert DEFAULT_RECIPE == "agent"
+    module, config, _ = load_recipe(resolve_recipe(None))
+    assert module is agent and config.rl.steps == 60 and config.cold_start_step == 20
+    assert main(["run", "--dry-run", "--run-dir", str(tmp_path / "x")]) == 0
+    with pytest.raises(ValueError, match="unknown stages"):
+        agent.Config(stages=["nope"])

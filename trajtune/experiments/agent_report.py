@@ -1,0 +1,275 @@
+"""The agent experiment's report: claims A1-A13 beside the seed's numbers, curves, costs, timings.
+
+`write_agent_report` turns the stages' results (experiments/agent.py) into
+run_dir/report.md + report.html + PNG figures and a flat summary.json;
+`write_seeds_report` puts several seeds' summaries side by side as mean +- sd.
+The claim checks are written out here, one function per experiment id, so the
+thresholds are visible next to the REPRODUCE.md wording they test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..envs.bugfix_tasks import FAMILIES
+from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+
+RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
+GUESS_LEVEL = 0.25  # blind play passes ~0.2 (envs/scripted.py)
+
+
+def last(curve: list[dict], key: str) -> float:
+    return curve[-1][key]
+
+
+def final(results: dict, stage: str) -> tuple[float, float]:
+    """(train, held-out) pass at a recipe's last evaluation point."""
+    c = results[stage]["curve"]
+    return last(c, "eval/pass_rate"), last(c, "eval/heldout_pass_rate")
+
+
+def recipe_curve(results: dict, name: str) -> list[dict]:
+    """A recipe's curve on the common gradient-step axis (SFT -> RL starts with SFT's first points)."""
+    if name == "SFT -> RL":
+        cold = results["sft_rl"]["curve"][0]["step"]
+        return [p for p in results["oracle_sft"]["curve"] if p["step"] < cold] + results["sft_rl"]["curve"]
+    return results[RECIPES[name]]["curve"]
+
+
+# --- claims ------------------------------------------------------------------------------------
+def claims(c, r: dict) -> list[Claim]:
+    out = []
+    a1 = r["diagnostics"]["a1"]
+    pol, tool, tot = a1["owners"]["policy"], a1["owners"]["tool"], a1["total"]
+    near = lambda x: abs(x - a1["log_vocab"]) / a1["log_vocab"] < 0.1  # noqa: E731
+    out.append(Claim("A1", "owners of predicted tokens, 20 oracle demos; loss at init",
+                     "policy 260 of 1,338 (19%), tool 838 (63%); masked 5.91 / unmasked 5.88, log V 5.76",
+                     f"policy {pol} of {tot} ({pol / tot:.0%}), tool {tool} ({tool / tot:.0%}); masked "
+                     f"{a1['masked_loss']:.2f} / unmasked {a1['unmasked_loss']:.2f}, log V {a1['log_vocab']:.2f}",
+                     "a minority of tokens are actions; both losses about log V at init",
+                     pol / tot < 0.5 and near(a1["masked_loss"]) and near(a1["unmasked_loss"])))
+    w = r["weak_base"]["describe"]
+    out.append(Claim("A2", "weak base: SFT on blind + random play", "train 0.144, held-out 0.138, invalid/ep 0.06, "
+                     "reads 0.29, entropy 0.25", _desc(w), "invalid/ep < 0.1 and pass <= 0.25 (guess level)",
+                     w["invalid"] < 0.1 and w["train"] <= GUESS_LEVEL and w["heldout"] <= GUESS_LEVEL))
+    o, oc = r["oracle_sft"]["describe"], r["oracle_sft"]["curve"]
+    ratio = w["entropy"] / max(o["entropy"], 1e-9)
+    out.append(Claim("A3", "oracle SFT from the weak base, 60 steps", "0.16/0.05 -> 0.99/0.93; entropy 0.25 -> 0.02",
+                     f"{oc[0]['eval/pass_rate']:.2f}/{oc[0]['eval/heldout_pass_rate']:.2f} -> {o['train']:.2f}/"
+                     f"{o['heldout']:.2f}; entropy {w['entropy']:.3f} -> {o['entropy']:.3f} ({ratio:.0f}x)",
+                     "train >= 0.95, held-out >= 0.85, entropy drops ~10x (we require >= 5x)",
+                     o["train"] >= 0.95 and o["heldout"] >= 0.85 and ratio >= 5))
+    a4 = r["diagnostics"]["a4"]
+    ok4 = a4["max_abs_diff"] <= 1e-5 * a4["max_abs_grad"] if not math.isnan(a4["max_abs_diff"]) else None
+    out.append(Claim("A4", "gradient identity on one weak-base batch", "max abs diff 1.4e-9; cosine(baseline PG, RFT) 0.985",
+                     f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff {a4['max_abs_diff']:.1e} "
+                     f"(max grad {a4['max_abs_grad']:.1e}); cosine {a4['cosine_baseline']:.3f}",
+                     "grad(0/1 PG) = ratio x grad(SFT on kept) to round-off (rel. 1e-5)", ok4))
+    rounds, rc = r["rft"]["rounds"], r["rft"]["curve"]
+    solvable = len(rounds[0]["solved"]) / 20
+    trains, helds = [p["eval/pass_rate"] for p in rc], [p["eval/heldout_pass_rate"] for p in rc]
+    never = sorted({f for f in FAMILIES} - {t.split("/")[0] for rd in rounds for t in rd["solved"]})
+    ok5 = (max(trains) >= trains[0] + 0.2 and trains[-1] <= solvable + 0.1 and max(helds[1:]) <= 0.35
+           and rounds[0]["first_action_edit_share"] > 0.5)
+    out.append(Claim("A5", "expert iteration: 4 rounds x 320 samples x 15 steps",
+                     "pass 0.15 -> 0.33 -> 0.68 -> 0.75, held-out 0.10-0.23; `init` never solved",
+                     "train " + " -> ".join(f"{x:.2f}" for x in trains) + f"; held-out {min(helds[1:]):.2f}-{max(helds[1:]):.2f}; "
+                     f"base solves {solvable * 20:.0f}/20 tasks; never solved: {', '.join(never) or 'none'}; "
+                     f"round-0 kept starting with an edit {rounds[0]['first_action_edit_share']:.0%}",
+                     "train rises >= 0.2, plateaus <= solvable share + 0.1, held-out <= 0.35, kept mostly blind guesses", ok5))
+    a6 = r["diagnostics"]["a6"]
+    out.append(Claim("A6", "dpo_loss at beta 0.5, margins 0 / +4 / -4", "0.6931 / 0.1269 / 2.1269",
+                     " / ".join(f"{v:.4f}" for v in a6.values()), "exactly these values",
+                     [round(v, 4) for v in a6.values()] == [0.6931, 0.1269, 2.1269]))
+    d, dn = r["dpo"]["curve"], r["dpo_nll"]["curve"]
+    ok7 = (last(d, "d_rejected") <= -10 and last(d, "d_rejected") < d[len(d) // 2]["d_rejected"]
+           and max(p["eval/invalid_per_episode"] for p in d[1:]) >= max(3 * d[0]["eval/invalid_per_episode"], 0.3)
+           and last(d, "eval/heldout_pass_rate") <= d[0]["eval/heldout_pass_rate"] + 0.05)
+    out.append(Claim("A7", f"offline DPO, {c.dpo.steps} full-batch steps, beta {c.dpo.beta}",
+                     "d_rejected -45, d_chosen +0.7, train 0.41, held-out 0.00, invalid/ep 2.0", _dpo_text(d),
+                     "rejected log-prob falls without bound, malformed calls rise many-fold, held-out does not improve", ok7))
+    out.append(Claim("A8", "DPO + NLL on chosen (weight 1)", "train 0.69, held-out 0.17, invalid/ep 0.61", _dpo_text(dn),
+                     "fewer malformed calls and higher train pass than A7",
+                     last(dn, "eval/invalid_per_episode") < last(d, "eval/invalid_per_episode")
+                     and last(dn, "eval/pass_rate") > last(d, "eval/pass_rate")))
+    f = {name: final(r, stage) for name, stage in RECIPES.items()}
+    ok9 = (abs(f["SFT (oracle)"][1] - f["SFT -> RL"][1]) <= 0.15 and min(f["SFT (oracle)"][1], f["SFT -> RL"][1]) >= f["RFT"][1] + 0.3
+           and all(f["SFT -> RL"][i] >= f["RL only"][i] + 0.2 for i in (0, 1)))
+    out.append(Claim("A9", "four recipes from the weak base (train/held-out)",
+                     "SFT 0.99/0.93; RFT 0.74/0.15; SFT->RL 0.96/0.95; RL only 0.36/0.30",
+                     "; ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in f.items()),
+                     "SFT ~ SFT->RL (held-out within 0.15) >= RFT + 0.3; SFT->RL >= RL only + 0.2 (train and held-out)", ok9))
+    p = r["oracle_sft"]["probes"]
+    ks = sorted(p, key=int)
+    inf = [p[k]["informative"] for k in ks]
+    out.append(Claim("A10", "informative groups on the held-out probe (weak, SFT@20, SFT@60)", "0.60 / 0.70 / 0.10",
+                     " / ".join(f"{x:.2f}" for x in inf), "long SFT leaves few groups with reward variance (< SFT@20, <= 0.3)",
+                     inf[-1] < inf[1] and inf[-1] <= 0.3))
+    t = r["template_mismatch"]["describe"]
+    out.append(Claim("A11", "SFT on demos rendered without wrapper tokens", "train 0.075, invalid/ep 0.62",
+                     f"train {t['train']:.2f}, held-out {t['heldout']:.2f}, invalid/ep {t['invalid']:.2f}, reads {t['reads']:.2f}; "
+                     f"NLL on correctly rendered demos {r['template_mismatch']['nll_right_format']:.2f}",
+                     "fails in the real rollout format (train <= 0.3, far below oracle SFT)",
+                     t["train"] <= 0.3 and t["train"] <= o["train"] - 0.5))
+    rd = rounds[1] if len(rounds) > 1 else rounds[0]
+    out.append(Claim("A12", "dedup of the RFT kept set (round 1)", "84 kept -> 21 distinct action sequences",
+                     f"{rd['kept']} kept -> {rd['distinct']} distinct; shares raw " + _shares(rd["shares_raw"])
+                     + "; deduped " + _shares(rd["shares_dedup"]), "report raw vs deduped family shares",
+                     rd["distinct"] < rd["kept"]))
+    hr, hc = r["hacking"]["rounds"], r["hacking"]["curve"]
+    pub, hid = [x["eval/public_pass_rate"] for x in hc], [x["eval/hidden_pass_rate"] for x in hc]
+    ok13 = (pub[-1] > pub[1] and hr[-1]["hack_share"] > hr[0]["hack_share"]
+            and hid[-1] - hid[1] < pub[-1] - pub[1] and pub[-1] - hid[-1] >= 0.3)
+    out.append(Claim("A13", "RFT filtered by public tests (reward hacking)", "kept hacks 42% -> 64%; public 0.97 vs hidden 0.36",
+                     "kept hacks " + " -> ".join(f"{x['hack_share']:.0%}" for x in hr)
+                     + f"; public {' -> '.join(f'{x:.2f}' for x in pub[1:])} vs hidden {' -> '.join(f'{x:.2f}' for x in hid[1:])}",
+                     "filter pass climbs while hidden pass stalls; hack share of the kept set grows", ok13))
+    return out
+
+
+def _desc(d: dict) -> str:
+    return (f"train {d['train']:.3f}, held-out {d['heldout']:.3f}, invalid/ep {d['invalid']:.2f}, "
+            f"reads {d['reads']:.2f}, entropy {d['entropy']:.3f}")
+
+
+def _dpo_text(curve: list[dict]) -> str:
+    x = curve[-1]
+    return (f"d_rejected {x['d_rejected']:+.1f}, d_chosen {x['d_chosen']:+.2f}, train {x['eval/pass_rate']:.2f}, "
+            f"held-out {x['eval/heldout_pass_rate']:.2f}, invalid/ep {x['eval/invalid_per_episode']:.2f} "
+            f"(start {curve[0]['eval/invalid_per_episode']:.2f})")
+
+
+def _shares(s: dict) -> str:
+    return " ".join(f"{k} {v:.2f}" for k, v in s.items())
+
+
+# --- report ------------------------------------------------------------------------------------
+def summary(c, r: dict, cl: list[Claim]) -> dict:
+    """Flat numbers for the multi-seed table."""
+    s = {f"{k} {x}": v for k, st in RECIPES.items() for x, v in zip(("train", "held-out"), final(r, st), strict=True)}
+    w, o = r["weak_base"]["describe"], r["oracle_sft"]["describe"]
+    s.update({"weak train": w["train"], "weak held-out": w["heldout"], "weak invalid/ep": w["invalid"],
+              "oracle entropy drop (x)": w["entropy"] / max(o["entropy"], 1e-9),
+              "DPO d_rejected": last(r["dpo"]["curve"], "d_rejected"),
+              "DPO invalid/ep": last(r["dpo"]["curve"], "eval/invalid_per_episode"),
+              "DPO+NLL invalid/ep": last(r["dpo_nll"]["curve"], "eval/invalid_per_episode"),
+              "DPO train": last(r["dpo"]["curve"], "eval/pass_rate"),
+              "DPO+NLL train": last(r["dpo_nll"]["curve"], "eval/pass_rate"),
+              "A10 informative SFT@20": r["oracle_sft"]["probes"][str(c.cold_start_step)]["informative"],
+              "A11 mismatch train": r["template_mismatch"]["describe"]["train"],
+              "A13 kept hack share, last round": r["hacking"]["rounds"][-1]["hack_share"]})
+    return {"numbers": s, "holds": {x.id: x.holds for x in cl}}
+
+
+def cost_rows(r: dict) -> list[list]:
+    rows = []
+    for name, stage in RECIPES.items():
+        costs = dict(r[stage].get("costs", {}))
+        if name == "SFT -> RL":
+            costs = r["sft_rl"]["costs"]
+        demos = r["oracle_sft"]["demos"] if name in ("SFT (oracle)", "SFT -> RL") else 0
+        a, b = final(r, stage)
+        rows.append([name, demos, costs.get("sampled", 0), costs.get("verifier_calls", 0), fmt(a), fmt(b)])
+    return rows
+
+
+def plots(run_dir: Path, c, r: dict) -> list[str]:
+    curves = {name: recipe_curve(r, name) for name in RECIPES}
+    figs = []
+    for key, label, fname in (("eval/pass_rate", "train pass rate", "curves_train.png"),
+                              ("eval/heldout_pass_rate", "held-out pass rate", "curves_heldout.png")):
+        series = {n: ([p["step"] for p in cv], [p[key] for p in cv]) for n, cv in curves.items()}
+        figs.append(image(line_plot(run_dir / fname, series, f"{label} vs gradient steps (fig. 15.3)", "gradient step",
+                                    label, ylim=(0, 1.02)), label))
+    d, dn = r["dpo"]["curve"], r["dpo_nll"]["curve"]
+    drift = {f"{n} {k}": ([p["step"] for p in cv[1:]], [p[f"d_{k}"] for p in cv[1:]])
+             for n, cv in (("DPO", d), ("DPO+NLL", dn)) for k in ("chosen", "rejected")}
+    figs.append(image(line_plot(run_dir / "dpo_drift.png", drift, "log-prob drift vs reference (fig. 15.2, left)",
+                                "DPO step", "log pi - log ref (nats)"), "DPO drift"))
+    beh = {f"{n} {lab}": ([p["step"] for p in cv], [p[k] for p in cv]) for n, cv in (("DPO", d), ("DPO+NLL", dn))
+           for k, lab in (("eval/pass_rate", "train pass"), ("eval/heldout_pass_rate", "held-out pass"),
+                          ("eval/invalid_per_episode", "invalid/ep"))}
+    figs.append(image(line_plot(run_dir / "dpo_behaviour.png", beh, "what the policy does (fig. 15.2, right)", "DPO step",
+                                "rate / invalid calls per episode"), "DPO behaviour"))
+    hr, hc = r["hacking"]["rounds"], r["hacking"]["curve"]
+    rounds = list(range(1, len(hr) + 1))
+    hack = {"kept hack share": (rounds, [x["hack_share"] for x in hr]),
+            "public pass (filter)": (rounds, [x["eval/public_pass_rate"] for x in hc[1:]]),
+            "hidden pass": (rounds, [x["eval/hidden_pass_rate"] for x in hc[1:]])}
+    figs.append(image(line_plot(run_dir / "hacking.png", hack, "RFT filtered by public tests (fig. 15.4)", "round",
+                                "share", ylim=(0, 1.02)), "reward hacking"))
+    return figs
+
+
+def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
+    cl = claims(c, r)
+    (run_dir / "summary.json").write_text(json.dumps(summary(c, r, cl), indent=1))
+    n_hold = sum(x.holds is True for x in cl)
+    curves = [[name] + [f"{p['step']}: {p['eval/pass_rate']:.2f}/{p['eval/heldout_pass_rate']:.2f}" for p in recipe_curve(r, name)]
+              for name in RECIPES]
+    width = max(len(x) for x in curves)
+    curves = [row + [""] * (width - len(row)) for row in curves]
+    describes = [[st, *[fmt(d[k], 3) for k in ("train", "heldout", "invalid", "reads", "entropy")]]
+                 for st in ("weak_base", "oracle_sft", "rft", "sft_rl", "rl_only", "template_mismatch")
+                 for d in [r[st]["describe"]]]
+    rft_rows = [[i, fmt(x["sample_pass"]), x["kept"], x["distinct"], f"{len(x['solved'])}/20", f"{x['first_action_edit_share']:.0%}",
+                 fmt(p["eval/pass_rate"]), fmt(p["eval/heldout_pass_rate"])]
+                for i, (x, p) in enumerate(zip(r["rft"]["rounds"], r["rft"]["curve"][1:], strict=True))]
+    dpo_rows = [[n, p["step"], f"{p['d_chosen']:+.2f}", f"{p['d_rejected']:+.2f}", fmt(p["eval/pass_rate"]),
+                 fmt(p["eval/heldout_pass_rate"]), fmt(p["eval/invalid_per_episode"])]
+                for n, st in (("DPO", "dpo"), ("DPO+NLL", "dpo_nll")) for p in r[st]["curve"]]
+    hack_rows = [[i + 1, x["kept"], f"{x['hack_share']:.0%}", fmt(p["eval/public_pass_rate"]), fmt(p["eval/hidden_pass_rate"])]
+                 for i, (x, p) in enumerate(zip(r["hacking"]["rounds"], r["hacking"]["curve"][1:], strict=True))]
+    probes = r["oracle_sft"]["probes"]
+    probe_rows = [[f"SFT step {k}" if int(k) else "weak base", fmt(v["heldout"]), fmt(v["informative"]), fmt(v["entropy"], 3)]
+                  for k, v in sorted(probes.items(), key=lambda kv: int(kv[0]))]
+    times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time']['sampling_s'] / max(x['time']['wall_s'], 1e-9):.0%}"]
+             for st, x in r.items()]
+    sections = [
+        f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks. "
+        f"**{n_hold} of {len(cl)} claims hold.** Whole run {wall:.0f}s wall ({c.workers} worker process(es)).",
+        "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl),
+        "## The four recipes: pass rate vs gradient steps (train/held-out)\n\n"
+        + markdown_table(["recipe"] + [f"point {i}" for i in range(width - 1)], curves) + "\n\n" + "\n".join(plots(run_dir, c, r)),
+        "## Cost (training-time episodes; evaluation episodes not counted)\n\n"
+        + markdown_table(["recipe", "demos", "sampled episodes", "verifier calls", "train", "held-out"], cost_rows(r)),
+        "## Final policies (8 episodes per task)\n\n"
+        + markdown_table(["stage", "train", "held-out", "invalid/ep", "reads", "action entropy"], describes),
+        "## Expert iteration rounds (A5)\n\n" + markdown_table(
+            ["round", "sample pass", "kept", "distinct", "tasks solved", "kept starting with edit", "train", "held-out"], rft_rows),
+        "## DPO drift and behaviour (A7, A8)\n\n" + markdown_table(
+            ["run", "step", "d_chosen", "d_rejected", "train", "held-out", "invalid/ep"], dpo_rows),
+        "## Informative groups on the held-out probe (A10)\n\n" + markdown_table(
+            ["policy", "held-out pass", "groups with signal", "action entropy"], probe_rows),
+        "## Reward hacking with the public-test filter (A13)\n\n" + markdown_table(
+            ["round", "kept", "kept hacks", "public pass", "hidden pass"], hack_rows),
+        "## Time per stage\n\n" + markdown_table(["stage", "wall s", "CPU s", "sampling share of wall"], times),
+    ]
+    print(claims_summary(cl), flush=True)
+    return write_report(run_dir, "Agent post-training on one weak base (BugFix gym, seed ch.15)", sections)
+
+
+def claims_summary(cl: list[Claim]) -> str:
+    return "\n".join(f"  {x.id:<4} {x.verdict.replace('*', ''):<15} {x.ours}" for x in cl)
+
+
+def write_seeds_report(run_dir: Path, summaries: dict[int, dict]) -> Path:
+    """Mean +- sd over seeds of the headline numbers, and how often each claim held."""
+    seeds = sorted(summaries)
+    keys = list(summaries[seeds[0]]["numbers"])
+    rows = [[k, mean_sd([summaries[s]["numbers"][k] for s in seeds])] + [fmt(summaries[s]["numbers"][k]) for s in seeds]
+            for k in keys]
+    ids = list(summaries[seeds[0]]["holds"])
+    holds = [[i, f"{sum(summaries[s]['holds'][i] is True for s in seeds)}/{len(seeds)}"]
+             + [{True: "holds", False: "no", None: "n/a"}[summaries[s]["holds"][i]] for s in seeds] for i in ids]
+    recipes = [[n, mean_sd([summaries[s]["numbers"][f"{n} train"] for s in seeds]),
+                mean_sd([summaries[s]["numbers"][f"{n} held-out"] for s in seeds])] for n in RECIPES]
+    sections = [f"Seeds {', '.join(map(str, seeds))}; each seed's full report is in seed-<s>/report.md.",
+                "## The four recipes (final train / held-out pass, mean ± sd)\n\n"
+                + markdown_table(["recipe", "train", "held-out"], recipes),
+                "## Claims held per seed\n\n" + markdown_table(["claim", "held"] + [f"seed {s}" for s in seeds], holds),
+                "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds], rows)]
+    print(markdown_table(["recipe", "train", "held-out"], recipes), flush=True)
+    return write_report(run_dir, f"Agent post-training over {len(seeds)} seeds", sections)
