@@ -1,23 +1,27 @@
-"""Command line: `trajtune run [RECIPE]`, `trajtune list`, `trajtune gym ...`.
+"""Command line: `trajtune run [RECIPE]`, `trajtune list`, `trajtune gym ...`,
+`trajtune sft|rm|dpo|grpo|rft --model DIR --data FILE` (Hugging Face models, hf_cli.py).
 
     trajtune run                          # the built-in default recipe
     trajtune run recipe.toml --set config.sft.steps=50 --run-dir runs/x
     trajtune run addition                 # a built-in recipe by name
+    trajtune run --seeds 0,1,2            # the default recipe over three seeds, mean +- sd
     trajtune list                         # built-in recipes with one-line descriptions
 """
 
 from __future__ import annotations
 
 import argparse
+import builtins
 import sys
 import time
 from importlib import resources
 from pathlib import Path
 
 from .config import ConfigError, from_dict, load_toml, set_dotted
+from .distributed import broadcast_object, init_distributed
 from .experiments import get_experiment
 
-DEFAULT_RECIPE = "addition"
+DEFAULT_RECIPE = "agent"
 RECIPE_KEYS = ("experiment", "description", "config")
 
 
@@ -68,16 +72,35 @@ def cmd_run(args) -> int:
     path = resolve_recipe(args.recipe)
     module, config, raw = load_recipe(path, args.set or [])
     name = raw["experiment"]
-    run_dir = Path(args.run_dir or Path("runs") / f"{path.stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    print(f"trajtune: running {path} (experiment {name}) in {run_dir}", flush=True)
+    rank, world = init_distributed()  # under torchrun (WORLD_SIZE > 1) join the process group; else (0, 1)
+    print = builtins.print if rank == 0 else (lambda *a, **k: None)  # only rank 0 talks  # noqa: A001
+    stamp = broadcast_object(time.strftime('%Y%m%d-%H%M%S'))  # every rank uses rank 0's run directory
+    run_dir = Path(args.run_dir or Path("runs") / f"{path.stem}-{stamp}")
+    print(f"trajtune: running {path} (experiment {name}) in {run_dir}" + (f" on {world} processes" if world > 1 else ""), flush=True)
     if args.dry_run:
         print("recipe is valid (dry run: nothing trained)")
         return 0
     t0 = time.time()
-    report = module.run(config, run_dir)
+    if args.seeds:
+        if not hasattr(module, "run_seeds"):
+            raise ConfigError(f"experiment {name!r} does not support --seeds (no run_seeds)")
+        report = module.run_seeds(config, run_dir, parse_seeds(args.seeds))
+    else:
+        report = module.run(config, run_dir)
     print(f"done in {time.time() - t0:.0f}s")
     print(report)
     return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0,1,2' -> [0, 1, 2] (for `--seeds`)."""
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--seeds: expected comma-separated integers like 0,1,2, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds: expected distinct integers like 0,1,2, got {text!r}")
+    return seeds
 
 
 def cmd_list(args) -> int:
@@ -99,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe value, e.g. config.sft.steps=50")
     r.add_argument("--run-dir", help="where to write metrics, checkpoints and the report (default runs/NAME-TIME)")
     r.add_argument("--dry-run", action="store_true", help="validate the recipe and stop")
+    r.add_argument("--seeds", metavar="S,S,...", help="run once per seed (e.g. 0,1,2) and report mean +- sd (experiments with run_seeds)")
     r.set_defaults(func=cmd_run)
     ls = sub.add_parser("list", help="list the built-in recipes")
     ls.set_defaults(func=cmd_list)
@@ -108,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_gym_parser(sub)
+    try:
+        from .hf_cli import add_hf_parsers
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        add_hf_parsers(sub)
     return p
 
 

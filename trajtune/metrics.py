@@ -33,11 +33,18 @@ METRICS: dict[str, str] = {
     "eval/accuracy": "exact-match accuracy of greedy answers",
     "eval/loss": "mean NLL per trained-on token on evaluation data",
     "eval/pass_rate": "share of evaluation episodes with reward >= 1",
+    "eval/heldout_pass_rate": "share of held-out-task evaluation episodes with reward >= 1 (agent experiment)",
+    "eval/invalid_per_episode": "mean invalid environment calls per evaluation episode (train tasks)",
+    "eval/read_share": "share of evaluation episodes (train tasks) that read the source at least once",
+    "eval/public_pass_rate": "share of evaluation episodes whose submit passes the public tests (A13's filter)",
+    "eval/hidden_pass_rate": "share of evaluation episodes that submitted and pass the hidden tests (A13)",
+    "eval/pair_accuracy": "share of held-out preference pairs the reward model orders correctly",
     # --- rollout: statistics of the step's sampled episodes (algorithms.common.rollout_metrics)
     "rollout/pass_rate": "share of sampled episodes with reward >= 1",
     "rollout/reward": "mean reward of sampled episodes",
     "rollout/policy_tokens": "mean number of POLICY tokens per sampled episode",
     "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
+    "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group baseline)",
     # --- sft (objectives.sft)
     "sft/nll": "unweighted mean NLL per POLICY token",
     "sft/weight_mean": "mean trajectory weight w_i (1 for plain SFT)",

@@ -12,6 +12,11 @@ import importlib
 
 EXPERIMENTS: dict[str, str] = {
     "addition_sft": "trajtune.experiments.addition",
+    "agent": "trajtune.experiments.agent",
+    "hf": "trajtune.experiments.hf",
+    "chapter13": "trajtune.experiments.chapter13",
+    "iw_sft_bandit": "trajtune.experiments.iw_sft_bandit",
+    "iw_sft_bugfix": "trajtune.experiments.iw_sft_bugfix",
 }
 
 

@@ -1,0 +1,161 @@
+"""Post-training ch.13 steps 1-2 (REPRODUCE B1-B2): a char LM pretrained on Shakespeare, then SFT.
+
+    B1  pretrain  a character-level TinyTransformer (~355k parameters) on the Shakespeare
+                  corpus: next-token NLL on every character (SFT where every token is POLICY)
+    B2  sft       SFT on the narrow (16 words) and broad (~400 words) demonstration sets of
+                  equal size; adherence on seen words, unseen words, first letter; loss on
+                  ordinary text before/after
+
+Every conversation goes through the one `Renderer`: a demonstration is
+`<bos><|user|>Q: love\\nA: <|end|><|assistant|>Love is ...<|end|>`, and the models are
+sampled on exactly that prompt. The base model never saw the wrapper tokens: the
+seed's base model never saw `Q:`/`A:` used as an instruction either; both only continue text.
+
+Stage functions take the experiment's `Config` and the run directory, read their
+inputs from checkpoints written by earlier stages and return a JSON-able dict of results
+(the driver in `chapter13.py` schedules them, possibly in parallel processes).
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from ..algorithms.sft import SFTConfig, train_sft
+from ..checkpoint import load_model, save_model
+from ..engine import LocalEngine, OptimConfig
+from ..envs.instruct import (
+    SEEN, UNSEEN, InstructTask, demo_sets, demonstrations, instruct_env, instruct_tokenizer, shakespeare_text,
+)
+from ..metrics import MetricsLogger
+from ..models.tiny import TinyConfig, TinyTransformer
+from ..rollout import make_collect
+from ..text.render import Renderer
+from ..trajectory import Owner, Trajectory, collate
+
+MAX_LEN = 128  # context: prompt (16 tokens) + a 64-character reply fits
+
+
+@lru_cache(maxsize=2)
+def corpus(val_fraction: float = 0.1):
+    """(tokenizer, train ids, val ids, demonstrations cut from the training text only)."""
+    text = shakespeare_text()
+    tok = instruct_tokenizer(text)
+    split = int(len(text) * (1 - val_fraction))
+    ids = tok.encode(text)
+    return tok, ids[:split], ids[split:], demonstrations(text[:split])
+
+
+def renderer() -> Renderer:
+    return Renderer(corpus()[0])
+
+
+def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
+    """The seed's optimizer: plain AdamW (betas 0.9/0.999), no warm-up, no clipping."""
+    return OptimConfig(lr=lr, weight_decay=weight_decay, beta2=0.999, grad_clip=0.0)
+
+
+def demo(r: Renderer, task: InstructTask, reply: str) -> Trajectory:
+    """One demonstration, rendered by the one renderer (reply and its <|end|> are POLICY)."""
+    return r.render([{"role": "user", "content": task.prompt}, {"role": "assistant", "content": reply}])
+
+
+def text_windows(ids: list[int], n: int, length: int, seed: int) -> list[Trajectory]:
+    """`n` random windows of `length + 1` characters; every predicted character is POLICY (pretraining)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        s = rng.randrange(len(ids) - length - 1)
+        t = Trajectory()
+        t.append(ids[s : s + 1], Owner.PROMPT, 0)
+        t.append(ids[s + 1 : s + length + 1], Owner.POLICY, 0)
+        out.append(t)
+    return out
+
+
+@torch.no_grad()
+def corpus_loss(engine: LocalEngine, val_windows: list[Trajectory], pad_id: int, batch: int = 64) -> float:
+    """Mean next-character NLL on held-out Shakespeare windows (how much text modelling survives)."""
+    total, count = 0.0, 0.0
+    for i in range(0, len(val_windows), batch):
+        b = collate(val_windows[i : i + batch], pad_id)
+        lp = engine.forward(b).logprobs  # [B, T-1]
+        total += float(-(lp * b.action_mask).sum())
+        count += float(b.action_mask.sum())
+    return total / count
+
+
+def val_windows(config) -> list[Trajectory]:
+    """The seed's 10 x 32 held-out windows of 64 characters (fixed: generator 1234)."""
+    tok, _, val, _ = corpus()
+    return text_windows(val, config.val_windows, config.block_size, seed=1234)
+
+
+def instruct_collect(engine: LocalEngine, reward: str, max_reply: int):
+    """collect(tasks, n, generator) for the instruct gym with this engine's model."""
+    return make_collect(engine.sample, lambda: instruct_env(reward), renderer(), max_turns=1,
+                        max_tokens=MAX_LEN, max_action_tokens=max_reply)
+
+
+def adherence(engine: LocalEngine, words, n: int, seed: int, max_reply: int) -> dict:
+    """Sample n replies per word: share starting with the word, with its first letter; examples."""
+    trajs = instruct_collect(engine, "format", max_reply)([InstructTask(w) for w in words], n,
+                                                          torch.Generator().manual_seed(seed))
+    return {"word": sum(t.info["format_ok"] for t in trajs) / len(trajs),
+            "letter": sum(t.info["first_letter_ok"] for t in trajs) / len(trajs),
+            "examples": [f"{t.info['word']} -> {t.info['reply']!r}" for t in trajs[::n][:4]]}
+
+
+def evaluate_instruct(engine: LocalEngine, config, windows) -> dict:
+    """B1/B2 numbers for one model: seen/unseen adherence, first letter, val loss."""
+    tok = corpus()[0]
+    seen = adherence(engine, SEEN, config.adherence_samples, config.seed * 7919 + 1, config.max_reply)
+    unseen = adherence(engine, UNSEEN, config.adherence_samples, config.seed * 7919 + 2, config.max_reply)
+    return {"seen": seen["word"], "seen_letter": seen["letter"], "unseen": unseen["word"],
+            "unseen_letter": unseen["letter"], "val_loss": corpus_loss(engine, windows, tok.pad_id),
+            "examples": seen["examples"][:2] + unseen["examples"][:2]}
+
+
+# --- stages ---------------------------------------------------------------------------------
+
+def stage_pretrain(config, run_dir: Path) -> dict:
+    """B1: pretrain the base model on raw Shakespeare; it continues text but ignores the format."""
+    tok, train_ids, _, _ = corpus()
+    torch.manual_seed(config.seed)
+    model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads, max_len=MAX_LEN))
+    engine = LocalEngine(model, adam(config.pretrain_lr))
+    windows = text_windows(train_ids, config.pretrain_steps * config.pretrain_batch, config.block_size, config.seed)
+    held_out = val_windows(config)
+    out_dir = Path(run_dir) / "pretrain"
+    with MetricsLogger(out_dir, strict=True) as log:
+        sft = SFTConfig(steps=config.pretrain_steps, batch_size=config.pretrain_batch, eval_every=100, seed=config.seed)
+        history = train_sft(engine, windows, sft, tok.pad_id, log, stage="pretrain",
+                            evaluate=lambda step: {"eval/loss": corpus_loss(engine, held_out, tok.pad_id)})
+    save_model(out_dir / "model", model, tok, meta={"stage": "pretrain"})
+    result = evaluate_instruct(engine, config, held_out)
+    result.update(params=model.num_parameters(),
+                  curve=[(r["step"], r["eval/loss"]) for r in history if "eval/loss" in r])
+    return result
+
+
+def stage_sft(config, run_dir: Path, which: str) -> dict:
+    """B2: SFT the base model on the narrow or broad demonstration set (same size, seed batches)."""
+    tok, _, _, demos = corpus()
+    narrow, broad = demo_sets(demos, seed=1)
+    data = narrow if which == "narrow" else broad
+    r = renderer()
+    model, _ = load_model(Path(run_dir) / "pretrain" / "model")
+    engine = LocalEngine(model, adam(config.sft_lr))
+    trajs = [demo(r, task, reply) for task, reply in data]
+    out_dir = Path(run_dir) / f"sft_{which}"
+    with MetricsLogger(out_dir, strict=True) as log:
+        train_sft(engine, trajs, SFTConfig(steps=config.sft_steps, batch_size=config.sft_batch, seed=config.seed),
+                  tok.pad_id, log, stage=f"sft_{which}")
+    save_model(out_dir / "model", model, tok, meta={"stage": f"sft_{which}"})
+    result = evaluate_instruct(engine, config, val_windows(config))
+    result.update(n_demos=len(data), n_words=len({t.word for t, _ in data}))
+    return result
+

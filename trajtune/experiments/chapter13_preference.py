@@ -1,0 +1,114 @@
+"""Post-training ch.13 step 3 (REPRODUCE B3-B5): a reward model, best-of-n and DPO on one preference.
+
+The hidden "human" preference: replies that end with a period. Pairs are real corpus
+lines for a seen word, one ending with '.', one not (`envs.instruct.preference_pairs`).
+
+    B3  reward_model  Bradley-Terry on the pairs: the SFT(narrow) network with a scalar head
+    B4  best_of_n     n = 2, 4, 8 samples of the SFT model, keep the reward model's favourite;
+                      KL from the SFT model <= log n - (n-1)/n (analytic)
+    B5  dpo           beta = 1.0, 0.3, 0.1 on the same pairs; KL from the SFT model sampled
+                      (mean over replies of sum_t log pi/pi_sft), format adherence, and the
+                      share of the log-ratio that sits on the last two tokens (last character
+                      and <|end|>)
+
+All models start from the narrow SFT model of `chapter13_instruct` (as in the seed).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from ..algorithms.best_of_n import best_of_n, best_of_n_kl_bound
+from ..algorithms.dpo import DPOConfig, train_dpo
+from ..algorithms.reward_model import RewardModelConfig, pair_accuracy, score, train_reward_model
+from ..checkpoint import load_model
+from ..engine import LocalEngine
+from ..envs.instruct import SEEN, InstructTask, preference_pairs
+from ..metrics import MetricsLogger
+from ..models.tiny import TinyTransformer
+from ..trajectory import collate
+from .chapter13_instruct import adam, corpus, demo, instruct_collect, renderer
+
+
+def rendered_pairs(pairs):
+    r = renderer()
+    return [(demo(r, task, chosen), demo(r, task, rejected)) for task, chosen, rejected in pairs]
+
+
+def sft_model(run_dir: Path) -> TinyTransformer:
+    return load_model(Path(run_dir) / "sft_narrow" / "model")[0]
+
+
+@torch.no_grad()
+def evaluate_policy(policy: LocalEngine, ref: LocalEngine, config, seed: int) -> dict:
+    """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share."""
+    pad = corpus()[0].pad_id
+    trajs = instruct_collect(policy, "preference", config.max_reply)(
+        [InstructTask(w) for w in SEEN], config.eval_per_word, torch.Generator().manual_seed(seed))
+    batch = collate(trajs, pad)
+    mask = batch.action_mask  # [B, T-1] the reply's characters and its <|end|>
+    log_ratio = (policy.forward(batch).logprobs - ref.forward(batch).logprobs) * mask  # [B, T-1]
+    position = torch.arange(mask.shape[1]).expand_as(mask)
+    last = (position * mask).amax(-1, keepdim=True)  # [B, 1] index of each reply's last POLICY token
+    tail = mask * (position >= last - 1)  # the last two POLICY tokens of each reply
+    total = float(log_ratio.sum())
+    return {"reward": sum(t.reward for t in trajs) / len(trajs),
+            "format": sum(t.info["format_ok"] for t in trajs) / len(trajs),
+            "kl": float(log_ratio.sum(-1).mean()),
+            "end_share": float((log_ratio * tail).sum()) / total if total else float("nan"),
+            "examples": [t.info["reply"] for t in trajs[:: config.eval_per_word][:3]]}
+
+
+def stage_reward_model(config, run_dir: Path) -> dict:
+    """B3 + B4: train the Bradley-Terry reward model, then best-of-n with it."""
+    tok, _, _, demos = corpus()
+    train, test = preference_pairs(demos, seed=config.seed)
+    sft = sft_model(run_dir)
+    torch.manual_seed(config.seed)
+    rm = TinyTransformer(dataclasses.replace(sft.config, value_head=True))
+    rm.load_state_dict(sft.state_dict(), strict=False)  # the SFT network plus a fresh scalar head
+    rm_engine = LocalEngine(rm, adam(config.rm_lr))
+    train_r, test_r = rendered_pairs(train), rendered_pairs(test)
+    out_dir = Path(run_dir) / "reward_model"
+    with MetricsLogger(out_dir, strict=True) as log:
+        history = train_reward_model(
+            rm_engine, train_r, RewardModelConfig(steps=config.rm_steps, batch_size=config.rm_batch, seed=config.seed),
+            tok.pad_id, log, evaluate=lambda s: {"eval/pair_accuracy": pair_accuracy(rm_engine, test_r, tok.pad_id)})
+    result = {"rm_accuracy": history[-1]["eval/pair_accuracy"], "rm_train_loss": history[-1]["train/loss"],
+              "n_train_pairs": len(train), "n_test_pairs": len(test)}
+
+    # B4: the SFT model itself (n = 1), then best-of-n on fresh samples
+    policy = LocalEngine(sft)
+    base = evaluate_policy(policy, policy, config, seed=config.seed * 7919 + 3)
+    result["sft"] = {k: base[k] for k in ("reward", "format")}
+    tasks = [InstructTask(w) for w in SEEN] * config.bon_repeats
+    collect = instruct_collect(policy, "preference", config.max_reply)
+    rm_score = lambda trajs: score(rm_engine, trajs, tok.pad_id)  # noqa: E731
+    result["best_of_n"] = {}
+    for n in config.bon_ns:
+        chosen, _ = best_of_n(tasks, collect, n, torch.Generator().manual_seed(config.seed * 7919 + 100 + n), rm_score)
+        result["best_of_n"][str(n)] = {
+            "reward": sum(t.reward for t in chosen) / len(chosen),
+            "format": sum(t.info["format_ok"] for t in chosen) / len(chosen),
+            "kl_bound": best_of_n_kl_bound(n)}
+    return result
+
+
+def stage_dpo(config, run_dir: Path, beta: float) -> dict:
+    """B5: offline DPO from the SFT model at one beta; reward, KL from SFT, format, end share."""
+    tok, _, _, demos = corpus()
+    train, _ = preference_pairs(demos, seed=config.seed)
+    sft = sft_model(run_dir)
+    ref = LocalEngine(copy.deepcopy(sft))
+    torch.manual_seed(config.seed)
+    engine = LocalEngine(sft, adam(config.dpo_lr))
+    out_dir = Path(run_dir) / f"dpo_beta{beta:g}"
+    with MetricsLogger(out_dir, strict=True) as log:
+        train_dpo(engine, rendered_pairs(train),
+                  DPOConfig(steps=config.dpo_steps, batch_size=config.dpo_batch, beta=beta, seed=config.seed),
+                  tok.pad_id, log, stage=f"dpo_beta{beta:g}")
+    return {"beta": beta, **evaluate_policy(engine, ref, config, seed=config.seed * 7919 + 4)}

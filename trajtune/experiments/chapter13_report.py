@@ -1,0 +1,190 @@
+"""Claims (REPRODUCE B1-B8) and the report of the chapter13 recipe: the seed's numbers beside ours."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def instruct_claims(r: dict) -> list[Claim]:
+    base, nar, bro = r["pretrain"], r["sft_narrow"], r["sft_broad"]
+    return [
+        Claim("B1", f"char LM, {base['params']:,} params", "val loss 1.77; format 0%",
+              f"val loss {fmt(base['val_loss'])}; format seen {pct(base['seen'])}, unseen {pct(base['unseen'])}",
+              "a base model that continues text but ignores `Q: word / A:`", max(base["seen"], base["unseen"]) <= 0.05),
+        Claim("B2a", f"SFT on seen words ({nar['n_words']} vs {bro['n_words']} words, {nar['n_demos']} demos each)",
+              "narrow 95% vs broad 41%", f"narrow {pct(nar['seen'])} vs broad {pct(bro['seen'])}",
+              "SFT installs the format; narrow beats broad on its own words",
+              nar["seen"] >= 0.8 and nar["seen"] > bro["seen"]),
+        Claim("B2b", "unseen words: whole word / first letter", "narrow 0% / 0%; broad 16% / 81%",
+              f"narrow {pct(nar['unseen'])} / {pct(nar['unseen_letter'])}; broad {pct(bro['unseen'])} / {pct(bro['unseen_letter'])}",
+              "narrow learns a lookup table, broad starts to learn the rule (first letter)",
+              bro["unseen_letter"] >= nar["unseen_letter"] + 0.25),
+        Claim("B2c", "Shakespeare val loss before -> after SFT", "1.78 -> 2.06 / 2.04",
+              f"{fmt(base['val_loss'])} -> {fmt(nar['val_loss'])} / {fmt(bro['val_loss'])}",
+              "SFT raises the loss on ordinary text", min(nar["val_loss"], bro["val_loss"]) > base["val_loss"]),
+    ]
+
+
+def preference_claims(r: dict, betas) -> list[Claim]:
+    rm = r["reward_model"]
+    sft, bon = rm["sft"], rm["best_of_n"]
+    ns = sorted(bon, key=int)
+    bon_rewards = [sft["reward"]] + [bon[n]["reward"] for n in ns]
+    big = bon[ns[-1]]
+    dpo = [r[f"dpo_beta{b:g}"] for b in betas]
+    per_nat_bon = (big["reward"] - sft["reward"]) / big["kl_bound"]
+    per_nat_dpo = [(d["reward"] - sft["reward"]) / max(d["kl"], 1e-9) for d in dpo]
+    smallest = min(dpo, key=lambda d: d["beta"])
+    return [
+        Claim("B3", "Bradley-Terry reward model, held-out pairs", "100%", pct(rm["rm_accuracy"]),
+              ">= 95% held-out pair accuracy", rm["rm_accuracy"] >= 0.95),
+        Claim("B4", f"best-of-n, n = {'/'.join(ns)} (SFT first)", "27% -> 38/62/88%, format 94%",
+              " -> ".join(pct(x) for x in bon_rewards) + f", format {pct(big['format'])} (SFT {pct(sft['format'])})",
+              "reward rises with n, format kept",
+              all(a <= b + 0.02 for a, b in zip(bon_rewards, bon_rewards[1:])) and bon_rewards[-1] > bon_rewards[0] + 0.2
+              and big["format"] >= sft["format"] - 0.1),
+        Claim("B5a", "DPO beta " + "/".join(f"{b:g}" for b in betas) + ": reward @ KL",
+              "62%@1.35, 80%@5.7, 81%@18.4; best-of-8 88%@<=1.2",
+              ", ".join(f"{pct(d['reward'])}@{fmt(d['kl'], 1)}" for d in dpo)
+              + f"; best-of-{ns[-1]} {pct(big['reward'])}@<={fmt(big['kl_bound'], 1)}",
+              "less reward per nat than best-of-n", all(p < per_nat_bon for p in per_nat_dpo)),
+        Claim("B5b", "DPO format adherence", "92/73/32% (SFT 95%)",
+              "/".join(pct(d["format"]) for d in dpo) + f" (SFT {pct(sft['format'])})",
+              "small beta breaks the format", smallest["format"] <= sft["format"] - 0.2),
+        Claim("B5c", "share of DPO's log-ratio on the last two tokens", "9/5/4%",
+              "/".join(pct(d["end_share"]) for d in dpo),
+              "(context) the change is spread over the whole reply", None),
+    ]
+
+
+def rlvr_claims(r: dict) -> list[Claim]:
+    before, after, ctl = r["coldstart"], r["grpo"], r["sft_control"]
+    no_signal = statistics.fmean(c[2] for c in after["curve"])
+    k = max(before["pass_at"], key=int)  # 16 at full budget
+    return [
+        Claim("B6a", f"GRPO: pass@1, pass@{k}", "25% -> 47%; 84% -> 80%",
+              f"{pct(before['pass_at']['1'])} -> {pct(after['pass_at']['1'])}; "
+              f"{pct(before['pass_at'][k])} -> {pct(after['pass_at'][k])}",
+              "pass@1 up, pass@16 flat or down",
+              after["pass_at"]["1"] > before["pass_at"]["1"] and after["pass_at"][k] <= before["pass_at"][k] + 0.02),
+        Claim("B6b", f"distinct answers in {k} samples; first-digit entropy", "7.3 -> 4.3; 0.23 -> 0.16 nats",
+              f"{fmt(before['distinct'], 1)} -> {fmt(after['distinct'], 1)}; {fmt(before['entropy'])} -> {fmt(after['entropy'])} nats",
+              "fewer distinct answers", after["distinct"] < before["distinct"]),
+        Claim("B6c", "share of GRPO groups with no signal (mean over steps)", "about a third", pct(no_signal),
+              "about a third of groups carry no signal", 0.2 <= no_signal <= 0.5),
+        Claim("B7", f"control: more SFT steps: pass@1, pass@{k}", "75%, 99% (GRPO 47%, 80%)",
+              f"{pct(ctl['pass_at']['1'])}, {pct(ctl['pass_at'][k])} "
+              f"(GRPO {pct(after['pass_at']['1'])}, {pct(after['pass_at'][k])})",
+              "when demonstrations are cheap, SFT wins",
+              ctl["pass_at"]["1"] > after["pass_at"]["1"] and ctl["pass_at"][k] >= after["pass_at"][k]),
+    ]
+
+
+def write_chapter13_report(run_dir: Path, config, results: dict) -> Path:
+    claims, sections = [], []
+    if "pretrain" in results:
+        claims += instruct_claims(results)
+        curve = results["pretrain"]["curve"]
+        line_plot(run_dir / "pretrain_loss.png", {"val loss": ([c[0] for c in curve], [c[1] for c in curve])},
+                  "B1: pretraining on Shakespeare", "step", "held-out NLL per character")
+        rows = [(name, pct(results[k]["seen"]), pct(results[k]["unseen"]), pct(results[k]["unseen_letter"]),
+                 fmt(results[k]["val_loss"], 3), "; ".join(results[k]["examples"][:2]))
+                for name, k in (("base", "pretrain"), ("SFT, 16 words", "sft_narrow"), ("SFT, broad", "sft_broad"))]
+        series = {name: ([0, 1, 2], [results[k]["seen"], results[k]["unseen"], results[k]["unseen_letter"]])
+                  for name, k in (("base", "pretrain"), ("SFT narrow", "sft_narrow"), ("SFT broad", "sft_broad"))}
+        line_plot(run_dir / "adherence.png", series, "B2: reply starts with the word (x: 0 seen, 1 unseen, 2 unseen first letter)",
+                  "0 = seen words, 1 = unseen words, 2 = unseen: first letter", "share of replies", (0, 1.05))
+        sections.append("## B1-B2: base model and SFT\n\n" + markdown_table(
+            ["model", "seen words", "unseen words", "unseen: first letter", "val loss", "examples"], rows)
+            + "\n\n" + image(run_dir / "pretrain_loss.png", "pretraining loss") + " " + image(run_dir / "adherence.png", "adherence"))
+    if "reward_model" in results:
+        claims += preference_claims(results, config.dpo_betas)
+        rm = results["reward_model"]
+        bon = rm["best_of_n"]
+        dpo = [results[f"dpo_beta{b:g}"] for b in config.dpo_betas]
+        frontier = {"SFT": ([0.0], [rm["sft"]["reward"]]),
+                    "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["reward"] for n in bon]),
+                    "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["reward"] for d in dpo])}
+        line_plot(run_dir / "frontier.png", frontier, "B4-B5: reward bought per nat of KL", "KL from the SFT model (nats per reply)",
+                  "replies ending with a period", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
+        fmt_series = {"SFT": ([0.0], [rm["sft"]["format"]]),
+                      "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["format"] for n in bon]),
+                      "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["format"] for d in dpo])}
+        line_plot(run_dir / "frontier_format.png", fmt_series, "What it cost: the SFT format", "KL from the SFT model (nats per reply)",
+                  "replies starting with the word", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
+        rows = [("SFT", pct(rm["sft"]["reward"]), "0", pct(rm["sft"]["format"]), "-", "")]
+        rows += [(f"best-of-{n}", pct(v["reward"]), f"<= {fmt(v['kl_bound'])}", pct(v["format"]), "-", "") for n, v in bon.items()]
+        rows += [(f"DPO beta={d['beta']:g}", pct(d["reward"]), fmt(d["kl"]), pct(d["format"]), pct(d["end_share"]),
+                  " / ".join(repr(e) for e in d["examples"][:2])) for d in dpo]
+        sections.append(f"## B3-B5: reward model, best-of-n, DPO\n\nReward model: held-out pair accuracy {pct(rm['rm_accuracy'])} "
+                        f"({rm['n_train_pairs']} training pairs, {rm['n_test_pairs']} held out).\n\n"
+                        + markdown_table(["method", "reward", "KL (nats)", "format", "log-ratio on last 2 tokens", "examples"], rows)
+                        + "\n\n" + image(run_dir / "frontier.png", "frontier") + " " + image(run_dir / "frontier_format.png", "format"))
+    if "grpo" in results:
+        claims += rlvr_claims(results)
+        evals = {"before RL": results["coldstart"], "after GRPO": results["grpo"], "200 more SFT": results["sft_control"]}
+        line_plot(run_dir / "pass_at_k.png", {k: ([int(j) for j in e["pass_at"]], list(e["pass_at"].values())) for k, e in evals.items()},
+                  "B6-B7: solved by at least one of k samples", "k (samples per problem)", "pass@k", (0, 1.02))
+        curve = results["grpo"]["curve"]
+        line_plot(run_dir / "grpo.png", {"mean reward": ([c[0] for c in curve], [c[1] for c in curve]),
+                                         "groups with no signal": ([c[0] for c in curve], [c[2] for c in curve])},
+                  "B6: GRPO training", "RL step", "share", (0, 1.02), styles={"mean reward": "-", "groups with no signal": "-"})
+        rows = [(k, pct(e["greedy"]), *(pct(v) for v in e["pass_at"].values()), fmt(e["distinct"], 1), fmt(e["entropy"]))
+                for k, e in evals.items()]
+        sections.append("## B6-B7: RL on a verifiable reward\n\n" + markdown_table(
+            ["model", "greedy", *(f"pass@{j}" for j in results["grpo"]["pass_at"]), "distinct in 16", "first-digit entropy"], rows)
+            + "\n\n" + image(run_dir / "pass_at_k.png", "pass@k") + " " + image(run_dir / "grpo.png", "GRPO"))
+    timing = [(name, f"{r['_wall_s']:.0f}", f"{r['_cpu_s']:.0f}") for name, r in results.items()]
+    sections.append("## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing))
+    (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
+    intro = (f"Seed {config.seed}. Claims from REPRODUCE.md part B; the seed's numbers come from "
+             "seeds/post-training-ch13.md (its seed 0). A claim that does not hold is reported, not tuned away.")
+    return write_report(run_dir, "Post-training ch.13: instruction tuning -> preferences -> RLVR",
+                        [intro, "## Claims\n\n" + claims_table(claims), *sections])
+
+
+SEED_ROWS = [  # (label, seed's "mean ± sd (seeds 0/1/2)", getter)
+    ("SFT broad: unseen word copied whole", "6% ± 9% (16/3/0)", lambda r: r["sft_broad"]["unseen"]),
+    ("SFT broad: right first letter", "82% ± 8% (81/75/91)", lambda r: r["sft_broad"]["unseen_letter"]),
+    ("SFT narrow: seen words", "95% (seed 0)", lambda r: r["sft_narrow"]["seen"]),
+    ("Best-of-8 reward", "92% ± 3% (88/94/94)", lambda r: r["reward_model"]["best_of_n"]["8"]["reward"]),
+    ("DPO beta=1 reward", "68% ± 6% (62/68/74)", lambda r: r["dpo_beta1"]["reward"]),
+    ("DPO beta=0.1 reward", "88% ± 6% (81/92/92)", lambda r: r["dpo_beta0.1"]["reward"]),
+    ("DPO beta=0.1 format", "38% ± 12% (32/30/52)", lambda r: r["dpo_beta0.1"]["format"]),
+    ("Before RL: pass@1", "57% ± 28% (25/68/77)", lambda r: r["coldstart"]["pass_at"]["1"]),
+    ("After GRPO: pass@1", "75% ± 24% (47/86/92)", lambda r: r["grpo"]["pass_at"]["1"]),
+    ("Before RL: pass@16", "95% ± 9% (84/100/100)", lambda r: r["coldstart"]["pass_at"]["16"]),
+    ("After GRPO: pass@16", "93% ± 12% (80/100/100)", lambda r: r["grpo"]["pass_at"]["16"]),
+    ("Before RL: distinct answers in 16", "4.3 ± 2.6 (7.3/3.2/2.4)", lambda r: r["coldstart"]["distinct"]),
+    ("After GRPO: distinct answers in 16", "2.8 ± 1.4 (4.3/2.3/1.7)", lambda r: r["grpo"]["distinct"]),
+    ("After 200 more SFT steps: pass@1", "83% ± 12% (75/77/97)", lambda r: r["sft_control"]["pass_at"]["1"]),
+    ("After 200 more SFT steps: pass@16", "100% ± 1% (99/100/100)", lambda r: r["sft_control"]["pass_at"]["16"]),
+]
+
+
+def write_seed_table(run_dir: Path, per_seed: dict[int, dict]) -> Path:
+    """B8: mean ± sd over seeds of every row of the seed's three-seed table."""
+    rows = []
+    for label, theirs, get in SEED_ROWS:
+        try:
+            vals = [get(r) for r in per_seed.values()]
+        except KeyError:  # a part that was not run
+            continue
+        scale, digits = (1, 1) if "distinct" in label else (100, 0)
+        rows.append((label, theirs, mean_sd([scale * v for v in vals], digits),
+                     " / ".join(f"{scale * v:.{digits}f}" for v in vals)))
+    seeds = ", ".join(str(s) for s in per_seed)
+    table = markdown_table(["run", "seed doc: mean ± sd (seeds 0/1/2)", f"ours: mean ± sd (seeds {seeds})", "ours per seed"], rows)
+    claims = "\n\n".join(f"### seed {s}\n\n" + (Path(run_dir) / f"seed-{s}" / "claims.md").read_text() for s in per_seed)
+    (Path(run_dir) / "seed_table.md").write_text(table + "\n")
+    print(table)
+    return write_report(run_dir, "Post-training ch.13 over seeds (B8)",
+                        ["Percentages in %, distinct answers as counts. Per-seed reports are in seed-*/report.md.",
+                         "## Three-seed table\n\n" + table, "## Claims per seed\n\n" + claims])

@@ -1,0 +1,191 @@
+"""iw-SFT paper §3.4-3.5 on the two-arm bandit (REPRODUCE C1-C3).
+
+The paper's setup: data come from the uniform reference policy pi_ref, are filtered to
+R = 1 and the policy is fitted to them. Each round draws a fresh batch from pi_ref,
+filters it, and takes `steps` SGD steps on the shipped losses, warm-started from the
+previous round; iw-SFT's q is the policy at the start of the round (a time-lagged copy,
+paper eq. 10), so round 1 is plain SFT.
+
+    C1  SFT on filtered data                     -> pi(right) = 2/3, reward 5/6
+    C2  iw-SFT, per-step clip (0.2, 1.8), and smoothing exp(alpha rho) over an alpha sweep
+    C3  the failure mode of too-peaked weights. With the always-paying right arm and
+        20,000 samples a round, peaked weights only help (the filtered data always favour
+        right). With few samples per round the filtered set is noisy, and the weight
+        (q/pi_ref)^alpha feeds q's own noise back into the fit: log-odds_{r+1} =
+        log(n_right/n_left) + alpha log-odds_r, stable for alpha < 1, explosive beyond.
+        We measure the spread of the final pi(right) across 200 runs against alpha, and
+        the clipped variant, whose bounded weights keep the feedback bounded.
+
+Losses: `objectives.sft.weighted_sft_loss` (weight 1 for SFT) with `objectives.importance.iw_sft_weights`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..envs.bandit import RIGHT, TwoArmBandit
+from ..objectives.importance import iw_sft_weights
+from ..objectives.sft import weighted_sft_loss
+from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, write_report
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """seeds the data of C1-C2 (seed) and C3 (seed + 1)"""
+    threads: int = 1
+    """torch threads (2-element tensors: 1 is fastest)"""
+    p_left: float = 0.5
+    """P(R = 1 | left) (paper: 0.5)"""
+    p_right: float = 1.0
+    """P(R = 1 | right) (paper: 1.0)"""
+    rounds: int = 8
+    """collect -> filter -> fit rounds (C1, C2)"""
+    n_per_round: int = 20_000
+    """pi_ref samples per round (C1, C2)"""
+    steps: int = 40
+    """SGD steps per round"""
+    lr: float = 4.0
+    """SGD learning rate on the two logits"""
+    step_clip: list[float] = field(default_factory=lambda: [0.2, 1.8])
+    """per-step ratio clip of the clip variant (paper: 1 -/+ 0.8)"""
+    alphas: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0])
+    """smoothing strengths: weight exp(alpha * rho), alpha = 0 is plain SFT"""
+    c3_n_per_round: int = 8
+    """pi_ref samples per round in the little-data setting (C3)"""
+    c3_rounds: int = 10
+    """rounds in the little-data setting"""
+    c3_runs: int = 200
+    """independent runs per variant in the little-data setting (batched: one [runs, 2] logit table)"""
+
+
+def train_on_filtered(env: TwoArmBandit, variant: str, alpha: float, config: Config, n: int, rounds: int,
+                      runs: int, seed: int) -> list[dict]:
+    """`runs` independent runs at once; per round: pi(right) [runs], expected reward [runs], ESS.
+
+    variant: "sft" (weight 1), "clip" (per-step clipped ratio), "smooth" (exp(alpha * rho)).
+    Run s has its own two logits (row s of a [runs, 2] table) and its own data. The kept
+    episodes of all runs form one batch; each episode's weight is multiplied by
+    K_total / K_s so that the batch loss is the *sum* of the runs' own token-mean losses
+    and every row gets exactly the gradient its run alone would get.
+    """
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.nn.Parameter(torch.zeros(runs, env.n_actions))  # [S, A] uniform start = pi_ref
+    ref_probs = torch.full((env.n_actions,), 1.0 / env.n_actions)
+    opt = torch.optim.SGD([logits], lr=config.lr)
+    history = []
+    for _ in range(rounds):
+        q_logp = torch.log_softmax(logits.detach(), -1)  # [S, A] the time-lagged copy
+        # 1. collect with pi_ref and filter to R = 1
+        actions = torch.multinomial(ref_probs, runs * n, replacement=True, generator=g).view(runs, n)  # [S, N]
+        keep = env.pull(actions.flatten(), g).view(runs, n) == 1  # [S, N]
+        run_of, kept = keep.nonzero(as_tuple=True)[0], actions[keep]  # [K], [K]
+        mask = torch.ones(len(kept), 1)  # one POLICY token per episode: [K, 1]
+        ess = 1.0
+        if len(kept):
+            per_run = keep.sum(1).float()  # [S]
+            scale = len(kept) / per_run[run_of]  # [K]
+            weights = torch.ones(len(kept))
+            if variant != "sft":
+                ref_logp = ref_probs.log()[kept][:, None]  # [K, 1]
+                weights, m = iw_sft_weights(q_logp[run_of, kept][:, None], ref_logp, mask,
+                                            variant=variant, step_clip=tuple(config.step_clip), alpha=alpha)
+                ess = float(m["iw/ess"])
+            # 2. fit
+            for _ in range(config.steps):
+                logp = torch.log_softmax(logits, -1)[run_of, kept][:, None]  # [K, 1]
+                loss = weighted_sft_loss(logp, mask, weights * scale)[0]
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        p = torch.softmax(logits.detach(), -1)  # [S, A]
+        history.append({"p_right": p[:, RIGHT].tolist(), "reward": [env.expected_reward(row) for row in p], "ess": ess})
+    return history
+
+
+def variants(config: Config) -> dict[str, tuple[str, float]]:
+    out = {"SFT": ("sft", 0.0), "iw-SFT clip": ("clip", 0.0)}
+    out.update({f"iw-SFT smooth a={a:g}": ("smooth", a) for a in config.alphas})
+    return out
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(config.threads)
+    env = TwoArmBandit((config.p_left, config.p_right))
+    print(f"iw-SFT bandit: {config.rounds} rounds x {config.n_per_round} samples; "
+          f"C3: {config.c3_runs} runs x {config.c3_rounds} rounds x {config.c3_n_per_round} samples", flush=True)
+    # C1, C2: plenty of data
+    curves = {name: [{**h, "p_right": h["p_right"][0], "reward": h["reward"][0]} for h in
+                     train_on_filtered(env, v, a, config, config.n_per_round, config.rounds, 1, config.seed)]
+              for name, (v, a) in variants(config).items()}
+    # C3: little data, many seeds
+    spread = {}
+    for name, (v, a) in variants(config).items():
+        last = train_on_filtered(env, v, a, config, config.c3_n_per_round, config.c3_rounds, config.c3_runs,
+                                 config.seed + 1)[-1]
+        p = last["p_right"]
+        spread[name] = {"mean": statistics.fmean(p), "sd": statistics.stdev(p) if len(p) > 1 else 0.0,
+                        "wrong_arm": sum(x < 0.5 for x in p) / len(p), "reward": statistics.fmean(last["reward"])}
+    return write_bandit_report(run_dir, config, env, curves, spread)
+
+
+def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves: dict, spread: dict) -> Path:
+    fixed_p = float(env.filtered_action_distribution(torch.tensor([0.5, 0.5]))[RIGHT])
+    fixed_r = env.expected_reward(torch.tensor([1 - fixed_p, fixed_p]))
+    sft, clip = curves["SFT"][-1], curves["iw-SFT clip"][-1]
+    smooth = {a: curves[f"iw-SFT smooth a={a:g}"][-1] for a in config.alphas}
+    sds = [spread[f"iw-SFT smooth a={a:g}"]["sd"] for a in config.alphas]
+    a_peak = max(config.alphas)
+    a_min = config.alphas[sds.index(min(sds))]
+    s_peak, s_min, s_clip = (spread[f"iw-SFT smooth a={a_peak:g}"], spread[f"iw-SFT smooth a={a_min:g}"],
+                             spread["iw-SFT clip"])
+    claims = [
+        Claim("C1", "SFT on filtered data: pi(right), reward", "2/3, 5/6 (0.667, 0.833)",
+              f"{fmt(sft['p_right'], 3)}, {fmt(sft['reward'], 3)}", "exactly the 2/3, 5/6 fixed point",
+              abs(sft["p_right"] - fixed_p) <= 0.02 and abs(sft["reward"] - fixed_r) <= 0.02),
+        Claim("C2", "iw-SFT clip (0.2, 1.8) / smooth a=0.5 / a=1: reward", "tighter bound, better policy",
+              f"{fmt(clip['reward'], 3)} / {fmt(smooth.get(0.5, sft)['reward'], 3)} / {fmt(smooth.get(1.0, sft)['reward'], 3)}",
+              "reward clearly above 5/6", clip["reward"] > fixed_r + 0.05 and smooth.get(1.0, sft)["reward"] > fixed_r + 0.05),
+        Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right) "
+              f"for alpha {'/'.join(f'{a:g}' for a in config.alphas)}; clip",
+              "too-peaked weights raise variance",
+              "/".join(fmt(x) for x in sds) + f"; clip {fmt(s_clip['sd'])}. Runs ending on the wrong arm: "
+              f"a={a_min:g} {100 * s_min['wrong_arm']:.0f}%, a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, "
+              f"clip {100 * s_clip['wrong_arm']:.0f}%",
+              "past a moderate alpha, more peaked weights raise the spread (>= 2x its minimum) and put runs on "
+              "the wrong arm; clipping keeps the spread below the most peaked weights'",
+              s_peak["sd"] >= 2 * s_min["sd"] and s_peak["wrong_arm"] > s_min["wrong_arm"] and s_clip["sd"] < s_peak["sd"]),
+    ]
+    rounds = list(range(1, config.rounds + 1))
+    shown = ["SFT", "iw-SFT clip"] + [f"iw-SFT smooth a={a:g}" for a in config.alphas if a in (0.5, 1.0, 2.0)]
+    line_plot(run_dir / "p_right.png", {k: (rounds, [h["p_right"] for h in curves[k]]) for k in shown},
+              "C1-C2: pi(right) per round (20,000 samples a round)", "round", "pi(right)", (0.4, 1.02))
+    line_plot(run_dir / "reward.png", {k: (rounds, [h["reward"] for h in curves[k]]) for k in shown},
+              "C1-C2: expected reward per round", "round", "expected reward", (0.7, 1.01))
+    alphas = config.alphas
+    line_plot(run_dir / "c3_spread.png", {
+        "sd of final pi(right), smooth": (alphas, [spread[f"iw-SFT smooth a={a:g}"]["sd"] for a in alphas]),
+        "share of runs on the wrong arm": (alphas, [spread[f"iw-SFT smooth a={a:g}"]["wrong_arm"] for a in alphas]),
+        "sd with clip (any alpha)": (alphas, [s_clip["sd"]] * len(alphas))},
+        f"C3: {config.c3_n_per_round} samples per round, {config.c3_runs} runs", "alpha (weight exp(alpha rho))", "",
+        styles={"sd with clip (any alpha)": "--"})
+    rows = [(k, fmt(c[-1]["p_right"], 3), fmt(c[-1]["reward"], 3), fmt(statistics.fmean(h["ess"] for h in c), 2),
+             fmt(spread[k]["mean"], 3), fmt(spread[k]["sd"], 3), f"{100 * spread[k]['wrong_arm']:.0f}%",
+             fmt(spread[k]["reward"], 3)) for k, c in curves.items()]
+    table = markdown_table(["variant", "pi(right)", "reward", "mean ESS/K", "C3 mean pi(right)", "C3 sd",
+                            "C3 wrong arm", "C3 reward"], rows)
+    (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
+    print(claims_table(claims))
+    return write_report(run_dir, "iw-SFT on the two-arm bandit (paper §3.5)", [
+        f"Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform pi_ref, filtered to R = 1. "
+        f"C1-C2: {config.rounds} rounds x {config.n_per_round} samples, {config.steps} SGD steps (lr {config.lr}) per round. "
+        f"C3: {config.c3_runs} runs x {config.c3_rounds} rounds x {config.c3_n_per_round} samples.",
+        "## Claims\n\n" + claims_table(claims), "## All variants\n\n" + table,
+        image(run_dir / "p_right.png", "pi(right)") + " " + image(run_dir / "reward.png", "reward") + " "
+        + image(run_dir / "c3_spread.png", "C3")])
