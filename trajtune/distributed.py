@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import atomic_dir, load_tensors, save_tensors
-from .engine import AUTOCAST_DTYPES, ForwardOutput, LocalEngine, LossFn, OptimConfig, micro_batches
+from .engine import AUTOCAST_DTYPES, ForwardOutput, LocalEngine, LossFn, OptimConfig, micro_batches, NonFiniteError
 from .logprobs import aggregation_share, token_log_probs
 from .sampling import Samples
 from .trajectory import Batch
@@ -347,10 +347,16 @@ class DistributedEngine:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        self.optimizer.step()
+        finite = bool(torch.isfinite(norm))  # the same on every rank: the norm is global
+        if finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.local.step += 1
-        return {"grad_norm": float(norm), "lr": lr}
+        if not finite:
+            self.local.skipped_steps += 1
+            if c.on_nonfinite == "stop":
+                raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.local.step}")
+        return {"grad_norm": float(norm), "lr": lr, "skipped": 0.0 if finite else 1.0}
 
     def reference_engine(self) -> "DistributedEngine":
         """A frozen engine on the current policy (KL / DPO reference), sharded like this one."""

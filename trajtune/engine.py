@@ -26,7 +26,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 
@@ -54,6 +54,8 @@ class OptimConfig:
     """linear warm-up from 0 to lr over this many optimizer steps"""
     decay_steps: int = 0
     """if > 0, cosine decay from lr to lr/10 over this many steps after warm-up"""
+    on_nonfinite: Literal["skip", "stop"] = "skip"
+    """a NaN/Inf gradient skips the step (logged as train/skipped) or stops the run"""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -84,6 +86,10 @@ class ForwardOutput:
     values: torch.Tensor | None = None
 
 
+class NonFiniteError(FloatingPointError):
+    """A NaN or Inf loss or gradient, with `on_nonfinite = "stop"`."""
+
+
 LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
 
 
@@ -107,6 +113,7 @@ class LocalEngine:
         self.model = model.to(self.device)
         self.optim_config = optim or OptimConfig()
         self.step = 0  # optimizer steps taken
+        self.skipped_steps = 0  # steps whose gradient was NaN/Inf (weights left unchanged)
         self._optimizer: torch.optim.Optimizer | None = None
         if autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"LocalEngine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
@@ -188,17 +195,28 @@ class LocalEngine:
         return result
 
     def optim_step(self) -> dict:
-        """Clip gradients, step the optimizer with this step's learning rate, zero gradients."""
+        """Clip gradients, step the optimizer with this step's learning rate, zero gradients.
+
+        A NaN or Inf gradient (e.g. from a NaN loss) never reaches the weights: the step is
+        skipped (`skipped` = 1 in the returned metrics, the loop logs it with the step whose
+        batch caused it) or, with `OptimConfig.on_nonfinite = "stop"`, `NonFiniteError` is raised.
+        """
         c = self.optim_config
         lr = c.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
-        self.optimizer.step()
+        finite = bool(torch.isfinite(norm))
+        if finite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return {"grad_norm": float(norm), "lr": lr}
+        if not finite:
+            self.skipped_steps += 1
+            if c.on_nonfinite == "stop":
+                raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.step}")
+        return {"grad_norm": float(norm), "lr": lr, "skipped": 0.0 if finite else 1.0}
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)

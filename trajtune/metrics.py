@@ -27,6 +27,7 @@ METRICS: dict[str, str] = {
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used for this step",
     "train/tokens": "number of trained-on (POLICY) tokens in the step's batch",
+    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged)",
     "train/kept_episodes": "episodes the RL step trained on (after dropping zero-variance groups)",
     "train/round": "expert-iteration / iw-SFT round (1-based)",
     # --- eval: measured without gradient
@@ -160,6 +161,16 @@ class MetricsLogger:
                 self._tb.add_scalar(k if stage is None else f"{stage}/{k}", v, step)
         self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
+
+    def drop_after(self, stage: str, step: int) -> None:
+        """Remove rows of `stage` logged after `step` (a resumed run logs them again)."""
+        self._fh.close()
+        rows = read_metrics(self.path)
+        kept = [r for r in rows if not (r.get("stage") == stage and r.get("step", 0) > step)]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+        self._fh = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         self._fh.close()

@@ -16,6 +16,7 @@ import torch
 from ..engine import ForwardOutput, LocalEngine
 from ..objectives.sft import sft_loss
 from ..metrics import MetricsLogger, progress
+from ..resume import Checkpointer
 from ..trajectory import Batch, Trajectory, collate
 
 
@@ -65,20 +66,29 @@ def train_sft(
     logger: MetricsLogger | None = None,
     evaluate: Callable[[int], dict] | None = None,
     stage: str = "sft",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
-    """Train on demonstrations; returns the logged rows (train and eval metrics per step)."""
+    """Train on demonstrations; returns the logged rows (train and eval metrics per step).
+
+    With a `checkpointer` the loop resumes from its last checkpoint (step s's batch is a
+    function of (seed, s), so the resumed run equals an uninterrupted one) and saves
+    periodically and on Ctrl-C / SIGTERM (see trajtune.resume)."""
     if not data:
         raise ValueError("train_sft: no demonstrations")
     loss_fn = sft_loss_fn(config.aggregation, config.aggregation_constant)
     history = []
-    for step in progress(range(config.steps), desc=stage):
+    start = checkpointer.resume(engine) if checkpointer is not None else 0
+    if start and logger is not None:
+        logger.drop_after(stage, start)
+    for step in progress(range(start, config.steps), desc=stage):
         # 1. this step's batch
         batch = collate([data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)], pad_id)
         # 2. forward / backward
         m = engine.forward_backward(batch, loss_fn)
         # 3. update
         o = engine.optim_step()
-        row = {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"], "train/lr": o["lr"]}
+        row = {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"],
+               "train/lr": o["lr"], "train/skipped": o["skipped"]}
         # 4. log / evaluate
         last = step == config.steps - 1
         if evaluate is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
@@ -86,4 +96,6 @@ def train_sft(
         if logger is not None:
             logger.log(step + 1, row, stage=stage)
         history.append({"step": step + 1, **row})
+        if checkpointer is not None:
+            checkpointer.step_done(engine, step + 1)
     return history

@@ -1,0 +1,100 @@
+"""Reliability: exact resume after Ctrl-C, NaN guards, checkpoints never poisoned."""
+
+import copy
+import os
+import signal
+
+import pytest
+import torch
+
+from trajtune.algorithms.sft import SFTConfig, sft_loss_fn, train_sft
+from trajtune.checkpoint import CheckpointError, load_model, save_model
+from trajtune.engine import LocalEngine, NonFiniteError, OptimConfig
+from trajtune.metrics import MetricsLogger, read_metrics
+from trajtune.resume import Checkpointer, RunInterrupted
+from trajtune.trajectory import Owner, Trajectory, collate
+
+
+def demos(n=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        t = Trajectory()
+        t.append(torch.randint(3, 40, (4,), generator=g).tolist(), Owner.PROMPT, 0)
+        t.append(torch.randint(3, 40, (2 + i % 3,), generator=g).tolist(), Owner.POLICY, 0)
+        out.append(t)
+    return out
+
+
+def rows_without_time(path):
+    return [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(path)]
+
+
+def test_ctrl_c_saves_and_resume_is_exact(tiny_model, tmp_path):
+    data, config = demos(), SFTConfig(steps=8, batch_size=4, seed=3)
+    optim = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=6)
+    # the uninterrupted run
+    ref = LocalEngine(copy.deepcopy(tiny_model), optim)
+    with MetricsLogger(tmp_path / "ref") as log:
+        train_sft(ref, data, config, 0, log)
+    # the same run, Ctrl-C (a real SIGINT) during step 4, then resumed in a fresh process state
+    def interrupt(step):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return {}
+
+    first = LocalEngine(copy.deepcopy(tiny_model), optim)
+    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "sft") as ckpt:
+        with pytest.raises(RunInterrupted, match="after step 4"):
+            train_sft(first, data, SFTConfig(steps=8, batch_size=4, seed=3, eval_every=1), 0, log,
+                      evaluate=interrupt, checkpointer=ckpt)
+    resumed = LocalEngine(copy.deepcopy(tiny_model), optim)  # fresh weights: everything comes from the checkpoint
+    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "sft") as ckpt:
+        train_sft(resumed, data, config, 0, log, checkpointer=ckpt)
+    for a, b in zip(ref.model.parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b)
+    assert resumed.step == ref.step == 8
+    got = [{k: v for k, v in r.items() if not k.startswith("eval")} for r in rows_without_time(tmp_path / "run")]
+    assert got == rows_without_time(tmp_path / "ref")  # same metrics, no duplicated rows
+
+
+def test_periodic_checkpoint_survives_a_kill_between_steps(tiny_model, tmp_path):
+    data = demos()
+    engine = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    ckpt = Checkpointer(tmp_path / "sft", every=3)
+    train_sft(engine, data, SFTConfig(steps=5, batch_size=4), 0, checkpointer=ckpt)  # "killed" after step 5
+    again = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    assert Checkpointer(tmp_path / "sft").resume(again) == 3 and again.step == 3
+
+
+def nan_loss(out, batch):
+    loss, metrics = sft_loss_fn()(out, batch)
+    return loss * float("nan"), metrics
+
+
+def test_nan_loss_skips_the_step_and_leaves_weights_alone(tiny_model):
+    engine = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    batch = collate(demos(4), 0)
+    engine.forward_backward(batch, nan_loss)
+    out = engine.optim_step()
+    assert out["skipped"] == 1.0 and engine.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, engine.model.parameters()))
+    engine.forward_backward(batch, sft_loss_fn())  # the next good step trains normally
+    assert engine.optim_step()["skipped"] == 0.0
+    assert not all(torch.equal(a, b) for a, b in zip(before, engine.model.parameters()))
+    stopper = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
+    stopper.forward_backward(batch, nan_loss)
+    with pytest.raises(NonFiniteError, match="step 1"):
+        stopper.optim_step()
+
+
+def test_nan_weights_are_never_written(tiny_model, tmp_path):
+    save_model(tmp_path / "ck", tiny_model)
+    bad = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        next(bad.parameters())[0, 0] = float("nan")
+    with pytest.raises(CheckpointError, match="non-finite"):
+        save_model(tmp_path / "ck", bad)
+    model, _ = load_model(tmp_path / "ck")  # the previous checkpoint is intact
+    assert all(torch.isfinite(p).all() for p in model.parameters())
