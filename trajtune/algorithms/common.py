@@ -112,3 +112,25 @@ def shares(trajs: Sequence[Trajectory], key: str) -> dict[str, float]:
     counts = Counter(str(t.info.get(key)) for t in trajs)
     n = max(1, len(trajs))
     return {k: v / n for k, v in sorted(counts.items())}
+
+
+def train_row(loss_metrics: dict, optim_metrics: dict) -> dict:
+    """The `train/*` metrics of one optimizer step plus the loss function's own statistics."""
+    row = {"train/loss": loss_metrics["loss"], "train/grad_norm": optim_metrics["grad_norm"],
+           "train/lr": optim_metrics["lr"], "train/skipped": optim_metrics.get("skipped", 0.0)}
+    row.update({k: v for k, v in loss_metrics.items() if k != "loss"})
+    return row
+
+
+def finish_step(step: int, steps: int, row: dict, history: list, logger=None, evaluate=None,
+                eval_every: int = 0, stage: str = "") -> None:
+    """Evaluate when due (every `eval_every` steps and after the last), log, and append to history.
+
+    `step` is 0-based; rows are logged at the number of completed steps, step + 1.
+    """
+    if evaluate is not None and (step == steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
+        row.update(evaluate(step + 1))
+    if logger is not None:
+        logger.log(step + 1, row, stage=stage)
+    history.append({"step": step + 1, **row})
+

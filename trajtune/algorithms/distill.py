@@ -23,7 +23,7 @@ from ..metrics import MetricsLogger, progress
 from ..objectives.distill import distill_advantages, reverse_kl_loss
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, collate
-from .common import Collect, pick_tasks, rollout_metrics
+from .common import Collect, finish_step, pick_tasks, rollout_metrics, train_row
 
 
 @dataclass
@@ -76,11 +76,6 @@ def train_distill(
         m = engine.forward_backward(batch, loss_fn)
         o = engine.optim_step()
         # 4. log
-        row = {**rollout_metrics(trajs), "train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
-               **{k: v for k, v in m.items() if k != "loss"}}
-        if evaluate is not None and (step == config.steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
-            row.update(evaluate(step + 1))
-        if logger is not None:
-            logger.log(step + 1, row, stage=stage)
-        history.append({"step": step + 1, **row})
+        row = {**rollout_metrics(trajs), **train_row(m, o)}
+        finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
     return history

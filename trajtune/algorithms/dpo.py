@@ -21,6 +21,7 @@ from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger, progress
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
 from ..trajectory import Batch, Trajectory, collate
+from .common import finish_step, train_row
 from .sft import batch_indices
 
 Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
@@ -120,11 +121,5 @@ def train_dpo(
         m = engine.forward_backward(batch, loss_fn)
         o = engine.optim_step()
         # 3. log
-        row = {"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
-               **{k: v for k, v in m.items() if k != "loss"}}
-        if evaluate is not None and (step == config.steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
-            row.update(evaluate(step + 1))
-        if logger is not None:
-            logger.log(step + 1, row, stage=stage)
-        history.append({"step": step + 1, **row})
+        finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
     return history

@@ -22,7 +22,7 @@ from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger
 from ..objectives.importance import iw_sft_loss
 from ..trajectory import Batch, collate
-from .common import Collect, rollout_metrics, select_episodes
+from .common import Collect, rollout_metrics, select_episodes, train_row
 from .rft import kept_metrics
 from .sft import batch_indices
 
@@ -100,8 +100,7 @@ def train_iw_sft(
                 q_logp[batch.index] = q.forward(batch).logprobs
                 m = engine.forward_backward(batch, _loss_fn(config, q_logp, ref_logp))
                 o = engine.optim_step()
-            row.update({"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
-                        **{k: v for k, v in m.items() if k.startswith("iw/")}})
+            row.update(train_row(m, o))
         # 4. log
         if evaluate is not None:
             row.update(evaluate(engine.step))

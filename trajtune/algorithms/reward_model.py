@@ -19,6 +19,7 @@ from ..metrics import MetricsLogger, progress
 from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
 from ..trajectory import Batch, Trajectory, collate
 from .dpo import Pair, pair_batch
+from .common import finish_step, train_row
 from .sft import batch_indices
 
 
@@ -88,11 +89,5 @@ def train_reward_model(
         rows = batch_indices(P, config.batch_size, config.seed, step)
         m = engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss_fn, values=True)
         o = engine.optim_step()
-        row = {"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
-               **{k: v for k, v in m.items() if k != "loss"}}
-        if evaluate is not None and (step == config.steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
-            row.update(evaluate(step + 1))
-        if logger is not None:
-            logger.log(step + 1, row, stage=stage)
-        history.append({"step": step + 1, **row})
+        finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
     return history

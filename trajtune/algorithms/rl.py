@@ -26,7 +26,7 @@ from ..objectives.advantages import gae, group_advantages, group_reward_range, p
 from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..trajectory import Batch, Trajectory, collate
-from .common import Collect, pick_tasks, rollout_metrics
+from .common import Collect, finish_step, pick_tasks, rollout_metrics, train_row
 
 
 @dataclass
@@ -160,7 +160,7 @@ def train_rl(
             trajs = drop_zero_variance_groups(trajs)
         if not trajs:  # every group had equal rewards: nothing to learn from this step
             row.update({"train/kept_episodes": 0.0})
-            _finish(step, row, evaluate, eval_every, config.steps, logger, history, stage)
+            finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
             continue
         batch = collate(trajs, pad_id)
         # 2. score (pi_old's forward only when something reads it: one on-policy
@@ -181,10 +181,9 @@ def train_rl(
                 m = engine.forward_backward(batch.select(chunk), loss_fn, values=use_values)
                 o = engine.optim_step()
         # 4. log (the last minibatch's loss statistics)
-        row.update({"train/loss": m["loss"], "train/grad_norm": o["grad_norm"], "train/lr": o["lr"],
-                    "train/kept_episodes": float(batch.size), "train/tokens": float(batch.action_mask.sum())})
-        row.update({k: v for k, v in m.items() if k != "loss"})
-        _finish(step, row, evaluate, eval_every, config.steps, logger, history, stage)
+        row.update({**train_row(m, o), "train/kept_episodes": float(batch.size),
+                    "train/tokens": float(batch.action_mask.sum())})
+        finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
     return history
 
 
@@ -195,10 +194,3 @@ def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:
     spread, index = group_reward_range(rewards, groups)
     return [t for t, s in zip(trajs, spread[index].tolist(), strict=True) if s > 0]
 
-
-def _finish(step, row, evaluate, eval_every, steps, logger, history, stage):
-    if evaluate is not None and (step == steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
-        row.update(evaluate(step + 1))
-    if logger is not None:
-        logger.log(step + 1, row, stage=stage)
-    history.append({"step": step + 1, **row})
