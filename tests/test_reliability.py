@@ -98,3 +98,44 @@ def test_nan_weights_are_never_written(tiny_model, tmp_path):
         save_model(tmp_path / "ck", bad)
     model, _ = load_model(tmp_path / "ck")  # the previous checkpoint is intact
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
+    from dataclasses import dataclass
+    from functools import partial
+
+    from trajtune.envs.base import SingleTurnEnv
+    from trajtune.rollout import TooManyFaults, make_collect
+    from trajtune.sampling import sample
+    from trajtune.text.render import Renderer
+    from trajtune.text.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.from_corpus("abc Q:")
+
+    @dataclass(frozen=True)
+    class Task:
+        name: str
+        prompt: str = "Q: a"
+
+    def reward(task, reply):
+        if task.name == "bad":
+            raise ZeroDivisionError("user reward function bug")
+        return 1.0, {}
+
+    torch.manual_seed(0)
+    from trajtune.models.tiny import TinyConfig, TinyTransformer
+
+    model = TinyTransformer(TinyConfig(tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=32)).eval()
+    collect = make_collect(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
+                           max_turns=1, max_tokens=32, max_action_tokens=3)
+    with caplog.at_level("WARNING", logger="trajtune.rollout"):
+        trajs = collect([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
+    bad = [t for t in trajs if t.info["task"] == "bad"]
+    assert [t.reward for t in trajs if t.info["task"] == "good"] == [1.0, 1.0]
+    assert all(t.reward == 0.0 and "ZeroDivisionError: user reward function bug" in t.info["env_error"] for t in bad)
+    assert all(t.info["stop_reason"] == "env_error" for t in bad)
+    assert "task bad" in caplog.text and "ZeroDivisionError" in caplog.text
+    strict = make_collect(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
+                          max_turns=1, max_tokens=32, max_action_tokens=3, max_fault_share=0.25)
+    with pytest.raises(TooManyFaults, match=r"2 of 4 episodes failed.*bad: ZeroDivisionError"):
+        strict([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))

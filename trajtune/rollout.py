@@ -35,6 +35,7 @@ n_unterminated.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -44,6 +45,8 @@ from .envs.base import Env
 from .sampling import Samples
 from .text.render import Message, Renderer
 from .trajectory import Trajectory
+
+log = logging.getLogger("trajtune.rollout")
 
 Sampler = Callable[..., Samples]
 """`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
@@ -71,8 +74,20 @@ class _Episode:
     generator: torch.Generator | None = None  # the episode's own stream (rollout_batch row_seeds)
 
     def respond(self, action: str) -> str:
-        """Give one action to the environment; returns the observation ("" for none)."""
-        observation, reward, done, info = self.env.step(action)
+        """Give one action to the environment; returns the observation ("" for none).
+
+        An exception in the environment (or the reward function inside it) ends this
+        episode with reward 0 and `info["env_error"]`, logged with its task; the other
+        episodes of the batch go on (see `check_faults` for the run-level limit).
+        """
+        try:
+            observation, reward, done, info = self.env.step(action)
+        except Exception as exc:  # noqa: BLE001 - user code: any failure is this episode's failure
+            task = getattr(self.task, "name", str(self.task))
+            log.warning("environment raised on task %s: %s: %s (episode gets reward 0)", task, type(exc).__name__, exc)
+            self.reward, self.stop_reason, self.n_turns = 0.0, "env_error", self.n_turns + 1
+            self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}
+            return ""
         self.reward += float(reward)
         self.info = info
         self.n_turns += 1
@@ -180,7 +195,7 @@ def scripted_rollout(
 
 def make_collect(
     policy: Sampler, make_env: Callable[[], Env], renderer: Renderer, *, episode_seeds: bool = False,
-    shard: Any = None, **rollout_kwargs: Any
+    shard: Any = None, max_fault_share: float = 0.5, **rollout_kwargs: Any
 ) -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
     """Package a sampler, an environment factory and a renderer as `collect(tasks, n_per_task, generator)`.
 
@@ -195,6 +210,8 @@ def make_collect(
     shard: run only this process's share of the episodes and all-gather the finished
     trajectories (`trajtune.distributed.Shard`, e.g. `engine.shard` of a DistributedEngine;
     implies episode_seeds): every process returns the same whole list, in order.
+    max_fault_share: an episode whose environment raised gets reward 0 and info["env_error"];
+    if more than this share of a call's episodes fail, `TooManyFaults` stops the run.
     """
 
     def collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
@@ -202,13 +219,17 @@ def make_collect(
         groups = [i for i in range(len(tasks)) for _ in range(n_per_task)]
         if not episode_seeds and shard is None:
             envs = [make_env() for _ in batch]
-            return rollout_batch(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
+            trajs = rollout_batch(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
+            check_faults(trajs, max_fault_share)
+            return trajs
         base = int(torch.randint(0, 2**62, (1,), generator=generator))
         mine = list(range(len(batch))) if shard is None else shard.rows(len(batch))
         trajs = rollout_batch(policy, [make_env() for _ in mine], [batch[i] for i in mine], renderer, None,
                               groups=[groups[i] for i in mine], row_seeds=[episode_seed(base, i) for i in mine],
                               **rollout_kwargs) if mine else []
-        return trajs if shard is None else shard.gather(len(batch), trajs)
+        trajs = trajs if shard is None else shard.gather(len(batch), trajs)
+        check_faults(trajs, max_fault_share)
+        return trajs
 
     return collect
 
@@ -244,3 +265,21 @@ def _user(text: str) -> dict[str, str]:
 
 def _tool(text: str) -> dict[str, str]:
     return {"role": "tool", "content": text}
+
+
+class TooManyFaults(RuntimeError):
+    """More episodes of a batch failed in user code than the run allows."""
+
+
+def check_faults(trajectories: Sequence[Trajectory], max_share: float = 0.5) -> int:
+    """Count episodes that ended with `env_error`; raise `TooManyFaults` if their share exceeds `max_share`.
+
+    Returns the count. The message names the first failing tasks and their exceptions.
+    """
+    failed = [t for t in trajectories if "env_error" in t.info]
+    if trajectories and len(failed) / len(trajectories) > max_share:
+        examples = "; ".join(f"{t.info.get('task')}: {t.info['env_error']}" for t in failed[:3])
+        raise TooManyFaults(f"{len(failed)} of {len(trajectories)} episodes failed in the environment "
+                            f"(limit {max_share:.0%}): {examples}")
+    return len(failed)
+
