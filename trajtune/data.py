@@ -182,8 +182,13 @@ def preference_pairs(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[
     check_format(rows, ("preference",))
     pairs = []
     for row in rows:
-        c, r = preference_conversations(row)
-        pairs.append((_render(renderer, row, c)[-1], _render(renderer, row, r)[-1]))
+        sides = []
+        for name, conv in zip(("chosen", "rejected"), preference_conversations(row), strict=True):
+            samples = _render(renderer, row, conv)
+            if not samples:
+                raise DataError(f"{row.where}: field {name!r} has no assistant message to score")
+            sides.append(samples[-1])
+        pairs.append((sides[0], sides[1]))
     return pairs
 
 
