@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import atomic_dir, load_tensors, save_tensors
-from .engine import AUTOCAST_DTYPES, ForwardOutput, LocalEngine, LossFn, OptimConfig, micro_batches, NonFiniteError
+from .engine import AUTOCAST_DTYPES, ForwardOutput, LocalEngine, LossFn, OptimConfig, micro_batches
 from .logprobs import aggregation_share, token_log_probs
 from .sampling import Samples
 from .trajectory import Batch
@@ -337,26 +337,9 @@ class DistributedEngine:
         return _sum_dicts(sums, self.world_size)
 
     def optim_step(self) -> dict:
-        """Clip the global gradient norm, step, zero gradients (gradients are already reduced)."""
-        if self.strategy == "ddp":
-            return self.local.optim_step()
-        c = self.optim_config
-        lr = c.lr_at(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        finite = bool(torch.isfinite(norm))  # the same on every rank: the norm is global
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.local.step += 1
-        if not finite:
-            self.local.skipped_steps += 1
-            if c.on_nonfinite == "stop":
-                raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.local.step}")
-        return {"grad_norm": float(norm), "lr": lr, "skipped": 0.0 if finite else 1.0}
+        """Clip the global gradient norm, step, zero gradients (gradients are already reduced by
+        DDP / FSDP2, so this is the local engine's step; under FSDP2 the norm is a DTensor)."""
+        return self.local.optim_step()
 
     def reference_engine(self) -> "DistributedEngine":
         """A frozen engine on the current policy (KL / DPO reference), sharded like this one."""

@@ -207,6 +207,7 @@ class LocalEngine:
             group["lr"] = lr
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm, same on every rank
         finite = bool(torch.isfinite(norm))
         if finite:
             self.optimizer.step()
