@@ -378,11 +378,12 @@ class DistributedEngine:
                 m.set_reshard_after_forward(True, recurse=False)
 
     # --- state: rank 0 writes, everyone reads (a shared file system on multi-node)
-    def save_state(self, path: str | os.PathLike, extra: dict | None = None) -> None:
-        """Write model, optimizer state, step and `extra` atomically (rank 0; all ranks must call)."""
+    def save_state(self, path: str | os.PathLike, extra: dict | None = None,
+                   tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """Write model, optimizer state, step, `extra` and `tensors` atomically (rank 0; all ranks must call)."""
         if self.strategy == "ddp":
             if self.is_main:
-                self.local.save_state(path, extra)
+                self.local.save_state(path, extra, tensors)
             barrier()
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
@@ -395,6 +396,8 @@ class DistributedEngine:
             keep = {n for n, _ in self.model.named_parameters()} | {n for n, _ in self.model.named_buffers()}
             with atomic_dir(path) as tmp:
                 save_tensors({k: v for k, v in weights.items() if k in keep}, tmp / "model.safetensors")
+                if tensors:
+                    save_tensors(tensors, tmp / "loop.safetensors")
                 meta = {"step": self.step, "optim": asdict(self.optim_config), "extra": extra or {}}
                 if optim is not None:  # the LocalEngine layout: "<param index>.<state name>"
                     index = {n: i for i, n in enumerate(names)}

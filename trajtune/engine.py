@@ -58,10 +58,15 @@ class OptimConfig:
     """a NaN/Inf gradient skips the step (logged as train/skipped) or stops the run"""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"lr must be positive, got {self.lr}")
-        if self.grad_clip < 0 or self.warmup_steps < 0 or self.decay_steps < 0:
-            raise ValueError("grad_clip, warmup_steps and decay_steps must be >= 0")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be positive and finite, got {self.lr}")
+        for name in ("weight_decay", "grad_clip", "warmup_steps", "decay_steps"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be >= 0, got {v}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
     def lr_at(self, step: int) -> float:
         if self.warmup_steps and step < self.warmup_steps:
@@ -245,9 +250,13 @@ class LocalEngine:
             self.model.train(was_training)
 
     # --- state -----------------------------------------------------------------
-    def save_state(self, path: str | os.PathLike, extra: dict | None = None) -> None:
-        """Write model, optimizer state, step and `extra` (JSON) atomically to directory `path`."""
+    def save_state(self, path: str | os.PathLike, extra: dict | None = None,
+                   tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """Write model, optimizer state, step, `extra` (JSON) and `tensors` (a loop's own state,
+        `loop.safetensors`) atomically to directory `path`."""
         with atomic_dir(path) as tmp:
+            if tensors:
+                save_tensors(tensors, tmp / "loop.safetensors")
             save_model_weights(self.model, tmp / "model.safetensors")
             opt = self._optimizer.state_dict() if self._optimizer is not None else None
             tensors, meta = {}, {"step": self.step, "optim": asdict(self.optim_config), "extra": extra or {}}

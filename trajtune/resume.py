@@ -15,13 +15,31 @@ On SIGINT/SIGTERM the handler only sets a flag: the current step finishes, a
 checkpoint is written (atomically: see checkpoint.atomic_dir), and
 `RunInterrupted` is raised so the caller can exit cleanly. A second Ctrl-C
 exits at once without a new checkpoint (the last complete one stays intact).
+
+A loop whose steps depend on more than (seed, step) saves that too, in the same
+atomic checkpoint: `state` (JSON: its history, the round it is in, the episodes
+it kept -- see `trajectories_to_json`) and `tensors` (e.g. the DPO reference
+log-probs); after `resume` they are in `checkpointer.state` / `.tensors`. A loop
+whose state is only consistent at some steps (iw-SFT between refreshes of its
+lagged policy) passes `allowed=False` elsewhere: an interrupt waits for the next
+allowed step. `reference(engine, start)` gives a stage's frozen reference --
+its *starting* policy, saved once, so a resumed RL stage keeps the KL anchor it
+started with.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .checkpoint import load_tensors
+from .trajectory import Trajectory
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -39,6 +57,10 @@ class Checkpointer:
         self.directory = Path(directory)
         self.every = every
         self.stop_requested = False
+        self.state: dict = {}
+        """the loop state of the checkpoint `resume` loaded ({} on a fresh run)"""
+        self.tensors: dict[str, torch.Tensor] = {}
+        """the loop tensors of that checkpoint"""
         self._previous: dict[int, object] = {}
 
     @property
@@ -46,22 +68,56 @@ class Checkpointer:
         return self.directory / "state"
 
     def resume(self, engine) -> int:
-        """Load the last checkpoint into `engine` if there is one; return the step to start at."""
+        """Load the last checkpoint into `engine` if there is one; return the step to start at.
+
+        The loop's own state and tensors land in `self.state` and `self.tensors`."""
         if not (self.state_dir / "engine.json").exists():
             return 0
         extra = engine.load_state(self.state_dir)
+        self.state = extra.get("loop", {})
+        loop_file = self.state_dir / "loop.safetensors"
+        self.tensors = load_tensors(loop_file) if loop_file.exists() else {}
         return int(extra.get("completed_steps", 0))
 
-    def save(self, engine, completed_steps: int, extra: dict | None = None) -> None:
-        engine.save_state(self.state_dir, extra={"completed_steps": completed_steps, **(extra or {})})
+    def save(self, engine, completed_steps: int, state: dict | None = None,
+             tensors: dict[str, torch.Tensor] | None = None) -> None:
+        engine.save_state(self.state_dir, extra={"completed_steps": completed_steps, "loop": state or {}},
+                          tensors=tensors)
 
-    def step_done(self, engine, completed_steps: int, extra: dict | None = None) -> None:
-        """Call after each optimizer step; saves when due, and on a pending interrupt saves and raises."""
+    def step_done(self, engine, completed_steps: int, state: Callable[[], dict] | dict | None = None,
+                  tensors: Callable[[], dict] | dict | None = None, allowed: bool = True) -> None:
+        """Call after each optimizer step; saves when due, and on a pending interrupt saves and raises.
+
+        state, tensors: the loop's state (or functions that build it, called only when saving).
+        allowed: False where the loop's state cannot be saved consistently; a due save or
+        a pending interrupt then waits for the next allowed step.
+        """
+        if not allowed:
+            return
         due = self.every and completed_steps % self.every == 0
         if due or self.stop_requested:
-            self.save(engine, completed_steps, extra)
+            self.save(engine, completed_steps, state() if callable(state) else state,
+                      tensors() if callable(tensors) else tensors)
         if self.stop_requested:
             raise RunInterrupted(f"interrupted after step {completed_steps}; checkpoint in {self.state_dir}")
+
+    def reference(self, engine, start: int):
+        """The stage's frozen reference engine: the policy it started from, kept across resumes.
+
+        A model that gives its reference without a copy (`frozen_reference`, e.g. LoRA
+        adapters switched off) needs nothing saved; otherwise the starting weights are
+        written to `<directory>/reference` on a fresh start and read back on a resume
+        (call after `resume`, which returned `start`).
+        """
+        ref = engine.reference_engine()
+        if getattr(engine.model, "frozen_reference", None) is not None:
+            return ref
+        path = self.directory / "reference"
+        if start == 0:
+            ref.save_state(path)
+        else:
+            ref.load_state(path)
+        return ref
 
     # --- signals -------------------------------------------------------------
     def __enter__(self) -> "Checkpointer":
@@ -82,3 +138,14 @@ class Checkpointer:
             raise KeyboardInterrupt
         self.stop_requested = True
 
+
+
+# --- a loop's episodes, as JSON ------------------------------------------------------
+def trajectories_to_json(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """Trajectories as JSON-able dicts (info values JSON cannot hold are stored as their repr)."""
+    return [json.loads(json.dumps(dataclasses.asdict(t), default=repr)) for t in trajs]
+
+
+def trajectories_from_json(rows: Sequence[dict[str, Any]]) -> list[Trajectory]:
+    """Inverse of `trajectories_to_json`."""
+    return [Trajectory(**row) for row in rows]

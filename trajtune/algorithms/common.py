@@ -134,3 +134,34 @@ def finish_step(step: int, steps: int, row: dict, history: list, logger=None, ev
         logger.log(step + 1, row, stage=stage)
     history.append({"step": step + 1, **row})
 
+
+# --- resume (trajtune.resume) ---------------------------------------------------------------
+def start_from(checkpointer, engine, logger=None, stage: str = "") -> tuple[int, list[dict], dict]:
+    """Where a loop starts: (completed steps, its history so far, its saved loop state).
+
+    Without a checkpointer, or on a fresh run: (0, [], {}). On a resume the engine is
+    restored, the logger forgets the stage's rows after the checkpoint (they are logged
+    again), and the history comes back from the checkpoint, so the loop returns the
+    same rows as an uninterrupted run.
+    """
+    if checkpointer is None:
+        return 0, [], {}
+    start = checkpointer.resume(engine)
+    if start and logger is not None:
+        logger.drop_after(stage, start)
+    state = dict(checkpointer.state)
+    return start, list(state.pop("history", [])), state
+
+
+def save_point(checkpointer, engine, completed: int, history: list[dict], allowed: bool = True,
+               tensors: Callable[[], dict] | None = None, **state: Any) -> None:
+    """After an optimizer step: checkpoint when due or interrupted (see Checkpointer.step_done).
+
+    The loop's `history` and keyword `state` (a value that is a function is called
+    only when saving) are saved with the engine; `tensors` (a function too) adds the
+    loop's tensors."""
+    if checkpointer is not None:
+        checkpointer.step_done(engine, completed,
+                               lambda: {"history": history, **{k: v() if callable(v) else v for k, v in state.items()}},
+                               tensors, allowed)
+

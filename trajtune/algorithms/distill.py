@@ -23,7 +23,8 @@ from ..metrics import MetricsLogger, progress
 from ..objectives.distill import distill_advantages, reverse_kl_loss
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, collate
-from .common import Collect, finish_step, pick_tasks, rollout_metrics, train_row
+from ..resume import Checkpointer
+from .common import Collect, finish_step, pick_tasks, rollout_metrics, save_point, start_from, train_row
 
 
 @dataclass
@@ -53,10 +54,12 @@ def train_distill(
     evaluate: Callable[[int], dict] | None = None,
     eval_every: int = 0,
     stage: str = "distill",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
+    """Distil `teacher` into the policy on its own samples; resumable with a `checkpointer`."""
     teacher_engine = make_engine(teacher, device=engine.device, frozen=True)  # sharded like the policy under torchrun
-    history = []
-    for step in progress(range(config.steps), desc=stage):
+    start, history, _ = start_from(checkpointer, engine, logger, stage)
+    for step in progress(range(start, config.steps), desc=stage):
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         # 1. sample
         trajs = collect(pick_tasks(tasks, config.tasks_per_step, g), config.samples_per_task, g)
@@ -78,4 +81,5 @@ def train_distill(
         # 4. log
         row = {**rollout_metrics(trajs), **train_row(m, o)}
         finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
+        save_point(checkpointer, engine, step + 1, history)
     return history

@@ -21,7 +21,8 @@ from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger, progress
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
 from ..trajectory import Batch, Trajectory, collate
-from .common import finish_step, train_row
+from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
+from .common import finish_step, save_point, start_from, train_row
 from .sft import batch_indices
 
 Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
@@ -98,14 +99,25 @@ def train_dpo(
     eval_every: int = 0,
     make_pairs: Callable[[LocalEngine, torch.Generator], list[Pair]] | None = None,
     stage: str = "dpo",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
-    """Train on preference pairs; `make_pairs(engine, generator)` is needed for regenerate_every > 0."""
+    """Train on preference pairs; `make_pairs(engine, generator)` is needed for regenerate_every > 0.
+
+    With a `checkpointer` the loop resumes exactly: the reference log-probs (and, with
+    `regenerate_every`, the current pair set) are saved with each checkpoint."""
     if config.regenerate_every and make_pairs is None:
         raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
     if not pairs and make_pairs is None:
         raise ValueError("train_dpo: no pairs")
-    history, full, loss_fn = [], None, None
-    for step in progress(range(config.steps), desc=stage):
+    start, history, state = start_from(checkpointer, engine, logger, stage)
+    full, ref_sums, loss_fn = None, None, None
+    if start:  # the pair set and reference of the interrupted run
+        if "pairs" in state:
+            trajs = trajectories_from_json(state["pairs"])
+            pairs = list(zip(trajs[: len(trajs) // 2], trajs[len(trajs) // 2 :]))
+        full, ref_sums = pair_batch(pairs, pad_id), checkpointer.tensors["ref_sums"]
+        loss_fn = preference_loss_fn(config, ref_sums)
+    for step in progress(range(start, config.steps), desc=stage):
         # 1. (re)build the pair set and its reference log-probs
         if full is None or (config.regenerate_every and step % config.regenerate_every == 0):
             if config.regenerate_every and make_pairs is not None:
@@ -113,6 +125,7 @@ def train_dpo(
             full = pair_batch(pairs, pad_id)
             reference = engine.reference_engine()
             ref_sums = summed_logps(reference.forward(full).logprobs, full.action_mask)  # [2P]
+            del reference
             loss_fn = preference_loss_fn(config, ref_sums)
         # 2. one step on a batch of pairs
         P = full.size // 2
@@ -120,6 +133,9 @@ def train_dpo(
         batch = full.select(torch.cat([rows, rows + P]))
         m = engine.forward_backward(batch, loss_fn)
         o = engine.optim_step()
-        # 3. log
+        # 3. log, checkpoint
         finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
+        made = {"pairs": lambda p=pairs: trajectories_to_json([c for c, _ in p] + [r for _, r in p])} \
+            if config.regenerate_every else {}
+        save_point(checkpointer, engine, step + 1, history, tensors=lambda r=ref_sums: {"ref_sums": r}, **made)
     return history

@@ -22,7 +22,8 @@ from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger
 from ..objectives.importance import iw_sft_loss
 from ..trajectory import Batch, collate
-from .common import Collect, rollout_metrics, select_episodes, train_row
+from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
+from .common import Collect, rollout_metrics, save_point, select_episodes, start_from, train_row
 from .rft import kept_metrics
 from .sft import batch_indices
 
@@ -78,21 +79,35 @@ def train_iw_sft(
     logger: MetricsLogger | None = None,
     evaluate: Callable[[int], dict] | None = None,
     stage: str = "iw_sft",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
-    history = []
-    for r in range(config.rounds):
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
-        # 1. sample and filter
-        trajs = collect(list(tasks), config.samples_per_task, g)
-        kept = select_episodes(trajs, "accepted", config.threshold)
-        row = {"train/round": float(r + 1), **rollout_metrics(trajs), **kept_metrics(trajs, len(kept), kept, config.share_key)}
+    """Importance-weighted SFT rounds; returns one row per round, logged at the optimizer step.
+
+    With a `checkpointer` the loop resumes exactly. Inside a round it checkpoints only
+    where the lagged q is about to be refreshed (every `q_update_every` steps), so q is
+    the policy itself there and needs no saving; the kept episodes and log pi_ref are saved."""
+    start, history, state = start_from(checkpointer, engine, logger, stage)
+    first = state.get("round", 0)
+    for r in range(first, config.rounds):
+        if r == first and "row" in state:  # resumed inside round r
+            row, done = state["row"], state["inner"]
+            kept, ref_logp = trajectories_from_json(state["kept"]), checkpointer.tensors["ref_logp"]
+        else:
+            g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
+            # 1. sample and filter
+            trajs = collect(list(tasks), config.samples_per_task, g)
+            kept = select_episodes(trajs, "accepted", config.threshold)
+            row = {"train/round": float(r + 1), **rollout_metrics(trajs),
+                   **kept_metrics(trajs, len(kept), kept, config.share_key)}
+            done, ref_logp = 0, None
         if kept and config.steps_per_round:
             full = collate(kept, pad_id)
             # 2. the data-generating policy's log-probs, once
-            ref_logp = engine.forward(full).logprobs
+            if ref_logp is None:
+                ref_logp = engine.forward(full).logprobs
             q = engine.reference_engine()  # a frozen copy, on the same device / processes as the policy
             # 3. weighted training with a lagged q
-            for s in range(config.steps_per_round):
+            for s in range(done, config.steps_per_round):
                 if s and s % config.q_update_every == 0:
                     q.model.load_state_dict(engine.model.state_dict())
                 batch = full.select(batch_indices(full.size, config.batch_size, config.seed * 1_000_003 + r, s))
@@ -100,13 +115,18 @@ def train_iw_sft(
                 q_logp[batch.index] = q.forward(batch).logprobs
                 m = engine.forward_backward(batch, _loss_fn(config, q_logp, ref_logp))
                 o = engine.optim_step()
+                if s + 1 < config.steps_per_round:
+                    save_point(checkpointer, engine, engine.step, history, (s + 1) % config.q_update_every == 0,
+                               tensors=lambda: {"ref_logp": ref_logp}, round=r, inner=s + 1, row=row,
+                               kept=lambda: trajectories_to_json(kept))
             row.update(train_row(m, o))
-        # 4. log
+        # 4. log, checkpoint
         if evaluate is not None:
             row.update(evaluate(engine.step))
         if logger is not None:
             logger.log(engine.step, row, stage=stage)
         history.append({"step": engine.step, **row})
+        save_point(checkpointer, engine, engine.step, history, round=r + 1)
     return history
 
 

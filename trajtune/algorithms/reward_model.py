@@ -19,7 +19,8 @@ from ..metrics import MetricsLogger, progress
 from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
 from ..trajectory import Batch, Trajectory, collate
 from .dpo import Pair, pair_batch
-from .common import finish_step, train_row
+from ..resume import Checkpointer
+from .common import finish_step, save_point, start_from, train_row
 from .sft import batch_indices
 
 
@@ -71,8 +72,10 @@ def train_reward_model(
     evaluate: Callable[[int], dict] | None = None,
     eval_every: int = 0,
     stage: str = "reward_model",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
-    """Train the value head (and body) of `engine.model` as a Bradley-Terry reward model."""
+    """Train the value head (and body) of `engine.model` as a Bradley-Terry reward model
+    (resumable with a `checkpointer`: step s's pairs are a function of (seed, s))."""
     if not pairs:
         raise ValueError("train_reward_model: no pairs")
     full = pair_batch(pairs, pad_id)
@@ -84,10 +87,11 @@ def train_reward_model(
         margin = torch.full_like(r[:p], config.margin) if config.margin else None
         return bradley_terry_loss(r[:p], r[p:], margin)
 
-    history = []
-    for step in progress(range(config.steps), desc=stage):
+    start, history, _ = start_from(checkpointer, engine, logger, stage)
+    for step in progress(range(start, config.steps), desc=stage):
         rows = batch_indices(P, config.batch_size, config.seed, step)
         m = engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss_fn, values=True)
         o = engine.optim_step()
         finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
+        save_point(checkpointer, engine, step + 1, history)
     return history

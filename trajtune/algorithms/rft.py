@@ -21,8 +21,9 @@ import torch
 from ..engine import LocalEngine
 from ..metrics import MetricsLogger
 from ..trajectory import Trajectory
-from .common import Collect, dedup_and_cap, rollout_metrics, select_episodes, shares
-from .sft import SFTConfig, train_sft
+from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
+from .common import Collect, dedup_and_cap, rollout_metrics, save_point, select_episodes, shares, start_from
+from .sft import SFTConfig, sft_loss_fn, sft_step
 
 
 @dataclass
@@ -71,37 +72,54 @@ def train_rft(
     evaluate: Callable[[int], dict] | None = None,
     score: Callable[[list[Trajectory]], list[float]] | None = None,
     stage: str = "rft",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
     """Expert iteration. `score`, if given, replaces each sample's reward (a reward model)
-    before selection. Returns one row per round, logged at the cumulative SFT step."""
-    history, pool = [], []
-    for r in range(config.rounds):
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
-        # 1. sample
-        trajs = collect(list(tasks), config.samples_per_task, g)
-        row = {"train/round": float(r + 1), **rollout_metrics(trajs)}
-        if score is not None:
-            for t, s in zip(trajs, score(trajs), strict=True):
-                t.info["verifier_reward"], t.reward = t.reward, float(s)
-        # 2. select
-        kept = select_episodes(trajs, config.select, config.threshold, config.top_fraction,
-                               config.random_control, seed=config.seed * 1_000_003 + r)
-        raw = len(kept)
-        kept = dedup_and_cap(kept, config.dedup, config.per_task_cap)
-        pool = pool + kept if config.accumulate else kept
-        row.update(kept_metrics(trajs, raw, kept, config.share_key))
-        # 3. train
+    before selection. Returns one row per round, logged at the cumulative SFT step.
+
+    With a `checkpointer` the loop resumes exactly, mid-round included: a checkpoint
+    holds the round, its SFT step, the kept episodes and the round's row so far."""
+    start, history, state = start_from(checkpointer, engine, logger, stage)
+    pool = trajectories_from_json(state.get("pool", []))
+    first = state.get("round", 0)
+    loss_fn = sft_loss_fn(config.aggregation)
+    for r in range(first, config.rounds):
+        if r == first and "row" in state:  # resumed inside round r: its samples are already selected
+            row, done = state["row"], state["inner"]
+        else:
+            g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
+            # 1. sample
+            trajs = collect(list(tasks), config.samples_per_task, g)
+            row = {"train/round": float(r + 1), **rollout_metrics(trajs)}
+            if score is not None:
+                for t, s in zip(trajs, score(trajs), strict=True):
+                    t.info["verifier_reward"], t.reward = t.reward, float(s)
+            # 2. select
+            kept = select_episodes(trajs, config.select, config.threshold, config.top_fraction,
+                                   config.random_control, seed=config.seed * 1_000_003 + r)
+            raw = len(kept)
+            kept = dedup_and_cap(kept, config.dedup, config.per_task_cap)
+            pool = pool + kept if config.accumulate else kept
+            row.update(kept_metrics(trajs, raw, kept, config.share_key))
+            done = 0
+        # 3. train (SFT on the pool; step k's batch is a function of (seed, r, k))
         if pool and config.steps_per_round:
             sft = SFTConfig(steps=config.steps_per_round, batch_size=config.batch_size,
                             aggregation=config.aggregation, seed=config.seed * 1_000_003 + r)
-            last = train_sft(engine, pool, sft, pad_id)[-1]
+            for k in range(done, config.steps_per_round):
+                last = sft_step(engine, pool, sft, pad_id, k, loss_fn)
+                if k + 1 < config.steps_per_round:
+                    save_point(checkpointer, engine, engine.step, history, round=r, inner=k + 1, row=row,
+                               pool=lambda: trajectories_to_json(pool))
             row.update({k: last[k] for k in ("train/loss", "train/grad_norm", "train/lr")})
-        # 4. log
+        # 4. log, checkpoint
         if evaluate is not None:
             row.update(evaluate(engine.step))
         if logger is not None:
             logger.log(engine.step, row, stage=stage)
         history.append({"step": engine.step, **row})
+        save_point(checkpointer, engine, engine.step, history, round=r + 1,
+                   pool=lambda: trajectories_to_json(pool) if config.accumulate else [])
     return history
 
 

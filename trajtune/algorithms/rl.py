@@ -26,7 +26,8 @@ from ..objectives.advantages import gae, group_advantages, group_reward_range, p
 from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..trajectory import Batch, Trajectory, collate
-from .common import Collect, finish_step, pick_tasks, rollout_metrics, train_row
+from ..resume import Checkpointer
+from .common import Collect, finish_step, pick_tasks, rollout_metrics, save_point, start_from, train_row
 
 
 @dataclass
@@ -145,12 +146,18 @@ def train_rl(
     evaluate: Callable[[int], dict] | None = None,
     eval_every: int = 0,
     stage: str = "rl",
+    checkpointer: Checkpointer | None = None,
 ) -> list[dict]:
-    """Run `config.steps` policy-gradient updates; returns the logged rows."""
-    ref = engine.reference_engine() if config.kl_coef else None  # frozen starting policy
+    """Run `config.steps` policy-gradient updates; returns the logged rows.
+
+    With a `checkpointer` the loop resumes exactly (step s samples with a generator
+    seeded from (seed, s); the KL reference is the stage's starting policy, saved once)."""
+    start, history, _ = start_from(checkpointer, engine, logger, stage)
+    ref = None
+    if config.kl_coef:  # frozen starting policy
+        ref = checkpointer.reference(engine, start) if checkpointer is not None else engine.reference_engine()
     use_values = config.advantage == "gae"
-    history = []
-    for step in progress(range(config.steps), desc=stage):
+    for step in progress(range(start, config.steps), desc=stage):
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         # 1. sample
         step_tasks = pick_tasks(tasks, config.tasks_per_step, g)
@@ -161,6 +168,7 @@ def train_rl(
         if not trajs:  # every group had equal rewards: nothing to learn from this step
             row.update({"train/kept_episodes": 0.0})
             finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
+            save_point(checkpointer, engine, step + 1, history)
             continue
         batch = collate(trajs, pad_id)
         # 2. score (pi_old's forward only when something reads it: one on-policy
@@ -184,6 +192,7 @@ def train_rl(
         row.update({**train_row(m, o), "train/kept_episodes": float(batch.size),
                     "train/tokens": float(batch.action_mask.sum())})
         finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
+        save_point(checkpointer, engine, step + 1, history)
     return history
 
 

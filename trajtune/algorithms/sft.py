@@ -18,6 +18,7 @@ from ..objectives.sft import sft_loss
 from ..metrics import MetricsLogger, progress
 from ..resume import Checkpointer
 from ..trajectory import Batch, Trajectory, collate
+from .common import finish_step, save_point, start_from
 
 
 @dataclass
@@ -58,6 +59,16 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor
     return torch.randperm(n, generator=g)[: min(batch_size, n)]
 
 
+def sft_step(engine: LocalEngine, data: Sequence[Trajectory], config: SFTConfig, pad_id: int, step: int,
+             loss_fn) -> dict:
+    """One optimizer step on step `step`'s batch (a function of (config.seed, step)); returns its train row."""
+    batch = collate([data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)], pad_id)
+    m = engine.forward_backward(batch, loss_fn)
+    o = engine.optim_step()
+    return {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"],
+            "train/lr": o["lr"], "train/skipped": o["skipped"]}
+
+
 def train_sft(
     engine: LocalEngine,
     data: Sequence[Trajectory],
@@ -76,26 +87,11 @@ def train_sft(
     if not data:
         raise ValueError("train_sft: no demonstrations")
     loss_fn = sft_loss_fn(config.aggregation, config.aggregation_constant)
-    history = []
-    start = checkpointer.resume(engine) if checkpointer is not None else 0
-    if start and logger is not None:
-        logger.drop_after(stage, start)
+    start, history, _ = start_from(checkpointer, engine, logger, stage)
     for step in progress(range(start, config.steps), desc=stage):
-        # 1. this step's batch
-        batch = collate([data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)], pad_id)
-        # 2. forward / backward
-        m = engine.forward_backward(batch, loss_fn)
-        # 3. update
-        o = engine.optim_step()
-        row = {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"],
-               "train/lr": o["lr"], "train/skipped": o["skipped"]}
-        # 4. log / evaluate
-        last = step == config.steps - 1
-        if evaluate is not None and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
-            row.update(evaluate(step + 1))
-        if logger is not None:
-            logger.log(step + 1, row, stage=stage)
-        history.append({"step": step + 1, **row})
-        if checkpointer is not None:
-            checkpointer.step_done(engine, step + 1)
+        # 1-3. this step's batch, forward / backward, update
+        row = sft_step(engine, data, config, pad_id, step, loss_fn)
+        # 4. log / evaluate, checkpoint
+        finish_step(step, config.steps, row, history, logger, evaluate, config.eval_every, stage)
+        save_point(checkpointer, engine, step + 1, history)
     return history

@@ -1,0 +1,167 @@
+"""Exact resume for every training loop: interrupted (a real SIGINT) or killed between steps,
+then resumed in a fresh engine, a run ends with the same weights, history and metric rows
+as an uninterrupted one with the same seed."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from trajtune.algorithms.distill import DistillConfig, train_distill
+from trajtune.algorithms.dpo import DPOConfig, train_dpo
+from trajtune.algorithms.iw_sft import IWSFTConfig, train_iw_sft
+from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_model
+from trajtune.algorithms.rft import RFTConfig, train_rft
+from trajtune.algorithms.rl import RLConfig, train_rl
+from trajtune.algorithms.sft import SFTConfig, train_sft
+from trajtune.metrics import MetricsLogger, read_metrics
+from trajtune.resume import Checkpointer, RunInterrupted, trajectories_from_json, trajectories_to_json
+
+from trajtune.envs.base import SingleTurnEnv
+from trajtune.rollout import make_collect
+
+from test_algorithms import RENDER, TASKS, TOK, demo, engine
+
+PAD = TOK.pad_id
+
+
+def graded(task, reply):
+    """A reward that differs between most samples, so every step has a gradient."""
+    return sum(ord(c) % 3 for c in reply) / 4, {}
+
+
+def collect_for(e):
+    return make_collect(e.sample, lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32,
+                        max_action_tokens=2)
+PAIRS = [(demo("a"), demo(x)) for x in "bcdef"]
+
+
+def make_pairs(e, g):
+    """Pairs re-made from the current policy: the first of two samples per task is 'chosen'."""
+    trajs = collect_for(e)(TASKS, 2, g)
+    return [(trajs[i], trajs[i + 1]) for i in range(0, len(trajs), 2)]
+
+
+def teacher():
+    t = engine(seed=1)
+    train_sft(t, [demo("a")] * 8, SFTConfig(steps=5, batch_size=8), PAD)
+    return t.model
+
+
+# name -> (engine kwargs, run(e, logger, checkpointer) -> history)
+LOOPS = {
+    "sft": ({}, lambda e, log, ck: train_sft(e, [demo(x) for x in "aabcaa"], SFTConfig(steps=6, batch_size=3, seed=2),
+                                              PAD, log, checkpointer=ck)),
+    "grpo_ppo_kl": ({}, lambda e, log, ck: train_rl(
+        e, TASKS, collect_for(e), RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", surrogate="ppo",
+                                           epochs=2, kl_coef=0.1, seed=1), PAD, log, checkpointer=ck)),
+    "ppo_gae": ({"value_head": True}, lambda e, log, ck: train_rl(
+        e, TASKS, collect_for(e), RLConfig(steps=5, tasks_per_step=2, group_size=2, advantage="gae", surrogate="ppo",
+                                           kl_coef=0.05, kl_in_reward=True), PAD, log, checkpointer=ck)),
+    "rft": ({}, lambda e, log, ck: train_rft(
+        e, TASKS, collect_for(e), RFTConfig(rounds=3, samples_per_task=4, steps_per_round=3, batch_size=4,
+                                            threshold=0.0, accumulate=True, dedup=True), PAD, log, checkpointer=ck)),
+    "iw_sft": ({}, lambda e, log, ck: train_iw_sft(
+        e, TASKS, collect_for(e), IWSFTConfig(rounds=3, samples_per_task=4, steps_per_round=3, batch_size=4,
+                                              threshold=0.0, q_update_every=2), PAD, log, checkpointer=ck)),
+    "dpo": ({}, lambda e, log, ck: train_dpo(e, PAIRS, DPOConfig(steps=6, batch_size=2, beta=0.5), PAD, log,
+                                             checkpointer=ck)),
+    "dpo_regenerate": ({}, lambda e, log, ck: train_dpo(
+        e, [], DPOConfig(steps=6, batch_size=2, beta=0.5, regenerate_every=4), PAD, log, make_pairs=make_pairs,
+        checkpointer=ck)),
+    "reward_model": ({"value_head": True}, lambda e, log, ck: train_reward_model(
+        e, PAIRS, RewardModelConfig(steps=6, batch_size=2), PAD, log, checkpointer=ck)),
+    "distill": ({}, lambda e, log, ck: train_distill(
+        e, teacher(), TASKS, collect_for(e), DistillConfig(steps=5, tasks_per_step=2, samples_per_task=2), PAD, log,
+        checkpointer=ck)),
+}
+
+
+def rows(path):
+    return [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(path)]
+
+
+def same_weights(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+
+
+def interrupt_at(e, step):
+    """Deliver a real SIGINT while optimizer step `step` runs (the loop saves at its next save point)."""
+    inner = e.optim_step
+
+    def optim_step():
+        if e.step + 1 == step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return inner()
+
+    e.optim_step = optim_step
+
+
+@pytest.mark.parametrize("name", list(LOOPS))
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(name, tmp_path):
+    kwargs, run = LOOPS[name]
+    ref = engine(**kwargs)
+    with MetricsLogger(tmp_path / "ref") as log:
+        expected = run(ref, log, None)
+
+    first = engine(**kwargs)
+    interrupt_at(first, 3)
+    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / name) as ck:
+        with pytest.raises(RunInterrupted):
+            run(first, log, ck)
+    assert first.step < ref.step, "the run was interrupted before its end"
+
+    resumed = engine(**kwargs)  # fresh weights and optimizer: all state comes from the checkpoint
+    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / name) as ck:
+        got = run(resumed, log, ck)
+    assert same_weights(resumed, ref) and resumed.step == ref.step
+    assert got == expected
+    assert rows(tmp_path / "run") == rows(tmp_path / "ref")  # same rows, none repeated
+
+
+@pytest.mark.parametrize("name", ["grpo_ppo_kl", "rft", "dpo_regenerate"])
+def test_a_run_killed_after_a_periodic_checkpoint_resumes_exactly(name, tmp_path):
+    kwargs, run = LOOPS[name]
+    ref = engine(**kwargs)
+    with MetricsLogger(tmp_path / "ref") as log:
+        expected = run(ref, log, None)
+    # the whole run, saving every 2 steps: the process is "killed" after its end, so the
+    # last checkpoint is behind the last logged row
+    killed = engine(**kwargs)
+    with MetricsLogger(tmp_path / "run") as log:
+        run(killed, log, Checkpointer(tmp_path / "run" / name, every=2))
+    resumed = engine(**kwargs)
+    with MetricsLogger(tmp_path / "run") as log:
+        got = run(resumed, log, Checkpointer(tmp_path / "run" / name, every=2))
+    assert same_weights(resumed, ref) and got == expected and rows(tmp_path / "run") == rows(tmp_path / "ref")
+
+
+def test_iw_sft_defers_an_interrupt_to_the_next_refresh_of_q(tmp_path):
+    """Inside a round iw-SFT saves only where its lagged q equals the policy (every q_update_every steps)."""
+    kwargs, run = LOOPS["iw_sft"]
+    e = engine(**kwargs)
+    interrupt_at(e, 4)  # round 2, inner step 1: not a refresh point
+    with MetricsLogger(tmp_path) as log, Checkpointer(tmp_path / "iw") as ck:
+        with pytest.raises(RunInterrupted, match="after step 5"):
+            run(e, log, ck)
+    assert Checkpointer(tmp_path / "iw").resume(engine(**kwargs)) == 5
+
+
+def test_rl_reference_is_the_stage_start_after_a_resume(tmp_path):
+    kwargs, run = LOOPS["grpo_ppo_kl"]
+    start = engine(**kwargs)
+    e = engine(**kwargs)
+    interrupt_at(e, 2)
+    with Checkpointer(tmp_path / "rl") as ck, pytest.raises(RunInterrupted):
+        run(e, None, ck)
+    ck = Checkpointer(tmp_path / "rl")
+    again = engine(seed=5, **kwargs)  # other weights: both the policy and the reference come from disk
+    at = ck.resume(again)
+    assert at == 1 and same_weights(again, e)  # epochs=2: optimizer step 2 ends loop step 1 and same_weights(ck.reference(again, at), start)
+
+
+def test_trajectories_round_trip_through_json():
+    trajs = collect_for(engine())(TASKS, 2, torch.Generator().manual_seed(0))
+    back = trajectories_from_json(trajectories_to_json(trajs))
+    assert back == trajs
