@@ -109,3 +109,19 @@ def test_throughput_of_distinct_sources():
         assert per_job < 0.01, f"{per_job * 1e3:.1f} ms per sandbox job: the worker should be persistent"
     finally:
         box.close()
+
+
+def test_a_caller_time_limit_mid_job_retires_the_worker_so_no_stale_reply_is_read():
+    """A StepTimeout (rollout.time_limit) that interrupts a job leaves its reply in the pipe;
+    the worker is killed, and the next job gets its own answer."""
+    from trajtune.rollout import StepTimeout, time_limit
+
+    box = Sandbox(case_timeout=2.0, slack=1.0)
+    try:
+        slow = "def f(x):\n    while True:\n        x += 1\n"
+        with pytest.raises(StepTimeout), time_limit(0.3):
+            box.run(slow, "f", [((1,), 1)])
+        assert box.n_restarts == 1
+        assert box.run(ADD, "f", [((1, 2), 3), ((1, 1), 3)]) == ("pass", "fail")
+    finally:
+        box.close()

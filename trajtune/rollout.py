@@ -29,15 +29,28 @@ same actions produces the identical token ids, owners and turns.
 Returned trajectories: ids/owners/turns from the renderer, sampler logprobs on
 POLICY tokens (model rollouts), reward = sum of step rewards, group = index of
 the task among the distinct tasks of the batch, info = the environment's last
-info plus stop_reason ("done", "max_turns", "token_budget"), n_turns and
-n_unterminated.
+info plus stop_reason ("done", "max_turns", "token_budget", "env_error"),
+n_turns and n_unterminated.
+
+Faults in user code fail one episode, not the run: an `env.reset` or `env.step`
+(or the reward function inside it) that raises, or runs past `step_timeout_s`
+(default 60 s, `StepTimeout`), gives that episode reward 0 and
+info["env_error"], logged with its task; `make_collect` stops the run with
+`TooManyFaults` when more than `max_fault_share` of a call's episodes fail.
+The time limit is a SIGALRM timer (see `time_limit` for what it can and cannot
+interrupt); it only works in the main thread.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import signal
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -47,6 +60,9 @@ from .text.render import Message, Renderer
 from .trajectory import Trajectory
 
 log = logging.getLogger("trajtune.rollout")
+
+STEP_TIMEOUT_S = 60.0
+"""Default time limit of one `env.reset` / `env.step` call, in seconds (0 or None: none)."""
 
 Sampler = Callable[..., Samples]
 """`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
@@ -73,20 +89,38 @@ class _Episode:
     stop_reason: str | None = None
     generator: torch.Generator | None = None  # the episode's own stream (rollout_batch row_seeds)
 
-    def respond(self, action: str) -> str:
-        """Give one action to the environment; returns the observation ("" for none).
+    def start(self, renderer: Renderer | None, timeout_s: float | None) -> list:
+        """Reset the environment on the task -> the opening messages (also rendered into
+        `traj` when a renderer is given, i.e. for model rollouts).
 
-        An exception in the environment (or the reward function inside it) ends this
-        episode with reward 0 and `info["env_error"]`, logged with its task; the other
-        episodes of the batch go on (see `check_faults` for the run-level limit).
+        If `env.reset` raises or runs past `timeout_s`, the episode fails before its first
+        turn: reward 0, info["env_error"], zero turns, and its conversation is one empty
+        user message (a valid trajectory without POLICY tokens, so it trains nothing).
         """
         try:
-            observation, reward, done, info = self.env.step(action)
+            with time_limit(timeout_s, "env.reset"):
+                messages = _opening(self.env.reset(self.task))
         except Exception as exc:  # noqa: BLE001 - user code: any failure is this episode's failure
-            task = getattr(self.task, "name", str(self.task))
-            log.warning("environment raised on task %s: %s: %s (episode gets reward 0)", task, type(exc).__name__, exc)
-            self.reward, self.stop_reason, self.n_turns = 0.0, "env_error", self.n_turns + 1
-            self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}
+            self._fail("reset", exc)
+            messages = [_user("")]
+        if renderer is not None:
+            self.traj = renderer.start(messages)
+        return messages
+
+    def respond(self, action: str, timeout_s: float | None = None) -> str:
+        """Give one action to the environment; returns the observation ("" for none).
+
+        An exception in the environment (or the reward function inside it), or a step
+        that runs past `timeout_s` seconds (`StepTimeout`), ends this episode with
+        reward 0 and `info["env_error"]`, logged with its task; the other episodes of
+        the batch go on (see `check_faults` for the run-level limit).
+        """
+        try:
+            with time_limit(timeout_s, "env.step"):
+                observation, reward, done, info = self.env.step(action)
+        except Exception as exc:  # noqa: BLE001 - user code: any failure is this episode's failure
+            self.n_turns += 1
+            self._fail("step", exc)
             return ""
         self.reward += float(reward)
         self.info = info
@@ -94,6 +128,12 @@ class _Episode:
         if done:
             self.stop_reason = "done"
         return observation
+
+    def _fail(self, call: str, exc: Exception) -> None:
+        task = getattr(self.task, "name", str(self.task))
+        log.warning("env.%s failed on task %s: %s: %s (episode gets reward 0)", call, task, type(exc).__name__, exc)
+        self.reward, self.stop_reason = 0.0, "env_error"
+        self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}
 
     def finish(self, group: int) -> Trajectory:
         info = {"task": getattr(self.task, "name", str(self.task)), **self.info}
@@ -118,6 +158,7 @@ def rollout_batch(
     greedy: bool = False,
     groups: Sequence[int] | None = None,
     row_seeds: Sequence[int] | None = None,
+    step_timeout_s: float | None = STEP_TIMEOUT_S,
 ) -> list[Trajectory]:
     """Run one episode per (env, task) in lockstep with a sampled policy -> one Trajectory each, in order.
 
@@ -128,12 +169,16 @@ def rollout_batch(
     row_seeds: optional seed per episode: each episode samples from its own generator
                (replaces `generator`), so its actions do not depend on the other
                episodes of the batch (sharded rollouts, trajtune.distributed)
+    step_timeout_s: time limit of each `env.reset` / `env.step` call (0 or None: none);
+               an episode whose environment raises or overruns fails alone (module docstring)
     """
     if len(envs) != len(tasks):
         raise ValueError(f"rollout_batch: {len(envs)} envs for {len(tasks)} tasks")
     if max_action_tokens < 1:
         raise ValueError(f"rollout_batch: max_action_tokens must be >= 1, got {max_action_tokens}")
-    episodes = [_Episode(env, task, renderer.start(_opening(env.reset(task)))) for env, task in zip(envs, tasks, strict=True)]
+    episodes = [_Episode(env, task, Trajectory()) for env, task in zip(envs, tasks, strict=True)]
+    for ep in episodes:
+        ep.start(renderer, step_timeout_s)
     if row_seeds is not None:
         if len(row_seeds) != len(episodes):
             raise ValueError(f"rollout_batch: {len(row_seeds)} row_seeds for {len(episodes)} episodes")
@@ -157,7 +202,7 @@ def rollout_batch(
         for ep, tokens, logprobs, stopped in zip(active, samples.tokens, samples.logprobs, samples.stopped, strict=True):
             renderer.append_sampled(ep.traj, tokens, logprobs, turn)
             ep.n_unterminated += not stopped
-            observation = ep.respond(renderer.action_text(tokens))
+            observation = ep.respond(renderer.action_text(tokens), step_timeout_s)
             if observation:
                 renderer.append_message(ep.traj, _tool(observation), turn)
     group_ids = list(groups) if groups is not None else task_groups(tasks)
@@ -174,17 +219,18 @@ def scripted_rollout(
     max_tokens: int = 512,
     max_action_tokens: int = 16,
     group: int = -1,
+    step_timeout_s: float | None = STEP_TIMEOUT_S,
 ) -> Trajectory:
-    """Run one episode with a Python policy and render it (same limits and info as `rollout_batch`)."""
+    """Run one episode with a Python policy and render it (same limits, faults and info as `rollout_batch`)."""
     episode = _Episode(env, task, Trajectory())
-    messages: list[dict[str, str]] = _opening(env.reset(task))
-    for _ in range(max_turns):
+    messages: list[dict[str, str]] = episode.start(None, step_timeout_s)
+    for _ in range(max_turns if episode.stop_reason is None else 0):
         if len(renderer.generation_prompt(messages)) + max_action_tokens > max_tokens:
             episode.stop_reason = "token_budget"
             break
         action = policy.act(messages)
         messages.append({"role": "assistant", "content": action})
-        observation = episode.respond(action)
+        observation = episode.respond(action, step_timeout_s)
         if observation:
             messages.append(_tool(observation))
         if episode.stop_reason is not None:
@@ -195,7 +241,8 @@ def scripted_rollout(
 
 def make_collect(
     policy: Sampler, make_env: Callable[[], Env], renderer: Renderer, *, episode_seeds: bool = False,
-    shard: Any = None, max_fault_share: float = 0.5, **rollout_kwargs: Any
+    shard: Any = None, max_fault_share: float = 0.5, step_timeout_s: float | None = STEP_TIMEOUT_S,
+    **rollout_kwargs: Any
 ) -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
     """Package a sampler, an environment factory and a renderer as `collect(tasks, n_per_task, generator)`.
 
@@ -212,7 +259,10 @@ def make_collect(
     implies episode_seeds): every process returns the same whole list, in order.
     max_fault_share: an episode whose environment raised gets reward 0 and info["env_error"];
     if more than this share of a call's episodes fail, `TooManyFaults` stops the run.
+    step_timeout_s: an `env.reset` / `env.step` call running longer than this (default 60 s;
+    0 or None: no limit) fails its episode the same way (`StepTimeout`, main thread only).
     """
+    rollout_kwargs["step_timeout_s"] = step_timeout_s
 
     def collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
         batch = [task for task in tasks for _ in range(n_per_task)]
@@ -283,3 +333,87 @@ def check_faults(trajectories: Sequence[Trajectory], max_share: float = 0.5) -> 
                             f"(limit {max_share:.0%}): {examples}")
     return len(failed)
 
+
+class StepTimeout(Exception):
+    """An environment call ran past the rollout's time limit (`step_timeout_s`)."""
+
+
+_warned_no_limit = False
+
+
+@contextmanager
+def time_limit(seconds: float | None, what: str = "env.step") -> Iterator[None]:
+    """Raise `StepTimeout("<what> exceeded <seconds> s")` in the body if it runs longer than `seconds`.
+
+    0 or None: no limit. The limit is a SIGALRM timer (`signal.setitimer(ITIMER_REAL)`),
+    so it needs the main thread of a platform with SIGALRM; anywhere else the body runs
+    without a limit and a warning is logged once.
+
+    What it can interrupt: Python code (the alarm is handled between bytecodes: a busy
+    `while True: pass`, a deep recursion) and blocking calls that return on a signal
+    (`time.sleep`, `select`, socket reads). What it cannot: a C call that never returns
+    to the interpreter (a regex with catastrophic backtracking, a C extension's endless
+    loop) — for untrusted code use a separate process, like the BugFix sandbox
+    (envs/sandbox.py). An interrupted environment is left in whatever state it was in;
+    the rollout never calls it again.
+
+    Nesting-safe: an outer alarm (another `time_limit`, a test timeout) keeps its handler
+    and its deadline. If it falls due inside the body, its handler is called then, as if
+    this limit were not there; afterwards the handler and the remaining time of the outer
+    timer (and its interval) are restored.
+    """
+    if not seconds or seconds <= 0:
+        yield
+        return
+    can_alarm = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGALRM) if can_alarm else None
+    if previous is None:  # no SIGALRM, not the main thread, or a handler not installed from Python
+        global _warned_no_limit
+        if not _warned_no_limit:
+            _warned_no_limit = True
+            log.warning("%s runs without its %g s time limit: not the main thread, no SIGALRM on this "
+                        "platform, or an alarm handler set outside Python (this warning is shown once)", what, seconds)
+        yield
+        return
+
+    delay, interval = signal.setitimer(signal.ITIMER_REAL, 0)  # pause the outer timer (if any), read it
+    now = time.monotonic()
+    deadline = now + seconds
+    outer = {"at": now + delay if delay > 0 else math.inf, "interval": interval}  # in monotonic time
+    closing = False
+
+    def arm() -> None:  # fire at whichever comes first: our deadline or the outer alarm
+        signal.setitimer(signal.ITIMER_REAL, max(min(deadline, outer["at"]) - time.monotonic(), 1e-4))
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if closing:  # an outer alarm that is due is delivered again by the restored timer below
+            return
+        now = time.monotonic()
+        if now >= outer["at"]:  # the outer alarm is due: hand it over, then keep our own limit
+            outer["at"] = now + outer["interval"] if outer["interval"] > 0 else math.inf
+            arm()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:  # what the outer alarm would have done: end the process
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                signal.raise_signal(signal.SIGALRM)
+            return
+        if now < deadline:  # early (timer rounding): wait for the rest
+            arm()
+            return
+        raise StepTimeout(f"{what} exceeded {seconds:g} s")
+
+    try:
+        signal.signal(signal.SIGALRM, on_alarm)
+        arm()
+        yield
+    finally:
+        closing = True
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        try:
+            signal.signal(signal.SIGALRM, previous)  # runs pending signals' handlers first (our alarm: ignored)
+        finally:  # ... and one of them (Ctrl-C) may raise before the handler is swapped
+            if signal.getsignal(signal.SIGALRM) is on_alarm:
+                signal.signal(signal.SIGALRM, previous)
+            if outer["at"] < math.inf:  # the outer timer goes on with its remaining time (at once if overdue)
+                signal.setitimer(signal.ITIMER_REAL, max(outer["at"] - time.monotonic(), 1e-6), outer["interval"])

@@ -84,6 +84,9 @@ class Sandbox:
             line = proc.stdout.readline() if ready else ""
         except (OSError, ValueError):
             line = ""
+        except BaseException:  # interrupted mid-exchange (a caller's time limit, Ctrl-C): the pipe may hold
+            self._kill()      # a stale reply, so this worker must not serve the next job
+            raise
         if not line:  # overran its time, or died: kill it, restart on the next job
             timed_out = proc.poll() is None
             self._kill()
