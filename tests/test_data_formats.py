@@ -78,6 +78,16 @@ def test_datasets_objects_are_accepted(renderer):
     ('{"prompt": 3, "completion": "a"}', r"d.jsonl:2: field 'prompt' must be a string or a non-empty list"),
     ("not json", r"d.jsonl:2: not valid JSON"),
     ('{"text": "x"}', r"d.jsonl:2: cannot tell the format"),
+    ('{"prompt": "x", "completion": ""}', r"d.jsonl:2: field 'completion' is empty \(''\)"),
+    ('{"prompt": " \\n", "completion": "a"}', r"d.jsonl:2: field 'prompt' is empty"),
+    ('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": " "}]}',
+     r"d.jsonl:2: field 'messages'\[1\].content is empty \(' '\): an empty assistant turn"),
+    ('{"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a"}]}',
+     r"d.jsonl:2: field 'messages'\[0\].content is empty \(''\): an empty user message"),
+    ('{"prompt": "x", "chosen": "", "rejected": "b"}', r"d.jsonl:2: field 'chosen' is empty"),
+    ('{"chosen": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}], '
+     '"rejected": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}',
+     r"d.jsonl:2: field 'rejected'\[1\].content is empty"),
 ])
 def test_malformed_row_names_line_and_field(renderer, tmp_path, bad, message):
     good = {"prompt": "2+3?", "chosen": "5", "rejected": "6"} if "chosen" in bad else {"prompt": "a", "completion": "b"}
@@ -85,6 +95,14 @@ def test_malformed_row_names_line_and_field(renderer, tmp_path, bad, message):
     with pytest.raises(D.DataError, match=message):
         rows = D.read_rows(path)
         (D.preference_pairs if "chosen" in bad else D.sft_trajectories)(rows, renderer)
+
+
+def test_empty_system_and_tool_messages_and_tool_calls_are_allowed(renderer, tmp_path):
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}
+    rows = D.read_rows(_jsonl(tmp_path / "d.jsonl", [{"messages": [
+        {"role": "system", "content": ""}, {"role": "user", "content": "x"}, call,
+        {"role": "tool", "content": ""}, {"role": "assistant", "content": "done"}]}]))
+    assert D.sft_trajectories(rows, renderer)
 
 
 def test_wrong_format_for_the_command(renderer, tmp_path):

@@ -17,7 +17,10 @@ are whole conversations that share every message but the last assistant turn(s).
 Everything is rendered by `ChatRenderer`, the model's own chat template.
 
 A malformed row fails with `DataError` naming the file, the line (1-based) and
-the missing or wrong field.
+the missing or wrong field. Empty text is malformed too: an empty or
+whitespace-only string `prompt` / `completion` / `chosen` / `rejected`, an
+assistant message with empty content (and no tool_calls: nothing to train on)
+and a user message with empty content.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class PromptTask:
     name: str
     prompt: Any
     columns: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    where: str = field(default="", hash=False, compare=False)
+    """the row it came from ('file:line' or 'dataset row i'), for error messages"""
 
     def __hash__(self) -> int:
         return hash(self.name)
@@ -114,8 +119,13 @@ def _field(row: Row, name: str) -> Any:
 
 
 def _messages(row: Row, name: str, value: Any, default_role: str) -> list[dict]:
-    """A field as a list of messages: a string becomes one `default_role` message."""
+    """A field as a list of messages: a string becomes one `default_role` message.
+
+    Empty text fails: an empty string field, an assistant message with empty content and
+    no tool_calls, a user message with empty content (system and tool messages may be empty)."""
     if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{row.where}: field {name!r} is empty ({value!r})")
         return [{"role": default_role, "content": value}]
     if not isinstance(value, list) or not value:
         raise DataError(f"{row.where}: field {name!r} must be a string or a non-empty list of messages, got {type(value).__name__}")
@@ -124,8 +134,12 @@ def _messages(row: Row, name: str, value: Any, default_role: str) -> list[dict]:
             raise DataError(f"{row.where}: field {name!r}[{i}] must be an object with 'role' and 'content'")
         if m.get("role") not in ROLES:
             raise DataError(f"{row.where}: field {name!r}[{i}].role is {m.get('role')!r}; expected one of {list(ROLES)}")
-        if not isinstance(m.get("content"), str) and not m.get("tool_calls"):
+        content = m.get("content")
+        if not isinstance(content, str) and not m.get("tool_calls"):
             raise DataError(f"{row.where}: field {name!r}[{i}].content must be a string (or the message needs tool_calls)")
+        if m["role"] in ("user", "assistant") and not m.get("tool_calls") and not content.strip():
+            what = "an empty assistant turn (nothing to train on)" if m["role"] == "assistant" else "an empty user message"
+            raise DataError(f"{row.where}: field {name!r}[{i}].content is empty ({content!r}): {what}")
     return [dict(m) for m in value]
 
 
@@ -202,10 +216,11 @@ def prompt_tasks(rows: Sequence[Row]) -> list[PromptTask]:
             prompt = msgs[: next((k for k, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))]
         if prompt is None:
             raise DataError(f"{row.where}: missing field 'prompt'")
+        checked = _messages(row, "prompt", prompt, "user")  # a string stays a string (the TRL form of the task)
         if not isinstance(prompt, str):
-            prompt = _messages(row, "prompt", prompt, "user")
+            prompt = checked
         columns = {k: v for k, v in row.data.items() if k not in ("prompt", "messages")}
-        tasks.append(PromptTask(name=f"row{i}", prompt=prompt, columns=columns))
+        tasks.append(PromptTask(name=f"row{i}", prompt=prompt, columns=columns, where=row.where))
     return tasks
 
 

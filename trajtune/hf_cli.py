@@ -16,6 +16,14 @@ Each command is a thin wiring of the library: load the model behind the
 engine, turn rows into trajectories / pairs / prompt tasks, call the algorithm
 loop (train_sft, train_reward_model, train_dpo, train_rl, train_rft), save.
 
+Everything is checked before the model is loaded (the tokenizer only, seconds):
+the options (`HFConfig`), every row (`trajtune.data`: file, line, field) and every
+sample's length. A sample longer than `--max-length` (sft/rm/dpo), or a prompt
+whose tokens + `--max-new-tokens` exceed it (grpo/rft), is an error naming file,
+line, field and lengths; `--drop-long` skips such rows instead (counted on stderr).
+`--max-length` is capped at the model's context (`max_position_embeddings` of
+its config.json) where that is smaller.
+
 Writes into `--out`: metrics.jsonl, config.json, checkpoints/step-N (every
 --save-every steps) and model/ -- a directory `AutoModelForCausalLM.from_pretrained`
 loads (LoRA merged; the adapter alone in model/adapter; reward models add
@@ -76,7 +84,9 @@ class HFConfig:
     gradient_checkpointing: bool = False
     """recompute activations in backward to save memory"""
     max_length: int = 2048
-    """sft/rm/dpo: skip samples longer than this many tokens; grpo/rft: prompt + completion budget"""
+    """sft/rm/dpo: longest sample in tokens; grpo/rft: prompt + completion budget (capped at the model's context)"""
+    drop_long: bool = False
+    """skip samples / prompts that do not fit --max-length (default: stop with an error listing them)"""
     save_every: int = 0
     """write a checkpoint (HF format) every this many steps (0: only the final model)"""
     device: str = "cpu"
@@ -109,13 +119,36 @@ class HFConfig:
     """rft: reward needed to keep a sample"""
 
     def __post_init__(self) -> None:
+        import math
+
+        def bad(name: str, rule: str) -> ValueError:
+            flag = "--" + name.replace("_", "-")
+            return ValueError(f"HFConfig: {flag} must be {rule}, got {getattr(self, name)!r}")
+
         if not self.model or not self.data:
             raise ValueError("HFConfig: --model and --data are required")
         if self.command in ("grpo", "rft") and not self.reward:
             raise ValueError(f"HFConfig: {self.command} needs --reward module:function")
-        for name in ("steps", "batch_size", "max_length", "prompts_per_step", "group_size", "max_new_tokens", "rounds"):
-            if getattr(self, name) < (0 if name == "steps" else 1):
-                raise ValueError(f"HFConfig: {name} must be positive, got {getattr(self, name)}")
+        for name in ("batch_size", "max_length", "prompts_per_step", "group_size", "max_new_tokens", "rounds", "epochs"):
+            if getattr(self, name) < 1:
+                raise bad(name, ">= 1")
+        for name in ("steps", "micro_batch_size", "warmup_steps", "lora_r", "save_every"):
+            if getattr(self, name) < 0:
+                raise bad(name, ">= 0")
+        for name in ("weight_decay", "grad_clip", "kl_coef"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                raise bad(name, ">= 0")
+        for name in ("lr", "beta", "temperature", "lora_alpha"):
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
+                raise bad(name, "> 0")
+        if not math.isfinite(self.threshold):
+            raise bad("threshold", "a finite number")
+        if self.command == "grpo" and self.group_size < 2 and self.advantage != "gae":
+            raise ValueError(f"HFConfig: --group-size must be >= 2 with --advantage {self.advantage} (a group baseline "
+                             f"compares the completions of one prompt; with 1 every advantage is 0), got {self.group_size}")
+        if self.command in ("grpo", "rft") and self.max_new_tokens >= self.max_length:
+            raise ValueError(f"HFConfig: --max-new-tokens {self.max_new_tokens} leaves no room for a prompt within "
+                             f"--max-length {self.max_length} (prompt + completion budget)")
 
 
 def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
@@ -139,25 +172,63 @@ def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
 
     c = config
     out = Path(run_dir or c.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(c), indent=1))
-    torch.manual_seed(c.seed)
+    # 0. validate everything before any work: the loop's settings, the tokenizer, every row and its length
+    optim = OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip, warmup_steps=c.warmup_steps)
+    if c.command == "sft":
+        loop_config = SFTConfig(steps=c.steps, batch_size=c.batch_size, eval_every=c.save_every, seed=c.seed)
+    elif c.command == "rm":
+        loop_config = RewardModelConfig(steps=c.steps, batch_size=c.batch_size, seed=c.seed)
+    elif c.command == "dpo":
+        loop_config = DPOConfig(steps=c.steps, batch_size=c.batch_size, loss=c.loss, beta=c.beta, seed=c.seed)
+    elif c.command == "grpo":
+        loop_config = RLConfig(steps=c.steps, tasks_per_step=c.prompts_per_step, group_size=c.group_size,
+                               advantage=c.advantage,
+                               surrogate="ppo" if c.advantage == "gae" or c.epochs > 1 else "reinforce",
+                               epochs=c.epochs, kl_coef=c.kl_coef, seed=c.seed)
+    else:
+        loop_config = RFTConfig(rounds=c.rounds, samples_per_task=c.group_size, steps_per_round=c.steps,
+                                batch_size=c.batch_size, threshold=c.threshold, seed=c.seed)
     tokenizer = load_tokenizer(c.model)
     renderer = ChatRenderer(tokenizer)
     rows = D.read_rows(c.data)
-    # 1. the data, in the shape the command's loop takes
+    limit, budget = c.max_length, f"--max-length {c.max_length}"
+    context = model_context(c.model)
+    if context is not None and context < limit:
+        limit, budget = context, f"the model's context ({context} tokens, max_position_embeddings; --max-length {c.max_length})"
+    # 1. the data, in the shape the command's loop takes (too long: an error, or skipped with --drop-long)
     if c.command == "sft":
-        items = _fit(D.sft_trajectories(rows, renderer), c.max_length, len)
+        field_of = {r.where: "messages" if "messages" in r.data else "prompt+completion" for r in rows}
+
+        def too_long(t):
+            where = t.info["source"]
+            return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
+
+        items = _fit(D.sft_trajectories(rows, renderer), budget, c.drop_long, too_long)
     elif c.command in ("rm", "dpo"):
-        items = _fit(D.preference_pairs(rows, renderer), c.max_length, lambda p: max(len(p[0]), len(p[1])))
+        def too_long(pair):
+            (chosen, rejected), n = pair, max(len(pair[0]), len(pair[1]))
+            side = "chosen" if len(chosen) >= len(rejected) else "rejected"
+            return (f"{chosen.info['source']}: field {side!r}: {n} tokens (chosen {len(chosen)}, rejected "
+                    f"{len(rejected)}, prompt included)" if n > limit else None)
+
+        items = _fit(D.preference_pairs(rows, renderer), budget, c.drop_long, too_long)
     else:
-        items = D.prompt_tasks(rows)
         verifier = D.reward_verifier(D.load_reward_function(c.reward))
+        lengths = prompt_lengths(D.prompt_tasks(rows), renderer)
+
+        def too_long(task):
+            n = lengths[task] + c.max_new_tokens
+            return (f"{task.where}: field 'prompt': {lengths[task]} tokens + --max-new-tokens {c.max_new_tokens} = {n}"
+                    if n > limit else None)
+
+        items = _fit(list(lengths), budget, c.drop_long, too_long, noun="prompts")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(c), indent=1))
+    torch.manual_seed(c.seed)
     # 2. the model behind the engine
     lora = LoraSettings(r=c.lora_r, alpha=c.lora_alpha) if c.lora_r else None
     value_head = c.command == "rm" or (c.command == "grpo" and c.advantage == "gae")
     policy = load_policy(c.model, value_head=value_head, lora=lora, gradient_checkpointing=c.gradient_checkpointing)
-    optim = OptimConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip, warmup_steps=c.warmup_steps)
     engine = LocalEngine(policy, optim, c.device, autocast=None if c.precision == "fp32" else c.precision,
                          micro_batch_size=c.micro_batch_size)
     trainable = policy.num_parameters(trainable=True)
@@ -174,27 +245,19 @@ def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
     t0 = time.time()
     with MetricsLogger(out) as logger:
         if c.command == "sft":
-            train_sft(engine, items, SFTConfig(steps=c.steps, batch_size=c.batch_size, eval_every=c.save_every,
-                                               seed=c.seed), pad, logger, evaluate=checkpoint)
+            train_sft(engine, items, loop_config, pad, logger, evaluate=checkpoint)
         elif c.command == "rm":
-            train_reward_model(engine, items, RewardModelConfig(steps=c.steps, batch_size=c.batch_size, seed=c.seed),
-                               pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+            train_reward_model(engine, items, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
         elif c.command == "dpo":
-            train_dpo(engine, items, DPOConfig(steps=c.steps, batch_size=c.batch_size, loss=c.loss, beta=c.beta,
-                                               seed=c.seed), pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+            train_dpo(engine, items, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
         else:
             collect = make_collect(make_backend(c.backend, engine, pad), lambda: SingleTurnEnv(verifier), renderer,
-                                   max_turns=1, max_tokens=c.max_length, max_action_tokens=c.max_new_tokens,
+                                   max_turns=1, max_tokens=limit, max_action_tokens=c.max_new_tokens,
                                    temperature=c.temperature)
             if c.command == "grpo":
-                rl = RLConfig(steps=c.steps, tasks_per_step=c.prompts_per_step, group_size=c.group_size,
-                              advantage=c.advantage, surrogate="ppo" if c.advantage == "gae" or c.epochs > 1 else "reinforce",
-                              epochs=c.epochs, kl_coef=c.kl_coef, seed=c.seed)
-                train_rl(engine, items, collect, rl, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+                train_rl(engine, items, collect, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
             else:
-                rft = RFTConfig(rounds=c.rounds, samples_per_task=c.group_size, steps_per_round=c.steps,
-                                batch_size=c.batch_size, threshold=c.threshold, seed=c.seed)
-                train_rft(engine, items, collect, rft, pad, logger, evaluate=checkpoint)
+                train_rft(engine, items, collect, loop_config, pad, logger, evaluate=checkpoint)
     # 4. save in the Hugging Face format
     final = policy.save_pretrained(out / "model", tokenizer, meta={"command": c.command, "steps": engine.step})
     print(f"done in {time.time() - t0:.0f}s: {engine.step} optimizer steps; model saved to {final} "
@@ -202,14 +265,54 @@ def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
     return final
 
 
-def _fit(items: list, max_length: int, length) -> list:
-    """Drop samples longer than `max_length` tokens (never truncate: the end carries the answer)."""
-    kept = [x for x in items if length(x) <= max_length]
-    if len(kept) < len(items):
-        print(f"trajtune: skipped {len(items) - len(kept)} of {len(items)} samples longer than --max-length {max_length}",
-              file=sys.stderr)
+def model_context(model_dir: str | Path) -> int | None:
+    """The model's context length (`max_position_embeddings` in its config.json, also under
+    `text_config`), or None where the file does not say."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        n = c.get("max_position_embeddings") if isinstance(c, dict) else None
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def prompt_lengths(tasks: list, renderer) -> dict:
+    """task -> tokens the sampler is given for its first turn (the rollout's own measure:
+    the opening messages plus the generation prompt); a prompt the template cannot start
+    from (e.g. one ending in an assistant turn) is a DataError naming its row."""
+    from .data import DataError
+    from .text.chat import TemplateError
+
+    out = {}
+    for t in tasks:
+        opening = [{"role": "user", "content": t.prompt}] if isinstance(t.prompt, str) else t.prompt
+        try:
+            out[t] = len(renderer.prompt_ids(renderer.start(opening)))
+        except TemplateError as e:
+            raise DataError(f"{t.where}: field 'prompt': {e}") from e
+    return out
+
+
+def _fit(items: list, budget: str, drop_long: bool, too_long, noun: str = "samples", show: int = 5) -> list:
+    """Check every item against the length budget before any work (never truncate: the end carries
+    the answer). `too_long(item)` is None, or 'file:line: field ...: lengths' for an item that does not
+    fit. Any such item is an error listing the first `show`, unless `drop_long` skips them."""
+    from .data import DataError
+
+    verdicts = [(x, too_long(x)) for x in items]
+    bad = [m for _, m in verdicts if m]
+    if bad and not drop_long:
+        more = f"\n  ... and {len(bad) - show} more" if len(bad) > show else ""
+        raise DataError(f"{len(bad)} of {len(items)} {noun} do not fit {budget}:\n  " + "\n  ".join(bad[:show]) + more +
+                        "\nshorten or remove these rows, raise --max-length (up to the model's context), or pass --drop-long to skip them")
+    kept = [x for x, m in verdicts if not m]
+    if bad:
+        print(f"trajtune: skipped {len(bad)} of {len(items)} {noun} longer than {budget} (--drop-long)", file=sys.stderr)
     if not kept:
-        raise ValueError(f"no sample fits --max-length {max_length}")
+        raise DataError(f"no {noun[:-1]} fits {budget}")
     return kept
 
 

@@ -36,6 +36,8 @@ def best_of_n(
     Ties go to the earliest sample. Returns (best per task, in task order; all samples).
     The chosen episode's `info['best_of_n_score']` records its score.
     """
+    if n < 1:
+        raise ValueError(f"best_of_n: n must be >= 1, got {n}")
     samples = collect(list(tasks), n, generator)
     scores = score(samples) if score is not None else [t.reward for t in samples]
     best: dict[int, tuple[float, Trajectory]] = {}

@@ -13,6 +13,7 @@ never see environments.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from typing import Any, Callable, Literal, Sequence
@@ -49,6 +50,14 @@ def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dic
 
 
 Selection = Literal["accepted", "top_per_prompt", "top_overall"]
+
+
+def check_selection(config, name: str) -> None:
+    """Shared checks of the sample-and-select loops' configs (RFT, iw-SFT)."""
+    if not math.isfinite(config.threshold):
+        raise ValueError(f"{name}: threshold must be a finite number, got {config.threshold}")
+    if config.aggregation == "constant":
+        raise ValueError(f"{name}: aggregation='constant' needs a constant, which {name} has not (use token or sequence)")
 
 
 def select_episodes(

@@ -42,6 +42,13 @@ class DistillConfig:
     seed: int = 0
     """step s samples with a generator seeded from (seed, s)"""
 
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1:
+            raise ValueError(f"DistillConfig: steps >= 0, tasks_per_step >= 1 and samples_per_task >= 1 "
+                             f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task})")
+        if self.aggregation == "constant":
+            raise ValueError("DistillConfig: aggregation='constant' needs a constant, which DistillConfig has not")
+
 
 def train_distill(
     engine: LocalEngine,

@@ -52,8 +52,13 @@ class DPOConfig:
     """batch of step s is a function of (seed, s)"""
 
     def __post_init__(self) -> None:
-        if self.beta <= 0:
+        if not self.beta > 0:  # also rejects NaN
             raise ValueError(f"DPOConfig: beta must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"DPOConfig: label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        for name in ("nll_weight", "simpo_gamma_ratio", "orpo_lambda"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"DPOConfig: {name} must be >= 0, got {getattr(self, name)}")
         if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0:
             raise ValueError("DPOConfig: steps, batch_size and regenerate_every must be >= 0")
 

@@ -23,7 +23,7 @@ from ..metrics import MetricsLogger
 from ..objectives.importance import iw_sft_loss
 from ..trajectory import Batch, collate
 from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .common import Collect, rollout_metrics, save_point, select_episodes, start_from, train_row
+from .common import Collect, check_selection, rollout_metrics, save_point, select_episodes, start_from, train_row
 from .rft import kept_metrics
 from .sft import batch_indices
 
@@ -62,8 +62,17 @@ class IWSFTConfig:
     """round r samples with a generator seeded from (seed, r)"""
 
     def __post_init__(self) -> None:
+        if self.rounds < 0 or self.samples_per_task < 1 or self.steps_per_round < 0 or self.batch_size < 1:
+            raise ValueError("IWSFTConfig: rounds >= 0, samples_per_task >= 1, steps_per_round >= 0, batch_size >= 1")
         if self.q_update_every < 1:
             raise ValueError("IWSFTConfig: q_update_every must be >= 1")
+        check_selection(self, "IWSFTConfig")
+        if not 0 <= self.step_clip_low <= self.step_clip_high:
+            raise ValueError(f"IWSFTConfig: need 0 <= step_clip_low <= step_clip_high, got {self.step_clip_low}, {self.step_clip_high}")
+        if self.traj_clip_high > 0 and not 0 <= self.traj_clip_low <= self.traj_clip_high:
+            raise ValueError(f"IWSFTConfig: need 0 <= traj_clip_low <= traj_clip_high, got {self.traj_clip_low}, {self.traj_clip_high}")
+        if not self.alpha >= 0:
+            raise ValueError(f"IWSFTConfig: alpha must be >= 0, got {self.alpha}")
 
     @property
     def traj_clip(self) -> tuple[float, float] | None:

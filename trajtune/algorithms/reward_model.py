@@ -38,6 +38,8 @@ class RewardModelConfig:
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError("RewardModelConfig: steps >= 0 and batch_size >= 1")
+        if not self.margin >= 0:
+            raise ValueError(f"RewardModelConfig: margin must be >= 0, got {self.margin}")
 
 
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

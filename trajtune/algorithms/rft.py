@@ -22,7 +22,7 @@ from ..engine import LocalEngine
 from ..metrics import MetricsLogger
 from ..trajectory import Trajectory
 from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .common import Collect, dedup_and_cap, rollout_metrics, save_point, select_episodes, shares, start_from
+from .common import Collect, check_selection, dedup_and_cap, rollout_metrics, save_point, select_episodes, shares, start_from
 from .sft import SFTConfig, sft_loss_fn, sft_step
 
 
@@ -60,6 +60,11 @@ class RFTConfig:
     def __post_init__(self) -> None:
         if self.rounds < 0 or self.samples_per_task < 1 or self.steps_per_round < 0 or self.batch_size < 1:
             raise ValueError("RFTConfig: rounds >= 0, samples_per_task >= 1, steps_per_round >= 0, batch_size >= 1")
+        check_selection(self, "RFTConfig")
+        if not 0 < self.top_fraction <= 1:
+            raise ValueError(f"RFTConfig: top_fraction must be in (0, 1], got {self.top_fraction}")
+        if self.per_task_cap < 0:
+            raise ValueError(f"RFTConfig: per_task_cap must be >= 0 (0: no cap), got {self.per_task_cap}")
 
 
 def train_rft(

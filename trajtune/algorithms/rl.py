@@ -88,6 +88,11 @@ class RLConfig:
             raise ValueError("RLConfig: steps >= 0, tasks_per_step, epochs and minibatches >= 1")
         if self.aggregation == "constant" and self.aggregation_constant <= 0:
             raise ValueError("RLConfig: aggregation='constant' needs aggregation_constant > 0")
+        for name in ("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap"):
+            if not getattr(self, name) >= 0:  # also rejects NaN
+                raise ValueError(f"RLConfig: {name} must be >= 0, got {getattr(self, name)}")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
 
 BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),

@@ -41,6 +41,8 @@ class SFTConfig:
             raise ValueError(f"SFTConfig: steps must be >= 0 and batch_size >= 1 (got {self.steps}, {self.batch_size})")
         if self.aggregation == "constant" and self.aggregation_constant <= 0:
             raise ValueError("SFTConfig: aggregation='constant' needs aggregation_constant > 0")
+        if self.eval_every < 0:
+            raise ValueError(f"SFTConfig: eval_every must be >= 0, got {self.eval_every}")
 
 
 def sft_loss_fn(aggregation: str = "token", constant: float = 0.0):

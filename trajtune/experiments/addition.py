@@ -44,6 +44,15 @@ class Config:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=30, decay_steps=570))
     """optimizer settings"""
 
+    def __post_init__(self) -> None:
+        for name in ("n_train", "n_eval", "dim", "n_layers", "n_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"addition: {name} must be >= 1, got {getattr(self, name)}")
+        if self.n_train + self.n_eval > 10_000:
+            raise ValueError(f"addition: n_train + n_eval must be <= 10000 (the a+b pairs), got {self.n_train + self.n_eval}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"addition: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+
 
 def problem_text(a: int, b: int) -> tuple[str, str]:
     return f"Q: {a}+{b}\nA: ", str(a + b)

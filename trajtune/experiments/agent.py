@@ -116,6 +116,17 @@ class Config:
             raise ValueError("cold_start_step must be between 0 and rl.steps")
         if self.workers < 1 or self.threads < 1:
             raise ValueError("workers and threads must be >= 1")
+        for name in ("dim", "n_layers", "n_heads", "max_turns", "max_action_tokens", "weak_play_seeds", "pair_samples",
+                     "dpo_eval_every", "rl_eval_every", "eval_samples", "describe_samples", "probe_group"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"agent: {name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"agent: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if self.hack_rounds < 0 or self.dpo_nll_weight < 0:
+            raise ValueError(f"agent: hack_rounds and dpo_nll_weight must be >= 0, got {self.hack_rounds}, {self.dpo_nll_weight}")
+        for name in ("sft_lr", "dpo_lr", "rl_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"agent: {name} must be > 0, got {getattr(self, name)}")
 
     def eval_seed(self, k: int = 0) -> int:
         """Seed of evaluation k: the same episodes' random numbers at every evaluation point."""

@@ -117,6 +117,25 @@ class Config:
             raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
         if self.workers < 1 or self.threads < 1:
             raise ValueError("chapter13: workers and threads must be >= 1")
+        for name in ("dim", "n_layers", "n_heads", "pretrain_batch", "block_size", "val_windows", "sft_batch",
+                     "adherence_samples", "max_reply", "rm_batch", "bon_repeats", "eval_per_word", "dpo_batch",
+                     "calc_dim", "calc_layers", "calc_batch", "grpo_prompts", "pass_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"chapter13: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("pretrain_steps", "sft_steps", "rm_steps", "dpo_steps", "calc_steps", "grpo_steps", "control_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"chapter13: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("pretrain_lr", "sft_lr", "rm_lr", "dpo_lr", "calc_lr", "grpo_lr"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"chapter13: {name} must be > 0, got {getattr(self, name)}")
+        if self.dim % self.n_heads or self.calc_dim % self.n_heads:
+            raise ValueError(f"chapter13: dim ({self.dim}) and calc_dim ({self.calc_dim}) must be divisible by n_heads ({self.n_heads})")
+        if self.grpo_group < 2:
+            raise ValueError(f"chapter13: grpo_group must be >= 2 (GRPO's baseline is the group), got {self.grpo_group}")
+        if not self.bon_ns or min(self.bon_ns) < 1:
+            raise ValueError(f"chapter13: bon_ns must be a non-empty list of n >= 1, got {self.bon_ns}")
+        if not self.dpo_betas or not min(self.dpo_betas) > 0:
+            raise ValueError(f"chapter13: dpo_betas must be a non-empty list of betas > 0, got {self.dpo_betas}")
 
 
 def stages(config: Config) -> list[Stage]:

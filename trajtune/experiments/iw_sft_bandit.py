@@ -62,6 +62,20 @@ class Config:
     c3_runs: int = 200
     """independent runs per variant in the little-data setting (batched: one [runs, 2] logit table)"""
 
+    def __post_init__(self) -> None:
+        for name in ("p_left", "p_right"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"iw_sft_bandit: {name} is a probability, got {getattr(self, name)}")
+        for name in ("threads", "rounds", "n_per_round", "steps", "c3_n_per_round", "c3_rounds", "c3_runs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"iw_sft_bandit: {name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"iw_sft_bandit: lr must be > 0, got {self.lr}")
+        if len(self.step_clip) != 2 or not 0 <= self.step_clip[0] <= self.step_clip[1]:
+            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got {self.step_clip}")
+        if not self.alphas:
+            raise ValueError("iw_sft_bandit: alphas must not be empty")
+
 
 def train_on_filtered(env: TwoArmBandit, variant: str, alpha: float, config: Config, n: int, rounds: int,
                       runs: int, seed: int) -> list[dict]:

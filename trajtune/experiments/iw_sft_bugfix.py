@@ -65,6 +65,21 @@ class Config:
     eval_samples: int = 4
     """episodes per task at every evaluation (80 train, 40 held-out)"""
 
+    def __post_init__(self) -> None:
+        for name in ("workers", "threads", "samples_per_task", "batch_size", "q_update_every", "eval_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"iw_sft_bugfix: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("rounds", "steps_per_round", "weak_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"iw_sft_bugfix: {name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"iw_sft_bugfix: lr must be > 0, got {self.lr}")
+        if not 0 <= self.step_clip_low <= self.step_clip_high:
+            raise ValueError(f"iw_sft_bugfix: need 0 <= step_clip_low <= step_clip_high, got "
+                             f"{self.step_clip_low}, {self.step_clip_high}")
+        if self.alpha < 0:
+            raise ValueError(f"iw_sft_bugfix: alpha must be >= 0, got {self.alpha}")
+
 
 def agent_config(config: Config) -> agent.Config:
     """The flagship's config for the weak base, with our seed, threads and weak-base steps."""
