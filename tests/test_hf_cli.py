@@ -102,3 +102,40 @@ def test_the_recipe_runs_the_same_config(work):
                                      "config.steps=2"])
     report = module.run(config, work / "recipe")
     assert report.exists() and (work / "recipe" / "model" / "config.json").exists()
+
+
+def _weights(path):
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).state_dict()
+
+
+@pytest.mark.parametrize("lora", [[], ["--lora-r", "8"]], ids=["full", "lora"])
+def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys, lora):
+    """GRPO with a KL reference (a saved copy; with LoRA the adapters switched off): a Ctrl-C (a real SIGINT, sent from inside the
+    reward function) saves state; rerunning the command finishes with the uninterrupted run's weights."""
+    (work / "interrupting.py").write_text(
+        "import os, signal\ncalls = [0]\n"
+        "def graded(prompts, completions, answer, **kw):  # differs between samples: every step has a gradient\n"
+        "    calls[0] += 1\n"
+        "    if os.environ.get('TT_INTERRUPT_AT') == str(calls[0]):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return [sum(ord(ch) % 3 for ch in c[-1]['content']) / 8 for c in completions]\n")
+    args = ["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
+            "--reward", f"{work / 'interrupting.py'}:graded", "--steps", "3", "--prompts-per-step", "2",
+            "--group-size", "2", "--max-new-tokens", "4", "--lr", "1e-3", *lora, "--kl-coef", "0.1"]
+    tag = "-lora" if lora else ""
+    _run(*args, "--out", str(work / f"whole{tag}"))
+    monkeypatch.setenv("TT_INTERRUPT_AT", "6")  # during step 2's sampling (4 episodes a step)
+    whole, cut = work / f"whole{tag}", work / f"cut{tag}"
+    assert main(args + ["--out", str(cut)]) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err
+    assert not (cut / "model").exists() and (cut / "state" / "engine.json").exists()
+    assert (cut / "reference" / ("adapters_off" if lora else "model.safetensors")).exists()
+    monkeypatch.delenv("TT_INTERRUPT_AT")
+    assert main(args[:-2] + ["--kl-coef", "0.2", "--out", str(cut)]) == 2  # other settings: refused
+    assert "--kl-coef 0.1 -> 0.2" in capsys.readouterr().err
+    _run(*args, "--out", str(cut))
+    assert read_metrics(whole)[-1]["kl/k3"] > 0  # the policy moved away from its reference
+    a, b = _weights(whole / "model"), _weights(cut / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
+    assert strip(read_metrics(cut)) == strip(read_metrics(whole))

@@ -165,3 +165,14 @@ def test_trajectories_round_trip_through_json():
     trajs = collect_for(engine())(TASKS, 2, torch.Generator().manual_seed(0))
     back = trajectories_from_json(trajectories_to_json(trajs))
     assert back == trajs
+
+
+def test_global_torch_generator_is_saved_and_restored(tmp_path):
+    """Dropout draws from torch's global generator: a resumed run continues its stream."""
+    e = engine()
+    torch.manual_seed(7)
+    Checkpointer(tmp_path / "c", every=1).step_done(e, 1)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    Checkpointer(tmp_path / "c").resume(engine())
+    assert torch.equal(torch.rand(3), expected)

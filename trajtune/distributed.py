@@ -341,10 +341,10 @@ class DistributedEngine:
         DDP / FSDP2, so this is the local engine's step; under FSDP2 the norm is a DTensor)."""
         return self.local.optim_step()
 
-    def reference_engine(self) -> "DistributedEngine":
+    def reference_engine(self, **kw) -> "DistributedEngine":
         """A frozen engine on the current policy (KL / DPO reference), sharded like this one."""
         make = getattr(self.model, "frozen_reference", None)
-        ref = make() if make is not None else copy.deepcopy(self.model)
+        ref = make(**kw) if make is not None else copy.deepcopy(self.model)
         return DistributedEngine(ref.eval(), device=self.device, strategy=self.strategy, autocast=self.autocast,
                                  micro_batch_size=self.micro_batch_size, frozen=True,
                                  _sharded=self.strategy == "fsdp" and make is None)

@@ -227,16 +227,17 @@ class LocalEngine:
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 
-    def reference_engine(self) -> "LocalEngine":
+    def reference_engine(self, **kw) -> "LocalEngine":
         """A frozen engine on the *current* policy: the KL / DPO reference.
 
         A model may provide `frozen_reference()` to give one without a second copy of
         its weights (the Hugging Face adapter with fresh LoRA adapters: the base weights
         with adapters disabled); otherwise this is a deep copy. Same device, autocast
-        and micro-batching as this engine; it never builds an optimizer.
+        and micro-batching as this engine; it never builds an optimizer. `kw` go to the
+        model's `frozen_reference` (e.g. adapters_off=True).
         """
         make = getattr(self.model, "frozen_reference", None)
-        ref = make() if make is not None else copy.deepcopy(self.model)
+        ref = make(**kw) if make is not None else copy.deepcopy(self.model)
         return LocalEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size)
 
     # --- sampling --------------------------------------------------------------

@@ -88,7 +88,8 @@ class HFConfig:
     drop_long: bool = False
     """skip samples / prompts that do not fit --max-length (default: stop with an error listing them)"""
     save_every: int = 0
-    """write a checkpoint (HF format) every this many steps (0: only the final model)"""
+    """write a checkpoint every this many steps: an HF-format snapshot and the resume state (0: only the final
+    model, and the resume state only on Ctrl-C / SIGTERM); a rerun with the same --out resumes from it"""
     device: str = "cpu"
     """torch device ("cpu", "cuda", "cuda:1", "mps")"""
     seed: int = 0
@@ -166,6 +167,7 @@ def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
     from .envs.base import SingleTurnEnv
     from .generation import make_backend
     from .metrics import MetricsLogger
+    from .resume import Checkpointer
     from .models.hf import LoraSettings, load_policy, load_tokenizer
     from .rollout import make_collect
     from .text.chat import ChatRenderer
@@ -222,6 +224,10 @@ def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
                     if n > limit else None)
 
         items = _fit(list(lengths), budget, c.drop_long, too_long, noun="prompts")
+    checkpointer = Checkpointer(out, every=c.save_every)
+    resuming = (checkpointer.state_dir / "engine.json").exists()
+    if resuming:
+        check_same_run(out / "config.json", to_dict(c))
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(c), indent=1))
     torch.manual_seed(c.seed)
@@ -240,29 +246,54 @@ def run_hf(config: HFConfig, run_dir: str | Path | None = None) -> Path:
             policy.save_pretrained(out / "checkpoints" / f"step-{step}", tokenizer, meta={"step": step})
         return {}
 
-    # 3. the loop
+    # 3. the loop (resumed from out/state when an earlier run of the same command left one)
     pad = renderer.pad_id
     t0 = time.time()
-    with MetricsLogger(out) as logger:
+    if resuming:
+        print(f"resuming from {checkpointer.state_dir}", flush=True)
+    with MetricsLogger(out) as logger, checkpointer:
+        ck = checkpointer
         if c.command == "sft":
-            train_sft(engine, items, loop_config, pad, logger, evaluate=checkpoint)
+            train_sft(engine, items, loop_config, pad, logger, evaluate=checkpoint, checkpointer=ck)
         elif c.command == "rm":
-            train_reward_model(engine, items, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+            train_reward_model(engine, items, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every,
+                               checkpointer=ck)
         elif c.command == "dpo":
-            train_dpo(engine, items, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+            train_dpo(engine, items, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every,
+                      checkpointer=ck)
         else:
             collect = make_collect(make_backend(c.backend, engine, pad), lambda: SingleTurnEnv(verifier), renderer,
                                    max_turns=1, max_tokens=limit, max_action_tokens=c.max_new_tokens,
                                    temperature=c.temperature)
             if c.command == "grpo":
-                train_rl(engine, items, collect, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every)
+                train_rl(engine, items, collect, loop_config, pad, logger, evaluate=checkpoint, eval_every=c.save_every,
+                         checkpointer=ck)
             else:
-                train_rft(engine, items, collect, loop_config, pad, logger, evaluate=checkpoint)
+                train_rft(engine, items, collect, loop_config, pad, logger, evaluate=checkpoint, checkpointer=ck)
     # 4. save in the Hugging Face format
     final = policy.save_pretrained(out / "model", tokenizer, meta={"command": c.command, "steps": engine.step})
     print(f"done in {time.time() - t0:.0f}s: {engine.step} optimizer steps; model saved to {final} "
           f"(load with AutoModelForCausalLM.from_pretrained({str(final)!r}))", flush=True)
     return final
+
+
+RESUMABLE_CHANGES = {"steps", "save_every", "device", "micro_batch_size", "out"}
+"""options a resumed run may change (more steps, where it runs); any other change is a different run"""
+
+
+def check_same_run(saved: Path, current: dict) -> None:
+    """Refuse to resume a checkpoint written by a run with other settings (names the options)."""
+    try:
+        before = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"{saved.parent}: has a resume checkpoint but no readable config.json; "
+                         f"use another --out or delete {saved.parent / 'state'}") from None
+    changed = sorted(k for k in set(before) | set(current)
+                     if k not in RESUMABLE_CHANGES and before.get(k) != current.get(k))
+    if changed:
+        diff = ", ".join(f"--{k.replace('_', '-')} {before.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise ValueError(f"{saved.parent} holds a checkpoint of a run with other settings ({diff}); resume with "
+                         f"the same options, or use another --out (or delete {saved.parent / 'state'}) to start over")
 
 
 def model_context(model_dir: str | Path) -> int | None:
@@ -351,6 +382,7 @@ def add_hf_parsers(subparsers) -> None:
 
 def cmd_hf(args) -> int:
     from .config import ConfigError
+    from .resume import RunInterrupted
 
     values = {f.name: getattr(args, f.name) for f in fields(HFConfig) if f.name != "command"}
     try:
@@ -358,6 +390,9 @@ def cmd_hf(args) -> int:
         run_hf(config)
     except (ValueError, FileNotFoundError) as e:  # DataError, ModelPathError, TemplateError, config errors
         raise ConfigError(str(e)) from e
+    except RunInterrupted as e:
+        print(f"trajtune: {e}; run the same command again to resume", file=sys.stderr)
+        return 130
     return 0
 
 

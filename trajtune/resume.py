@@ -16,7 +16,8 @@ checkpoint is written (atomically: see checkpoint.atomic_dir), and
 `RunInterrupted` is raised so the caller can exit cleanly. A second Ctrl-C
 exits at once without a new checkpoint (the last complete one stays intact).
 
-A loop whose steps depend on more than (seed, step) saves that too, in the same
+The global torch generators (dropout) are saved and restored too (in a
+distributed run, rank 0's). A loop whose steps depend on more than (seed, step) saves that too, in the same
 atomic checkpoint: `state` (JSON: its history, the round it is in, the episodes
 it kept -- see `trajectories_to_json`) and `tensors` (e.g. the DPO reference
 log-probs); after `resume` they are in `checkpointer.state` / `.tensors`. A loop
@@ -77,12 +78,13 @@ class Checkpointer:
         self.state = extra.get("loop", {})
         loop_file = self.state_dir / "loop.safetensors"
         self.tensors = load_tensors(loop_file) if loop_file.exists() else {}
+        _set_rng_states({k: self.tensors.pop(k) for k in list(self.tensors) if k.startswith("rng.")})
         return int(extra.get("completed_steps", 0))
 
     def save(self, engine, completed_steps: int, state: dict | None = None,
              tensors: dict[str, torch.Tensor] | None = None) -> None:
         engine.save_state(self.state_dir, extra={"completed_steps": completed_steps, "loop": state or {}},
-                          tensors=tensors)
+                          tensors={**(tensors or {}), **_rng_states()})
 
     def step_done(self, engine, completed_steps: int, state: Callable[[], dict] | dict | None = None,
                   tensors: Callable[[], dict] | dict | None = None, allowed: bool = True) -> None:
@@ -104,19 +106,24 @@ class Checkpointer:
     def reference(self, engine, start: int):
         """The stage's frozen reference engine: the policy it started from, kept across resumes.
 
-        A model that gives its reference without a copy (`frozen_reference`, e.g. LoRA
-        adapters switched off) needs nothing saved; otherwise the starting weights are
-        written to `<directory>/reference` on a fresh start and read back on a resume
-        (call after `resume`, which returned `start`).
+        The starting weights are written to `<directory>/reference` on a fresh start and
+        read back on a resume (call after `resume`, which returned `start`). A reference
+        without weights of its own (LoRA adapters switched off: `shares_policy_weights`)
+        is only marked, and made again the same way on a resume.
         """
-        ref = engine.reference_engine()
-        if getattr(engine.model, "frozen_reference", None) is not None:
-            return ref
         path = self.directory / "reference"
         if start == 0:
-            ref.save_state(path)
-        else:
-            ref.load_state(path)
+            ref = engine.reference_engine()
+            if getattr(ref.model, "shares_policy_weights", False):
+                path.mkdir(parents=True, exist_ok=True)
+                (path / "adapters_off").write_text("the reference is the policy with its adapters switched off\n")
+            else:
+                ref.save_state(path)
+            return ref
+        if (path / "adapters_off").exists():
+            return engine.reference_engine(adapters_off=True)
+        ref = engine.reference_engine()
+        ref.load_state(path)
         return ref
 
     # --- signals -------------------------------------------------------------
@@ -138,6 +145,22 @@ class Checkpointer:
             raise KeyboardInterrupt
         self.stop_requested = True
 
+
+
+def _rng_states() -> dict[str, torch.Tensor]:
+    """torch's global generators (dropout and anything else that does not take a generator)."""
+    out = {"rng.cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out.update({f"rng.cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    return out
+
+
+def _set_rng_states(states: dict[str, torch.Tensor]) -> None:
+    if "rng.cpu" in states:
+        torch.set_rng_state(states["rng.cpu"])
+    cuda = [states[f"rng.cuda.{i}"] for i in range(torch.cuda.device_count()) if f"rng.cuda.{i}" in states]
+    if cuda and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
 
 
 # --- a loop's episodes, as JSON ------------------------------------------------------

@@ -215,15 +215,16 @@ class HFPolicy(nn.Module):
         return self.forward(ids, attention_mask, return_values=True)[1]
 
     # --- reference without a second copy
-    def frozen_reference(self) -> nn.Module:
+    def frozen_reference(self, adapters_off: bool = False) -> nn.Module:
         """A frozen model equal to the current policy, for KL / DPO references.
 
         With LoRA adapters that are still at their initial value (B = 0, so the policy
         equals the base model) this is the base model seen with adapters disabled: no
-        second copy in memory. Otherwise a deep copy.
+        second copy in memory. Otherwise a deep copy. `adapters_off=True` asks for the
+        base model whatever the adapters hold (a resumed stage whose reference was it).
         """
-        if self.is_lora and all(float(p.detach().abs().max()) == 0.0
-                                for n, p in self.model.named_parameters() if "lora_B" in n):
+        if self.is_lora and (adapters_off or all(float(p.detach().abs().max()) == 0.0
+                                                 for n, p in self.model.named_parameters() if "lora_B" in n)):
             return AdaptersOff(self)
         ref = copy.deepcopy(self)
         for p in ref.parameters():
@@ -260,6 +261,8 @@ class AdaptersOff(nn.Module):
     Holds the policy without registering it, so `parameters()` is empty: an engine
     around it never builds an optimizer over the policy's weights.
     """
+
+    shares_policy_weights = True  # nothing of its own to checkpoint (trajtune.resume.Checkpointer.reference)
 
     def __init__(self, policy: HFPolicy):
         super().__init__()
