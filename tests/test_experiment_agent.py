@@ -111,3 +111,41 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path):
     assert main(["run", "--dry-run", "--run-dir", str(tmp_path / "x")]) == 0
     with pytest.raises(ValueError, match="unknown stages"):
         agent.Config(stages=["nope"])
+
+
+@pytest.mark.parametrize("stage, at", [("oracle_sft", 4), ("rl_only", 3), ("rft", 3), ("dpo", 3)])
+def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, monkeypatch, stage, at):
+    """Ctrl-C (a real SIGINT) during optimizer step `at` of one stage: the stage saves and stops;
+    rerunning the experiment resumes it and ends with the results and metric rows of the uninterrupted run."""
+    import os
+    import shutil
+    import signal
+
+    from trajtune.resume import RunInterrupted
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(small_run[0], run_dir)
+    shutil.rmtree(run_dir / stage)
+    rows = lambda d: [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(d) if r["stage"] == stage]  # noqa: E731
+    expected_rows = rows(run_dir)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_metrics(run_dir)
+                                                   if r["stage"] != stage))
+    step = LocalEngine.optim_step
+
+    def interrupting(self):
+        if self.step + 1 == at and self.model.training:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self)
+
+    config = dataclasses.replace(SMALL, stages=[stage])
+    monkeypatch.setattr(LocalEngine, "optim_step", interrupting)
+    with pytest.raises(RunInterrupted):
+        agent.run_stage(stage, config, run_dir)
+    assert (run_dir / stage / "resume" / "state" / "engine.json").exists()
+    monkeypatch.setattr(LocalEngine, "optim_step", step)
+    got = agent.run_stage(stage, config, run_dir)
+    want = json.loads((small_run[0] / stage / "results.json").read_text())
+    got.pop("time"), want.pop("time")
+    assert got == want
+    assert rows(run_dir) == expected_rows
+    assert not (run_dir / stage / "resume").exists()

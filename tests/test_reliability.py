@@ -139,3 +139,32 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
                           max_turns=1, max_tokens=32, max_action_tokens=3, max_fault_share=0.25)
     with pytest.raises(TooManyFaults, match=r"2 of 4 episodes failed.*bad: ZeroDivisionError"):
         strict([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
+
+
+def _log_rows(run_dir, stage, n):
+    with MetricsLogger(run_dir) as log:
+        for i in range(n):
+            log.log(i, {"train/loss": float(i)}, stage=stage)
+
+
+def test_parallel_stages_logging_to_one_file_lose_no_row_when_one_drops_its_rows(tmp_path):
+    """Stages in other processes append while one stage replaces the file (resume / rerun)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with MetricsLogger(tmp_path) as log:
+        for i in range(50):
+            log.log(i, {"train/loss": 0.0}, stage="old")
+        procs = [ctx.Process(target=_log_rows, args=(tmp_path, f"w{k}", 400)) for k in range(2)]
+        for p in procs:
+            p.start()
+        while any(p.is_alive() for p in procs):
+            log.drop_after("old", -1)
+            log.log(0, {"train/loss": 0.0}, stage="old")
+        for p in procs:
+            p.join()
+        assert all(p.exitcode == 0 for p in procs)
+    rows = read_metrics(tmp_path)
+    for k in range(2):
+        assert [r["step"] for r in rows if r["stage"] == f"w{k}"] == list(range(400))
+    assert len([r for r in rows if r["stage"] == "old"]) == 1

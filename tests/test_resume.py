@@ -176,3 +176,15 @@ def test_global_torch_generator_is_saved_and_restored(tmp_path):
     torch.manual_seed(123)
     Checkpointer(tmp_path / "c").resume(engine())
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_state_kept_beside_the_loop_comes_back_in_place(tmp_path):
+    e = engine()
+    ck = Checkpointer(tmp_path / "c", every=1)
+    curve, costs = ck.keep("curve", [{"step": 0, "x": 1.5}]), ck.keep("costs", {"sampled": 8})
+    ck.step_done(e, 1)
+    curve.append({"step": 1}), costs.update(sampled=16)  # after the checkpoint: lost with the process
+    again = Checkpointer(tmp_path / "c")
+    curve2, costs2 = again.keep("curve", []), again.keep("costs", {})
+    assert not Checkpointer(tmp_path / "other").has_checkpoint and again.has_checkpoint
+    assert again.resume(engine()) == 1 and curve2 == [{"step": 0, "x": 1.5}] and costs2 == {"sampled": 8}

@@ -148,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trajtune: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # resume.RunInterrupted: a checkpoint was written first
+        saved = f" ({e})" if str(e) else ""
+        print(f"trajtune: interrupted{saved}; run the same command again to resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

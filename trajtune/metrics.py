@@ -12,12 +12,18 @@ never has to guess what a number means. TensorBoard is optional
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
 from pathlib import Path
 from typing import Iterable
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: one process per run directory
+    fcntl = None
 
 from tqdm.auto import tqdm
 
@@ -129,13 +135,19 @@ def register(key: str, doc: str) -> None:
 
 
 class MetricsLogger:
-    """Append-only `metrics.jsonl` writer; optionally mirrors scalars to TensorBoard."""
+    """Append-only `metrics.jsonl` writer; optionally mirrors scalars to TensorBoard.
+
+    Several processes may log to one run directory (an experiment's parallel stages):
+    every write holds a lock (`.metrics.lock`, POSIX) and reopens the file if another
+    process replaced it (`drop_after`), so no row is lost or written to a stale file.
+    """
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = False, strict: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         self._fh = open(self.path, "a", encoding="utf-8")
+        self._lock_fh = open(self.run_dir / ".metrics.lock", "a")
         self._t0 = time.time()
         self.strict = strict
         self._tb = None
@@ -159,21 +171,47 @@ class MetricsLogger:
             row[k] = v if math.isfinite(v) else str(v)
             if self._tb is not None:
                 self._tb.add_scalar(k if stage is None else f"{stage}/{k}", v, step)
-        self._fh.write(json.dumps(row) + "\n")
-        self._fh.flush()
+        with self._locked():
+            self._fh.write(json.dumps(row) + "\n")
+            self._fh.flush()
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """Hold the run directory's metrics lock; reopen our handle if the file was replaced."""
+        if fcntl is not None:
+            fcntl.flock(self._lock_fh.fileno(), fcntl.LOCK_EX)
+        try:
+            try:
+                replaced = os.fstat(self._fh.fileno()).st_ino != os.stat(self.path).st_ino
+            except FileNotFoundError:
+                replaced = True
+            if replaced:
+                self._fh.close()
+                self._fh = open(self.path, "a", encoding="utf-8")
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(self._lock_fh.fileno(), fcntl.LOCK_UN)
 
     def drop_after(self, stage: str, step: int) -> None:
-        """Remove rows of `stage` logged after `step` (a resumed run logs them again)."""
-        self._fh.close()
-        rows = read_metrics(self.path)
-        kept = [r for r in rows if not (r.get("stage") == stage and r.get("step", 0) > step)]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        """Remove rows of `stage` logged after `step` (a resumed run logs them again; -1: all its rows)."""
+        with self._locked():
+            rows = read_metrics(self.path)
+            kept = [r for r in rows if not (r.get("stage") == stage and r.get("step", 0) > step)]
+            if len(kept) == len(rows):
+                return
+            tmp = self.path.with_suffix(".tmp")
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in kept))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            self._fh.close()
+            self._fh = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         self._fh.close()
+        self._lock_fh.close()
         if self._tb is not None:
             self._tb.close()
 

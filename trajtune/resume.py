@@ -62,20 +62,37 @@ class Checkpointer:
         """the loop state of the checkpoint `resume` loaded ({} on a fresh run)"""
         self.tensors: dict[str, torch.Tensor] = {}
         """the loop tensors of that checkpoint"""
+        self._kept: dict[str, list | dict] = {}
         self._previous: dict[int, object] = {}
 
     @property
     def state_dir(self) -> Path:
         return self.directory / "state"
 
+    @property
+    def has_checkpoint(self) -> bool:
+        """True when `resume` will continue an earlier run (e.g. skip a stage's step-0 evaluation)."""
+        return (self.state_dir / "engine.json").exists()
+
+    def keep(self, name: str, obj: list | dict) -> list | dict:
+        """Save the JSON-able list or dict `obj` with every checkpoint and refill it in place on
+        `resume` -- state a caller keeps beside the loop (an evaluation curve, sampling costs)."""
+        self._kept[name] = obj
+        return obj
+
     def resume(self, engine) -> int:
         """Load the last checkpoint into `engine` if there is one; return the step to start at.
 
         The loop's own state and tensors land in `self.state` and `self.tensors`."""
-        if not (self.state_dir / "engine.json").exists():
+        if not self.has_checkpoint:
             return 0
         extra = engine.load_state(self.state_dir)
         self.state = extra.get("loop", {})
+        for name, saved in extra.get("kept", {}).items():
+            if name in self._kept:
+                obj = self._kept[name]
+                obj.clear()
+                obj.extend(saved) if isinstance(obj, list) else obj.update(saved)
         loop_file = self.state_dir / "loop.safetensors"
         self.tensors = load_tensors(loop_file) if loop_file.exists() else {}
         _set_rng_states({k: self.tensors.pop(k) for k in list(self.tensors) if k.startswith("rng.")})
@@ -83,7 +100,8 @@ class Checkpointer:
 
     def save(self, engine, completed_steps: int, state: dict | None = None,
              tensors: dict[str, torch.Tensor] | None = None) -> None:
-        engine.save_state(self.state_dir, extra={"completed_steps": completed_steps, "loop": state or {}},
+        engine.save_state(self.state_dir, extra={"completed_steps": completed_steps, "loop": state or {},
+                                                 "kept": self._kept},
                           tensors={**(tensors or {}), **_rng_states()})
 
     def step_done(self, engine, completed_steps: int, state: Callable[[], dict] | dict | None = None,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from ..config import to_dict
 from ..engine import LocalEngine, OptimConfig
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
+from ..resume import Checkpointer
 from . import agent_diagnostics as diag
 from .agent_gym import Gym, describe, episodes, evaluate, preference_pairs, probe, rft_round_summary, scripted_play
 
@@ -103,6 +105,8 @@ class Config:
     threads: int = 1
     """torch threads per process: the model is too small to gain from more, and OpenMP
     spin-waiting makes 2 threads many times slower whenever another process is busy"""
+    checkpoint_every: int = 0
+    """also checkpoint a stage every this many of its steps (0: only on Ctrl-C / SIGTERM); a rerun resumes it"""
     workers: int = 2
     """processes for independent stages (1: everything in this process)"""
     stages: list[str] = field(default_factory=list)
@@ -151,16 +155,23 @@ def seeded(loop_config, config: Config, offset: int):
 
 
 def evaluator(engine: LocalEngine, gym: Gym, config: Config, logger: MetricsLogger, stage: str,
-              curve: list, offset: int = 0) -> Callable[[int], dict]:
-    """evaluate(step) for a loop; also appends (offset + step, metrics) to `curve`. Logs step 0 now."""
+              curve: list, offset: int = 0, resuming: bool = False) -> Callable[[int], dict]:
+    """evaluate(step) for a loop; also appends (offset + step, metrics) to `curve`. Logs step 0 now
+    (unless `resuming`: the checkpoint's curve already has it)."""
 
     def ev(step: int) -> dict:
         m = evaluate(engine, gym, config.eval_samples, config.eval_seed())
         curve.append({"step": offset + step, **m})
         return m
 
-    logger.log(0, ev(0), stage=stage)
+    if not resuming:
+        logger.log(0, ev(0), stage=stage)
     return ev
+
+
+def checkpointer(config: Config, run_dir: Path, stage: str) -> Checkpointer:
+    """The stage's resume state, `run_dir/<stage>/resume` (removed once the stage's results are written)."""
+    return Checkpointer(run_dir / stage / "resume", config.checkpoint_every)
 
 
 def counting(collect, costs: dict) -> Callable:
@@ -181,7 +192,8 @@ def weak_base(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger) ->
     seeds = [config.seed * 100 + s for s in range(config.weak_play_seeds)]
     play = scripted_play(gym, "blind", seeds, gym.train) + scripted_play(gym, "random", seeds, gym.train)
     engine = LocalEngine(new_model(config, gym), OptimConfig(lr=config.sft_lr))
-    train_sft(engine, play, seeded(config.weak, config, 1), gym.pad_id, logger, stage="weak_base")
+    with checkpointer(config, run_dir, "weak_base") as ck:
+        train_sft(engine, play, seeded(config.weak, config, 1), gym.pad_id, logger, stage="weak_base", checkpointer=ck)
     save_model(run_dir / "weak_base" / "checkpoint", engine.model, gym.tok, meta={"stage": "weak_base"})
     return {"describe": describe(engine, gym, config.describe_samples, config.eval_seed(1)),
             "scripted_episodes": len(play), "blind_pass": sum(t.reward for t in play[: len(play) // 2]) / (len(play) // 2)}
@@ -191,8 +203,11 @@ def oracle_sft(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger) -
     """A3 + A10: SFT on oracle demos, evaluating and snapshotting every `oracle.eval_every` steps."""
     engine = load_engine(run_dir, "weak_base/checkpoint", config.sft_lr)
     demos = scripted_play(gym, "oracle", [config.seed], gym.train)
-    curve, probes = [], {"0": probe(engine, gym, config.probe_group, config.eval_seed(2))}
-    ev = evaluator(engine, gym, config, logger, "oracle_sft", curve)
+    ck = checkpointer(config, run_dir, "oracle_sft")
+    curve, probes = ck.keep("curve", []), ck.keep("probes", {})
+    if not ck.has_checkpoint:
+        probes["0"] = probe(engine, gym, config.probe_group, config.eval_seed(2))
+    ev = evaluator(engine, gym, config, logger, "oracle_sft", curve, resuming=ck.has_checkpoint)
 
     def ev_and_snapshot(step: int) -> dict:
         save_model(run_dir / "oracle_sft" / f"step-{step}", engine.model, gym.tok, meta={"stage": "oracle_sft", "step": step})
@@ -200,7 +215,9 @@ def oracle_sft(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger) -
             probes[str(step)] = probe(engine, gym, config.probe_group, config.eval_seed(2))
         return ev(step)
 
-    train_sft(engine, demos, seeded(config.oracle, config, 2), gym.pad_id, logger, ev_and_snapshot, stage="oracle_sft")
+    with ck:
+        train_sft(engine, demos, seeded(config.oracle, config, 2), gym.pad_id, logger, ev_and_snapshot,
+                  stage="oracle_sft", checkpointer=ck)
     save_model(run_dir / "oracle_sft" / "checkpoint", engine.model, gym.tok, meta={"stage": "oracle_sft"})
     return {"curve": curve, "probes": probes, "demos": len(demos),
             "describe": describe(engine, gym, config.describe_samples, config.eval_seed(1))}
@@ -210,7 +227,8 @@ def _expert_iteration(config: Config, run_dir: Path, gym: Gym, logger: MetricsLo
                       reward: str, rounds: int, evaluate_fn) -> dict:
     """Expert iteration from the weak base; records what every round sampled and kept."""
     engine = load_engine(run_dir, "weak_base/checkpoint", config.sft_lr)
-    summaries, costs = [], {}
+    ck = checkpointer(config, run_dir, stage)
+    summaries, costs, curve = ck.keep("summaries", []), ck.keep("costs", {}), ck.keep("curve", [])
     collect = counting(gym.collect(engine, reward), costs)
 
     def recording(tasks, n, g):
@@ -218,11 +236,14 @@ def _expert_iteration(config: Config, run_dir: Path, gym: Gym, logger: MetricsLo
         summaries.append(rft_round_summary(trajs))
         return trajs
 
-    first = evaluate_fn(engine)
-    logger.log(0, first, stage=stage)
-    curve = [{"step": 0, **first}]
+    if not ck.has_checkpoint:
+        first = evaluate_fn(engine)
+        logger.log(0, first, stage=stage)
+        curve.append({"step": 0, **first})
     cfg = seeded(dataclasses.replace(config.rft, rounds=rounds), config, 3 if reward == "hidden" else 4)
-    rows = train_rft(engine, gym.train, recording, cfg, gym.pad_id, logger, lambda step: evaluate_fn(engine), stage=stage)
+    with ck:
+        rows = train_rft(engine, gym.train, recording, cfg, gym.pad_id, logger, lambda step: evaluate_fn(engine),
+                         stage=stage, checkpointer=ck)
     curve += [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval/")}} for r in rows]
     save_model(run_dir / stage / "checkpoint", engine.model, gym.tok, meta={"stage": stage})
     return {"curve": curve, "rounds": summaries, "costs": costs, "engine": engine}
@@ -255,10 +276,13 @@ def _dpo(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger, stage: 
     engine = load_engine(run_dir, "weak_base/checkpoint", config.dpo_lr)
     sample = episodes(engine, gym, gym.train, config.pair_samples, config.seed * 1_000_003 + 5)
     pairs = preference_pairs(sample, gym.train, config.seed)
-    curve = []
-    ev = evaluator(engine, gym, config, logger, stage, curve)
+    ck = checkpointer(config, run_dir, stage)
+    curve = ck.keep("curve", [])
+    ev = evaluator(engine, gym, config, logger, stage, curve, resuming=ck.has_checkpoint)
     cfg = seeded(dataclasses.replace(config.dpo, nll_weight=nll_weight), config, 5)
-    rows = train_dpo(engine, pairs, cfg, gym.pad_id, logger, ev, config.dpo_eval_every, stage=stage) if pairs else []
+    with ck:
+        rows = train_dpo(engine, pairs, cfg, gym.pad_id, logger, ev, config.dpo_eval_every, stage=stage,
+                         checkpointer=ck) if pairs else []
     drift = {r["step"]: (r["dpo/chosen_logp_drift"], r["dpo/rejected_logp_drift"]) for r in rows}
     for point in curve:
         point["d_chosen"], point["d_rejected"] = drift.get(point["step"], (0.0, 0.0))
@@ -278,11 +302,13 @@ def dpo_nll(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger) -> d
 def _rl(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger, stage: str, start: str, offset: int) -> dict:
     """A9: REINFORCE with a group-mean baseline; curve steps count the SFT steps before it (`offset`)."""
     engine = load_engine(run_dir, start, config.rl_lr)
-    costs, curve = {}, []
-    ev = evaluator(engine, gym, config, logger, stage, curve, offset)
+    ck = checkpointer(config, run_dir, stage)
+    costs, curve = ck.keep("costs", {}), ck.keep("curve", [])
+    ev = evaluator(engine, gym, config, logger, stage, curve, offset, resuming=ck.has_checkpoint)
     cfg = seeded(dataclasses.replace(config.rl, steps=config.rl.steps - offset), config, 6 + offset)
-    train_rl(engine, gym.train, counting(gym.collect(engine), costs), cfg, gym.pad_id, logger, ev,
-             config.rl_eval_every, stage=stage)
+    with ck:
+        train_rl(engine, gym.train, counting(gym.collect(engine), costs), cfg, gym.pad_id, logger, ev,
+                 config.rl_eval_every, stage=stage, checkpointer=ck)
     save_model(run_dir / stage / "checkpoint", engine.model, gym.tok, meta={"stage": stage})
     return {"curve": curve, "costs": costs, "describe": describe(engine, gym, config.describe_samples, config.eval_seed(1))}
 
@@ -311,7 +337,8 @@ def template_mismatch(config: Config, run_dir: Path, gym: Gym, logger: MetricsLo
     wrong = scripted_play(gym, "oracle", [config.seed], gym.train, renderer=gym.renderer.__class__(gym.tok, wrappers=False))
     right = scripted_play(gym, "oracle", [config.seed], gym.train)
     cfg = dataclasses.replace(seeded(config.oracle, config, 2), eval_every=0)
-    train_sft(engine, wrong, cfg, gym.pad_id, logger, stage="template_mismatch")
+    with checkpointer(config, run_dir, "template_mismatch") as ck:
+        train_sft(engine, wrong, cfg, gym.pad_id, logger, stage="template_mismatch", checkpointer=ck)
     save_model(run_dir / "template_mismatch" / "checkpoint", engine.model, gym.tok, meta={"stage": "template_mismatch"})
     return {"describe": describe(engine, gym, config.describe_samples, config.eval_seed(1)),
             "nll_right_format": diag.nll(engine, right, gym.pad_id), "example": gym.tok.decode(wrong[0].ids[:12])}
@@ -338,12 +365,15 @@ def run_stage(name: str, config: Config, run_dir: Path) -> dict:
     gym = Gym(config.max_turns, config.max_action_tokens)
     t0, c0 = time.perf_counter(), time.process_time()
     with MetricsLogger(run_dir) as logger:
+        if not checkpointer(config, run_dir, name).has_checkpoint:  # a (re)run from scratch replaces its rows
+            logger.drop_after(name, -1)
         results = STAGES[name][0](config, run_dir, gym, logger)
     results["time"] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                        "sampling_s": gym.sampling_seconds}
     (run_dir / name).mkdir(parents=True, exist_ok=True)
     text = json.dumps(results, indent=1)
     (run_dir / name / "results.json").write_text(text)
+    shutil.rmtree(run_dir / name / "resume", ignore_errors=True)  # finished: a forced rerun starts afresh
     return json.loads(text)  # the same types whether a stage ran now or was read back
 
 
