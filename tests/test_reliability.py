@@ -89,6 +89,34 @@ def test_nan_loss_skips_the_step_and_leaves_weights_alone(tiny_model):
         stopper.optim_step()
 
 
+class NanOnToken(torch.nn.Module):
+    """A model whose logits are NaN in rows that contain token 2 (a bad input for a real model)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, attention_mask=None, **kw):
+        logits = self.model(ids, attention_mask=attention_mask)
+        return torch.where((ids == 2).any(-1)[:, None, None], torch.full_like(logits, float("nan")), logits)
+
+
+def test_a_skipped_step_names_the_rows_that_caused_it(tiny_model, caplog):
+    data = demos(6)
+    for i, t in enumerate(data):
+        t.info["source"] = f"chats.jsonl:{i + 1}"
+    data[4].ids[2] = 2  # row 4's prompt holds the token the model cannot take
+    engine = LocalEngine(NanOnToken(copy.deepcopy(tiny_model)), OptimConfig(lr=1e-2))
+    with caplog.at_level("WARNING", logger="trajtune.engine"):
+        engine.forward_backward(collate(data, 0), sft_loss_fn())
+        assert engine.optim_step()["skipped"] == 1.0
+    assert "non-finite log-probs in 1 row(s): chats.jsonl:5" in caplog.text and "step skipped" in caplog.text
+    stopper = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
+    stopper.forward_backward(collate(data[:2], 0), nan_loss)  # finite log-probs: the whole batch is named
+    with pytest.raises(NonFiniteError, match="non-finite loss on a batch of 2 row\\(s\\): chats.jsonl:1, chats.jsonl:2"):
+        stopper.optim_step()
+
+
 def test_nan_weights_are_never_written(tiny_model, tmp_path):
     save_model(tmp_path / "ck", tiny_model)
     bad = copy.deepcopy(tiny_model)

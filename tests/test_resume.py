@@ -188,3 +188,27 @@ def test_state_kept_beside_the_loop_comes_back_in_place(tmp_path):
     curve2, costs2 = again.keep("curve", []), again.keep("costs", {})
     assert not Checkpointer(tmp_path / "other").has_checkpoint and again.has_checkpoint
     assert again.resume(engine()) == 1 and curve2 == [{"step": 0, "x": 1.5}] and costs2 == {"sampled": 8}
+
+
+def test_a_save_cut_between_its_two_renames_leaves_the_previous_checkpoint_usable(tmp_path, monkeypatch):
+    """atomic_dir moves the old state aside, then renames the new one in: a crash in between
+    loses neither (the Checkpointer puts the old one back)."""
+    import trajtune.checkpoint as C
+
+    e = engine()
+    ck = Checkpointer(tmp_path / "c", every=1)
+    ck.step_done(e, 1)
+    calls, replace = [], C.os.replace
+
+    def crash_on_the_second_rename(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise SystemExit("killed")  # the process dies here
+        return replace(src, dst)
+
+    monkeypatch.setattr(C.os, "replace", crash_on_the_second_rename)
+    with pytest.raises(SystemExit):
+        ck.step_done(e, 2)
+    monkeypatch.setattr(C.os, "replace", replace)
+    assert not ck.state_dir.exists()
+    assert Checkpointer(tmp_path / "c").resume(engine()) == 1

@@ -42,6 +42,10 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory; on success it replaces `path` in one rename.
 
     If the body raises, the temporary directory is removed and `path` is untouched.
+    A directory cannot be renamed over a non-empty one, so the previous `path` is
+    first moved aside to `.<name>.old-<pid>`; a crash between the two renames leaves
+    it there, and `recover_dir(path)` (called by readers such as the Checkpointer)
+    puts it back.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,11 +61,39 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             old = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, old)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def recover_dir(path: str | os.PathLike) -> bool:
+    """If `path` is missing but a save was cut between its two renames (see `atomic_dir`),
+    move the previous complete directory back. Returns True if it did."""
+    path = Path(path)
+    if path.exists():
+        return False
+    aside = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    if not aside:
+        return False
+    os.replace(aside[-1], path)
+    return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename inside `directory` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], file: Path) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -34,6 +35,9 @@ from .checkpoint import atomic_dir, load_model_weights, save_model_weights, load
 from .logprobs import aggregation_share, token_log_probs
 from .sampling import Samples, sample
 from .trajectory import Batch
+
+
+log = logging.getLogger("trajtune.engine")
 
 
 @dataclass
@@ -119,6 +123,7 @@ class LocalEngine:
         self.optim_config = optim or OptimConfig()
         self.step = 0  # optimizer steps taken
         self.skipped_steps = 0  # steps whose gradient was NaN/Inf (weights left unchanged)
+        self._suspects: list[str] = []  # batches with a non-finite loss since the last optim_step
         self._optimizer: torch.optim.Optimizer | None = None
         if autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"LocalEngine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
@@ -194,6 +199,8 @@ class LocalEngine:
             loss, metrics = loss_fn(out, part.to(self.device))
             if loss.dim() != 0:
                 raise ValueError(f"loss_fn must return a scalar loss, got shape {tuple(loss.shape)}")
+            if not bool(torch.isfinite(loss.detach())):
+                self._suspects.append(nonfinite_rows(part, out.logprobs))
             (loss * scale * share).backward()
             for k, v in {"loss": loss, **metrics}.items():
                 result[k] = result.get(k, 0.0) + share * _to_float(v)
@@ -202,9 +209,12 @@ class LocalEngine:
     def optim_step(self) -> dict:
         """Clip gradients, step the optimizer with this step's learning rate, zero gradients.
 
-        A NaN or Inf gradient (e.g. from a NaN loss) never reaches the weights: the step is
-        skipped (`skipped` = 1 in the returned metrics, the loop logs it with the step whose
-        batch caused it) or, with `OptimConfig.on_nonfinite = "stop"`, `NonFiniteError` is raised.
+        A NaN or Inf gradient, or a NaN / Inf loss since the last step (whose gradient may
+        look finite: a NaN that entered without touching a weight), never reaches the weights: the step is
+        skipped (`skipped` = 1 in the returned metrics, the loop logs it with its step, and a
+        warning names the rows whose loss or log-probs were not finite: their task or
+        file:line) or, with `OptimConfig.on_nonfinite = "stop"`, `NonFiniteError` is raised
+        with the same message.
         """
         c = self.optim_config
         lr = c.lr_at(self.step)
@@ -213,15 +223,19 @@ class LocalEngine:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm, same on every rank
-        finite = bool(torch.isfinite(norm))
+        suspects, self._suspects = self._suspects, []
+        finite = bool(torch.isfinite(norm)) and not suspects
         if finite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         if not finite:
             self.skipped_steps += 1
+            culprit = "; ".join(suspects) if suspects else "the loss was finite: the gradient overflowed"
+            message = f"non-finite loss or gradient (norm {float(norm)}) at optimizer step {self.step}: {culprit}"
             if c.on_nonfinite == "stop":
-                raise NonFiniteError(f"non-finite gradient norm ({float(norm)}) at optimizer step {self.step}")
+                raise NonFiniteError(message)
+            log.warning("%s (step skipped, weights unchanged)", message)
         return {"grad_norm": float(norm), "lr": lr, "skipped": 0.0 if finite else 1.0}
 
     def zero_grad(self) -> None:
@@ -289,6 +303,21 @@ class LocalEngine:
 
 
 AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def nonfinite_rows(batch: Batch, logprobs: torch.Tensor, show: int = 5) -> str:
+    """Name the rows of a batch whose loss was not finite: those with non-finite log-probs
+    (`logprobs` [B, T-1]) where there are some, else every row; each by its task or source."""
+    bad = (~torch.isfinite(logprobs.detach()) & batch.action_mask.to(logprobs.device).bool()).any(-1)
+    rows = bad.nonzero().flatten().tolist() or list(range(batch.size))
+    what = "non-finite log-probs in" if bad.any() else "non-finite loss on a batch of"
+
+    def name(i: int) -> str:
+        info = batch.infos[i] if i < len(batch.infos) else {}
+        return str(info.get("task") or info.get("source") or f"row {int(batch.index[i])}")
+
+    names = ", ".join(name(i) for i in rows[:show]) + (f" and {len(rows) - show} more" if len(rows) > show else "")
+    return f"{what} {len(rows)} row(s): {names}"
 
 
 def micro_batches(n: int, size: int) -> list[torch.Tensor]:

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .checkpoint import load_tensors
+from .checkpoint import load_tensors, recover_dir
 from .trajectory import Trajectory
 
 
@@ -72,6 +72,7 @@ class Checkpointer:
     @property
     def has_checkpoint(self) -> bool:
         """True when `resume` will continue an earlier run (e.g. skip a stage's step-0 evaluation)."""
+        recover_dir(self.state_dir)  # a save cut between its two renames: the previous state is back
         return (self.state_dir / "engine.json").exists()
 
     def keep(self, name: str, obj: list | dict) -> list | dict:
