@@ -135,6 +135,21 @@ class Batch:
         }
         return Batch(**out)
 
+    def trim(self) -> "Batch":
+        """The same rows without the padding columns no row uses: T -> the longest row's length.
+
+        Only for losses that read nothing of width T-1 from outside the batch (a loss indexing
+        full-width per-token tensors by `index` would see other widths)."""
+        T = int(self.attention_mask.sum(-1).max())
+        if T == self.ids.shape[1]:
+            return self
+        out = dict(self.__dict__)
+        for k in ("ids", "attention_mask", "owners", "turns"):
+            out[k] = out[k][:, :T]
+        for k in ("action_mask", "old_logprobs"):
+            out[k] = out[k][:, : T - 1]
+        return Batch(**out)
+
 
 def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:
     """Right-pad trajectories into a `Batch` (shapes documented on `Batch`).

@@ -48,6 +48,9 @@ class DPOConfig:
     """ORPO odds-ratio weight"""
     regenerate_every: int = 0
     """re-make pairs from the current policy (and reset the reference) every this many steps (0: offline)"""
+    length_buckets: int = 1
+    """forward each step's pairs in this many groups of similar length, each without the padding it does not
+    need, and accumulate (the same gradient up to float rounding; faster when lengths vary)"""
     seed: int = 0
     """batch of step s is a function of (seed, s)"""
 
@@ -61,11 +64,37 @@ class DPOConfig:
                 raise ValueError(f"DPOConfig: {name} must be >= 0, got {getattr(self, name)}")
         if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0:
             raise ValueError("DPOConfig: steps, batch_size and regenerate_every must be >= 0")
+        if self.length_buckets < 1:
+            raise ValueError(f"DPOConfig: length_buckets must be >= 1, got {self.length_buckets}")
 
 
 def pair_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:
     """Chosen episodes in rows [0, P), their rejected partners in rows [P, 2P)."""
     return collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+
+
+def pair_step(engine: LocalEngine, full: Batch, rows: torch.Tensor, loss_fn, buckets: int = 1,
+              values: bool = False) -> dict:
+    """forward_backward on pairs `rows` [p] of a `pair_batch` `full` -> the loss function's metrics.
+
+    buckets > 1: the pairs are sorted by length (the longer side), split into `buckets`
+    groups, each trimmed of the padding it does not need (`Batch.trim`) and scaled by its
+    share of the pairs. Preference losses are means over pairs, so the accumulated
+    gradient and the share-weighted metrics equal the one-group ones up to float rounding.
+    """
+    P = full.size // 2
+    if buckets <= 1:
+        return engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss_fn, values=values)
+    lengths = full.attention_mask.sum(-1)  # [2P]
+    order = rows[torch.argsort(torch.maximum(lengths[rows], lengths[rows + P]), stable=True)]
+    metrics: dict[str, float] = {}
+    for group in order.chunk(buckets):
+        share = len(group) / len(rows)
+        m = engine.forward_backward(full.select(torch.cat([group, group + P])).trim(), loss_fn, scale=share,
+                                    values=values)
+        for k, v in m.items():
+            metrics[k] = metrics.get(k, 0.0) + share * v
+    return metrics
 
 
 def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -135,8 +164,7 @@ def train_dpo(
         # 2. one step on a batch of pairs
         P = full.size // 2
         rows = torch.arange(P) if not config.batch_size else batch_indices(P, config.batch_size, config.seed, step)
-        batch = full.select(torch.cat([rows, rows + P]))
-        m = engine.forward_backward(batch, loss_fn)
+        m = pair_step(engine, full, rows, loss_fn, config.length_buckets)
         o = engine.optim_step()
         # 3. log, checkpoint
         finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)

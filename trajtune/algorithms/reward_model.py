@@ -18,7 +18,7 @@ from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger, progress
 from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
 from ..trajectory import Batch, Trajectory, collate
-from .dpo import Pair, pair_batch
+from .dpo import Pair, pair_batch, pair_step
 from ..resume import Checkpointer
 from .common import finish_step, save_point, start_from, train_row
 from .sft import batch_indices
@@ -32,6 +32,8 @@ class RewardModelConfig:
     """pairs per step"""
     margin: float = 0.0
     """Bradley-Terry margin m: -log sigma(r_c - r_r - m) (book ch.5 margin loss)"""
+    length_buckets: int = 1
+    """forward each step's pairs in this many groups of similar length (see DPOConfig.length_buckets)"""
     seed: int = 0
     """batch of step s is a function of (seed, s)"""
 
@@ -40,6 +42,8 @@ class RewardModelConfig:
             raise ValueError("RewardModelConfig: steps >= 0 and batch_size >= 1")
         if not self.margin >= 0:
             raise ValueError(f"RewardModelConfig: margin must be >= 0, got {self.margin}")
+        if self.length_buckets < 1:
+            raise ValueError(f"RewardModelConfig: length_buckets must be >= 1, got {self.length_buckets}")
 
 
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -92,7 +96,7 @@ def train_reward_model(
     start, history, _ = start_from(checkpointer, engine, logger, stage)
     for step in progress(range(start, config.steps), desc=stage):
         rows = batch_indices(P, config.batch_size, config.seed, step)
-        m = engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss_fn, values=True)
+        m = pair_step(engine, full, rows, loss_fn, config.length_buckets, values=True)
         o = engine.optim_step()
         finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
         save_point(checkpointer, engine, step + 1, history)

@@ -80,7 +80,7 @@ class Config:
     """expert iteration from the weak base (A5)"""
     hack_rounds: int = 3
     """rounds of expert iteration filtered by public tests (A13); other settings as `rft`"""
-    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, beta=0.1))
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, beta=0.1, length_buckets=4))
     """offline DPO, full batch (A7); the DPO + NLL stage adds `dpo_nll_weight` (A8)"""
     dpo_nll_weight: float = 1.0
     """weight of the NLL on chosen episodes in the dpo_nll stage"""
