@@ -41,7 +41,7 @@ def test_every_stage_checkpoints_and_reports(small_run):
     run_dir, report = small_run
     for stage in agent.STAGES:
         assert (run_dir / stage / "results.json").exists(), stage
-        if stage != "diagnostics":
+        if stage not in ("diagnostics", "generalization"):  # the two measuring stages train nothing
             model, tok = load_model(run_dir / stage / "checkpoint")
             assert tok is not None and model.config.dim == SMALL.dim
     for step in (3, 6):  # oracle SFT snapshots at every evaluation
@@ -53,12 +53,15 @@ def test_every_stage_checkpoints_and_reports(small_run):
     for png in ("curves_train.png", "curves_heldout.png", "dpo_drift.png", "dpo_behaviour.png", "hacking.png"):
         assert (run_dir / png).stat().st_size > 1000 and png in text
     assert (run_dir / "report.html").exists() and json.loads((run_dir / "summary.json").read_text())["holds"]
+    renamed = json.loads((run_dir / "generalization" / "results.json").read_text())["renamed"]
+    assert set(renamed) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in renamed.values())
+    assert "| oracle_sft |" in text.split("Unseen names or unseen code?")[1]
 
 
 def test_metrics_name_their_stage_and_are_documented(small_run):
     rows = read_metrics(small_run[0])
     stages = {r["stage"] for r in rows}
-    assert stages >= set(agent.STAGES) - {"diagnostics"}
+    assert stages >= set(agent.STAGES) - {"diagnostics", "generalization"}
     assert all(is_documented(k) for r in rows for k in r if "/" in k)
     weak = [r["train/loss"] for r in rows if r["stage"] == "weak_base"]
     assert len(weak) == SMALL.weak.steps and weak[-1] < 0.5 * weak[0]  # SFT on play learns the format

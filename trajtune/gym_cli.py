@@ -35,7 +35,8 @@ def add_gym_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("gym", choices=sorted(GYMS), help="which gym")
     g.add_argument("--policy", default="oracle", help="bugfix: oracle|blind|random; arithmetic, instruct: oracle|random")
-    g.add_argument("--split", default="train", choices=("train", "heldout"), help="task split (default train)")
+    g.add_argument("--split", default="train", choices=("train", "heldout", "renamed"),
+                   help="task split (default train; renamed: bugfix train tasks under held-out names)")
     g.add_argument("--episodes-per-task", type=int, default=1, metavar="N", help="episodes per task (default 1)")
     g.add_argument("--reward", default=None, help="bugfix: hidden (default) | public; instruct: format (default) | preference")
     g.add_argument("--seed", type=int, default=0, help="seed of the scripted policy (episode k uses seed+k)")

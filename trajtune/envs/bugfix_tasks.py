@@ -38,7 +38,7 @@ FAMILY_OP: dict[str, str] = {
     "zero": "guard_zero",
     "init": "fix_init",
 }
-SPLITS = ("train", "heldout", "all")
+SPLITS = ("train", "heldout", "all", "renamed")
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,30 @@ def _all_tasks() -> tuple[BugFixTask, ...]:
 
 
 def make_tasks(split: str = "train") -> list[BugFixTask]:
-    """The tasks of one split: "train" (20), "heldout" (10) or "all" (30), in family order."""
+    """The tasks of one split: "train" (20), "heldout" (10), "all" (30) or "renamed" (20), in family order.
+
+    "renamed" is a probe of generalisation: the training tasks, code and tests unchanged, each
+    with its function renamed to one of its family's held-out names (alternating). A policy
+    that does worse on them than on "train" keys on the name; the rest of its held-out gap
+    comes from code it has not seen.
+    """
     if split not in SPLITS:
         raise ValueError(f"make_tasks: split must be one of {SPLITS}, got {split!r}")
+    if split == "renamed":
+        held: dict[str, list[str]] = {}
+        for t in _all_tasks():
+            if t.split == "heldout":
+                held.setdefault(t.family, []).append(t.entry)
+        train = make_tasks("train")
+        return [rename(t, held[t.family][i % len(held[t.family])]) for i, t in enumerate(train)]
     return [t for t in _all_tasks() if split == "all" or t.split == split]
+
+
+def rename(task: BugFixTask, entry: str) -> BugFixTask:
+    """The same task with its function called `entry` (name "family/entry~old"; split "renamed")."""
+    old = f"def {task.entry}("
+    if old not in task.source or old not in task.fixed:
+        raise ValueError(f"rename: {task.name} does not define {task.entry}()")
+    return BugFixTask(name=f"{task.family}/{entry}~{task.entry}", family=task.family, entry=entry, split="renamed",
+                      source=task.source.replace(old, f"def {entry}("), fixed=task.fixed.replace(old, f"def {entry}("),
+                      public=task.public, hidden=task.hidden)

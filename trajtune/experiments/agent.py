@@ -14,10 +14,13 @@ from one *weak base* (format learned, no skill) and are measured the same way:
                        dpo_loss sanity                                          A1, A4, A6
     template_mismatch  SFT on demos rendered without wrapper tokens             A11
     hacking            expert iteration filtered by the public tests            A13
+    generalization     the final policies on the train tasks under held-out     (beyond the
+                       names: unseen names vs unseen code                       seed)
 
 Each stage writes its checkpoint to run_dir/<stage>/checkpoint, its results to
 run_dir/<stage>/results.json and its metric rows (stage name in each) to
-run_dir/metrics.jsonl; a stage whose results.json exists is reused, so a
+run_dir/metrics.jsonl; a stage whose results.json exists is reused (one cut
+short by Ctrl-C resumes from run_dir/<stage>/resume), so a
 rerun of one stage is `--set config.stages='["dpo"]'`. Stages that do not
 depend on each other run in `workers` processes. `agent_report.py` writes the
 report: claims beside the seed's numbers, learning curves, cost table.
@@ -44,11 +47,13 @@ from ..algorithms.sft import SFTConfig, train_sft
 from ..checkpoint import load_model, save_model
 from ..config import to_dict
 from ..engine import LocalEngine, OptimConfig
+from ..envs.bugfix_tasks import make_tasks
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
 from ..resume import Checkpointer
 from . import agent_diagnostics as diag
-from .agent_gym import Gym, describe, episodes, evaluate, preference_pairs, probe, rft_round_summary, scripted_play
+from .agent_gym import (Gym, describe, episodes, evaluate, pass_rate, preference_pairs, probe, rft_round_summary,
+                        scripted_play)
 
 
 @dataclass
@@ -344,6 +349,21 @@ def template_mismatch(config: Config, run_dir: Path, gym: Gym, logger: MetricsLo
             "nll_right_format": diag.nll(engine, right, gym.pad_id), "example": gym.tok.decode(wrong[0].ids[:12])}
 
 
+GENERALIZATION = ("oracle_sft", "rft", "sft_rl", "rl_only")
+
+
+def generalization(config: Config, run_dir: Path, gym: Gym, logger: MetricsLogger) -> dict:
+    """Where the held-out gap comes from: each final policy on the training tasks renamed to held-out
+    names (code unchanged; `make_tasks("renamed")`), with the random numbers of its `describe` train
+    episodes, so train -> renamed is what unseen names cost and renamed -> held-out what unseen code costs."""
+    renamed = make_tasks("renamed")
+    out = {}
+    for stage in GENERALIZATION:
+        engine = load_engine(run_dir, f"{stage}/checkpoint", config.sft_lr)
+        out[stage] = pass_rate(episodes(engine, gym, renamed, config.describe_samples, config.eval_seed(1)))
+    return {"renamed": out}
+
+
 # name -> (stage function, stages whose checkpoints it loads); dict order is scheduling priority
 STAGES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "weak_base": (weak_base, ()),
@@ -356,6 +376,7 @@ STAGES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "hacking": (hacking, ("weak_base",)),
     "template_mismatch": (template_mismatch, ("weak_base",)),
     "diagnostics": (diagnostics, ("weak_base",)),
+    "generalization": (generalization, GENERALIZATION),
 }
 
 

@@ -225,6 +225,8 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     probes = r["oracle_sft"]["probes"]
     probe_rows = [[f"SFT step {k}" if int(k) else "weak base", fmt(v["heldout"]), fmt(v["informative"]), fmt(v["entropy"], 3)]
                   for k, v in sorted(probes.items(), key=lambda kv: int(kv[0]))]
+    gap_rows = [[st, fmt(r[st]["describe"]["train"]), fmt(v), fmt(r[st]["describe"]["heldout"])]
+                for st, v in r["generalization"]["renamed"].items()] if "generalization" in r else []
     times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time']['sampling_s'] / max(x['time']['wall_s'], 1e-9):.0%}"]
              for st, x in r.items()]
     sections = [
@@ -245,6 +247,11 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
             ["policy", "held-out pass", "groups with signal", "action entropy"], probe_rows),
         "## Reward hacking with the public-test filter (A13)\n\n" + markdown_table(
             ["round", "kept", "kept hacks", "public pass", "hidden pass"], hack_rows),
+        "## Unseen names or unseen code? (the held-out gap, beyond the seed)\n\n"
+        "Each final policy on the training tasks with every function renamed to a held-out name (code and tests "
+        "unchanged), beside its train and held-out pass (8 episodes per task, the train column's random numbers). "
+        "Train -> renamed is what the unseen name costs; renamed -> held-out is what unseen code costs.\n\n"
+        + markdown_table(["policy", "train", "train, renamed", "held-out"], gap_rows),
         "## Time per stage\n\n" + markdown_table(["stage", "wall s", "CPU s", "sampling share of wall"], times),
     ]
     print(claims_summary(cl), flush=True)
