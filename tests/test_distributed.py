@@ -21,6 +21,7 @@ coordinates beyond TOL and none beyond PARAM_TOL = 1e-2 * lr (measured: SFT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -152,6 +153,27 @@ def _worker(rank: int, port: int, out: str) -> None:
     samples = [None, None]
     torch.distributed.all_gather_object(samples, record[f"fsdp_sample_{rank}"])
     record["fsdp_samples"] = samples
+    # 6. an interrupt seen by rank 1 only: both ranks save after the same step, and resume exactly
+    from trajtune.resume import Checkpointer, RunInterrupted
+
+    def only_rank_1(step):
+        if rank == 1 and step == 1:
+            ck.stop_requested = True
+        return {}
+
+    cut = make_engine(new_model(), OPT)
+    ck = Checkpointer(out_dir / "resume")
+    try:
+        train_sft(cut, demos(), dataclasses.replace(SFT, eval_every=1), TOK.pad_id, evaluate=only_rank_1, checkpointer=ck)
+        record[f"interrupted_{rank}"] = None
+    except RunInterrupted as e:
+        record[f"interrupted_{rank}"] = str(e)
+    resumed = make_engine(new_model(seed=9), OPT)
+    train_sft(resumed, demos(), SFT, TOK.pad_id, checkpointer=Checkpointer(out_dir / "resume"))
+    tensors.update({f"resumed/{k}": v for k, v in params(resumed.model).items()})
+    interrupted = [None, None]
+    torch.distributed.all_gather_object(interrupted, record[f"interrupted_{rank}"])
+    record["interrupted"] = interrupted
     if rank == 0:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "tensors.safetensors"))
         (out_dir / "record.json").write_text(json.dumps(record))
@@ -266,6 +288,13 @@ def _dying_worker(rank: int, port: int, out: str) -> None:
         e.save_state(Path(out) / "ckpt", extra={"step": step + 1})
         if rank == 1 and step == 2:
             os.kill(os.getpid(), signal.SIGKILL)  # rank 0 is in its next step or writing the checkpoint
+
+
+def test_an_interrupt_seen_by_one_rank_stops_both_and_resumes_exactly(two_procs):
+    record, tensors = two_procs
+    assert record["interrupted"] == ["interrupted after step 1; checkpoint in " + record["interrupted"][0].split(" in ")[1]] * 2
+    assert _max_diff({k[8:]: v for k, v in tensors.items() if k.startswith("resumed/")},
+                     {k[4:]: v for k, v in tensors.items() if k.startswith("sft/")}) == 0.0
 
 
 def test_killing_a_rank_leaves_the_last_checkpoint_loadable(tmp_path):

@@ -17,7 +17,9 @@ checkpoint is written (atomically: see checkpoint.atomic_dir), and
 exits at once without a new checkpoint (the last complete one stays intact).
 
 The global torch generators (dropout) are saved and restored too (in a
-distributed run, rank 0's). A loop whose steps depend on more than (seed, step) saves that too, in the same
+distributed run, rank 0's). Under torch.distributed the ranks agree on an
+interrupt at every step (one all-reduce of the flag), so a signal that reached
+only some ranks still makes all of them save together. A loop whose steps depend on more than (seed, step) saves that too, in the same
 atomic checkpoint: `state` (JSON: its history, the round it is in, the episodes
 it kept -- see `trajectories_to_json`) and `tensors` (e.g. the DPO reference
 log-probs); after `resume` they are in `checkpointer.state` / `.tensors`. A loop
@@ -115,6 +117,10 @@ class Checkpointer:
         """
         if not allowed:
             return
+        if _distributed():  # every rank must take the same branch: a save is collective
+            flag = torch.tensor([float(self.stop_requested)], device=getattr(engine, "device", "cpu"))
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            self.stop_requested = bool(flag.item())
         due = self.every and completed_steps % self.every == 0
         if due or self.stop_requested:
             self.save(engine, completed_steps, state() if callable(state) else state,
@@ -164,6 +170,10 @@ class Checkpointer:
             raise KeyboardInterrupt
         self.stop_requested = True
 
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def _rng_states() -> dict[str, torch.Tensor]:
