@@ -57,3 +57,46 @@ def test_run_seeds_writes_the_three_seed_table(tmp_path):
     table = (tmp_path / "seed_table.md").read_text()
     assert "Before RL: pass@1" in table and "±" in table and "Best-of-8" not in table
     assert report == tmp_path / "report.md" and (tmp_path / "seed-1" / "report.md").exists()
+
+
+def _interrupting(at):
+    """LocalEngine.optim_step that sends a real SIGINT during training step `at` (of any engine)."""
+    import os
+    import signal
+
+    from trajtune.engine import LocalEngine
+
+    step = LocalEngine.optim_step
+
+    def optim_step(self):
+        if self.step + 1 == at and self.model.training:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self)
+
+    return optim_step
+
+
+def _same_result(a, b, stage, name="result.json"):
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("_wall_s", "_cpu_s")}  # noqa: E731
+    return strip(json.loads((a / stage / name).read_text())) == strip(json.loads((b / stage / name).read_text()))
+
+
+def test_a_stage_cut_short_resumes_inside_its_loop(tmp_path, monkeypatch):
+    import shutil
+
+    from trajtune.engine import LocalEngine
+    from trajtune.resume import RunInterrupted
+
+    config = Config(**{**TINY, "parts": ["rlvr"]})
+    run(config, tmp_path / "whole")
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    shutil.rmtree(tmp_path / "cut" / "grpo")
+    shutil.rmtree(tmp_path / "cut" / "sft_control")
+    monkeypatch.setattr(LocalEngine, "optim_step", _interrupting(2))
+    with pytest.raises(RunInterrupted, match="after step 2"):
+        run(config, tmp_path / "cut")
+    assert (tmp_path / "cut" / "grpo" / "resume" / "state" / "engine.json").exists()
+    monkeypatch.undo()
+    run(config, tmp_path / "cut")
+    assert _same_result(tmp_path / "whole", tmp_path / "cut", "grpo")
+    assert not (tmp_path / "cut" / "grpo" / "resume").exists()

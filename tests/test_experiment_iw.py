@@ -42,3 +42,28 @@ def test_bugfix_comparison_runs(tmp_path):
     config = iw_sft_bugfix.Config(workers=1, rounds=1, samples_per_task=2, steps_per_round=2, weak_steps=5, eval_samples=1)
     report = iw_sft_bugfix.run(config, tmp_path)
     assert "| C4 |" in report.read_text() and (tmp_path / "pass_train.png").exists()
+
+
+def test_bugfix_comparison_resumes_a_stage_cut_short(tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from test_experiment_ch13 import _interrupting, _same_result
+
+    from trajtune.engine import LocalEngine
+    from trajtune.resume import RunInterrupted
+
+    config = iw_sft_bugfix.Config(workers=1, rounds=2, samples_per_task=4, steps_per_round=4, q_update_every=2,
+                                  weak_steps=40, eval_samples=1)  # a weak base that passes some tasks: rounds train
+    iw_sft_bugfix.run(config, tmp_path / "whole")
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    for stage in ("rft", "iw_sft"):
+        shutil.rmtree(tmp_path / "cut" / stage)
+    monkeypatch.setattr(LocalEngine, "optim_step", _interrupting(3))  # rft's round 1: saved after its step 3
+    with pytest.raises(RunInterrupted, match="after step 3"):
+        iw_sft_bugfix.run(config, tmp_path / "cut")
+    monkeypatch.undo()
+    iw_sft_bugfix.run(config, tmp_path / "cut")
+    for stage in ("rft", "iw_sft"):
+        assert _same_result(tmp_path / "whole", tmp_path / "cut", stage), stage
+    assert json.loads((tmp_path / "cut" / "rft" / "result.json").read_text())["curve"][0]["step"] == 0

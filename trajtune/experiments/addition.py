@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ..distributed import is_main, make_engine, sharded_map
 from ..engine import LocalEngine, OptimConfig
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
+from ..resume import Checkpointer
 from ..text.tokenizers import CharTokenizer
 from ..trajectory import Owner, Trajectory
 
@@ -104,8 +106,9 @@ def run(config: Config, run_dir: Path) -> Path:
 
     before = accuracy(engine, tok, held_out)
     logger = MetricsLogger(run_dir) if is_main() else None
-    history = train_sft(engine, demos, config.sft, tok.pad_id, logger,
-                        evaluate=lambda step: {"eval/accuracy": accuracy(engine, tok, held_out)})
+    with Checkpointer(run_dir / "resume") as ck:  # Ctrl-C saves; the same command resumes
+        history = train_sft(engine, demos, config.sft, tok.pad_id, logger,
+                            evaluate=lambda step: {"eval/accuracy": accuracy(engine, tok, held_out)}, checkpointer=ck)
     after = history[-1]["eval/accuracy"]
     shown = held_out[:8]
     answers = sharded_map(engine, shown, lambda part: greedy_answers(engine, tok, part))
@@ -114,6 +117,7 @@ def run(config: Config, run_dir: Path) -> Path:
         return report
     logger.close()
     save_model(run_dir / "checkpoint", model, tok, meta={"experiment": "addition_sft"})
+    shutil.rmtree(run_dir / "resume", ignore_errors=True)  # finished: a rerun starts afresh
 
     lines = ["# Addition SFT", "", f"Held-out exact-match accuracy (greedy): **{before:.1%} -> {after:.1%}**", "",
              "| step | train loss | held-out accuracy |", "|---|---|---|"]

@@ -32,6 +32,7 @@ from ..envs.instruct import (
 )
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
+from ..resume import Checkpointer
 from ..rollout import make_collect
 from ..text.render import Renderer
 from ..trajectory import Owner, Trajectory, collate
@@ -130,10 +131,10 @@ def stage_pretrain(config, run_dir: Path) -> dict:
     windows = text_windows(train_ids, config.pretrain_steps * config.pretrain_batch, config.block_size, config.seed)
     held_out = val_windows(config)
     out_dir = Path(run_dir) / "pretrain"
-    with MetricsLogger(out_dir, strict=True) as log:
+    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
         sft = SFTConfig(steps=config.pretrain_steps, batch_size=config.pretrain_batch, eval_every=100, seed=config.seed)
         history = train_sft(engine, windows, sft, tok.pad_id, log, stage="pretrain",
-                            evaluate=lambda step: {"eval/loss": corpus_loss(engine, held_out, tok.pad_id)})
+                            evaluate=lambda step: {"eval/loss": corpus_loss(engine, held_out, tok.pad_id)}, checkpointer=ck)
     save_model(out_dir / "model", model, tok, meta={"stage": "pretrain"})
     result = evaluate_instruct(engine, config, held_out)
     result.update(params=model.num_parameters(),
@@ -151,9 +152,9 @@ def stage_sft(config, run_dir: Path, which: str) -> dict:
     engine = LocalEngine(model, adam(config.sft_lr))
     trajs = [demo(r, task, reply) for task, reply in data]
     out_dir = Path(run_dir) / f"sft_{which}"
-    with MetricsLogger(out_dir, strict=True) as log:
+    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
         train_sft(engine, trajs, SFTConfig(steps=config.sft_steps, batch_size=config.sft_batch, seed=config.seed),
-                  tok.pad_id, log, stage=f"sft_{which}")
+                  tok.pad_id, log, stage=f"sft_{which}", checkpointer=ck)
     save_model(out_dir / "model", model, tok, meta={"stage": f"sft_{which}"})
     result = evaluate_instruct(engine, config, val_windows(config))
     result.update(n_demos=len(data), n_words=len({t.word for t, _ in data}))

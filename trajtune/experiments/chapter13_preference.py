@@ -30,6 +30,7 @@ from ..engine import LocalEngine
 from ..envs.instruct import SEEN, InstructTask, preference_pairs
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyTransformer
+from ..resume import Checkpointer
 from ..trajectory import collate
 from .chapter13_instruct import adam, corpus, demo, instruct_collect, renderer
 
@@ -74,10 +75,11 @@ def stage_reward_model(config, run_dir: Path) -> dict:
     rm_engine = LocalEngine(rm, adam(config.rm_lr))
     train_r, test_r = rendered_pairs(train), rendered_pairs(test)
     out_dir = Path(run_dir) / "reward_model"
-    with MetricsLogger(out_dir, strict=True) as log:
+    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
         history = train_reward_model(
             rm_engine, train_r, RewardModelConfig(steps=config.rm_steps, batch_size=config.rm_batch, seed=config.seed),
-            tok.pad_id, log, evaluate=lambda s: {"eval/pair_accuracy": pair_accuracy(rm_engine, test_r, tok.pad_id)})
+            tok.pad_id, log, evaluate=lambda s: {"eval/pair_accuracy": pair_accuracy(rm_engine, test_r, tok.pad_id)},
+            checkpointer=ck)
     result = {"rm_accuracy": history[-1]["eval/pair_accuracy"], "rm_train_loss": history[-1]["train/loss"],
               "n_train_pairs": len(train), "n_test_pairs": len(test)}
 
@@ -107,8 +109,8 @@ def stage_dpo(config, run_dir: Path, beta: float) -> dict:
     torch.manual_seed(config.seed)
     engine = LocalEngine(sft, adam(config.dpo_lr))
     out_dir = Path(run_dir) / f"dpo_beta{beta:g}"
-    with MetricsLogger(out_dir, strict=True) as log:
+    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
         train_dpo(engine, rendered_pairs(train),
                   DPOConfig(steps=config.dpo_steps, batch_size=config.dpo_batch, beta=beta, seed=config.seed),
-                  tok.pad_id, log, stage=f"dpo_beta{beta:g}")
+                  tok.pad_id, log, stage=f"dpo_beta{beta:g}", checkpointer=ck)
     return {"beta": beta, **evaluate_policy(engine, ref, config, seed=config.seed * 7919 + 4)}

@@ -27,6 +27,7 @@ from ..evaluation import distinct_answers, informative_group_share, mean_pass_at
 from ..logprobs import entropy_from_logits
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
+from ..resume import Checkpointer
 from ..rollout import make_collect
 from ..text.render import Renderer
 from ..trajectory import Trajectory, collate
@@ -78,9 +79,9 @@ def stage_coldstart(config, run_dir: Path) -> dict:
     engine = LocalEngine(model, adam(config.calc_lr, weight_decay=0.01))
     data = demos(r, train_tasks(config.calc_steps * config.calc_batch, seed=config.seed))
     out_dir = Path(run_dir) / "coldstart"
-    with MetricsLogger(out_dir, strict=True) as log:
+    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
         train_sft(engine, data, SFTConfig(steps=config.calc_steps, batch_size=config.calc_batch, seed=config.seed),
-                  tok.pad_id, log, stage="coldstart")
+                  tok.pad_id, log, stage="coldstart", checkpointer=ck)
     save_model(out_dir / "model", model, tok, meta={"stage": "coldstart"})
     return {"params": model.num_parameters(), **math_eval(engine, r, config.pass_k, config.seed * 7919 + 5)}
 
@@ -90,11 +91,12 @@ def stage_grpo(config, run_dir: Path) -> dict:
     model, tok = load_model(Path(run_dir) / "coldstart" / "model")
     r = Renderer(tok)
     engine = LocalEngine(model, adam(config.grpo_lr))
-    collect, no_signal = collect_for(engine, r), []
+    ck = Checkpointer(Path(run_dir) / "grpo" / "resume")
+    collect, no_signal = collect_for(engine, r), ck.keep("no_signal", [])
     rl = RLConfig(steps=config.grpo_steps, tasks_per_step=config.grpo_prompts, group_size=config.grpo_group,
                   advantage="grpo", aggregation="token", seed=config.seed)
     tasks = train_tasks(config.grpo_steps * config.grpo_prompts, seed=config.seed + 1)
-    with MetricsLogger(Path(run_dir) / "grpo", strict=True) as log:
+    with MetricsLogger(Path(run_dir) / "grpo", strict=True) as log, ck:
 
         def logged_collect(tasks, n, g):  # each step's share of groups whose rewards are all equal
             trajs = collect(tasks, n, g)
@@ -103,7 +105,7 @@ def stage_grpo(config, run_dir: Path) -> dict:
             log.log(len(no_signal), {"rollout/no_signal_share": no_signal[-1]}, stage="grpo")
             return trajs
 
-        history = train_rl(engine, tasks, logged_collect, rl, tok.pad_id, log, stage="grpo")
+        history = train_rl(engine, tasks, logged_collect, rl, tok.pad_id, log, stage="grpo", checkpointer=ck)
     return {**math_eval(engine, r, config.pass_k, config.seed * 7919 + 5),
             "curve": [(h["step"], h["rollout/reward"], share) for h, share in zip(history, no_signal, strict=True)]}
 
@@ -115,7 +117,7 @@ def stage_sft_control(config, run_dir: Path) -> dict:
     engine = LocalEngine(copy.deepcopy(model), adam(config.calc_lr, weight_decay=0.01))
     data = demos(r, train_tasks(config.control_steps * config.calc_batch, seed=config.seed + 2))
     out_dir = Path(run_dir) / "sft_control"
-    with MetricsLogger(out_dir, strict=True) as log:
+    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
         train_sft(engine, data, SFTConfig(steps=config.control_steps, batch_size=config.calc_batch, seed=config.seed + 1),
-                  tok.pad_id, log, stage="sft_control")
+                  tok.pad_id, log, stage="sft_control", checkpointer=ck)
     return math_eval(engine, r, config.pass_k, config.seed * 7919 + 5)

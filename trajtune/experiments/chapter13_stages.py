@@ -3,7 +3,8 @@
 A stage is a module-level function `fn(config, run_dir, *args) -> dict` that reads its
 inputs from files earlier stages wrote into `run_dir` and returns JSON-able results.
 `run_stages` runs each stage once: a finished stage leaves `<run_dir>/<name>/result.json`
-and is skipped when the run is resumed. With `workers > 1` independent stages run in
+and is skipped when the run is resumed; a stage cut short by Ctrl-C / SIGTERM left
+`<run_dir>/<name>/resume` (its loop's checkpoint) and continues from there. With `workers > 1` independent stages run in
 parallel processes (spawned, `threads` torch threads each): tiny models on a few cores
 go faster as several single-threaded processes than as one multi-threaded one.
 Every stage's results carry its wall and CPU seconds (`_wall_s`, `_cpu_s`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -42,6 +44,7 @@ def _call(stage: Stage, config, run_dir: str, threads: int) -> dict:
     out = Path(run_dir) / stage.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
+    shutil.rmtree(out / "resume", ignore_errors=True)  # finished: a forced rerun starts afresh
     return result
 
 

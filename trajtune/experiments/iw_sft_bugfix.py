@@ -27,6 +27,7 @@ from ..algorithms.rft import RFTConfig, train_rft
 from ..config import to_dict
 from ..metrics import MetricsLogger
 from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ..resume import Checkpointer
 from . import agent
 from .agent_gym import Gym, evaluate
 from .chapter13_stages import Stage, run_stages
@@ -103,16 +104,21 @@ def stage_method(config: Config, run_dir: Path, method: str) -> dict:
     engine = agent.load_engine(run_dir, "weak_base/checkpoint", config.lr)
     seed = config.seed * 1_000_003 + 4  # the same sampling seed for both methods: round 1 samples the same episodes
     ev = lambda step: evaluate(engine, gym, config.eval_samples, acfg.eval_seed())  # noqa: E731
-    curve = [{"step": 0, **ev(0)}]
+    ck = Checkpointer(run_dir / method / "resume")
+    curve = ck.keep("curve", [])
+    if not ck.has_checkpoint:  # a resumed stage has its step-0 evaluation in the checkpoint
+        curve.append({"step": 0, **ev(0)})
     common = dict(rounds=config.rounds, samples_per_task=config.samples_per_task, steps_per_round=config.steps_per_round,
                   batch_size=config.batch_size, seed=seed)
-    with MetricsLogger(run_dir / method, strict=True) as log:
+    with MetricsLogger(run_dir / method, strict=True) as log, ck:
         if method == "rft":
-            rows = train_rft(engine, gym.train, gym.collect(engine), RFTConfig(**common), gym.pad_id, log, ev, stage=method)
+            rows = train_rft(engine, gym.train, gym.collect(engine), RFTConfig(**common), gym.pad_id, log, ev, stage=method,
+                             checkpointer=ck)
         else:
             iw = IWSFTConfig(**common, variant=config.variant, step_clip_low=config.step_clip_low,
                              step_clip_high=config.step_clip_high, alpha=config.alpha, q_update_every=config.q_update_every)
-            rows = train_iw_sft(engine, gym.train, gym.collect(engine), iw, gym.pad_id, log, ev, stage=method)
+            rows = train_iw_sft(engine, gym.train, gym.collect(engine), iw, gym.pad_id, log, ev, stage=method,
+                                checkpointer=ck)
     curve += [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval/")}} for r in rows]
     kept = [r.get("rft/kept", 0.0) for r in rows]
     return {"curve": curve, "kept": kept, "sampled": sum(r.get("rft/sampled", 0.0) for r in rows),
