@@ -52,6 +52,21 @@ def test_bucketed_reward_model_step_equals_one_batch():
     assert hist[-1]["rm/margin"] > hist[0]["rm/margin"] + 0.5  # and it trains
 
 
+@pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
+def test_bucketed_sft_step_equals_one_batch(aggregation):
+    from trajtune.algorithms.common import bucketed_forward_backward
+    from trajtune.algorithms.sft import sft_loss_fn
+
+    batch = collate([demo("a" * n) for n in (1, 7, 2, 9, 3, 3, 12)], TOK.pad_id)
+    fn = sft_loss_fn(aggregation, 12.0)
+    e = engine(seed=4)
+    one = e.forward_backward(batch, fn)
+    g1 = grads(e).clone()
+    e.model.zero_grad()
+    three = bucketed_forward_backward(e, batch, fn, 3)
+    assert torch.allclose(grads(e), g1, atol=1e-6, rtol=1e-5) and abs(one["loss"] - three["loss"]) < 1e-5
+
+
 def test_trim_keeps_the_real_tokens_and_drops_unused_padding():
     b = collate([demo("a"), demo("abc")], TOK.pad_id)
     short = b.select(torch.tensor([0])).trim()

@@ -20,7 +20,8 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from ..trajectory import Owner, Trajectory
+from ..logprobs import aggregation_share
+from ..trajectory import Batch, Owner, Trajectory
 
 Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
 
@@ -174,3 +175,36 @@ def save_point(checkpointer, engine, completed: int, history: list[dict], allowe
                                lambda: {"history": history, **{k: v() if callable(v) else v for k, v in state.items()}},
                                tensors, allowed)
 
+
+
+# --- length buckets -------------------------------------------------------------------------
+def bucketed_forward_backward(engine, batch: Batch, loss_fn, buckets: int, pairs: bool = False,
+                              values: bool = False) -> dict:
+    """`engine.forward_backward(batch, loss_fn)` in `buckets` groups of similar length, each
+    without the padding columns it does not use (`Batch.trim`), weighted like micro-batches.
+
+    The rows are sorted by length and split into `buckets` groups; a group's loss is scaled by
+    its share of the batch's normaliser (`logprobs.aggregation_share` with `loss_fn.aggregation`),
+    so the accumulated gradient and the share-weighted metrics equal the one-group ones up to
+    float rounding. pairs=True: rows [0, P) and [P, 2P) are (chosen, rejected) pairs
+    (`dpo.pair_batch`); a pair stays together and sorts by its longer side. Only for losses that
+    read nothing of width T-1 from outside the batch (SFT, preference and reward-model losses).
+    """
+    if buckets <= 1:
+        return engine.forward_backward(batch, loss_fn, values=values)
+    lengths = batch.attention_mask.sum(-1)  # [B]
+    mode = getattr(loss_fn, "aggregation", "sequence")
+    if pairs:
+        P = batch.size // 2
+        order = torch.argsort(torch.maximum(lengths[:P], lengths[P:]), stable=True)
+        groups = [torch.cat([g, g + P]) for g in order.chunk(buckets)]
+    else:
+        groups = list(torch.argsort(lengths, stable=True).chunk(buckets))
+    metrics: dict[str, float] = {}
+    for rows in groups:
+        part = batch.select(rows).trim()
+        share = aggregation_share(part.action_mask, batch.action_mask, mode)
+        m = engine.forward_backward(part, loss_fn, scale=share, values=values)
+        for k, v in m.items():
+            metrics[k] = metrics.get(k, 0.0) + share * v
+    return metrics

@@ -22,7 +22,7 @@ from ..metrics import MetricsLogger, progress
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
 from ..trajectory import Batch, Trajectory, collate
 from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .common import finish_step, save_point, start_from, train_row
+from .common import bucketed_forward_backward, finish_step, save_point, start_from, train_row
 from .sft import batch_indices
 
 Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
@@ -75,26 +75,11 @@ def pair_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:
 
 def pair_step(engine: LocalEngine, full: Batch, rows: torch.Tensor, loss_fn, buckets: int = 1,
               values: bool = False) -> dict:
-    """forward_backward on pairs `rows` [p] of a `pair_batch` `full` -> the loss function's metrics.
-
-    buckets > 1: the pairs are sorted by length (the longer side), split into `buckets`
-    groups, each trimmed of the padding it does not need (`Batch.trim`) and scaled by its
-    share of the pairs. Preference losses are means over pairs, so the accumulated
-    gradient and the share-weighted metrics equal the one-group ones up to float rounding.
-    """
+    """forward_backward on pairs `rows` [p] of a `pair_batch` `full` -> the loss function's metrics
+    (buckets > 1: in groups of similar length, `common.bucketed_forward_backward`)."""
     P = full.size // 2
-    if buckets <= 1:
-        return engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss_fn, values=values)
-    lengths = full.attention_mask.sum(-1)  # [2P]
-    order = rows[torch.argsort(torch.maximum(lengths[rows], lengths[rows + P]), stable=True)]
-    metrics: dict[str, float] = {}
-    for group in order.chunk(buckets):
-        share = len(group) / len(rows)
-        m = engine.forward_backward(full.select(torch.cat([group, group + P])).trim(), loss_fn, scale=share,
-                                    values=values)
-        for k, v in m.items():
-            metrics[k] = metrics.get(k, 0.0) + share * v
-    return metrics
+    return bucketed_forward_backward(engine, full.select(torch.cat([rows, rows + P])), loss_fn, buckets, pairs=True,
+                                     values=values)
 
 
 def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,8 @@ class RFTConfig:
     """info key whose shares in the kept set are logged (e.g. the task family)"""
     aggregation: Literal["token", "sequence", "constant"] = "token"
     """SFT loss aggregation"""
+    length_buckets: int = 1
+    """SFT batches in this many groups of similar length (SFTConfig.length_buckets)"""
     seed: int = 0
     """round r samples with a generator seeded from (seed, r)"""
 
@@ -109,8 +111,8 @@ def train_rft(
             done = 0
         # 3. train (SFT on the pool; step k's batch is a function of (seed, r, k))
         if pool and config.steps_per_round:
-            sft = SFTConfig(steps=config.steps_per_round, batch_size=config.batch_size,
-                            aggregation=config.aggregation, seed=config.seed * 1_000_003 + r)
+            sft = SFTConfig(steps=config.steps_per_round, batch_size=config.batch_size, aggregation=config.aggregation,
+                            length_buckets=config.length_buckets, seed=config.seed * 1_000_003 + r)
             for k in range(done, config.steps_per_round):
                 last = sft_step(engine, pool, sft, pad_id, k, loss_fn)
                 if k + 1 < config.steps_per_round:

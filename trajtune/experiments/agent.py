@@ -73,15 +73,16 @@ class Config:
     """token budget of one action (valid actions need at most 3)"""
     weak_play_seeds: int = 4
     """weak base data: this many seeds of the blind and of the random policy x 20 train tasks (4 -> 160 episodes)"""
-    weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32))
+    weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))
     """SFT on blind + random play (A2)"""
-    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10))
+    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10, length_buckets=4))
     """SFT on the 20 oracle demos from the weak base (A3; also the A11 mismatch run); snapshot every eval"""
     sft_lr: float = 3e-3
     """learning rate of every SFT-style stage (weak base, oracle SFT, RFT rounds, A11, A13)"""
     cold_start_step: int = 20
     """the oracle-SFT snapshot that SFT -> RL starts from (A9) and A10 probes"""
-    rft: RFTConfig = field(default_factory=lambda: RFTConfig(rounds=4, samples_per_task=16, steps_per_round=15))
+    rft: RFTConfig = field(default_factory=lambda: RFTConfig(rounds=4, samples_per_task=16, steps_per_round=15,
+                                                                    length_buckets=4))
     """expert iteration from the weak base (A5)"""
     hack_rounds: int = 3
     """rounds of expert iteration filtered by public tests (A13); other settings as `rft`"""
