@@ -98,43 +98,47 @@ def interrupt_at(e, step):
     e.optim_step = optim_step
 
 
-@pytest.mark.parametrize("name", list(LOOPS))
-def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(name, tmp_path):
+def uninterrupted(name, tmp_path):
+    """The reference run of loop `name`: (its final engine, its history); metrics in tmp_path/ref."""
     kwargs, run = LOOPS[name]
     ref = engine(**kwargs)
     with MetricsLogger(tmp_path / "ref") as log:
-        expected = run(ref, log, None)
+        return ref, run(ref, log, None)
 
-    first = engine(**kwargs)
-    interrupt_at(first, 3)
-    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / name) as ck:
-        with pytest.raises(RunInterrupted):
-            run(first, log, ck)
-    assert first.step < ref.step, "the run was interrupted before its end"
 
+def check_resume(name, tmp_path, ref, expected, every=0):
+    """Resume loop `name` in a fresh engine from tmp_path/run; it must end exactly like `ref`."""
+    kwargs, run = LOOPS[name]
     resumed = engine(**kwargs)  # fresh weights and optimizer: all state comes from the checkpoint
-    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / name) as ck:
+    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / name, every=every) as ck:
         got = run(resumed, log, ck)
     assert same_weights(resumed, ref) and resumed.step == ref.step
     assert got == expected
     assert rows(tmp_path / "run") == rows(tmp_path / "ref")  # same rows, none repeated
 
 
+@pytest.mark.parametrize("name", list(LOOPS))
+def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(name, tmp_path):
+    ref, expected = uninterrupted(name, tmp_path)
+    kwargs, run = LOOPS[name]
+    first = engine(**kwargs)
+    interrupt_at(first, 3)
+    with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / name) as ck:
+        with pytest.raises(RunInterrupted):
+            run(first, log, ck)
+    assert first.step < ref.step, "the run was interrupted before its end"
+    check_resume(name, tmp_path, ref, expected)
+
+
 @pytest.mark.parametrize("name", ["grpo_ppo_kl", "rft", "dpo_regenerate"])
 def test_a_run_killed_after_a_periodic_checkpoint_resumes_exactly(name, tmp_path):
+    ref, expected = uninterrupted(name, tmp_path)
     kwargs, run = LOOPS[name]
-    ref = engine(**kwargs)
-    with MetricsLogger(tmp_path / "ref") as log:
-        expected = run(ref, log, None)
     # the whole run, saving every 2 steps: the process is "killed" after its end, so the
     # last checkpoint is behind the last logged row
-    killed = engine(**kwargs)
     with MetricsLogger(tmp_path / "run") as log:
-        run(killed, log, Checkpointer(tmp_path / "run" / name, every=2))
-    resumed = engine(**kwargs)
-    with MetricsLogger(tmp_path / "run") as log:
-        got = run(resumed, log, Checkpointer(tmp_path / "run" / name, every=2))
-    assert same_weights(resumed, ref) and got == expected and rows(tmp_path / "run") == rows(tmp_path / "ref")
+        run(engine(**kwargs), log, Checkpointer(tmp_path / "run" / name, every=2))
+    check_resume(name, tmp_path, ref, expected, every=2)
 
 
 def test_iw_sft_defers_an_interrupt_to_the_next_refresh_of_q(tmp_path):
