@@ -105,6 +105,7 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path):
     report = write_seeds_report(tmp_path, {0: summary, 1: summary})
     text = report.read_text()
     assert "± 0.00" in text and "| A6 | 2/2 |" in text
+    assert "| oracle_sft |" in text.split("Unseen names or unseen code? (mean ± sd)")[1]
     assert parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(ConfigError):
         parse_seeds("0,x")

@@ -160,7 +160,12 @@ def summary(c, r: dict, cl: list[Claim]) -> dict:
               "A10 informative SFT@20": r["oracle_sft"]["probes"][str(c.cold_start_step)]["informative"],
               "A11 mismatch train": r["template_mismatch"]["describe"]["train"],
               "A13 kept hack share, last round": r["hacking"]["rounds"][-1]["hack_share"]})
-    return {"numbers": s, "holds": {x.id: x.holds for x in cl}}
+    out = {"numbers": s, "holds": {x.id: x.holds for x in cl}}
+    if "generalization" in r:  # train / train renamed / held-out of each final policy
+        out["generalization"] = {st: {"train": r[st]["describe"]["train"], "renamed": v,
+                                      "heldout": r[st]["describe"]["heldout"]}
+                                 for st, v in r["generalization"]["renamed"].items()}
+    return out
 
 
 def cost_rows(r: dict) -> list[list]:
@@ -258,6 +263,18 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     return write_report(run_dir, "Agent post-training on one weak base (BugFix gym, seed ch.15)", sections)
 
 
+def _seeds_generalization(summaries: dict[int, dict], seeds: list[int]) -> list[str]:
+    """The unseen-names probe over seeds (when every seed ran it)."""
+    if not all("generalization" in summaries[s] for s in seeds):
+        return []
+    stages = list(summaries[seeds[0]]["generalization"])
+    rows = [[st] + [mean_sd([summaries[s]["generalization"][st][k] for s in seeds]) for k in ("train", "renamed", "heldout")]
+            for st in stages]
+    table = markdown_table(["policy", "train", "train, renamed", "held-out"], rows)
+    print(table, flush=True)
+    return ["## Unseen names or unseen code? (mean ± sd)\n\n" + table]
+
+
 def claims_summary(cl: list[Claim]) -> str:
     return "\n".join(f"  {x.id:<4} {x.verdict.replace('*', ''):<15} {x.ours}" for x in cl)
 
@@ -277,6 +294,7 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict]) -> Path:
                 "## The four recipes (final train / held-out pass, mean ± sd)\n\n"
                 + markdown_table(["recipe", "train", "held-out"], recipes),
                 "## Claims held per seed\n\n" + markdown_table(["claim", "held"] + [f"seed {s}" for s in seeds], holds),
+                *_seeds_generalization(summaries, seeds),
                 "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds], rows)]
     print(markdown_table(["recipe", "train", "held-out"], recipes), flush=True)
     return write_report(run_dir, f"Agent post-training over {len(seeds)} seeds", sections)
