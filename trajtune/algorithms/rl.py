@@ -86,6 +86,9 @@ class RLConfig:
             raise ValueError(f"RLConfig: advantage={self.advantage!r} needs group_size >= 2 (got {self.group_size})")
         if self.steps < 0 or self.tasks_per_step < 1 or self.epochs < 1 or self.minibatches < 1:
             raise ValueError("RLConfig: steps >= 0, tasks_per_step, epochs and minibatches >= 1")
+        if self.minibatches > self.tasks_per_step * self.group_size:
+            raise ValueError(f"RLConfig: minibatches ({self.minibatches}) > episodes per step "
+                             f"({self.tasks_per_step} x {self.group_size}): a minibatch would be empty")
         if self.aggregation == "constant" and self.aggregation_constant <= 0:
             raise ValueError("RLConfig: aggregation='constant' needs aggregation_constant > 0")
         for name in ("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap"):
