@@ -37,9 +37,13 @@ as the toy `Renderer`; sampled tokens are kept as sampled.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..trajectory import Owner, Trajectory
+
+CACHE_SIZE = 8192
+"""renderings kept per renderer (Jinja renders and tokenizer calls repeat: a group's episodes share a prompt)"""
 
 CONTENT_OWNERS = {"system": Owner.PROMPT, "user": Owner.PROMPT, "tool": Owner.TOOL}
 
@@ -64,16 +68,24 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.tools = tools
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._texts: dict[tuple[str, bool], str] = {}  # (messages as JSON, generation prompt) -> rendering
+        self._pieces: dict = {}  # tokenizations: _tokenize's (text, spans) and _encode's text
         self._stop_ids = tuple(stop_ids) if stop_ids is not None else self._detect_stop_ids()
         self._stop_texts = [tokenizer.convert_ids_to_tokens(i) for i in self._stop_ids]
 
     # --- the template, as text
     def text(self, messages: Sequence[Mapping[str, Any]], generation_prompt: bool = False) -> str:
-        """The template's rendering of `messages` (a string)."""
+        """The template's rendering of `messages` (a string; memoized: a template is a function of
+        its messages -- one that reads the clock, like Llama 3's date line, keeps its first reading)."""
         if not messages:
             return ""
-        return self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        key = (json.dumps(list(messages), sort_keys=True, default=str), generation_prompt)
+        out = self._texts.get(key)
+        if out is None:
+            out = self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
+                                                     add_generation_prompt=generation_prompt)
+            _remember(self._texts, key, out)
+        return out
 
     def template_ids(self, messages: Sequence[Mapping[str, Any]], generation_prompt: bool = False) -> list[int]:
         """`apply_chat_template(..., tokenize=True)` as a plain list of ids (the reference the tests compare to)."""
@@ -215,7 +227,13 @@ class ChatRenderer:
         return self._encode(self.text(messages, generation_prompt=True)[len(before):])
 
     def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        if not text:
+            return []
+        ids = self._pieces.get(text)
+        if ids is None:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            _remember(self._pieces, text, ids)
+        return list(ids)
 
     def _policy_end(self, full: str, start: int) -> int:
         """End (exclusive) of the assistant's own text in `full[start:]`: through the first stop token."""
@@ -238,13 +256,24 @@ class ChatRenderer:
 
     def _tokenize(self, text: str, spans: list, reward: float, info: dict | None) -> Trajectory:
         """Tokenize `text` once; each token takes the owner and turn of the span holding its first character."""
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        traj = Trajectory(reward=reward, info=dict(info or {}))
-        spans = sorted((s for s in spans if s[1] > s[0]), key=lambda s: s[0])
-        k = 0
-        for tid, (a, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
-            while k + 1 < len(spans) and spans[k][1] <= a:
-                k += 1
-            owner, turn = (spans[k][2], spans[k][3]) if spans else (Owner.TEMPLATE, 0)
-            traj.append([tid], owner, turn)
-        return traj
+        key = (text, tuple(spans))
+        piece = self._pieces.get(key)
+        if piece is None:
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            ordered = sorted((s for s in spans if s[1] > s[0]), key=lambda s: s[0])
+            ids, owners, turns, k = [], [], [], 0
+            for tid, (a, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+                while k + 1 < len(ordered) and ordered[k][1] <= a:
+                    k += 1
+                owner, turn = (ordered[k][2], ordered[k][3]) if ordered else (Owner.TEMPLATE, 0)
+                ids.append(tid), owners.append(int(owner)), turns.append(turn)
+            piece = (ids, owners, turns)
+            _remember(self._pieces, key, piece)
+        ids, owners, turns = piece
+        return Trajectory(list(ids), list(owners), list(turns), reward=reward, info=dict(info or {}))
+
+
+def _remember(cache: dict, key, value) -> None:
+    if len(cache) >= CACHE_SIZE:  # a simple bound: start over (renderings are cheap to redo)
+        cache.clear()
+    cache[key] = value
