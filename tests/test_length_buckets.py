@@ -72,3 +72,34 @@ def test_trim_keeps_the_real_tokens_and_drops_unused_padding():
     short = b.select(torch.tensor([0])).trim()
     assert short.ids.shape[1] == int(b.attention_mask[0].sum()) and short.action_mask.shape[1] == short.ids.shape[1] - 1
     assert torch.equal(short.ids[0], b.ids[0, : short.ids.shape[1]]) and b.trim() is b
+
+
+@pytest.mark.parametrize("advantage, surrogate, extra", [
+    ("grpo", "reinforce", {}),
+    ("rloo", "ppo", {"epochs": 2, "kl_coef": 0.1, "tis_cap": 2.0}),
+    ("gae", "ppo", {"kl_coef": 0.05, "kl_in_reward": True, "value_clip": 0.2}),
+    ("dr_grpo", "cispo", {"ratio_level": "sequence", "aggregation": "constant", "aggregation_constant": 8.0}),
+])
+def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
+    """The RL loss cuts its step-level per-token tensors to a trimmed minibatch's width."""
+    from trajtune.algorithms.common import bucketed_forward_backward
+    from trajtune.algorithms.rl import RLConfig, advantages_for, make_loss_fn
+
+    config = RLConfig(advantage=advantage, surrogate=surrogate, group_size=3, **extra)
+    e = engine(seed=5, value_head=advantage == "gae")
+    trajs = [demo("a" * n) for n in (1, 6, 2, 9, 3, 4)]
+    for i, t in enumerate(trajs):
+        t.reward, t.group = float(i % 3 == 0) + 0.1 * i, i // 3
+        t.logprobs = [-0.5] * len(t)
+    batch = collate(trajs, TOK.pad_id)
+    old = e.forward(batch, values=advantage == "gae")
+    old_values = old.values[:, :-1] if advantage == "gae" else None
+    ref_logp = old.logprobs - 0.05  # a reference that differs from the policy
+    adv, returns = advantages_for(batch, config, old_values, ref_logp, old.logprobs)
+    fn = make_loss_fn(config, adv, returns, old.logprobs + 0.01, old_values, ref_logp, use_old=True)
+    one = e.forward_backward(batch, fn, values=advantage == "gae")
+    g1 = grads(e).clone()
+    e.model.zero_grad()
+    three = bucketed_forward_backward(e, batch, fn, 3, values=advantage == "gae")
+    assert torch.allclose(grads(e), g1, atol=1e-6, rtol=1e-5)
+    assert abs(one["loss"] - three["loss"]) < 1e-5

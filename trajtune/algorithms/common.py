@@ -187,8 +187,9 @@ def bucketed_forward_backward(engine, batch: Batch, loss_fn, buckets: int, pairs
     its share of the batch's normaliser (`logprobs.aggregation_share` with `loss_fn.aggregation`),
     so the accumulated gradient and the share-weighted metrics equal the one-group ones up to
     float rounding. pairs=True: rows [0, P) and [P, 2P) are (chosen, rejected) pairs
-    (`dpo.pair_batch`); a pair stays together and sorts by its longer side. Only for losses that
-    read nothing of width T-1 from outside the batch (SFT, preference and reward-model losses).
+    (`dpo.pair_batch`); a pair stays together and sorts by its longer side. A loss that reads
+    per-token tensors of the whole batch must cut them to the part's width (the RL loss does;
+    SFT, preference and reward-model losses read nothing of the kind).
     """
     if buckets <= 1:
         return engine.forward_backward(batch, loss_fn, values=values)

@@ -27,7 +27,8 @@ from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..trajectory import Batch, Trajectory, collate
 from ..resume import Checkpointer
-from .common import Collect, finish_step, pick_tasks, rollout_metrics, save_point, start_from, train_row
+from .common import (Collect, bucketed_forward_backward, finish_step, pick_tasks, rollout_metrics, save_point, start_from,
+                     train_row)
 
 
 @dataclass
@@ -78,6 +79,9 @@ class RLConfig:
     """C for aggregation='constant' (e.g. the longest generation)"""
     tis_cap: float = 0.0
     """truncated importance sampling cap against the sampler's log-probs (0 disables)"""
+    length_buckets: int = 1
+    """forward each minibatch in this many groups of similar length, each without the padding it does not
+    need (the same gradient up to float rounding; faster when episode lengths vary)"""
     seed: int = 0
     """sampling and task order of step s are functions of (seed, s)"""
 
@@ -94,6 +98,8 @@ class RLConfig:
         for name in ("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap"):
             if not getattr(self, name) >= 0:  # also rejects NaN
                 raise ValueError(f"RLConfig: {name} must be >= 0, got {getattr(self, name)}")
+        if self.length_buckets < 1:
+            raise ValueError(f"RLConfig: length_buckets must be >= 1, got {self.length_buckets}")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
@@ -124,17 +130,22 @@ def make_loss_fn(config: RLConfig, advantages, returns, old_logp, old_values, re
     def loss_fn(out: ForwardOutput, batch: Batch):
         rows = batch.index  # rows of this minibatch in the step's batch
         mask = batch.action_mask
+        width = mask.shape[1]  # <= the step's T-1 when the minibatch was trimmed (length buckets)
+
+        def mine(x):  # this minibatch's rows (and columns) of a step-level [B] or [B, T-1] tensor
+            return x[rows] if x.dim() == 1 else x[rows, :width]
+
         entropy = entropy_from_logits(out.logits[:, :-1]) if config.entropy_coef else None
         loss, metrics = policy_gradient_loss(
-            out.logprobs, advantages[rows], mask, old_logp[rows] if use_old else None,
+            out.logprobs, mine(advantages), mask, mine(old_logp) if use_old else None,
             surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
             sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
-            ref_logp=ref_logp[rows] if kl_loss_coef else None, kl_coef=kl_loss_coef,
+            ref_logp=mine(ref_logp) if kl_loss_coef else None, kl_coef=kl_loss_coef,
             entropy=entropy, entropy_coef=config.entropy_coef,
             aggregation=config.aggregation, constant=constant,
         )
         if returns is not None:
-            vloss, vm = value_loss(out.values[:, :-1], returns[rows], mask, old_values[rows],
+            vloss, vm = value_loss(out.values[:, :-1], mine(returns), mask, mine(old_values),
                                    config.value_clip or None, config.aggregation, constant)
             loss = loss + config.vf_coef * vloss
             metrics.update(vm)
@@ -194,7 +205,8 @@ def train_rl(
         for epoch in range(config.epochs):
             order = torch.randperm(batch.size, generator=g)
             for chunk in order.chunk(config.minibatches):
-                m = engine.forward_backward(batch.select(chunk), loss_fn, values=use_values)
+                m = bucketed_forward_backward(engine, batch.select(chunk), loss_fn, config.length_buckets,
+                                              values=use_values)
                 o = engine.optim_step()
         # 4. log (the last minibatch's loss statistics)
         row.update({**train_row(m, o), "train/kept_episodes": float(batch.size),

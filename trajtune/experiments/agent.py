@@ -96,7 +96,7 @@ class Config:
     """weak-base episodes per train task from which preference pairs are made"""
     dpo_eval_every: int = 25
     """evaluate DPO every this many steps"""
-    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, tasks_per_step=8, group_size=8))
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, tasks_per_step=8, group_size=8, length_buckets=4))
     """REINFORCE with a group-mean baseline; RL only runs `rl.steps`, SFT -> RL runs `rl.steps - cold_start_step`"""
     rl_lr: float = 1e-3
     """RL learning rate"""
