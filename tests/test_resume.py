@@ -216,3 +216,19 @@ def test_a_save_cut_between_its_two_renames_leaves_the_previous_checkpoint_usabl
     monkeypatch.setattr(C.os, "replace", replace)
     assert not ck.state_dir.exists()
     assert Checkpointer(tmp_path / "c").resume(engine()) == 1
+
+
+def test_a_truncated_state_is_a_clear_error_naming_the_file(tmp_path):
+    from trajtune.checkpoint import CheckpointError
+
+    e = engine()
+    ck = Checkpointer(tmp_path / "c", every=1)
+    ck.step_done(e, 1)
+    meta = ck.state_dir / "engine.json"
+    meta.write_text(meta.read_text()[:40])  # cut mid-file
+    with pytest.raises(CheckpointError, match="engine.json: unreadable checkpoint metadata"):
+        Checkpointer(tmp_path / "c").resume(engine())
+    ck.step_done(e, 2)  # a fresh save replaces the broken state
+    (ck.state_dir / "loop.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="loop.safetensors"):
+        Checkpointer(tmp_path / "c").resume(engine())

@@ -96,6 +96,17 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+def read_json(file: Path) -> dict:
+    """A checkpoint's JSON file; a truncated or corrupted one is a CheckpointError naming it."""
+    try:
+        data = json.loads(Path(file).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file}: unreadable checkpoint metadata ({e})") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: checkpoint metadata is not a JSON object")
+    return data
+
+
 def save_tensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(file))
 

@@ -50,7 +50,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 import torch.distributed as dist
 
-from .checkpoint import atomic_dir, load_tensors, save_tensors
+from .checkpoint import atomic_dir, load_tensors, read_json, save_tensors
 from .engine import AUTOCAST_DTYPES, ForwardOutput, LocalEngine, LossFn, OptimConfig, micro_batches
 from .logprobs import aggregation_share, token_log_probs
 from .sampling import Samples
@@ -417,7 +417,7 @@ class DistributedEngine:
         path = Path(path)
         if not (path / "engine.json").exists():
             raise FileNotFoundError(f"{path}: not an engine state directory (no engine.json)")
-        meta = json.loads((path / "engine.json").read_text())
+        meta = read_json(path / "engine.json")
         opts = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(self.model, load_tensors(path / "model.safetensors"), options=opts)
         self.local.step = int(meta["step"])

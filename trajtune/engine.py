@@ -31,7 +31,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
-from .checkpoint import atomic_dir, load_model_weights, save_model_weights, load_tensors, save_tensors
+from .checkpoint import atomic_dir, load_model_weights, load_tensors, read_json, save_model_weights, save_tensors
 from .logprobs import aggregation_share, token_log_probs
 from .sampling import Samples, sample
 from .trajectory import Batch
@@ -289,7 +289,7 @@ class LocalEngine:
         meta_file = path / "engine.json"
         if not meta_file.exists():
             raise FileNotFoundError(f"{path}: not an engine state directory (no engine.json)")
-        meta = json.loads(meta_file.read_text())
+        meta = read_json(meta_file)
         load_model_weights(self.model, path / "model.safetensors")
         self.step = int(meta["step"])
         if "param_groups" in meta:

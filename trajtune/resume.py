@@ -19,7 +19,9 @@ exits at once without a new checkpoint (the last complete one stays intact).
 The global torch generators (dropout) are saved and restored too (in a
 distributed run, rank 0's). Under torch.distributed the ranks agree on an
 interrupt at every step (one all-reduce of the flag), so a signal that reached
-only some ranks still makes all of them save together. A loop whose steps depend on more than (seed, step) saves that too, in the same
+only some ranks still makes all of them save together.
+
+A loop whose steps depend on more than (seed, step) saves that too, in the same
 atomic checkpoint: `state` (JSON: its history, the round it is in, the episodes
 it kept -- see `trajectories_to_json`) and `tensors` (e.g. the DPO reference
 log-probs); after `resume` they are in `checkpointer.state` / `.tensors`. A loop
@@ -27,7 +29,8 @@ whose state is only consistent at some steps (iw-SFT between refreshes of its
 lagged policy) passes `allowed=False` elsewhere: an interrupt waits for the next
 allowed step. `reference(engine, start)` gives a stage's frozen reference --
 its *starting* policy, saved once, so a resumed RL stage keeps the KL anchor it
-started with.
+started with. `keep(name, obj)` adds a caller's own JSON-able list or dict (an
+experiment's evaluation curve) to every checkpoint and refills it on resume.
 """
 
 from __future__ import annotations
