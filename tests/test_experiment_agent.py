@@ -147,8 +147,10 @@ def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, m
         agent.run_stage(stage, config, run_dir)
     assert (run_dir / stage / "resume" / "state" / "engine.json").exists()
     monkeypatch.setattr(LocalEngine, "optim_step", step)
+    cut_at = json.loads((run_dir / stage / "resume" / "elapsed.json").read_text())["wall_s"]
     got = agent.run_stage(stage, config, run_dir)
     want = json.loads((small_run[0] / stage / "results.json").read_text())
+    assert got["time"]["wall_s"] > cut_at > 0  # the stage's time counts both runs
     got.pop("time"), want.pop("time")
     assert got == want
     assert rows(run_dir) == expected_rows

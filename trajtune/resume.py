@@ -39,6 +39,7 @@ import dataclasses
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -173,6 +174,25 @@ class Checkpointer:
             raise KeyboardInterrupt
         self.stop_requested = True
 
+
+
+class StageClock:
+    """Wall and CPU seconds of a stage summed over the runs it took (a stage cut short by Ctrl-C
+    and resumed): `save(...)` on an interrupt writes the time so far to `<resume_dir>/elapsed.json`,
+    `totals(...)` adds it to this run's. Extra counters (e.g. sampling seconds) are summed too."""
+
+    def __init__(self, resume_dir: str | os.PathLike):
+        self.file = Path(resume_dir) / "elapsed.json"
+        self.before = json.loads(self.file.read_text()) if self.file.exists() else {}
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def totals(self, **extra: float) -> dict[str, float]:
+        now = {"wall_s": time.perf_counter() - self._wall, "cpu_s": time.process_time() - self._cpu, **extra}
+        return {k: v + self.before.get(k, 0.0) for k, v in now.items()}
+
+    def save(self, **extra: float) -> None:
+        if self.file.parent.exists():  # only when the stage left a checkpoint to resume from
+            self.file.write_text(json.dumps(self.totals(**extra)))
 
 
 def _distributed() -> bool:

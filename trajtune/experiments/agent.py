@@ -50,7 +50,7 @@ from ..engine import LocalEngine, OptimConfig
 from ..envs.bugfix_tasks import make_tasks
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
-from ..resume import Checkpointer
+from ..resume import Checkpointer, StageClock
 from . import agent_diagnostics as diag
 from .agent_gym import (Gym, describe, episodes, evaluate, pass_rate, preference_pairs, probe, rft_round_summary,
                         scripted_play)
@@ -385,13 +385,16 @@ def run_stage(name: str, config: Config, run_dir: Path) -> dict:
     """Run one stage in this process; writes and returns its results (plus wall / CPU / sampling seconds)."""
     torch.set_num_threads(config.threads)
     gym = Gym(config.max_turns, config.max_action_tokens)
-    t0, c0 = time.perf_counter(), time.process_time()
+    clock = StageClock(run_dir / name / "resume")  # times add up over a stage cut short and resumed
     with MetricsLogger(run_dir) as logger:
         if not checkpointer(config, run_dir, name).has_checkpoint:  # a (re)run from scratch replaces its rows
             logger.drop_after(name, -1)
-        results = STAGES[name][0](config, run_dir, gym, logger)
-    results["time"] = {"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                       "sampling_s": gym.sampling_seconds}
+        try:
+            results = STAGES[name][0](config, run_dir, gym, logger)
+        except KeyboardInterrupt:
+            clock.save(sampling_s=gym.sampling_seconds)
+            raise
+    results["time"] = clock.totals(sampling_s=gym.sampling_seconds)
     (run_dir / name).mkdir(parents=True, exist_ok=True)
     text = json.dumps(results, indent=1)
     (run_dir / name / "results.json").write_text(text)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
-import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..resume import StageClock
 
 
 @dataclass
@@ -38,10 +39,15 @@ class Stage:
 
 def _call(stage: Stage, config, run_dir: str, threads: int) -> dict:
     torch.set_num_threads(threads)
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = stage.fn(config, Path(run_dir), *stage.args)
-    result.update(_wall_s=time.perf_counter() - wall, _cpu_s=time.process_time() - cpu)
     out = Path(run_dir) / stage.name
+    clock = StageClock(out / "resume")  # times add up over a stage cut short and resumed
+    try:
+        result = stage.fn(config, Path(run_dir), *stage.args)
+    except KeyboardInterrupt:
+        clock.save()
+        raise
+    t = clock.totals()
+    result.update(_wall_s=t["wall_s"], _cpu_s=t["cpu_s"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1))
     shutil.rmtree(out / "resume", ignore_errors=True)  # finished: a forced rerun starts afresh
