@@ -207,7 +207,7 @@ def test_long_samples_are_an_error_naming_line_field_and_lengths(hf, no_model):
         run_hf(_config(hf, "sft", "chats.jsonl", max_length=48))
     msg = str(e.value)
     assert msg.startswith("2 of 3 samples do not fit --max-length 48:")
-    assert f"chats.jsonl:2: field 'messages': " in msg and "chats.jsonl:3: field 'prompt+completion': " in msg
+    assert "chats.jsonl:2: field 'messages': " in msg and "chats.jsonl:3: field 'prompt+completion': " in msg
     assert "chats.jsonl:1" not in msg and "--drop-long" in msg
     with pytest.raises(DataError, match=r"1 of 2 samples do not fit --max-length 48:\n  .*pairs\.jsonl:2: field "
                                         r"'rejected': \d+ tokens \(chosen \d+, rejected \d+"):

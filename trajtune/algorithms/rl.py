@@ -20,7 +20,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from ..engine import ForwardOutput, LocalEngine
-from ..logprobs import entropy_from_logits, masked_mean
+from ..logprobs import entropy_from_logits
 from ..metrics import MetricsLogger, progress
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
 from ..objectives.kl import kl_penalized_rewards
