@@ -4,6 +4,7 @@ as an uninterrupted one with the same seed."""
 
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -233,3 +234,48 @@ def test_a_truncated_state_is_a_clear_error_naming_the_file(tmp_path):
     (ck.state_dir / "loop.safetensors").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="loop.safetensors"):
         Checkpointer(tmp_path / "c").resume(engine())
+
+
+def _stage_process(directory, ready):
+    """A worker-process stage: steps until interrupted (its Checkpointer saves, then it exits)."""
+    e = engine()
+    with Checkpointer(directory) as ck:
+        open(ready, "w").close()
+        for step in range(1, 100_000):
+            time.sleep(0.01)
+            ck.step_done(e, step)
+
+
+def test_a_stop_signal_sent_to_the_parent_alone_reaches_its_stage_processes(tmp_path):
+    """A container's SIGTERM goes to the parent only: forward_to_children passes it on, every
+    stage process saves and stops, and the parent gets KeyboardInterrupt."""
+    import multiprocessing
+
+    from trajtune.resume import forward_to_children
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_stage_process, args=(str(tmp_path / f"s{k}"), str(tmp_path / f"ready{k}")))
+             for k in range(2)]
+    with pytest.raises(KeyboardInterrupt), forward_to_children():
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"ready{k}").exists() for k in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the forwarding handler raises before this ends
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [1, 1]  # RunInterrupted after their save
+    assert all(Checkpointer(tmp_path / f"s{k}").resume(engine()) > 0 for k in range(2))
+
+
+def test_one_request_delivered_twice_still_saves(tmp_path):
+    """Ctrl-C in a terminal reaches a stage process directly and through its parent: one request."""
+    e = engine()
+    with Checkpointer(tmp_path / "c") as ck:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # the forwarded copy, within the duplicate window
+        with pytest.raises(RunInterrupted, match="after step 1"):
+            ck.step_done(e, 1)
+    assert Checkpointer(tmp_path / "c").resume(engine()) == 1

@@ -14,7 +14,9 @@ step. `Checkpointer` does the bookkeeping for one stage of one run:
 On SIGINT/SIGTERM the handler only sets a flag: the current step finishes, a
 checkpoint is written (atomically: see checkpoint.atomic_dir), and
 `RunInterrupted` is raised so the caller can exit cleanly. A second Ctrl-C
-exits at once without a new checkpoint (the last complete one stays intact).
+(a second or more after the first) exits at once without a new checkpoint (the
+last complete one stays intact). A process that runs stages in workers wraps
+them in `forward_to_children()`, so a stop signal sent to it alone reaches them.
 
 The global torch generators (dropout) are saved and restored too (in a
 distributed run, rank 0's). Under torch.distributed the ranks agree on an
@@ -35,13 +37,15 @@ experiment's evaluation curve) to every checkpoint and refills it on resume.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -64,6 +68,7 @@ class Checkpointer:
         self.directory = Path(directory)
         self.every = every
         self.stop_requested = False
+        self._signalled_at = 0.0
         self.state: dict = {}
         """the loop state of the checkpoint `resume` loaded ({} on a fresh run)"""
         self.tensors: dict[str, torch.Tensor] = {}
@@ -170,9 +175,47 @@ class Checkpointer:
         self._previous.clear()
 
     def _on_signal(self, signum, frame) -> None:
-        if self.stop_requested:  # second signal: leave now, the last complete checkpoint stays
-            raise KeyboardInterrupt
-        self.stop_requested = True
+        now = time.monotonic()
+        if self.stop_requested:
+            if now - self._signalled_at < DUPLICATE_WINDOW_S:  # the same request delivered twice (a process
+                return                                          # group's signal plus a parent's forward)
+            raise KeyboardInterrupt  # a second request: leave now, the last complete checkpoint stays
+        self.stop_requested, self._signalled_at = True, now
+
+
+DUPLICATE_WINDOW_S = 1.0
+"""signals this close to the first count as one request (see `forward_to_children`)"""
+
+
+@contextlib.contextmanager
+def forward_to_children() -> Iterator[None]:
+    """In a process that runs stages in worker processes: SIGINT / SIGTERM sent to this process
+    alone (a container's stop signal, `kill PID`) are passed on to its child processes, whose
+    Checkpointers save and stop, and raise KeyboardInterrupt here once they are on their way.
+
+    A child that also got the signal directly (Ctrl-C in a terminal signals the whole process
+    group) sees two signals within `DUPLICATE_WINDOW_S` and counts them as one. Main thread only;
+    elsewhere a no-op.
+    """
+    def forward(signum, frame):
+        for child in multiprocessing.active_children():
+            try:
+                os.kill(child.pid, signum)
+            except ProcessLookupError:
+                pass
+        raise KeyboardInterrupt
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, forward)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 

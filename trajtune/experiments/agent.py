@@ -50,7 +50,7 @@ from ..engine import LocalEngine, OptimConfig
 from ..envs.bugfix_tasks import make_tasks
 from ..metrics import MetricsLogger
 from ..models.tiny import TinyConfig, TinyTransformer
-from ..resume import Checkpointer, StageClock
+from ..resume import Checkpointer, StageClock, forward_to_children
 from . import agent_diagnostics as diag
 from .agent_gym import (Gym, describe, episodes, evaluate, pass_rate, preference_pairs, probe, rft_round_summary,
                         scripted_play)
@@ -418,7 +418,7 @@ def run_stages(config: Config, run_dir: Path) -> dict[str, dict]:
             todo.remove(name)
             results[name] = _announce(name, run_stage(name, config, run_dir))
         return results
-    with ProcessPoolExecutor(config.workers, mp_context=get_context("spawn")) as pool:
+    with forward_to_children(), ProcessPoolExecutor(config.workers, mp_context=get_context("spawn")) as pool:
         running = {}
         while todo or running:
             for name in [n for n in todo if ready(n)][: config.workers - len(running)]:

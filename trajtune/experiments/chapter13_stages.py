@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..resume import StageClock
+from ..resume import StageClock, forward_to_children
 
 
 @dataclass
@@ -86,7 +86,7 @@ def run_stages(stages: list[Stage], config, run_dir: Path, workers: int = 1, thr
             torch.set_num_threads(previous)
         return results
 
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with forward_to_children(), ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         running = {}
         while pending or running:
             for s in ready()[: workers - len(running)]:
