@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Callable, Literal, Sequence, get_args, get_origin
 
 
 class ConfigError(ValueError):
@@ -151,3 +152,16 @@ def load_toml(path: str | Path) -> dict:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML ({e})") from e
+
+
+def check_ranges(obj, where: str, *, counts: Sequence[str] = (), non_negative: Sequence[str] = (),
+                 positive: Sequence[str] = (), label: Callable[[str], str] = str) -> None:
+    """Reject impossible numbers in a config's fields, naming the first offender:
+    `counts` must be >= 1, `non_negative` >= 0, `positive` > 0; a NaN or infinite float fails
+    every rule. `label` turns a field name into what the user typed (e.g. a command-line flag)."""
+    for names, rule, ok in ((counts, ">= 1", lambda v: v >= 1), (non_negative, ">= 0", lambda v: v >= 0),
+                            (positive, "> 0", lambda v: v > 0)):
+        for name in names:
+            v = getattr(obj, name)
+            if not (ok(v) and (not isinstance(v, float) or math.isfinite(v))):
+                raise ValueError(f"{where}: {label(name)} must be {rule}, got {v!r}")

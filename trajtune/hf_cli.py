@@ -122,28 +122,20 @@ class HFConfig:
     def __post_init__(self) -> None:
         import math
 
-        def bad(name: str, rule: str) -> ValueError:
-            flag = "--" + name.replace("_", "-")
-            return ValueError(f"HFConfig: {flag} must be {rule}, got {getattr(self, name)!r}")
+        from .config import check_ranges
 
         if not self.model or not self.data:
             raise ValueError("HFConfig: --model and --data are required")
         if self.command in ("grpo", "rft") and not self.reward:
             raise ValueError(f"HFConfig: {self.command} needs --reward module:function")
-        for name in ("batch_size", "max_length", "prompts_per_step", "group_size", "max_new_tokens", "rounds", "epochs"):
-            if getattr(self, name) < 1:
-                raise bad(name, ">= 1")
-        for name in ("steps", "micro_batch_size", "warmup_steps", "lora_r", "save_every"):
-            if getattr(self, name) < 0:
-                raise bad(name, ">= 0")
-        for name in ("weight_decay", "grad_clip", "kl_coef"):
-            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
-                raise bad(name, ">= 0")
-        for name in ("lr", "beta", "temperature", "lora_alpha"):
-            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):
-                raise bad(name, "> 0")
+        check_ranges(self, "HFConfig", label=lambda name: "--" + name.replace("_", "-"),
+                     counts=("batch_size", "max_length", "prompts_per_step", "group_size", "max_new_tokens", "rounds",
+                             "epochs"),
+                     non_negative=("steps", "micro_batch_size", "warmup_steps", "lora_r", "save_every", "weight_decay",
+                                   "grad_clip", "kl_coef"),
+                     positive=("lr", "beta", "temperature", "lora_alpha"))
         if not math.isfinite(self.threshold):
-            raise bad("threshold", "a finite number")
+            raise ValueError(f"HFConfig: --threshold must be a finite number, got {self.threshold!r}")
         if self.command == "grpo" and self.group_size < 2 and self.advantage != "gae":
             raise ValueError(f"HFConfig: --group-size must be >= 2 with --advantage {self.advantage} (a group baseline "
                              f"compares the completions of one prompt; with 1 every advantage is 0), got {self.group_size}")

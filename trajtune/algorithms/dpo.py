@@ -17,6 +17,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from ..config import check_ranges
 from ..engine import ForwardOutput, LocalEngine
 from ..metrics import MetricsLogger, progress
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
@@ -59,9 +60,7 @@ class DPOConfig:
             raise ValueError(f"DPOConfig: beta must be > 0, got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"DPOConfig: label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
-        for name in ("nll_weight", "simpo_gamma_ratio", "orpo_lambda"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"DPOConfig: {name} must be >= 0, got {getattr(self, name)}")
+        check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda"))
         if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0:
             raise ValueError("DPOConfig: steps, batch_size and regenerate_every must be >= 0")
         if self.length_buckets < 1:

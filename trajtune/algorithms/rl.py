@@ -19,6 +19,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from ..config import check_ranges
 from ..engine import ForwardOutput, LocalEngine
 from ..logprobs import entropy_from_logits
 from ..metrics import MetricsLogger, progress
@@ -95,11 +96,8 @@ class RLConfig:
                              f"({self.tasks_per_step} x {self.group_size}): a minibatch would be empty")
         if self.aggregation == "constant" and self.aggregation_constant <= 0:
             raise ValueError("RLConfig: aggregation='constant' needs aggregation_constant > 0")
-        for name in ("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap"):
-            if not getattr(self, name) >= 0:  # also rejects NaN
-                raise ValueError(f"RLConfig: {name} must be >= 0, got {getattr(self, name)}")
-        if self.length_buckets < 1:
-            raise ValueError(f"RLConfig: length_buckets must be >= 1, got {self.length_buckets}")
+        check_ranges(self, "RLConfig", counts=("length_buckets",),
+                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap"))
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 

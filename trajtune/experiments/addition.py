@@ -17,7 +17,7 @@ import torch
 
 from ..algorithms.sft import SFTConfig, train_sft
 from ..checkpoint import save_model
-from ..config import to_dict
+from ..config import check_ranges, to_dict
 from ..distributed import is_main, make_engine, sharded_map
 from ..engine import LocalEngine, OptimConfig
 from ..metrics import MetricsLogger
@@ -47,9 +47,7 @@ class Config:
     """optimizer settings"""
 
     def __post_init__(self) -> None:
-        for name in ("n_train", "n_eval", "dim", "n_layers", "n_heads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"addition: {name} must be >= 1, got {getattr(self, name)}")
+        check_ranges(self, "addition", counts=("n_train", "n_eval", "dim", "n_layers", "n_heads"))
         if self.n_train + self.n_eval > 10_000:
             raise ValueError(f"addition: n_train + n_eval must be <= 10000 (the a+b pairs), got {self.n_train + self.n_eval}")
         if self.dim % self.n_heads:

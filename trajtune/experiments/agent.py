@@ -45,7 +45,7 @@ from ..algorithms.rft import RFTConfig, train_rft
 from ..algorithms.rl import RLConfig, train_rl
 from ..algorithms.sft import SFTConfig, train_sft
 from ..checkpoint import load_model, save_model
-from ..config import to_dict
+from ..config import check_ranges, to_dict
 from ..engine import LocalEngine, OptimConfig
 from ..envs.bugfix_tasks import make_tasks
 from ..metrics import MetricsLogger
@@ -124,19 +124,14 @@ class Config:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGES)}")
         if not 0 < self.cold_start_step < self.rl.steps:
             raise ValueError("cold_start_step must be between 0 and rl.steps")
-        if self.workers < 1 or self.threads < 1:
-            raise ValueError("workers and threads must be >= 1")
-        for name in ("dim", "n_layers", "n_heads", "max_turns", "max_action_tokens", "weak_play_seeds", "pair_samples",
-                     "dpo_eval_every", "rl_eval_every", "eval_samples", "describe_samples", "probe_group"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"agent: {name} must be >= 1, got {getattr(self, name)}")
+        check_ranges(self, "agent",
+                     counts=("workers", "threads", "dim", "n_layers", "n_heads", "max_turns", "max_action_tokens",
+                             "weak_play_seeds", "pair_samples", "dpo_eval_every", "rl_eval_every", "eval_samples",
+                             "describe_samples", "probe_group"),
+                     non_negative=("hack_rounds", "dpo_nll_weight", "checkpoint_every"),
+                     positive=("sft_lr", "dpo_lr", "rl_lr"))
         if self.dim % self.n_heads:
             raise ValueError(f"agent: dim={self.dim} is not divisible by n_heads={self.n_heads}")
-        if self.hack_rounds < 0 or self.dpo_nll_weight < 0:
-            raise ValueError(f"agent: hack_rounds and dpo_nll_weight must be >= 0, got {self.hack_rounds}, {self.dpo_nll_weight}")
-        for name in ("sft_lr", "dpo_lr", "rl_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"agent: {name} must be > 0, got {getattr(self, name)}")
 
     def eval_seed(self, k: int = 0) -> int:
         """Seed of evaluation k: the same episodes' random numbers at every evaluation point."""

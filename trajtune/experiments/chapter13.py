@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from ..config import to_dict
+from ..config import check_ranges, to_dict
 from .chapter13_instruct import stage_pretrain, stage_sft
 from .chapter13_preference import stage_dpo, stage_reward_model
 from .chapter13_report import write_chapter13_report, write_seed_table
@@ -115,19 +115,14 @@ class Config:
     def __post_init__(self) -> None:
         if "preference" in self.parts and "instruct" not in self.parts:
             raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
-        if self.workers < 1 or self.threads < 1:
-            raise ValueError("chapter13: workers and threads must be >= 1")
-        for name in ("dim", "n_layers", "n_heads", "pretrain_batch", "block_size", "val_windows", "sft_batch",
-                     "adherence_samples", "max_reply", "rm_batch", "bon_repeats", "eval_per_word", "dpo_batch",
-                     "calc_dim", "calc_layers", "calc_batch", "grpo_prompts", "pass_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"chapter13: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("pretrain_steps", "sft_steps", "rm_steps", "dpo_steps", "calc_steps", "grpo_steps", "control_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"chapter13: {name} must be >= 0, got {getattr(self, name)}")
-        for name in ("pretrain_lr", "sft_lr", "rm_lr", "dpo_lr", "calc_lr", "grpo_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"chapter13: {name} must be > 0, got {getattr(self, name)}")
+        check_ranges(self, "chapter13",
+                     counts=("workers", "threads", "dim", "n_layers", "n_heads", "pretrain_batch", "block_size",
+                             "val_windows", "sft_batch", "adherence_samples", "max_reply", "rm_batch", "bon_repeats",
+                             "eval_per_word", "dpo_batch", "calc_dim", "calc_layers", "calc_batch", "grpo_prompts",
+                             "pass_k"),
+                     non_negative=("pretrain_steps", "sft_steps", "rm_steps", "dpo_steps", "calc_steps", "grpo_steps",
+                                   "control_steps"),
+                     positive=("pretrain_lr", "sft_lr", "rm_lr", "dpo_lr", "calc_lr", "grpo_lr"))
         if self.dim % self.n_heads or self.calc_dim % self.n_heads:
             raise ValueError(f"chapter13: dim ({self.dim}) and calc_dim ({self.calc_dim}) must be divisible by n_heads ({self.n_heads})")
         if self.grpo_group < 2:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import check_ranges
 from ..envs.bandit import RIGHT, TwoArmBandit
 from ..objectives.importance import iw_sft_weights
 from ..objectives.sft import weighted_sft_loss
@@ -66,11 +67,9 @@ class Config:
         for name in ("p_left", "p_right"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"iw_sft_bandit: {name} is a probability, got {getattr(self, name)}")
-        for name in ("threads", "rounds", "n_per_round", "steps", "c3_n_per_round", "c3_rounds", "c3_runs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"iw_sft_bandit: {name} must be >= 1, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"iw_sft_bandit: lr must be > 0, got {self.lr}")
+        check_ranges(self, "iw_sft_bandit",
+                     counts=("threads", "rounds", "n_per_round", "steps", "c3_n_per_round", "c3_rounds", "c3_runs"),
+                     positive=("lr",))
         if len(self.step_clip) != 2 or not 0 <= self.step_clip[0] <= self.step_clip[1]:
             raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got {self.step_clip}")
         if not self.alphas:

@@ -24,7 +24,7 @@ from typing import Literal
 
 from ..algorithms.iw_sft import IWSFTConfig, train_iw_sft
 from ..algorithms.rft import RFTConfig, train_rft
-from ..config import to_dict
+from ..config import check_ranges, to_dict
 from ..metrics import MetricsLogger
 from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
 from ..resume import Checkpointer
@@ -67,19 +67,12 @@ class Config:
     """episodes per task at every evaluation (80 train, 40 held-out)"""
 
     def __post_init__(self) -> None:
-        for name in ("workers", "threads", "samples_per_task", "batch_size", "q_update_every", "eval_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"iw_sft_bugfix: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("rounds", "steps_per_round", "weak_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"iw_sft_bugfix: {name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"iw_sft_bugfix: lr must be > 0, got {self.lr}")
+        check_ranges(self, "iw_sft_bugfix",
+                     counts=("workers", "threads", "samples_per_task", "batch_size", "q_update_every", "eval_samples"),
+                     non_negative=("rounds", "steps_per_round", "weak_steps", "alpha"), positive=("lr",))
         if not 0 <= self.step_clip_low <= self.step_clip_high:
             raise ValueError(f"iw_sft_bugfix: need 0 <= step_clip_low <= step_clip_high, got "
                              f"{self.step_clip_low}, {self.step_clip_high}")
-        if self.alpha < 0:
-            raise ValueError(f"iw_sft_bugfix: alpha must be >= 0, got {self.alpha}")
 
 
 def agent_config(config: Config) -> agent.Config:
