@@ -26,7 +26,6 @@ import json
 import os
 import signal
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,12 +40,9 @@ from trajtune.envs.base import SingleTurnEnv
 from trajtune.logprobs import aggregation_share
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.rollout import make_collect
-from trajtune.text.render import Renderer
-from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import collate
 
-TOK = CharTokenizer.from_corpus("Q: pickabcdef")
-RENDER = Renderer(TOK)
+from test_algorithms import RENDER, TASKS, TOK  # noqa: E402 - the same toy task as the single-process tests
 OPT = OptimConfig(lr=1e-2)
 SFT = SFTConfig(steps=4, batch_size=6, seed=3)
 GRPO = RLConfig(steps=3, tasks_per_step=3, group_size=3, advantage="grpo", seed=5)  # 9 episodes: 5 | 4 split group 1
@@ -60,15 +56,6 @@ def assert_params_close(ours: dict, theirs: dict, what: str) -> None:
     n_off = int((diff > TOL).sum())
     print(f"{what} 1 vs 2 processes: max |param diff| {float(diff.max()):.2e}, {n_off} of {diff.numel()} beyond {TOL}")
     assert float(diff.max()) < PARAM_TOL and n_off <= 0.002 * diff.numel()
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str = "pick"
-    prompt: str = "Q: pick"
-
-
-TASKS = [Task(f"pick{i}") for i in range(4)]
 
 
 def verifier(task, reply):
