@@ -14,10 +14,11 @@ from trajtune.algorithms.reward_model import RewardModelConfig, pair_accuracy, t
 from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
-from trajtune.engine import LocalEngine, OptimConfig
+from trajtune.engine import make_engine, OptimConfig
+from trajtune.loop import Run
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.rollout import make_collect
+from trajtune.collect import make_collect
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 
@@ -42,7 +43,7 @@ def verifier(task, reply):
 def engine(seed=0, lr=1e-2, value_head=False):
     torch.manual_seed(seed)
     model = TinyTransformer(TinyConfig(TOK.vocab_size, dim=32, n_layers=1, n_heads=2, max_len=32, value_head=value_head))
-    return LocalEngine(model, OptimConfig(lr=lr))
+    return make_engine(model, OptimConfig(lr=lr))
 
 
 def collect_for(e):
@@ -135,7 +136,7 @@ def test_distillation_moves_student_towards_teacher():
         # the sampled estimator is much noisier (per-token advantages of several nats): smaller steps
         student = engine(seed=2, lr=3e-3 if mode == "sampled" else 1e-2)
         before = pass_rate(student)
-        hist = train_distill(student, teacher.model, TASKS, collect_for(student),
+        hist = train_distill(student, make_engine(teacher.model, frozen=True), TASKS, collect_for(student),
                              DistillConfig(steps=60, tasks_per_step=4, samples_per_task=4, mode=mode), TOK.pad_id)
         if mode == "full":
             assert pass_rate(student) > before + 0.3
@@ -151,12 +152,12 @@ def test_every_metric_a_loop_logs_is_documented(tmp_path):
     e = engine(value_head=True)
     with MetricsLogger(tmp_path, strict=True) as log:
         train_rl(e, TASKS, collect_for(e), RLConfig(steps=1, tasks_per_step=2, group_size=4, advantage="gae",
-                                                    surrogate="ppo", kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0), TOK.pad_id, log)
-        train_rft(e, TASKS, collect_for(e), RFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id, log)
-        train_iw_sft(e, TASKS, collect_for(e), IWSFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id, log)
+                                                    surrogate="ppo", kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0), TOK.pad_id, Run("t", log))
+        train_rft(e, TASKS, collect_for(e), RFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id, Run("t", log))
+        train_iw_sft(e, TASKS, collect_for(e), IWSFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id, Run("t", log))
         pairs = [(demo("a"), demo("b"))]
         for loss in ("dpo", "simpo", "orpo"):
-            train_dpo(e, pairs, DPOConfig(steps=1, loss=loss, nll_weight=1.0 if loss == "dpo" else 0.0), TOK.pad_id, log)
-        train_reward_model(e, pairs, RewardModelConfig(steps=1), TOK.pad_id, log)
-        train_distill(e, copy.deepcopy(e.model), TASKS, collect_for(e), DistillConfig(steps=1), TOK.pad_id, log)
-        train_distill(e, copy.deepcopy(e.model), TASKS, collect_for(e), DistillConfig(steps=1, mode="full"), TOK.pad_id, log)
+            train_dpo(e, pairs, DPOConfig(steps=1, loss=loss, nll_weight=1.0 if loss == "dpo" else 0.0), TOK.pad_id, Run("t", log))
+        train_reward_model(e, pairs, RewardModelConfig(steps=1), TOK.pad_id, Run("t", log))
+        train_distill(e, make_engine(copy.deepcopy(e.model), frozen=True), TASKS, collect_for(e), DistillConfig(steps=1), TOK.pad_id, Run("t", log))
+        train_distill(e, make_engine(copy.deepcopy(e.model), frozen=True), TASKS, collect_for(e), DistillConfig(steps=1, mode="full"), TOK.pad_id, Run("t", log))

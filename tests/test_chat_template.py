@@ -55,15 +55,16 @@ def test_rollout_path_matches_render_path(tok):
     r = ChatRenderer(tok)
     msgs = [{"role": "user", "content": "what is 2 + 3?"}, {"role": "assistant", "content": "let me run tests"},
             {"role": "tool", "content": "passed"}, {"role": "assistant", "content": "the answer is 5"}]
-    traj = r.start(msgs[:1])
-    assert r.prompt_ids(traj) == r.generation_prompt(msgs[:1])
+    transcript = r.start(msgs[:1])
+    traj = transcript.traj
+    assert r.prompt_ids(transcript) == r.generation_prompt(msgs[:1])
     for turn, k in enumerate((1, 3)):
         tokens = tok(msgs[k]["content"], add_special_tokens=False)["input_ids"] + [r.stop_ids[0]]
-        r.append_sampled(traj, tokens, [-1.0] * len(tokens), turn)
+        r.append_sampled(transcript, tokens, [-1.0] * len(tokens), turn)
         assert r.action_text(tokens) == msgs[k]["content"]
         if k == 1:
-            r.append_message(traj, msgs[2], turn)
-            assert r.prompt_ids(traj) == r.generation_prompt(msgs[:3])
+            r.append_message(transcript, msgs[2], turn)
+            assert r.prompt_ids(transcript) == r.generation_prompt(msgs[:3])
     rendered = r.render(msgs)
     assert (traj.ids, traj.owners, traj.turns) == (rendered.ids, rendered.owners, rendered.turns)
 

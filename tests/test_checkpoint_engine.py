@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from trajtune.algorithms.sft import sft_loss_fn
-from trajtune.checkpoint import CheckpointError, atomic_dir, load_model, save_model
-from trajtune.engine import LocalEngine, OptimConfig
+from trajtune.checkpoint import CheckpointError, atomic_dir
+from trajtune.models.tiny import load_model, save_model
+from trajtune.engine import make_engine, OptimConfig
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Owner, Trajectory, collate
 
@@ -57,8 +58,8 @@ def test_gradient_accumulation_equals_one_big_step(tiny_model):
 
     batch = demo_batch(4)
     loss_fn = sft_loss_fn("sequence")
-    a = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
-    b = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    a = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    b = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
     a.forward_backward(batch, loss_fn)
     for half in ([0, 1], [2, 3]):  # "sequence" aggregation averages rows: halves weigh 1/2 each
         b.forward_backward(batch.select(half), loss_fn, scale=0.5)
@@ -72,12 +73,12 @@ def test_engine_state_round_trip_continues_identically(tiny_model, tmp_path):
     import copy
 
     batch, loss_fn = demo_batch(4), sft_loss_fn()
-    a = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, warmup_steps=3))
+    a = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, warmup_steps=3))
     for _ in range(2):
         a.forward_backward(batch, loss_fn)
         a.optim_step()
     a.save_state(tmp_path / "state", extra={"data_step": 2})
-    b = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, warmup_steps=3))
+    b = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, warmup_steps=3))
     assert b.load_state(tmp_path / "state") == {"data_step": 2} and b.step == 2
     for e in (a, b):
         e.forward_backward(batch, loss_fn)
@@ -87,7 +88,7 @@ def test_engine_state_round_trip_continues_identically(tiny_model, tmp_path):
 
 
 def test_sft_step_lowers_loss(tiny_model):
-    engine = LocalEngine(tiny_model, OptimConfig(lr=3e-3))
+    engine = make_engine(tiny_model, OptimConfig(lr=3e-3))
     batch, loss_fn = demo_batch(4), sft_loss_fn()
     first = engine.forward_backward(batch, loss_fn)["loss"]
     engine.optim_step()
@@ -102,8 +103,8 @@ def test_micro_batching_gives_the_one_batch_gradient(tiny_model, mode):
     import copy
 
     batch, loss_fn = demo_batch(5), sft_loss_fn(mode)  # rows of different lengths: token shares != row shares
-    whole = LocalEngine(copy.deepcopy(tiny_model))
-    split = LocalEngine(copy.deepcopy(tiny_model), micro_batch_size=2)
+    whole = make_engine(copy.deepcopy(tiny_model))
+    split = make_engine(copy.deepcopy(tiny_model), micro_batch_size=2)
     mw, ms = whole.forward_backward(batch, loss_fn), split.forward_backward(batch, loss_fn)
     assert ms["loss"] == pytest.approx(mw["loss"], rel=1e-5)
     for pa, pb in zip(whole.model.parameters(), split.model.parameters()):

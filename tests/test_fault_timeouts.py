@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from trajtune import rollout
+from trajtune import faults
+from trajtune.collect import make_collect
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.rollout import StepTimeout, TooManyFaults, make_collect, rollout_batch, scripted_rollout, time_limit
+from trajtune.faults import StepTimeout, TooManyFaults, time_limit
+from trajtune.rollout import rollout_batch, scripted_rollout
 from trajtune.sampling import Samples
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
@@ -175,9 +177,9 @@ def test_nested_limits_the_outer_one_wins_when_it_is_shorter():
 
 
 def test_no_limit_outside_the_main_thread_is_said_once(monkeypatch, caplog):
-    monkeypatch.setattr(rollout, "_warned_no_limit", False)
+    monkeypatch.setattr(faults, "_warned_no_limit", False)
     out = []
-    with caplog.at_level("WARNING", logger="trajtune.rollout"):
+    with caplog.at_level("WARNING", logger="trajtune.faults"):
         worker = threading.Thread(target=lambda: out.append(run([Task("good"), Task("good")], step_timeout_s=0.01)))
         worker.start()
         worker.join()

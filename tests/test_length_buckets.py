@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, pair_batch, pair_step, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
 from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_model
-from trajtune.trajectory import collate
+from trajtune.trajectory import collate, pair_batch
 
 from test_algorithms import TOK, demo, engine
 
@@ -22,7 +22,8 @@ def test_bucketed_pair_step_equals_one_batch(loss, nll):
     full = pair_batch(PAIRS, TOK.pad_id)
     e = engine(seed=3)
     ref = summed_logps(e.forward(full).logprobs, full.action_mask)
-    fn = preference_loss_fn(DPOConfig(loss=loss, beta=0.5, nll_weight=nll), ref + 0.3)  # policy != reference
+    full = full.with_extras(ref_sums=ref + 0.3)  # policy != reference
+    fn = preference_loss_fn(DPOConfig(loss=loss, beta=0.5, nll_weight=nll))
     rows = torch.tensor([0, 2, 3, 5, 6, 7, 8])  # a minibatch of pairs
     one = pair_step(e, full, rows, fn, buckets=1)
     g1 = grads(e).clone()
@@ -33,19 +34,16 @@ def test_bucketed_pair_step_equals_one_batch(loss, nll):
 
 
 def test_bucketed_reward_model_step_equals_one_batch():
-    from trajtune.algorithms.reward_model import last_token_values
-    from trajtune.objectives.reward_model import bradley_terry_loss
+    from trajtune.algorithms.reward_model import bradley_terry_loss_fn
 
-    def rm_loss(out, batch):  # the loss train_reward_model uses: values at each row's last real token
-        r = last_token_values(out.values, batch.attention_mask)
-        return bradley_terry_loss(r[: batch.size // 2], r[batch.size // 2 :])
+    rm_loss = bradley_terry_loss_fn(RewardModelConfig())  # the loss train_reward_model uses
 
     full, rows = pair_batch(PAIRS, TOK.pad_id), torch.arange(len(PAIRS))
     e = engine(seed=2, value_head=True)
-    one = pair_step(e, full, rows, rm_loss, buckets=1, values=True)
+    one = pair_step(e, full, rows, rm_loss, buckets=1)
     g1 = grads(e).clone()
     e.model.zero_grad()
-    four = pair_step(e, full, rows, rm_loss, buckets=4, values=True)
+    four = pair_step(e, full, rows, rm_loss, buckets=4)
     assert torch.allclose(grads(e), g1, atol=1e-6, rtol=1e-5) and abs(one["rm/margin"] - four["rm/margin"]) < 1e-5
     hist = train_reward_model(engine(seed=2, lr=3e-3, value_head=True), PAIRS,
                               RewardModelConfig(steps=20, batch_size=6, length_buckets=4), TOK.pad_id)
@@ -54,7 +52,6 @@ def test_bucketed_reward_model_step_equals_one_batch():
 
 @pytest.mark.parametrize("aggregation", ["token", "sequence", "constant"])
 def test_bucketed_sft_step_equals_one_batch(aggregation):
-    from trajtune.algorithms.common import bucketed_forward_backward
     from trajtune.algorithms.sft import sft_loss_fn
 
     batch = collate([demo("a" * n) for n in (1, 7, 2, 9, 3, 3, 12)], TOK.pad_id)
@@ -63,7 +60,7 @@ def test_bucketed_sft_step_equals_one_batch(aggregation):
     one = e.forward_backward(batch, fn)
     g1 = grads(e).clone()
     e.model.zero_grad()
-    three = bucketed_forward_backward(e, batch, fn, 3)
+    three = e.forward_backward(batch, fn, buckets=3)
     assert torch.allclose(grads(e), g1, atol=1e-6, rtol=1e-5) and abs(one["loss"] - three["loss"]) < 1e-5
 
 
@@ -81,9 +78,8 @@ def test_trim_keeps_the_real_tokens_and_drops_unused_padding():
     ("dr_grpo", "cispo", {"ratio_level": "sequence", "aggregation": "constant", "aggregation_constant": 8.0}),
 ])
 def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
-    """The RL loss cuts its step-level per-token tensors to a trimmed minibatch's width."""
-    from trajtune.algorithms.common import bucketed_forward_backward
-    from trajtune.algorithms.rl import RLConfig, advantages_for, make_loss_fn
+    """The RL step's per-token tensors travel on the batch and are cut with it to a trimmed bucket's width."""
+    from trajtune.algorithms.rl import RLConfig, advantages_for, rl_loss
 
     config = RLConfig(advantage=advantage, surrogate=surrogate, group_size=3, **extra)
     e = engine(seed=5, value_head=advantage == "gae")
@@ -96,10 +92,13 @@ def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
     old_values = old.values[:, :-1] if advantage == "gae" else None
     ref_logp = old.logprobs - 0.05  # a reference that differs from the policy
     adv, returns = advantages_for(batch, config, old_values, ref_logp, old.logprobs)
-    fn = make_loss_fn(config, adv, returns, old.logprobs + 0.01, old_values, ref_logp, use_old=True)
-    one = e.forward_backward(batch, fn, values=advantage == "gae")
+    extras = {"advantages": adv, "old_logp": old.logprobs + 0.01, "ref_logp": ref_logp}
+    if returns is not None:
+        extras.update(returns=returns, old_values=old_values)
+    batch, fn = batch.with_extras(**extras), rl_loss(config, use_old=True)
+    one = e.forward_backward(batch, fn)
     g1 = grads(e).clone()
     e.model.zero_grad()
-    three = bucketed_forward_backward(e, batch, fn, 3, values=advantage == "gae")
+    three = e.forward_backward(batch, fn, buckets=3)
     assert torch.allclose(grads(e), g1, atol=1e-6, rtol=1e-5)
     assert abs(one["loss"] - three["loss"]) < 1e-5

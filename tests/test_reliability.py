@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from trajtune.algorithms.sft import SFTConfig, sft_loss_fn, train_sft
-from trajtune.checkpoint import CheckpointError, load_model, save_model
-from trajtune.engine import LocalEngine, NonFiniteError, OptimConfig
+from trajtune.checkpoint import CheckpointError
+from trajtune.models.tiny import load_model, save_model
+from trajtune.engine import Loss, NonFiniteError, OptimConfig, make_engine
+from trajtune.loop import Run
 from trajtune.metrics import MetricsLogger, read_metrics
 from trajtune.resume import Checkpointer, RunInterrupted
 from trajtune.trajectory import Owner, Trajectory, collate
@@ -34,23 +36,23 @@ def test_ctrl_c_saves_and_resume_is_exact(tiny_model, tmp_path):
     data, config = demos(), SFTConfig(steps=8, batch_size=4, seed=3)
     optim = OptimConfig(lr=1e-2, warmup_steps=2, decay_steps=6)
     # the uninterrupted run
-    ref = LocalEngine(copy.deepcopy(tiny_model), optim)
+    ref = make_engine(copy.deepcopy(tiny_model), optim)
     with MetricsLogger(tmp_path / "ref") as log:
-        train_sft(ref, data, config, 0, log)
+        train_sft(ref, data, config, 0, Run("sft", log))
     # the same run, Ctrl-C (a real SIGINT) during step 4, then resumed in a fresh process state
     def interrupt(step):
         if step == 4:
             os.kill(os.getpid(), signal.SIGINT)
         return {}
 
-    first = LocalEngine(copy.deepcopy(tiny_model), optim)
+    first = make_engine(copy.deepcopy(tiny_model), optim)
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "sft") as ckpt:
         with pytest.raises(RunInterrupted, match="after step 4"):
-            train_sft(first, data, SFTConfig(steps=8, batch_size=4, seed=3, eval_every=1), 0, log,
-                      evaluate=interrupt, checkpointer=ckpt)
-    resumed = LocalEngine(copy.deepcopy(tiny_model), optim)  # fresh weights: everything comes from the checkpoint
+            train_sft(first, data, SFTConfig(steps=8, batch_size=4, seed=3, eval_every=1), 0,
+                      Run("sft", log, evaluate=interrupt, checkpointer=ckpt))
+    resumed = make_engine(copy.deepcopy(tiny_model), optim)  # fresh weights: everything comes from the checkpoint
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "sft") as ckpt:
-        train_sft(resumed, data, config, 0, log, checkpointer=ckpt)
+        train_sft(resumed, data, config, 0, Run("sft", log, checkpointer=ckpt))
     for a, b in zip(ref.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)
     assert resumed.step == ref.step == 8
@@ -60,20 +62,23 @@ def test_ctrl_c_saves_and_resume_is_exact(tiny_model, tmp_path):
 
 def test_periodic_checkpoint_survives_a_kill_between_steps(tiny_model, tmp_path):
     data = demos()
-    engine = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    engine = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
     ckpt = Checkpointer(tmp_path / "sft", every=3)
-    train_sft(engine, data, SFTConfig(steps=5, batch_size=4), 0, checkpointer=ckpt)  # "killed" after step 5
-    again = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    train_sft(engine, data, SFTConfig(steps=5, batch_size=4), 0, Run(checkpointer=ckpt))  # "killed" after step 5
+    again = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
     assert Checkpointer(tmp_path / "sft").resume(again) == 3 and again.step == 3
 
 
-def nan_loss(out, batch):
+def _nan_nll(out, batch):
     loss, metrics = sft_loss_fn()(out, batch)
     return loss * float("nan"), metrics
 
 
+nan_loss = Loss(_nan_nll, normalizer="token")
+
+
 def test_nan_loss_skips_the_step_and_leaves_weights_alone(tiny_model):
-    engine = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
+    engine = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2))
     before = [p.detach().clone() for p in engine.model.parameters()]
     batch = collate(demos(4), 0)
     engine.forward_backward(batch, nan_loss)
@@ -83,7 +88,7 @@ def test_nan_loss_skips_the_step_and_leaves_weights_alone(tiny_model):
     engine.forward_backward(batch, sft_loss_fn())  # the next good step trains normally
     assert engine.optim_step()["skipped"] == 0.0
     assert not all(torch.equal(a, b) for a, b in zip(before, engine.model.parameters()))
-    stopper = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
+    stopper = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
     stopper.forward_backward(batch, nan_loss)
     with pytest.raises(NonFiniteError, match="step 1"):
         stopper.optim_step()
@@ -106,12 +111,12 @@ def test_a_skipped_step_names_the_rows_that_caused_it(tiny_model, caplog):
     for i, t in enumerate(data):
         t.info["source"] = f"chats.jsonl:{i + 1}"
     data[4].ids[2] = 2  # row 4's prompt holds the token the model cannot take
-    engine = LocalEngine(NanOnToken(copy.deepcopy(tiny_model)), OptimConfig(lr=1e-2))
+    engine = make_engine(NanOnToken(copy.deepcopy(tiny_model)), OptimConfig(lr=1e-2))
     with caplog.at_level("WARNING", logger="trajtune.engine"):
         engine.forward_backward(collate(data, 0), sft_loss_fn())
         assert engine.optim_step()["skipped"] == 1.0
     assert "non-finite log-probs in 1 row(s): chats.jsonl:5" in caplog.text and "step skipped" in caplog.text
-    stopper = LocalEngine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
+    stopper = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
     stopper.forward_backward(collate(data[:2], 0), nan_loss)  # finite log-probs: the whole batch is named
     with pytest.raises(NonFiniteError, match="non-finite loss on a batch of 2 row\\(s\\): chats.jsonl:1, chats.jsonl:2"):
         stopper.optim_step()
@@ -133,7 +138,8 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     from functools import partial
 
     from trajtune.envs.base import SingleTurnEnv
-    from trajtune.rollout import TooManyFaults, make_collect
+    from trajtune.collect import make_collect
+    from trajtune.faults import TooManyFaults
     from trajtune.sampling import sample
     from trajtune.text.render import Renderer
     from trajtune.text.tokenizers import CharTokenizer

@@ -1,8 +1,11 @@
 """The renderer: token-exact format, owners, turns, the no-wrapper option, both tokenizers."""
 
+import inspect
+
 import pytest
 
-from trajtune.text.render import Renderer, format_owners, owner_counts
+from trajtune.text.chat import ChatRenderer
+from trajtune.text.render import Renderer, RendererProtocol, Transcript, format_owners, owner_counts
 from trajtune.text.tokenizers import CharTokenizer, WordTokenizer
 from trajtune.trajectory import Owner
 
@@ -57,13 +60,14 @@ def test_generation_prompt_is_history_plus_assistant_header(tok):
 
 def test_incremental_building_matches_render(tok):
     r = Renderer(tok)
-    traj = r.start(EPISODE[:2])
+    transcript = r.start(EPISODE[:2])
+    traj = transcript.traj
     sampled = tok.encode("read") + [r.end_id]
-    assert r.prompt_ids(traj) == r.generation_prompt(EPISODE[:2])
-    r.append_sampled(traj, sampled, [-0.5] * len(sampled), turn=0)
-    r.append_message(traj, EPISODE[3], turn=0)
-    r.append_sampled(traj, tok.encode("submit") + [r.end_id], [-0.1, -0.2], turn=1)
-    r.append_message(traj, EPISODE[5], turn=1)
+    assert r.prompt_ids(transcript) == r.generation_prompt(EPISODE[:2])
+    r.append_sampled(transcript, sampled, [-0.5] * len(sampled), turn=0)
+    r.append_message(transcript, EPISODE[3], turn=0)
+    r.append_sampled(transcript, tok.encode("submit") + [r.end_id], [-0.1, -0.2], turn=1)
+    r.append_message(transcript, EPISODE[5], turn=1)
     full = r.render(EPISODE)
     assert (traj.ids, traj.owners, traj.turns) == (full.ids, full.owners, full.turns)
     assert traj.logprobs[traj.owners.index(A)] == -0.5 and traj.logprobs[0] == 0.0
@@ -112,3 +116,27 @@ def test_format_owners_and_counts(tok):
     counts = owner_counts([traj])
     assert counts == {"template": 10, "prompt": 4, "policy": 4, "tool": 3}  # 11 TEMPLATE, but <bos> is never predicted
     assert sum(owner_counts([traj], predicted_only=False).values()) == len(traj)
+
+
+@pytest.mark.parametrize("cls", [Renderer, ChatRenderer])
+def test_both_renderers_implement_the_protocol(cls):
+    """Every member of RendererProtocol exists on both renderers, with the same parameters."""
+    members = [n for n in vars(RendererProtocol) if not n.startswith("_")]
+    assert {"start", "prompt_ids", "append_sampled", "append_message", "action_text", "stop_ids"} <= set(members)
+    for name in members:
+        want, have = getattr(RendererProtocol, name), getattr(cls, name)
+        if isinstance(want, property):
+            assert isinstance(have, property), name
+        else:
+            assert list(inspect.signature(have).parameters) == list(inspect.signature(want).parameters), name
+
+
+def test_a_transcript_holds_the_episode_state_not_the_trajectory(tok):
+    r = Renderer(tok)
+    transcript = r.start(EPISODE[:2])
+    assert isinstance(transcript, Transcript) and transcript.messages == EPISODE[:2] and not transcript.stopped
+    r.append_sampled(transcript, tok.encode("read") + [r.end_id], [-0.5, -0.5], turn=0)
+    assert transcript.stopped and transcript.messages[-1] == {"role": "assistant", "content": "read"}
+    r.append_message(transcript, EPISODE[3], turn=0)
+    assert transcript.messages == EPISODE[:4] and r.prompt_ids(transcript) == r.generation_prompt(EPISODE[:4])
+    assert transcript.traj.info == {}

@@ -16,11 +16,14 @@ from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_mod
 from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
+from trajtune.loop import Run
 from trajtune.metrics import MetricsLogger, read_metrics
 from trajtune.resume import Checkpointer, RunInterrupted, trajectories_from_json, trajectories_to_json
 
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.rollout import make_collect
+from trajtune.collect import make_collect
+
+from trajtune.engine import make_engine
 
 from test_algorithms import RENDER, TASKS, TOK, demo, engine
 
@@ -47,35 +50,36 @@ def make_pairs(e, g):
 def teacher():
     t = engine(seed=1)
     train_sft(t, [demo("a")] * 8, SFTConfig(steps=5, batch_size=8), PAD)
-    return t.model
+    return make_engine(t.model, frozen=True)
+
+
+def R(log, ck):
+    return Run("loop", log, checkpointer=ck)
 
 
 # name -> (engine kwargs, run(e, logger, checkpointer) -> history)
 LOOPS = {
     "sft": ({}, lambda e, log, ck: train_sft(e, [demo(x) for x in "aabcaa"], SFTConfig(steps=6, batch_size=3, seed=2),
-                                              PAD, log, checkpointer=ck)),
+                                              PAD, R(log, ck))),
     "grpo_ppo_kl": ({}, lambda e, log, ck: train_rl(
         e, TASKS, collect_for(e), RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", surrogate="ppo",
-                                           epochs=2, kl_coef=0.1, seed=1), PAD, log, checkpointer=ck)),
+                                           epochs=2, kl_coef=0.1, seed=1), PAD, R(log, ck))),
     "ppo_gae": ({"value_head": True}, lambda e, log, ck: train_rl(
         e, TASKS, collect_for(e), RLConfig(steps=5, tasks_per_step=2, group_size=2, advantage="gae", surrogate="ppo",
-                                           kl_coef=0.05, kl_in_reward=True), PAD, log, checkpointer=ck)),
+                                           kl_coef=0.05, kl_in_reward=True), PAD, R(log, ck))),
     "rft": ({}, lambda e, log, ck: train_rft(
         e, TASKS, collect_for(e), RFTConfig(rounds=3, samples_per_task=4, steps_per_round=3, batch_size=4,
-                                            threshold=0.0, accumulate=True, dedup=True), PAD, log, checkpointer=ck)),
+                                            threshold=0.0, accumulate=True, dedup=True), PAD, R(log, ck))),
     "iw_sft": ({}, lambda e, log, ck: train_iw_sft(
         e, TASKS, collect_for(e), IWSFTConfig(rounds=3, samples_per_task=4, steps_per_round=3, batch_size=4,
-                                              threshold=0.0, q_update_every=2), PAD, log, checkpointer=ck)),
-    "dpo": ({}, lambda e, log, ck: train_dpo(e, PAIRS, DPOConfig(steps=6, batch_size=2, beta=0.5), PAD, log,
-                                             checkpointer=ck)),
+                                              threshold=0.0, q_update_every=2), PAD, R(log, ck))),
+    "dpo": ({}, lambda e, log, ck: train_dpo(e, PAIRS, DPOConfig(steps=6, batch_size=2, beta=0.5), PAD, R(log, ck))),
     "dpo_regenerate": ({}, lambda e, log, ck: train_dpo(
-        e, [], DPOConfig(steps=6, batch_size=2, beta=0.5, regenerate_every=4), PAD, log, make_pairs=make_pairs,
-        checkpointer=ck)),
+        e, [], DPOConfig(steps=6, batch_size=2, beta=0.5, regenerate_every=4), PAD, R(log, ck), make_pairs=make_pairs)),
     "reward_model": ({"value_head": True}, lambda e, log, ck: train_reward_model(
-        e, PAIRS, RewardModelConfig(steps=6, batch_size=2), PAD, log, checkpointer=ck)),
+        e, PAIRS, RewardModelConfig(steps=6, batch_size=2), PAD, R(log, ck))),
     "distill": ({}, lambda e, log, ck: train_distill(
-        e, teacher(), TASKS, collect_for(e), DistillConfig(steps=5, tasks_per_step=2, samples_per_task=2), PAD, log,
-        checkpointer=ck)),
+        e, teacher(), TASKS, collect_for(e), DistillConfig(steps=5, tasks_per_step=2, samples_per_task=2), PAD, R(log, ck))),
 }
 
 

@@ -12,7 +12,8 @@ from trajtune.envs.bugfix_tasks import make_tasks
 from trajtune.envs.scripted import ArithmeticOracle, bugfix_policy
 from trajtune.logprobs import sequence_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.rollout import make_collect, rollout_batch, scripted_rollout, task_groups
+from trajtune.collect import make_collect
+from trajtune.rollout import rollout_batch, scripted_rollout, task_groups
 from trajtune.sampling import Samples, sample
 from trajtune.text.render import Renderer
 from trajtune.trajectory import Owner, collate
@@ -171,3 +172,44 @@ def test_make_collect_runs_every_task_n_times_with_one_group_per_task_instance()
     assert [t.group for t in trajs] == [0, 0, 1, 1, 2, 2]
     assert sampler.calls == [6, 6]
     assert all(t.info["actions"] == ["read", "submit"] for t in trajs)
+
+
+class CountingSampler:
+    """A fake model for one episode: turn k replays `actions[k]` (encoded by `encode`), then the stop token."""
+
+    def __init__(self, encode, actions):
+        self.encode, self.actions, self.turn = encode, actions, 0
+
+    def __call__(self, prompts, max_new_tokens, generator, *, stop_ids=(), **kw):
+        assert len(prompts) == 1
+        tokens = (self.encode(self.actions[self.turn]) + [stop_ids[0]])[:max_new_tokens]
+        self.turn += 1
+        return Samples([tokens], [[-0.5] * len(tokens)], [tokens[-1] in stop_ids])
+
+
+@pytest.mark.parametrize("kind", ["toy", "chat"])
+def test_finished_trajectories_carry_no_renderer_bookkeeping(kind):
+    """The renderer's per-episode state (messages so far, the stopped flag) lives in its Transcript:
+    a finished trajectory's info is the episode's info only, on both paths and with both renderers."""
+    if kind == "chat":
+        pytest.importorskip("transformers")
+        from trajtune.models.hf_random import train_tokenizer
+        from trajtune.text.chat import ChatRenderer
+
+        hf_tok = train_tokenizer()
+        r, encode, max_tokens = ChatRenderer(hf_tok), lambda s: hf_tok(s, add_special_tokens=False)["input_ids"], 4000
+    else:
+        r, encode, max_tokens = Renderer(TOK), TOK.encode, 512
+    task = TASKS[0]
+    scripted = scripted_rollout(bugfix_policy("oracle"), BugFixEnv(), task, r, max_tokens=max_tokens)
+    sampler = CountingSampler(encode, scripted.info["actions"])
+    sampled = rollout_batch(sampler, [BugFixEnv()], [task], r, None, max_tokens=max_tokens, max_action_tokens=32)[0]
+    assert scripted.info["actions"] == ["read", "edit swap_minmax", "submit"]
+    assert same_tokens(scripted, sampled) and sampled.info == scripted.info
+    for traj in (scripted, sampled):
+        assert not {"messages", "_stopped"} & set(traj.info)
+        assert {"task", "stop_reason", "n_turns", "n_unterminated"} <= set(traj.info)
+    collect = make_collect(CountingSampler(encode, scripted.info["actions"]), BugFixEnv, r, max_tokens=max_tokens,
+                           max_action_tokens=32)
+    (collected,) = collect([task], 1, None)
+    assert same_tokens(collected, sampled) and collected.info == sampled.info

@@ -1,14 +1,14 @@
-"""Checkpoints: safetensors for tensors, JSON for everything else; nothing is unpickled.
+"""Checkpoint primitives: safetensors for tensors, JSON for everything else; nothing is unpickled.
 
-A model checkpoint is a directory:
+Directories are written atomically (`atomic_dir`): everything goes to a temporary
+sibling, is flushed to disk, and is renamed into place, so a crash mid-save leaves
+the previous checkpoint intact; `recover_dir` undoes a save cut between its two
+renames. Readers get a `CheckpointError` naming the file for anything missing,
+truncated or corrupted.
 
-    config.json        {"format": "trajtune", "model": "TinyTransformer", "config": {...}}
-    model.safetensors  the weights
-    tokenizer.json     (optional) the toy tokenizer
-
-Directories are written atomically: everything goes to a temporary sibling,
-is flushed to disk, and is renamed into place, so a crash mid-save leaves the
-previous checkpoint intact.
+The formats built on these live with what they save: the TinyTransformer model
+directory in trajtune/models/tiny.py (`save_model` / `load_model`), Hugging Face
+policies in trajtune/models/hf.py, an engine's training state in engine.py.
 """
 
 from __future__ import annotations
@@ -26,11 +26,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _st_load_model
 from safetensors.torch import save_model as _st_save_model
-
-from .models.tiny import TinyConfig, TinyTransformer
-from .text.tokenizers import Tokenizer
-
-MODEL_CLASSES = {"TinyTransformer": (TinyTransformer, TinyConfig)}
 
 
 class CheckpointError(RuntimeError):
@@ -136,36 +131,3 @@ def load_model_weights(model: torch.nn.Module, file: Path) -> None:
         raise CheckpointError(f"{file}: cannot load weights ({e})") from e
     if missing or unexpected:
         raise CheckpointError(f"{file}: weights do not match the model (missing {missing}, unexpected {unexpected})")
-
-
-def save_model(path: str | os.PathLike, model: TinyTransformer, tokenizer: Tokenizer | None = None, meta: dict | None = None) -> Path:
-    """Save a model (and optionally its tokenizer and a JSON-able `meta` dict) to directory `path`."""
-    name = type(model).__name__
-    if name not in MODEL_CLASSES:
-        raise TypeError(f"save_model: no checkpoint format for {name}; known: {sorted(MODEL_CLASSES)}")
-    with atomic_dir(path) as tmp:
-        cfg = {"format": "trajtune", "model": name, "config": model.config.to_dict(), "meta": meta or {}}
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-        save_model_weights(model, tmp / "model.safetensors")
-        if tokenizer is not None:
-            tokenizer.save(tmp / "tokenizer.json")
-    return Path(path)
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[TinyTransformer, Tokenizer | None]:
-    """Load what `save_model` wrote: (model, tokenizer or None)."""
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise CheckpointError(f"{path}: not a trajtune checkpoint (no config.json)")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-        cls, config_cls = MODEL_CLASSES[cfg["model"]]
-        config = config_cls(**cfg["config"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{cfg_file}: malformed checkpoint config ({e!r})") from e
-    model = cls(config)
-    load_model_weights(model, path / "model.safetensors")
-    tok_file = path / "tokenizer.json"
-    tokenizer = Tokenizer.load(tok_file) if tok_file.exists() else None
-    return model.to(device), tokenizer

@@ -1,20 +1,35 @@
 """The engine: the one seam between algorithm loops and the hardware.
 
-Algorithm loops never touch the model, the optimizer or the device directly;
-they call
+Algorithm loops never touch the model, the optimizer or the device directly; they
+call the `Engine` protocol below, so the same loop runs on a laptop CPU and under
+`torchrun`. There is one implementation, `TorchEngine`, with a pluggable collective
+strategy (`trajtune.distributed`: one process, DDP or FSDP2) that owns what differs
+between them -- which rows a process computes, gathering outputs, reducing metrics,
+the gradient scale, full-state save/load. Build engines with `make_engine(model,
+optim)`: it picks the strategy from how the process was launched.
 
-    engine.forward(batch)                     -> ForwardOutput (no gradient)
-    engine.forward_backward(batch, loss_fn)   -> metrics (gradients accumulate)
-    engine.optim_step()                       -> metrics (clip, step, zero grads)
+    engine.forward(batch)                    -> ForwardOutput (no gradient)
+    engine.forward_backward(batch, loss)     -> metrics (gradients accumulate)
+    engine.optim_step()                      -> metrics (clip, step, zero grads; skips non-finite steps)
     engine.sample(prompts, max_new_tokens, generator, ...) -> Samples
     engine.save_state(dir) / engine.load_state(dir)
-    engine.reference_engine()                 -> a frozen engine on the current policy (KL / DPO reference)
+    engine.reference_engine()                -> a frozen engine on the current policy (KL / DPO reference)
 
-so the same loop runs on a laptop CPU (`LocalEngine`, this file) and, later,
-under `torchrun` behind a distributed engine with the same methods.
+A `Loss` is a pure function `fn(out: ForwardOutput, batch: Batch) -> (scalar, metrics)`
+plus its normaliser (token / sequence / constant). Everything a loss reads beyond
+the forward output travels on the batch (`Batch.extras`), so the engine may split a
+batch any way it likes -- length buckets, micro-batches, rank shards, all by the one
+splitter in `trajtune.trajectory`, never separating rows that share `Batch.together`
+(a DPO pair) -- and weight each part by its share of the whole batch's normaliser,
+so the accumulated gradient equals the one-piece gradient:
 
-`loss_fn(out: ForwardOutput, batch: Batch) -> (loss scalar, metrics dict)` is a
-pure function of the forward output: it never samples and never steps.
+    token:              share = POLICY tokens in the part / POLICY tokens in the batch
+    sequence, constant: share = rows in the part / rows in the batch
+
+Under N processes every rank holds the same global batch (step s's data is a function
+of (seed, s)); each computes its shard's rows with weight share * N, which DDP / FSDP2's
+gradient average (1/N sum) turns back into the one-process gradient; metrics are the
+same share-weighted sums, reduced across ranks.
 """
 
 from __future__ import annotations
@@ -27,15 +42,15 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import torch
 
-from .checkpoint import atomic_dir, load_model_weights, load_tensors, read_json, save_model_weights, save_tensors
-from .logprobs import aggregation_share, token_log_probs
+from .checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
+from .distributed import SingleProcess, Strategy, make_collective
+from .logprobs import AGGREGATIONS, Aggregation, aggregation_share, token_log_probs
 from .sampling import Samples, sample
-from .trajectory import Batch
-
+from .trajectory import Batch, length_buckets, micro_batches, row_units, split_units
 
 log = logging.getLogger("trajtune.engine")
 
@@ -73,11 +88,14 @@ class OptimConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
     def lr_at(self, step: int) -> float:
+        # 1. warm-up: linear from lr / warmup_steps to lr
         if self.warmup_steps and step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
+        # 2. decay: cosine from lr to lr / 10 over decay_steps, then flat at lr / 10
         if self.decay_steps:
             t = min(1.0, (step - self.warmup_steps) / self.decay_steps)
             return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+        # 3. constant
         return self.lr
 
 
@@ -95,126 +113,226 @@ class ForwardOutput:
     values: torch.Tensor | None = None
 
 
+LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A loss for `Engine.forward_backward`: a pure function of (forward output, batch) and its normaliser.
+
+    fn:         fn(out, batch) -> (scalar loss, metrics); reads per-row step tensors from `batch.extras`
+    normalizer: what the scalar is a mean over -- "token" (POLICY tokens), "sequence" (rows) or
+                "constant" (rows, over a fixed constant): how a part of the batch is weighted
+    values:     the forward pass must also return the value head's output (`ForwardOutput.values`)
+    """
+
+    fn: LossFn
+    normalizer: Aggregation
+    values: bool = False
+
+    def __post_init__(self) -> None:
+        if self.normalizer not in AGGREGATIONS:
+            raise ValueError(f"Loss: normalizer={self.normalizer!r}; choose one of {AGGREGATIONS}")
+
+    def __call__(self, out: ForwardOutput, batch: Batch) -> tuple[torch.Tensor, dict]:
+        return self.fn(out, batch)
+
+    def share(self, part: Batch, whole: Batch) -> float:
+        """Weight of `part`'s loss in `whole`'s: sum over the parts of share * loss(part) == loss(whole)."""
+        return aggregation_share(part.action_mask, whole.action_mask, self.normalizer)
+
+
 class NonFiniteError(FloatingPointError):
     """A NaN or Inf loss or gradient, with `on_nonfinite = "stop"`."""
 
 
-LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
+class Engine(Protocol):
+    """The contract between algorithm loops and the hardware (module docstring). Loops annotate this."""
+
+    device: torch.device
+    model: torch.nn.Module
+    optim_config: OptimConfig
+    step: int
+    """optimizer steps taken (including skipped ones)"""
+
+    @property
+    def shard(self):
+        """This process's share of a list (`distributed.Shard`) for sharded rollouts, or None."""
+
+    @property
+    def is_main(self) -> bool:
+        """True in the one process that writes files (rank 0, or a single process)."""
+
+    def forward(self, batch: Batch, values: bool = False) -> ForwardOutput: ...
+
+    def forward_backward(self, batch: Batch, loss: Loss, scale: float = 1.0, buckets: int = 1) -> dict: ...
+
+    def optim_step(self) -> dict: ...
+
+    def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+               generator: torch.Generator | None = None, **kw) -> Samples: ...
+
+    def save_state(self, path: str | os.PathLike, extra: dict | None = None,
+                   tensors: dict[str, torch.Tensor] | None = None) -> None: ...
+
+    def load_state(self, path: str | os.PathLike) -> dict: ...
+
+    def reference_engine(self, **kw) -> "Engine": ...
 
 
-class LocalEngine:
-    """One process, one device (CPU or a single GPU)."""
+AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optim: OptimConfig | None = None,
-        device: str | torch.device = "cpu",
-        *,
-        autocast: str | None = None,
-        micro_batch_size: int = 0,
-    ):
-        """autocast: None (full precision), "bf16" or "fp16": mixed-precision forward passes
-        (weights and optimizer stay in their own dtype). micro_batch_size: if > 0, `forward`
-        and `forward_backward` split a batch into chunks of at most this many rows and
-        accumulate (gradient accumulation at fixed memory); see `micro_batches`."""
-        self.device = torch.device(device)
+
+def make_engine(model: torch.nn.Module, optim: OptimConfig | None = None, *, device: str | torch.device | None = None,
+                strategy: Strategy = "ddp", frozen: bool = False, autocast: str | None = None,
+                micro_batch_size: int = 0) -> "TorchEngine":
+    """The engine for this process: one process, or `strategy` ("ddp" / "fsdp") over the processes
+    torchrun started (WORLD_SIZE > 1). `frozen`: an inference-only engine (a teacher, a reference).
+    device: default cpu in one process, cuda:LOCAL_RANK under torchrun when GPUs are visible."""
+    return TorchEngine(model, optim, device, autocast=autocast, micro_batch_size=micro_batch_size,
+                       collective=make_collective(strategy), frozen=frozen)
+
+
+class TorchEngine:
+    """The `Engine`: a torch module, AdamW, and a collective strategy (one process, DDP, FSDP2)."""
+
+    def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device | None = None,
+                 *, autocast: str | None = None, micro_batch_size: int = 0, collective=None, frozen: bool = False,
+                 _prepared: bool = False):
+        """autocast: None (full precision), "bf16" or "fp16": mixed-precision forward passes (weights and
+        optimizer stay in their own dtype). micro_batch_size: if > 0, a batch is computed in chunks of at
+        most this many rows (gradient accumulation at fixed memory)."""
+        if autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"engine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
+        if micro_batch_size < 0:
+            raise ValueError(f"engine: micro_batch_size must be >= 0, got {micro_batch_size}")
+        self.collective = collective or SingleProcess()
+        self.device = torch.device(device) if device is not None else self.collective.default_device()
         self.model = model.to(self.device)
+        self._train_module = self.collective.prepare(self.model, self.device, frozen=frozen, prepared=_prepared)
         self.optim_config = optim or OptimConfig()
+        self.autocast, self.micro_batch_size, self.frozen = autocast, micro_batch_size, frozen
         self.step = 0  # optimizer steps taken
-        self.skipped_steps = 0  # steps whose gradient was NaN/Inf (weights left unchanged)
+        self.skipped_steps = 0  # steps whose loss or gradient was NaN/Inf (weights left unchanged)
         self._suspects: list[str] = []  # batches with a non-finite loss since the last optim_step
         self._optimizer: torch.optim.Optimizer | None = None
-        if autocast not in AUTOCAST_DTYPES:
-            raise ValueError(f"LocalEngine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
-        if micro_batch_size < 0:
-            raise ValueError(f"LocalEngine: micro_batch_size must be >= 0, got {micro_batch_size}")
-        self.autocast = autocast
-        self.micro_batch_size = micro_batch_size
 
-    # --- optimizer (created lazily: inference-only engines never allocate Adam state)
+    @property
+    def shard(self):
+        return self.collective.shard
+
+    @property
+    def is_main(self) -> bool:
+        return self.collective.is_main
+
     @property
     def optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters, created lazily (inference-only engines never allocate it)."""
         if self._optimizer is None:
             c = self.optim_config
             params = [p for p in self.model.parameters() if p.requires_grad]
-            self._optimizer = torch.optim.AdamW(
-                params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay
-            )
+            self._optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay)
         return self._optimizer
 
-    # --- forward / backward ----------------------------------------------------
-    def _autocast(self):
-        if self.autocast is None:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=AUTOCAST_DTYPES[self.autocast])
-
-    def _forward(self, batch: Batch, values: bool) -> ForwardOutput:
+    # --- the forward pass (the one place a model is called on a batch) --------------------
+    def _forward(self, module: torch.nn.Module, batch: Batch, values: bool) -> ForwardOutput:
         batch = batch.to(self.device)
-        with self._autocast():
+        amp = AUTOCAST_DTYPES[self.autocast]
+        with torch.autocast(self.device.type, dtype=amp) if amp is not None else contextlib.nullcontext():
             if values:
-                logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask, return_values=True)
+                logits, vals = module(batch.ids, attention_mask=batch.attention_mask, return_values=True)
             else:
-                logits, vals = self.model(batch.ids, attention_mask=batch.attention_mask), None
-        vals = vals.float() if vals is not None else None
-        return ForwardOutput(logits, token_log_probs(logits, batch.ids), vals)
+                logits, vals = module(batch.ids, attention_mask=batch.attention_mask), None
+        return ForwardOutput(logits, token_log_probs(logits, batch.ids), vals.float() if vals is not None else None)
+
+    def _chunks(self, batch: Batch) -> list[torch.Tensor | None]:
+        """This process's micro-batches (rows of `batch`), padded with None to the count every rank runs
+        (DDP and FSDP2 need every rank to run the same number of passes)."""
+        shards = self._shards(batch)
+        counts = [len(micro_batches(batch.select(s), self.micro_batch_size)) if len(s) else 0 for s in shards]
+        mine = shards[self.collective.rank]
+        chunks: list[torch.Tensor | None] = (
+            [mine[c] for c in micro_batches(batch.select(mine), self.micro_batch_size)] if len(mine) else [])
+        return chunks + [None] * (max(max(counts), 1) - len(chunks))
+
+    def _shards(self, batch: Batch) -> list[torch.Tensor]:
+        """Rows of every rank: consecutive units (`Batch.together` kept whole), near-equal counts."""
+        if self.collective.world_size == 1:
+            return [torch.arange(batch.size)]
+        return split_units(row_units(batch), self.collective.world_size)
 
     @torch.no_grad()
     def forward(self, batch: Batch, values: bool = False) -> ForwardOutput:
-        """Forward without gradient (reference / old log-probs, evaluation); micro-batched if configured."""
-        was_training = self.model.training
-        self.model.eval()
+        """Forward without gradient (reference / old log-probs, evaluation), in this engine's chunks and
+        shards; the outputs come back whole, in the batch's row order."""
+        module = self.model
+        was_training = module.training
+        module.eval()
         try:
-            chunks = micro_batches(batch.size, self.micro_batch_size)
-            if len(chunks) == 1:
-                return self._forward(batch, values)
-            outs = [self._forward(batch.select(rows), values) for rows in chunks]
-            order = torch.cat(chunks).argsort().to(self.device)  # back to the batch's row order
-            cat = lambda xs: torch.cat(xs)[order]  # noqa: E731
-            return ForwardOutput(cat([o.logits for o in outs]), cat([o.logprobs for o in outs]),
-                                 cat([o.values for o in outs]) if values else None)
+            chunks = self._chunks(batch)
+            if len(chunks) == 1 and chunks[0] is not None and self.collective.world_size == 1:
+                return self._forward(module, batch, values)
+            outs, done = [], []
+            for rows in chunks:
+                out = self._forward(module, batch.select(rows if rows is not None else [0]), values)
+                outs.append(out if rows is not None else _take(out, 0))  # a zero-row output keeps the shapes
+                done.append(rows if rows is not None else torch.zeros(0, dtype=torch.long))
         finally:
-            self.model.train(was_training)
+            module.train(was_training)
+        mine, shards = torch.cat(done), self._shards(batch)
+        whole = lambda xs: self.collective.gather_rows(torch.cat(xs), mine, shards)  # noqa: E731
+        return ForwardOutput(whole([o.logits for o in outs]), whole([o.logprobs for o in outs]),
+                             whole([o.values for o in outs]) if values else None)
 
-    def forward_backward(self, batch: Batch, loss_fn: LossFn, scale: float = 1.0, values: bool = False) -> dict:
-        """Run `loss_fn` on a forward pass and accumulate `scale * grad(loss)`.
+    def forward_backward(self, batch: Batch, loss: Loss, scale: float = 1.0, buckets: int = 1) -> dict:
+        """Accumulate `scale * grad(loss(batch))`; returns the loss's metrics (floats) plus `loss`,
+        share-weighted means over the parts, reduced over ranks: numbers of the whole batch.
 
-        Call several times before `optim_step()` for gradient accumulation (the
-        caller picks `scale`, e.g. 1/num_micro_batches). Returns loss_fn's metrics
-        (floats) plus `loss`. With `micro_batch_size` set, the batch is split by
-        `micro_batches` and each chunk's loss is weighted by its share of the whole
-        batch's normaliser, declared by `loss_fn.aggregation` ("token": share of POLICY
-        tokens; "sequence" / "constant" or undeclared: share of rows; see
-        `logprobs.aggregation_share`), so the accumulated gradient equals the
-        one-chunk gradient. Metrics are the same weighted means.
+        buckets > 1: the batch is computed in that many groups of similar length, each without the
+        padding columns it does not use (`Batch.trim`): the same gradient up to float rounding, faster
+        when lengths vary. Each group is then cut into micro-batches and rank shards. Call several times
+        before `optim_step()` for gradient accumulation (the caller picks `scale`).
         """
-        self.model.train()
-        mode = getattr(loss_fn, "aggregation", "sequence")
-        chunks = micro_batches(batch.size, self.micro_batch_size)
-        result: dict[str, float] = {}
-        for rows in chunks:
-            part = batch if len(chunks) == 1 else batch.select(rows)
-            share = 1.0 if len(chunks) == 1 else aggregation_share(part.action_mask, batch.action_mask, mode)
-            out = self._forward(part, values)
-            loss, metrics = loss_fn(out, part.to(self.device))
-            if loss.dim() != 0:
-                raise ValueError(f"loss_fn must return a scalar loss, got shape {tuple(loss.shape)}")
-            if not bool(torch.isfinite(loss.detach())):
-                self._suspects.append(nonfinite_rows(part, out.logprobs))
-            (loss * scale * share).backward()
-            for k, v in {"loss": loss, **metrics}.items():
-                result[k] = result.get(k, 0.0) + share * _to_float(v)
-        return result
+        module = self._train_module
+        module.train()
+        groups = [torch.arange(batch.size)] if buckets <= 1 else length_buckets(batch, buckets)
+        sums: dict[str, float] = {}
+        for g, rows in enumerate(groups):
+            group = batch if buckets <= 1 else batch.select(rows).trim()
+            group_share = 1.0 if buckets <= 1 else loss.share(group, batch)
+            chunks = self._chunks(group)
+            for i, part_rows in enumerate(chunks):
+                last = g == len(groups) - 1 and i == len(chunks) - 1
+                with self.collective.no_sync(module, last):
+                    if part_rows is None:  # keep step with the other ranks: a pass that adds zero gradient
+                        self._zero_pass(module, group, loss.values)
+                        continue
+                    part = group if (len(chunks) == 1 and self.collective.world_size == 1) else group.select(part_rows)
+                    share = group_share * (1.0 if part is group else loss.share(part, group))
+                    out = self._forward(module, part, loss.values)
+                    value, metrics = loss(out, part.to(self.device))
+                    if value.dim() != 0:
+                        raise ValueError(f"loss must return a scalar, got shape {tuple(value.shape)}")
+                    if not bool(torch.isfinite(value.detach())):
+                        self._suspects.append(nonfinite_rows(part, out.logprobs))
+                    (value * (scale * share * self.collective.world_size)).backward()
+                    for k, v in {"loss": value, **metrics}.items():
+                        sums[k] = sums.get(k, 0.0) + share * _to_float(v)
+        return self.collective.reduce_metrics(sums)
+
+    def _zero_pass(self, module: torch.nn.Module, batch: Batch, values: bool) -> None:
+        out = self._forward(module, batch.select([0]), values)
+        zero = out.logits.float().sum() * 0.0
+        (zero + (out.values.sum() * 0.0 if values else 0.0)).backward()
 
     def optim_step(self) -> dict:
         """Clip gradients, step the optimizer with this step's learning rate, zero gradients.
 
-        A NaN or Inf gradient, or a NaN / Inf loss since the last step (whose gradient may
-        look finite: a NaN that entered without touching a weight), never reaches the weights: the step is
-        skipped (`skipped` = 1 in the returned metrics, the loop logs it with its step, and a
-        warning names the rows whose loss or log-probs were not finite: their task or
-        file:line) or, with `OptimConfig.on_nonfinite = "stop"`, `NonFiniteError` is raised
-        with the same message.
+        A NaN or Inf gradient, or a NaN / Inf loss since the last step on any rank (whose gradient may
+        look finite: a NaN that entered without touching a weight), never reaches the weights: the step
+        is skipped on every rank (`skipped` = 1 in the returned metrics, the loop logs it with its step,
+        and a warning names the rows whose loss or log-probs were not finite: their task or file:line)
+        or, with `OptimConfig.on_nonfinite = "stop"`, `NonFiniteError` is raised with the same message.
         """
         c = self.optim_config
         lr = c.lr_at(self.step)
@@ -222,8 +340,8 @@ class LocalEngine:
             group["lr"] = lr
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm, same on every rank
-        suspects, self._suspects = self._suspects, []
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm
+        suspects, self._suspects = self.collective.gather_suspects(self._suspects, self.device), []
         finite = bool(torch.isfinite(norm)) and not suspects
         if finite:
             self.optimizer.step()
@@ -235,74 +353,84 @@ class LocalEngine:
             message = f"non-finite loss or gradient (norm {float(norm)}) at optimizer step {self.step}: {culprit}"
             if c.on_nonfinite == "stop":
                 raise NonFiniteError(message)
-            log.warning("%s (step skipped, weights unchanged)", message)
+            if self.is_main:
+                log.warning("%s (step skipped, weights unchanged)", message)
         return {"grad_norm": float(norm), "lr": lr, "skipped": 0.0 if finite else 1.0}
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)
 
-    def reference_engine(self, **kw) -> "LocalEngine":
-        """A frozen engine on the *current* policy: the KL / DPO reference.
+    def reference_engine(self, **kw) -> "TorchEngine":
+        """A frozen engine on the *current* policy: the KL / DPO reference, split like this one.
 
-        A model may provide `frozen_reference()` to give one without a second copy of
-        its weights (the Hugging Face adapter with fresh LoRA adapters: the base weights
-        with adapters disabled); otherwise this is a deep copy. Same device, autocast
-        and micro-batching as this engine; it never builds an optimizer. `kw` go to the
-        model's `frozen_reference` (e.g. adapters_off=True).
+        A model may provide `frozen_reference()` to give one without a second copy of its weights
+        (the Hugging Face adapter with LoRA: the base weights with adapters disabled); otherwise this
+        is a deep copy. Same device, autocast, micro-batching and strategy; it never builds an
+        optimizer. `kw` go to the model's `frozen_reference` (e.g. adapters_off=True).
         """
         make = getattr(self.model, "frozen_reference", None)
         ref = make(**kw) if make is not None else copy.deepcopy(self.model)
-        return LocalEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size)
+        return TorchEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size,
+                           collective=self.collective, frozen=True, _prepared=make is None)
 
-    # --- sampling --------------------------------------------------------------
-    def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None, **kw) -> Samples:
-        """Batched KV-cached sampling (see `trajtune.sampling.sample` for the options)."""
+    # --- sampling: each process samples its own prompts (no collectives per token) ------------
+    def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,
+               **kw) -> Samples:
+        """Batched KV-cached sampling of `prompts` in this process (`trajtune.sampling.sample` for the
+        options). Spread prompts over processes with `collect(..., shard=engine.shard)` or `sharded_map`."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return sample(self.model, prompts, max_new_tokens, generator, **kw)
+            with self.collective.full_parameters(self.model):
+                return sample(self.model, prompts, max_new_tokens, generator, **kw)
         finally:
             self.model.train(was_training)
 
-    # --- state -----------------------------------------------------------------
+    # --- state: the one checkpoint layout (rank 0 writes, every rank reads) --------------------
     def save_state(self, path: str | os.PathLike, extra: dict | None = None,
                    tensors: dict[str, torch.Tensor] | None = None) -> None:
         """Write model, optimizer state, step, `extra` (JSON) and `tensors` (a loop's own state,
-        `loop.safetensors`) atomically to directory `path`."""
-        with atomic_dir(path) as tmp:
-            if tensors:
-                save_tensors(tensors, tmp / "loop.safetensors")
-            save_model_weights(self.model, tmp / "model.safetensors")
-            opt = self._optimizer.state_dict() if self._optimizer is not None else None
-            tensors, meta = {}, {"step": self.step, "optim": asdict(self.optim_config), "extra": extra or {}}
-            if opt is not None:
-                for idx, st in opt["state"].items():
-                    for name, v in st.items():
-                        tensors[f"{idx}.{name}"] = v if isinstance(v, torch.Tensor) else torch.tensor(v)
-                meta["param_groups"] = opt["param_groups"]
-                save_tensors(tensors, tmp / "optimizer.safetensors")
-            (tmp / "engine.json").write_text(json.dumps(meta, indent=1))
+        `loop.safetensors`) atomically to directory `path`. Every process must call it.
+
+            model.safetensors      the full weights
+            optimizer.safetensors  AdamW state as "<parameter index>.<name>"
+            engine.json            {"step", "optim", "extra", "param_groups"}
+            loop.safetensors       the loop's tensors (optional)
+        """
+        c = self.collective
+        optim = c.optimizer_state(self.model, self._optimizer) if self._optimizer is not None else None
+        weights = c.full_weights(self.model)  # None: write the module itself (one process, DDP)
+        if c.is_main:
+            with atomic_dir(path) as tmp:
+                if tensors:
+                    save_tensors(tensors, tmp / "loop.safetensors")
+                if weights is None:
+                    save_model_weights(self.model, tmp / "model.safetensors")
+                else:
+                    save_tensors(weights, tmp / "model.safetensors")
+                meta = {"step": self.step, "optim": asdict(self.optim_config), "extra": extra or {}}
+                if optim is not None:
+                    state, meta["param_groups"] = optim
+                    save_tensors({f"{i}.{k}": (v if isinstance(v, torch.Tensor) else torch.tensor(v))
+                                  for i, st in state.items() for k, v in st.items()}, tmp / "optimizer.safetensors")
+                (tmp / "engine.json").write_text(json.dumps(meta, indent=1))
+        c.barrier()
 
     def load_state(self, path: str | os.PathLike) -> dict:
-        """Restore what `save_state` wrote; returns its `extra` dict."""
+        """Restore what `save_state` wrote (by any strategy); returns its `extra` dict."""
         path = Path(path)
-        meta_file = path / "engine.json"
-        if not meta_file.exists():
+        if not (path / "engine.json").exists():
             raise FileNotFoundError(f"{path}: not an engine state directory (no engine.json)")
-        meta = read_json(meta_file)
-        load_model_weights(self.model, path / "model.safetensors")
+        meta = read_json(path / "engine.json")
+        self.collective.load_weights(self.model, path / "model.safetensors")
         self.step = int(meta["step"])
         if "param_groups" in meta:
-            tensors = load_tensors(path / "optimizer.safetensors")
             state: dict[int, dict] = {}
-            for key, v in tensors.items():
+            for key, v in load_tensors(path / "optimizer.safetensors").items():
                 idx, name = key.split(".", 1)
-                state.setdefault(int(idx), {})[name] = v.to(self.device) if name != "step" else v
-            self.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+                state.setdefault(int(idx), {})[name] = v
+            self.collective.load_optimizer_state(self.model, self.optimizer, state, meta["param_groups"], self.device)
         return meta.get("extra", {})
-
-
-AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def nonfinite_rows(batch: Batch, logprobs: torch.Tensor, show: int = 5) -> str:
@@ -320,20 +448,8 @@ def nonfinite_rows(batch: Batch, logprobs: torch.Tensor, show: int = 5) -> str:
     return f"{what} {len(rows)} row(s): {names}"
 
 
-def micro_batches(n: int, size: int) -> list[torch.Tensor]:
-    """Row indices of the micro-batches of an `n`-row batch with at most `size` rows each (0: one chunk).
-
-    Rows i and i + n/2 always land in the same chunk when n is even, so a pair batch
-    (chosen rows [0, P), rejected rows [P, 2P); algorithms.dpo.pair_batch) keeps every
-    pair together; any row-separable loss is indifferent to the grouping.
-    """
-    if size <= 0 or n <= size:
-        return [torch.arange(n)]
-    if n % 2:
-        return list(torch.arange(n).split(size))
-    half, per = n // 2, max(1, size // 2)
-    return [torch.cat([torch.arange(i, min(i + per, half)), torch.arange(i + half, min(i + per, half) + half)])
-            for i in range(0, half, per)]
+def _take(out: ForwardOutput, n: int) -> ForwardOutput:
+    return ForwardOutput(out.logits[:n], out.logprobs[:n], out.values[:n] if out.values is not None else None)
 
 
 def _to_float(v) -> float:

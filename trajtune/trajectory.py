@@ -103,6 +103,12 @@ class Batch:
     rewards        [B]       float  episode rewards
     groups         [B]       long   group id of each episode (-1: none)
     old_logprobs   [B, T-1]  float  sampler log-probs of ids[:, 1:] (zeros where unknown)
+    index          [B]       long   row of each episode in the batch it was selected from (names rows in warnings)
+    together       [B]       long   rows with the same key are never split apart (a DPO pair: chosen and
+                                    rejected share a key); see `row_units` and the splitters below
+    extras         name -> [B] or [B, T-1, ...]  per-row step tensors a loss reads (advantages, old / reference
+                                    log-probs, reference sums): sliced with the rows by `select`, cut with
+                                    the columns by `trim`, so a loss is a pure function of (output, batch)
     """
 
     ids: torch.Tensor
@@ -115,31 +121,41 @@ class Batch:
     old_logprobs: torch.Tensor
     index: torch.Tensor
     infos: list[dict[str, Any]] = field(default_factory=list)
+    together: torch.Tensor | None = None
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.together is None:
+            self.together = torch.arange(self.ids.shape[0])
+        for name, x in self.extras.items():
+            if x.shape[0] != self.ids.shape[0] or (x.dim() >= 2 and x.shape[1] != self.ids.shape[1] - 1):
+                raise ValueError(f"Batch.extras[{name!r}]: shape {tuple(x.shape)} is neither [B] nor [B, T-1, ...] "
+                                 f"for B={self.ids.shape[0]}, T={self.ids.shape[1]}")
 
     @property
     def size(self) -> int:
         return self.ids.shape[0]
 
+    def with_extras(self, **tensors: torch.Tensor) -> "Batch":
+        """The same batch with more per-row step tensors ([B] or [B, T-1, ...]) in `extras`."""
+        return Batch(**{**self.__dict__, "extras": {**self.extras, **tensors}})
+
     def to(self, device: torch.device | str) -> "Batch":
-        moved = {
-            k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()
-        }
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        moved["extras"] = {k: v.to(device) for k, v in self.extras.items()}
         return Batch(**moved)
 
     def select(self, index: torch.Tensor | Sequence[int]) -> "Batch":
-        """Sub-batch of rows `index` (keeps T; use for minibatches)."""
+        """Sub-batch of rows `index` (keeps T; use for minibatches); extras are sliced with the rows."""
         index = torch.as_tensor(index, dtype=torch.long)
-        out = {
-            k: (v[index] if isinstance(v, torch.Tensor) else [v[i] for i in index.tolist()])
-            for k, v in self.__dict__.items()
-        }
+        out = {k: (v[index] if isinstance(v, torch.Tensor) else [v[i] for i in index.tolist()])
+               for k, v in self.__dict__.items() if k != "extras"}
+        out["extras"] = {k: v[index.to(v.device)] for k, v in self.extras.items()}
         return Batch(**out)
 
     def trim(self) -> "Batch":
-        """The same rows without the padding columns no row uses: T -> the longest row's length.
-
-        Only for losses that read nothing of width T-1 from outside the batch (a loss indexing
-        full-width per-token tensors by `index` would see other widths)."""
+        """The same rows without the padding columns no row uses: T -> the longest row's length
+        (per-token extras [B, T-1, ...] are cut with them)."""
         T = int(self.attention_mask.sum(-1).max())
         if T == self.ids.shape[1]:
             return self
@@ -148,7 +164,63 @@ class Batch:
             out[k] = out[k][:, :T]
         for k in ("action_mask", "old_logprobs"):
             out[k] = out[k][:, : T - 1]
+        out["extras"] = {k: (v[:, : T - 1] if v.dim() >= 2 else v) for k, v in self.extras.items()}
         return Batch(**out)
+
+
+# --- the one row splitter: length buckets, micro-batches and rank shards ---------------------
+def row_units(batch: Batch) -> list[list[int]]:
+    """Rows grouped by `batch.together` (a unit is never split), units in order of first appearance."""
+    keys = batch.together.tolist()
+    if len(set(keys)) == len(keys):
+        return [[i] for i in range(len(keys))]
+    units: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        units.setdefault(k, []).append(i)
+    return list(units.values())
+
+
+def unit_rows(units: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The rows of some units, position-major: every unit's first row, then every unit's second row...
+    so a part of a pair batch (chosen rows, then rejected rows) keeps the pair batch's layout. -> [rows]"""
+    width = max((len(u) for u in units), default=0)
+    return torch.tensor([u[p] for p in range(width) for u in units if p < len(u)], dtype=torch.long)
+
+
+def split_units(units: Sequence[Sequence[int]], parts: int, mode: str = "even") -> list[torch.Tensor]:
+    """Consecutive units in `parts` parts -> the rows of each part (`unit_rows`).
+
+    even:  exactly `parts` parts whose unit counts differ by at most 1 (some may be empty): rank shards
+    chunk: parts of ceil(n / parts) units each (torch.chunk: there may be fewer parts): length buckets
+    """
+    index = torch.arange(len(units))
+    groups = index.tensor_split(parts) if mode == "even" else index.chunk(parts)
+    return [unit_rows([units[i] for i in g.tolist()]) for g in groups]
+
+
+def micro_batches(batch: Batch, size: int) -> list[torch.Tensor]:
+    """Rows of the micro-batches of `batch`: consecutive units, at most `size` rows each (0: one chunk;
+    a unit bigger than `size` is one chunk of its own)."""
+    units = row_units(batch)
+    if size <= 0 or batch.size <= size:
+        return [unit_rows(units)]
+    out, part, n = [], [], 0
+    for u in units:
+        if part and n + len(u) > size:
+            out.append(unit_rows(part))
+            part, n = [], 0
+        part.append(u)
+        n += len(u)
+    return out + [unit_rows(part)]
+
+
+def length_buckets(batch: Batch, buckets: int) -> list[torch.Tensor]:
+    """Rows of `buckets` groups of similar length: units sorted (stably) by their longest row, then chunked."""
+    units = row_units(batch)
+    lengths = batch.attention_mask.sum(-1)  # [B]
+    longest = torch.stack([lengths[u].max() for u in units]) if len(units) != batch.size else lengths
+    order = torch.argsort(longest, stable=True).tolist()
+    return split_units([units[i] for i in order], buckets, mode="chunk")
 
 
 def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:
@@ -193,3 +265,11 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         index=torch.arange(B),
         infos=[t.info for t in trajectories],
     )
+
+
+def pair_batch(pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id: int) -> Batch:
+    """Preference pairs as one batch: chosen episodes in rows [0, P), their rejected partners in rows
+    [P, 2P); row i and row i + P share a `together` key, so no splitter separates a pair."""
+    batch = collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+    P = len(pairs)
+    return Batch(**{**batch.__dict__, "together": torch.arange(P).repeat(2)})

@@ -1,4 +1,7 @@
-"""Pieces the sampling loops share: the `Collect` source, task picking, rollout statistics, selection.
+"""Pieces the loops share: the `Collect` source, task picking, rollout statistics, selection, train rows.
+
+The loop template itself (signature, numbered phases, the `Run` object for logging,
+evaluation and checkpoints) is in `trajtune.loop`.
 
 A loop that trains on the policy's own samples gets them from a `Collect`:
 
@@ -6,7 +9,7 @@ A loop that trains on the policy's own samples gets them from a `Collect`:
 
 which runs `n_per_task` episodes of every task with the *current* policy and
 returns finished trajectories with `reward`, `group` (one id per task
-instance) and `info` set. Experiments build it with `trajtune.rollout.make_collect`
+instance) and `info` set. Experiments build it with `trajtune.collect.make_collect`
 from a sampler (`engine.sample`), an environment factory and a renderer; loops
 never see environments.
 """
@@ -20,8 +23,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from ..logprobs import aggregation_share
-from ..trajectory import Batch, Owner, Trajectory
+from ..trajectory import Owner, Trajectory
 
 Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
 
@@ -130,82 +132,3 @@ def train_row(loss_metrics: dict, optim_metrics: dict) -> dict:
            "train/lr": optim_metrics["lr"], "train/skipped": optim_metrics.get("skipped", 0.0)}
     row.update({k: v for k, v in loss_metrics.items() if k != "loss"})
     return row
-
-
-def finish_step(step: int, steps: int, row: dict, history: list, logger=None, evaluate=None,
-                eval_every: int = 0, stage: str = "") -> None:
-    """Evaluate when due (every `eval_every` steps and after the last), log, and append to history.
-
-    `step` is 0-based; rows are logged at the number of completed steps, step + 1.
-    """
-    if evaluate is not None and (step == steps - 1 or (eval_every and (step + 1) % eval_every == 0)):
-        row.update(evaluate(step + 1))
-    if logger is not None:
-        logger.log(step + 1, row, stage=stage)
-    history.append({"step": step + 1, **row})
-
-
-# --- resume (trajtune.resume) ---------------------------------------------------------------
-def start_from(checkpointer, engine, logger=None, stage: str = "") -> tuple[int, list[dict], dict]:
-    """Where a loop starts: (completed steps, its history so far, its saved loop state).
-
-    Without a checkpointer, or on a fresh run: (0, [], {}). On a resume the engine is
-    restored, the logger forgets the stage's rows after the checkpoint (they are logged
-    again), and the history comes back from the checkpoint, so the loop returns the
-    same rows as an uninterrupted run.
-    """
-    if checkpointer is None:
-        return 0, [], {}
-    start = checkpointer.resume(engine)
-    if start and logger is not None:
-        logger.drop_after(stage, start)
-    state = dict(checkpointer.state)
-    return start, list(state.pop("history", [])), state
-
-
-def save_point(checkpointer, engine, completed: int, history: list[dict], allowed: bool = True,
-               tensors: Callable[[], dict] | None = None, **state: Any) -> None:
-    """After an optimizer step: checkpoint when due or interrupted (see Checkpointer.step_done).
-
-    The loop's `history` and keyword `state` (a value that is a function is called
-    only when saving) are saved with the engine; `tensors` (a function too) adds the
-    loop's tensors."""
-    if checkpointer is not None:
-        checkpointer.step_done(engine, completed,
-                               lambda: {"history": history, **{k: v() if callable(v) else v for k, v in state.items()}},
-                               tensors, allowed)
-
-
-
-# --- length buckets -------------------------------------------------------------------------
-def bucketed_forward_backward(engine, batch: Batch, loss_fn, buckets: int, pairs: bool = False,
-                              values: bool = False) -> dict:
-    """`engine.forward_backward(batch, loss_fn)` in `buckets` groups of similar length, each
-    without the padding columns it does not use (`Batch.trim`), weighted like micro-batches.
-
-    The rows are sorted by length and split into `buckets` groups; a group's loss is scaled by
-    its share of the batch's normaliser (`logprobs.aggregation_share` with `loss_fn.aggregation`),
-    so the accumulated gradient and the share-weighted metrics equal the one-group ones up to
-    float rounding. pairs=True: rows [0, P) and [P, 2P) are (chosen, rejected) pairs
-    (`dpo.pair_batch`); a pair stays together and sorts by its longer side. A loss that reads
-    per-token tensors of the whole batch must cut them to the part's width (the RL loss does;
-    SFT, preference and reward-model losses read nothing of the kind).
-    """
-    if buckets <= 1:
-        return engine.forward_backward(batch, loss_fn, values=values)
-    lengths = batch.attention_mask.sum(-1)  # [B]
-    mode = getattr(loss_fn, "aggregation", "sequence")
-    if pairs:
-        P = batch.size // 2
-        order = torch.argsort(torch.maximum(lengths[:P], lengths[P:]), stable=True)
-        groups = [torch.cat([g, g + P]) for g in order.chunk(buckets)]
-    else:
-        groups = list(torch.argsort(lengths, stable=True).chunk(buckets))
-    metrics: dict[str, float] = {}
-    for rows in groups:
-        part = batch.select(rows).trim()
-        share = aggregation_share(part.action_mask, batch.action_mask, mode)
-        m = engine.forward_backward(part, loss_fn, scale=share, values=values)
-        for k, v in m.items():
-            metrics[k] = metrics.get(k, 0.0) + share * v
-    return metrics

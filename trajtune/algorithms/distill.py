@@ -13,18 +13,16 @@ or the exact reverse KL over the vocabulary at every visited state ("full").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 
-from ..distributed import make_engine
-from ..engine import ForwardOutput, LocalEngine
-from ..metrics import MetricsLogger, progress
+from ..engine import Engine, ForwardOutput, Loss
+from ..loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, collate
-from ..resume import Checkpointer
-from .common import Collect, finish_step, pick_tasks, rollout_metrics, save_point, start_from, train_row
+from .common import Collect, pick_tasks, rollout_metrics, train_row
 
 
 @dataclass
@@ -39,54 +37,56 @@ class DistillConfig:
     """sampled: teacher log-ratio of the sampled token as advantage; full: exact reverse KL"""
     aggregation: Literal["token", "sequence", "constant"] = "token"
     """loss aggregation"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: only after the last)"""
     seed: int = 0
     """step s samples with a generator seeded from (seed, s)"""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1:
-            raise ValueError(f"DistillConfig: steps >= 0, tasks_per_step >= 1 and samples_per_task >= 1 "
-                             f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task})")
+        if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1 or self.eval_every < 0:
+            raise ValueError(f"DistillConfig: steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and eval_every >= 0 "
+                             f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.eval_every})")
         if self.aggregation == "constant":
             raise ValueError("DistillConfig: aggregation='constant' needs a constant, which DistillConfig has not")
 
 
-def train_distill(
-    engine: LocalEngine,
-    teacher: torch.nn.Module,
-    tasks: Sequence,
-    collect: Collect,
-    config: DistillConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    eval_every: int = 0,
-    stage: str = "distill",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
-    """Distil `teacher` into the policy on its own samples; resumable with a `checkpointer`."""
-    teacher_engine = make_engine(teacher, device=engine.device, frozen=True)  # sharded like the policy under torchrun
-    start, history, _ = start_from(checkpointer, engine, logger, stage)
-    for step in progress(range(start, config.steps), desc=stage):
+def distill_loss(config: DistillConfig) -> Loss:
+    """sampled: policy gradient with the per-token advantages in `batch.extras["advantages"]` [B, T-1];
+    full: reverse KL to the teacher's logits in `batch.extras["teacher_logits"]` [B, T-1, V]."""
+
+    def sampled(out: ForwardOutput, batch: Batch):
+        return policy_gradient_loss(out.logprobs, batch.extras["advantages"], batch.action_mask,
+                                    aggregation=config.aggregation)
+
+    def full(out: ForwardOutput, batch: Batch):
+        return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask, config.aggregation)
+
+    return Loss(sampled if config.mode == "sampled" else full, normalizer=config.aggregation)
+
+
+def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, collect: Collect, config: DistillConfig,
+                  pad_id: int, run: Run | None = None) -> list[dict]:
+    """Distil the frozen `teacher` engine (built like the policy's, e.g. make_engine(model, frozen=True))
+    into the policy on its own samples; resumable with a checkpointer on `run`."""
+    run = run or Run("distill")
+    loss = distill_loss(config)
+    start, _ = run.start(engine)
+    for step in run.steps(start, config.steps):
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         # 1. sample
         trajs = collect(pick_tasks(tasks, config.tasks_per_step, g), config.samples_per_task, g)
         batch = collate(trajs, pad_id)
-        # 2. grade
-        t_out = teacher_engine.forward(batch)
+        # 2. grade: the teacher on exactly those tokens
+        t_out = teacher.forward(batch)
         if config.mode == "sampled":
-            adv = distill_advantages(engine.forward(batch).logprobs, t_out.logprobs, batch.action_mask)  # [B, T-1]
-
-            def loss_fn(out: ForwardOutput, b: Batch):
-                return policy_gradient_loss(out.logprobs, adv[b.index], b.action_mask, aggregation=config.aggregation)
+            batch = batch.with_extras(advantages=distill_advantages(engine.forward(batch).logprobs, t_out.logprobs,
+                                                                    batch.action_mask))  # [B, T-1]
         else:
-            def loss_fn(out: ForwardOutput, b: Batch):
-                return reverse_kl_loss(out.logits[:, :-1], t_out.logits[b.index, :-1], b.action_mask, config.aggregation)
-        loss_fn.aggregation = config.aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
+            batch = batch.with_extras(teacher_logits=t_out.logits[:, :-1])  # [B, T-1, V]
         # 3. update
-        m = engine.forward_backward(batch, loss_fn)
+        m = engine.forward_backward(batch, loss)
         o = engine.optim_step()
-        # 4. log
-        row = {**rollout_metrics(trajs), **train_row(m, o)}
-        finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
-        save_point(checkpointer, engine, step + 1, history)
-    return history
+        # 4. log, evaluate, checkpoint
+        run.end_step(engine, step + 1, {**rollout_metrics(trajs), **train_row(m, o)},
+                     eval_now=eval_due(step + 1, config.steps, config.eval_every))
+    return run.history

@@ -8,6 +8,9 @@ IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
     1. reference   summed log pi_ref of every pair, once per pair set (engine.reference_engine())
     2. step        a batch of pairs: forward chosen and rejected together, preference loss
     3. log         loss, implicit rewards, chosen/rejected log-prob drift (A7's d_chosen, d_rejected)
+
+The reference sums travel on the pair batch (`Batch.extras["ref_sums"]`); a pair is one
+unit of `Batch.together`, so no split (buckets, micro-batches, ranks) separates it.
 """
 
 from __future__ import annotations
@@ -18,12 +21,11 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from ..config import check_ranges
-from ..engine import ForwardOutput, LocalEngine
-from ..metrics import MetricsLogger, progress
+from ..engine import Engine, ForwardOutput, Loss
+from ..loop import Run, eval_due
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
-from ..trajectory import Batch, Trajectory, collate
-from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .common import bucketed_forward_backward, finish_step, save_point, start_from, train_row
+from ..trajectory import Batch, Trajectory, pair_batch
+from .common import train_row
 from .sft import batch_indices
 
 Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
@@ -52,6 +54,8 @@ class DPOConfig:
     length_buckets: int = 1
     """forward each step's pairs in this many groups of similar length, each without the padding it does not
     need, and accumulate (the same gradient up to float rounding; faster when lengths vary)"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: only after the last)"""
     seed: int = 0
     """batch of step s is a function of (seed, s)"""
 
@@ -61,24 +65,17 @@ class DPOConfig:
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"DPOConfig: label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda"))
-        if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0:
-            raise ValueError("DPOConfig: steps, batch_size and regenerate_every must be >= 0")
+        if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0 or self.eval_every < 0:
+            raise ValueError("DPOConfig: steps, batch_size, regenerate_every and eval_every must be >= 0")
         if self.length_buckets < 1:
             raise ValueError(f"DPOConfig: length_buckets must be >= 1, got {self.length_buckets}")
 
 
-def pair_batch(pairs: Sequence[Pair], pad_id: int) -> Batch:
-    """Chosen episodes in rows [0, P), their rejected partners in rows [P, 2P)."""
-    return collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
-
-
-def pair_step(engine: LocalEngine, full: Batch, rows: torch.Tensor, loss_fn, buckets: int = 1,
-              values: bool = False) -> dict:
-    """forward_backward on pairs `rows` [p] of a `pair_batch` `full` -> the loss function's metrics
-    (buckets > 1: in groups of similar length, `common.bucketed_forward_backward`)."""
+def pair_step(engine: Engine, full: Batch, rows: torch.Tensor, loss: Loss, buckets: int = 1) -> dict:
+    """forward_backward on pairs `rows` [p] of a `pair_batch` `full` -> the loss's metrics
+    (buckets > 1: in groups of similar length, each pair kept whole)."""
     P = full.size // 2
-    return bucketed_forward_backward(engine, full.select(torch.cat([rows, rows + P])), loss_fn, buckets, pairs=True,
-                                     values=values)
+    return engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss, buckets=buckets)
 
 
 def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -86,15 +83,16 @@ def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (logprobs * mask).sum(-1)
 
 
-def preference_loss_fn(config: DPOConfig, ref_sums: torch.Tensor):
-    """loss_fn over a `pair_batch`; `ref_sums` [2P_all] reference sums indexed by `batch.index`."""
+def preference_loss_fn(config: DPOConfig) -> Loss:
+    """The preference loss of a `pair_batch` part (chosen rows, then rejected rows); DPO and IPO read
+    the reference sums [2p] from `batch.extras["ref_sums"]`."""
 
-    def loss_fn(out: ForwardOutput, batch: Batch):
+    def preference(out: ForwardOutput, batch: Batch):
         P = batch.size // 2
         mask = batch.action_mask
         sums, counts = summed_logps(out.logprobs, mask), mask.sum(-1)  # [2P]
         if config.loss in ("dpo", "ipo"):
-            ref = ref_sums[batch.index]
+            ref = batch.extras["ref_sums"]
             return dpo_loss(sums[:P], sums[P:], ref[:P], ref[P:], config.beta,
                             loss_type="ipo" if config.loss == "ipo" else "sigmoid",
                             label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
@@ -104,55 +102,55 @@ def preference_loss_fn(config: DPOConfig, ref_sums: torch.Tensor):
             return simpo_loss(avg[:P], avg[P:], config.beta, config.simpo_gamma_ratio)
         return orpo_loss(avg[:P], avg[P:], config.orpo_lambda)
 
-    return loss_fn
+    return Loss(preference, normalizer="sequence")  # a mean over pairs
 
 
-def train_dpo(
-    engine: LocalEngine,
-    pairs: Sequence[Pair],
-    config: DPOConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    eval_every: int = 0,
-    make_pairs: Callable[[LocalEngine, torch.Generator], list[Pair]] | None = None,
-    stage: str = "dpo",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
+@dataclass
+class DPOState:
+    """What DPO carries across steps besides the engine (saved with it)."""
+
+    ref_sums: torch.Tensor | None = None
+    """[2P] reference log-prob sums of the current pair set"""
+    pairs: list[Pair] | None = None
+    """the current pair set, when it is regenerated from the policy (regenerate_every > 0)"""
+
+
+def with_reference(engine: Engine, pairs: Sequence[Pair], pad_id: int) -> Batch:
+    """The pair batch with the reference sums (the current policy, frozen) in `extras["ref_sums"]` [2P]."""
+    full = pair_batch(pairs, pad_id)
+    reference = engine.reference_engine()
+    return full.with_extras(ref_sums=summed_logps(reference.forward(full).logprobs, full.action_mask))
+
+
+def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: int, run: Run | None = None,
+              make_pairs: Callable[[Engine, torch.Generator], list[Pair]] | None = None) -> list[dict]:
     """Train on preference pairs; `make_pairs(engine, generator)` is needed for regenerate_every > 0.
 
-    With a `checkpointer` the loop resumes exactly: the reference log-probs (and, with
-    `regenerate_every`, the current pair set) are saved with each checkpoint."""
+    Resumes exactly with a checkpointer on `run`: the reference sums (and, with `regenerate_every`,
+    the current pair set) are saved with each checkpoint (`DPOState`)."""
     if config.regenerate_every and make_pairs is None:
         raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
     if not pairs and make_pairs is None:
         raise ValueError("train_dpo: no pairs")
-    start, history, state = start_from(checkpointer, engine, logger, stage)
-    full, ref_sums, loss_fn = None, None, None
+    run = run or Run("dpo")
+    start, state = run.start(engine, DPOState())
+    loss, full = preference_loss_fn(config), None
     if start:  # the pair set and reference of the interrupted run
-        if "pairs" in state:
-            trajs = trajectories_from_json(state["pairs"])
-            pairs = list(zip(trajs[: len(trajs) // 2], trajs[len(trajs) // 2 :]))
-        full, ref_sums = pair_batch(pairs, pad_id), checkpointer.tensors["ref_sums"]
-        loss_fn = preference_loss_fn(config, ref_sums)
-    for step in progress(range(start, config.steps), desc=stage):
+        pairs = state.pairs or pairs
+        full = pair_batch(pairs, pad_id).with_extras(ref_sums=state.ref_sums)
+    for step in run.steps(start, config.steps):
         # 1. (re)build the pair set and its reference log-probs
         if full is None or (config.regenerate_every and step % config.regenerate_every == 0):
             if config.regenerate_every and make_pairs is not None:
                 pairs = make_pairs(engine, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
-            full = pair_batch(pairs, pad_id)
-            reference = engine.reference_engine()
-            ref_sums = summed_logps(reference.forward(full).logprobs, full.action_mask)  # [2P]
-            del reference
-            loss_fn = preference_loss_fn(config, ref_sums)
+            full = with_reference(engine, pairs, pad_id)
         # 2. one step on a batch of pairs
         P = full.size // 2
         rows = torch.arange(P) if not config.batch_size else batch_indices(P, config.batch_size, config.seed, step)
-        m = pair_step(engine, full, rows, loss_fn, config.length_buckets)
+        m = pair_step(engine, full, rows, loss, config.length_buckets)
         o = engine.optim_step()
-        # 3. log, checkpoint
-        finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
-        made = {"pairs": lambda p=pairs: trajectories_to_json([c for c, _ in p] + [r for _, r in p])} \
-            if config.regenerate_every else {}
-        save_point(checkpointer, engine, step + 1, history, tensors=lambda r=ref_sums: {"ref_sums": r}, **made)
-    return history
+        # 3. log, evaluate, checkpoint
+        state = DPOState(full.extras["ref_sums"], list(pairs) if config.regenerate_every else None)
+        run.end_step(engine, step + 1, train_row(m, o), eval_now=eval_due(step + 1, config.steps, config.eval_every),
+                     state=state)
+    return run.history

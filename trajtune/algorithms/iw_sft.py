@@ -13,17 +13,16 @@ data and q is a time-lagged copy of the policy being trained (refreshed every
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
 
 import torch
 
-from ..engine import ForwardOutput, LocalEngine
-from ..metrics import MetricsLogger
+from ..engine import Engine, ForwardOutput, Loss
+from ..loop import Run
 from ..objectives.importance import iw_sft_loss
-from ..trajectory import Batch, collate
-from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .common import Collect, check_selection, rollout_metrics, save_point, select_episodes, start_from, train_row
+from ..trajectory import Batch, Trajectory, collate
+from .common import Collect, check_selection, rollout_metrics, select_episodes, train_row
 from .rft import kept_metrics
 from .sft import batch_indices
 
@@ -79,28 +78,35 @@ class IWSFTConfig:
         return (self.traj_clip_low, self.traj_clip_high) if self.traj_clip_high > 0 else None
 
 
-def train_iw_sft(
-    engine: LocalEngine,
-    tasks: Sequence,
-    collect: Collect,
-    config: IWSFTConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    stage: str = "iw_sft",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
-    """Importance-weighted SFT rounds; returns one row per round, logged at the optimizer step.
+@dataclass
+class IWSFTState:
+    """Where iw-SFT stands between steps (saved with the engine; inside a round only where q = policy)."""
 
-    With a `checkpointer` the loop resumes exactly. Inside a round it checkpoints only
-    where the lagged q is about to be refreshed (every `q_update_every` steps), so q is
-    the policy itself there and needs no saving; the kept episodes and log pi_ref are saved."""
-    start, history, state = start_from(checkpointer, engine, logger, stage)
-    first = state.get("round", 0)
-    for r in range(first, config.rounds):
-        if r == first and "row" in state:  # resumed inside round r
-            row, done = state["row"], state["inner"]
-            kept, ref_logp = trajectories_from_json(state["kept"]), checkpointer.tensors["ref_logp"]
+    round: int = 0
+    """rounds finished"""
+    inner: int = 0
+    """weighted steps done in the current round"""
+    row: dict | None = None
+    """the current round's row so far (None: it has not sampled yet)"""
+    kept: list[Trajectory] = field(default_factory=list)
+    """the round's kept episodes"""
+    ref_logp: torch.Tensor | None = None
+    """[kept, T-1] log-probs of the round's data-generating policy pi_ref"""
+
+
+def train_iw_sft(engine: Engine, tasks: Sequence, collect: Collect, config: IWSFTConfig, pad_id: int,
+                 run: Run | None = None) -> list[dict]:
+    """Importance-weighted SFT rounds; returns one row per round, logged (and evaluated) at the optimizer step.
+
+    Resumes exactly with a checkpointer on `run`. Inside a round it checkpoints only where the
+    lagged q is about to be refreshed (every `q_update_every` steps), so q is the policy itself
+    there and needs no saving; the kept episodes and log pi_ref are saved (`IWSFTState`)."""
+    run = run or Run("iw_sft")
+    _, state = run.start(engine, IWSFTState())
+    loss = iw_sft_loss_fn(config)
+    for r in range(state.round, config.rounds):
+        if r == state.round and state.row is not None:  # resumed inside round r
+            row, done, kept, ref_logp = state.row, state.inner, state.kept, state.ref_logp
         else:
             g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
             # 1. sample and filter
@@ -120,31 +126,24 @@ def train_iw_sft(
                 if s and s % config.q_update_every == 0:
                     q.model.load_state_dict(engine.model.state_dict())
                 batch = full.select(batch_indices(full.size, config.batch_size, config.seed * 1_000_003 + r, s))
-                q_logp = torch.zeros_like(ref_logp)  # [full rows, T-1]; filled on this step's rows
-                q_logp[batch.index] = q.forward(batch).logprobs
-                m = engine.forward_backward(batch, _loss_fn(config, q_logp, ref_logp))
+                batch = batch.with_extras(q_logp=q.forward(batch).logprobs, ref_logp=ref_logp[batch.index])
+                m = engine.forward_backward(batch, loss)
                 o = engine.optim_step()
                 if s + 1 < config.steps_per_round:
-                    save_point(checkpointer, engine, engine.step, history, (s + 1) % config.q_update_every == 0,
-                               tensors=lambda: {"ref_logp": ref_logp}, round=r, inner=s + 1, row=row,
-                               kept=lambda: trajectories_to_json(kept))
+                    run.checkpoint(engine, engine.step, IWSFTState(r, s + 1, row, kept, ref_logp),
+                                   allowed=(s + 1) % config.q_update_every == 0)
             row.update(train_row(m, o))
-        # 4. log, checkpoint
-        if evaluate is not None:
-            row.update(evaluate(engine.step))
-        if logger is not None:
-            logger.log(engine.step, row, stage=stage)
-        history.append({"step": engine.step, **row})
-        save_point(checkpointer, engine, engine.step, history, round=r + 1)
-    return history
+        # 4. log, evaluate, checkpoint
+        run.end_step(engine, engine.step, row, eval_now=True, state=IWSFTState(r + 1))
+    return run.history
 
 
-def _loss_fn(config: IWSFTConfig, q_logp: torch.Tensor, ref_logp: torch.Tensor):
-    """loss_fn over rows of the round's batch; q_logp, ref_logp [full rows, T-1] indexed by `batch.index`."""
-    def loss_fn(out: ForwardOutput, batch: Batch):
-        rows = batch.index
-        return iw_sft_loss(out.logprobs, q_logp[rows], ref_logp[rows], batch.action_mask, variant=config.variant,
+def iw_sft_loss_fn(config: IWSFTConfig) -> Loss:
+    """The iw-SFT loss of a batch; reads q_logp and ref_logp [B, T-1] from `batch.extras`."""
+    def weighted_nll(out: ForwardOutput, batch: Batch):
+        x = batch.extras
+        return iw_sft_loss(out.logprobs, x["q_logp"], x["ref_logp"], batch.action_mask, variant=config.variant,
                            step_clip=(config.step_clip_low, config.step_clip_high), traj_clip=config.traj_clip,
                            alpha=config.alpha, aggregation=config.aggregation)
-    loss_fn.aggregation = config.aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
-    return loss_fn
+
+    return Loss(weighted_nll, normalizer=config.aggregation)

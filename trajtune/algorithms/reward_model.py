@@ -10,17 +10,16 @@ trained model scores samples for best-of-N, rejection sampling and RL.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from ..engine import ForwardOutput, LocalEngine
-from ..metrics import MetricsLogger, progress
+from ..engine import Engine, ForwardOutput, Loss
+from ..loop import Run, eval_due
 from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
-from ..trajectory import Batch, Trajectory, collate
-from .dpo import Pair, pair_batch, pair_step
-from ..resume import Checkpointer
-from .common import finish_step, save_point, start_from, train_row
+from ..trajectory import Batch, Trajectory, collate, pair_batch
+from .common import train_row
+from .dpo import Pair, pair_step
 from .sft import batch_indices
 
 
@@ -34,12 +33,14 @@ class RewardModelConfig:
     """Bradley-Terry margin m: -log sigma(r_c - r_r - m) (book ch.5 margin loss)"""
     length_buckets: int = 1
     """forward each step's pairs in this many groups of similar length (see DPOConfig.length_buckets)"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: only after the last)"""
     seed: int = 0
     """batch of step s is a function of (seed, s)"""
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1:
-            raise ValueError("RewardModelConfig: steps >= 0 and batch_size >= 1")
+        if self.steps < 0 or self.batch_size < 1 or self.eval_every < 0:
+            raise ValueError("RewardModelConfig: steps >= 0, batch_size >= 1 and eval_every >= 0")
         if not self.margin >= 0:
             raise ValueError(f"RewardModelConfig: margin must be >= 0, got {self.margin}")
         if self.length_buckets < 1:
@@ -52,7 +53,7 @@ def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> tor
     return values.gather(1, last[:, None]).squeeze(1)
 
 
-def score(engine: LocalEngine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256) -> list[float]:
+def score(engine: Engine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256) -> list[float]:
     """Reward-model scores of episodes (no gradient)."""
     out: list[float] = []
     for i in range(0, len(trajs), batch_size):
@@ -62,42 +63,39 @@ def score(engine: LocalEngine, trajs: Sequence[Trajectory], pad_id: int, batch_s
     return out
 
 
-def pair_accuracy(engine: LocalEngine, pairs: Sequence[Pair], pad_id: int) -> float:
+def pair_accuracy(engine: Engine, pairs: Sequence[Pair], pad_id: int) -> float:
     """Share of pairs whose chosen episode scores higher than the rejected one."""
     s = score(engine, [c for c, _ in pairs] + [r for _, r in pairs], pad_id)
     P = len(pairs)
     return float(pairwise_accuracy(torch.tensor(s[:P]), torch.tensor(s[P:])))
 
 
-def train_reward_model(
-    engine: LocalEngine,
-    pairs: Sequence[Pair],
-    config: RewardModelConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    eval_every: int = 0,
-    stage: str = "reward_model",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
-    """Train the value head (and body) of `engine.model` as a Bradley-Terry reward model
-    (resumable with a `checkpointer`: step s's pairs are a function of (seed, s))."""
-    if not pairs:
-        raise ValueError("train_reward_model: no pairs")
-    full = pair_batch(pairs, pad_id)
-    P = len(pairs)
+def bradley_terry_loss_fn(config: RewardModelConfig) -> Loss:
+    """The Bradley-Terry loss of a `pair_batch` part on the value head's last-token scores."""
 
-    def loss_fn(out: ForwardOutput, batch: Batch):
+    def bt(out: ForwardOutput, batch: Batch):
         r = last_token_values(out.values, batch.attention_mask)  # [2p]
         p = batch.size // 2
         margin = torch.full_like(r[:p], config.margin) if config.margin else None
         return bradley_terry_loss(r[:p], r[p:], margin)
 
-    start, history, _ = start_from(checkpointer, engine, logger, stage)
-    for step in progress(range(start, config.steps), desc=stage):
+    return Loss(bt, normalizer="sequence", values=True)  # a mean over pairs
+
+
+def train_reward_model(engine: Engine, pairs: Sequence[Pair], config: RewardModelConfig, pad_id: int,
+                       run: Run | None = None) -> list[dict]:
+    """Train the value head (and body) of `engine.model` as a Bradley-Terry reward model
+    (resumable with a checkpointer on `run`: step s's pairs are a function of (seed, s))."""
+    if not pairs:
+        raise ValueError("train_reward_model: no pairs")
+    run = run or Run("reward_model")
+    full, P, loss = pair_batch(pairs, pad_id), len(pairs), bradley_terry_loss_fn(config)
+    start, _ = run.start(engine)
+    for step in run.steps(start, config.steps):
+        # 1. a batch of pairs, 2. Bradley-Terry on their scores, 3. update
         rows = batch_indices(P, config.batch_size, config.seed, step)
-        m = pair_step(engine, full, rows, loss_fn, config.length_buckets, values=True)
+        m = pair_step(engine, full, rows, loss, config.length_buckets)
         o = engine.optim_step()
-        finish_step(step, config.steps, train_row(m, o), history, logger, evaluate, eval_every, stage)
-        save_point(checkpointer, engine, step + 1, history)
-    return history
+        # 4. log, evaluate, checkpoint
+        run.end_step(engine, step + 1, train_row(m, o), eval_now=eval_due(step + 1, config.steps, config.eval_every))
+    return run.history

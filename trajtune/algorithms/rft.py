@@ -13,16 +13,15 @@ One round, top to bottom:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
 import torch
 
-from ..engine import LocalEngine
-from ..metrics import MetricsLogger
+from ..engine import Engine
+from ..loop import Run
 from ..trajectory import Trajectory
-from ..resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .common import Collect, check_selection, dedup_and_cap, rollout_metrics, save_point, select_episodes, shares, start_from
+from .common import Collect, check_selection, dedup_and_cap, rollout_metrics, select_episodes, shares
 from .sft import SFTConfig, sft_loss_fn, sft_step
 
 
@@ -69,30 +68,33 @@ class RFTConfig:
             raise ValueError(f"RFTConfig: per_task_cap must be >= 0 (0: no cap), got {self.per_task_cap}")
 
 
-def train_rft(
-    engine: LocalEngine,
-    tasks: Sequence,
-    collect: Collect,
-    config: RFTConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    score: Callable[[list[Trajectory]], list[float]] | None = None,
-    stage: str = "rft",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
-    """Expert iteration. `score`, if given, replaces each sample's reward (a reward model)
-    before selection. Returns one row per round, logged at the cumulative SFT step.
+@dataclass
+class RFTState:
+    """Where expert iteration stands between steps (saved with the engine)."""
 
-    With a `checkpointer` the loop resumes exactly, mid-round included: a checkpoint
-    holds the round, its SFT step, the kept episodes and the round's row so far."""
-    start, history, state = start_from(checkpointer, engine, logger, stage)
-    pool = trajectories_from_json(state.get("pool", []))
-    first = state.get("round", 0)
-    loss_fn = sft_loss_fn(config.aggregation)
-    for r in range(first, config.rounds):
-        if r == first and "row" in state:  # resumed inside round r: its samples are already selected
-            row, done = state["row"], state["inner"]
+    round: int = 0
+    """rounds finished"""
+    inner: int = 0
+    """SFT steps done in the current round"""
+    row: dict | None = None
+    """the current round's row so far (None: it has not sampled yet)"""
+    pool: list[Trajectory] = field(default_factory=list)
+    """the kept episodes SFT trains on (this round's, or all rounds' with accumulate)"""
+
+
+def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConfig, pad_id: int,
+              run: Run | None = None, score: Callable[[list[Trajectory]], list[float]] | None = None) -> list[dict]:
+    """Expert iteration. `score`, if given, replaces each sample's reward (a reward model) before
+    selection. Returns one row per round, logged (and evaluated) at the cumulative SFT step.
+
+    Resumes exactly with a checkpointer on `run`, mid-round included: a checkpoint holds the
+    round, its SFT step, the kept episodes and the round's row so far (`RFTState`)."""
+    run = run or Run("rft")
+    _, state = run.start(engine, RFTState())
+    pool, loss = state.pool, sft_loss_fn(config.aggregation)
+    for r in range(state.round, config.rounds):
+        if r == state.round and state.row is not None:  # resumed inside round r: its samples are already selected
+            row, done = state.row, state.inner
         else:
             g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
             # 1. sample
@@ -101,7 +103,7 @@ def train_rft(
             if score is not None:
                 for t, s in zip(trajs, score(trajs), strict=True):
                     t.info["verifier_reward"], t.reward = t.reward, float(s)
-            # 2. select
+            # 2. select: weight 1 on the kept episodes
             kept = select_episodes(trajs, config.select, config.threshold, config.top_fraction,
                                    config.random_control, seed=config.seed * 1_000_003 + r)
             raw = len(kept)
@@ -109,25 +111,19 @@ def train_rft(
             pool = pool + kept if config.accumulate else kept
             row.update(kept_metrics(trajs, raw, kept, config.share_key))
             done = 0
-        # 3. train (SFT on the pool; step k's batch is a function of (seed, r, k))
+        # 3. train: SFT on the pool (step k's batch is a function of (seed, r, k))
         if pool and config.steps_per_round:
             sft = SFTConfig(steps=config.steps_per_round, batch_size=config.batch_size, aggregation=config.aggregation,
                             length_buckets=config.length_buckets, seed=config.seed * 1_000_003 + r)
             for k in range(done, config.steps_per_round):
-                last = sft_step(engine, pool, sft, pad_id, k, loss_fn)
+                last = sft_step(engine, pool, sft, pad_id, k, loss)
                 if k + 1 < config.steps_per_round:
-                    save_point(checkpointer, engine, engine.step, history, round=r, inner=k + 1, row=row,
-                               pool=lambda: trajectories_to_json(pool))
+                    run.checkpoint(engine, engine.step, RFTState(r, k + 1, row, pool))
             row.update({k: last[k] for k in ("train/loss", "train/grad_norm", "train/lr")})
-        # 4. log, checkpoint
-        if evaluate is not None:
-            row.update(evaluate(engine.step))
-        if logger is not None:
-            logger.log(engine.step, row, stage=stage)
-        history.append({"step": engine.step, **row})
-        save_point(checkpointer, engine, engine.step, history, round=r + 1,
-                   pool=lambda: trajectories_to_json(pool) if config.accumulate else [])
-    return history
+        # 4. log, evaluate, checkpoint
+        run.end_step(engine, engine.step, row, eval_now=True,
+                     state=RFTState(r + 1, pool=pool if config.accumulate else []))
+    return run.history
 
 
 def kept_metrics(sampled: list[Trajectory], raw_kept: int, kept: list[Trajectory], share_key: str) -> dict:

@@ -7,29 +7,29 @@ Source: the policy's own samples, `group_size` per task. Weight: an advantage
     1. sample   tasks_per_step tasks x group_size episodes with the current policy
     2. score    rewards -> advantages (group baseline, or GAE with the value head)
     3. update   epochs x minibatches of policy_gradient_loss (+ value loss)
-    4. log
+    4. log, evaluate every `eval_every` steps, checkpoint
 
-Everything the loss needs lives in `trajtune.objectives`; this file only wires it.
+Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
+step's advantages, returns and old / reference log-probs travel on the batch
+(`Batch.extras`), so the loss is a pure function of (forward output, batch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 
 from ..config import check_ranges
-from ..engine import ForwardOutput, LocalEngine
+from ..engine import Engine, ForwardOutput, Loss
 from ..logprobs import entropy_from_logits
-from ..metrics import MetricsLogger, progress
+from ..loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
 from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..trajectory import Batch, Trajectory, collate
-from ..resume import Checkpointer
-from .common import (Collect, bucketed_forward_backward, finish_step, pick_tasks, rollout_metrics, save_point, start_from,
-                     train_row)
+from .common import Collect, pick_tasks, rollout_metrics, train_row
 
 
 @dataclass
@@ -83,6 +83,8 @@ class RLConfig:
     length_buckets: int = 1
     """forward each minibatch in this many groups of similar length, each without the padding it does not
     need (the same gradient up to float rounding; faster when episode lengths vary)"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: only after the last)"""
     seed: int = 0
     """sampling and task order of step s are functions of (seed, s)"""
 
@@ -97,7 +99,7 @@ class RLConfig:
         if self.aggregation == "constant" and self.aggregation_constant <= 0:
             raise ValueError("RLConfig: aggregation='constant' needs aggregation_constant > 0")
         check_ranges(self, "RLConfig", counts=("length_buckets",),
-                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap"))
+                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"))
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
@@ -120,98 +122,87 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
     return gae(token_rewards, values, mask, config.gamma, config.lam)
 
 
-def make_loss_fn(config: RLConfig, advantages, returns, old_logp, old_values, ref_logp, use_old: bool):
-    """loss_fn(out, batch) for the engine: policy-gradient loss (+ value loss) on a minibatch."""
+def rl_loss(config: RLConfig, use_old: bool) -> Loss:
+    """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.extras`:
+    advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1]."""
     kl_loss_coef = config.kl_coef if not config.kl_in_reward else 0.0
     constant = config.aggregation_constant or None
 
-    def loss_fn(out: ForwardOutput, batch: Batch):
-        rows = batch.index  # rows of this minibatch in the step's batch
-        mask = batch.action_mask
-        width = mask.shape[1]  # <= the step's T-1 when the minibatch was trimmed (length buckets)
-
-        def mine(x):  # this minibatch's rows (and columns) of a step-level [B] or [B, T-1] tensor
-            return x[rows] if x.dim() == 1 else x[rows, :width]
-
+    def pg(out: ForwardOutput, batch: Batch):
+        x, mask = batch.extras, batch.action_mask
         entropy = entropy_from_logits(out.logits[:, :-1]) if config.entropy_coef else None
         loss, metrics = policy_gradient_loss(
-            out.logprobs, mine(advantages), mask, mine(old_logp) if use_old else None,
+            out.logprobs, x["advantages"], mask, x["old_logp"] if use_old else None,
             surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
             sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
-            ref_logp=mine(ref_logp) if kl_loss_coef else None, kl_coef=kl_loss_coef,
+            ref_logp=x["ref_logp"] if kl_loss_coef else None, kl_coef=kl_loss_coef,
             entropy=entropy, entropy_coef=config.entropy_coef,
             aggregation=config.aggregation, constant=constant,
         )
-        if returns is not None:
-            vloss, vm = value_loss(out.values[:, :-1], mine(returns), mask, mine(old_values),
+        if "returns" in x:
+            vloss, vm = value_loss(out.values[:, :-1], x["returns"], mask, x["old_values"],
                                    config.value_clip or None, config.aggregation, constant)
             loss = loss + config.vf_coef * vloss
             metrics.update(vm)
         return loss, metrics
 
-    loss_fn.aggregation = config.aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
-    return loss_fn
+    return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae")
 
 
-def train_rl(
-    engine: LocalEngine,
-    tasks: Sequence,
-    collect: Collect,
-    config: RLConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    eval_every: int = 0,
-    stage: str = "rl",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
+def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, use_old: bool) -> Batch:
+    """Step 2: the batch with its advantages (and the old / reference log-probs and GAE returns the
+    loss reads) in `extras`. pi_old's forward runs only when something reads it: one on-policy
+    REINFORCE step never does, and skipping it saves a quarter of the step."""
+    use_values = config.advantage == "gae"
+    old = engine.forward(batch, values=use_values) if use_old or use_values or config.kl_in_reward else None
+    old_logp = old.logprobs if old is not None else None
+    ref_logp = ref.forward(batch).logprobs if ref is not None else None
+    old_values = old.values[:, :-1] if use_values else None
+    advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp)
+    if config.whiten_advantages:
+        advantages = whiten(advantages if advantages.dim() == 2 else
+                            advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
+    extras = {"advantages": advantages, "old_logp": old_logp, "ref_logp": ref_logp, "returns": returns,
+              "old_values": old_values}
+    return batch.with_extras(**{k: v for k, v in extras.items() if v is not None})
+
+
+def train_rl(engine: Engine, tasks: Sequence, collect: Collect, config: RLConfig, pad_id: int,
+             run: Run | None = None) -> list[dict]:
     """Run `config.steps` policy-gradient updates; returns the logged rows.
 
-    With a `checkpointer` the loop resumes exactly (step s samples with a generator
-    seeded from (seed, s); the KL reference is the stage's starting policy, saved once)."""
-    start, history, _ = start_from(checkpointer, engine, logger, stage)
-    ref = None
-    if config.kl_coef:  # frozen starting policy
-        ref = checkpointer.reference(engine, start) if checkpointer is not None else engine.reference_engine()
-    use_values = config.advantage == "gae"
-    for step in progress(range(start, config.steps), desc=stage):
+    Resumes exactly with a checkpointer on `run` (step s samples with a generator seeded from
+    (seed, s); the KL reference is the stage's starting policy, saved once)."""
+    run = run or Run("rl")
+    start, _ = run.start(engine)
+    ref = run.reference(engine, start) if config.kl_coef else None  # the frozen starting policy
+    use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
+    loss = rl_loss(config, use_old)
+    for step in run.steps(start, config.steps):
         g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        eval_now = eval_due(step + 1, config.steps, config.eval_every)
         # 1. sample
-        step_tasks = pick_tasks(tasks, config.tasks_per_step, g)
-        trajs: list[Trajectory] = collect(step_tasks, config.group_size, g)
+        trajs: list[Trajectory] = collect(pick_tasks(tasks, config.tasks_per_step, g), config.group_size, g)
         row = rollout_metrics(trajs)
         if config.skip_zero_variance:
             trajs = drop_zero_variance_groups(trajs)
         if not trajs:  # every group had equal rewards: nothing to learn from this step
             row.update({"train/kept_episodes": 0.0})
-            finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
-            save_point(checkpointer, engine, step + 1, history)
+            run.end_step(engine, step + 1, row, eval_now=eval_now)
             continue
-        batch = collate(trajs, pad_id)
-        # 2. score (pi_old's forward only when something reads it: one on-policy
-        # REINFORCE step never does, and skipping it saves a quarter of the step)
-        use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
-        old = engine.forward(batch, values=use_values) if use_old or use_values or config.kl_in_reward else None
-        old_logp = old.logprobs if old is not None else None
-        ref_logp = ref.forward(batch).logprobs if ref is not None else None
-        old_values = old.values[:, :-1] if use_values else None
-        advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp)
-        if config.whiten_advantages:
-            advantages = whiten(advantages if advantages.dim() == 2 else advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
-        loss_fn = make_loss_fn(config, advantages, returns, old_logp, old_values, ref_logp, use_old)
+        # 2. score: rewards -> advantages, on the batch
+        batch = score(engine, ref, collate(trajs, pad_id), config, use_old)
         # 3. update
         for epoch in range(config.epochs):
             order = torch.randperm(batch.size, generator=g)
             for chunk in order.chunk(config.minibatches):
-                m = bucketed_forward_backward(engine, batch.select(chunk), loss_fn, config.length_buckets,
-                                              values=use_values)
+                m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
                 o = engine.optim_step()
-        # 4. log (the last minibatch's loss statistics)
+        # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
         row.update({**train_row(m, o), "train/kept_episodes": float(batch.size),
                     "train/tokens": float(batch.action_mask.sum())})
-        finish_step(step, config.steps, row, history, logger, evaluate, eval_every, stage)
-        save_point(checkpointer, engine, step + 1, history)
-    return history
+        run.end_step(engine, step + 1, row, eval_now=eval_now)
+    return run.history
 
 
 def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:

@@ -2,23 +2,22 @@
 
     loss = - sum_i log pi_theta(tau_i)   over POLICY tokens, aggregated (token / sequence / constant)
 
-The loop, top to bottom: 1. pick the step's batch, 2. forward/backward the NLL,
-3. optimizer step, 4. log and (every `eval_every` steps) evaluate.
+The loop (the template of `trajtune.loop`), top to bottom: 1. pick the step's batch,
+2. weight 1 on every POLICY token, 3. forward/backward the NLL and step, 4. log,
+evaluate every `eval_every` steps, checkpoint.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Literal, Sequence
 
 import torch
 
-from ..engine import ForwardOutput, LocalEngine
+from ..engine import Engine, ForwardOutput, Loss
+from ..loop import Run, eval_due
 from ..objectives.sft import sft_loss
-from ..metrics import MetricsLogger, progress
-from ..resume import Checkpointer
 from ..trajectory import Batch, Trajectory, collate
-from .common import bucketed_forward_backward, finish_step, save_point, start_from
 
 
 @dataclass
@@ -50,14 +49,13 @@ class SFTConfig:
             raise ValueError(f"SFTConfig: length_buckets must be >= 1, got {self.length_buckets}")
 
 
-def sft_loss_fn(aggregation: str = "token", constant: float = 0.0):
-    """loss_fn for `engine.forward_backward`: masked NLL on POLICY tokens."""
+def sft_loss_fn(aggregation: str = "token", constant: float = 0.0) -> Loss:
+    """The `Loss` for `engine.forward_backward`: masked NLL on POLICY tokens."""
 
-    def loss_fn(out: ForwardOutput, batch: Batch):
+    def nll(out: ForwardOutput, batch: Batch):
         return sft_loss(out.logprobs, batch.action_mask, aggregation, constant or None)
 
-    loss_fn.aggregation = aggregation  # the normaliser, for engines that split the batch (trajtune.distributed)
-    return loss_fn
+    return Loss(nll, normalizer=aggregation)
 
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
@@ -66,39 +64,29 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor
     return torch.randperm(n, generator=g)[: min(batch_size, n)]
 
 
-def sft_step(engine: LocalEngine, data: Sequence[Trajectory], config: SFTConfig, pad_id: int, step: int,
-             loss_fn) -> dict:
+def sft_step(engine: Engine, data: Sequence[Trajectory], config: SFTConfig, pad_id: int, step: int,
+             loss: Loss) -> dict:
     """One optimizer step on step `step`'s batch (a function of (config.seed, step)); returns its train row."""
     batch = collate([data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)], pad_id)
-    m = bucketed_forward_backward(engine, batch, loss_fn, config.length_buckets)
+    m = engine.forward_backward(batch, loss, buckets=config.length_buckets)
     o = engine.optim_step()
     return {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"],
             "train/lr": o["lr"], "train/skipped": o["skipped"]}
 
 
-def train_sft(
-    engine: LocalEngine,
-    data: Sequence[Trajectory],
-    config: SFTConfig,
-    pad_id: int,
-    logger: MetricsLogger | None = None,
-    evaluate: Callable[[int], dict] | None = None,
-    stage: str = "sft",
-    checkpointer: Checkpointer | None = None,
-) -> list[dict]:
+def train_sft(engine: Engine, data: Sequence[Trajectory], config: SFTConfig, pad_id: int,
+              run: Run | None = None) -> list[dict]:
     """Train on demonstrations; returns the logged rows (train and eval metrics per step).
 
-    With a `checkpointer` the loop resumes from its last checkpoint (step s's batch is a
-    function of (seed, s), so the resumed run equals an uninterrupted one) and saves
-    periodically and on Ctrl-C / SIGTERM (see trajtune.resume)."""
+    Resumes exactly with a checkpointer on `run` (step s's batch is a function of (seed, s))."""
     if not data:
         raise ValueError("train_sft: no demonstrations")
-    loss_fn = sft_loss_fn(config.aggregation, config.aggregation_constant)
-    start, history, _ = start_from(checkpointer, engine, logger, stage)
-    for step in progress(range(start, config.steps), desc=stage):
-        # 1-3. this step's batch, forward / backward, update
-        row = sft_step(engine, data, config, pad_id, step, loss_fn)
-        # 4. log / evaluate, checkpoint
-        finish_step(step, config.steps, row, history, logger, evaluate, config.eval_every, stage)
-        save_point(checkpointer, engine, step + 1, history)
-    return history
+    run = run or Run("sft")
+    loss = sft_loss_fn(config.aggregation, config.aggregation_constant)
+    start, _ = run.start(engine)
+    for step in run.steps(start, config.steps):
+        # 1-3. this step's batch, weight 1 on every POLICY token, forward / backward, update
+        row = sft_step(engine, data, config, pad_id, step, loss)
+        # 4. log, evaluate, checkpoint
+        run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
+    return run.history

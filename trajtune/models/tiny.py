@@ -5,16 +5,28 @@ Pre-LayerNorm blocks, learned absolute positions, tied input/output embeddings,
 derived from the attention mask (`cumsum - 1`), so left-padded prompts (used by
 the sampler) and right-padded training batches give the same logits for the
 same real tokens.
+
+Its checkpoint format (`save_model` / `load_model`) is a directory, written atomically:
+
+    config.json        {"format": "trajtune", "model": "TinyTransformer", "config": {...}, "meta": {...}}
+    model.safetensors  the weights
+    tokenizer.json     (optional) the toy tokenizer
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from ..checkpoint import CheckpointError, atomic_dir, load_model_weights, save_model_weights
+from ..text.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -184,3 +196,41 @@ class TinyTransformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+# --- the checkpoint format ------------------------------------------------------
+MODEL_CLASSES = {"TinyTransformer": (TinyTransformer, TinyConfig)}
+"""model class name (config.json "model") -> (model class, config class)"""
+
+
+def save_model(path: str | os.PathLike, model: TinyTransformer, tokenizer: Tokenizer | None = None, meta: dict | None = None) -> Path:
+    """Save a model (and optionally its tokenizer and a JSON-able `meta` dict) to directory `path`."""
+    name = type(model).__name__
+    if name not in MODEL_CLASSES:
+        raise TypeError(f"save_model: no checkpoint format for {name}; known: {sorted(MODEL_CLASSES)}")
+    with atomic_dir(path) as tmp:
+        cfg = {"format": "trajtune", "model": name, "config": model.config.to_dict(), "meta": meta or {}}
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        save_model_weights(model, tmp / "model.safetensors")
+        if tokenizer is not None:
+            tokenizer.save(tmp / "tokenizer.json")
+    return Path(path)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[TinyTransformer, Tokenizer | None]:
+    """Load what `save_model` wrote: (model, tokenizer or None)."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise CheckpointError(f"{path}: not a trajtune checkpoint (no config.json)")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+        cls, config_cls = MODEL_CLASSES[cfg["model"]]
+        config = config_cls(**cfg["config"])
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{cfg_file}: malformed checkpoint config ({e!r})") from e
+    model = cls(config)
+    load_model_weights(model, path / "model.safetensors")
+    tok_file = path / "tokenizer.json"
+    tokenizer = Tokenizer.load(tok_file) if tok_file.exists() else None
+    return model.to(device), tokenizer

@@ -31,8 +31,10 @@ exactly as the template renders it. In the new sample, the context (including
 the earlier, already trained assistant turns) is PROMPT.
 
 The incremental methods (`start`, `prompt_ids`, `append_sampled`,
-`append_message`, `action_text`, `stop_ids`) give rollout.py the same interface
-as the toy `Renderer`; sampled tokens are kept as sampled.
+`append_message`, `action_text`, `stop_ids`) implement the same
+`trajtune.text.render.RendererProtocol` as the toy `Renderer`: an episode's state
+(the messages so far, whether the last action stopped) lives in its `Transcript`;
+sampled tokens are kept as sampled.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..trajectory import Owner, Trajectory
+from .render import Transcript
 
 CACHE_SIZE = 8192
 """renderings kept per renderer (Jinja renders and tokenizer calls repeat: a group's episodes share a prompt)"""
@@ -53,7 +56,7 @@ class TemplateError(ValueError):
 
 
 class ChatRenderer:
-    """Conversations -> trajectories with a Hugging Face tokenizer's chat template.
+    """Conversations -> trajectories with a Hugging Face tokenizer's chat template (a `RendererProtocol`).
 
     tokenizer: a `transformers` tokenizer with `chat_template` set.
     tools: tool schemas passed to the template (`apply_chat_template(tools=...)`).
@@ -169,8 +172,8 @@ class ChatRenderer:
         return self.template_ids(messages, generation_prompt=True)
 
     # --- incremental building (model rollouts)
-    def start(self, messages: Iterable[Mapping[str, Any]] = ()) -> Trajectory:
-        """A new trajectory holding the (non-assistant) opening messages."""
+    def start(self, messages: Iterable[Mapping[str, Any]] = ()) -> Transcript:
+        """A new episode's Transcript holding the (non-assistant) opening messages."""
         messages = [dict(m) for m in messages]
         text = self.text(messages)
         spans, prev = [], ""
@@ -180,30 +183,31 @@ class ChatRenderer:
             full = self.text(messages[: i + 1])
             spans += self._content_spans(full, len(prev), m, CONTENT_OWNERS[m["role"]], 0)
             prev = full
-        traj = self._tokenize(text, spans, 0.0, None)
-        traj.info["messages"] = messages
-        return traj
+        return Transcript(self._tokenize(text, spans, 0.0, None), messages)
 
-    def prompt_ids(self, traj: Trajectory) -> list[int]:
-        """What the sampler continues for the next assistant turn: traj.ids + the generation prompt."""
-        return traj.ids + self._header_ids(traj.info["messages"])
+    def prompt_ids(self, transcript: Transcript) -> list[int]:
+        """What the sampler continues for the next assistant turn: the ids so far + the generation prompt."""
+        return transcript.traj.ids + self._header_ids(transcript.messages)
 
-    def append_sampled(self, traj: Trajectory, tokens: Sequence[int], logprobs: Sequence[float], turn: int) -> None:
+    def append_sampled(self, transcript: Transcript, tokens: Sequence[int], logprobs: Sequence[float],
+                       turn: int) -> None:
         """Append one sampled assistant turn: generation prompt (TEMPLATE) + tokens as sampled (POLICY)."""
-        messages = traj.info["messages"]
+        traj, messages = transcript.traj, transcript.messages
         traj.append(self._header_ids(messages), Owner.TEMPLATE, turn)
         traj.append(tokens, Owner.POLICY, turn, logprobs=logprobs)
         messages.append({"role": "assistant", "content": self.action_text(tokens)})
-        traj.info["_stopped"] = bool(tokens) and tokens[-1] in self.stop_ids
+        transcript.stopped = bool(tokens) and tokens[-1] in self.stop_ids
 
-    def append_message(self, traj: Trajectory, message: Mapping[str, Any], turn: int) -> None:
-        """Append a system / user / tool message (after an assistant turn: the template's tail first)."""
+    def append_message(self, transcript: Transcript, message: Mapping[str, Any], turn: int) -> None:
+        """Append a system / user / tool message (after a stopped assistant turn: the template's tail first)."""
         role = message["role"]
         if role not in CONTENT_OWNERS:
             raise TemplateError(f"append_message: role {role!r} (expected system, user or tool)")
-        messages = traj.info["messages"]
+        traj, messages = transcript.traj, transcript.messages
         before = self.text(messages)
-        if messages and messages[-1]["role"] == "assistant" and traj.info.pop("_stopped", False):
+        after_stop = bool(messages) and messages[-1]["role"] == "assistant" and transcript.stopped
+        transcript.stopped = False
+        if after_stop:
             end = self._policy_end(before, len(self.text(messages[:-1], True)))
             traj.append(self._encode(before[end:]), Owner.TEMPLATE, turn)  # e.g. the "\n" after <|im_end|>
         full = self.text(messages + [dict(message)])

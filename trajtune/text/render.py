@@ -30,11 +30,19 @@ assistant's closing `<|end|>` stays: it is POLICY). It exists for the template
 mismatch experiment (REPRODUCE.md A11); nothing else should use it.
 
 Messages are dicts `{"role": "system" | "user" | "assistant" | "tool", "content": str}`.
+
+The seam: `RendererProtocol` is what rollouts and loops need of a renderer. Two
+classes implement it, `Renderer` here (toy tokenizers) and
+`trajtune.text.chat.ChatRenderer` (a Hugging Face tokenizer's chat template).
+While a model samples an episode, the renderer's state for it lives in a
+`Transcript` (the trajectory so far, the messages so far, whether the last
+action stopped), never in `Trajectory.info`.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from ..trajectory import Owner, Trajectory
 from .tokenizers import ASSISTANT, BOS, END, SYSTEM, TOOL, USER, Tokenizer
@@ -49,14 +57,80 @@ ROLES: dict[str, tuple[str, Owner]] = {
 OWNER_NAMES = {int(o): o.name.lower() for o in Owner}
 
 
+@dataclass
+class Transcript:
+    """One episode's rendering while a model samples it: the renderer's per-episode state.
+
+    `start(messages)` makes one; `prompt_ids`, `append_sampled` and `append_message`
+    read and extend it. The rollout keeps it while the episode runs and hands on only
+    `traj`, so a finished Trajectory carries none of this bookkeeping.
+    """
+
+    traj: Trajectory
+    """ids / owners / turns (and the sampler's logprobs on POLICY tokens) so far"""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """the conversation so far (a sampled action as its `action_text`)"""
+    stopped: bool = False
+    """the last sampled assistant turn ended with a stop token (ChatRenderer then appends
+    what its template writes after the stop token before the next message)"""
+
+
+class RendererProtocol(Protocol):
+    """The contract of a renderer: what rollouts (rollout.py) and the loops use of one. No base class.
+
+    Implemented by `Renderer` (toy tokenizers, this module) and
+    `trajtune.text.chat.ChatRenderer` (Hugging Face chat templates). Each must give the
+    same tokens both ways in: rendering a finished conversation, and building it turn
+    by turn in a `Transcript` while a model samples (tests/test_render.py,
+    tests/test_chat_template.py and tests/test_rollout.py check that they agree).
+    """
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Token ids that end an assistant turn (the sampler's `stop_ids`)."""
+        ...
+
+    def render(self, messages: Sequence[Message], reward: float = 0.0, info: dict | None = None) -> Trajectory:
+        """A finished conversation -> one Trajectory (ids, owners, turns), with `reward` and a copy of `info`."""
+        ...
+
+    def generation_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of `messages` followed by the assistant header: what a sampler continues."""
+        ...
+
+    def start(self, messages: Iterable[Message] = ()) -> Transcript:
+        """A new episode's Transcript holding the opening (system / user) messages, all turn 0."""
+        ...
+
+    def prompt_ids(self, transcript: Transcript) -> list[int]:
+        """What the sampler continues for the next assistant turn: the ids so far + the assistant
+        header (equal to `generation_prompt(transcript.messages)` when sampled actions decode exactly)."""
+        ...
+
+    def append_sampled(self, transcript: Transcript, tokens: Sequence[int], logprobs: Sequence[float],
+                       turn: int) -> None:
+        """Append one sampled assistant turn as turn `turn`: the header (TEMPLATE), then `tokens` exactly
+        as sampled (POLICY, with their `logprobs`; the stop token if one was sampled, none invented)."""
+        ...
+
+    def append_message(self, transcript: Transcript, message: Message, turn: int) -> None:
+        """Append one system / user / tool message (an observation) to turn `turn`; an assistant
+        message is an error (those are sampled: `append_sampled`)."""
+        ...
+
+    def action_text(self, tokens: Sequence[int]) -> str:
+        """The text an environment sees for a sampled action: `tokens` without a trailing stop token."""
+        ...
+
+
 class Renderer:
-    """Turns messages into a `Trajectory` (ids, owners, turns) with one tokenizer.
+    """Turns messages into a `Trajectory` (ids, owners, turns) with one tokenizer (a `RendererProtocol`).
 
     Two ways in, one format out:
       * `render(messages)` renders a finished conversation (scripted episodes,
         demonstrations, preference pairs);
-      * `start` / `generation_prompt` / `append_sampled` / `append_message` build
-        the same trajectory incrementally while a model samples (rollout.py).
+      * `start` / `prompt_ids` / `append_sampled` / `append_message` build the same
+        trajectory incrementally in a `Transcript` while a model samples (rollout.py).
     tests/test_render.py checks the two agree token for token.
     """
 
@@ -85,41 +159,40 @@ class Renderer:
                 traj.append(content + [self.end_id], Owner.POLICY, n_assistant)
                 n_assistant += 1
             else:
-                self.append_message(traj, message, max(0, n_assistant - 1))
+                self._append_message(traj, message, max(0, n_assistant - 1))
         return traj
 
     def generation_prompt(self, messages: Iterable[Message]) -> list[int]:
         """Token ids of the history followed by the assistant header: what the sampler continues."""
-        return self.prompt_ids(self.render(messages))
+        return self.render(messages).ids + self._assistant_header()
 
     # --- incremental building (model rollouts) -----------------------------------
-    def start(self, messages: Iterable[Message] = ()) -> Trajectory:
-        """A new trajectory: `<bos>` plus the given (non-assistant) messages, all turn 0."""
-        return self.render(messages)
+    def start(self, messages: Iterable[Message] = ()) -> Transcript:
+        """A new episode: `<bos>` plus the given (non-assistant) messages, all turn 0."""
+        messages = [dict(m) for m in messages]
+        return Transcript(self.render(messages), messages)
 
-    def prompt_ids(self, traj: Trajectory) -> list[int]:
-        """What the sampler continues for the next assistant turn: traj.ids + assistant header."""
-        return traj.ids + ([self.header_ids["assistant"]] if self.wrappers else [])
+    def prompt_ids(self, transcript: Transcript) -> list[int]:
+        """What the sampler continues for the next assistant turn: the ids so far + assistant header."""
+        return transcript.traj.ids + self._assistant_header()
 
-    def append_sampled(self, traj: Trajectory, tokens: Sequence[int], logprobs: Sequence[float], turn: int) -> None:
+    def append_sampled(self, transcript: Transcript, tokens: Sequence[int], logprobs: Sequence[float],
+                       turn: int) -> None:
         """Append one sampled assistant turn: header (TEMPLATE) + tokens as sampled (POLICY, with logprobs).
 
         `tokens` include the stop token if the sampler produced one; if it ran out
         of budget the turn simply has no `<|end|>` (the trajectory records what the
         model actually saw and wrote).
         """
-        self._append_header(traj, "assistant", turn)
-        traj.append(tokens, Owner.POLICY, turn, logprobs=logprobs)
+        self._append_header(transcript.traj, "assistant", turn)
+        transcript.traj.append(tokens, Owner.POLICY, turn, logprobs=logprobs)
+        transcript.messages.append({"role": "assistant", "content": self.action_text(tokens)})
+        transcript.stopped = bool(tokens) and tokens[-1] in self.stop_ids
 
-    def append_message(self, traj: Trajectory, message: Message, turn: int) -> None:
+    def append_message(self, transcript: Transcript, message: Message, turn: int) -> None:
         """Append one non-assistant message: header, content, `<|end|>` (TEMPLATE around the content)."""
-        role = message["role"]
-        if role not in ROLES or role == "assistant":
-            raise ValueError(f"append_message: role {role!r} (expected system, user or tool)")
-        self._append_header(traj, role, turn)
-        traj.append(self.tokenizer.encode(message["content"]), ROLES[role][1], turn)
-        if self.wrappers:
-            traj.append([self.end_id], Owner.TEMPLATE, turn)
+        self._append_message(transcript.traj, message, turn)
+        transcript.messages.append(dict(message))
 
     def action_text(self, tokens: Sequence[int]) -> str:
         """The text of a sampled action: its tokens without the trailing stop token.
@@ -131,6 +204,18 @@ class Renderer:
         if tokens and tokens[-1] in self.stop_ids:
             tokens = tokens[:-1]
         return self.tokenizer.decode(tokens)
+
+    def _append_message(self, traj: Trajectory, message: Message, turn: int) -> None:
+        role = message["role"]
+        if role not in ROLES or role == "assistant":
+            raise ValueError(f"append_message: role {role!r} (expected system, user or tool)")
+        self._append_header(traj, role, turn)
+        traj.append(self.tokenizer.encode(message["content"]), ROLES[role][1], turn)
+        if self.wrappers:
+            traj.append([self.end_id], Owner.TEMPLATE, turn)
+
+    def _assistant_header(self) -> list[int]:
+        return [self.header_ids["assistant"]] if self.wrappers else []
 
     def _append_header(self, traj: Trajectory, role: str, turn: int) -> None:
         if role not in ROLES:

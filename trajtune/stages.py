@@ -1,0 +1,306 @@
+"""Stages: the steps of an experiment, run once each, in dependency order, resumable.
+
+A stage is a name, a module-level function and the stages it needs:
+
+    def sft(ctx: StageContext, data_name: str) -> dict:          # picklable: worker processes import it
+        engine = ctx.engine(model, OptimConfig(lr=ctx.config.sft_lr))
+        train_sft(engine, data, ctx.config.sft, pad_id, run=ctx.run(evaluate))
+        ctx.save_model(engine.model, tok)                       # -> run_dir/sft/checkpoint
+        return {"final_loss": ...}                              # JSON-able results
+
+    run_stages([Stage("base", base), Stage("sft", sft, after=("base",), args=("narrow",))],
+               config, run_dir, config.runner)
+
+A stage reads what earlier stages left (their checkpoints) from `run_dir`. The layout:
+
+    run_dir/metrics.jsonl          every stage's metric rows, each with its "stage"
+    run_dir/<stage>/results.json   what the function returned, plus "time" (below): the stage is finished
+    run_dir/<stage>/resume/        the checkpoint of a stage cut short (removed once it finishes)
+    run_dir/<stage>/checkpoint/    `ctx.save_model(...)`, and whatever else the stage writes there
+
+Resume: a finished stage is read back, not run (`StageOptions.rerun` names stages to run again;
+such a rerun starts afresh and replaces the stage's metric rows). A stage cut short by Ctrl-C /
+SIGTERM saved its loop in `<stage>/resume` (`ctx.checkpointer`, whose signal handlers the runner
+installs around the stage call) and the next `run_stages` continues it; a stop that comes
+outside a loop lets the stage finish, then stops the run (a second Ctrl-C leaves at once).
+results["time"] is {"wall_s", "cpu_s", **ctx.counters}, summed over every run the stage took
+(`StageClock`): keep `ctx.counters` current as the stage goes, it is saved when the stage is cut short.
+
+Processes: independent stages run in `workers` spawned processes with `threads` torch threads
+each; a stop signal sent to this process alone is passed on to them (`forward_to_children`).
+Under torchrun every rank runs every stage in this process, in the same order; rank 0 writes
+the results and prints, and every rank returns rank 0's results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import cached_property
+from multiprocessing import get_context
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from . import distributed
+from .config import check_ranges
+from .loop import Run
+from .metrics import MetricsLogger
+from .resume import Checkpointer, RunInterrupted, StageClock, forward_to_children
+
+if TYPE_CHECKING:
+    from .engine import Engine, OptimConfig
+
+RESULTS = "results.json"
+
+
+@dataclass
+class StageOptions:
+    """How an experiment's stages are run (experiments nest it as `runner: StageOptions`)."""
+
+    workers: int = 2
+    """processes for independent stages (1: every stage in this process; always 1 under torchrun)"""
+    threads: int = 1
+    """torch threads per stage process: tiny models on 2 cores are fastest as single-threaded processes,
+    and OpenMP spin-waiting makes 2 threads many times slower whenever another process is busy"""
+    checkpoint_every: int = 0
+    """also checkpoint a stage's loop every this many steps (0: only on Ctrl-C / SIGTERM); a rerun resumes it"""
+    rerun: list[str] = field(default_factory=list)
+    """stages to run again even if they finished (from scratch; their metric rows are replaced)"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "StageOptions", counts=("workers", "threads"), non_negative=("checkpoint_every",))
+        if isinstance(self.rerun, str) or not all(isinstance(n, str) for n in self.rerun):
+            raise ValueError(f"StageOptions: rerun must be a list of stage names, got {self.rerun!r}")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of an experiment: `fn(ctx, *args) -> dict` once `after` have finished."""
+
+    name: str
+    """its directory under the run directory, and the key of its results"""
+    fn: Callable[..., dict]
+    """module-level (picklable) function fn(ctx: StageContext, *args) -> JSON-able dict"""
+    after: tuple[str, ...] = ()
+    """stages that must finish first (whose files it reads)"""
+    args: tuple = ()
+    """extra positional arguments after ctx"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "after", (self.after,) if isinstance(self.after, str) else tuple(self.after))
+        object.__setattr__(self, "args", tuple(self.args))
+
+
+class StageContext:
+    """What a stage function gets: its directory, logger, checkpointer, engine factory and counters."""
+
+    def __init__(self, name: str, config: Any, run_dir: str | os.PathLike, options: StageOptions,
+                 logger: MetricsLogger | None = None):
+        self.name, self.config, self.options, self.logger = name, config, options, logger
+        self.run_dir = Path(run_dir)
+        self.dir = self.run_dir / name
+        """run_dir/<name>: where the stage writes its checkpoints and results"""
+        self.counters: dict[str, float] = {}
+        """this run's extra costs (e.g. "sampling_s"): add to them; results["time"] sums them over resumes"""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """One metrics row of this stage (a no-op without a logger: non-main ranks)."""
+        if self.logger is not None:
+            self.logger.log(step, metrics, stage=self.name)
+
+    @cached_property
+    def checkpointer(self) -> Checkpointer:
+        """The stage's resume state, run_dir/<name>/resume (one checkpointed loop per stage)."""
+        return Checkpointer(self.dir / "resume", self.options.checkpoint_every)
+
+    @property
+    def resuming(self) -> bool:
+        """True when this run continues a stage cut short (e.g. skip a step-0 evaluation)."""
+        return self.checkpointer.has_checkpoint
+
+    def keep(self, name: str, obj: list | dict) -> list | dict:
+        """Save `obj` (JSON-able) with every checkpoint; refilled in place when the loop resumes."""
+        return self.checkpointer.keep(name, obj)
+
+    def run(self, evaluate: Callable[[int], dict] | None = None) -> Run:
+        """The `Run` a loop takes: rows to metrics.jsonl under this stage, `evaluate`, checkpoints."""
+        return Run(stage=self.name, logger=self.logger, evaluate=evaluate, checkpointer=self.checkpointer)
+
+    def engine(self, model: torch.nn.Module, optim: OptimConfig | None = None, **kw) -> Engine:
+        """`trajtune.engine.make_engine(model, optim, **kw)`: one process, or DDP / FSDP2 under torchrun."""
+        from .engine import make_engine
+
+        return make_engine(model, optim, **kw)
+
+    def save_model(self, model: torch.nn.Module, tokenizer=None, name: str = "checkpoint",
+                   meta: dict | None = None) -> Path:
+        """Write `model` to run_dir/<stage>/<name> (rank 0 writes, every rank waits): a Hugging Face
+        adapter through its `save_pretrained`, a TinyTransformer in the trajtune format."""
+        path = self.dir / name
+        if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+            raise NotImplementedError("save_model: the parameters are FSDP shards; save a full copy")
+        if distributed.is_main():
+            meta = {"stage": self.name, **(meta or {})}
+            if hasattr(model, "save_pretrained"):
+                model.save_pretrained(path, tokenizer, meta=meta)
+            else:
+                from .models.tiny import save_model
+
+                save_model(path, model, tokenizer, meta=meta)
+        distributed.barrier()
+        return path
+
+
+# --- the runner ---------------------------------------------------------------------------
+def run_stages(stages: Sequence[Stage], config: Any, run_dir: str | os.PathLike, options: StageOptions,
+               log: Callable[[str], None] = print) -> dict[str, dict]:
+    """Run the unfinished `stages` (listed in priority order) -> {name: results}, in list order.
+
+    Results are as read back from results.json, whether the stage ran now or before."""
+    run_dir = Path(run_dir)
+    _check_graph(stages, options.rerun)
+    if distributed.launched_distributed():
+        distributed.init_distributed()
+    main = distributed.is_main()
+    results = distributed.broadcast_object(_finished(stages, run_dir, options.rerun) if main else None)
+    pending = [s for s in stages if s.name not in results]
+
+    def announce(name: str, out: dict) -> None:
+        results[name] = out
+        if main:
+            log(_announcement(name, out["time"]))
+            sys.stdout.flush()
+
+    if distributed.launched_distributed() or options.workers == 1:
+        while pending:
+            s = next(s for s in pending if all(a in results for a in s.after))
+            pending.remove(s)
+            announce(s.name, _run_stage(s, config, run_dir, options))
+    else:
+        with forward_to_children(), ProcessPoolExecutor(options.workers, mp_context=get_context("spawn")) as pool:
+            running = {}
+            while pending or running:
+                for s in [s for s in pending if all(a in results for a in s.after)][: options.workers - len(running)]:
+                    pending.remove(s)
+                    running[pool.submit(_run_stage, s, config, run_dir, options)] = s
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    announce(running.pop(future).name, future.result())
+    return {s.name: results[s.name] for s in stages}
+
+
+def run_per_seed(run_one: Callable[[Any, Path], Path], config: Any, run_dir: str | os.PathLike,
+                 seeds: Sequence[int]) -> dict[int, Path]:
+    """`run_one(config with seed=s, run_dir/seed-<s>)` for every seed -> {seed: what it returned}."""
+    out = {}
+    for s in seeds:
+        out[s] = run_one(dataclasses.replace(config, seed=s), Path(run_dir) / f"seed-{s}")
+    return out
+
+
+def _check_graph(stages: Sequence[Stage], rerun: Sequence[str]) -> None:
+    """Unique names, known dependencies and rerun names, and no cycle -- before anything runs."""
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise ValueError(f"stage names repeat: {sorted({n for n in names if names.count(n) > 1})}")
+    for s in stages:
+        missing = [a for a in s.after if a not in names]
+        if missing:
+            raise ValueError(f"stage {s.name!r} waits for unknown stages {missing}; known: {', '.join(names)}")
+    unknown = [n for n in rerun if n not in names]
+    if unknown:
+        raise ValueError(f"rerun: unknown stages {unknown}; known: {', '.join(names)}")
+    done: set[str] = set()
+    left = list(stages)
+    while left:
+        ready = [s for s in left if set(s.after) <= done]
+        if not ready:
+            raise ValueError(f"stages wait on each other (a cycle): {[s.name for s in left]}")
+        done |= {s.name for s in ready}
+        left = [s for s in left if s.name not in done]
+
+
+def _finished(stages: Sequence[Stage], run_dir: Path, rerun: Sequence[str]) -> dict[str, dict]:
+    out = {}
+    for s in stages:
+        f = run_dir / s.name / RESULTS
+        if f.exists() and s.name not in rerun:
+            out[s.name] = json.loads(f.read_text())
+    return out
+
+
+def _run_stage(stage: Stage, config: Any, run_dir: Path, options: StageOptions) -> dict:
+    """Run one stage in this process (a worker's entry point) -> its results, as read back."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(options.threads)
+    logger = MetricsLogger(run_dir) if distributed.is_main() else None
+    try:
+        return _call(stage, StageContext(stage.name, config, run_dir, options, logger))
+    finally:
+        torch.set_num_threads(previous)
+        if logger is not None:
+            logger.close()
+
+
+def _call(stage: Stage, ctx: StageContext) -> dict:
+    main = distributed.is_main()
+    if main:
+        (ctx.dir / RESULTS).unlink(missing_ok=True)  # a rerun cut short is not a finished stage
+        if not ctx.resuming:  # a fresh (re)run: no time or reference from an earlier try, no old rows
+            shutil.rmtree(ctx.dir / "resume", ignore_errors=True)
+            ctx.logger.drop_after(stage.name, -1)
+    distributed.barrier()
+    clock = StageClock(ctx.dir / "resume")  # times add up over a stage cut short and resumed
+    try:
+        with ctx.checkpointer:  # Ctrl-C / SIGTERM: the loop saves at its next step and stops
+            out = stage.fn(ctx, *stage.args)
+        if not isinstance(out, dict):
+            raise TypeError(f"a stage function returns a dict, got {type(out).__name__}")
+        out = {**out, "time": clock.totals(**_counters(ctx, clock))}
+        text = json.dumps(out, indent=1)
+    except BaseException as e:
+        if main:
+            clock.save(**_counters(ctx, clock))  # only where a checkpoint to resume from exists
+        if not isinstance(e, KeyboardInterrupt):
+            e.add_note(f"in stage {stage.name!r} ({ctx.dir})")
+        raise
+    stop = _any_rank(ctx.checkpointer.stop_requested)  # a stop that came after the loop's last step
+    distributed.barrier()
+    if main:
+        ctx.dir.mkdir(parents=True, exist_ok=True)
+        tmp = ctx.dir / (RESULTS + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, ctx.dir / RESULTS)
+        shutil.rmtree(ctx.dir / "resume", ignore_errors=True)  # finished: a forced rerun starts afresh
+    out = distributed.broadcast_object(json.loads(text) if main else None)
+    if stop:
+        raise RunInterrupted(f"stopped after stage {stage.name!r} finished")
+    return out
+
+
+def _counters(ctx: StageContext, clock: StageClock) -> dict[str, float]:
+    """This run's counters, plus zeros for those only an earlier run of the stage had."""
+    return {**{k: 0.0 for k in clock.before if k not in ("wall_s", "cpu_s")}, **ctx.counters}
+
+
+def _any_rank(flag: bool) -> bool:
+    if not distributed.is_distributed():
+        return flag
+    flags = [False] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(flags, flag)
+    return any(flags)
+
+
+def _announcement(name: str, time: dict[str, float]) -> str:
+    """'  stage NAME   W.Ws wall,  C.Cs CPU' plus each *_s counter's share of the wall time."""
+    wall = time["wall_s"]
+    shares = "".join(f", {v / max(wall, 1e-9):4.0%} {k[:-2]}" for k, v in time.items()
+                     if k.endswith("_s") and k not in ("wall_s", "cpu_s"))
+    return f"  stage {name:<18} {wall:6.1f}s wall, {time['cpu_s']:6.1f}s CPU{shares}"
