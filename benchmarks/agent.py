@@ -26,28 +26,29 @@ from trajtune.cli import load_recipe, resolve_recipe
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="agent", help="recipe name or file (default: agent)")
-    ap.add_argument("--workers", type=int, default=None, help="override config.workers")
+    ap.add_argument("--workers", type=int, default=None, help="override config.runner.workers")
     ap.add_argument("--run-dir", default=None, help="where to run (default: a temporary directory)")
     args = ap.parse_args()
     module, config, _ = load_recipe(resolve_recipe(args.recipe))
     if args.workers is not None:
-        config = dataclasses.replace(config, workers=args.workers)
+        config = dataclasses.replace(config, runner=dataclasses.replace(config.runner, workers=args.workers))
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="agent-bench-"))
     t0 = time.perf_counter()
     before = _cpu()
     report = module.run(config, run_dir)
     wall, cpu = time.perf_counter() - t0, _cpu() - before
-    results = module.run_stages(config, run_dir)  # read back: every stage's results.json exists now
+    results = module.stage_results(config, run_dir)  # read back: every stage's results.json exists now
     print(f"\n{'stage':<18} {'wall s':>7} {'CPU s':>7} {'sampling':>9} {'training':>9}")
     sampling = training = 0.0
     for name, r in results.items():
         t = r["time"]
-        share = t["sampling_s"] / max(t["wall_s"], 1e-9)
-        sampling, training = sampling + t["sampling_s"], training + t["wall_s"] - t["sampling_s"]
+        sampled = t.get("sampling_s", 0.0)
+        share = sampled / max(t["wall_s"], 1e-9)
+        sampling, training = sampling + sampled, training + t["wall_s"] - sampled
         print(f"{name:<18} {t['wall_s']:>7.1f} {t['cpu_s']:>7.1f} {share:>9.0%} {1 - share:>9.0%}")
     print(f"{'sum of stages':<18} {sampling + training:>7.1f} {'':>7} {sampling / (sampling + training):>9.0%} "
           f"{training / (sampling + training):>9.0%}")
-    print(f"\nwhole run: {wall:.1f}s wall, {cpu:.1f}s CPU (user+sys, all processes), {config.workers} worker(s), "
+    print(f"\nwhole run: {wall:.1f}s wall, {cpu:.1f}s CPU (user+sys, all processes), {config.runner.workers} worker(s), "
           f"{os.cpu_count()} CPUs; target < 300s wall")
     print(report)
 

@@ -36,10 +36,11 @@ def timed(name: str, fn) -> tuple[float, float]:
 
 
 def stage_rows(run_dir: Path) -> list[tuple[str, float, float]]:
+    """(stage, wall s, CPU s) of every finished stage (trajtune.stages: <stage>/results.json["time"])."""
     rows = []
-    for f in sorted(run_dir.glob("*/result.json")):
-        r = json.loads(f.read_text())
-        rows.append((f.parent.name, r["_wall_s"], r["_cpu_s"]))
+    for f in sorted(run_dir.glob("*/results.json")):
+        t = json.loads(f.read_text())["time"]
+        rows.append((f.parent.name, t["wall_s"], t["cpu_s"]))
     return rows
 
 
@@ -54,16 +55,19 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-ch13-"))
 
-    from trajtune.experiments import chapter13, iw_sft_bandit, iw_sft_bugfix
+    from trajtune.experiments import chapter13
+    from trajtune.experiments.iw_sft import bandit as iw_sft_bandit, bugfix as iw_sft_bugfix
+    from trajtune.stages import StageOptions
 
+    runner = StageOptions(workers=args.workers, threads=args.threads)
     totals = {}
     if not args.skip_b:
-        b = chapter13.Config(parts=args.parts, workers=args.workers, threads=args.threads)
+        b = chapter13.Config(parts=args.parts, runner=runner)
         totals["part B (chapter13)"] = timed("part B", lambda: chapter13.run(b, out / "chapter13"))
     c = iw_sft_bandit.Config(threads=args.threads)
     totals["part C1-C3 (iw_sft_bandit)"] = timed("part C1-C3", lambda: iw_sft_bandit.run(c, out / "iw_sft_bandit"))
     if args.bugfix:
-        c4 = iw_sft_bugfix.Config(workers=args.workers, threads=args.threads)
+        c4 = iw_sft_bugfix.Config(runner=runner)
         totals["part C4 (iw_sft_bugfix)"] = timed("part C4", lambda: iw_sft_bugfix.run(c4, out / "iw_sft_bugfix"))
 
     print(f"\n{'stage':<28} {'wall s':>7} {'CPU s':>7}")

@@ -1,4 +1,4 @@
-"""The agent experiment (experiments/agent.py) on a reduced budget: every stage runs, checkpoints,
+"""The agent experiment (experiments/agent/) on a reduced budget: every stage runs, checkpoints,
 logs documented metrics and feeds the report; the diagnostics are exact; the CLI wiring works.
 
 The full-budget run is the main job (`trajtune run`), not a test.
@@ -13,20 +13,23 @@ from trajtune.algorithms.dpo import DPOConfig
 from trajtune.algorithms.rft import RFTConfig
 from trajtune.algorithms.rl import RLConfig
 from trajtune.algorithms.sft import SFTConfig
-from trajtune.checkpoint import load_model
 from trajtune.cli import DEFAULT_RECIPE, load_recipe, main, parse_seeds, resolve_recipe
 from trajtune.config import ConfigError
-from trajtune.engine import LocalEngine
-from trajtune.experiments import agent, agent_diagnostics
-from trajtune.experiments.agent_gym import Gym, scripted_play
-from trajtune.experiments.agent_report import write_seeds_report
+from trajtune.engine import TorchEngine, make_engine
+from trajtune.experiments import agent
+from trajtune.experiments.agent import diagnostics as agent_diagnostics
+from trajtune.experiments.agent.report import write_seeds_report
+from trajtune.experiments.bugfix import Gym, new_model, scripted_play
 from trajtune.metrics import is_documented, read_metrics
+from trajtune.models.tiny import load_model
+from trajtune.stages import StageOptions
 
 SMALL = agent.Config(
-    workers=1, weak=SFTConfig(steps=40, batch_size=16), oracle=SFTConfig(steps=6, batch_size=20, eval_every=3),
-    cold_start_step=3, rft=RFTConfig(rounds=2, samples_per_task=2, steps_per_round=2, batch_size=8), hack_rounds=2,
-    dpo=DPOConfig(steps=4), dpo_eval_every=2, pair_samples=4, rl=RLConfig(steps=6, tasks_per_step=2, group_size=4),
-    rl_eval_every=3, eval_samples=1, describe_samples=1, probe_group=2,
+    runner=StageOptions(workers=1), weak=SFTConfig(steps=40, batch_size=16),
+    oracle=SFTConfig(steps=6, batch_size=20, eval_every=3), cold_start_step=3,
+    rft=RFTConfig(rounds=2, samples_per_task=2, steps_per_round=2, batch_size=8), hack_rounds=2,
+    dpo=DPOConfig(steps=4, eval_every=2), pair_samples=4, rl=RLConfig(steps=6, tasks_per_step=2, group_size=4, eval_every=3),
+    eval_samples=1, describe_samples=1, probe_group=2,
 )
 
 
@@ -39,7 +42,7 @@ def small_run(tmp_path_factory):
 
 def test_every_stage_checkpoints_and_reports(small_run):
     run_dir, report = small_run
-    for stage in agent.STAGES:
+    for stage in agent.STAGE_NAMES:
         assert (run_dir / stage / "results.json").exists(), stage
         if stage not in ("diagnostics", "generalization"):  # the two measuring stages train nothing
             model, tok = load_model(run_dir / stage / "checkpoint")
@@ -61,7 +64,7 @@ def test_every_stage_checkpoints_and_reports(small_run):
 def test_metrics_name_their_stage_and_are_documented(small_run):
     rows = read_metrics(small_run[0])
     stages = {r["stage"] for r in rows}
-    assert stages >= set(agent.STAGES) - {"diagnostics", "generalization"}
+    assert stages >= set(agent.STAGE_NAMES) - {"diagnostics", "generalization"}
     assert all(is_documented(k) for r in rows for k in r if "/" in k)
     weak = [r["train/loss"] for r in rows if r["stage"] == "weak_base"]
     assert len(weak) == SMALL.weak.steps and weak[-1] < 0.5 * weak[0]  # SFT on play learns the format
@@ -71,7 +74,7 @@ def test_metrics_name_their_stage_and_are_documented(small_run):
 
 def test_curves_costs_and_exact_diagnostics(small_run):
     run_dir, _ = small_run
-    res = agent.run_stages(SMALL, run_dir)  # everything is read back, nothing reruns
+    res = agent.stage_results(SMALL, run_dir)  # everything is read back, nothing reruns
     assert [p["step"] for p in res["oracle_sft"]["curve"]] == [0, 3, 6]
     assert set(res["oracle_sft"]["probes"]) == {"0", "3", "6"}
     assert res["rl_only"]["costs"]["sampled"] == 6 * 2 * 4
@@ -86,7 +89,7 @@ def test_gradient_identity_on_a_mixed_batch():
     """A4 on scripted episodes (oracle wins, blind mostly loses): the identity holds for any 0/1 batch."""
     gym = Gym()
     trajs = scripted_play(gym, "oracle", [0], gym.train[:4]) + scripted_play(gym, "blind", [0, 1], gym.train[:4])
-    engine = LocalEngine(agent.new_model(SMALL, gym))
+    engine = make_engine(new_model(SMALL.seed, gym, SMALL.dim, SMALL.n_layers, SMALL.n_heads))
     out = agent_diagnostics.gradient_identity(engine, trajs, gym.pad_id)
     assert 0 < out["kept"] < out["episodes"]
     assert out["max_abs_diff"] <= 1e-5 * out["max_abs_grad"]
@@ -96,7 +99,7 @@ def test_gradient_identity_on_a_mixed_batch():
 def test_rerunning_one_stage(small_run, tmp_path):
     run_dir, _ = small_run
     before = json.loads((run_dir / "dpo" / "results.json").read_text())
-    res = agent.run_stages(dataclasses.replace(SMALL, stages=["dpo"]), run_dir)
+    res = agent.stage_results(dataclasses.replace(SMALL, runner=StageOptions(workers=1, rerun=["dpo"])), run_dir)
     assert res["dpo"]["curve"] == before["curve"]  # same seed, same numbers
 
 
@@ -114,7 +117,7 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path):
     assert module is agent and config.rl.steps == 60 and config.cold_start_step == 20
     assert main(["run", "--dry-run", "--run-dir", str(tmp_path / "x")]) == 0
     with pytest.raises(ValueError, match="unknown stages"):
-        agent.Config(stages=["nope"])
+        agent.Config(runner=StageOptions(rerun=["nope"]))
 
 
 @pytest.mark.parametrize("stage, at", [("oracle_sft", 4), ("rl_only", 3), ("rft", 3), ("dpo", 3)])
@@ -134,21 +137,20 @@ def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, m
     expected_rows = rows(run_dir)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_metrics(run_dir)
                                                    if r["stage"] != stage))
-    step = LocalEngine.optim_step
+    step = TorchEngine.optim_step
 
     def interrupting(self):
         if self.step + 1 == at and self.model.training:
             os.kill(os.getpid(), signal.SIGINT)
         return step(self)
 
-    config = dataclasses.replace(SMALL, stages=[stage])
-    monkeypatch.setattr(LocalEngine, "optim_step", interrupting)
+    monkeypatch.setattr(TorchEngine, "optim_step", interrupting)
     with pytest.raises(RunInterrupted):
-        agent.run_stage(stage, config, run_dir)
+        agent.stage_results(SMALL, run_dir)  # only `stage` is unfinished
     assert (run_dir / stage / "resume" / "state" / "engine.json").exists()
-    monkeypatch.setattr(LocalEngine, "optim_step", step)
+    monkeypatch.setattr(TorchEngine, "optim_step", step)
     cut_at = json.loads((run_dir / stage / "resume" / "elapsed.json").read_text())["wall_s"]
-    got = agent.run_stage(stage, config, run_dir)
+    got = agent.stage_results(SMALL, run_dir)[stage]
     want = json.loads((small_run[0] / stage / "results.json").read_text())
     assert got["time"]["wall_s"] > cut_at > 0  # the stage's time counts both runs
     got.pop("time"), want.pop("time")

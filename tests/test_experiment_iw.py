@@ -5,9 +5,23 @@ from __future__ import annotations
 
 import pytest
 
+from trajtune.algorithms.iw_sft import IWSFTConfig
+from trajtune.algorithms.rft import RFTConfig
+from trajtune.algorithms.sft import SFTConfig
 from trajtune.cli import builtin_recipes, load_recipe
 from trajtune.envs.bandit import TwoArmBandit
-from trajtune.experiments import iw_sft_bandit, iw_sft_bugfix
+from trajtune.experiments.iw_sft import bandit as iw_sft_bandit
+from trajtune.experiments.iw_sft import bugfix as iw_sft_bugfix
+from trajtune.stages import StageOptions
+
+
+def small_bugfix(rounds: int, samples_per_task: int, steps_per_round: int, weak_steps: int, eval_samples: int,
+                 **iw) -> iw_sft_bugfix.Config:
+    """A reduced C4 config: the same budget for both methods, one process."""
+    budget = dict(rounds=rounds, samples_per_task=samples_per_task, steps_per_round=steps_per_round)
+    return iw_sft_bugfix.Config(runner=StageOptions(workers=1), rft=RFTConfig(**budget), iw=IWSFTConfig(**budget, **iw),
+                                weak=SFTConfig(steps=weak_steps, batch_size=32, length_buckets=4),
+                                eval_samples=eval_samples)
 
 
 def test_bandit_fixed_points_and_report(tmp_path):
@@ -31,6 +45,11 @@ def test_batched_runs_each_reach_their_fixed_point():
     assert clip[-1]["p_right"] == pytest.approx([18 / 19] * 2, abs=0.02)
 
 
+def test_rft_and_iw_must_spend_the_same_budget():
+    with pytest.raises(ValueError, match="same budget; they differ in rounds"):
+        iw_sft_bugfix.Config(rft=RFTConfig(rounds=2))
+
+
 def test_recipes_validate():
     for name, module in (("iw_sft_bandit", iw_sft_bandit), ("iw_sft_bugfix", iw_sft_bugfix)):
         mod, config, raw = load_recipe(builtin_recipes()[name])
@@ -39,7 +58,7 @@ def test_recipes_validate():
 
 @pytest.mark.slow
 def test_bugfix_comparison_runs(tmp_path):
-    config = iw_sft_bugfix.Config(workers=1, rounds=1, samples_per_task=2, steps_per_round=2, weak_steps=5, eval_samples=1)
+    config = small_bugfix(rounds=1, samples_per_task=2, steps_per_round=2, weak_steps=5, eval_samples=1)
     report = iw_sft_bugfix.run(config, tmp_path)
     assert "| C4 |" in report.read_text() and (tmp_path / "pass_train.png").exists()
 
@@ -50,20 +69,20 @@ def test_bugfix_comparison_resumes_a_stage_cut_short(tmp_path, monkeypatch):
 
     from test_experiment_ch13 import _interrupting, _same_result
 
-    from trajtune.engine import LocalEngine
+    from trajtune.engine import TorchEngine
     from trajtune.resume import RunInterrupted
 
-    config = iw_sft_bugfix.Config(workers=1, rounds=2, samples_per_task=4, steps_per_round=4, q_update_every=2,
-                                  weak_steps=40, eval_samples=1)  # a weak base that passes some tasks: rounds train
+    config = small_bugfix(rounds=2, samples_per_task=4, steps_per_round=4, q_update_every=2, weak_steps=40,
+                          eval_samples=1)  # a weak base that passes some tasks: rounds train
     iw_sft_bugfix.run(config, tmp_path / "whole")
     shutil.copytree(tmp_path / "whole", tmp_path / "cut")
     for stage in ("rft", "iw_sft"):
         shutil.rmtree(tmp_path / "cut" / stage)
-    monkeypatch.setattr(LocalEngine, "optim_step", _interrupting(3))  # rft's round 1: saved after its step 3
+    monkeypatch.setattr(TorchEngine, "optim_step", _interrupting(3))  # rft's round 1: saved after its step 3
     with pytest.raises(RunInterrupted, match="after step 3"):
         iw_sft_bugfix.run(config, tmp_path / "cut")
     monkeypatch.undo()
     iw_sft_bugfix.run(config, tmp_path / "cut")
     for stage in ("rft", "iw_sft"):
         assert _same_result(tmp_path / "whole", tmp_path / "cut", stage), stage
-    assert json.loads((tmp_path / "cut" / "rft" / "result.json").read_text())["curve"][0]["step"] == 0
+    assert json.loads((tmp_path / "cut" / "rft" / "results.json").read_text())["curve"][0]["step"] == 0

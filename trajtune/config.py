@@ -85,8 +85,12 @@ def _coerce(value: Any, tp, where: str):
     raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")
 
 
-def from_dict(cls, data: dict, where: str = "config"):
-    """Build dataclass `cls` from a dict, checking every key and type (see module doc)."""
+def from_dict(cls, data: dict, where: str = "config", base=None):
+    """Build dataclass `cls` from a dict, checking every key and type (see module doc).
+
+    A table for a nested dataclass field starts from that field's default *instance* (e.g. an
+    experiment's `rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, ...))`), so a
+    recipe sets only what it changes; `base`, if given, is the instance to start from here."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -95,13 +99,26 @@ def from_dict(cls, data: dict, where: str = "config"):
             close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"
             raise ConfigError(f"{where}: unknown key {key!r}{hint}")
-        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+        default = _default_of(fields[key], base)
+        if dataclasses.is_dataclass(default) and isinstance(value, dict):
+            kwargs[key] = from_dict(type(default), value, f"{where}.{key}", base=default)
+        else:
+            kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
     try:
-        return cls(**kwargs)
+        return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except ConfigError:
         raise
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{where}: {e}") from e
+
+
+def _default_of(f: dataclasses.Field, base):
+    """The value field `f` has when a recipe does not set it: on `base`, or the field's default."""
+    if base is not None:
+        return getattr(base, f.name)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 def to_dict(config) -> dict:

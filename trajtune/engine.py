@@ -248,6 +248,8 @@ class TorchEngine:
     def _chunks(self, batch: Batch) -> list[torch.Tensor | None]:
         """This process's micro-batches (rows of `batch`), padded with None to the count every rank runs
         (DDP and FSDP2 need every rank to run the same number of passes)."""
+        if self.collective.world_size == 1:
+            return micro_batches(batch, self.micro_batch_size)
         shards = self._shards(batch)
         counts = [len(micro_batches(batch.select(s), self.micro_batch_size)) if len(s) else 0 for s in shards]
         mine = shards[self.collective.rank]

@@ -1,9 +1,18 @@
-"""Experiments: runnable compositions of sources, weightings and evaluations.
+"""Experiments: runnable compositions of sources, weightings and evaluations, as stages.
 
-Each experiment module defines a config dataclass `Config` and
-`run(config, run_dir) -> Path` (the path of its report). Recipes (TOML files in
-`trajtune/recipes/`) name an experiment and set fields of its `Config`. The
-library (everything outside `experiments/` and `cli.py`) never imports them.
+One package (or module) per experiment; each registered module defines a config
+dataclass `Config` (nesting the loop dataclasses it uses and `runner: StageOptions`)
+and `run(config, run_dir) -> Path` (the path of its report), and runs its stages
+through `trajtune.stages.run_stages`. Recipes (TOML files in `trajtune/recipes/`) name
+an experiment and set fields of its `Config`. The library (everything outside
+`experiments/` and the command line) never imports them.
+
+    agent           seed agent-rl ch.15 on the BugFix gym (the main job)          agent/
+    chapter13       seed post-training ch.13: instruction tuning -> preferences -> RLVR  chapter13/
+    iw_sft_bandit   iw-SFT paper, the two-arm bandit                                iw_sft/bandit.py
+    iw_sft_bugfix   iw-SFT vs plain expert iteration on the BugFix gym              iw_sft/bugfix.py
+    addition_sft    the smallest end-to-end run: SFT on 2-digit addition           addition.py
+    hf_sft, hf_rm, hf_dpo, hf_grpo, hf_rft   Hugging Face models (`trajtune sft|rm|dpo|grpo|rft`)  hf/
 """
 
 from __future__ import annotations
@@ -13,10 +22,14 @@ import importlib
 EXPERIMENTS: dict[str, str] = {
     "addition_sft": "trajtune.experiments.addition",
     "agent": "trajtune.experiments.agent",
-    "hf": "trajtune.experiments.hf",
     "chapter13": "trajtune.experiments.chapter13",
-    "iw_sft_bandit": "trajtune.experiments.iw_sft_bandit",
-    "iw_sft_bugfix": "trajtune.experiments.iw_sft_bugfix",
+    "iw_sft_bandit": "trajtune.experiments.iw_sft.bandit",
+    "iw_sft_bugfix": "trajtune.experiments.iw_sft.bugfix",
+    "hf_sft": "trajtune.experiments.hf.sft",
+    "hf_rm": "trajtune.experiments.hf.rm",
+    "hf_dpo": "trajtune.experiments.hf.dpo",
+    "hf_grpo": "trajtune.experiments.hf.grpo",
+    "hf_rft": "trajtune.experiments.hf.rft",
 }
 
 

@@ -3,26 +3,28 @@
 Demonstrations are `Q: 23+45\nA: ` (PROMPT) -> `68<eos>` (POLICY). We measure
 greedy exact-match accuracy on held-out problems (pairs never seen in training)
 before and after training, and print a few answers so you can see what it learned.
+
+One stage (`sft`, on `trajtune.stages.run_stages`): train, evaluate, save `sft/checkpoint`;
+`run` then writes `report.md`. Under torchrun every rank trains its share of each batch
+(`ctx.engine` is the distributed engine), evaluation is sharded (`sharded_map`) and only
+rank 0 writes.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..algorithms.sft import SFTConfig, train_sft
-from ..checkpoint import save_model
 from ..config import check_ranges, to_dict
-from ..distributed import is_main, make_engine, sharded_map
-from ..engine import LocalEngine, OptimConfig
-from ..metrics import MetricsLogger
+from ..distributed import init_distributed, is_main, sharded_map
+from ..engine import Engine, OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
-from ..resume import Checkpointer
+from ..stages import Stage, StageOptions, run_stages
 from ..text.tokenizers import CharTokenizer
 from ..trajectory import Owner, Trajectory
 
@@ -45,6 +47,8 @@ class Config:
     """the SFT loop's settings"""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, warmup_steps=30, decay_steps=570))
     """optimizer settings"""
+    runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
+    """the stage runner (one stage: nothing to run in parallel)"""
 
     def __post_init__(self) -> None:
         check_ranges(self, "addition", counts=("n_train", "n_eval", "dim", "n_layers", "n_heads"))
@@ -75,7 +79,7 @@ def demonstration(tok: CharTokenizer, a: int, b: int) -> Trajectory:
     return t
 
 
-def greedy_answers(engine: LocalEngine, tok: CharTokenizer, problems) -> list[str]:
+def greedy_answers(engine: Engine, tok: CharTokenizer, problems) -> list[str]:
     prompts = [[tok.bos_id] + tok.encode(problem_text(a, b)[0]) for a, b in problems]
     out = engine.sample(prompts, 5, greedy=True, stop_ids=[tok.eos_id], pad_id=tok.pad_id)
     return [tok.decode(t, skip_special=True) for t in out.tokens]
@@ -87,41 +91,46 @@ def accuracy(engine, tok, problems) -> float:
     return sum(ans == str(a + b) for ans, (a, b) in zip(answers, problems, strict=True)) / len(problems)
 
 
-def run(config: Config, run_dir: Path) -> Path:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if is_main():  # under torchrun only rank 0 writes
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+def stage_sft(ctx) -> dict:
+    """SFT from a fresh model; held-out accuracy before, during and after; a few answers."""
+    config = ctx.config
     torch.manual_seed(config.seed)
     tok = CharTokenizer.from_corpus("0123456789+QA: \n")
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads, max_len=32))
-    engine = make_engine(model, config.optim)  # a DistributedEngine under torchrun
+    engine = ctx.engine(model, config.optim)
     train, held_out = split_problems(config.seed, config.n_train, config.n_eval)
     demos = [demonstration(tok, a, b) for a, b in train]
-    say = print if is_main() else (lambda *a, **k: None)
-    say(f"addition SFT: {model.num_parameters():,} parameters, {len(demos)} demonstrations, "
-        f"{len(held_out)} held-out problems, {config.sft.steps} steps")
+    if engine.is_main:
+        print(f"addition SFT: {model.num_parameters():,} parameters, {len(demos)} demonstrations, "
+              f"{len(held_out)} held-out problems, {config.sft.steps} steps")
 
     before = accuracy(engine, tok, held_out)
-    logger = MetricsLogger(run_dir) if is_main() else None
-    with Checkpointer(run_dir / "resume") as ck:  # Ctrl-C saves; the same command resumes
-        history = train_sft(engine, demos, config.sft, tok.pad_id, logger,
-                            evaluate=lambda step: {"eval/accuracy": accuracy(engine, tok, held_out)}, checkpointer=ck)
-    after = history[-1]["eval/accuracy"]
+    history = train_sft(engine, demos, config.sft, tok.pad_id,
+                        ctx.run(lambda step: {"eval/accuracy": accuracy(engine, tok, held_out)}))
     shown = held_out[:8]
     answers = sharded_map(engine, shown, lambda part: greedy_answers(engine, tok, part))
+    ctx.save_model(model, tok, "checkpoint", meta={"experiment": "addition_sft"})
+    return {"before": before, "after": history[-1]["eval/accuracy"],
+            "curve": [(r["step"], r["train/loss"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r],
+            "examples": [(a, b, ans) for (a, b), ans in zip(shown, answers, strict=True)]}
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
     report = run_dir / "report.md"
+    init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
+    if is_main():  # under torchrun only rank 0 writes
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    result = run_stages([Stage("sft", stage_sft)], config, run_dir, config.runner)["sft"]
     if not is_main():
         return report
-    logger.close()
-    save_model(run_dir / "checkpoint", model, tok, meta={"experiment": "addition_sft"})
-    shutil.rmtree(run_dir / "resume", ignore_errors=True)  # finished: a rerun starts afresh
-
-    lines = ["# Addition SFT", "", f"Held-out exact-match accuracy (greedy): **{before:.1%} -> {after:.1%}**", "",
+    lines = ["# Addition SFT", "",
+             f"Held-out exact-match accuracy (greedy): **{result['before']:.1%} -> {result['after']:.1%}**", "",
              "| step | train loss | held-out accuracy |", "|---|---|---|"]
-    lines += [f"| {r['step']} | {r['train/loss']:.3f} | {r['eval/accuracy']:.1%} |" for r in history if "eval/accuracy" in r]
+    lines += [f"| {step} | {loss:.3f} | {acc:.1%} |" for step, loss, acc in result["curve"]]
     lines += ["", "| problem | model's answer | correct |", "|---|---|---|"]
-    for (a, b), ans in zip(shown, answers, strict=True):
+    for a, b, ans in result["examples"]:
         lines.append(f"| {a}+{b} | {ans} | {'yes' if ans == str(a + b) else 'no (' + str(a + b) + ')'} |")
     report.write_text("\n".join(lines) + "\n")
     print("\n".join(lines[2:]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
 
 
 def pct(x: float) -> str:
@@ -87,61 +87,77 @@ def rlvr_claims(r: dict) -> list[Claim]:
     ]
 
 
+def instruct_section(run_dir: Path, results: dict) -> str:
+    """B1-B2: the table of the three models, the pretraining curve and the adherence plot."""
+    curve = results["pretrain"]["curve"]
+    line_plot(run_dir / "pretrain_loss.png", {"val loss": ([c[0] for c in curve], [c[1] for c in curve])},
+              "B1: pretraining on Shakespeare", "step", "held-out NLL per character")
+    rows = [(name, pct(results[k]["seen"]), pct(results[k]["unseen"]), pct(results[k]["unseen_letter"]),
+             fmt(results[k]["val_loss"], 3), "; ".join(results[k]["examples"][:2]))
+            for name, k in (("base", "pretrain"), ("SFT, 16 words", "sft_narrow"), ("SFT, broad", "sft_broad"))]
+    series = {name: ([0, 1, 2], [results[k]["seen"], results[k]["unseen"], results[k]["unseen_letter"]])
+              for name, k in (("base", "pretrain"), ("SFT narrow", "sft_narrow"), ("SFT broad", "sft_broad"))}
+    line_plot(run_dir / "adherence.png", series, "B2: reply starts with the word (x: 0 seen, 1 unseen, 2 unseen first letter)",
+              "0 = seen words, 1 = unseen words, 2 = unseen: first letter", "share of replies", (0, 1.05))
+    return ("## B1-B2: base model and SFT\n\n" + markdown_table(
+        ["model", "seen words", "unseen words", "unseen: first letter", "val loss", "examples"], rows)
+        + "\n\n" + image(run_dir / "pretrain_loss.png", "pretraining loss") + " " + image(run_dir / "adherence.png", "adherence"))
+
+
+def preference_section(run_dir: Path, results: dict, betas) -> str:
+    """B3-B5: the reward model, best-of-n and DPO table and the two frontier plots."""
+    rm = results["reward_model"]
+    bon = rm["best_of_n"]
+    dpo = [results[f"dpo_beta{b:g}"] for b in betas]
+    frontier = {"SFT": ([0.0], [rm["sft"]["reward"]]),
+                "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["reward"] for n in bon]),
+                "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["reward"] for d in dpo])}
+    line_plot(run_dir / "frontier.png", frontier, "B4-B5: reward bought per nat of KL", "KL from the SFT model (nats per reply)",
+              "replies ending with a period", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
+    fmt_series = {"SFT": ([0.0], [rm["sft"]["format"]]),
+                  "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["format"] for n in bon]),
+                  "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["format"] for d in dpo])}
+    line_plot(run_dir / "frontier_format.png", fmt_series, "What it cost: the SFT format", "KL from the SFT model (nats per reply)",
+              "replies starting with the word", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
+    rows = [("SFT", pct(rm["sft"]["reward"]), "0", pct(rm["sft"]["format"]), "-", "")]
+    rows += [(f"best-of-{n}", pct(v["reward"]), f"<= {fmt(v['kl_bound'])}", pct(v["format"]), "-", "") for n, v in bon.items()]
+    rows += [(f"DPO beta={d['beta']:g}", pct(d["reward"]), fmt(d["kl"]), pct(d["format"]), pct(d["end_share"]),
+              " / ".join(repr(e) for e in d["examples"][:2])) for d in dpo]
+    return (f"## B3-B5: reward model, best-of-n, DPO\n\nReward model: held-out pair accuracy {pct(rm['rm_accuracy'])} "
+            f"({rm['n_train_pairs']} training pairs, {rm['n_test_pairs']} held out).\n\n"
+            + markdown_table(["method", "reward", "KL (nats)", "format", "log-ratio on last 2 tokens", "examples"], rows)
+            + "\n\n" + image(run_dir / "frontier.png", "frontier") + " " + image(run_dir / "frontier_format.png", "format"))
+
+
+def rlvr_section(run_dir: Path, results: dict) -> str:
+    """B6-B7: pass@k of the three calculators, the GRPO curve."""
+    evals = {"before RL": results["coldstart"], "after GRPO": results["grpo"], "200 more SFT": results["sft_control"]}
+    line_plot(run_dir / "pass_at_k.png", {k: ([int(j) for j in e["pass_at"]], list(e["pass_at"].values())) for k, e in evals.items()},
+              "B6-B7: solved by at least one of k samples", "k (samples per problem)", "pass@k", (0, 1.02))
+    curve = results["grpo"]["curve"]
+    line_plot(run_dir / "grpo.png", {"mean reward": ([c[0] for c in curve], [c[1] for c in curve]),
+                                     "groups with no signal": ([c[0] for c in curve], [c[2] for c in curve])},
+              "B6: GRPO training", "RL step", "share", (0, 1.02), styles={"mean reward": "-", "groups with no signal": "-"})
+    rows = [(k, pct(e["greedy"]), *(pct(v) for v in e["pass_at"].values()), fmt(e["distinct"], 1), fmt(e["entropy"]))
+            for k, e in evals.items()]
+    return ("## B6-B7: RL on a verifiable reward\n\n" + markdown_table(
+        ["model", "greedy", *(f"pass@{j}" for j in results["grpo"]["pass_at"]), "distinct in 16", "first-digit entropy"], rows)
+        + "\n\n" + image(run_dir / "pass_at_k.png", "pass@k") + " " + image(run_dir / "grpo.png", "GRPO"))
+
+
 def write_chapter13_report(run_dir: Path, config, results: dict) -> Path:
+    """claims.md and report.md (+ .html, plots) from the stages' results (whichever parts ran)."""
     claims, sections = [], []
     if "pretrain" in results:
         claims += instruct_claims(results)
-        curve = results["pretrain"]["curve"]
-        line_plot(run_dir / "pretrain_loss.png", {"val loss": ([c[0] for c in curve], [c[1] for c in curve])},
-                  "B1: pretraining on Shakespeare", "step", "held-out NLL per character")
-        rows = [(name, pct(results[k]["seen"]), pct(results[k]["unseen"]), pct(results[k]["unseen_letter"]),
-                 fmt(results[k]["val_loss"], 3), "; ".join(results[k]["examples"][:2]))
-                for name, k in (("base", "pretrain"), ("SFT, 16 words", "sft_narrow"), ("SFT, broad", "sft_broad"))]
-        series = {name: ([0, 1, 2], [results[k]["seen"], results[k]["unseen"], results[k]["unseen_letter"]])
-                  for name, k in (("base", "pretrain"), ("SFT narrow", "sft_narrow"), ("SFT broad", "sft_broad"))}
-        line_plot(run_dir / "adherence.png", series, "B2: reply starts with the word (x: 0 seen, 1 unseen, 2 unseen first letter)",
-                  "0 = seen words, 1 = unseen words, 2 = unseen: first letter", "share of replies", (0, 1.05))
-        sections.append("## B1-B2: base model and SFT\n\n" + markdown_table(
-            ["model", "seen words", "unseen words", "unseen: first letter", "val loss", "examples"], rows)
-            + "\n\n" + image(run_dir / "pretrain_loss.png", "pretraining loss") + " " + image(run_dir / "adherence.png", "adherence"))
+        sections.append(instruct_section(run_dir, results))
     if "reward_model" in results:
         claims += preference_claims(results, config.dpo_betas)
-        rm = results["reward_model"]
-        bon = rm["best_of_n"]
-        dpo = [results[f"dpo_beta{b:g}"] for b in config.dpo_betas]
-        frontier = {"SFT": ([0.0], [rm["sft"]["reward"]]),
-                    "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["reward"] for n in bon]),
-                    "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["reward"] for d in dpo])}
-        line_plot(run_dir / "frontier.png", frontier, "B4-B5: reward bought per nat of KL", "KL from the SFT model (nats per reply)",
-                  "replies ending with a period", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
-        fmt_series = {"SFT": ([0.0], [rm["sft"]["format"]]),
-                      "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["format"] for n in bon]),
-                      "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["format"] for d in dpo])}
-        line_plot(run_dir / "frontier_format.png", fmt_series, "What it cost: the SFT format", "KL from the SFT model (nats per reply)",
-                  "replies starting with the word", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
-        rows = [("SFT", pct(rm["sft"]["reward"]), "0", pct(rm["sft"]["format"]), "-", "")]
-        rows += [(f"best-of-{n}", pct(v["reward"]), f"<= {fmt(v['kl_bound'])}", pct(v["format"]), "-", "") for n, v in bon.items()]
-        rows += [(f"DPO beta={d['beta']:g}", pct(d["reward"]), fmt(d["kl"]), pct(d["format"]), pct(d["end_share"]),
-                  " / ".join(repr(e) for e in d["examples"][:2])) for d in dpo]
-        sections.append(f"## B3-B5: reward model, best-of-n, DPO\n\nReward model: held-out pair accuracy {pct(rm['rm_accuracy'])} "
-                        f"({rm['n_train_pairs']} training pairs, {rm['n_test_pairs']} held out).\n\n"
-                        + markdown_table(["method", "reward", "KL (nats)", "format", "log-ratio on last 2 tokens", "examples"], rows)
-                        + "\n\n" + image(run_dir / "frontier.png", "frontier") + " " + image(run_dir / "frontier_format.png", "format"))
+        sections.append(preference_section(run_dir, results, config.dpo_betas))
     if "grpo" in results:
         claims += rlvr_claims(results)
-        evals = {"before RL": results["coldstart"], "after GRPO": results["grpo"], "200 more SFT": results["sft_control"]}
-        line_plot(run_dir / "pass_at_k.png", {k: ([int(j) for j in e["pass_at"]], list(e["pass_at"].values())) for k, e in evals.items()},
-                  "B6-B7: solved by at least one of k samples", "k (samples per problem)", "pass@k", (0, 1.02))
-        curve = results["grpo"]["curve"]
-        line_plot(run_dir / "grpo.png", {"mean reward": ([c[0] for c in curve], [c[1] for c in curve]),
-                                         "groups with no signal": ([c[0] for c in curve], [c[2] for c in curve])},
-                  "B6: GRPO training", "RL step", "share", (0, 1.02), styles={"mean reward": "-", "groups with no signal": "-"})
-        rows = [(k, pct(e["greedy"]), *(pct(v) for v in e["pass_at"].values()), fmt(e["distinct"], 1), fmt(e["entropy"]))
-                for k, e in evals.items()]
-        sections.append("## B6-B7: RL on a verifiable reward\n\n" + markdown_table(
-            ["model", "greedy", *(f"pass@{j}" for j in results["grpo"]["pass_at"]), "distinct in 16", "first-digit entropy"], rows)
-            + "\n\n" + image(run_dir / "pass_at_k.png", "pass@k") + " " + image(run_dir / "grpo.png", "GRPO"))
-    timing = [(name, f"{r['_wall_s']:.0f}", f"{r['_cpu_s']:.0f}") for name, r in results.items()]
+        sections.append(rlvr_section(run_dir, results))
+    timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
     sections.append("## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing))
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     intro = (f"Seed {config.seed}. Claims from REPRODUCE.md part B; the seed's numbers come from "

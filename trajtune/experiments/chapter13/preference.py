@@ -11,7 +11,7 @@ lines for a seen word, one ending with '.', one not (`envs.instruct.preference_p
                       share of the log-ratio that sits on the last two tokens (last character
                       and <|end|>)
 
-All models start from the narrow SFT model of `chapter13_instruct` (as in the seed).
+All models start from the narrow SFT model of `instruct.py` (as in the seed).
 """
 
 from __future__ import annotations
@@ -22,17 +22,14 @@ from pathlib import Path
 
 import torch
 
-from ..algorithms.best_of_n import best_of_n, best_of_n_kl_bound
-from ..algorithms.dpo import DPOConfig, train_dpo
-from ..algorithms.reward_model import RewardModelConfig, pair_accuracy, score, train_reward_model
-from ..checkpoint import load_model
-from ..engine import LocalEngine
-from ..envs.instruct import SEEN, InstructTask, preference_pairs
-from ..metrics import MetricsLogger
-from ..models.tiny import TinyTransformer
-from ..resume import Checkpointer
-from ..trajectory import collate
-from .chapter13_instruct import adam, corpus, demo, instruct_collect, renderer
+from ...algorithms.best_of_n import best_of_n, best_of_n_kl_bound
+from ...algorithms.dpo import train_dpo
+from ...algorithms.reward_model import pair_accuracy, score, train_reward_model
+from ...engine import Engine
+from ...envs.instruct import SEEN, InstructTask, preference_pairs
+from ...models.tiny import TinyTransformer, load_model
+from ...trajectory import collate
+from .instruct import corpus, demo, instruct_collect, renderer
 
 
 def rendered_pairs(pairs):
@@ -45,7 +42,7 @@ def sft_model(run_dir: Path) -> TinyTransformer:
 
 
 @torch.no_grad()
-def evaluate_policy(policy: LocalEngine, ref: LocalEngine, config, seed: int) -> dict:
+def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
     """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share."""
     pad = corpus()[0].pad_id
     trajs = instruct_collect(policy, "preference", config.max_reply)(
@@ -64,27 +61,25 @@ def evaluate_policy(policy: LocalEngine, ref: LocalEngine, config, seed: int) ->
             "examples": [t.info["reply"] for t in trajs[:: config.eval_per_word][:3]]}
 
 
-def stage_reward_model(config, run_dir: Path) -> dict:
+def stage_reward_model(ctx) -> dict:
     """B3 + B4: train the Bradley-Terry reward model, then best-of-n with it."""
+    config = ctx.config
     tok, _, _, demos = corpus()
     train, test = preference_pairs(demos, seed=config.seed)
-    sft = sft_model(run_dir)
+    sft = sft_model(ctx.run_dir)
     torch.manual_seed(config.seed)
     rm = TinyTransformer(dataclasses.replace(sft.config, value_head=True))
     rm.load_state_dict(sft.state_dict(), strict=False)  # the SFT network plus a fresh scalar head
-    rm_engine = LocalEngine(rm, adam(config.rm_lr))
+    rm_engine = ctx.engine(rm, config.reward_model_optim)
     train_r, test_r = rendered_pairs(train), rendered_pairs(test)
-    out_dir = Path(run_dir) / "reward_model"
-    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
-        history = train_reward_model(
-            rm_engine, train_r, RewardModelConfig(steps=config.rm_steps, batch_size=config.rm_batch, seed=config.seed),
-            tok.pad_id, log, evaluate=lambda s: {"eval/pair_accuracy": pair_accuracy(rm_engine, test_r, tok.pad_id)},
-            checkpointer=ck)
+    history = train_reward_model(
+        rm_engine, train_r, config.reward_model, tok.pad_id,
+        ctx.run(lambda s: {"eval/pair_accuracy": pair_accuracy(rm_engine, test_r, tok.pad_id)}))
     result = {"rm_accuracy": history[-1]["eval/pair_accuracy"], "rm_train_loss": history[-1]["train/loss"],
               "n_train_pairs": len(train), "n_test_pairs": len(test)}
 
     # B4: the SFT model itself (n = 1), then best-of-n on fresh samples
-    policy = LocalEngine(sft)
+    policy = ctx.engine(sft)
     base = evaluate_policy(policy, policy, config, seed=config.seed * 7919 + 3)
     result["sft"] = {k: base[k] for k in ("reward", "format")}
     tasks = [InstructTask(w) for w in SEEN] * config.bon_repeats
@@ -100,17 +95,14 @@ def stage_reward_model(config, run_dir: Path) -> dict:
     return result
 
 
-def stage_dpo(config, run_dir: Path, beta: float) -> dict:
+def stage_dpo(ctx, beta: float) -> dict:
     """B5: offline DPO from the SFT model at one beta; reward, KL from SFT, format, end share."""
+    config = ctx.config
     tok, _, _, demos = corpus()
     train, _ = preference_pairs(demos, seed=config.seed)
-    sft = sft_model(run_dir)
-    ref = LocalEngine(copy.deepcopy(sft))
+    sft = sft_model(ctx.run_dir)
+    ref = ctx.engine(copy.deepcopy(sft))  # for the evaluation's KL (train_dpo keeps its own reference)
     torch.manual_seed(config.seed)
-    engine = LocalEngine(sft, adam(config.dpo_lr))
-    out_dir = Path(run_dir) / f"dpo_beta{beta:g}"
-    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
-        train_dpo(engine, rendered_pairs(train),
-                  DPOConfig(steps=config.dpo_steps, batch_size=config.dpo_batch, beta=beta, seed=config.seed),
-                  tok.pad_id, log, stage=f"dpo_beta{beta:g}", checkpointer=ck)
+    engine = ctx.engine(sft, config.dpo_optim)
+    train_dpo(engine, rendered_pairs(train), dataclasses.replace(config.dpo, beta=beta), tok.pad_id, ctx.run())
     return {"beta": beta, **evaluate_policy(engine, ref, config, seed=config.seed * 7919 + 4)}

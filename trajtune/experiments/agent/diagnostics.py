@@ -12,17 +12,21 @@ from typing import Sequence
 
 import torch
 
-from ..algorithms.sft import sft_loss_fn
-from ..engine import LocalEngine
-from ..objectives.advantages import group_advantages
-from ..objectives.policy_gradient import policy_gradient_loss
-from ..objectives.preference import dpo_loss
-from ..objectives.sft import sft_loss
-from ..text.render import owner_counts
-from ..trajectory import Trajectory, collate
+from ...engine import Engine, Loss
+from ...objectives.advantages import group_advantages
+from ...objectives.policy_gradient import policy_gradient_loss
+from ...objectives.preference import dpo_loss
+from ...objectives.sft import sft_loss
+from ...text.render import owner_counts
+from ...trajectory import Trajectory, collate
+
+# the three gradients A4 compares: token-mean losses over POLICY tokens
+PG_01 = Loss(lambda out, b: policy_gradient_loss(out.logprobs, b.rewards, b.action_mask), "token")
+PG_BASELINE = Loss(lambda out, b: policy_gradient_loss(out.logprobs, b.extras["advantages"], b.action_mask), "token")
+SFT = Loss(lambda out, b: sft_loss(out.logprobs, b.action_mask), "token")
 
 
-def owners_and_init_loss(fresh: LocalEngine, demos: Sequence[Trajectory], pad_id: int, vocab_size: int) -> dict:
+def owners_and_init_loss(fresh: Engine, demos: Sequence[Trajectory], pad_id: int, vocab_size: int) -> dict:
     """A1: predicted tokens by owner, and the masked (POLICY) vs unmasked (all real tokens) NLL at init."""
     batch = collate(demos, pad_id)
     logp = fresh.forward(batch).logprobs  # [B, T-1]
@@ -33,16 +37,19 @@ def owners_and_init_loss(fresh: LocalEngine, demos: Sequence[Trajectory], pad_id
             "unmasked_loss": float(sft_loss(logp, every_real)[0]), "log_vocab": math.log(vocab_size)}
 
 
-def _flat_grad(engine: LocalEngine, batch, loss_fn) -> torch.Tensor:
-    """Gradient of loss_fn at the engine's parameters, flattened -> [n_params]."""
-    engine.zero_grad()
-    engine.forward_backward(batch, loss_fn)
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in engine.model.parameters()]
-    engine.zero_grad()
-    return torch.cat([g.reshape(-1) for g in grads]).clone()
+def _flat_grad(engine: Engine, batch, loss: Loss) -> torch.Tensor:
+    """Gradient of `loss` at the engine's parameters, flattened -> [n_params] (no optimizer step)."""
+    params = list(engine.model.parameters())
+    for p in params:
+        p.grad = None
+    engine.forward_backward(batch, loss)
+    grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]).clone()
+    for p in params:
+        p.grad = None
+    return grads
 
 
-def gradient_identity(engine: LocalEngine, sample: Sequence[Trajectory], pad_id: int) -> dict:
+def gradient_identity(engine: Engine, sample: Sequence[Trajectory], pad_id: int) -> dict:
     """A4: grad(0/1 PG, token mean) = (kept action tokens / all action tokens) x grad(SFT on kept).
 
     Also the cosine between the group-mean-baseline PG gradient and the RFT gradient.
@@ -53,10 +60,10 @@ def gradient_identity(engine: LocalEngine, sample: Sequence[Trajectory], pad_id:
         return {"kept": len(kept), "episodes": len(sample), "max_abs_diff": float("nan"),
                 "max_abs_grad": float("nan"), "ratio": float("nan"), "cosine_baseline": float("nan")}
     kept_batch = collate(kept, pad_id)
-    g_pg = _flat_grad(engine, batch, lambda out, b: policy_gradient_loss(out.logprobs, b.rewards, b.action_mask))
-    g_rft = _flat_grad(engine, kept_batch, sft_loss_fn())
-    adv = group_advantages(batch.rewards, batch.groups)  # [B]: R - mean of its task's group
-    g_base = _flat_grad(engine, batch, lambda out, b: policy_gradient_loss(out.logprobs, adv[b.index], b.action_mask))
+    g_pg = _flat_grad(engine, batch, PG_01)
+    g_rft = _flat_grad(engine, kept_batch, SFT)
+    adv_B = group_advantages(batch.rewards, batch.groups)  # [B]: R - mean of its task's group
+    g_base = _flat_grad(engine, batch.with_extras(advantages=adv_B), PG_BASELINE)
     ratio = float(kept_batch.action_mask.sum() / batch.action_mask.sum())
     return {"kept": len(kept), "episodes": len(sample), "ratio": ratio,
             "max_abs_diff": float((g_pg - ratio * g_rft).abs().max()), "max_abs_grad": float(g_pg.abs().max()),
@@ -73,7 +80,7 @@ def dpo_values(beta: float = 0.5) -> dict:
     return out
 
 
-def nll(engine: LocalEngine, trajs: Sequence[Trajectory], pad_id: int) -> float:
+def nll(engine: Engine, trajs: Sequence[Trajectory], pad_id: int) -> float:
     """Mean NLL per POLICY token of `trajs` under the engine's policy (no gradient)."""
     batch = collate(trajs, pad_id)
     return float(sft_loss(engine.forward(batch).logprobs, batch.action_mask)[0])

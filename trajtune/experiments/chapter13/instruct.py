@@ -11,31 +11,27 @@ Every conversation goes through the one `Renderer`: a demonstration is
 sampled on exactly that prompt. The base model never saw the wrapper tokens: the
 seed's base model never saw `Q:`/`A:` used as an instruction either; both only continue text.
 
-Stage functions take the experiment's `Config` and the run directory, read their
-inputs from checkpoints written by earlier stages and return a JSON-able dict of results
-(the driver in `chapter13.py` schedules them, possibly in parallel processes).
+A stage is `fn(ctx: trajtune.stages.StageContext, *args) -> dict`: it reads the experiment's
+`Config` from `ctx.config`, its inputs from models earlier stages saved under `ctx.run_dir`,
+and returns JSON-able results (`chapter13/__init__.py` lists the stages and their order).
 """
 
 from __future__ import annotations
 
 import random
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
-from ..algorithms.sft import SFTConfig, train_sft
-from ..checkpoint import load_model, save_model
-from ..engine import LocalEngine, OptimConfig
-from ..envs.instruct import (
+from ...algorithms.sft import train_sft
+from ...collect import make_collect
+from ...engine import Engine
+from ...envs.instruct import (
     SEEN, UNSEEN, InstructTask, demo_sets, demonstrations, instruct_env, instruct_tokenizer, shakespeare_text,
 )
-from ..metrics import MetricsLogger
-from ..models.tiny import TinyConfig, TinyTransformer
-from ..resume import Checkpointer
-from ..rollout import make_collect
-from ..text.render import Renderer
-from ..trajectory import Owner, Trajectory, collate
+from ...models.tiny import TinyConfig, TinyTransformer, load_model
+from ...text.render import Renderer
+from ...trajectory import Owner, Trajectory, collate
 
 MAX_LEN = 128  # context: prompt (16 tokens) + a 64-character reply fits
 
@@ -52,11 +48,6 @@ def corpus(val_fraction: float = 0.1):
 
 def renderer() -> Renderer:
     return Renderer(corpus()[0])
-
-
-def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
-    """The seed's optimizer: plain AdamW (betas 0.9/0.999), no warm-up, no clipping."""
-    return OptimConfig(lr=lr, weight_decay=weight_decay, beta2=0.999, grad_clip=0.0)
 
 
 def demo(r: Renderer, task: InstructTask, reply: str) -> Trajectory:
@@ -78,7 +69,7 @@ def text_windows(ids: list[int], n: int, length: int, seed: int) -> list[Traject
 
 
 @torch.no_grad()
-def corpus_loss(engine: LocalEngine, val_windows: list[Trajectory], pad_id: int, batch: int = 64) -> float:
+def corpus_loss(engine: Engine, val_windows: list[Trajectory], pad_id: int, batch: int = 64) -> float:
     """Mean next-character NLL on held-out Shakespeare windows (how much text modelling survives)."""
     total, count = 0.0, 0.0
     for i in range(0, len(val_windows), batch):
@@ -95,13 +86,13 @@ def val_windows(config) -> list[Trajectory]:
     return text_windows(val, config.val_windows, config.block_size, seed=1234)
 
 
-def instruct_collect(engine: LocalEngine, reward: str, max_reply: int):
+def instruct_collect(engine: Engine, reward: str, max_reply: int):
     """collect(tasks, n, generator) for the instruct gym with this engine's model."""
     return make_collect(engine.sample, lambda: instruct_env(reward), renderer(), max_turns=1,
                         max_tokens=MAX_LEN, max_action_tokens=max_reply)
 
 
-def adherence(engine: LocalEngine, words, n: int, seed: int, max_reply: int) -> dict:
+def adherence(engine: Engine, words, n: int, seed: int, max_reply: int) -> dict:
     """Sample n replies per word: share starting with the word, with its first letter; examples."""
     trajs = instruct_collect(engine, "format", max_reply)([InstructTask(w) for w in words], n,
                                                           torch.Generator().manual_seed(seed))
@@ -110,7 +101,7 @@ def adherence(engine: LocalEngine, words, n: int, seed: int, max_reply: int) -> 
             "examples": [f"{t.info['word']} -> {t.info['reply']!r}" for t in trajs[::n][:4]]}
 
 
-def evaluate_instruct(engine: LocalEngine, config, windows) -> dict:
+def evaluate_instruct(engine: Engine, config, windows) -> dict:
     """B1/B2 numbers for one model: seen/unseen adherence, first letter, val loss."""
     tok = corpus()[0]
     seen = adherence(engine, SEEN, config.adherence_samples, config.seed * 7919 + 1, config.max_reply)
@@ -122,41 +113,37 @@ def evaluate_instruct(engine: LocalEngine, config, windows) -> dict:
 
 # --- stages ---------------------------------------------------------------------------------
 
-def stage_pretrain(config, run_dir: Path) -> dict:
+def stage_pretrain(ctx) -> dict:
     """B1: pretrain the base model on raw Shakespeare; it continues text but ignores the format."""
+    config = ctx.config
     tok, train_ids, _, _ = corpus()
     torch.manual_seed(config.seed)
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads, max_len=MAX_LEN))
-    engine = LocalEngine(model, adam(config.pretrain_lr))
-    windows = text_windows(train_ids, config.pretrain_steps * config.pretrain_batch, config.block_size, config.seed)
+    engine = ctx.engine(model, config.pretrain_optim)
+    windows = text_windows(train_ids, config.pretrain.steps * config.pretrain.batch_size, config.block_size,
+                           config.seed)
     held_out = val_windows(config)
-    out_dir = Path(run_dir) / "pretrain"
-    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
-        sft = SFTConfig(steps=config.pretrain_steps, batch_size=config.pretrain_batch, eval_every=100, seed=config.seed)
-        history = train_sft(engine, windows, sft, tok.pad_id, log, stage="pretrain",
-                            evaluate=lambda step: {"eval/loss": corpus_loss(engine, held_out, tok.pad_id)}, checkpointer=ck)
-    save_model(out_dir / "model", model, tok, meta={"stage": "pretrain"})
+    history = train_sft(engine, windows, config.pretrain, tok.pad_id,
+                        ctx.run(lambda step: {"eval/loss": corpus_loss(engine, held_out, tok.pad_id)}))
+    ctx.save_model(model, tok, "model", meta={"stage": ctx.name})
     result = evaluate_instruct(engine, config, held_out)
     result.update(params=model.num_parameters(),
                   curve=[(r["step"], r["eval/loss"]) for r in history if "eval/loss" in r])
     return result
 
 
-def stage_sft(config, run_dir: Path, which: str) -> dict:
+def stage_sft(ctx, which: str) -> dict:
     """B2: SFT the base model on the narrow or broad demonstration set (same size, seed batches)."""
+    config = ctx.config
     tok, _, _, demos = corpus()
     narrow, broad = demo_sets(demos, seed=1)
     data = narrow if which == "narrow" else broad
     r = renderer()
-    model, _ = load_model(Path(run_dir) / "pretrain" / "model")
-    engine = LocalEngine(model, adam(config.sft_lr))
+    model, _ = load_model(ctx.run_dir / "pretrain" / "model")
+    engine = ctx.engine(model, config.sft_optim)
     trajs = [demo(r, task, reply) for task, reply in data]
-    out_dir = Path(run_dir) / f"sft_{which}"
-    with MetricsLogger(out_dir, strict=True) as log, Checkpointer(out_dir / "resume") as ck:
-        train_sft(engine, trajs, SFTConfig(steps=config.sft_steps, batch_size=config.sft_batch, seed=config.seed),
-                  tok.pad_id, log, stage=f"sft_{which}", checkpointer=ck)
-    save_model(out_dir / "model", model, tok, meta={"stage": f"sft_{which}"})
+    train_sft(engine, trajs, config.sft, tok.pad_id, ctx.run())
+    ctx.save_model(model, tok, "model", meta={"stage": ctx.name})
     result = evaluate_instruct(engine, config, val_windows(config))
     result.update(n_demos=len(data), n_words=len({t.word for t, _ in data}))
     return result
-

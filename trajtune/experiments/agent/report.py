@@ -1,10 +1,10 @@
 """The agent experiment's report: claims A1-A13 beside the seed's numbers, curves, costs, timings.
 
-`write_agent_report` turns the stages' results (experiments/agent.py) into
+`write_agent_report` turns the stages' results (`experiments/agent/stages.py`) into
 run_dir/report.md + report.html + PNG figures and a flat summary.json;
 `write_seeds_report` puts several seeds' summaries side by side as mean +- sd.
-The claim checks are written out here, one function per experiment id, so the
-thresholds are visible next to the REPRODUCE.md wording they test.
+The claim checks are written out here (A1-A4, A5-A8, A9-A13: three functions), so
+the thresholds are visible next to the REPRODUCE.md wording they test.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import math
 from pathlib import Path
 
-from ..envs.bugfix_tasks import FAMILIES
-from ..report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...envs.bugfix_tasks import FAMILIES
+from ...report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
 GUESS_LEVEL = 0.25  # blind play passes ~0.2 (envs/scripted.py)
@@ -40,6 +40,12 @@ def recipe_curve(results: dict, name: str) -> list[dict]:
 
 # --- claims ------------------------------------------------------------------------------------
 def claims(c, r: dict) -> list[Claim]:
+    """A1-A13 in order: each claim's check beside the seed's numbers and its REPRODUCE.md wording."""
+    return _format_and_gradient_claims(r) + _expert_iteration_and_dpo_claims(c, r) + _recipe_claims(r)
+
+
+def _format_and_gradient_claims(r: dict) -> list[Claim]:
+    """A1-A4: token owners and the loss at init, the weak base, oracle SFT, the gradient identity."""
     out = []
     a1 = r["diagnostics"]["a1"]
     pol, tool, tot = a1["owners"]["policy"], a1["owners"]["tool"], a1["total"]
@@ -67,6 +73,12 @@ def claims(c, r: dict) -> list[Claim]:
                      f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff {a4['max_abs_diff']:.1e} "
                      f"(max grad {a4['max_abs_grad']:.1e}); cosine {a4['cosine_baseline']:.3f}",
                      "grad(0/1 PG) = ratio x grad(SFT on kept) to round-off (rel. 1e-5)", ok4))
+    return out
+
+
+def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
+    """A5-A8: expert iteration's rise and plateau, dpo_loss values, DPO's drift, DPO + NLL."""
+    out = []
     rounds, rc = r["rft"]["rounds"], r["rft"]["curve"]
     solvable = len(rounds[0]["solved"]) / 20
     trains, helds = [p["eval/pass_rate"] for p in rc], [p["eval/heldout_pass_rate"] for p in rc]
@@ -94,6 +106,13 @@ def claims(c, r: dict) -> list[Claim]:
                      "fewer malformed calls and higher train pass than A7",
                      last(dn, "eval/invalid_per_episode") < last(d, "eval/invalid_per_episode")
                      and last(dn, "eval/pass_rate") > last(d, "eval/pass_rate")))
+    return out
+
+
+def _recipe_claims(r: dict) -> list[Claim]:
+    """A9-A13: the four recipes, informative groups, template mismatch, dedup, reward hacking."""
+    out = []
+    o, rounds = r["oracle_sft"]["describe"], r["rft"]["rounds"]
     f = {name: final(r, stage) for name, stage in RECIPES.items()}
     ok9 = (abs(f["SFT (oracle)"][1] - f["SFT -> RL"][1]) <= 0.15 and min(f["SFT (oracle)"][1], f["SFT -> RL"][1]) >= f["RFT"][1] + 0.3
            and all(f["SFT -> RL"][i] >= f["RL only"][i] + 0.2 for i in (0, 1)))
@@ -232,11 +251,11 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
                   for k, v in sorted(probes.items(), key=lambda kv: int(kv[0]))]
     gap_rows = [[st, fmt(r[st]["describe"]["train"]), fmt(v), fmt(r[st]["describe"]["heldout"])]
                 for st, v in r["generalization"]["renamed"].items()] if "generalization" in r else []
-    times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time']['sampling_s'] / max(x['time']['wall_s'], 1e-9):.0%}"]
+    times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time'].get('sampling_s', 0.0) / max(x['time']['wall_s'], 1e-9):.0%}"]
              for st, x in r.items()]
     sections = [
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks. "
-        f"**{n_hold} of {len(cl)} claims hold.** Whole run {wall:.0f}s wall ({c.workers} worker process(es)).",
+        f"**{n_hold} of {len(cl)} claims hold.** Whole run {wall:.0f}s wall ({c.runner.workers} worker process(es)).",
         "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl),
         "## The four recipes: pass rate vs gradient steps (train/held-out)\n\n"
         + markdown_table(["recipe"] + [f"point {i}" for i in range(width - 1)], curves) + "\n\n" + "\n".join(plots(run_dir, c, r)),

@@ -1,0 +1,32 @@
+"""Recipe tables build the experiment's own nested defaults, not the loop dataclass's."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from trajtune.algorithms.rl import RLConfig
+from trajtune.config import ConfigError, from_dict
+from trajtune.engine import OptimConfig
+
+
+@dataclass
+class Experiment:
+    seed: int = 0
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, advantage="grpo", length_buckets=4))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3, grad_clip=0.0))
+
+
+def test_a_nested_table_starts_from_the_fields_default_instance():
+    c = from_dict(Experiment, {"rl": {"steps": 100}, "optim": {"warmup_steps": 5}})
+    assert c.rl == RLConfig(steps=100, advantage="grpo", length_buckets=4)  # not RLConfig(steps=100)
+    assert c.optim == OptimConfig(lr=3e-3, grad_clip=0.0, warmup_steps=5)
+    assert from_dict(Experiment, {}).rl.steps == 60
+
+
+def test_a_nested_table_is_still_checked_by_its_dataclass():
+    with pytest.raises(ConfigError, match=r"\[config\].rl: unknown key 'stepz'; did you mean 'steps'"):
+        from_dict(Experiment, {"rl": {"stepz": 1}}, where="[config]")
+    with pytest.raises(ConfigError, match="group_size >= 2"):
+        from_dict(Experiment, {"rl": {"group_size": 1}}, where="[config]")
+    with pytest.raises(ConfigError, match="expected an integer"):
+        from_dict(Experiment, {"rl": {"steps": "many"}}, where="[config]")

@@ -1,0 +1,203 @@
+"""Agent post-training compared on one weak base in the BugFix gym (seed agent-rl ch.15; REPRODUCE A1-A13).
+
+Every method below is the same weighted log-likelihood over POLICY tokens; they
+differ in where the trajectories come from and what weight each gets. All start
+from one *weak base* (format learned, no skill) and are measured the same way.
+
+How this departs from the seed, and why:
+
+    1. The gym is ours (`envs/bugfix.py`, `envs/bugfix_tasks.py`): the seed's 5 families, 20 train
+       and 10 held-out tasks, actions and exploit, but our held-out variants also change operators,
+       variable names and code shape (e.g. `peak` is a loop where every training `minmax` task is a
+       one-liner), not only the function names. That is why A3, A9 and A10 do not hold; the
+       `generalization` stage (beyond the seed) measures unseen names apart from unseen code.
+    2. The model is a TinyTransformer (dim 64 x 2 layers x 4 heads) over the gym's word vocabulary,
+       not the seed's `TinyAgent`.
+    3. The optimizer is the library's AdamW (betas 0.9 / 0.95, grad-norm clip 1.0, no weight decay;
+       the seed: torch's defaults) with the seed's learning rates (SFT 3e-3, DPO and RL 1e-3).
+    4. Training goes through the library's loops (`algorithms/`), not the seed's hand-written ones:
+       an SFT batch is drawn without replacement and is a function of (seed, step) (the seed samples
+       with replacement), and batches are forwarded in 4 groups of similar length (the same gradient
+       up to float rounding).
+    5. One `seed` derives every loop's seed (`bugfix.seeded`), and every evaluation point samples
+       with the same random numbers, so curves compare policies, not draws.
+
+The stages (`STAGES`; dependencies first, independent ones in `runner.workers` processes):
+
+    weak_base          SFT on blind + random scripted play                      A2
+    oracle_sft         SFT on 20 oracle demos, eval + snapshot every 10 steps   A3, A10
+    rft                expert iteration, 4 rounds (own samples, 0/1 filter)     A5, A12
+    dpo, dpo_nll       offline DPO on weak-base pairs, and DPO + NLL            A7, A8
+    sft_rl, rl_only    REINFORCE with a group baseline from the step-20 SFT
+                       snapshot, and from the weak base (equal total steps)     A9
+    diagnostics        owners and masked loss at init; gradient identity;
+                       dpo_loss sanity                                          A1, A4, A6
+    template_mismatch  SFT on demos rendered without wrapper tokens             A11
+    hacking            expert iteration filtered by the public tests            A13
+    generalization     the final policies on the train tasks under held-out     (beyond the
+                       names: unseen names vs unseen code                       seed)
+
+What each shows, and the seed-0 numbers to expect (10 of 13 claims hold; ~2 min on 2 cores):
+
+    A1   a minority of predicted tokens are actions; masked and unmasked loss ~ log V at init
+    A2   the weak base has the format (invalid/ep < 0.1) and no skill (pass <= 0.25)
+    A3   oracle SFT learns the train tasks (train 0.99, action entropy 0.42 -> 0.01), but held-out
+         reaches only ~0.5 (seed 0.93): does NOT hold on our gym (point 1)
+    A4   the 0/1 policy gradient equals the scaled SFT gradient on the kept episodes (to 8e-9)
+    A5   expert iteration rises fast and plateaus (0.11 -> 0.49 -> 0.76 -> 0.76 -> 0.82), held-out
+         at guess level
+    A6   dpo_loss 0.6931 / 0.1269 / 2.1269 at margins 0 / +4 / -4
+    A7   DPO pushes the rejected log-prob down ~45 nats while malformed calls rise 0 -> 1.45 per episode
+    A8   DPO + NLL keeps the format (fewer malformed calls, higher train pass than A7)
+    A9   SFT ~ SFT -> RL >> RFT on held-out, SFT -> RL >> RL only: does NOT hold (point 1)
+    A10  long SFT leaves few informative groups: does NOT hold (point 1)
+    A11  SFT on demos without wrapper tokens fails in the real rollout format
+    A12  dedup of the RFT kept set: raw vs deduped family shares
+    A13  the public-test filter breeds reward hacks (67% -> 90% of kept episodes) while hidden pass stalls
+
+Each stage writes its checkpoint to run_dir/<stage>/checkpoint, its results to
+run_dir/<stage>/results.json and its metric rows (stage name in each) to
+run_dir/metrics.jsonl (`trajtune.stages`); a finished stage is reused, one cut short
+by Ctrl-C resumes from run_dir/<stage>/resume, and a rerun of one stage is
+`--set 'config.runner.rerun=["dpo"]'`. `report.py` writes the report: claims beside
+the seed's numbers, learning curves, cost table.
+
+    stages.py       the stage functions        report.py   claims A1-A13, plots, the seeds report
+    diagnostics.py  A1, A4, A6 and A11's NLL   ../bugfix.py  the gym, measurements, weak base (shared with iw-SFT)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...algorithms.dpo import DPOConfig
+from ...algorithms.rft import RFTConfig
+from ...algorithms.rl import RLConfig
+from ...algorithms.sft import SFTConfig
+from ...config import check_ranges, to_dict
+from ...distributed import is_main
+from ...engine import OptimConfig
+from ...stages import Stage, StageOptions, run_stages
+from . import stages as st
+from .stages import GENERALIZATION
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """one seed: model init, scripted play, sampling and batches of every stage derive from it
+    (the `seed` fields of the nested loop configs are overwritten with it)"""
+    dim: int = 64
+    """model width (TinyTransformer)"""
+    n_layers: int = 2
+    """transformer blocks"""
+    n_heads: int = 4
+    """attention heads"""
+    max_turns: int = 6
+    """policy turns per episode"""
+    max_action_tokens: int = 8
+    """token budget of one action (valid actions need at most 3)"""
+    weak_play_seeds: int = 4
+    """weak base data: this many seeds of the blind and of the random policy x 20 train tasks (4 -> 160 episodes)"""
+    weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))
+    """SFT on blind + random play (A2)"""
+    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10, length_buckets=4))
+    """SFT on the 20 oracle demos from the weak base (A3; also the A11 mismatch run); snapshot every eval"""
+    sft_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
+    """optimizer of every SFT-style stage (weak base, oracle SFT, RFT rounds, A11, A13)"""
+    cold_start_step: int = 20
+    """the oracle-SFT snapshot that SFT -> RL starts from (A9) and A10 probes"""
+    rft: RFTConfig = field(default_factory=lambda: RFTConfig(rounds=4, samples_per_task=16, steps_per_round=15,
+                                                              length_buckets=4))
+    """expert iteration from the weak base (A5)"""
+    hack_rounds: int = 3
+    """rounds of expert iteration filtered by public tests (A13); other settings as `rft`"""
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, beta=0.1, eval_every=25, length_buckets=4))
+    """offline DPO, full batch (A7); the DPO + NLL stage adds `dpo_nll_weight` (A8)"""
+    dpo_nll_weight: float = 1.0
+    """weight of the NLL on chosen episodes in the dpo_nll stage"""
+    dpo_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    """optimizer of the DPO stages"""
+    pair_samples: int = 16
+    """weak-base episodes per train task from which preference pairs are made"""
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, tasks_per_step=8, group_size=8, eval_every=10,
+                                                           length_buckets=4))
+    """REINFORCE with a group-mean baseline; RL only runs `rl.steps`, SFT -> RL runs `rl.steps - cold_start_step`"""
+    rl_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    """optimizer of the RL stages"""
+    eval_samples: int = 4
+    """episodes per task at every evaluation point (80 train, 40 held-out)"""
+    describe_samples: int = 8
+    """episodes per task for a stage's final description (pass, invalid, reads, entropy)"""
+    probe_group: int = 8
+    """A10: episodes per held-out task when counting groups with reward variance"""
+    runner: StageOptions = field(default_factory=StageOptions)
+    """stage processes (workers=2), torch threads per process (threads=1: the model is too small to gain
+    from more, and OpenMP spin-waiting makes 2 threads many times slower whenever another process is
+    busy), checkpoint_every (0: only on Ctrl-C / SIGTERM), rerun (stages to run again)"""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.runner.rerun) - set(STAGE_NAMES)
+        if unknown:
+            raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGE_NAMES)}")
+        if not 0 < self.cold_start_step < self.rl.steps:
+            raise ValueError("cold_start_step must be between 0 and rl.steps")
+        check_ranges(self, "agent",
+                     counts=("dim", "n_layers", "n_heads", "max_turns", "max_action_tokens", "weak_play_seeds",
+                             "pair_samples", "eval_samples", "describe_samples", "probe_group"),
+                     non_negative=("hack_rounds", "dpo_nll_weight"))
+        if self.dim % self.n_heads:
+            raise ValueError(f"agent: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+
+
+STAGES: list[Stage] = [  # priority order
+    Stage("weak_base", st.weak_base),
+    Stage("oracle_sft", st.oracle_sft, after=("weak_base",)),
+    Stage("rl_only", st.rl_only, after=("weak_base",)),
+    Stage("sft_rl", st.sft_rl, after=("oracle_sft",)),
+    Stage("dpo", st.dpo, after=("weak_base",)),
+    Stage("dpo_nll", st.dpo_nll, after=("weak_base",)),
+    Stage("rft", st.rft, after=("weak_base",)),
+    Stage("hacking", st.hacking, after=("weak_base",)),
+    Stage("template_mismatch", st.template_mismatch, after=("weak_base",)),
+    Stage("diagnostics", st.diagnostics, after=("weak_base",)),
+    Stage("generalization", st.generalization, after=GENERALIZATION),
+]
+STAGE_NAMES = [s.name for s in STAGES]
+
+
+def stage_results(config: Config, run_dir: Path) -> dict[str, dict]:
+    """Every stage's results: finished stages read back, the others (and `runner.rerun`) run."""
+    return run_stages(STAGES, config, Path(run_dir), config.runner)
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    """The whole comparison for one seed -> path of report.md."""
+    from .report import write_agent_report
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if is_main():
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    print(f"agent comparison (seed {config.seed}): {len(STAGES)} stages, {config.runner.workers} worker(s)", flush=True)
+    t0 = time.perf_counter()
+    results = stage_results(config, run_dir)
+    if not is_main():  # under torchrun rank 0 writes the report
+        return run_dir / "report.md"
+    return write_agent_report(config, run_dir, results, time.perf_counter() - t0)
+
+
+def run_seeds(config: Config, run_dir: Path, seeds: list[int]) -> Path:
+    """The comparison once per seed (run_dir/seed-<s>/), then a mean +- sd report in run_dir."""
+    from .report import write_seeds_report
+
+    run_dir = Path(run_dir)
+    per_seed = {}
+    for s in seeds:
+        per_seed[s] = run(dataclasses.replace(config, seed=s), run_dir / f"seed-{s}")
+        print(per_seed[s], flush=True)
+    return write_seeds_report(run_dir, {s: json.loads((p.parent / "summary.json").read_text()) for s, p in per_seed.items()})

@@ -1,0 +1,228 @@
+"""The BugFix gym as the experiments see it: tasks, data sources, measurements, the weak base.
+
+Shared by the agent experiment (`experiments/agent/`, seed agent-rl ch.15) and the
+iw-SFT comparison on BugFix (`experiments/iw_sft/bugfix.py`, REPRODUCE C4); neither
+imports the other. Measurements return plain floats and dicts so stages can hand them
+across processes and into the reports.
+
+    Gym                  tokenizer, renderer, train / held-out tasks, rollout limits, sampling clock
+    scripted_play        episodes of a scripted policy (oracle / blind / random)
+    episodes             the engine's own episodes, n per task, seeded
+    evaluate             train / held-out pass, invalid calls, reads (every eval point)
+    describe             evaluate + action entropy (seed §15.2 `describe`)
+    probe                held-out pass, informative groups, entropy (A10)
+    rft_round_summary    what a round of expert iteration kept (A5, A12)
+    preference_pairs     offline DPO pairs from one sample (seed §15.4)
+    seeded, eval_seed    every loop's and every evaluation's seed, derived from the experiment's one seed
+    new_model, load_engine, train_weak_base
+                         the model, a stage's engine on an earlier stage's weights, the weak base (A2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..algorithms.common import dedup_and_cap, select_episodes, shares
+from ..algorithms.sft import SFTConfig, train_sft
+from ..collect import make_collect
+from ..engine import Engine, OptimConfig
+from ..envs.bugfix import BugFixEnv, build_tokenizer
+from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
+from ..envs.scripted import bugfix_policy
+from ..evaluation import informative_group_share, mean_action_entropy
+from ..models.tiny import TinyConfig, TinyTransformer, load_model
+from ..rollout import scripted_rollout
+from ..stages import StageContext
+from ..text.render import Renderer
+from ..text.tokenizers import WordTokenizer
+from ..trajectory import Trajectory, collate
+
+
+@dataclass
+class Gym:
+    """The BugFix gym with one tokenizer and one renderer (wrappers on, the rollout format).
+
+    counters: where rollouts add their wall seconds (`sampling_s`); a stage passes `ctx.counters`
+    so the runner reports each stage's sampling share."""
+
+    max_turns: int = 6
+    max_action_tokens: int = 8
+    counters: dict = field(default_factory=dict)
+    tok: WordTokenizer = field(default_factory=build_tokenizer)
+    train: list[BugFixTask] = field(default_factory=lambda: make_tasks("train"))
+    heldout: list[BugFixTask] = field(default_factory=lambda: make_tasks("heldout"))
+
+    def __post_init__(self) -> None:
+        self.renderer = Renderer(self.tok)
+        self.counters.setdefault("sampling_s", 0.0)  # wall time spent in rollouts (sampling + environments)
+
+    @property
+    def pad_id(self) -> int:
+        return self.tok.pad_id
+
+    def collect(self, engine: Engine, reward: str = "hidden"):
+        """`collect(tasks, n_per_task, generator)` for the algorithm loops (trajtune.collect), timed.
+        Under torchrun every rank samples its shard of the episodes and all ranks get the whole list."""
+        collect = make_collect(engine.sample, lambda: BugFixEnv(reward=reward), self.renderer, shard=engine.shard,
+                               max_turns=self.max_turns, max_action_tokens=self.max_action_tokens)
+
+        def timed(tasks, n, generator):
+            t0 = time.perf_counter()
+            try:
+                return collect(tasks, n, generator)
+            finally:
+                self.counters["sampling_s"] += time.perf_counter() - t0
+
+        return timed
+
+
+def stage_gym(ctx: StageContext, max_turns: int = 6, max_action_tokens: int = 8) -> Gym:
+    """The stage's gym, its rollouts timed into the stage's `ctx.counters["sampling_s"]`."""
+    return Gym(max_turns, max_action_tokens, counters=ctx.counters)
+
+
+# --- seeds ----------------------------------------------------------------------------------
+def seeded(loop_config, seed: int, offset: int):
+    """The loop's config with its seed derived from the experiment's one seed."""
+    return dataclasses.replace(loop_config, seed=seed * 1_000_003 + offset)
+
+
+def eval_seed(seed: int, k: int = 0) -> int:
+    """Seed of evaluation k: the same episodes' random numbers at every evaluation point."""
+    return seed * 1_000_003 + 17 + 2 * k
+
+
+# --- data sources ---------------------------------------------------------------------------
+def scripted_play(gym: Gym, kind: str, seeds: Sequence[int], tasks: Sequence[BugFixTask],
+                  renderer: Renderer | None = None) -> list[Trajectory]:
+    """One episode of scripted policy `kind` per (seed, task), rendered by `renderer` (default: the gym's)."""
+    r = renderer or gym.renderer
+    return [scripted_rollout(bugfix_policy(kind, s), BugFixEnv(), t, r, max_turns=gym.max_turns,
+                             max_action_tokens=gym.max_action_tokens) for s in seeds for t in tasks]
+
+
+def episodes(engine: Engine, gym: Gym, tasks: Sequence[BugFixTask], n: int, seed: int,
+             reward: str = "hidden") -> list[Trajectory]:
+    """n episodes of every task with the engine's current policy (temperature 1), seeded."""
+    return gym.collect(engine, reward)(list(tasks), n, torch.Generator().manual_seed(seed))
+
+
+def counting(collect, costs: dict):
+    """Wrap a collect to count sampled episodes and verifier calls (submits) for the cost table."""
+
+    def wrapped(tasks, n, g):
+        trajs = collect(tasks, n, g)
+        costs["sampled"] = costs.get("sampled", 0) + len(trajs)
+        costs["verifier_calls"] = costs.get("verifier_calls", 0) + sum(t.info["submitted"] for t in trajs)
+        return trajs
+
+    return wrapped
+
+
+def preference_pairs(trajs: Sequence[Trajectory], tasks: Sequence[BugFixTask], seed: int):
+    """Offline pairs (seed §15.4): every success paired with a random failure of the same task."""
+    rng, pairs = random.Random(seed), []
+    for task in tasks:
+        mine = [t for t in trajs if t.info["task"] == task.name]
+        wins, losses = [t for t in mine if t.reward >= 1.0], [t for t in mine if t.reward < 1.0]
+        if losses:
+            pairs += [(w, rng.choice(losses)) for w in wins]
+    return pairs
+
+
+# --- measurements ---------------------------------------------------------------------------
+def mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def pass_rate(trajs: Sequence[Trajectory]) -> float:
+    return mean(t.reward >= 1.0 for t in trajs)
+
+
+def evaluate(engine: Engine, gym: Gym, n_per_task: int, seed: int) -> dict[str, float]:
+    """Train and held-out pass rates (hidden tests), invalid calls and reads per train episode.
+
+    The same seed at every evaluation point: curves compare policies on common random numbers.
+    """
+    tr = episodes(engine, gym, gym.train, n_per_task, seed)
+    ho = episodes(engine, gym, gym.heldout, n_per_task, seed + 1)
+    return {"eval/pass_rate": pass_rate(tr), "eval/heldout_pass_rate": pass_rate(ho),
+            "eval/invalid_per_episode": mean(t.info["n_invalid"] for t in tr),
+            "eval/read_share": mean(t.info["n_reads"] > 0 for t in tr)}
+
+
+def action_entropy(engine: Engine, gym: Gym, trajs: Sequence[Trajectory]) -> float:
+    """Mean next-token entropy (nats) at the policy's own action tokens."""
+    batch = collate(trajs, gym.pad_id)
+    return mean_action_entropy(engine.forward(batch).logits, batch.action_mask)
+
+
+def describe(engine: Engine, gym: Gym, n_per_task: int, seed: int) -> dict[str, float]:
+    """`evaluate` plus the action entropy of the train episodes (seed §15.2 `describe`)."""
+    tr = episodes(engine, gym, gym.train, n_per_task, seed)
+    ho = episodes(engine, gym, gym.heldout, n_per_task, seed + 1)
+    return {"train": pass_rate(tr), "heldout": pass_rate(ho),
+            "invalid": mean(t.info["n_invalid"] for t in tr),
+            "reads": mean(t.info["n_reads"] > 0 for t in tr),
+            "entropy": action_entropy(engine, gym, tr)}
+
+
+def probe(engine: Engine, gym: Gym, group: int, seed: int) -> dict[str, float]:
+    """A10: held-out pass, share of groups (one per task) with reward variance, action entropy."""
+    trajs = episodes(engine, gym, gym.heldout, group, seed)
+    rewards = torch.tensor([t.reward for t in trajs])  # [tasks * group]
+    groups = torch.tensor([t.group for t in trajs])  # [tasks * group]
+    return {"heldout": pass_rate(trajs), "informative": informative_group_share(rewards, groups),
+            "entropy": action_entropy(engine, gym, trajs)}
+
+
+def rft_round_summary(trajs: Sequence[Trajectory]) -> dict:
+    """What one expert-iteration round sampled and kept (A5, A12)."""
+    kept = select_episodes(trajs, "accepted")
+    distinct = dedup_and_cap(kept, dedup=True, per_task_cap=0)
+    first = Counter(t.info["actions"][0].split(" ")[0] if t.info["actions"] else "" for t in kept)
+    return {
+        "sample_pass": pass_rate(trajs), "kept": len(kept), "distinct": len(distinct),
+        "solved": sorted({t.info["task"] for t in kept}),
+        "first_action_edit_share": first.get("edit", 0) / max(1, len(kept)),
+        "first_action_read_share": first.get("read", 0) / max(1, len(kept)),
+        "shares_raw": {f: shares(kept, "family").get(f, 0.0) for f in FAMILIES},
+        "shares_dedup": {f: shares(distinct, "family").get(f, 0.0) for f in FAMILIES},
+        "hack_share": mean(t.info["hacked"] for t in kept),
+        "verifier_calls": sum(t.info["submitted"] for t in trajs),
+    }
+
+
+# --- models and the weak base -----------------------------------------------------------------
+def new_model(seed: int, gym: Gym, dim: int = 64, n_layers: int = 2, n_heads: int = 4) -> TinyTransformer:
+    """A fresh TinyTransformer over the gym's vocabulary, initialised from `seed`."""
+    torch.manual_seed(seed)
+    return TinyTransformer(TinyConfig(gym.tok.vocab_size, dim, n_layers, n_heads, max_len=512))
+
+
+def load_engine(ctx: StageContext, checkpoint: str, optim: OptimConfig | None = None) -> Engine:
+    """A fresh optimizer on the weights of run_dir/<checkpoint> (an earlier stage's checkpoint or snapshot)."""
+    model, _ = load_model(ctx.run_dir / checkpoint)
+    return ctx.engine(model, optim)
+
+
+def train_weak_base(ctx: StageContext, gym: Gym, seed: int, sft: SFTConfig, optim: OptimConfig, *,
+                    play_seeds: int = 4, describe_samples: int = 8, dim: int = 64, n_layers: int = 2,
+                    n_heads: int = 4) -> dict:
+    """A2: SFT a fresh model on format-correct, skill-free play (blind + random), saved as the stage's
+    checkpoint. `sft` is used as given (its seed already derived); the defaults are the flagship's."""
+    seeds = [seed * 100 + s for s in range(play_seeds)]
+    play = scripted_play(gym, "blind", seeds, gym.train) + scripted_play(gym, "random", seeds, gym.train)
+    engine = ctx.engine(new_model(seed, gym, dim, n_layers, n_heads), optim)
+    train_sft(engine, play, sft, gym.pad_id, run=ctx.run())
+    ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
+    return {"describe": describe(engine, gym, describe_samples, eval_seed(seed, 1)),
+            "scripted_episodes": len(play), "blind_pass": sum(t.reward for t in play[: len(play) // 2]) / (len(play) // 2)}

@@ -1,0 +1,224 @@
+"""Post-training ch.13 as one recipe (REPRODUCE part B): instruction tuning -> preferences -> RLVR.
+
+The stages (`stages(config)`; `trajtune.stages.run_stages` runs independent ones in parallel
+processes, `runner.workers`), what each shows, and the seed's numbers (its seed 0) that the
+report puts beside ours (`report.py` holds the claim checks):
+
+    B1 pretrain ─┬─ B2 sft_narrow ─┬─ B3/B4 reward_model (+ best-of-n)
+                 │                 └─ B5 dpo_beta1, dpo_beta0.3, dpo_beta0.1
+                 └─ B2 sft_broad
+    B6 coldstart ─┬─ B6 grpo
+                  └─ B7 sft_control
+
+    stage         module         shows                                               seed's numbers
+    pretrain      instruct.py    B1 a char LM continues text, ignores the format    val loss 1.77; format 0%
+    sft_narrow    instruct.py    B2 SFT on 16 words: a lookup table                  seen 95%; unseen 0%, letter 0%
+    sft_broad     instruct.py    B2 SFT on ~400 words: starts to learn the rule     seen 41%; unseen 16%, letter 81%
+                                    (both raise the loss on ordinary text)          val loss 1.78 -> 2.06 / 2.04
+    reward_model  preference.py  B3 Bradley-Terry on "ends with a period"           100% held-out pair accuracy
+                                 B4 best-of-n with it, n = 2/4/8                     27% -> 38/62/88%, format kept
+    dpo_beta*     preference.py  B5 DPO beta 1/0.3/0.1: reward @ KL, format          62%@1.35, 80%@5.7, 81%@18.4;
+                                    (less reward per nat than best-of-n)            format 92/73/32%
+    coldstart     rlvr.py        B6 a tiny calculator SFT'd on worked additions      pass@1 25%, pass@16 84%
+    grpo          rlvr.py        B6 GRPO from it: pass@1 up, pass@16 flat,          pass@1 47%, pass@16 80%,
+                                    fewer distinct answers, ~1/3 groups no signal   distinct 7.3 -> 4.3
+    sft_control   rlvr.py        B7 200 more SFT steps instead of RL                 pass@1 75%, pass@16 99%
+
+`run` writes `report.md` / `claims.md` (a claim that does not hold is reported, not tuned
+away); `run_seeds` reruns everything per seed into `seed-<s>/` and writes the three-seed
+table (B8, the seed's mean ± sd beside ours).
+
+How this departs from the seed (seeds/post-training-ch13.md), and why:
+
+1. One renderer for every conversation: a prompt is `<bos><|user|>Q: love\\nA: <|end|><|assistant|>`
+   and a reply ends with `<|end|>` (the seed: plain text `Q: love\\nA: `, a reply ends with a
+   newline), so demonstrations, pairs and samples share the library's token owners and masks.
+2. The model is `TinyTransformer` (~355k parameters at dim 96, 3 layers; the seed's chapter 1
+   model has 345k) with a KV cache; the reward model is the same network with a value head read at
+   the last token (the seed: a separate `nn.Linear` on the final norm).
+3. Batches are pure functions of (seed, step) (`torch.randperm` per step) instead of one
+   `random.Random(seed).sample` stream, so a stage cut short resumes exactly; pretraining windows
+   are drawn up front from `random.Random(seed)`.
+4. Best-of-n draws fresh samples for each n (16 seen words x `bon_repeats` = 64 prompts) instead
+   of reusing the first n of the 8 evaluation samples.
+5. RLVR uses `envs.arithmetic` (training problems never a held-out pair) and the library's GRPO
+   (`advantage="grpo"`: (R - mean) / (std + eps), token aggregation, one update per batch, no KL);
+   an answer is up to 4 tokens including `<|end|>` (the seed: 4 characters including a newline).
+6. Optimizers are the seed's plain AdamW (betas 0.9/0.999, no warm-up, no clipping); the cold start
+   and the control keep the seed's torch-default weight decay 0.01 (`calc_optim`).
+7. Every loop setting is a nested loop config (`sft: SFTConfig`, `rl: RLConfig`, ...), so a recipe can
+   change e.g. `rl.surrogate`, `rl.kl_coef` or `sft.length_buckets`; the loops' seeds are derived from
+   the one `seed` (`derive_seeds`), as the seed shifts every seed by s.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from ...algorithms.dpo import DPOConfig
+from ...algorithms.reward_model import RewardModelConfig
+from ...algorithms.rl import RLConfig
+from ...algorithms.sft import SFTConfig
+from ...config import check_ranges, to_dict
+from ...distributed import init_distributed, is_main
+from ...engine import OptimConfig
+from ...stages import Stage, StageOptions, run_stages
+from .instruct import stage_pretrain, stage_sft
+from .preference import stage_dpo, stage_reward_model
+from .report import write_chapter13_report, write_seed_table
+from .rlvr import stage_coldstart, stage_grpo, stage_sft_control
+
+Part = Literal["instruct", "preference", "rlvr"]
+
+
+def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
+    """The seed's optimizer: plain AdamW (betas 0.9/0.999), no warm-up, no clipping."""
+    return OptimConfig(lr=lr, weight_decay=weight_decay, beta2=0.999, grad_clip=0.0)
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    """one seed for model inits, batches, samples and pairs (the seed's 'shift every seed by s');
+    every nested loop's `seed` is derived from it (`derive_seeds`)"""
+    parts: list[Part] = field(default_factory=lambda: ["instruct", "preference", "rlvr"])
+    """which steps to run: instruct (B1-B2), preference (B3-B5, needs instruct), rlvr (B6-B7)"""
+    runner: StageOptions = field(default_factory=lambda: StageOptions(workers=2, threads=1))
+    """the stage runner: processes running independent stages (1: everything in this process), torch
+    threads per process (tiny matmuls: 1 thread per process is fastest on 2 cores)"""
+    # --- B1: base model
+    dim: int = 96
+    """base model width (the seed's chapter 1 model: 96)"""
+    n_layers: int = 3
+    """base model blocks"""
+    n_heads: int = 4
+    """attention heads (base and calculator)"""
+    block_size: int = 64
+    """characters predicted per pretraining window"""
+    val_windows: int = 320
+    """held-out windows for the Shakespeare val loss (the seed: 10 batches x 32)"""
+    pretrain: SFTConfig = field(default_factory=lambda: SFTConfig(steps=600, batch_size=32, eval_every=100))
+    """pretraining on raw Shakespeare (every character is POLICY): steps, windows per step, val-loss cadence"""
+    pretrain_optim: OptimConfig = field(default_factory=lambda: adam(3e-3))
+    """pretraining optimizer"""
+    # --- B2: SFT
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=300, batch_size=32))
+    """SFT on each demonstration set (narrow and broad)"""
+    sft_optim: OptimConfig = field(default_factory=lambda: adam(1e-3))
+    """SFT optimizer"""
+    adherence_samples: int = 8
+    """sampled replies per word when measuring adherence"""
+    max_reply: int = 64
+    """reply budget in characters (tokens)"""
+    # --- B3-B5: preferences
+    reward_model: RewardModelConfig = field(default_factory=lambda: RewardModelConfig(steps=60, batch_size=32))
+    """Bradley-Terry reward model (held-out pair accuracy after the last step, `eval_every` > 0 for more)"""
+    reward_model_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """reward-model optimizer"""
+    bon_ns: list[int] = field(default_factory=lambda: [2, 4, 8])
+    """best-of-n sizes"""
+    bon_repeats: int = 4
+    """each seen word is asked this many times for best-of-n (16 x 4 = 64 prompts)"""
+    eval_per_word: int = 8
+    """sampled replies per seen word for the SFT and DPO evaluations (reward, format, KL)"""
+    dpo_betas: list[float] = field(default_factory=lambda: [1.0, 0.3, 0.1])
+    """DPO beta sweep: one stage per beta (each sets `dpo.beta`)"""
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, batch_size=32))
+    """DPO from the narrow SFT model (its `beta` comes from `dpo_betas`)"""
+    dpo_optim: OptimConfig = field(default_factory=lambda: adam(1e-4))
+    """DPO optimizer"""
+    # --- B6-B7: RLVR
+    calc_dim: int = 64
+    """calculator model width"""
+    calc_layers: int = 2
+    """calculator blocks"""
+    coldstart: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500, batch_size=64))
+    """cold-start SFT of the calculator on worked 2-digit additions"""
+    calc_optim: OptimConfig = field(default_factory=lambda: adam(3e-3, weight_decay=0.01))
+    """the calculator's SFT optimizer (cold start and control; weight decay as the seed's torch default)"""
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=200, tasks_per_step=32, group_size=8,
+                                                          advantage="grpo", aggregation="token"))
+    """GRPO from the cold start: steps, problems per step, samples per problem (the group) ..."""
+    rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """GRPO optimizer"""
+    control: SFTConfig = field(default_factory=lambda: SFTConfig(steps=200, batch_size=64))
+    """the control (B7): more SFT steps from the cold start on fresh worked examples"""
+    pass_k: int = 16
+    """samples per held-out problem for pass@k and distinct answers"""
+
+    def __post_init__(self) -> None:
+        if "preference" in self.parts and "instruct" not in self.parts:
+            raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
+        check_ranges(self, "chapter13",
+                     counts=("dim", "n_layers", "n_heads", "block_size", "val_windows", "adherence_samples",
+                             "max_reply", "bon_repeats", "eval_per_word", "calc_dim", "calc_layers", "pass_k"))
+        if self.dim % self.n_heads or self.calc_dim % self.n_heads:
+            raise ValueError(f"chapter13: dim ({self.dim}) and calc_dim ({self.calc_dim}) must be divisible by n_heads ({self.n_heads})")
+        if not self.bon_ns or min(self.bon_ns) < 1:
+            raise ValueError(f"chapter13: bon_ns must be a non-empty list of n >= 1, got {self.bon_ns}")
+        if not self.dpo_betas or not min(self.dpo_betas) > 0:
+            raise ValueError(f"chapter13: dpo_betas must be a non-empty list of betas > 0, got {self.dpo_betas}")
+        derive_seeds(self)
+
+
+def derive_seeds(config: Config) -> None:
+    """Set every nested loop's `seed` from `config.seed` (replacing the nested configs, never
+    mutating shared ones): the seeds the recipe always used, so its numbers do not move."""
+    s = config.seed
+    for name in ("pretrain", "sft", "reward_model", "dpo", "coldstart", "rl"):
+        setattr(config, name, replace(getattr(config, name), seed=s))
+    config.control = replace(config.control, seed=s + 1)  # the control's batches differ from the cold start's
+
+
+def stages(config: Config) -> list[Stage]:
+    """The stage graph, in priority order (longest chain first)."""
+    out = []
+    if "instruct" in config.parts:
+        out.append(Stage("pretrain", stage_pretrain))
+    if "rlvr" in config.parts:
+        out.append(Stage("coldstart", stage_coldstart))
+    if "instruct" in config.parts:
+        out.append(Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)))
+    if "rlvr" in config.parts:
+        out += [Stage("grpo", stage_grpo, after=("coldstart",)),
+                Stage("sft_control", stage_sft_control, after=("coldstart",))]
+    if "preference" in config.parts:
+        out += [Stage(f"dpo_beta{b:g}", stage_dpo, after=("sft_narrow",), args=(b,)) for b in config.dpo_betas]
+        out.append(Stage("reward_model", stage_reward_model, after=("sft_narrow",)))
+    if "instruct" in config.parts:
+        out.append(Stage("sft_broad", stage_sft, after=("pretrain",), args=("broad",)))
+    return out
+
+
+def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
+    """Run (or resume) every stage and write the report: (report path, {stage: results})."""
+    run_dir = Path(run_dir)
+    init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
+    main = is_main()  # under torchrun only rank 0 writes and talks
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+        print(f"chapter13 (seed {config.seed}): parts {', '.join(config.parts)}, "
+              f"{config.runner.workers} worker(s)", flush=True)
+    results = run_stages(stages(config), config, run_dir, config.runner)
+    report = run_dir / "report.md"
+    if main:
+        report = write_chapter13_report(run_dir, config, results)
+        print((run_dir / "claims.md").read_text())
+    return report, results
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    return run_with_results(config, run_dir)[0]
+
+
+def run_seeds(config: Config, run_dir: Path, seeds: list[int]) -> Path:
+    """B8: the whole recipe once per seed (into seed-<s>/), then the mean ± sd table."""
+    run_dir = Path(run_dir)
+    per_seed = {s: run_with_results(replace(config, seed=s), run_dir / f"seed-{s}")[1] for s in seeds}
+    if not is_main():
+        return run_dir / "report.md"
+    return write_seed_table(run_dir, per_seed)

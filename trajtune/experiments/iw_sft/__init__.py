@@ -1,0 +1,28 @@
+"""Importance-weighted SFT ("Supervised Fine Tuning on Curated Data is Reinforcement Learning (and can be
+improved)", seeds/iw-sft-paper-part2.txt; REPRODUCE C1-C4), two experiments:
+
+    bandit.py   the paper's two-arm bandit (§3.5): SFT's 2/3 fixed point, clipped / smoothed
+                iw-SFT above it, too-peaked weights raising the spread              C1, C2, C3
+    bugfix.py   iw-SFT vs plain expert iteration on the BugFix gym, from the agent
+                experiment's weak base, at equal sampling budget                   C4 (extension)
+
+What to expect (`trajtune run iw_sft_bandit`, ~15 CPU-s; `trajtune run iw_sft_bugfix`, ~100 CPU-s):
+
+    C1   SFT on filtered data: pi(right) 2/3, reward 5/6 (closed form; the test's tolerance 0.02)
+    C2   clip (0.2, 1.8): pi(right) -> 18/19 = 0.947, reward 0.974; smooth alpha 0.5: pi(right) 0.8
+    C3   past a moderate alpha the spread of the final pi(right) at least doubles and runs end on the
+         wrong arm; clipped weights keep it below the most peaked weights'
+    C4   iw-SFT does not beat plain expert iteration here (seeds 0-2, final pass train / held-out:
+         iw-SFT 0.66 / 0.23, RFT 0.71 / 0.27)
+
+How they depart from the paper, and why:
+
+    1. Bandit: the policy is two logits fitted by SGD on the shipped losses (`objectives.sft`,
+       `objectives.importance`), warm-started across rounds; q is the policy at the start of the
+       round (the paper's time-lagged copy, eq. 10), so round 1 is plain SFT.
+    2. C3 is shown with little data (8 samples a round, 200 batched runs): with the paper's
+       20,000 samples and an always-paying right arm, peaked weights only help; with few samples
+       q's own noise feeds back through (q / pi_ref)^alpha, which is the failure mode the paper warns of.
+    3. BugFix (C4) is not in the paper: pi_ref is the policy that sampled the round (expert iteration's
+       data), not a fixed reference, and the kept set is the 0/1 hidden-test filter of A5.
+"""
