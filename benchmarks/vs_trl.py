@@ -77,7 +77,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
     from trajtune.engine import LocalEngine, OptimConfig
     from trajtune.envs.base import SingleTurnEnv
     from trajtune.models.hf import load_policy, load_tokenizer
-    from trajtune.rollout import make_collect
+    from trajtune.collect import make_collect
     from trajtune.text.chat import ChatRenderer
 
     torch.manual_seed(0)

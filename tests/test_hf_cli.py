@@ -1,5 +1,6 @@
 """`trajtune sft|dpo|grpo|rm|rft --model DIR --data FILE` end to end on a tiny random Qwen2 model:
-metrics move the right way and the result loads with AutoModelForCausalLM."""
+metrics move the right way, the result loads with AutoModelForCausalLM, and the command line is
+the recipe path (the same config and the same numbers as a TOML recipe)."""
 
 import json
 
@@ -98,8 +99,8 @@ def test_errors_are_clear(work, capsys):
 
 def test_the_recipe_runs_the_same_config(work):
     module, config, _ = load_recipe(__import__("trajtune.cli").cli.resolve_recipe("hf_sft"),
-                                    [f"config.model='{work / 'model'}'", f"config.data='{work / 'chats.jsonl'}'",
-                                     "config.steps=2"])
+                                    [f"config.model.path='{work / 'model'}'", f"config.data='{work / 'chats.jsonl'}'",
+                                     "config.sft.steps=2"])
     report = module.run(config, work / "recipe")
     assert report.exists() and (work / "recipe" / "model" / "config.json").exists()
 
@@ -128,8 +129,9 @@ def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys,
     whole, cut = work / f"whole{tag}", work / f"cut{tag}"
     assert main(args + ["--out", str(cut)]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
-    assert not (cut / "model").exists() and (cut / "state" / "engine.json").exists()
-    assert (cut / "reference" / ("adapters_off" if lora else "model.safetensors")).exists()
+    resume = cut / "grpo" / "resume"  # the stage's resume state (trajtune.stages layout)
+    assert not (cut / "model").exists() and (resume / "state" / "engine.json").exists()
+    assert (resume / "reference" / ("adapters_off" if lora else "model.safetensors")).exists()
     monkeypatch.delenv("TT_INTERRUPT_AT")
     assert main(args[:-2] + ["--kl-coef", "0.2", "--out", str(cut)]) == 2  # other settings: refused
     assert "--kl-coef 0.1 -> 0.2" in capsys.readouterr().err
@@ -139,3 +141,49 @@ def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys,
     assert all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
     assert strip(read_metrics(cut)) == strip(read_metrics(whole))
+
+
+def test_the_command_line_and_a_recipe_are_the_same_run(work, tmp_path):
+    """`trajtune grpo --flags` and `trajtune run` on the TOML recipe that sets the same leaves: the same
+    resolved config, the same metrics and the same weights."""
+    from trajtune.cli import build_parser
+    from trajtune.hf_front import config_from_args
+
+    flags = ["--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
+             "--reward", f"{work / 'rewards.py'}:has_digit", "--steps", "2", "--prompts-per-step", "2",
+             "--group-size", "2", "--surrogate", "ppo", "--epochs", "2", "--kl-coef", "0.05", "--length-buckets", "2",
+             "--max-new-tokens", "4", "--lr", "1e-3", "--micro-batch-size", "2"]
+    recipe = tmp_path / "grpo.toml"
+    recipe.write_text(f'''experiment = "hf_grpo"
+[config]
+data = "{work / 'prompts.jsonl'}"
+reward = "{work / 'rewards.py'}:has_digit"
+[config.model]
+path = "{work / 'model'}"
+micro_batch_size = 2
+[config.rl]
+steps = 2
+tasks_per_step = 2
+group_size = 2
+surrogate = "ppo"
+epochs = 2
+kl_coef = 0.05
+length_buckets = 2
+[config.sampling]
+max_new_tokens = 4
+[config.optim]
+lr = 1e-3
+''')
+    from trajtune.experiments.hf.grpo import GRPORun
+
+    from_flags = config_from_args(build_parser().parse_args(["grpo", *flags]), GRPORun)
+    _, from_recipe, _ = load_recipe(recipe)
+    assert from_flags == from_recipe and from_flags.rl.advantage == "grpo"  # the HF defaults on both routes
+    _run("grpo", *flags, "--out", str(tmp_path / "cli"))
+    _run("run", str(recipe), "--run-dir", str(tmp_path / "toml"))
+    assert json.loads((tmp_path / "cli" / "config.json").read_text()) == json.loads((tmp_path / "toml" / "config.json").read_text())
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]  # noqa: E731
+    rows = strip(read_metrics(tmp_path / "cli"))
+    assert len(rows) == 2 and rows == strip(read_metrics(tmp_path / "toml"))
+    a, b = _weights(tmp_path / "cli" / "model"), _weights(tmp_path / "toml" / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)

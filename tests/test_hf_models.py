@@ -9,14 +9,13 @@ pytest.importorskip("peft")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from trajtune.algorithms.dpo import pair_batch  # noqa: E402
 from trajtune.algorithms.sft import sft_loss_fn  # noqa: E402
-from trajtune.engine import LocalEngine, micro_batches  # noqa: E402
+from trajtune.engine import make_engine  # noqa: E402
 from trajtune.generation import make_backend  # noqa: E402
 from trajtune.models.hf import AdaptersOff, LoraSettings, ModelPathError, load_policy, load_tokenizer  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
 from trajtune.sampling import sample  # noqa: E402
-from trajtune.trajectory import Owner, Trajectory, collate  # noqa: E402
+from trajtune.trajectory import Owner, Trajectory, collate, micro_batches, pair_batch  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -48,13 +47,13 @@ def test_logits_match_hf_and_left_padding_and_cache_agree(model_dir):
     assert max(abs(x - y) for u, v in zip(a.logprobs, b.logprobs) for x, y in zip(u, v)) < 1e-4
     # the sampler's log-probs are the training forward's log-probs of the same tokens
     traj = _traj(prompts[1] + a.tokens[1], len(prompts[1]))
-    out = LocalEngine(policy).forward(collate([traj], 0))
+    out = make_engine(policy).forward(collate([traj], 0))
     assert torch.allclose(out.logprobs[0, -6:], torch.tensor(a.logprobs[1]), atol=1e-4)
 
 
 def test_sampler_and_generate_backends_return_the_same_data(model_dir):
     tok = load_tokenizer(model_dir)
-    engine = LocalEngine(load_policy(model_dir))
+    engine = make_engine(load_policy(model_dir))
     prompts = [[1, 30, 40, 50], [1, 60]]
     kw = dict(greedy=True, stop_ids=(tok.eos_token_id,))
     s = make_backend("sampler", engine)(prompts, 5, torch.Generator().manual_seed(0), **kw)
@@ -70,7 +69,7 @@ def test_lora_reference_is_the_base_without_a_copy_and_save_loads(model_dir, tmp
     policy = load_policy(model_dir, lora=LoraSettings(r=4))
     trainable = policy.num_parameters(trainable=True)
     assert 0 < trainable < policy.num_parameters() // 2
-    engine = LocalEngine(policy, micro_batch_size=2)
+    engine = make_engine(policy, micro_batch_size=2)
     ref = engine.reference_engine()
     assert isinstance(ref.model, AdaptersOff) and sum(p.numel() for p in ref.model.parameters()) == 0
     trajs = [_traj(list(range(5, 15)), 4), _traj(list(range(20, 28)), 3), _traj(list(range(30, 36)), 2)]
@@ -110,13 +109,13 @@ def test_missing_or_non_model_path_is_a_clear_error(tmp_path):
 
 
 def test_micro_batches_keep_pairs_and_match_the_full_batch_gradient(model_dir):
-    assert [c.tolist() for c in micro_batches(8, 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
-    assert [c.tolist() for c in micro_batches(5, 2)] == [[0, 1], [2, 3], [4]]
     trajs = [_traj(list(range(5 + i, 12 + 2 * i)), 3) for i in range(4)]
+    assert [c.tolist() for c in micro_batches(pair_batch(list(zip(trajs, trajs)), 0), 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [c.tolist() for c in micro_batches(collate(trajs + trajs[:1], 0), 2)] == [[0, 1], [2, 3], [4]]
     grads = []
     for mbs in (0, 2):
         torch.manual_seed(0)
-        engine = LocalEngine(load_policy(model_dir), micro_batch_size=mbs)
+        engine = make_engine(load_policy(model_dir), micro_batch_size=mbs)
         m = engine.forward_backward(pair_batch(list(zip(trajs[:2], trajs[2:])), 0), sft_loss_fn("sequence"))
         grads.append(torch.cat([p.grad.flatten() for p in engine.model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
@@ -124,10 +123,10 @@ def test_micro_batches_keep_pairs_and_match_the_full_batch_gradient(model_dir):
 
 
 def test_bf16_autocast_and_gradient_checkpointing_train(model_dir):
-    engine = LocalEngine(load_policy(model_dir, gradient_checkpointing=True), autocast="bf16")
+    engine = make_engine(load_policy(model_dir, gradient_checkpointing=True), autocast="bf16")
     batch = collate([_traj(list(range(5, 15)), 4)] * 2, 0)
     first = engine.forward_backward(batch, sft_loss_fn())["loss"]
     engine.optim_step()
     assert torch.isfinite(torch.tensor(first))
     with pytest.raises(ValueError, match="autocast"):
-        LocalEngine(load_policy(model_dir), autocast="int8")
+        make_engine(load_policy(model_dir), autocast="int8")

@@ -92,7 +92,8 @@ def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
     old_values = old.values[:, :-1] if advantage == "gae" else None
     ref_logp = old.logprobs - 0.05  # a reference that differs from the policy
     adv, returns = advantages_for(batch, config, old_values, ref_logp, old.logprobs)
-    extras = {"advantages": adv, "old_logp": old.logprobs + 0.01, "ref_logp": ref_logp}
+    old_logp = old.logprobs - 0.02 * torch.arange(batch.size)[:, None]  # ratios from 1 to e^0.1, one per row
+    extras = {"advantages": adv, "old_logp": old_logp, "ref_logp": ref_logp}
     if returns is not None:
         extras.update(returns=returns, old_values=old_values)
     batch, fn = batch.with_extras(**extras), rl_loss(config, use_old=True)
@@ -102,3 +103,6 @@ def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
     three = e.forward_backward(batch, fn, buckets=3)
     assert torch.allclose(grads(e), g1, atol=1e-6, rtol=1e-5)
     assert abs(one["loss"] - three["loss"]) < 1e-5
+    assert abs(one["pg/ratio_max"] - three["pg/ratio_max"]) < 1e-6  # an extremum is a max over the parts, not a mean
+    if surrogate != "reinforce":
+        assert one["pg/ratio_max"] > 1.05  # the largest ratio is in one bucket only

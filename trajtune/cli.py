@@ -1,5 +1,5 @@
 """Command line: `trajtune run [RECIPE]`, `trajtune list`, `trajtune gym ...`,
-`trajtune sft|rm|dpo|grpo|rft --model DIR --data FILE` (Hugging Face models, hf_cli.py).
+`trajtune sft|rm|dpo|grpo|rft --model DIR --data FILE` (Hugging Face models, hf_front.py).
 
     trajtune run                          # the built-in default recipe
     trajtune run recipe.toml --set config.sft.steps=50 --run-dir runs/x
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_gym_parser(sub)
     try:
-        from .hf_cli import add_hf_parsers
+        from .hf_front import add_hf_parsers
     except ImportError:  # pragma: no cover
         pass
     else:

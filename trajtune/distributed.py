@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import load_model_weights, load_tensors
+from .metrics import combine_metric
 
 # --- process group -----------------------------------------------------------------
 def launched_distributed() -> bool:
@@ -217,13 +218,14 @@ class DDP(SingleProcess):
         return full[torch.cat([s.sort().values for s in shards]).argsort().to(full.device)]
 
     def reduce_metrics(self, sums):
-        """Sum share-weighted metrics over ranks (ranks may hold different keys, e.g. one without rows)."""
+        """Every rank's share-weighted metrics combined (sums; extrema by max / min: `metrics.combine_metric`);
+        ranks may hold different keys, e.g. one without rows."""
         parts: list[Any] = [None] * self.world_size
         dist.all_gather_object(parts, sums)
         out: dict[str, float] = {}
         for part in parts:
             for k, v in part.items():
-                out[k] = out.get(k, 0.0) + v
+                combine_metric(out, k, v)
         return out
 
     def gather_suspects(self, suspects, device):

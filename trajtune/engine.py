@@ -49,6 +49,7 @@ import torch
 from .checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
 from .distributed import SingleProcess, Strategy, make_collective
 from .logprobs import AGGREGATIONS, Aggregation, aggregation_share, token_log_probs
+from .metrics import combine_metric
 from .sampling import Samples, sample
 from .trajectory import Batch, length_buckets, micro_batches, row_units, split_units
 
@@ -319,7 +320,7 @@ class TorchEngine:
                         self._suspects.append(nonfinite_rows(part, out.logprobs))
                     (value * (scale * share * self.collective.world_size)).backward()
                     for k, v in {"loss": value, **metrics}.items():
-                        sums[k] = sums.get(k, 0.0) + share * _to_float(v)
+                        combine_metric(sums, k, _to_float(v), share)
         return self.collective.reduce_metrics(sums)
 
     def _zero_pass(self, module: torch.nn.Module, batch: Batch, values: bool) -> None:

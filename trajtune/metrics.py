@@ -222,6 +222,17 @@ class MetricsLogger:
         self.close()
 
 
+def combine_metric(into: dict[str, float], key: str, value: float, share: float = 1.0) -> None:
+    """Add one part's metric to the whole batch's: extrema (keys ending in `_max` / `_min`, e.g.
+    pg/ratio_max) by max / min, everything else as a share-weighted sum (a mean over the whole batch)."""
+    if key.endswith("_max"):
+        into[key] = max(into.get(key, -math.inf), value)
+    elif key.endswith("_min"):
+        into[key] = min(into.get(key, math.inf), value)
+    else:
+        into[key] = into.get(key, 0.0) + share * value
+
+
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """Rows of a `metrics.jsonl` file (a run directory or the file itself)."""
     path = Path(path)

@@ -98,6 +98,11 @@ class RLConfig:
                              f"({self.tasks_per_step} x {self.group_size}): a minibatch would be empty")
         if self.aggregation == "constant" and self.aggregation_constant <= 0:
             raise ValueError("RLConfig: aggregation='constant' needs aggregation_constant > 0")
+        reuse = [f"{name} {n}" for name, n in (("epochs", self.epochs), ("minibatches", self.minibatches)) if n > 1]
+        if self.surrogate == "reinforce" and reuse:
+            raise ValueError(f"RLConfig: {' and '.join(reuse)} updates the policy more than once per batch of samples, "
+                             "and surrogate 'reinforce' has no importance ratio to correct for that (nor a trust "
+                             "region): use surrogate ppo (or cispo), or one update per batch (epochs 1, minibatches 1)")
         check_ranges(self, "RLConfig", counts=("length_buckets",),
                      non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"))
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):

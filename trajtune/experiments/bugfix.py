@@ -54,6 +54,8 @@ class Gym:
 
     max_turns: int = 6
     max_action_tokens: int = 8
+    episode_seeds: bool = False
+    """every episode samples from its own generator (implied under torchrun: `collect.make_collect`)"""
     counters: dict = field(default_factory=dict)
     tok: WordTokenizer = field(default_factory=build_tokenizer)
     train: list[BugFixTask] = field(default_factory=lambda: make_tasks("train"))
@@ -71,7 +73,8 @@ class Gym:
         """`collect(tasks, n_per_task, generator)` for the algorithm loops (trajtune.collect), timed.
         Under torchrun every rank samples its shard of the episodes and all ranks get the whole list."""
         collect = make_collect(engine.sample, lambda: BugFixEnv(reward=reward), self.renderer, shard=engine.shard,
-                               max_turns=self.max_turns, max_action_tokens=self.max_action_tokens)
+                               episode_seeds=self.episode_seeds, max_turns=self.max_turns,
+                               max_action_tokens=self.max_action_tokens)
 
         def timed(tasks, n, generator):
             t0 = time.perf_counter()
@@ -83,9 +86,9 @@ class Gym:
         return timed
 
 
-def stage_gym(ctx: StageContext, max_turns: int = 6, max_action_tokens: int = 8) -> Gym:
+def stage_gym(ctx: StageContext, max_turns: int = 6, max_action_tokens: int = 8, episode_seeds: bool = False) -> Gym:
     """The stage's gym, its rollouts timed into the stage's `ctx.counters["sampling_s"]`."""
-    return Gym(max_turns, max_action_tokens, counters=ctx.counters)
+    return Gym(max_turns, max_action_tokens, episode_seeds, counters=ctx.counters)
 
 
 # --- seeds ----------------------------------------------------------------------------------

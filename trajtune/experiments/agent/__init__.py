@@ -101,6 +101,9 @@ class Config:
     """policy turns per episode"""
     max_action_tokens: int = 8
     """token budget of one action (valid actions need at most 3)"""
+    episode_seeds: bool = False
+    """every sampled episode draws from its own generator, so its actions do not depend on which batch or
+    process ran it; implied under torchrun (set it here to get a one-process run equal to a torchrun one)"""
     weak_play_seeds: int = 4
     """weak base data: this many seeds of the blind and of the random policy x 20 train tasks (4 -> 160 episodes)"""
     weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def _gym(ctx: StageContext) -> Gym:
-    return stage_gym(ctx, ctx.config.max_turns, ctx.config.max_action_tokens)
+    return stage_gym(ctx, ctx.config.max_turns, ctx.config.max_action_tokens, ctx.config.episode_seeds)
 
 
 def _model(config: Config, gym: Gym):

@@ -1,0 +1,48 @@
+"""Hugging Face runs as recipes: post-train a local `transformers` causal LM with one method.
+
+    method  experiment  module   config           stage  loop
+    sft     hf_sft      sft.py   SFTRun           sft    train_sft           (model/)
+    rm      hf_rm       rm.py    RewardModelRun   rm     train_reward_model  (model/ + value_head.safetensors)
+    dpo     hf_dpo      dpo.py   DPORun           dpo    train_dpo
+    grpo    hf_grpo     grpo.py  GRPORun          grpo   train_rl            (a reward function)
+    rft     hf_rft      rft.py   RFTRun           rft    train_rft           (a reward function)
+
+Each config is a model section (`ModelConfig`: path, LoRA, precision, checkpointing,
+device, lengths), the data file, the loop's own dataclass nested whole (`sft: SFTConfig`,
+`rl: RLConfig` ...), `optim: OptimConfig` and `save_every` -- so every loop setting is
+reachable and validated once, from a TOML recipe
+
+    experiment = "hf_grpo"
+    [config]
+    data = "prompts.jsonl"
+    reward = "my_rewards.py:exact"
+    [config.model]
+    path = "runs/sft/model"
+    [config.rl]
+    kl_coef = 0.05
+
+and from the command line, `trajtune grpo --model runs/sft/model --data prompts.jsonl
+--reward my_rewards.py:exact --kl-coef 0.05` (trajtune/hf_front.py generates one flag per
+leaf field, `options.py`): the same config, the same run.
+
+The recipe path (`common.run_method`): every check before the model loads (`prepare.py`:
+the rows with file:line:field, every length against --max-length and the model's context,
+--drop-long, a changed option on resume refused), config.json, then one stage through
+`trajtune.stages.run_stages` (engines through `ctx.engine`: DDP under torchrun, samples
+sharded). The run directory:
+
+    metrics.jsonl, config.json, report.md
+    model/                 AutoModelForCausalLM.from_pretrained loads it (LoRA merged; adapter in model/adapter)
+    checkpoints/step-N/    the same, every save_every steps
+    <method>/resume/       the resume state of a run cut short (Ctrl-C / SIGTERM, or every save_every)
+    <method>/results.json  the finished stage
+"""
+
+METHODS = {
+    "sft": "trajtune.experiments.hf.sft",
+    "rm": "trajtune.experiments.hf.rm",
+    "dpo": "trajtune.experiments.hf.dpo",
+    "grpo": "trajtune.experiments.hf.grpo",
+    "rft": "trajtune.experiments.hf.rft",
+}
+"""method (the command) -> the module with its `Config` and `run(config, run_dir)` (experiment 'hf_<method>')"""

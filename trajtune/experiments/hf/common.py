@@ -1,0 +1,235 @@
+"""What every Hugging Face method shares: the model section, the sampling section, and the
+plumbing of its one stage (load the model behind `ctx.engine`, periodic snapshots, the final save).
+
+A method module (sft.py, rm.py, dpo.py, grpo.py, rft.py) is its config -- this
+`ModelConfig`, the data file, the loop's own dataclass, `OptimConfig`, `save_every`
+-- plus one stage function that calls the loop. `run_method` is the recipe path they
+all take: check everything before the model loads (`prepare`), write config.json,
+run the stage through `trajtune.stages.run_stages`, write the report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from ...config import ConfigError, check_ranges, to_dict
+from ...engine import OptimConfig
+from .options import flag
+
+
+def hf_optim() -> OptimConfig:
+    """AdamW with a Hugging Face run's default learning rate (1e-5)."""
+    return OptimConfig(lr=1e-5)
+
+
+@dataclass
+class ModelConfig:
+    """The model a Hugging Face run trains, and how (LoRA, precision, memory, lengths)."""
+
+    path: str = ""
+    """local Hugging Face model directory (config.json, weights, tokenizer); the command line's --model"""
+    lora_r: int = 0
+    """LoRA rank (0: train all weights); the reference is then the base model with adapters off"""
+    lora_alpha: float = 32.0
+    """LoRA alpha"""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """autocast precision of forward passes (weights stay fp32)"""
+    gradient_checkpointing: bool = False
+    """recompute activations in backward to save memory"""
+    device: str = "cpu"
+    """torch device ("cpu", "cuda", "cuda:1", "mps"); under torchrun "cuda" is each process's own GPU"""
+    micro_batch_size: int = 0
+    """rows per forward/backward chunk (gradient accumulation; 0: whole batch at once)"""
+    max_length: int = 2048
+    """sft/rm/dpo: longest sample in tokens; grpo/rft: prompt + completion budget (capped at the model's context)"""
+    drop_long: bool = False
+    """skip samples / prompts that do not fit --max-length (default: stop with an error listing them)"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "model", label=lambda n: flag(f"model.{n}"), counts=("max_length",),
+                     non_negative=("micro_batch_size", "lora_r"), positive=("lora_alpha",))
+
+
+@dataclass
+class SamplingConfig:
+    """How grpo / rft sample completions."""
+
+    max_new_tokens: int = 64
+    """generation budget per completion"""
+    temperature: float = 1.0
+    """sampling temperature"""
+    backend: Literal["sampler", "generate"] = "sampler"
+    """generation backend: trajtune's KV-cached sampler or HF model.generate"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "sampling", label=lambda n: flag(f"sampling.{n}"), counts=("max_new_tokens",),
+                     positive=("temperature",))
+
+
+def check_run(config, name: str) -> None:
+    """The checks every method config makes: a model and a data file, save_every >= 0."""
+    if not config.model.path or not config.data:
+        raise ValueError(f"{name}: --model and --data are required (model.path and data in a recipe)")
+    check_ranges(config, name, label=flag, non_negative=("save_every",))
+
+
+def check_sampling(config, name: str) -> None:
+    """grpo / rft: a reward function, and room for a prompt within the length budget."""
+    if not config.reward:
+        raise ValueError(f"{name}: needs --reward module:function (reward in a recipe)")
+    if config.sampling.max_new_tokens >= config.model.max_length:
+        raise ValueError(f"{name}: --max-new-tokens {config.sampling.max_new_tokens} leaves no room for a prompt "
+                         f"within --max-length {config.model.max_length} (prompt + completion budget)")
+
+
+# --- the stage --------------------------------------------------------------------------
+def load_engine(ctx, model: ModelConfig, optim, *, value_head: bool = False, seed: int = 0):
+    """(policy, engine): the model of `model.path` (LoRA, checkpointing, a value head) behind
+    `ctx.engine` (one process, or DDP under torchrun), seeded for the head's initialisation."""
+    import torch
+
+    from ...distributed import launched_distributed
+    from ...models import hf
+
+    torch.manual_seed(seed)
+    lora = hf.LoraSettings(r=model.lora_r, alpha=model.lora_alpha) if model.lora_r else None
+    policy = hf.load_policy(model.path, value_head=value_head, lora=lora,
+                            gradient_checkpointing=model.gradient_checkpointing)
+    device = None if model.device == "cuda" and launched_distributed() else model.device  # cuda:LOCAL_RANK
+    engine = ctx.engine(policy, optim, device=device, autocast=None if model.precision == "fp32" else model.precision,
+                        micro_batch_size=model.micro_batch_size)
+    return policy, engine
+
+
+class SnapshotEvery:
+    """The stage's checkpointer, plus an HF-format snapshot `checkpoints/step-N` of the policy at
+    every `every`-th completed step (what --save-every writes next to the resume state).
+    Everything else is the wrapped `trajtune.resume.Checkpointer`'s."""
+
+    def __init__(self, checkpointer, every: int, save: Callable[[int], Any]):
+        self._checkpointer, self.every, self._save = checkpointer, every, save
+
+    def step_done(self, engine, completed: int, state=None, tensors=None, allowed: bool = True) -> None:
+        if allowed and self.every and completed % self.every == 0:
+            self._save(completed)
+        self._checkpointer.step_done(engine, completed, state, tensors, allowed)
+
+    def __getattr__(self, name: str):
+        return getattr(self._checkpointer, name)
+
+
+def prompt_collect(ctx, engine, data, reward: str, sampling: SamplingConfig):
+    """`collect(tasks, n, generator)` for grpo / rft: one-turn episodes of the prompt tasks, scored by the
+    reward function (imported again here: the stage takes only picklable arguments), sampled with the
+    sampling section. With the built-in sampler every episode samples from its own seed
+    (`episode_seeds`), so the samples are the same in one process and sharded over N
+    (`shard=engine.shard`). Sampling time is a counter."""
+    from ... import data as D
+    from ...collect import make_collect
+    from ...envs.base import SingleTurnEnv
+    from ...generation import make_backend
+
+    own_seeds = sampling.backend == "sampler"  # HF generate draws one seed per call, not one per episode
+    if engine.shard is not None and not own_seeds:
+        raise ConfigError(f"--backend {sampling.backend} cannot sample sharded under torchrun (it has no "
+                          "per-episode seeds); use --backend sampler")
+    verifier = D.reward_verifier(D.load_reward_function(reward))
+    collect = make_collect(make_backend(sampling.backend, engine, data.pad_id), lambda: SingleTurnEnv(verifier),
+                           data.renderer, shard=engine.shard, episode_seeds=own_seeds, max_turns=1,
+                           max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
+                           temperature=sampling.temperature)
+    ctx.counters.setdefault("sampling_s", 0.0)
+
+    def timed(tasks, n, generator):
+        t0 = time.perf_counter()
+        try:
+            return collect(tasks, n, generator)
+        finally:
+            ctx.counters["sampling_s"] += time.perf_counter() - t0
+
+    return timed
+
+
+def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = ""):
+    """The loop's `Run`: the stage's logger and checkpointer, with HF snapshots every `save_every` steps
+    in run_dir/<home>/checkpoints/step-N."""
+    from ...loop import Run
+
+    def snapshot(step: int) -> None:
+        save_pretrained(engine, policy, ctx.run_dir / home / "checkpoints" / f"step-{step}", tokenizer, {"step": step})
+
+    return Run(stage=ctx.name, logger=ctx.logger, checkpointer=SnapshotEvery(ctx.checkpointer, save_every, snapshot))
+
+
+def save_pretrained(engine, policy, path: Path, tokenizer, meta: dict) -> None:
+    """`policy.save_pretrained` on rank 0 (the others wait)."""
+    from ...distributed import barrier
+
+    if engine.is_main:
+        policy.save_pretrained(path, tokenizer, meta=meta)
+    barrier()
+
+
+def announce(ctx, config, policy, n: int, noun: str) -> None:
+    """One line on rank 0: the model, what it trains on, where it writes (and that it resumes)."""
+    if ctx.logger is None:  # not rank 0
+        return
+    trained = policy.num_parameters(trainable=True)
+    print(f"trajtune {ctx.name}: {config.model.path} ({policy.num_parameters():,} parameters, {trained:,} "
+          f"trained), {n} {noun} from {config.data} -> {ctx.run_dir}", flush=True)
+    if ctx.resuming:
+        print(f"resuming from {ctx.checkpointer.state_dir}", flush=True)
+
+
+def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "") -> dict:
+    """Save run_dir/<home>/model (HF format: LoRA merged, the adapter in model/adapter, a value head
+    next to it) and return the stage's results."""
+    final = ctx.run_dir / home / "model"
+    save_pretrained(engine, policy, final, tokenizer, {"command": ctx.name, "steps": engine.step})
+    last = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("time", "stage")}
+    return {"model": str(final), "steps": engine.step, "last": last}
+
+
+# --- the recipe path ----------------------------------------------------------------------
+def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Path], Any]) -> Path:
+    """Check, then train as one stage named after the method, `stage_fn(ctx, config, prepared)`;
+    returns the report's path.
+
+    `prepare(config, run_dir)` checks the data, lengths and the resume compatibility before
+    any model loads and returns what the stage takes. A user's mistake (a bad row, a missing
+    file or model, a changed option on resume) is a `ConfigError` naming it."""
+    from ...data import DataError
+    from ...distributed import barrier, is_main
+    from ...models.hf import ModelPathError
+    from ...stages import Stage, StageOptions, run_stages
+    from ...text.chat import TemplateError
+
+    run_dir = Path(run_dir)
+    name = stage_name(config)
+    try:
+        prepared = prepare(config, run_dir)
+        if is_main():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+        barrier()
+        results = run_stages([Stage(name, stage_fn, args=(config, prepared))], config, run_dir,
+                             StageOptions(workers=1, checkpoint_every=config.save_every))[name]
+    except (DataError, ModelPathError, TemplateError) as e:
+        raise ConfigError(str(e)) from e
+    report = run_dir / "report.md"
+    if is_main():
+        report.write_text(f"# {name} on {config.model.path}\n\nmodel: `{results['model']}` "
+                          f"({results['steps']} optimizer steps)\n\nlast logged row: `{results['last']}`\n")
+        print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
+              f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r}))", flush=True)
+    return report
+
+
+def stage_name(config) -> str:
+    """The method's name, which is also its stage's: 'sft', 'rm', 'dpo', 'grpo', 'rft'."""
+    return type(config).METHOD
+

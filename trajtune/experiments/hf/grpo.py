@@ -1,0 +1,83 @@
+"""`trajtune grpo` / experiment "hf_grpo": RL with a reward function (GRPO, RLOO, REINFORCE, PPO ...).
+
+    trajtune grpo --model runs/sft/model --data prompts.jsonl --reward my_rewards.py:exact --out runs/grpo
+
+Data: rows with a 'prompt' (+ any columns the reward function reads, trajtune.data). The
+reward is a TRL-style function `fn(prompts, completions, **columns) -> list[float]`.
+One stage, "grpo": `train_rl` with every setting of `RLConfig` (--advantage, --surrogate,
+--epochs, --kl-coef, --length-buckets ...); completions are sampled with the sampling
+section, sharded over processes under torchrun.
+
+What differs from the GRPO paper: with one update per batch of samples (--epochs 1
+--minibatches 1) the clipped ratio is 1 and the clipped objective has the plain policy
+gradient, so the default surrogate is that (--surrogate reinforce, one forward fewer);
+reusing a batch needs --surrogate ppo (or cispo). The KL to the reference is off by
+default (--kl-coef 0; the paper uses 0.04).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, get_type_hints
+
+from ...algorithms.rl import RLConfig, train_rl
+from ...engine import OptimConfig
+from .common import (hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
+                     load_engine, prompt_collect, run_method, stage_run)
+from .prepare import Prepared, check_same_run, prompt_data
+
+Advantage = get_type_hints(RLConfig)["advantage"]
+
+
+@dataclass
+class GRPORun:
+    METHOD: ClassVar[str] = "grpo"
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("rl.steps", "rl.eval_every", "save_every", "model.device",
+                                            "model.micro_batch_size")
+    """options a resumed run may change (more steps, where it runs); any other change is a different run"""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """the model and how it trains (LoRA, precision, lengths)"""
+    data: str = ""
+    """JSONL file of prompt rows (trajtune.data)"""
+    reward: str = ""
+    """reward function 'module:function' or 'file.py:function', TRL signature fn(prompts, completions, **columns)"""
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=100, advantage="grpo"))
+    """the RL loop (steps, tasks_per_step: prompts per step, group_size: completions per prompt, advantage,
+    surrogate, epochs, kl_coef, seed ...)"""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """how completions are sampled"""
+    optim: OptimConfig = field(default_factory=hf_optim)
+    """AdamW (lr 1e-5)"""
+    save_every: int = 0
+    """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
+    state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+
+    def __post_init__(self) -> None:
+        check_run(self, "grpo")
+        check_sampling(self, "grpo")
+
+Config = GRPORun
+
+
+def prepare(config: GRPORun, run_dir: Path) -> Prepared:
+    check_same_run(config, run_dir, GRPORun.METHOD)
+    return prompt_data(config)
+
+
+def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
+    """The stage: load the model (a value head for --advantage gae) behind ctx.engine, train_rl, save model/.
+    `home`: where model/ and checkpoints/ go in the run directory ("" here; a pipeline of several
+    methods would give each stage its own)."""
+    policy, engine = load_engine(ctx, c.model, c.optim, value_head=c.rl.advantage == "gae", seed=c.rl.seed)
+    announce(ctx, c, policy, len(data.items), "prompts")
+    collect = prompt_collect(ctx, engine, data, c.reward, c.sampling)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.save_every, home)
+    history = train_rl(engine, data.items, collect, c.rl, data.pad_id, run)
+    return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def run(config: GRPORun, run_dir: Path) -> Path:
+    """Check, train, save model/ in the Hugging Face format; returns the report."""
+    return run_method(config, run_dir, train, prepare)

@@ -1,0 +1,109 @@
+"""The option table of a Hugging Face run config: every leaf field of the nested dataclasses,
+its one command-line name, its type, default and docstring.
+
+    options(GRPORun) -> [Option("model.path", "--model", str, "", "local Hugging Face model ..."),
+                         Option("rl.kl_coef", "--kl-coef", float, 0.0, "weight of KL(pi || ref) ..."), ...]
+
+A leaf is spelled `--<its field name>` (`rl.kl_coef` -> `--kl-coef`), except where
+`RENAMES` says otherwise (`model.path` -> `--model`). Two leaves with the same name in
+one config are an error here (`options` raises), so every option has exactly one flag.
+The command line (`trajtune.hf_front`) renders this table as argparse flags; the
+configs' own messages (validation, the resume check) use the same names, so what a
+message names is what the user types. A TOML recipe sets the same leaves by path
+(`[config.rl] kl_coef = 0.05`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from ...config import field_docs
+
+RENAMES = {"model.path": "model"}
+"""leaf path -> option name where the field name alone would be unclear"""
+
+
+@dataclass(frozen=True)
+class Option:
+    path: str
+    """dotted path in the config ('rl.kl_coef'), the key of a TOML recipe's [config] table"""
+    flag: str
+    """the command-line flag ('--kl-coef')"""
+    type: Any
+    """the field's annotation (int, float, str, bool, a Literal, list[...], X | None)"""
+    default: Any
+    """the default of the method's config (dataclasses.MISSING when required)"""
+    doc: str
+    """the field's docstring"""
+
+
+def flag(path: str) -> str:
+    """'rl.kl_coef' -> '--kl-coef'; 'model.path' -> '--model' (RENAMES)."""
+    name = RENAMES.get(path, path.rsplit(".", 1)[-1])
+    return "--" + name.replace("_", "-")
+
+
+def options(cls, prefix: str = "", defaults: Any = dataclasses.MISSING) -> list[Option]:
+    """Every leaf of config dataclass `cls` (nested dataclass fields flattened), in field order."""
+    out = _leaves(cls, prefix, defaults)
+    seen: dict[str, str] = {}
+    for o in out:
+        if o.flag in seen:
+            raise ValueError(f"{cls.__name__}: {seen[o.flag]} and {o.path} would both be {o.flag}; "
+                             f"add one of them to trajtune.experiments.hf.options.RENAMES")
+        seen[o.flag] = o.path
+    return out
+
+
+def _leaves(cls, prefix: str, defaults: Any) -> list[Option]:
+    hints, docs = typing.get_type_hints(cls), {}
+    for base in reversed(cls.__mro__[:-1]):  # a subclass that only changes defaults keeps its base's docs
+        docs.update(field_docs(base))
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if defaults is not dataclasses.MISSING:
+            value = getattr(defaults, f.name)
+        elif f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = dataclasses.MISSING
+        path = prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += _leaves(hints[f.name], path + ".", value)
+        else:
+            out.append(Option(path, flag(path), hints[f.name], value, docs.get(f.name, "")))
+    return out
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """{'rl': {'kl_coef': 0.1}} -> {'rl.kl_coef': 0.1} (a saved config.json as leaf paths)."""
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def name_options(message: str, cls, section: str) -> str:
+    """Rewrite the field names of section `section` of `cls` in a validation message as flags
+    ('RLConfig: advantage='grpo' needs group_size >= 2' -> '... --advantage='grpo' needs --group-size >= 2'),
+    so a command-line user reads the option they typed. The top-level section's messages are the run
+    config's own, which name flags already."""
+    if not section:
+        return message
+    names = {o.path.rsplit(".", 1)[-1]: o.flag for o in options(cls) if o.path.rpartition(".")[0] == section}
+    if not names:
+        return message
+    alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w.'-])(" + alternatives + r")(?![\w'-])")
+    return pattern.sub(lambda m: names[m.group(1)], message)

@@ -1,0 +1,189 @@
+"""Everything a Hugging Face run checks before the model loads (the tokenizer only, seconds).
+
+    the options        the method's config dataclasses (at construction)
+    every row          `trajtune.data`: file, line, field
+    every length       a sample longer than --max-length (sft/rm/dpo), or a prompt whose tokens +
+                       --max-new-tokens exceed it (grpo/rft), is an error naming file, line, field and
+                       lengths; --drop-long skips such rows instead (counted on stderr). --max-length is
+                       capped at the model's context (`max_position_embeddings` of its config.json).
+    a resume           a run directory holding a checkpoint (or a finished run) of other settings is
+                       refused, naming the options that differ
+
+Each `*_data` function returns a `Prepared`: the tokenizer, the renderer and the items in
+the shape the method's loop takes (trajectories, pairs, prompt tasks).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
+
+from ... import data as D
+from ...config import ConfigError, to_dict
+from ...distributed import is_main
+from .options import flag, flatten
+
+
+@dataclass
+class Prepared:
+    """What a method's stage trains on, checked."""
+
+    tokenizer: Any
+    items: list
+    """trajectories (sft), (chosen, rejected) pairs (rm, dpo) or prompt tasks (grpo, rft)"""
+    limit: int
+    """the length budget in tokens: --max-length, or the model's context where smaller"""
+
+    @cached_property
+    def renderer(self):
+        from ...text.chat import ChatRenderer
+
+        return ChatRenderer(self.tokenizer)
+
+    @cached_property
+    def pad_id(self) -> int:
+        return self.renderer.pad_id
+
+
+def budget(model) -> tuple[int, str]:
+    """(tokens, how to say it): --max-length, or the model's context where that is smaller."""
+    context = model_context(model.path)
+    if context is not None and context < model.max_length:
+        return context, (f"the model's context ({context} tokens, max_position_embeddings; "
+                         f"--max-length {model.max_length})")
+    return model.max_length, f"--max-length {model.max_length}"
+
+
+def _start(config):
+    """The tokenizer, renderer, rows and length budget of a run (the first checks: paths, rows)."""
+    from ...models.hf import load_tokenizer
+    from ...text.chat import ChatRenderer
+
+    tokenizer = load_tokenizer(config.model.path)
+    return tokenizer, ChatRenderer(tokenizer), D.read_rows(config.data), *budget(config.model)
+
+
+def sft_data(config) -> Prepared:
+    """'messages' / 'prompt'+'completion' rows -> SFT trajectories that fit the budget."""
+    tokenizer, renderer, rows, limit, said = _start(config)
+    field_of = {r.where: "messages" if "messages" in r.data else "prompt+completion" for r in rows}
+
+    def too_long(t):
+        where = t.info["source"]
+        return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
+
+    return Prepared(tokenizer, fit(D.sft_trajectories(rows, renderer), said, config.model.drop_long, too_long), limit)
+
+
+def pair_data(config) -> Prepared:
+    """Preference rows -> (chosen, rejected) pairs whose longer side fits the budget."""
+    tokenizer, renderer, rows, limit, said = _start(config)
+
+    def too_long(pair):
+        (chosen, rejected), n = pair, max(len(pair[0]), len(pair[1]))
+        side = "chosen" if len(chosen) >= len(rejected) else "rejected"
+        return (f"{chosen.info['source']}: field {side!r}: {n} tokens (chosen {len(chosen)}, rejected "
+                f"{len(rejected)}, prompt included)" if n > limit else None)
+
+    return Prepared(tokenizer, fit(D.preference_pairs(rows, renderer), said, config.model.drop_long, too_long), limit)
+
+
+def prompt_data(config) -> Prepared:
+    """Prompt rows -> tasks whose prompt + --max-new-tokens fits the budget; the reward function imports."""
+    tokenizer, renderer, rows, limit, said = _start(config)
+    D.load_reward_function(config.reward)  # fails here, naming the spec, rather than at the first step
+    new = config.sampling.max_new_tokens
+    lengths = prompt_lengths(D.prompt_tasks(rows), renderer)
+
+    def too_long(task):
+        n = lengths[task] + new
+        if n <= limit:
+            return None
+        return f"{task.where}: field 'prompt': {lengths[task]} tokens + --max-new-tokens {new} = {n}"
+
+    return Prepared(tokenizer, fit(list(lengths), said, config.model.drop_long, too_long, noun="prompts"), limit)
+
+
+def model_context(model_dir: str | Path) -> int | None:
+    """The model's context length (`max_position_embeddings` in its config.json, also under
+    `text_config`), or None where the file does not say."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        n = c.get("max_position_embeddings") if isinstance(c, dict) else None
+        if isinstance(n, int) and n > 0:
+            return n
+    return None
+
+
+def prompt_lengths(tasks: list, renderer) -> dict:
+    """task -> tokens the sampler is given for its first turn (the rollout's own measure:
+    the opening messages plus the generation prompt); a prompt the template cannot start
+    from (e.g. one ending in an assistant turn) is a DataError naming its row."""
+    from ...text.chat import TemplateError
+
+    out = {}
+    for t in tasks:
+        opening = [{"role": "user", "content": t.prompt}] if isinstance(t.prompt, str) else t.prompt
+        try:
+            out[t] = len(renderer.prompt_ids(renderer.start(opening)))
+        except TemplateError as e:
+            raise D.DataError(f"{t.where}: field 'prompt': {e}") from e
+    return out
+
+
+def fit(items: list, budget: str, drop_long: bool, too_long: Callable, noun: str = "samples", show: int = 5) -> list:
+    """Check every item against the length budget before any work (never truncate: the end carries
+    the answer). `too_long(item)` is None, or 'file:line: field ...: lengths' for an item that does not
+    fit. Any such item is an error listing the first `show`, unless `drop_long` skips them."""
+    verdicts = [(x, too_long(x)) for x in items]
+    bad = [m for _, m in verdicts if m]
+    if bad and not drop_long:
+        more = f"\n  ... and {len(bad) - show} more" if len(bad) > show else ""
+        raise D.DataError(f"{len(bad)} of {len(items)} {noun} do not fit {budget}:\n  " + "\n  ".join(bad[:show])
+                          + more + "\nshorten or remove these rows, raise --max-length (up to the model's context), "
+                          "or pass --drop-long to skip them")
+    kept = [x for x, m in verdicts if not m]
+    if bad and is_main():
+        print(f"trajtune: skipped {len(bad)} of {len(items)} {noun} longer than {budget} (--drop-long)",
+              file=sys.stderr)
+    if not kept:
+        raise D.DataError(f"no {noun[:-1]} fits {budget}")
+    return kept
+
+
+# --- resume -----------------------------------------------------------------------------------
+def check_same_run(config, run_dir: Path, stage: str) -> None:
+    """Refuse a run directory whose stage holds a checkpoint (or a finished run) of other settings.
+
+    A checkpoint may be resumed with a changed `config.RESUMABLE` option (more steps, where it
+    runs); a finished stage with no change at all (the stage runner skips it). The message names
+    every option that differs, as the user spells it (`--kl-coef 0.1 -> 0.2 (rl.kl_coef)`)."""
+    from ...resume import Checkpointer
+
+    stage_dir = run_dir / stage
+    resuming = Checkpointer(stage_dir / "resume").has_checkpoint
+    finished = (stage_dir / "results.json").exists()
+    if not (resuming or finished):
+        return
+    saved = run_dir / "config.json"
+    what = "a checkpoint of a run" if resuming else "a finished run"
+    try:
+        before = flatten(json.loads(saved.read_text()))
+    except (OSError, ValueError):
+        raise ConfigError(f"{run_dir}: holds {what} but no readable config.json; use another --out "
+                          f"or delete {stage_dir} to start over") from None
+    now = flatten(to_dict(config))
+    allowed = set(type(config).RESUMABLE) if resuming else set()
+    changed = sorted(k for k in set(before) | set(now) if k not in allowed and before.get(k) != now.get(k))
+    if changed:
+        diff = ", ".join(f"{flag(k)} {before.get(k)!r} -> {now.get(k)!r} ({k})" for k in changed)
+        raise ConfigError(f"{run_dir} holds {what} with other settings ({diff}); "
+                          f"{'resume' if resuming else 'rerun'} with the same options, or use another --out "
+                          f"(or delete {stage_dir}) to start over")

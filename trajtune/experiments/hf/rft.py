@@ -1,0 +1,72 @@
+"""`trajtune rft` / experiment "hf_rft": rejection-sampling fine-tuning (expert iteration).
+
+    trajtune rft --model ./my-model --data prompts.jsonl --reward my_rewards:exact --rounds 4
+
+Data and reward as for grpo. One stage, "rft": `train_rft` -- each round samples
+--samples-per-task completions of every prompt, keeps those the reward accepts (--threshold)
+and fine-tunes on them for --steps-per-round steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from ...algorithms.rft import RFTConfig, train_rft
+from ...engine import OptimConfig
+from .common import (hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
+                     load_engine, prompt_collect, run_method, stage_run)
+from .prepare import Prepared, check_same_run, prompt_data
+
+
+@dataclass
+class RFTRun:
+    METHOD: ClassVar[str] = "rft"
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("rft.rounds", "save_every", "model.device", "model.micro_batch_size")
+    """options a resumed run may change (more rounds, where it runs); any other change is a different run"""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """the model and how it trains (LoRA, precision, lengths)"""
+    data: str = ""
+    """JSONL file of prompt rows (trajtune.data)"""
+    reward: str = ""
+    """reward function 'module:function' or 'file.py:function', TRL signature fn(prompts, completions, **columns)"""
+    rft: RFTConfig = field(default_factory=lambda: RFTConfig(samples_per_task=8, steps_per_round=100, batch_size=8))
+    """the expert-iteration loop (rounds, samples_per_task, steps_per_round, batch_size, threshold, seed ...)"""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """how completions are sampled"""
+    optim: OptimConfig = field(default_factory=hf_optim)
+    """AdamW (lr 1e-5)"""
+    save_every: int = 0
+    """write a checkpoint every this many optimizer steps: an HF-format snapshot (checkpoints/step-N) and the
+    resume state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+
+    def __post_init__(self) -> None:
+        check_run(self, "rft")
+        check_sampling(self, "rft")
+
+
+Config = RFTRun
+
+
+def prepare(config: RFTRun, run_dir: Path) -> Prepared:
+    check_same_run(config, run_dir, RFTRun.METHOD)
+    return prompt_data(config)
+
+
+def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
+    """The stage: load the model behind ctx.engine, train_rft, save model/.
+    `home`: where model/ and checkpoints/ go in the run directory ("" here; a pipeline of several
+    methods would give each stage its own)."""
+    policy, engine = load_engine(ctx, c.model, c.optim, seed=c.rft.seed)
+    announce(ctx, c, policy, len(data.items), "prompts")
+    collect = prompt_collect(ctx, engine, data, c.reward, c.sampling)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.save_every, home)
+    history = train_rft(engine, data.items, collect, c.rft, data.pad_id, run)
+    return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def run(config: RFTRun, run_dir: Path) -> Path:
+    """Check, train, save model/ in the Hugging Face format; returns the report."""
+    return run_method(config, run_dir, train, prepare)
