@@ -74,7 +74,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
     from trajtune.algorithms.dpo import DPOConfig, train_dpo
     from trajtune.algorithms.rl import RLConfig, train_rl
     from trajtune.algorithms.sft import SFTConfig, train_sft
-    from trajtune.engine import LocalEngine, OptimConfig
+    from trajtune.engine import OptimConfig, make_engine
     from trajtune.envs.base import SingleTurnEnv
     from trajtune.models.hf import load_policy, load_tokenizer
     from trajtune.collect import make_collect
@@ -83,7 +83,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
     torch.manual_seed(0)
     tok = load_tokenizer(model_dir)
     r = ChatRenderer(tok)
-    engine = LocalEngine(load_policy(model_dir), OptimConfig(lr=1e-5, grad_clip=1.0))
+    engine = make_engine(load_policy(model_dir), OptimConfig(lr=1e-5, grad_clip=1.0))
     clock = StepClock()
     step = engine.optim_step
 

@@ -47,6 +47,7 @@ from trajtune.collect import make_collect
 from trajtune.trajectory import collate
 
 from test_algorithms import RENDER, TASKS, TOK  # noqa: E402 - the same toy task as the single-process tests
+from test_reliability import NanOnToken  # noqa: E402 - the same poisoned model
 OPT = OptimConfig(lr=1e-2)
 SFT = SFTConfig(steps=4, batch_size=6, seed=3)
 GRPO = RLConfig(steps=3, tasks_per_step=3, group_size=3, advantage="grpo", seed=5)  # 9 episodes: 5 | 4 split group 1
@@ -89,19 +90,7 @@ def params(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone().contiguous() for n, p in model.named_parameters()}
 
 
-NAN_TOKEN = 2
-
-
-class NanOnToken(torch.nn.Module):
-    """A model whose logits are NaN in every row holding NAN_TOKEN (a row that poisons its loss)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids, attention_mask=None, **kw):
-        logits = self.model(ids, attention_mask=attention_mask)
-        return torch.where((ids == NAN_TOKEN).any(-1)[:, None, None], torch.full_like(logits, float("nan")), logits)
+NAN_TOKEN = 2  # the token test_reliability.NanOnToken turns into NaN logits
 
 
 # --- the 2-process job -------------------------------------------------------------

@@ -18,6 +18,8 @@ and the run-level fault limit (`trajtune.faults.check_faults`) on every call.
 
 from __future__ import annotations
 
+import time
+
 from typing import Any, Callable, Sequence
 
 import torch
@@ -77,3 +79,19 @@ def make_collect(
 def episode_seed(base: int, episode: int) -> int:
     """Seed of episode `episode` of a collect call whose generator drew `base` (a pure function)."""
     return (base * 1_000_003 + episode * 7_919 + 1) % 2**63
+
+
+def timed(collect: Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]], counters: dict,
+          key: str = "sampling_s") -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
+    """`collect` that adds its wall seconds (sampling and environments) to `counters[key]`
+    (a stage's `ctx.counters`: the runner reports each stage's sampling share)."""
+    counters.setdefault(key, 0.0)
+
+    def timed_collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
+        t0 = time.perf_counter()
+        try:
+            return collect(tasks, n_per_task, generator)
+        finally:
+            counters[key] += time.perf_counter() - t0
+
+    return timed_collect

@@ -122,7 +122,7 @@ def sharded_map(engine, items: Sequence[Any], fn: Callable[[list[Any]], list[Any
     """`fn(items)` computed in shares across ranks and gathered in order (evaluation).
 
     fn maps a list to a same-length list (e.g. prompts -> greedy answers); with a
-    LocalEngine it is simply called on all items.
+    one-process engine it is simply called on all items.
     """
     shard = getattr(engine, "shard", None)
     if shard is None:

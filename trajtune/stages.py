@@ -3,7 +3,7 @@
 A stage is a name, a module-level function and the stages it needs:
 
     def sft(ctx: StageContext, data_name: str) -> dict:          # picklable: worker processes import it
-        engine = ctx.engine(model, OptimConfig(lr=ctx.config.sft_lr))
+        engine = ctx.engine(model, ctx.config.sft_optim)
         train_sft(engine, data, ctx.config.sft, pad_id, run=ctx.run(evaluate))
         ctx.save_model(engine.model, tok)                       # -> run_dir/sft/checkpoint
         return {"final_loss": ...}                              # JSON-able results

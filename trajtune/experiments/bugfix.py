@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -31,7 +30,7 @@ import torch
 
 from ..algorithms.common import dedup_and_cap, select_episodes, shares
 from ..algorithms.sft import SFTConfig, train_sft
-from ..collect import make_collect
+from ..collect import make_collect, timed
 from ..engine import Engine, OptimConfig
 from ..envs.bugfix import BugFixEnv, build_tokenizer
 from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
@@ -72,18 +71,9 @@ class Gym:
     def collect(self, engine: Engine, reward: str = "hidden"):
         """`collect(tasks, n_per_task, generator)` for the algorithm loops (trajtune.collect), timed.
         Under torchrun every rank samples its shard of the episodes and all ranks get the whole list."""
-        collect = make_collect(engine.sample, lambda: BugFixEnv(reward=reward), self.renderer, shard=engine.shard,
-                               episode_seeds=self.episode_seeds, max_turns=self.max_turns,
-                               max_action_tokens=self.max_action_tokens)
-
-        def timed(tasks, n, generator):
-            t0 = time.perf_counter()
-            try:
-                return collect(tasks, n, generator)
-            finally:
-                self.counters["sampling_s"] += time.perf_counter() - t0
-
-        return timed
+        return timed(make_collect(engine.sample, lambda: BugFixEnv(reward=reward), self.renderer, shard=engine.shard,
+                                  episode_seeds=self.episode_seeds, max_turns=self.max_turns,
+                                  max_action_tokens=self.max_action_tokens), self.counters)
 
 
 def stage_gym(ctx: StageContext, max_turns: int = 6, max_action_tokens: int = 8, episode_seeds: bool = False) -> Gym:

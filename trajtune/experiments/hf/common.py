@@ -11,7 +11,6 @@ run the stage through `trajtune.stages.run_stages`, write the report.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -129,7 +128,7 @@ def prompt_collect(ctx, engine, data, reward: str, sampling: SamplingConfig):
     (`episode_seeds`), so the samples are the same in one process and sharded over N
     (`shard=engine.shard`). Sampling time is a counter."""
     from ... import data as D
-    from ...collect import make_collect
+    from ...collect import make_collect, timed
     from ...envs.base import SingleTurnEnv
     from ...generation import make_backend
 
@@ -142,16 +141,7 @@ def prompt_collect(ctx, engine, data, reward: str, sampling: SamplingConfig):
                            data.renderer, shard=engine.shard, episode_seeds=own_seeds, max_turns=1,
                            max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
                            temperature=sampling.temperature)
-    ctx.counters.setdefault("sampling_s", 0.0)
-
-    def timed(tasks, n, generator):
-        t0 = time.perf_counter()
-        try:
-            return collect(tasks, n, generator)
-        finally:
-            ctx.counters["sampling_s"] += time.perf_counter() - t0
-
-    return timed
+    return timed(collect, ctx.counters)
 
 
 def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = ""):
