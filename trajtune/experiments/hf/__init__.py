@@ -9,7 +9,7 @@
 
 Each config is a model section (`ModelConfig`: path, LoRA, precision, checkpointing,
 device, lengths), the data file, the loop's own dataclass nested whole (`sft: SFTConfig`,
-`rl: RLConfig` ...), `optim: OptimConfig` and `save_every` -- so every loop setting is
+`rl: RLConfig` ...), `optim: OptimConfig` and `output: OutputConfig` -- so every loop setting is
 reachable and validated once, from a TOML recipe
 
     experiment = "hf_grpo"
@@ -33,8 +33,8 @@ sharded). The run directory:
 
     metrics.jsonl, config.json, report.md
     model/                 AutoModelForCausalLM.from_pretrained loads it (LoRA merged; adapter in model/adapter)
-    checkpoints/step-N/    the same, every save_every steps
-    <method>/resume/       the resume state of a run cut short (Ctrl-C / SIGTERM, or every save_every)
+    checkpoints/step-N/    the same, every output.save_every steps
+    <method>/resume/       the resume state of a run cut short (Ctrl-C / SIGTERM, or every output.save_every)
     <method>/results.json  the finished stage
 """
 

@@ -2,7 +2,7 @@
 plumbing of its one stage (load the model behind `ctx.engine`, periodic snapshots, the final save).
 
 A method module (sft.py, rm.py, dpo.py, grpo.py, rft.py) is its config -- this
-`ModelConfig`, the data file, the loop's own dataclass, `OptimConfig`, `save_every`
+`ModelConfig`, the data file, the loop's own dataclass, `OptimConfig`, `OutputConfig`
 -- plus one stage function that calls the loop. `run_method` is the recipe path they
 all take: check everything before the model loads (`prepare`), write config.json,
 run the stage through `trajtune.stages.run_stages`, write the report.
@@ -69,11 +69,22 @@ class SamplingConfig:
                      positive=("temperature",))
 
 
+@dataclass
+class OutputConfig:
+    """What a Hugging Face run writes besides its model, and when."""
+
+    save_every: int = 0
+    """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
+    state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "output", label=lambda n: flag(f"output.{n}"), non_negative=("save_every",))
+
+
 def check_run(config, name: str) -> None:
-    """The checks every method config makes: a model and a data file, save_every >= 0."""
+    """The checks every method config makes: a model and a data file."""
     if not config.model.path or not config.data:
         raise ValueError(f"{name}: --model and --data are required (model.path and data in a recipe)")
-    check_ranges(config, name, label=flag, non_negative=("save_every",))
 
 
 def check_sampling(config, name: str) -> None:
@@ -207,7 +218,7 @@ def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Pa
             (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
         barrier()
         results = run_stages([Stage(name, stage_fn, args=(config, prepared))], config, run_dir,
-                             StageOptions(workers=1, checkpoint_every=config.save_every))[name]
+                             StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
     except (DataError, ModelPathError, TemplateError) as e:
         raise ConfigError(str(e)) from e
     report = run_dir / "report.md"

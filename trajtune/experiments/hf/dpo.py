@@ -14,14 +14,14 @@ from typing import ClassVar
 
 from ...algorithms.dpo import DPOConfig, train_dpo
 from ...engine import OptimConfig
-from .common import hf_optim, ModelConfig, announce, check_run, finish, load_engine, run_method, stage_run
+from .common import OutputConfig, hf_optim, ModelConfig, announce, check_run, finish, load_engine, run_method, stage_run
 from .prepare import Prepared, check_same_run, pair_data
 
 
 @dataclass
 class DPORun:
     METHOD: ClassVar[str] = "dpo"
-    RESUMABLE: ClassVar[tuple[str, ...]] = ("dpo.steps", "dpo.eval_every", "save_every", "model.device",
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("dpo.steps", "dpo.eval_every", "output.save_every", "model.device",
                                             "model.micro_batch_size")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
@@ -33,9 +33,8 @@ class DPORun:
     """the preference loop (steps, batch_size: pairs per step, loss, beta, seed ...)"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
-    save_every: int = 0
-    """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
-    state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """what the run writes and when (checkpoints every --save-every steps ...)"""
 
     def __post_init__(self) -> None:
         check_run(self, "dpo")
@@ -58,7 +57,7 @@ def train(ctx, c: DPORun, data: Prepared, home: str = "") -> dict:
     methods would give each stage its own)."""
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.dpo.seed)
     announce(ctx, c, policy, len(data.items), "pairs")
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.save_every, home)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
     history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 

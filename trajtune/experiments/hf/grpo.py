@@ -23,7 +23,7 @@ from typing import ClassVar, get_type_hints
 
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
-from .common import (hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
+from .common import (OutputConfig, hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
                      load_engine, prompt_collect, run_method, stage_run)
 from .prepare import Prepared, check_same_run, prompt_data
 
@@ -33,7 +33,7 @@ Advantage = get_type_hints(RLConfig)["advantage"]
 @dataclass
 class GRPORun:
     METHOD: ClassVar[str] = "grpo"
-    RESUMABLE: ClassVar[tuple[str, ...]] = ("rl.steps", "rl.eval_every", "save_every", "model.device",
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("rl.steps", "rl.eval_every", "output.save_every", "model.device",
                                             "model.micro_batch_size")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
@@ -50,9 +50,8 @@ class GRPORun:
     """how completions are sampled"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
-    save_every: int = 0
-    """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
-    state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """what the run writes and when (checkpoints every --save-every steps ...)"""
 
     def __post_init__(self) -> None:
         check_run(self, "grpo")
@@ -73,7 +72,7 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
     policy, engine = load_engine(ctx, c.model, c.optim, value_head=c.rl.advantage == "gae", seed=c.rl.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
     collect = prompt_collect(ctx, engine, data, c.reward, c.sampling)
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.save_every, home)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
     history = train_rl(engine, data.items, collect, c.rl, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 

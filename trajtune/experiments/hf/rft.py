@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
-from .common import (hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
+from .common import (OutputConfig, hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
                      load_engine, prompt_collect, run_method, stage_run)
 from .prepare import Prepared, check_same_run, prompt_data
 
@@ -23,7 +23,7 @@ from .prepare import Prepared, check_same_run, prompt_data
 @dataclass
 class RFTRun:
     METHOD: ClassVar[str] = "rft"
-    RESUMABLE: ClassVar[tuple[str, ...]] = ("rft.rounds", "save_every", "model.device", "model.micro_batch_size")
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("rft.rounds", "output.save_every", "model.device", "model.micro_batch_size")
     """options a resumed run may change (more rounds, where it runs); any other change is a different run"""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -38,9 +38,8 @@ class RFTRun:
     """how completions are sampled"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
-    save_every: int = 0
-    """write a checkpoint every this many optimizer steps: an HF-format snapshot (checkpoints/step-N) and the
-    resume state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """what the run writes and when (checkpoints every --save-every optimizer steps ...)"""
 
     def __post_init__(self) -> None:
         check_run(self, "rft")
@@ -62,7 +61,7 @@ def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.rft.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
     collect = prompt_collect(ctx, engine, data, c.reward, c.sampling)
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.save_every, home)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
     history = train_rft(engine, data.items, collect, c.rft, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 

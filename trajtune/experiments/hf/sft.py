@@ -15,14 +15,14 @@ from typing import ClassVar
 
 from ...algorithms.sft import SFTConfig, train_sft
 from ...engine import OptimConfig
-from .common import hf_optim, ModelConfig, announce, check_run, finish, load_engine, run_method, stage_run
+from .common import OutputConfig, hf_optim, ModelConfig, announce, check_run, finish, load_engine, run_method, stage_run
 from .prepare import Prepared, check_same_run, sft_data
 
 
 @dataclass
 class SFTRun:
     METHOD: ClassVar[str] = "sft"
-    RESUMABLE: ClassVar[tuple[str, ...]] = ("sft.steps", "sft.eval_every", "save_every", "model.device",
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("sft.steps", "sft.eval_every", "output.save_every", "model.device",
                                             "model.micro_batch_size")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
@@ -34,9 +34,8 @@ class SFTRun:
     """the SFT loop (steps, batch_size: conversations per step, seed ...)"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
-    save_every: int = 0
-    """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
-    state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+    output: OutputConfig = field(default_factory=OutputConfig)
+    """what the run writes and when (checkpoints every --save-every steps ...)"""
 
     def __post_init__(self) -> None:
         check_run(self, "sft")
@@ -56,7 +55,7 @@ def train(ctx, c: SFTRun, data: Prepared, home: str = "") -> dict:
     methods would give each stage its own)."""
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.sft.seed)
     announce(ctx, c, policy, len(data.items), "samples")
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.save_every, home)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
     history = train_sft(engine, data.items, c.sft, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
