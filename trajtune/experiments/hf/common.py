@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from ...config import ConfigError, check_ranges, to_dict
 from ...engine import OptimConfig
@@ -21,52 +21,8 @@ from .options import flag
 
 
 def hf_optim() -> OptimConfig:
-    """AdamW with a Hugging Face run's default learning rate (1e-5)."""
-    return OptimConfig(lr=1e-5)
-
-
-@dataclass
-class ModelConfig:
-    """The model a Hugging Face run trains, and how (LoRA, precision, memory, lengths)."""
-
-    path: str = ""
-    """local Hugging Face model directory (config.json, weights, tokenizer); the command line's --model"""
-    lora_r: int = 0
-    """LoRA rank (0: train all weights); the reference is then the base model with adapters off"""
-    lora_alpha: float = 32.0
-    """LoRA alpha"""
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """autocast precision of forward passes (weights stay fp32)"""
-    gradient_checkpointing: bool = False
-    """recompute activations in backward to save memory"""
-    device: str = "cpu"
-    """torch device ("cpu", "cuda", "cuda:1", "mps"); under torchrun "cuda" is each process's own GPU"""
-    micro_batch_size: int = 0
-    """rows per forward/backward chunk (gradient accumulation; 0: whole batch at once)"""
-    max_length: int = 2048
-    """sft/rm/dpo: longest sample in tokens; grpo/rft: prompt + completion budget (capped at the model's context)"""
-    drop_long: bool = False
-    """skip samples / prompts that do not fit --max-length (default: stop with an error listing them)"""
-
-    def __post_init__(self) -> None:
-        check_ranges(self, "model", label=lambda n: flag(f"model.{n}"), counts=("max_length",),
-                     non_negative=("micro_batch_size", "lora_r"), positive=("lora_alpha",))
-
-
-@dataclass
-class SamplingConfig:
-    """How grpo / rft sample completions."""
-
-    max_new_tokens: int = 64
-    """generation budget per completion"""
-    temperature: float = 1.0
-    """sampling temperature"""
-    backend: Literal["sampler", "generate"] = "sampler"
-    """generation backend: trajtune's KV-cached sampler or HF model.generate"""
-
-    def __post_init__(self) -> None:
-        check_ranges(self, "sampling", label=lambda n: flag(f"sampling.{n}"), counts=("max_new_tokens",),
-                     positive=("temperature",))
+    """AdamW with a Hugging Face run's defaults, TRL's / transformers' (lr 1e-5, betas 0.9 / 0.999)."""
+    return OptimConfig(lr=1e-5, beta2=0.999)
 
 
 @dataclass
@@ -87,34 +43,6 @@ def check_run(config, name: str) -> None:
         raise ValueError(f"{name}: --model and --data are required (model.path and data in a recipe)")
 
 
-def check_sampling(config, name: str) -> None:
-    """grpo / rft: a reward function, and room for a prompt within the length budget."""
-    if not config.reward:
-        raise ValueError(f"{name}: needs --reward module:function (reward in a recipe)")
-    if config.sampling.max_new_tokens >= config.model.max_length:
-        raise ValueError(f"{name}: --max-new-tokens {config.sampling.max_new_tokens} leaves no room for a prompt "
-                         f"within --max-length {config.model.max_length} (prompt + completion budget)")
-
-
-# --- the stage --------------------------------------------------------------------------
-def load_engine(ctx, model: ModelConfig, optim, *, value_head: bool = False, seed: int = 0):
-    """(policy, engine): the model of `model.path` (LoRA, checkpointing, a value head) behind
-    `ctx.engine` (one process, or DDP under torchrun), seeded for the head's initialisation."""
-    import torch
-
-    from ...distributed import launched_distributed
-    from ...models import hf
-
-    torch.manual_seed(seed)
-    lora = hf.LoraSettings(r=model.lora_r, alpha=model.lora_alpha) if model.lora_r else None
-    policy = hf.load_policy(model.path, value_head=value_head, lora=lora,
-                            gradient_checkpointing=model.gradient_checkpointing)
-    device = None if model.device == "cuda" and launched_distributed() else model.device  # cuda:LOCAL_RANK
-    engine = ctx.engine(policy, optim, device=device, autocast=None if model.precision == "fp32" else model.precision,
-                        micro_batch_size=model.micro_batch_size)
-    return policy, engine
-
-
 class SnapshotEvery:
     """The stage's checkpointer, plus an HF-format snapshot `checkpoints/step-N` of the policy at
     every `every`-th completed step (what --save-every writes next to the resume state).
@@ -130,29 +58,6 @@ class SnapshotEvery:
 
     def __getattr__(self, name: str):
         return getattr(self._checkpointer, name)
-
-
-def prompt_collect(ctx, engine, data, reward: str, sampling: SamplingConfig):
-    """`collect(tasks, n, generator)` for grpo / rft: one-turn episodes of the prompt tasks, scored by the
-    reward function (imported again here: the stage takes only picklable arguments), sampled with the
-    sampling section. With the built-in sampler every episode samples from its own seed
-    (`episode_seeds`), so the samples are the same in one process and sharded over N
-    (`shard=engine.shard`). Sampling time is a counter."""
-    from ... import data as D
-    from ...collect import make_collect, timed
-    from ...envs.base import SingleTurnEnv
-    from ...generation import make_backend
-
-    own_seeds = sampling.backend == "sampler"  # HF generate draws one seed per call, not one per episode
-    if engine.shard is not None and not own_seeds:
-        raise ConfigError(f"--backend {sampling.backend} cannot sample sharded under torchrun (it has no "
-                          "per-episode seeds); use --backend sampler")
-    verifier = D.reward_verifier(D.load_reward_function(reward))
-    collect = make_collect(make_backend(sampling.backend, engine, data.pad_id), lambda: SingleTurnEnv(verifier),
-                           data.renderer, shard=engine.shard, episode_seeds=own_seeds, max_turns=1,
-                           max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
-                           temperature=sampling.temperature)
-    return timed(collect, ctx.counters)
 
 
 def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = ""):

@@ -14,7 +14,8 @@ from typing import ClassVar
 
 from ...algorithms.dpo import DPOConfig, train_dpo
 from ...engine import OptimConfig
-from .common import OutputConfig, hf_optim, ModelConfig, announce, check_run, finish, load_engine, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .model import ModelConfig, load_engine
 from .prepare import Prepared, check_same_run, pair_data
 
 

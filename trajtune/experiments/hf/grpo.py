@@ -23,8 +23,9 @@ from typing import ClassVar, get_type_hints
 
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
-from .common import (OutputConfig, hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
-                     load_engine, prompt_collect, run_method, stage_run)
+from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .model import ModelConfig, load_engine
+from .sampling import SamplingConfig, check_sampling, prompt_collect
 from .prepare import Prepared, check_same_run, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]

@@ -15,8 +15,9 @@ from typing import ClassVar
 
 from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
-from .common import (OutputConfig, hf_optim, ModelConfig, SamplingConfig, announce, check_run, check_sampling, finish,
-                     load_engine, prompt_collect, run_method, stage_run)
+from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .model import ModelConfig, load_engine
+from .sampling import SamplingConfig, check_sampling, prompt_collect
 from .prepare import Prepared, check_same_run, prompt_data
 
 
