@@ -30,3 +30,20 @@ def test_a_nested_table_is_still_checked_by_its_dataclass():
         from_dict(Experiment, {"rl": {"group_size": 1}}, where="[config]")
     with pytest.raises(ConfigError, match="expected an integer"):
         from_dict(Experiment, {"rl": {"steps": "many"}}, where="[config]")
+
+
+def test_a_renamed_key_names_where_it_went():
+    @dataclass
+    class Renamed:
+        RENAMED = {"rl_lr": "rl_optim.lr"}
+        rl_optim: OptimConfig = field(default_factory=OptimConfig)
+
+    with pytest.raises(ConfigError, match=r"\[config\]: key 'rl_lr' is now 'rl_optim.lr'"):
+        from_dict(Renamed, {"rl_lr": 0.1}, where="[config]")
+    from trajtune.experiments import agent, chapter13
+
+    for cls in (agent.Config, chapter13.Config):  # every new place an old key points to exists
+        for old, new in cls.RENAMED.items():
+            obj = cls()
+            for part in new.split(" and ")[0].split("."):
+                obj = getattr(obj, part)

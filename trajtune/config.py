@@ -88,13 +88,16 @@ def _coerce(value: Any, tp, where: str):
 def from_dict(cls, data: dict, where: str = "config", base=None):
     """Build dataclass `cls` from a dict, checking every key and type (see module doc).
 
-    A table for a nested dataclass field starts from that field's default *instance* (e.g. an
+    A key the class lists in a `RENAMED` class attribute ({old key: new dotted key}) fails naming
+    where it went. A table for a nested dataclass field starts from that field's default *instance* (e.g. an
     experiment's `rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, ...))`), so a
     recipe sets only what it changes; `base`, if given, is the instance to start from here."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():
+        if key not in fields and key in getattr(cls, "RENAMED", {}):
+            raise ConfigError(f"{where}: key {key!r} is now {cls.RENAMED[key]!r}")
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(fields)}"

@@ -73,6 +73,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ...algorithms.dpo import DPOConfig
 from ...algorithms.rft import RFTConfig
@@ -88,6 +89,18 @@ from .stages import GENERALIZATION
 
 @dataclass
 class Config:
+    RENAMED: ClassVar[dict[str, str]] = {
+        "sft_lr": "sft_optim.lr",
+        "dpo_lr": "dpo_optim.lr",
+        "rl_lr": "rl_optim.lr",
+        "dpo_eval_every": "dpo.eval_every",
+        "rl_eval_every": "rl.eval_every",
+        "workers": "runner.workers",
+        "threads": "runner.threads",
+        "checkpoint_every": "runner.checkpoint_every",
+        "stages": "runner.rerun",
+    }
+    """recipe keys of earlier versions -> where they went (a clear error names the new key)"""
     seed: int = 0
     """one seed: model init, scripted play, sampling and batches of every stage derive from it
     (the `seed` fields of the nested loop configs are overwritten with it)"""

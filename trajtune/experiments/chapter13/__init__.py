@@ -56,7 +56,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ...algorithms.dpo import DPOConfig
 from ...algorithms.reward_model import RewardModelConfig
@@ -81,6 +81,31 @@ def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
 
 @dataclass
 class Config:
+    RENAMED: ClassVar[dict[str, str]] = {
+        "workers": "runner.workers",
+        "threads": "runner.threads",
+        "pretrain_steps": "pretrain.steps",
+        "pretrain_batch": "pretrain.batch_size",
+        "pretrain_lr": "pretrain_optim.lr",
+        "sft_steps": "sft.steps",
+        "sft_batch": "sft.batch_size",
+        "sft_lr": "sft_optim.lr",
+        "rm_steps": "reward_model.steps",
+        "rm_batch": "reward_model.batch_size",
+        "rm_lr": "reward_model_optim.lr",
+        "dpo_steps": "dpo.steps",
+        "dpo_batch": "dpo.batch_size",
+        "dpo_lr": "dpo_optim.lr",
+        "calc_steps": "coldstart.steps",
+        "calc_batch": "coldstart.batch_size",
+        "calc_lr": "calc_optim.lr",
+        "grpo_steps": "rl.steps",
+        "grpo_prompts": "rl.tasks_per_step",
+        "grpo_group": "rl.group_size",
+        "grpo_lr": "rl_optim.lr",
+        "control_steps": "control.steps",
+    }
+    """recipe keys of earlier versions -> where they went (a clear error names the new key)"""
     seed: int = 0
     """one seed for model inits, batches, samples and pairs (the seed's 'shift every seed by s');
     every nested loop's `seed` is derived from it (`derive_seeds`)"""

@@ -23,6 +23,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ...algorithms.iw_sft import IWSFTConfig, train_iw_sft
 from ...algorithms.rft import RFTConfig, train_rft
@@ -40,6 +41,22 @@ BUDGET = ("rounds", "samples_per_task", "steps_per_round", "batch_size")
 
 @dataclass
 class Config:
+    RENAMED: ClassVar[dict[str, str]] = {
+        "workers": "runner.workers",
+        "threads": "runner.threads",
+        "lr": "optim.lr",
+        "weak_steps": "weak.steps",
+        "rounds": "rft.rounds and iw.rounds",
+        "samples_per_task": "rft.samples_per_task and iw.samples_per_task",
+        "steps_per_round": "rft.steps_per_round and iw.steps_per_round",
+        "batch_size": "rft.batch_size and iw.batch_size",
+        "variant": "iw.variant",
+        "step_clip_low": "iw.step_clip_low",
+        "step_clip_high": "iw.step_clip_high",
+        "alpha": "iw.alpha",
+        "q_update_every": "iw.q_update_every",
+    }
+    """recipe keys of earlier versions -> where they went (a clear error names the new key)"""
     seed: int = 0
     """one seed: weak base, sampling and batches (the nested loop configs' seeds are derived from it)"""
     weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))
