@@ -78,6 +78,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
     from trajtune.envs.base import SingleTurnEnv
     from trajtune.models.hf import load_policy, load_tokenizer
     from trajtune.collect import make_collect
+    from trajtune.rewards import reward_verifier
     from trajtune.text.chat import ChatRenderer
 
     torch.manual_seed(0)
@@ -103,7 +104,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
         train_dpo(engine, pairs, DPOConfig(steps=n, batch_size=BATCH, beta=0.1), r.pad_id)
     else:
         tasks = D.prompt_tasks(D.read_rows(d / "grpo.jsonl"))
-        collect = make_collect(engine.sample, lambda: SingleTurnEnv(D.reward_verifier(reward_fn)), r,
+        collect = make_collect(engine.sample, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
                                max_turns=1, max_tokens=512, max_action_tokens=NEW_TOKENS)
         train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=PROMPTS, group_size=GROUP, advantage="grpo",
                                                    aggregation="sequence"), r.pad_id)

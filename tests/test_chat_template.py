@@ -91,3 +91,35 @@ def test_missing_template_is_a_clear_error(tok):
     bare.chat_template = None
     with pytest.raises(TemplateError, match="no chat_template"):
         ChatRenderer(bare)
+
+
+def test_assistant_turns_in_the_prompt_are_context_not_trained(tok):
+    """render_samples(context=k): the first k messages are the prompt; an assistant turn among them is
+    PROMPT-owned (TRL's conversational prompt), the ids stay exactly the template's."""
+    r = ChatRenderer(tok)
+    msgs = [{"role": "user", "content": "what is 2 + 3?"}, {"role": "assistant", "content": "6"},
+            {"role": "user", "content": "no, try again."}, {"role": "assistant", "content": "the answer is 5"}]
+    every = r.render(msgs)  # a 'messages' row: every assistant turn trained
+    (ctx,) = r.render_samples(msgs, context=3)
+    assert ctx.ids == every.ids == r.template_ids(msgs)
+    assert tok.decode(every.tokens_of(Owner.POLICY)) == "6<|im_end|>the answer is 5<|im_end|>"
+    assert tok.decode(ctx.tokens_of(Owner.POLICY)) == "the answer is 5<|im_end|>"
+    prompt = [text for owner, _, text in _runs(ctx, tok) if owner == Owner.PROMPT]
+    assert prompt == ["what is 2 + 3?", "6", "no, try again."] and set(ctx.turns) == {0}
+    # the rollout path from the same prompt: the same ids and owners up to the generation prompt
+    transcript = r.start(msgs[:3])
+    n = len(transcript.traj)
+    assert r.prompt_ids(transcript) == r.generation_prompt(msgs[:3])
+    assert (transcript.traj.ids, transcript.traj.owners) == (ctx.ids[:n], ctx.owners[:n])
+    with pytest.raises(TemplateError, match="ends with an assistant turn"):
+        r.start(msgs[:2])
+
+
+def test_context_turns_with_a_non_prefix_preserving_template(tok):
+    tok = train_tokenizer(chat_template=DROP_THINK_TEMPLATE)
+    r = ChatRenderer(tok)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think> hmm </think> hello"},
+            {"role": "user", "content": "2+3?"}, {"role": "assistant", "content": "<think> add </think> 5"}]
+    (only,) = r.render_samples(msgs, context=3)  # the context's own sample has nothing to train: dropped
+    assert only.ids == r.template_ids(msgs)
+    assert tok.decode(only.tokens_of(Owner.POLICY)) == "<think> add </think> 5<|im_end|>"

@@ -80,3 +80,11 @@ def test_metrics_logger_is_strict_about_keys(tmp_path):
         with pytest.raises(ValueError, match="namespaced"):
             log.log(2, {"loss": 1.0})
     assert read_metrics(tmp_path)[0]["train/loss"] == 1.0
+
+
+def test_a_run_directory_that_cannot_be_written_is_one_message(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("not a directory")
+    run_dir = tmp_path / "a-file" / "run"
+    assert main(["run", "addition", "--run-dir", str(run_dir), "--set", "config.sft.steps=1"]) == 2
+    err = capsys.readouterr().err
+    assert f"trajtune: error: cannot write to the run directory {run_dir}: Not a directory" in err

@@ -111,21 +111,22 @@ def _weights(path):
 
 @pytest.mark.parametrize("lora", [[], ["--lora-r", "8"]], ids=["full", "lora"])
 def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys, lora):
-    """GRPO with a KL reference (a saved copy; with LoRA the adapters switched off): a Ctrl-C (a real SIGINT, sent from inside the
-    reward function) saves state; rerunning the command finishes with the uninterrupted run's weights."""
+    """GRPO with a KL reference (a saved copy; with LoRA the adapters switched off): a Ctrl-C (a real SIGINT, sent to the
+    trainer from inside the reward function's worker process) saves state; rerunning the command finishes with the
+    uninterrupted run's weights."""
     (work / "interrupting.py").write_text(
         "import os, signal\ncalls = [0]\n"
         "def graded(prompts, completions, answer, **kw):  # differs between samples: every step has a gradient\n"
         "    calls[0] += 1\n"
         "    if os.environ.get('TT_INTERRUPT_AT') == str(calls[0]):\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        os.kill(os.getppid(), signal.SIGINT)  # the trainer: the function runs in its worker process\n"
         "    return [sum(ord(ch) % 3 for ch in c[-1]['content']) / 8 for c in completions]\n")
     args = ["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
             "--reward", f"{work / 'interrupting.py'}:graded", "--steps", "3", "--prompts-per-step", "2",
             "--group-size", "2", "--max-new-tokens", "4", "--lr", "1e-3", *lora, "--kl-coef", "0.1"]
     tag = "-lora" if lora else ""
     _run(*args, "--out", str(work / f"whole{tag}"))
-    monkeypatch.setenv("TT_INTERRUPT_AT", "6")  # during step 2's sampling (4 episodes a step)
+    monkeypatch.setenv("TT_INTERRUPT_AT", "2")  # while step 2 is scored (one call per batch)
     whole, cut = work / f"whole{tag}", work / f"cut{tag}"
     assert main(args + ["--out", str(cut)]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
@@ -157,7 +158,7 @@ def test_the_command_line_and_a_recipe_are_the_same_run(work, tmp_path):
     recipe.write_text(f'''experiment = "hf_grpo"
 [config]
 data = "{work / 'prompts.jsonl'}"
-reward = "{work / 'rewards.py'}:has_digit"
+reward = ["{work / 'rewards.py'}:has_digit"]
 [config.model]
 path = "{work / 'model'}"
 micro_batch_size = 2

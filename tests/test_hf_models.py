@@ -130,3 +130,50 @@ def test_bf16_autocast_and_gradient_checkpointing_train(model_dir):
     assert torch.isfinite(torch.tensor(first))
     with pytest.raises(ValueError, match="autocast"):
         make_engine(load_policy(model_dir), autocast="int8")
+
+
+def test_a_reward_model_loads_as_a_sequence_classifier_with_its_head(model_dir, tmp_path):
+    """save_pretrained of a value-head policy: AutoModelForSequenceClassification loads the trained head (not a
+    random one) and scores rows as trajtune's last_token_values does; AutoModelForCausalLM still loads it."""
+    from transformers import AutoModelForSequenceClassification
+
+    from trajtune.algorithms.reward_model import last_token_values
+
+    tok = load_tokenizer(model_dir)
+    torch.manual_seed(1)
+    policy = load_policy(model_dir, value_head=True, lora=LoraSettings(r=4))
+    torch.nn.init.normal_(policy.value.weight)  # a trained head: far from any initialisation
+    out = policy.save_pretrained(tmp_path / "rm", tok)
+    trajs = [_traj(list(range(5, 15)), 4), _traj(list(range(20, 26)), 3), _traj(list(range(30, 38)), 2)]
+    batch = collate(trajs, tok.pad_token_id)  # right-padded with the pad token
+    with torch.no_grad():
+        ours = last_token_values(policy.eval().values(batch.ids, batch.attention_mask), batch.attention_mask)
+        classifier = AutoModelForSequenceClassification.from_pretrained(out, local_files_only=True).eval()
+        theirs = classifier(input_ids=batch.ids, attention_mask=batch.attention_mask.long()).logits
+    assert classifier.config.num_labels == 1 and theirs.shape == (3, 1)
+    assert torch.allclose(theirs.squeeze(-1), ours, atol=1e-4)
+    assert classifier.config.architectures[0].endswith("ForSequenceClassification")
+    with torch.no_grad():  # the causal LM and trajtune's own loader read the same directory
+        lm = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+        assert torch.allclose(lm(input_ids=batch.ids).logits, policy(batch.ids), atol=1e-4)
+        again = load_policy(out, value_head=True).eval()
+        assert torch.allclose(last_token_values(again.values(batch.ids, batch.attention_mask), batch.attention_mask),
+                              ours, atol=1e-4)
+
+
+def test_lora_defaults_are_trl_s_and_dropout_can_be_disabled(model_dir):
+    """TRL's ModelConfig defaults: lora_dropout 0.05 and peft's target modules of the architecture
+    (q_proj, v_proj for Llama / Qwen2); "all-linear" and named layers as asked; --disable-dropout zeroes them."""
+
+    def adapted(policy):
+        return {n.split(".")[-3] for n, _ in policy.model.named_modules() if n.endswith("lora_A.default")}
+
+    def dropouts(policy):
+        return {m.p for m in policy.modules() if isinstance(m, torch.nn.Dropout)}
+
+    default = load_policy(model_dir, lora=LoraSettings(r=4))
+    assert adapted(default) == {"q_proj", "v_proj"} and dropouts(default) == {0.05}
+    assert adapted(load_policy(model_dir, lora=LoraSettings(r=4, target_modules="all-linear"))) == \
+        {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    off = load_policy(model_dir, lora=LoraSettings(r=4, target_modules=["o_proj"]), disable_dropout=True)
+    assert adapted(off) == {"o_proj"} and dropouts(off) == {0.0}

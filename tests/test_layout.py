@@ -24,11 +24,11 @@ LAYERS = [
      "sampling", "recipes"],
     ["models", "envs"],
     ["distributed", "engine", "resume", "loop", "generation", "faults"],
-    ["rollout", "collect", "data"],
+    ["rollout", "collect", "data", "rewards"],
     ["algorithms"],
     ["stages"],
     ["experiments"],
-    ["cli", "hf_front", "gym_cli", "__main__"],
+    ["cli", "hf_front", "gym_cli", "chat_cli", "__main__"],
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -255,3 +255,33 @@ def test_run_per_seed(tmp_path):
     out = run_per_seed(run_one, _Seeded(size=5), tmp_path, [3, 7])
     assert out == {3: tmp_path / "seed-3" / "seed.txt", 7: tmp_path / "seed-7" / "seed.txt"}
     assert [p.read_text() for p in out.values()] == ["3 5", "7 5"]
+
+
+def test_a_stage_killed_before_any_checkpoint_starts_again_says_so_and_drops_its_rows(tmp_path, capsys):
+    """A kill -9 leaves rows of an unfinished stage and no resume state: the rerun starts from step 0, says so,
+    and metrics.jsonl never holds a step twice; a forced rerun (`rerun`) drops them silently."""
+    from trajtune.metrics import MetricsLogger
+
+    with MetricsLogger(tmp_path) as log:
+        log.log(1, {"train/loss": 9.0}, stage="a")  # the rows of a run that died
+        log.log(1, {"train/loss": 9.0}, stage="b")
+    run_stages([Stage("a", add_stage, args=(1,))], None, tmp_path, StageOptions(workers=1), log=lambda s: None)
+    assert "stage a: no checkpoint of the earlier, unfinished run to resume from: starting again from step 0 " \
+           "(its 1 metric rows were discarded)" in capsys.readouterr().out
+    assert [(r["stage"], r["train/loss"]) for r in read_metrics(tmp_path)] == [("b", 9.0), ("a", 1.0)]
+    run_stages([Stage("a", add_stage, args=(1,))], None, tmp_path, StageOptions(workers=1, rerun=["a"]),
+               log=lambda s: None)
+    assert "discarded" not in capsys.readouterr().out
+
+
+def test_run_stages_holds_the_run_directory_for_its_whole_life(tmp_path):
+    """While a stage runs, the directory's lock is held (by this process: another would be refused)."""
+    from trajtune import stages
+
+    seen = run_stages([Stage("a", lock_holder_stage)], None, tmp_path, StageOptions(workers=1), log=lambda s: None)
+    assert seen["a"]["pid"] == os.getpid()
+    assert not stages._held and (tmp_path / ".lock").read_text() == ""  # released, no holder left
+
+
+def lock_holder_stage(ctx: StageContext) -> dict:
+    return {"pid": json.loads((ctx.run_dir / ".lock").read_text())["pid"]}

@@ -106,7 +106,7 @@ def test_hf_config_accepts_what_is_possible():
     from trajtune.experiments.hf.grpo import GRPORun
     from trajtune.experiments.hf.rft import RFTRun
 
-    base = {"model": {"path": "m"}, "data": "d", "reward": "r:f"}
+    base = {"model": {"path": "m"}, "data": "d", "reward": ["r:f"]}
     from_dict(GRPORun, {**base, "rl": {"group_size": 1, "advantage": "gae"}})  # PPO's value baseline: no group needed
     from_dict(GRPORun, {**base, "rl": {"epochs": 4, "surrogate": "ppo"}})
     from_dict(RFTRun, {**base, "rft": {"samples_per_task": 1, "threshold": -2.0}})
@@ -267,7 +267,7 @@ def _config(hf, command, data, **kw):
     module = importlib.import_module(METHODS[command])
     table = {"model": {"path": str(hf / "model")}, "data": str(hf / data)}
     if command in ("grpo", "rft"):
-        table["reward"] = f"{hf / 'rewards.py'}:one"
+        table["reward"] = [f"{hf / 'rewards.py'}:one"]
     paths = {o.path.rsplit(".", 1)[-1]: o.path for o in options(module.Config)}
     for name, value in kw.items():
         *sections, leaf = paths[name].split(".")
@@ -326,7 +326,8 @@ def test_prompt_plus_generation_budget_and_the_model_context(hf, no_model):
     with pytest.raises(DataError, match=r"do not fit the model's context \(96 tokens, max_position_embeddings; "
                                         r"--max-length 2048\)"):
         check(_config(hf, "rft", "prompts.jsonl", max_new_tokens=16))
-    with pytest.raises(DataError, match=r"assistant_prompt\.jsonl:1: field 'prompt': start: message 1 has role 'assistant'"):
+    with pytest.raises(DataError, match=r"assistant_prompt\.jsonl:1: field 'prompt': start: the prompt ends with an "
+                                        r"assistant turn \(message 1\).*end the prompt with a user"):
         check(_config(hf, "grpo", "assistant_prompt.jsonl", group_size=2))
 
 

@@ -4,7 +4,9 @@ Directories are written atomically (`atomic_dir`): everything goes to a temporar
 sibling, is flushed to disk, and is renamed into place, so a crash mid-save leaves
 the previous checkpoint intact; `recover_dir` undoes a save cut between its two
 renames. Readers get a `CheckpointError` naming the file for anything missing,
-truncated or corrupted.
+truncated or corrupted; writers one naming the file and the OS reason for a full disk
+or a read-only directory (the previous checkpoint stays). Saved directories are
+readable by others as the umask allows (0755 / 0644).
 
 The formats built on these live with what they save: the TinyTransformer model
 directory in trajtune/models/tiny.py (`save_model` / `load_model`), Hugging Face
@@ -40,13 +42,20 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     A directory cannot be renamed over a non-empty one, so the previous `path` is
     first moved aside to `.<name>.old-<pid>`; a crash between the two renames leaves
     it there, and `recover_dir(path)` (called by readers such as the Checkpointer)
-    puts it back.
+    puts it back. The result is readable by others as the umask allows (0755 / 0644
+    under the usual 022; `mkdtemp` alone would leave it 0700). A write that fails for
+    a reason of the disk or the directory (full, read-only, no permission) is a
+    `CheckpointError` naming the file and the OS reason.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    except OSError as e:
+        raise write_error(path, e) from e
     try:
         yield tmp
+        share(tmp)
         for f in tmp.iterdir():  # flush file contents before the rename makes them visible
             if f.is_file():
                 with open(f, "rb") as fh:
@@ -59,9 +68,42 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(path.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) or _io_error(e):
+            raise write_error(path, e) from e
         raise
+
+
+def write_error(path: Path, e: BaseException) -> CheckpointError:
+    """'cannot write DIR: FILE: No space left on device' for an OSError (or a safetensors I/O error)
+    met while saving `path`; the previous checkpoint there is intact."""
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        reason = e.strerror or str(e)
+    else:
+        where, reason = "", str(e)
+    return CheckpointError(f"cannot write {path}: {where}{reason} (the previous checkpoint there, if any, is "
+                           "intact); free some space or choose a writable directory, then run the same command again")
+
+
+def _io_error(e: BaseException) -> bool:
+    """A safetensors write error that is the OS's (it wraps the OSError in its own type)."""
+    return isinstance(e, SafetensorError) and "IoError" in str(e)
+
+
+def share(directory: Path) -> None:
+    """Give `directory`, its subdirectories and files the permissions the umask allows for new
+    ones (0755 / 0644 under umask 022): readable by the others a saved model is for."""
+    umask = _umask()
+    os.chmod(directory, 0o777 & ~umask)
+    for root, dirs, files in os.walk(directory):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o777 & ~umask)
+        for f in files:
+            full = os.path.join(root, f)
+            executable = os.stat(full).st_mode & 0o111
+            os.chmod(full, (0o777 if executable else 0o666) & ~umask)
 
 
 def recover_dir(path: str | os.PathLike) -> bool:
@@ -75,6 +117,20 @@ def recover_dir(path: str | os.PathLike) -> bool:
         return False
     os.replace(aside[-1], path)
     return True
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc/self/status);
+    elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import errno
 import sys
 import time
 from importlib import resources
 from pathlib import Path
 
+from .checkpoint import CheckpointError
 from .config import ConfigError, from_dict, load_toml, set_dotted
-from .distributed import broadcast_object, init_distributed
+from .distributed import broadcast_object, init_distributed, is_main
 from .experiments import get_experiment
+from .stages import RunFailed, run_lock
 
 DEFAULT_RECIPE = "agent"
 RECIPE_KEYS = ("experiment", "description", "config")
@@ -81,12 +84,13 @@ def cmd_run(args) -> int:
         print("recipe is valid (dry run: nothing trained)")
         return 0
     t0 = time.time()
-    if args.seeds:
-        if not hasattr(module, "run_seeds"):
-            raise ConfigError(f"experiment {name!r} does not support --seeds (no run_seeds)")
-        report = module.run_seeds(config, run_dir, parse_seeds(args.seeds))
-    else:
-        report = module.run(config, run_dir)
+    if args.seeds and not hasattr(module, "run_seeds"):
+        raise ConfigError(f"experiment {name!r} does not support --seeds (no run_seeds)")
+    with run_lock(run_dir):  # one run per directory: a second one is refused, naming this one
+        if args.seeds:
+            report = module.run_seeds(config, run_dir, parse_seeds(args.seeds))
+        else:
+            report = module.run(config, run_dir)
     print(f"done in {time.time() - t0:.0f}s")
     print(report)
     return 0
@@ -138,20 +142,43 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_hf_parsers(sub)
+    from .chat_cli import add_chat_parser  # `trajtune chat --model DIR` (imports torch / transformers only when run)
+
+    add_chat_parser(sub)
     return p
 
 
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+"""OSErrors of the machine, not of trajtune (a full disk, a read-only or forbidden place): one line, exit 1"""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. Exit codes: 0 done; 2 a user error found before or while starting (options,
+    recipe, data, model files, device, run directory in use or finished); 1 the run failed (a save
+    that could not be written, every step skipped); 130 interrupted (a checkpoint was written)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ConfigError as e:
-        print(f"trajtune: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(f"{e}", 2)
+    except (CheckpointError, RunFailed) as e:
+        return _fail(f"{e}", 1)
+    except OSError as e:
+        if e.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        return _fail(f"cannot write {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}", 1)
     except KeyboardInterrupt as e:  # resume.RunInterrupted: a checkpoint was written first
         saved = f" ({e})" if str(e) else ""
-        print(f"trajtune: interrupted{saved}; run the same command again to resume", file=sys.stderr)
+        hint = getattr(e, "resume_hint", None) or "run the same command again to resume"
+        print(f"trajtune: interrupted{saved}; {hint}", file=sys.stderr)
         return 130
+
+
+def _fail(message: str, code: int) -> int:
+    """Say `message` once (rank 0 under torchrun: every rank meets the same error) and return `code`."""
+    if is_main():
+        print(f"trajtune: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

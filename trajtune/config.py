@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import tomllib
 import types
@@ -147,8 +148,10 @@ def set_dotted(data: dict, assignment: str, where: str = "--set") -> None:
     node[parts[-1]] = value
 
 
+@functools.lru_cache(maxsize=None)
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a dataclass (read from its source), for --help and docs."""
+    """The docstring under each field of a dataclass (read from its source, once per class), for --help
+    and docs. Callers must not modify the dict returned."""
     import ast
     import inspect
     import textwrap

@@ -1,7 +1,8 @@
 """Datasets in the formats TRL users already have -> trajectories, pairs and prompt tasks.
 
-Rows come from a JSONL file (one JSON object per line) or a `datasets.Dataset`
-(or any sequence of dicts). Four formats, told apart by their fields:
+Rows come from a file or directory -- JSON lines (.jsonl), a JSON array or JSON
+lines (.json), .parquet, a `Dataset.save_to_disk` directory (see `read_rows`) -- or
+a `datasets.Dataset` (or any sequence of dicts). Four formats, told apart by their fields:
 
     format        fields                                   becomes
     messages      messages: [{role, content}, ...]          SFT trajectories (every assistant turn trained)
@@ -16,7 +17,14 @@ preference row without `prompt` has an implicit prompt: `chosen` and `rejected`
 are whole conversations that share every message but the last assistant turn(s).
 Everything is rendered by `ChatRenderer`, the model's own chat template.
 
-A malformed row fails with `DataError` naming the file, the line (1-based) and
+What is trained (TRL's convention): every assistant turn of a `messages` row; of a
+`completion` or preference row only the completion. Assistant turns inside a
+conversational `prompt` (an earlier answer the user corrects, few-shot examples)
+are context -- PROMPT-owned, never trained or scored -- and a GRPO / RFT prompt may
+hold them too (it must end with a user, system or tool message).
+
+A malformed row fails with `DataError` naming the file, the line (1-based; for a
+table -- parquet, arrow, save_to_disk -- the row index, 0-based) and
 the missing or wrong field. Empty text is malformed too: an empty or
 whitespace-only string `prompt` / `completion` / `chosen` / `rejected`, an
 assistant message with empty content (and no tool_calls: nothing to train on)
@@ -66,27 +74,143 @@ class PromptTask:
 
 
 def read_rows(source: str | os.PathLike | Iterable[dict]) -> list[Row]:
-    """Rows of a JSONL file, a `datasets.Dataset` or a sequence of dicts (empty lines skipped)."""
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.exists():
-            raise DataError(f"{path}: no such file")
-        rows = []
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-                if not isinstance(obj, dict):
-                    raise DataError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-                rows.append(Row(obj, f"{path}:{n}"))
-        if not rows:
-            raise DataError(f"{path}: no rows")
-        return rows
-    return [Row(dict(r), f"dataset row {i}") for i, r in enumerate(source)]
+    """Rows of a dataset file or directory, a `datasets.Dataset` or a sequence of dicts.
+
+    A path is read by what it is (the formats `datasets` reads and writes):
+        directory            written by `Dataset.save_to_disk` (a DatasetDict directory: one split's folder)
+        .parquet / .arrow    one row per table row ('file row i', 0-based, in messages)
+        .json / .jsonl / any a JSON array of objects, or JSON lines: one object per line, empty lines
+                             skipped ('file:line', 1-based); told apart by the first character
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        return [Row(dict(r), f"dataset row {i}") for i, r in enumerate(source)]
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory")
+    if path.is_dir() or path.suffix in (".parquet", ".arrow"):  # a table: a null cell reads as a missing field
+        table = _saved_dataset(path) if path.is_dir() else _table_rows(path)
+        rows = [Row(r, f"{path} row {i}") for i, r in enumerate(table)]
+    else:
+        rows = _json_rows(path)
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    for row in rows:
+        if not isinstance(row.data, dict):
+            raise DataError(f"{row.where}: expected a JSON object (one row), got {type(row.data).__name__}")
+    return rows
+
+
+def _text(path: Path) -> str:
+    """The file as UTF-8 text (a leading byte-order mark dropped); bytes that are not UTF-8 name their line."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column {column}); "
+                        "save the file as UTF-8") from None
+
+
+def _json_rows(path: Path) -> list[Row]:
+    """JSON lines, or one JSON array of objects (each element named by the line it starts on)."""
+    text = _text(path)
+    if text.lstrip().startswith("["):
+        return _json_array(path, text)
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(Row(json.loads(line), f"{path}:{n}"))
+        except json.JSONDecodeError as e:
+            if not rows and _is_json(text):
+                raise DataError(f"{path}: one JSON value spread over several lines; expected JSON lines (one "
+                                "object per line) or a JSON array of objects") from None
+            raise DataError(f"{path}:{n}: not valid JSON ({e.msg}); expected JSON lines (one object per line) "
+                            "or a JSON array of objects") from e
+    return rows
+
+
+def _json_array(path: Path, text: str) -> list[Row]:
+    """The elements of a JSON array, each named by the line it starts on."""
+    decoder, rows = json.JSONDecoder(), []
+    i = _skip_space(text, text.index("[") + 1)
+    while not text.startswith("]", i):
+        line = _line(text, i)
+        try:
+            obj, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{_line(text, e.pos)}: not valid JSON ({e.msg}) in element {len(rows)} "
+                            "of the JSON array") from e
+        rows.append(Row(obj, f"{path}:{line}"))
+        i = _skip_space(text, i)
+        if text.startswith(",", i):
+            i = _skip_space(text, i + 1)
+            if text.startswith("]", i):
+                raise DataError(f"{path}:{_line(text, i)}: not valid JSON: a ',' after the last element of the JSON array")
+        elif not text.startswith("]", i):
+            raise DataError(f"{path}:{_line(text, i)}: not valid JSON: expected ',' or ']' after element "
+                            f"{len(rows) - 1} of the JSON array")
+    if _skip_space(text, i + 1) < len(text):
+        raise DataError(f"{path}:{_line(text, i + 1)}: not valid JSON: text after the JSON array")
+    return rows
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _line(text: str, i: int) -> int:
+    return text.count("\n", 0, i) + 1
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def _table_rows(path: Path) -> list[dict]:
+    """Rows of a .parquet file or a .arrow file (a `datasets` shard)."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path).to_pylist()
+        import datasets
+
+        return datasets.Dataset.from_file(str(path)).to_list()
+    except ImportError as e:
+        raise DataError(f"{path}: reading {path.suffix} files needs pyarrow and datasets "
+                        "(pip install 'trajtune[hf]')") from e
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise DataError(f"{path}: not a readable {path.suffix} file ({type(e).__name__}: {e})") from e
+
+
+def _saved_dataset(path: Path) -> list[dict]:
+    """Rows of a `Dataset.save_to_disk` directory; a DatasetDict directory must name its split."""
+    if (path / "dataset_dict.json").exists():
+        splits = sorted(p.name for p in path.iterdir() if (p / "state.json").exists())
+        if len(splits) != 1:
+            raise DataError(f"{path}: a DatasetDict with splits {splits}; pass one split's directory "
+                            f"(e.g. {path / ('train' if 'train' in splits or not splits else splits[0])})")
+        path = path / splits[0]
+    if not (path / "state.json").exists():
+        raise DataError(f"{path}: a directory, but not a dataset written by datasets' save_to_disk (no state.json); "
+                        "pass a .jsonl / .json / .parquet file or a save_to_disk directory")
+    try:
+        import datasets
+
+        return datasets.load_from_disk(str(path)).to_list()
+    except ImportError as e:
+        raise DataError(f"{path}: reading a save_to_disk directory needs datasets (pip install 'trajtune[hf]')") from e
+    except (OSError, ValueError, FileNotFoundError) as e:
+        raise DataError(f"{path}: cannot read the saved dataset ({type(e).__name__}: {e})") from e
 
 
 def detect_format(row: Row) -> str:
@@ -143,25 +267,42 @@ def _messages(row: Row, name: str, value: Any, default_role: str) -> list[dict]:
     return [dict(m) for m in value]
 
 
-def _render(renderer: ChatRenderer, row: Row, messages: list[dict]) -> list[Trajectory]:
+def _message_list(row: Row) -> list[dict]:
+    """The 'messages' field: a list of messages (a string is not a conversation in TRL's formats either)."""
+    value = _field(row, "messages")
+    if isinstance(value, str):
+        raise DataError(f"{row.where}: field 'messages' is a string ({value[:40]!r}); it must be a list of "
+                        '{"role": ..., "content": ...} messages (for a prompt and its answer as two strings, use '
+                        "'prompt' and 'completion' fields)")
+    return _messages(row, "messages", value, "user")
+
+
+def _render(renderer: ChatRenderer, row: Row, messages: list[dict], context: int = 0) -> list[Trajectory]:
+    """Render a row's conversation; the first `context` messages are its prompt (never trained)."""
     try:
-        return renderer.render_samples(messages, info={"source": row.where})
+        return renderer.render_samples(messages, info={"source": row.where}, context=context)
     except TemplateError as e:
         raise DataError(f"{row.where}: {e}") from e
 
 
 # --- the formats ----------------------------------------------------------------------
-def conversation(row: Row) -> list[dict]:
-    """The conversation of a 'messages' or 'completion' row."""
+def conversation(row: Row) -> tuple[list[dict], int]:
+    """(the conversation, its prompt length in messages) of a 'messages' row (prompt length 0: every
+    assistant turn trained) or a 'completion' row (the prompt's messages, assistant turns included,
+    are context: only the completion is trained, as in TRL)."""
     d = row.data
     if "messages" in d:
-        msgs = _messages(row, "messages", _field(row, "messages"), "user")
+        msgs, context = _message_list(row), 0
     else:
-        msgs = _messages(row, "prompt", _field(row, "prompt"), "user") + \
-            _messages(row, "completion", _field(row, "completion"), "assistant")
+        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
+        completion = _messages(row, "completion", _field(row, "completion"), "assistant")
+        if not any(m["role"] == "assistant" for m in completion):
+            raise DataError(f"{row.where}: field 'completion' has no assistant message to train on "
+                            "(the prompt's messages are context, never trained)")
+        msgs, context = prompt + completion, len(prompt)
     if not any(m["role"] == "assistant" for m in msgs):
         raise DataError(f"{row.where}: the conversation has no assistant message to train on")
-    return msgs
+    return msgs, context
 
 
 def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer) -> list[Trajectory]:
@@ -169,17 +310,19 @@ def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer) -> list[Trajec
     check_format(rows, ("messages", "completion"))
     out = []
     for row in rows:
-        out += _render(renderer, row, conversation(row))
+        out += _render(renderer, row, *conversation(row))
     return out
 
 
-def preference_conversations(row: Row) -> tuple[list[dict], list[dict]]:
-    """(chosen, rejected) conversations of a preference row, explicit or implicit prompt."""
+def preference_conversations(row: Row) -> tuple[list[dict], list[dict], int]:
+    """(chosen, rejected, prompt length in messages) of a preference row. The prompt is explicit
+    ('prompt') or implicit: the longest run of leading messages `chosen` and `rejected` share (TRL's
+    `extract_prompt`). Its assistant turns are context; only what follows it is scored."""
     chosen, rejected = _field(row, "chosen"), _field(row, "rejected")
     if "prompt" in row.data:
         prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
         return (prompt + _messages(row, "chosen", chosen, "assistant"),
-                prompt + _messages(row, "rejected", rejected, "assistant"))
+                prompt + _messages(row, "rejected", rejected, "assistant"), len(prompt))
     c, r = _messages(row, "chosen", chosen, "assistant"), _messages(row, "rejected", rejected, "assistant")
     if isinstance(chosen, str) or isinstance(rejected, str):
         raise DataError(f"{row.where}: missing field 'prompt' (string 'chosen'/'rejected' need an explicit prompt)")
@@ -188,17 +331,19 @@ def preference_conversations(row: Row) -> tuple[list[dict], list[dict]]:
         shared += 1
     if shared == 0:
         raise DataError(f"{row.where}: implicit prompt: 'chosen' and 'rejected' share no leading messages")
-    return c, r
+    return c, r, shared
 
 
 def preference_pairs(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[Trajectory, Trajectory]]:
-    """Preference rows -> (chosen, rejected) trajectory pairs (the last rendered sample of each side)."""
+    """Preference rows -> (chosen, rejected) trajectory pairs (the last rendered sample of each side;
+    the prompt's tokens, assistant turns included, are context: only the completions are scored)."""
     check_format(rows, ("preference",))
     pairs = []
     for row in rows:
         sides = []
-        for name, conv in zip(("chosen", "rejected"), preference_conversations(row), strict=True):
-            samples = _render(renderer, row, conv)
+        chosen, rejected, context = preference_conversations(row)
+        for name, conv in zip(("chosen", "rejected"), (chosen, rejected), strict=True):
+            samples = _render(renderer, row, conv, context)
             if not samples:
                 raise DataError(f"{row.where}: field {name!r} has no assistant message to score")
             sides.append(samples[-1])
@@ -212,7 +357,7 @@ def prompt_tasks(rows: Sequence[Row]) -> list[PromptTask]:
     for i, row in enumerate(rows):
         prompt = row.data.get("prompt")
         if prompt is None and "messages" in row.data:  # a conversation: everything before the first assistant turn
-            msgs = _messages(row, "messages", row.data["messages"], "user")
+            msgs = _message_list(row)
             prompt = msgs[: next((k for k, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))]
         if prompt is None:
             raise DataError(f"{row.where}: missing field 'prompt'")
@@ -223,50 +368,3 @@ def prompt_tasks(rows: Sequence[Row]) -> list[PromptTask]:
         tasks.append(PromptTask(name=f"row{i}", prompt=prompt, columns=columns, where=row.where))
     return tasks
 
-
-def load_reward_function(spec: str):
-    """Import a reward function given as 'module:function' (module path or dotted name).
-
-    The function follows TRL's convention: `fn(prompts, completions, **columns) -> list[float]`,
-    one reward per completion; `columns` holds the dataset's other columns, one list each.
-    """
-    import importlib
-    import importlib.util
-
-    if ":" not in spec:
-        raise DataError(f"reward function {spec!r}: expected 'module:function' (e.g. 'my_rewards:exact_match')")
-    mod_name, fn_name = spec.rsplit(":", 1)
-    try:
-        if mod_name.endswith(".py") or os.sep in mod_name:
-            s = importlib.util.spec_from_file_location(Path(mod_name).stem, mod_name)
-            if s is None or s.loader is None:
-                raise ImportError(f"cannot load {mod_name}")
-            module = importlib.util.module_from_spec(s)
-            s.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except (ImportError, FileNotFoundError) as e:
-        raise DataError(f"reward function {spec!r}: cannot import {mod_name!r} ({e})") from e
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise DataError(f"reward function {spec!r}: {mod_name!r} has no callable {fn_name!r}")
-    return fn
-
-
-def reward_verifier(fn):
-    """Wrap a TRL-style reward function as a trajtune verifier `(task, reply) -> (reward, checks)`.
-
-    The completion is passed in the prompt's form: a string for string prompts, a
-    one-message list `[{"role": "assistant", "content": reply}]` for conversational ones.
-    """
-
-    def verifier(task: PromptTask, reply: str):
-        completion = reply if isinstance(task.prompt, str) else [{"role": "assistant", "content": reply}]
-        out = fn(prompts=[task.prompt], completions=[completion], **{k: [v] for k, v in task.columns.items()})
-        try:
-            (reward,) = list(out)
-            return float(reward), {}
-        except (TypeError, ValueError) as e:
-            raise DataError(f"reward function returned {out!r}; expected a list with one number per completion") from e
-
-    return verifier

@@ -73,7 +73,11 @@ class OptimConfig:
     warmup_steps: int = 0
     """linear warm-up from 0 to lr over this many optimizer steps"""
     decay_steps: int = 0
-    """if > 0, cosine decay from lr to lr/10 over this many steps after warm-up"""
+    """if > 0, decay from lr to lr * min_lr_ratio over this many steps after warm-up"""
+    decay: Literal["cosine", "linear"] = "cosine"
+    """the shape of that decay: cosine (nanoGPT's) or linear (transformers' "linear")"""
+    min_lr_ratio: float = 0.1
+    """the decay ends at lr * min_lr_ratio (0: where transformers' schedules end)"""
     on_nonfinite: Literal["skip", "stop"] = "skip"
     """a NaN/Inf gradient skips the step (logged as train/skipped) or stops the run"""
 
@@ -87,15 +91,18 @@ class OptimConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
     def lr_at(self, step: int) -> float:
         # 1. warm-up: linear from lr / warmup_steps to lr
         if self.warmup_steps and step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
-        # 2. decay: cosine from lr to lr / 10 over decay_steps, then flat at lr / 10
+        # 2. decay: cosine or linear from lr to lr * min_lr_ratio over decay_steps, then flat there
         if self.decay_steps:
             t = min(1.0, (step - self.warmup_steps) / self.decay_steps)
-            return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+            shape = 0.5 * (1 + math.cos(math.pi * t)) if self.decay == "cosine" else 1.0 - t
+            return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * shape)
         # 3. constant
         return self.lr
 

@@ -19,14 +19,25 @@ Aliases, kept from the earlier command line (listed in each command's --help):
     grpo  --prompts-per-step   = --tasks-per-step   (rl.tasks_per_step)
     rft   --steps              = --steps-per-round  (rft.steps_per_round)
     rft   --group-size         = --samples-per-task (rft.samples_per_task)
-`--out` (default runs/hf) is the run directory; the same command again resumes a run cut short.
+The run directory (`run_lifecycle`): `--out DIR`, or a fresh `runs/<command>-<YYYYmmdd-HHMMSS>`
+(printed at start) so that no two runs ever share one by default. A run holds a lock on it; a
+second run there is refused, naming the first. The same command with the same --out again:
+    a run cut short (Ctrl-C, SIGTERM, a periodic checkpoint)   resumes: "resuming from step N of M"
+    a run killed before any checkpoint                          starts again from step 0 (says so;
+                                                                its metric rows are dropped)
+    a finished run                                              refused, unless --overwrite (which
+                                                                deletes its outputs and starts afresh)
+`--dry-run` makes every check that comes before the model loads, and stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
+import shutil
+import time
 import types
 import typing
 from pathlib import Path
@@ -34,7 +45,8 @@ from typing import Literal, get_args, get_origin
 
 from .config import ConfigError, from_dict
 from .experiments.hf import METHODS
-from .experiments.hf.options import name_options, options
+from .experiments.hf.options import name_options, options, trl_names, trl_refusal
+from .experiments.hf.schedule import check_given
 
 COMMANDS = {
     "sft": "supervised fine-tuning on conversations or prompt/completion rows",
@@ -49,7 +61,10 @@ ALIASES = {
 }
 """command -> config path -> extra flags for it (today's spellings)"""
 REQUIRED = ("model.path", "data")
-DEFAULT_OUT = "runs/hf"
+RUNS = Path("runs")
+"""where a run without --out gets its fresh directory, runs/<command>-<YYYYmmdd-HHMMSS>"""
+OUTPUTS = ("model", "checkpoints", "metrics.jsonl", "config.json", "report.md", "report.html", "tb", "wandb")
+"""what a run writes in its directory besides its stage directory and report-*.png (--overwrite removes them)"""
 
 
 def add_hf_parsers(subparsers) -> None:
@@ -59,8 +74,13 @@ def add_hf_parsers(subparsers) -> None:
         p = subparsers.add_parser(command, help=f"HF model: {help_text}", description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter,
                                   allow_abbrev=False)  # --beta is DPO's beta, never a prefix of --beta1
-        p.add_argument("--out", default=DEFAULT_OUT, help=f"run directory: metrics.jsonl, config.json, model/, "
-                       f"checkpoints/ (default {DEFAULT_OUT}); the same command again resumes a run cut short")
+        p.add_argument("--out", help=f"run directory: metrics.jsonl, config.json, model/, checkpoints/, report.md "
+                       f"(default: a fresh {RUNS}/{command}-YYYYmmdd-HHMMSS); the same command with the same --out "
+                       "resumes a run cut short")
+        p.add_argument("--overwrite", action="store_true", help="--out holds a finished (or unfinished) run: delete "
+                       "its model, checkpoints, metrics and resume state, and train again from step 0")
+        p.add_argument("--dry-run", action="store_true", help="check the model and data paths, every row and "
+                       "length, the device and the options; then stop before the model loads")
         add_options(p, module.Config, ALIASES.get(command, {}))
         p.set_defaults(func=cmd_hf, hf_command=command)
 
@@ -76,8 +96,18 @@ def add_options(parser: argparse.ArgumentParser, cls, aliases: dict[str, tuple[s
             groups[section] = parser.add_argument_group(f"[config.{section}]" if section else "[config]")
         default = f" (recipe: {o.path})" if o.path in REQUIRED else f" (default {o.default!r}; recipe: {o.path})"
         help_text = (o.doc.replace("\n", " ") + default).replace("%", "%%")
-        groups[section].add_argument(o.flag, *aliases.get(o.path, ()), dest=o.path, default=argparse.SUPPRESS,
-                                     metavar=_metavar(o), required=o.path in REQUIRED, help=help_text, **_kind(o.type))
+        groups[section].add_argument(o.flag, *o.aliases, *aliases.get(o.path, ()), dest=o.path,
+                                     default=argparse.SUPPRESS, metavar=_metavar(o), required=o.path in REQUIRED,
+                                     help=help_text, **_kind(o.type))
+    for name in trl_names(cls):  # TRL's spelling of something trajtune spells or means differently
+        parser.add_argument(name, nargs="*", action=_RefuseTRLName, const=trl_refusal(cls, name), help=argparse.SUPPRESS)
+
+
+class _RefuseTRLName(argparse.Action):
+    """A TRL argument trajtune spells or means differently: an error that names the flag to use."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(self.const)
 
 
 def _metavar(o) -> str | None:
@@ -96,8 +126,9 @@ def _kind(tp) -> dict:
         return {"choices": list(args), "type": type(args[0])}
     if origin in (typing.Union, types.UnionType) and type(None) in args:
         return _kind(next(a for a in args if a is not type(None)))
-    if origin in (list, tuple):
-        return {"nargs": "*", **{k: v for k, v in _kind(args[0] if args else str).items() if k != "action"}}
+    if origin in (list, tuple):  # --reward a.py:f --reward b.py:g and --reward a.py:f b.py:g alike (flags default to SUPPRESS)
+        return {"nargs": "*", "action": "extend",
+                **{k: v for k, v in _kind(args[0] if args else str).items() if k != "action"}}
     if tp in (int, float, str):
         return {"type": tp}
     raise TypeError(f"no command-line flag for a field of type {tp!r}")
@@ -105,6 +136,7 @@ def _kind(tp) -> dict:
 
 def config_from_args(args: argparse.Namespace, cls):
     """The config the given flags describe: their nested table through `from_dict`, as a recipe's."""
+    check_given(o.path for o in options(cls) if hasattr(args, o.path))
     table: dict = {}
     for o in options(cls):
         if hasattr(args, o.path):
@@ -128,11 +160,124 @@ def build(cls, table: dict):
 
 
 def cmd_hf(args) -> int:
-    """Build the command's config from its flags and run the experiment (the recipe path)."""
-    from .distributed import init_distributed
+    """Build the command's config from its flags and run the experiment (the recipe path) in its run
+    directory (`run_lifecycle`)."""
+    from .distributed import init_distributed, is_main
+    from .experiments.hf.common import dry_run, stage_name
 
     module = importlib.import_module(METHODS[args.hf_command])
     config = config_from_args(args, module.Config)
+    _quiet_transformers()
     init_distributed()  # under torchrun: join the process group (every rank runs the same stage)
-    module.run(config, Path(args.out))
+    if args.dry_run:
+        out = Path(args.out) if args.out else fresh_run_dir(args.hf_command, create=False)
+        if not args.overwrite:
+            refuse_finished(out, stage_name(config), args.hf_command)
+        print(dry_run(config, out, module.prepare))
+        return 0
+    out = Path(args.out) if args.out else fresh_run_dir(args.hf_command)
+    if not args.out and is_main():
+        print(f"trajtune {args.hf_command}: run directory {out} (--out DIR to choose one)", flush=True)
+    try:
+        run_lifecycle(module, config, out, args.hf_command, args.overwrite)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) and not args.out:
+            e.resume_hint = f"run the same command with --out {out} to resume"
+        if not args.out and is_main():
+            remove_if_unused(out)  # a run refused before it wrote anything leaves no empty directory behind
+        raise
     return 0
+
+
+def remove_if_unused(out: Path) -> None:
+    """Remove the fresh run directory `out` if the run wrote nothing in it but its locks."""
+    if out.is_dir() and all(p.name in (".lock", ".metrics.lock") for p in out.iterdir()):
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def run_lifecycle(module, config, out: Path, command: str, overwrite: bool) -> None:
+    """Lock `out`; refuse a finished run there unless `overwrite` (then clear it); run."""
+    from .distributed import broadcast_object, is_main
+    from .experiments.hf.common import stage_name
+    from .stages import run_lock
+
+    stage = stage_name(config)
+    with run_lock(out):
+        refusal = None
+        if is_main():  # rank 0 decides; every rank hears it (under torchrun)
+            try:
+                if overwrite:
+                    gone = clear_run(out, stage)
+                    if gone:
+                        print(f"trajtune {command}: --overwrite: removed the earlier run's {', '.join(gone)} in {out}",
+                              flush=True)
+                else:
+                    refuse_finished(out, stage, command)
+            except ConfigError as e:
+                refusal = str(e)
+        refusal = broadcast_object(refusal)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        module.run(config, out)
+
+
+def fresh_run_dir(command: str, create: bool = True) -> Path:
+    """runs/<command>-<YYYYmmdd-HHMMSS>, or with -2, -3 ... where that exists; made at once (rank 0's
+    choice on every rank), so two runs started in the same second get two directories."""
+    from .distributed import broadcast_object, is_main
+
+    path = None
+    if is_main():
+        base = RUNS / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+        for n in range(1, 10_000):
+            path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            if not create:
+                if not path.exists():
+                    break
+                continue
+            try:
+                path.mkdir(parents=True)
+                break
+            except FileExistsError:
+                continue
+    return Path(broadcast_object(str(path)))
+
+
+def refuse_finished(out: Path, stage: str, command: str) -> None:
+    """A ConfigError when `out` holds a finished run of this stage: what is there and how to go on."""
+    results = out / stage / "results.json"
+    if not results.exists():
+        return
+    try:
+        done = json.loads(results.read_text())
+        what = f"{done.get('steps', '?')} optimizer steps, model in {done.get('model', out / 'model')}"
+    except (OSError, ValueError, AttributeError):
+        what = f"see {results}"
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(results.stat().st_mtime))
+    raise ConfigError(f"{out} holds a finished {command} run ({what}; finished {when}). Pass --overwrite to delete "
+                      f"it and train again from step 0, choose another --out, or leave --out out for a fresh "
+                      f"{RUNS}/{command}-TIME directory")
+
+
+def clear_run(out: Path, stage: str) -> list[str]:
+    """Remove what a run wrote in `out` (OUTPUTS, its stage directory, report-*.png); the lock stays.
+    Returns the names removed."""
+    gone = []
+    for p in [*(out / n for n in (*OUTPUTS, stage)), *sorted(out.glob("report-*.png"))]:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+            gone.append(p.name + "/")
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+            gone.append(p.name)
+    return gone
+
+
+def _quiet_transformers() -> None:
+    """transformers' own bars ("Loading weights", "Writing model shards") would interleave with the run's
+    metric lines in a log; the command's lines say what happens."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # the data checks run without the hf extra
+        return
+    hf_logging.disable_progress_bar()

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from .metrics import MetricsLogger, progress
+from .metrics import Console, MetricsLogger, progress
 from .resume import Checkpointer, trajectories_from_json, trajectories_to_json
 from .trajectory import Trajectory
 
@@ -53,11 +53,15 @@ class Run:
     logger:       a `MetricsLogger` (None: rows are only returned)
     evaluate:     `evaluate(step) -> metrics` at the steps the loop marks (`eval_now`)
     checkpointer: a `Checkpointer` for periodic / Ctrl-C saves and exact resume
+    console:      a `metrics.Console` that shows the rows to a person (a line every N steps, or a
+                  progress bar with their values); None: a plain progress bar (terminals only)
     """
 
     def __init__(self, stage: str = "train", logger: MetricsLogger | None = None,
-                 evaluate: Callable[[int], dict] | None = None, checkpointer: Checkpointer | None = None):
+                 evaluate: Callable[[int], dict] | None = None, checkpointer: Checkpointer | None = None,
+                 console: Console | None = None):
         self.stage, self.logger, self.evaluate, self.checkpointer = stage, logger, evaluate, checkpointer
+        self.console = console
         self.history: list[dict] = []
 
     # --- 0. where the loop starts
@@ -66,9 +70,9 @@ class Run:
         restored, `history` comes back from the checkpoint, the logger forgets the stage's rows after
         it (they are logged again), and `state`'s fields are refilled from the checkpoint."""
         ck = self.checkpointer
-        if ck is None:
-            return 0, state
-        start = ck.resume(engine)
+        start = ck.resume(engine) if ck is not None else 0
+        if self.console is not None:
+            self.console.start(start)
         if not start:
             return 0, state
         if self.logger is not None:
@@ -80,7 +84,10 @@ class Run:
         return start, state
 
     def steps(self, start: int, total: int) -> Iterable[int]:
-        """range(start, total) with a progress bar named after the stage."""
+        """range(start, total) with a progress bar named after the stage (the console's, if any)."""
+        if self.console is not None:
+            self.console.start(start, total)
+            return range(start, total)
         return progress(range(start, total), desc=self.stage)
 
     def reference(self, engine, start: int):
@@ -99,6 +106,8 @@ class Run:
         if self.logger is not None:
             self.logger.log(step, row, stage=self.stage)
         self.history.append({"step": step, **row})
+        if self.console is not None:
+            self.console.update(step, row)
         if save:
             self.checkpoint(engine, step, state)
 

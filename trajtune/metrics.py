@@ -6,8 +6,18 @@ Every run writes `metrics.jsonl` into its run directory. A line looks like
 
 Keys are `namespace/name`. `METRICS` below is the glossary: every key any loop
 logs is documented here (a test checks it), so a reader of a metrics file
-never has to guess what a number means. TensorBoard is optional
-(`pip install trajtune[tensorboard]`) behind the same `log` call.
+never has to guess what a number means.
+
+Where rows go besides the file, one small interface (`Tracker`: `log(step, metrics, stage)`,
+`close()`), fed by `MetricsLogger.log`:
+
+    TensorBoardTracker   run_dir/tb (torch.utils.tensorboard; `pip install 'trajtune[tensorboard]'`)
+    WandbTracker         Weights & Biases, offline unless WANDB_MODE says otherwise (`pip install wandb`)
+
+`make_tracker(name, run_dir)` builds one by name (`TRACKERS`); `check_tracker(name)` says before
+a run starts what is missing. `Console` is what a person watching sees: a line every N steps
+(loss, reward or accuracy, KL, lr, tokens/s, ETA) when stdout is a file or a pipe (nohup, SLURM,
+containers), a progress bar with the same values on a terminal; `loop.Run` feeds it.
 """
 
 from __future__ import annotations
@@ -16,9 +26,10 @@ import contextlib
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import IO, Iterable, Protocol
 
 try:
     import fcntl
@@ -27,13 +38,15 @@ except ImportError:  # pragma: no cover - Windows: one process per run directory
 
 from tqdm.auto import tqdm
 
+from .config import ConfigError
+
 METRICS: dict[str, str] = {
     # --- train: one optimizer step (loops)
     "train/loss": "loss minimised at this step (after aggregation)",
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used for this step",
     "train/tokens": "number of trained-on (POLICY) tokens in the step's batch",
-    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged)",
+    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged); RFT: the round's count",
     "train/kept_episodes": "episodes the RL step trained on (after dropping zero-variance groups)",
     "train/round": "expert-iteration / iw-SFT round (1-based)",
     # --- eval: measured without gradient
@@ -135,14 +148,15 @@ def register(key: str, doc: str) -> None:
 
 
 class MetricsLogger:
-    """Append-only `metrics.jsonl` writer; optionally mirrors scalars to TensorBoard.
+    """Append-only `metrics.jsonl` writer; every row also goes to its `trackers` (TensorBoard, W&B).
 
     Several processes may log to one run directory (an experiment's parallel stages):
     every write holds a lock (`.metrics.lock`, POSIX) and reopens the file if another
     process replaced it (`drop_after`), so no row is lost or written to a stale file.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = False, strict: bool = False):
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = False, strict: bool = False,
+                 trackers: Iterable[Tracker] = ()):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
@@ -150,30 +164,33 @@ class MetricsLogger:
         self._lock_fh = open(self.run_dir / ".metrics.lock", "a")
         self._t0 = time.time()
         self.strict = strict
-        self._tb = None
+        self.trackers: list[Tracker] = list(trackers)
+        """where every row goes besides the file (`add` more)"""
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:  # pragma: no cover - depends on the optional extra
-                raise ImportError("TensorBoard logging needs `pip install trajtune[tensorboard]`") from e
-            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            self.add(make_tracker("tensorboard", self.run_dir))
+
+    def add(self, tracker: Tracker) -> Tracker:
+        """Send every later row to `tracker` too (closed with this logger)."""
+        self.trackers.append(tracker)
+        return tracker
 
     def log(self, step: int, metrics: dict[str, float], stage: str | None = None) -> None:
         row: dict = {"step": int(step), "time": round(time.time() - self._t0, 3)}
         if stage is not None:
             row["stage"] = stage
+        values = {}
         for k, v in metrics.items():
             if "/" not in k:
                 raise ValueError(f"metric key {k!r} is not namespaced (e.g. 'train/{k}')")
             if self.strict and not is_documented(k):
                 raise KeyError(f"metric key {k!r} is not documented in trajtune.metrics.METRICS")
-            v = float(v)
+            values[k] = v = float(v)
             row[k] = v if math.isfinite(v) else str(v)
-            if self._tb is not None:
-                self._tb.add_scalar(k if stage is None else f"{stage}/{k}", v, step)
         with self._locked():
             self._fh.write(json.dumps(row) + "\n")
             self._fh.flush()
+        for t in self.trackers:
+            t.log(int(step), values, stage)
 
     @contextlib.contextmanager
     def _locked(self):
@@ -193,13 +210,14 @@ class MetricsLogger:
             if fcntl is not None:
                 fcntl.flock(self._lock_fh.fileno(), fcntl.LOCK_UN)
 
-    def drop_after(self, stage: str, step: int) -> None:
-        """Remove rows of `stage` logged after `step` (a resumed run logs them again; -1: all its rows)."""
+    def drop_after(self, stage: str, step: int) -> int:
+        """Remove rows of `stage` logged after `step` (a resumed run logs them again; -1: all its rows);
+        returns how many were removed."""
         with self._locked():
             rows = read_metrics(self.path)
             kept = [r for r in rows if not (r.get("stage") == stage and r.get("step", 0) > step)]
             if len(kept) == len(rows):
-                return
+                return 0
             tmp = self.path.with_suffix(".tmp")
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in kept))
@@ -208,12 +226,14 @@ class MetricsLogger:
             os.replace(tmp, self.path)
             self._fh.close()
             self._fh = open(self.path, "a", encoding="utf-8")
+            return len(rows) - len(kept)
 
     def close(self) -> None:
         self._fh.close()
         self._lock_fh.close()
-        if self._tb is not None:
-            self._tb.close()
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
 
     def __enter__(self) -> "MetricsLogger":
         return self
@@ -245,3 +265,160 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 def progress(iterable: Iterable | None = None, total: int | None = None, desc: str = "", disable: bool | None = None):
     """A tqdm progress bar with ETA (hidden when stderr is not a terminal unless forced)."""
     return tqdm(iterable, total=total, desc=desc, disable=disable, dynamic_ncols=True, leave=False)
+
+
+# --- trackers: where rows go besides metrics.jsonl ---------------------------------------------
+class Tracker(Protocol):
+    """A sink for metric rows (TensorBoard, W&B, your own): `MetricsLogger.add(tracker)`."""
+
+    def log(self, step: int, metrics: dict[str, float], stage: str | None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+TRACKERS = {"tensorboard": ("torch.utils.tensorboard", "pip install 'trajtune[tensorboard]'"),
+            "wandb": ("wandb", "pip install wandb")}
+"""name -> (the module it imports, how to install it)"""
+
+
+def check_tracker(name: str) -> None:
+    """Before a run starts: a ConfigError naming the install command if tracker `name` cannot load."""
+    import importlib
+
+    if name not in TRACKERS:
+        raise ConfigError(f"--report-to {name!r}: choose from {', '.join(TRACKERS)}")
+    module, install = TRACKERS[name]
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"--report-to {name} needs a package that is not installed ({e}); {install}") from None
+
+
+def make_tracker(name: str, run_dir: str | os.PathLike, config: dict | None = None) -> Tracker:
+    """The tracker called `name` ("tensorboard": run_dir/tb; "wandb": offline in run_dir/wandb)."""
+    check_tracker(name)
+    return TensorBoardTracker(run_dir) if name == "tensorboard" else WandbTracker(run_dir, config)
+
+
+class TensorBoardTracker:
+    """Scalars to run_dir/tb, tagged `<stage>/<key>` (`tensorboard --logdir run_dir/tb`)."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
+
+    def log(self, step: int, metrics: dict[str, float], stage: str | None) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k if stage is None else f"{stage}/{k}", v, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """A Weights & Biases run in run_dir/wandb: offline (no network, `wandb sync` uploads it later)
+    unless the user set WANDB_MODE; the project is $WANDB_PROJECT or "trajtune"."""
+
+    def __init__(self, run_dir: str | os.PathLike, config: dict | None = None):
+        os.environ.setdefault("WANDB_MODE", "offline")
+        import wandb
+
+        run_dir = Path(run_dir)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "trajtune"), name=run_dir.name,
+                              dir=str(run_dir), config=config or {})
+
+    def log(self, step: int, metrics: dict[str, float], stage: str | None) -> None:
+        self.run.log({k if stage is None else f"{stage}/{k}": v for k, v in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+# --- the console: what a person watching a run sees ----------------------------------------------
+SHOWN = (("loss", ("train/loss",)), ("reward", ("rollout/reward",)),
+         ("acc", ("dpo/accuracy", "rm/accuracy", "simpo/accuracy", "orpo/accuracy")), ("kl", ("kl/k3", "kl/k1")),
+         ("lr", ("train/lr",)))
+"""(label, keys): a console line shows the first of `keys` a row has"""
+
+
+class Console:
+    """Training progress for a person: every `every`-th step (and the last, and every evaluation)
+    a line `sft  step 10/100  loss 1.2345  kl 0.0123  lr 1.0e-05  812 tok/s  eta 1m05s` when `stream`
+    (stdout) is not a terminal; on a terminal a tqdm bar with those values instead.
+
+    `start(step, total)` when the loop starts (a resume starts at its step), `update(step, row)`
+    after each logged row (`loop.Run` calls both). Rows may skip steps (RFT logs once per round)."""
+
+    def __init__(self, stage: str, every: int = 10, total: int | None = None, stream: IO | None = None,
+                 bar: bool | None = None):
+        self.stage, self.every, self.total = stage, max(int(every), 1), total
+        self.stream = stream or sys.stdout
+        self.bar = _isatty(self.stream) if bar is None else bar
+        self._tqdm = None
+        self._begin, self._shown, self._tokens, self._t0 = 0, 0, 0.0, time.perf_counter()
+
+    def start(self, step: int, total: int | None = None) -> None:
+        self.total = self.total or total
+        self._begin = self._shown = step
+        self._tokens, self._t0 = 0.0, time.perf_counter()
+
+    def update(self, step: int, row: dict) -> None:
+        self._tokens += float(row.get("train/tokens", 0.0))
+        evals = {k: v for k, v in row.items() if k.startswith("eval/")}
+        if self.bar and self._tqdm is None:
+            self._tqdm = tqdm(total=self.total, initial=self._begin, desc=self.stage, file=self.stream,
+                              dynamic_ncols=True, leave=True)
+        if self._tqdm is not None:
+            self._tqdm.update(max(step - self._tqdm.n, 0))
+            self._tqdm.set_postfix_str(self.values(step, row), refresh=True)
+            if evals:
+                self._tqdm.write(f"{self.stage}  step {step}  " + _pairs(evals))
+            if self.total and step >= self.total:
+                self._tqdm.close()
+            return
+        last = bool(self.total) and step >= self.total
+        if evals or last or step // self.every > self._shown // self.every:
+            self._shown = step
+            where = f"{step}/{self.total}" if self.total else str(step)
+            text = f"{self.stage}  step {where}  {self.values(step, row)}" + (f"  {_pairs(evals)}" if evals else "")
+            print(text, file=self.stream, flush=True)
+
+    def values(self, step: int, row: dict) -> str:
+        """'loss 1.2345  kl 0.0123  lr 1.0e-05  812 tok/s  eta 1m05s' for `row` at `step`."""
+        parts = []
+        for label, keys in SHOWN:
+            key = next((k for k in keys if k in row), None)
+            if key is not None:
+                v = float(row[key])
+                parts.append(f"{label} {v:.1e}" if label == "lr" else f"{label} {v:.4g}")
+        if row.get("train/skipped"):
+            parts.append("SKIPPED (non-finite)")
+        elapsed, done = time.perf_counter() - self._t0, step - self._begin
+        if done > 0 and elapsed > 0:
+            parts.append(f"{self._tokens / elapsed:,.0f} tok/s" if self._tokens else f"{elapsed / done:.2f} s/step")
+            if self.total and self.total > step:
+                parts.append(f"eta {_duration(elapsed / done * (self.total - step))}")
+        return "  ".join(parts)
+
+
+def _pairs(values: dict) -> str:
+    return "  ".join(f"{k} {float(v):.4g}" for k, v in values.items())
+
+
+def _duration(seconds: float) -> str:
+    """'45s', '3m05s', '2h07m'."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

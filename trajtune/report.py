@@ -3,6 +3,8 @@
 Every experiment ends with `write_report(run_dir, title, sections)`, which writes
 `report.md` and an HTML rendering of it next to the PNG figures, and returns the
 path of `report.md` (an experiment's run prints it as its last line).
+`write_run_report(run_dir, title)` is the report of any run directory from its
+metrics.jsonl alone (loss, reward, KL, lr, eval curves): the Hugging Face commands' report.
 
 A *claim* is what REPRODUCE.md says must hold; the seed's exact numbers are
 context. `Claim` rows put both side by side with a verdict, so a reader sees at
@@ -149,3 +151,73 @@ def write_report(run_dir: str | Path, title: str, sections: Sequence[str]) -> Pa
     )
     (run_dir / "report.html").write_text(html, encoding="utf-8")
     return md
+
+
+# --- the report of any run directory, from its metrics.jsonl --------------------------------
+RUN_PLOTS = (
+    ("loss", "training loss", ("train/loss",)),
+    ("reward", "reward of sampled completions", ("rollout/reward", "rollout/pass_rate")),
+    ("kl", "KL(policy || reference) per token", ("kl/k3", "kl/k1", "kl/k2")),
+    ("accuracy", "preference accuracy", ("dpo/accuracy", "rm/accuracy", "simpo/accuracy", "orpo/accuracy")),
+    ("lr", "learning rate", ("train/lr",)),
+    ("eval", "evaluation", ("eval/",)),
+)
+"""(file stem, title, keys) of `write_run_report`'s figures; a key ending in '/' is a prefix"""
+
+
+def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
+    """report.md / report.html for any run directory from its metrics.jsonl: a summary table per
+    stage (first, last, min, max of the plotted keys) and one figure per group the rows have
+    (loss, reward, KL, preference accuracy, lr, eval curves: `report-<group>.png`, one line per
+    stage and key, x = the row's step). `intro`: markdown put first. Returns report.md's path."""
+    from .metrics import read_metrics
+
+    run_dir = Path(run_dir)
+    try:
+        rows = read_metrics(run_dir)
+    except (OSError, ValueError):
+        rows = []
+    curves = _curves(rows)  # {(stage, key): (steps, values)}
+    sections = [intro]
+    if not curves:
+        sections.append("No metric rows were logged (metrics.jsonl is missing or empty).")
+        return write_report(run_dir, title, sections)
+    table = [(stage, key, len(ys), *(f"{v:.4g}" for v in (ys[0], ys[-1], min(ys), max(ys))))
+             for (stage, key), (_, ys) in curves.items()]
+    sections.append("## Summary\n\n" + markdown_table(["stage", "metric", "rows", "first", "last", "min", "max"], table))
+    stages = {stage for stage, _ in curves}
+    figures = []
+    for stem, plot_title, keys in RUN_PLOTS:
+        series = {(f"{stage} {key}" if len(stages) > 1 else key): xy for (stage, key), xy in curves.items()
+                  if any(key == k or (k.endswith("/") and key.startswith(k)) for k in keys)}
+        if series:
+            path = line_plot(run_dir / f"report-{stem}.png", series, plot_title, "step", stem, styles=None)
+            figures.append(image(path, plot_title))
+    sections.append("## Curves\n\n" + "\n\n".join(figures))
+    skipped = sum(1 for r in rows if _number(r.get("train/skipped")) == 1.0)
+    if skipped:
+        sections.append(f"**{skipped} optimizer step(s) skipped** (a non-finite loss or gradient; weights unchanged).")
+    return write_report(run_dir, title, sections)
+
+
+def _curves(rows: Sequence[dict]) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
+    """(stage, key) -> (steps, finite values) for every plotted key the rows have, in row order."""
+    wanted = [k for _, _, keys in RUN_PLOTS for k in keys]
+    out: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    for r in rows:
+        for key, value in r.items():
+            if not any(key == k or (k.endswith("/") and key.startswith(k)) for k in wanted):
+                continue
+            v = _number(value)
+            if v is not None and math.isfinite(v):
+                xs, ys = out.setdefault((r.get("stage", ""), key), ([], []))
+                xs.append(int(r.get("step", len(xs))))
+                ys.append(v)
+    return out
+
+
+def _number(value: object) -> float | None:
+    try:
+        return float(value)  # non-finite values are stored as "nan" / "inf"
+    except (TypeError, ValueError):
+        return None

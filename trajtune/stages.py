@@ -26,6 +26,13 @@ outside a loop lets the stage finish, then stops the run (a second Ctrl-C leaves
 results["time"] is {"wall_s", "cpu_s", **ctx.counters}, summed over every run the stage took
 (`StageClock`): keep `ctx.counters` current as the stage goes, it is saved when the stage is cut short.
 
+One run at a time: `run_stages` holds `run_dir/.lock` (`run_lock`, POSIX flock, rank 0) while it
+runs, and a second run on the same directory is refused at once (`RunDirBusy`, naming the holder:
+pid, host, command, since when). The lock goes with its process, so a run killed with kill -9
+never blocks the next one; `trajtune run` and the Hugging Face commands hold it around the whole
+run (reentrant within a process). A fresh stage that finds metric rows of an earlier unfinished
+run (killed before any checkpoint) says it starts again from step 0 and drops them.
+
 Processes: independent stages run in `workers` spawned processes with `threads` torch threads
 each; a stop signal sent to this process alone is passed on to them (`forward_to_children`).
 Under torchrun every rank runs every stage in this process, in the same order; rank 0 writes
@@ -34,30 +41,48 @@ the results and prints, and every rank returns rank 0's results.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import socket
 import sys
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import cached_property
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no run lock
+    fcntl = None
+
 from . import distributed
-from .config import check_ranges
+from .config import ConfigError, check_ranges
 from .loop import Run
-from .metrics import MetricsLogger
+from .metrics import Console, MetricsLogger
 from .resume import Checkpointer, RunInterrupted, StageClock, forward_to_children
 
 if TYPE_CHECKING:
     from .engine import Engine, OptimConfig
 
 RESULTS = "results.json"
+LOCK = ".lock"
+
+
+class RunDirBusy(ConfigError):
+    """Another live process runs in this run directory (the message names it)."""
+
+
+class RunFailed(RuntimeError):
+    """A run that ended without doing what it is for (e.g. every optimizer step skipped): one
+    message for the user, no traceback (the command line exits 1)."""
 
 
 @dataclass
@@ -73,9 +98,13 @@ class StageOptions:
     """also checkpoint a stage's loop every this many steps (0: only on Ctrl-C / SIGTERM); a rerun resumes it"""
     rerun: list[str] = field(default_factory=list)
     """stages to run again even if they finished (from scratch; their metric rows are replaced)"""
+    log_every: int = 0
+    """print a progress line (loss, reward, KL, lr, tokens/s, ETA) every this many steps of a loop
+    (0: none; a progress bar instead on a terminal); the Hugging Face commands' --logging-steps"""
 
     def __post_init__(self) -> None:
-        check_ranges(self, "StageOptions", counts=("workers", "threads"), non_negative=("checkpoint_every",))
+        check_ranges(self, "StageOptions", counts=("workers", "threads"),
+                     non_negative=("checkpoint_every", "log_every"))
         if isinstance(self.rerun, str) or not all(isinstance(n, str) for n in self.rerun):
             raise ValueError(f"StageOptions: rerun must be a list of stage names, got {self.rerun!r}")
 
@@ -131,7 +160,10 @@ class StageContext:
 
     def run(self, evaluate: Callable[[int], dict] | None = None) -> Run:
         """The `Run` a loop takes: rows to metrics.jsonl under this stage, `evaluate`, checkpoints."""
-        return Run(stage=self.name, logger=self.logger, evaluate=evaluate, checkpointer=self.checkpointer)
+        every = self.options.log_every
+        console = Console(self.name, every=every) if every and self.logger is not None else None
+        return Run(stage=self.name, logger=self.logger, evaluate=evaluate, checkpointer=self.checkpointer,
+                   console=console)
 
     def engine(self, model: torch.nn.Module, optim: OptimConfig | None = None, **kw) -> Engine:
         """`trajtune.engine.make_engine(model, optim, **kw)`: one process, or DDP / FSDP2 under torchrun."""
@@ -168,6 +200,12 @@ def run_stages(stages: Sequence[Stage], config: Any, run_dir: str | os.PathLike,
     _check_graph(stages, options.rerun)
     if distributed.launched_distributed():
         distributed.init_distributed()
+    with run_lock(run_dir):
+        return _run_all(stages, config, run_dir, options, log)
+
+
+def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: StageOptions,
+             log: Callable[[str], None]) -> dict[str, dict]:
     main = distributed.is_main()
     results = distributed.broadcast_object(_finished(stages, run_dir, options.rerun) if main else None)
     pending = [s for s in stages if s.name not in results]
@@ -255,7 +293,10 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
         (ctx.dir / RESULTS).unlink(missing_ok=True)  # a rerun cut short is not a finished stage
         if not ctx.resuming:  # a fresh (re)run: no time or reference from an earlier try, no old rows
             shutil.rmtree(ctx.dir / "resume", ignore_errors=True)
-            ctx.logger.drop_after(stage.name, -1)
+            dropped = ctx.logger.drop_after(stage.name, -1)
+            if dropped and stage.name not in ctx.options.rerun:  # killed (kill -9) before any checkpoint
+                print(f"  stage {stage.name}: no checkpoint of the earlier, unfinished run to resume from: "
+                      f"starting again from step 0 (its {dropped} metric rows were discarded)", flush=True)
     distributed.barrier()
     clock = StageClock(ctx.dir / "resume")  # times add up over a stage cut short and resumed
     try:
@@ -267,7 +308,8 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
         text = json.dumps(out, indent=1)
     except BaseException as e:
         if main:
-            clock.save(**_counters(ctx, clock))  # only where a checkpoint to resume from exists
+            with contextlib.suppress(OSError):  # a full disk must not hide the error that stopped the stage
+                clock.save(**_counters(ctx, clock))  # only where a checkpoint to resume from exists
         if not isinstance(e, KeyboardInterrupt):
             e.add_note(f"in stage {stage.name!r} ({ctx.dir})")
         raise
@@ -283,6 +325,89 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
     if stop:
         raise RunInterrupted(f"stopped after stage {stage.name!r} finished")
     return out
+
+
+# --- one run per directory ----------------------------------------------------------------
+_held: dict[Path, list] = {}
+"""run directory (resolved) -> [its open lock file, depth]: the locks this process holds"""
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold `run_dir/.lock` for the body (rank 0; every rank hears a refusal): an exclusive POSIX
+    flock, released with the process however it ends, holding {pid, host, command, since}.
+
+    Another process holding it: `RunDirBusy` at once, naming it. Reentrant within a process (the
+    command line holds it around a whole run, `run_stages` inside). A directory that cannot be
+    created or written is a `ConfigError` naming it and the OS reason."""
+    message, key = None, None
+    if distributed.is_main() and fcntl is not None:
+        try:
+            key = _acquire(Path(run_dir))
+        except ConfigError as e:
+            message = (isinstance(e, RunDirBusy), str(e))
+    message = distributed.broadcast_object(message)
+    if message is not None:
+        raise (RunDirBusy if message[0] else ConfigError)(message[1])
+    try:
+        yield
+    finally:
+        if key is not None:
+            _release(key)
+
+
+def _acquire(run_dir: Path) -> Path:
+    key = run_dir.resolve()
+    if key in _held:
+        _held[key][1] += 1
+        return key
+    if key.exists() and not key.is_dir():
+        raise ConfigError(f"the run directory {run_dir} is a file, not a directory; choose another one")
+    try:
+        key.mkdir(parents=True, exist_ok=True)
+        fh = open(key / LOCK, "a+", encoding="utf-8")
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and Path(e.filename) != run_dir else ""
+        raise ConfigError(f"cannot write to the run directory {run_dir}: {e.strerror or e}{where}; "
+                          "choose a writable directory") from None
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        holder = fh.read()
+        fh.close()
+        raise RunDirBusy(_busy(run_dir, holder)) from None
+    fh.seek(0)
+    fh.truncate()
+    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+    fh.flush()
+    _held[key] = [fh, 1]
+    return key
+
+
+def _release(key: Path) -> None:
+    held = _held[key]
+    held[1] -= 1
+    if held[1] == 0:
+        del _held[key]
+        fh = held[0]
+        with contextlib.suppress(OSError):
+            fh.truncate(0)  # no holder any more
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        fh.close()
+
+
+def _busy(run_dir: Path, holder: str) -> str:
+    """The refusal of a second run: who holds the directory, and what to do."""
+    try:
+        h = json.loads(holder)
+        who = f"pid {h['pid']} on {h['host']} (`{h['command']}`, since {h['since']})"
+    except (ValueError, KeyError, TypeError):
+        who = "another process (it has not written its details yet)"
+    return (f"{run_dir} is in use by another run: {who}. Two runs in one directory would mix their metrics "
+            f"and checkpoints; wait for it to finish, stop it, or choose another run directory")
 
 
 def _counters(ctx: StageContext, clock: StageClock) -> dict[str, float]:

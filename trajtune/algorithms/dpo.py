@@ -11,6 +11,18 @@ IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
 
 The reference sums travel on the pair batch (`Batch.extras["ref_sums"]`); a pair is one
 unit of `Batch.together`, so no split (buckets, micro-batches, ranks) separates it.
+
+What is scored: the POLICY tokens of each side, i.e. the completion only -- assistant turns
+inside a conversational prompt are context (trajtune.data), as in TRL's DPOTrainer.
+
+Log-prob SUMS, and what that means for IPO. DPO and IPO get the summed log-probs of each
+completion: h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r)) over whole
+sequences. For DPO this is TRL's loss exactly. For IPO, (h - 1/(2 beta))^2 regresses the
+*sequence-level* log-ratio margin to 1/(2 beta); TRL's "ipo" divides each side's log-ratio by
+its completion length first (a per-token average), so its margin target is per token. At the
+same beta the targets differ by the completion length: for TRL's target on completions of
+~L tokens, use beta / L here (the loss, not its minimiser, is then L^2 times TRL's; AdamW
+hardly cares). SimPO and ORPO use per-token averages in both.
 """
 
 from __future__ import annotations

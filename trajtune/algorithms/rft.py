@@ -117,6 +117,7 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
                             length_buckets=config.length_buckets, seed=config.seed * 1_000_003 + r)
             for k in range(done, config.steps_per_round):
                 last = sft_step(engine, pool, sft, pad_id, k, loss)
+                row["train/skipped"] = row.get("train/skipped", 0.0) + last["train/skipped"]  # steps of the round
                 if k + 1 < config.steps_per_round:
                     run.checkpoint(engine, engine.step, RFTState(r, k + 1, row, pool))
             row.update({k: last[k] for k in ("train/loss", "train/grad_norm", "train/lr")})

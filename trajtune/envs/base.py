@@ -60,9 +60,11 @@ class SingleTurnEnv:
 
     info: task (task.name), actions ([reply]), n_invalid (always 0: any text is a
     valid reply), submitted (True after the reply) plus the verifier's checks.
+    Without a verifier the reward is 0 and the reply is scored later with the rest of its
+    batch (`trajtune.rewards`: TRL-style reward functions, one call per batch).
     """
 
-    def __init__(self, verifier: Verifier):
+    def __init__(self, verifier: Verifier | None = None):
         self.verifier = verifier
         self.task: Any = None
         self.done = True
@@ -75,6 +77,6 @@ class SingleTurnEnv:
         if self.done:
             raise RuntimeError("SingleTurnEnv.step called after the episode ended; call reset(task) first")
         self.done = True
-        reward, checks = self.verifier(self.task, action)
+        reward, checks = self.verifier(self.task, action) if self.verifier is not None else (0.0, {})
         info = {"task": self.task.name, "actions": [action], "n_invalid": 0, "submitted": True, **checks}
         return StepResult("", float(reward), True, info)

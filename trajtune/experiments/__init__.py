@@ -13,6 +13,7 @@ an experiment and set fields of its `Config`. The library (everything outside
     iw_sft_bugfix   iw-SFT vs plain expert iteration on the BugFix gym              iw_sft/bugfix.py
     addition_sft    the smallest end-to-end run: SFT on 2-digit addition           addition.py
     hf_sft, hf_rm, hf_dpo, hf_grpo, hf_rft   Hugging Face models (`trajtune sft|rm|dpo|grpo|rft`)  hf/
+    hf_pipeline     a small HF Llama learns addition: pretrain -> SFT -> DPO -> GRPO        hf_pipeline.py
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "hf_dpo": "trajtune.experiments.hf.dpo",
     "hf_grpo": "trajtune.experiments.hf.grpo",
     "hf_rft": "trajtune.experiments.hf.rft",
+    "hf_pipeline": "trajtune.experiments.hf_pipeline",
 }
 
 

@@ -22,14 +22,21 @@ weights and trains adapters. The KL / DPO reference is then the base model with
 adapters disabled (`frozen_reference`), not a second copy of the weights.
 `save_pretrained` writes a directory `AutoModelForCausalLM.from_pretrained`
 loads (LoRA merged in) plus `adapter/` (the peft adapter) and, for reward models
-and PPO, `value_head.safetensors`.
+and PPO, `value_head.safetensors`. A policy with a value head is also a
+sequence classifier: the same weights file holds the head as the classifier's
+`score` weight, and config.json says `num_labels=1`, the pad token and the
+`...ForSequenceClassification` architecture, so
+`AutoModelForSequenceClassification.from_pretrained(dir)` loads the trained
+reward model (its logit is the head at the last non-pad token: `last_token_values`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,14 +55,17 @@ class ModelPathError(FileNotFoundError):
 
 @dataclass
 class LoraSettings:
+    """A peft LoRA adapter, with TRL's `ModelConfig` defaults (lora_r 16, lora_alpha 32, lora_dropout 0.05)."""
+
     r: int = 16
     """adapter rank"""
     alpha: float = 32.0
     """scaling numerator (the update is alpha / r * B A)"""
-    dropout: float = 0.0
+    dropout: float = 0.05
     """dropout on the adapter input"""
-    target_modules: list[str] | str = "all-linear"
-    """which Linear layers get adapters ("all-linear", or names such as ["q_proj", "v_proj"])"""
+    target_modules: list[str] | str | None = None
+    """which Linear layers get adapters: None for peft's default of the architecture (q_proj, v_proj for
+    Llama / Qwen2; TRL's default), "all-linear", or names such as ["q_proj", "k_proj", "v_proj", "o_proj"]"""
 
     def __post_init__(self) -> None:
         if self.r < 1 or self.alpha <= 0 or not 0 <= self.dropout < 1:
@@ -94,6 +104,7 @@ def load_policy(
     lora: LoraSettings | None = None,
     dtype: str = "float32",
     gradient_checkpointing: bool = False,
+    disable_dropout: bool = False,
 ) -> "HFPolicy":
     """Load `AutoModelForCausalLM` from a local directory and wrap it as an `HFPolicy`.
 
@@ -102,14 +113,22 @@ def load_policy(
     lora: train LoRA adapters instead of all weights.
     dtype: weight dtype ("float32"; "bfloat16" to halve memory; use engine autocast for mixed precision).
     gradient_checkpointing: recompute activations in backward (less memory, ~30% more compute).
+    disable_dropout: set every dropout probability to 0, LoRA's included (TRL's `disable_dropout`).
     """
     from transformers import AutoModelForCausalLM
 
     p = check_model_dir(path)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: choose one of {list(DTYPES)}")
+    from safetensors import SafetensorError
+
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=DTYPES[dtype])
+        with _quiet_head_report(p):
+            model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, dtype=DTYPES[dtype])
+    except SafetensorError as e:  # a truncated or corrupted weights file
+        weights = sorted(q.name for q in p.glob("*.safetensors")) or ["*.safetensors"]
+        raise ModelPathError(f"{p}: cannot read its weights ({', '.join(weights)}: {e}); the file is truncated or "
+                             f"corrupted: save the model again, or copy it again") from e
     except (OSError, ValueError, KeyError) as e:
         raise ModelPathError(f"{p}: cannot load a causal LM ({type(e).__name__}: {e})") from e
     if gradient_checkpointing:
@@ -123,11 +142,42 @@ def load_policy(
 
         model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                  target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    if disable_dropout:
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = 0.0
     policy = HFPolicy(model, value_head=value_head)
     head = p / "value_head.safetensors"
     if value_head and head.exists():
         policy.value.load_state_dict(load_tensors(head))
     return policy
+
+
+class _OnlyUnexpectedHead(logging.Filter):
+    """Drops transformers' load report when all it says is that keys were UNEXPECTED."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("LOAD REPORT" in text and "UNEXPECTED" in text and "MISSING" not in text and "MISMATCH" not in text)
+
+
+@contextlib.contextmanager
+def _quiet_head_report(path: Path):
+    """A reward model trajtune saved is also a sequence classifier: its `score` weight is an unexpected key for
+    the causal LM, by design. Silence that one report (only for such a directory; any other report shows)."""
+    try:
+        ours = json.loads((path / "trajtune.json").read_text()).get("sequence_classification", False)
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        yield
+        return
+    log, quiet = logging.getLogger("transformers.modeling_utils"), _OnlyUnexpectedHead()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
 
 
 class HFCache:
@@ -235,21 +285,57 @@ class HFPolicy(nn.Module):
     def save_pretrained(self, path: str | os.PathLike, tokenizer=None, meta: dict | None = None) -> Path:
         """Write a directory `AutoModelForCausalLM.from_pretrained(path)` loads (LoRA merged),
         plus `adapter/` (LoRA only), `value_head.safetensors` (value head only),
-        the tokenizer and `trajtune.json` (`meta`). Atomic: a crash leaves the old directory."""
+        the tokenizer and `trajtune.json` (`meta`). With a value head the directory is also what
+        `AutoModelForSequenceClassification.from_pretrained(path)` loads, head included (see the
+        module docstring). Atomic: a crash leaves the old directory."""
         with atomic_dir(path) as tmp:
             if self.is_lora:
                 self.model.save_pretrained(str(tmp / "adapter"))
                 merged = copy.deepcopy(self.model).merge_and_unload()
             else:
                 merged = self.model
-            merged.save_pretrained(str(tmp))
+            classifier = self._classifier(merged, tokenizer) if self.value is not None else None
+            state = {**merged.state_dict(), **classifier[1]} if classifier else None
+            merged.save_pretrained(str(tmp), state_dict=state)
+            if classifier:
+                classifier[0].save_pretrained(str(tmp))  # config.json: num_labels=1, pad token, both architectures
             if tokenizer is not None:
                 tokenizer.save_pretrained(str(tmp))
             if self.value is not None:
                 save_tensors(self.value.state_dict(), tmp / "value_head.safetensors")
-            (tmp / "trajtune.json").write_text(json.dumps({"format": "trajtune-hf", "lora": self.is_lora,
-                                                           "value_head": self.value is not None, "meta": meta or {}}, indent=1))
+            info = {"format": "trajtune-hf", "lora": self.is_lora, "value_head": self.value is not None,
+                    "sequence_classification": bool(classifier), "meta": meta or {}}
+            (tmp / "trajtune.json").write_text(json.dumps(info, indent=1))
         return Path(path)
+
+    def _classifier(self, merged: nn.Module, tokenizer) -> tuple | None:
+        """(config, {head key: tensor}) that make the saved causal LM an `AutoModelForSequenceClassification`
+        checkpoint with this value head as its one-label head; None where transformers has no classifier
+        for the architecture, or its head is not a plain Linear on the last hidden state without a bias while
+        this head's bias is not 0 (a Bradley-Terry head keeps its bias at 0: the loss reads only differences)."""
+        from transformers import AutoModelForSequenceClassification
+
+        config = copy.deepcopy(merged.config)
+        config.num_labels = 1
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is not None:
+            config.pad_token_id = pad
+        try:
+            with torch.device("meta"):
+                shell = AutoModelForSequenceClassification.from_config(config)
+        except (ValueError, KeyError):
+            return None
+        own = set(merged.state_dict())
+        head = {k: v for k, v in shell.state_dict().items() if k not in own}
+        weight = [k for k, v in head.items() if tuple(v.shape) == tuple(self.value.weight.shape)]
+        bias = [k for k in head if k not in weight]
+        if len(weight) != 1 or len(bias) > 1 or (not bias and float(self.value.bias.detach().abs().max()) != 0.0):
+            return None
+        tensors = {weight[0]: self.value.weight.detach().clone()}
+        if bias:
+            tensors[bias[0]] = self.value.bias.detach().clone()
+        config.architectures = [type(shell).__name__, type(merged).__name__]
+        return config, tensors
 
     def num_parameters(self, trainable: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable)

@@ -20,6 +20,14 @@ message the content string is PROMPT / TOOL and the wrapper text TEMPLATE. The
 whole text is then tokenized once (with offsets), and each token takes the owner
 of its first character. Turns are numbered as in `trajtune.text.render`.
 
+Context turns. `render_samples(messages, context=k)` treats the first k messages as
+the prompt: an assistant message among them (a few-shot answer, an earlier wrong
+reply the user corrects) is context the model reads, not output it is trained on --
+its content is PROMPT and its wrapper TEMPLATE, as for a user message, and it does
+not count as a turn. This is TRL's convention for a conversational `prompt`: only
+the completion is trained. `start(messages)` does the same for a rollout's opening
+messages (which may hold assistant turns, but not end with one).
+
 Templates that are not prefix-preserving. Some templates render earlier turns
 differently once the conversation goes on (Qwen3-style templates drop the
 `<think>` block of earlier assistant turns). Then the tokens of a later turn's
@@ -120,9 +128,12 @@ class ChatRenderer:
 
     # --- whole conversations
     def render_samples(self, messages: Sequence[Mapping[str, Any]], reward: float = 0.0,
-                       info: dict | None = None) -> list[Trajectory]:
+                       info: dict | None = None, context: int = 0) -> list[Trajectory]:
         """Render a conversation into one trajectory, or several where the template is not
-        prefix-preserving (see the module docstring). Samples without POLICY tokens are dropped."""
+        prefix-preserving (see the module docstring). Samples without POLICY tokens are dropped.
+
+        context: the first `context` messages are the prompt; assistant turns among them are
+        PROMPT-owned context, never trained (TRL's conversational prompt / completion split)."""
         messages = [dict(m) for m in messages]
         if not messages or messages[0]["role"] == "assistant":
             raise TemplateError("a conversation must start with a system or user message")
@@ -132,8 +143,9 @@ class ChatRenderer:
             role = m.get("role")
             if role not in ("system", "user", "assistant", "tool"):
                 raise TemplateError(f"message {i}: unknown role {role!r} (system, user, assistant or tool)")
-            turn = max(0, n_assistant - (role != "assistant"))
-            if role == "assistant":
+            policy = role == "assistant" and i >= context  # a turn the model is trained on
+            turn = max(0, n_assistant - (not policy))
+            if policy:
                 head = self.text(messages[:i], generation_prompt=True)
                 full = self.text(messages[: i + 1])
                 if not head.startswith(text):  # earlier turns re-rendered: a new sample from here
@@ -153,7 +165,7 @@ class ChatRenderer:
                     samples.append((text, spans))
                     text, spans = "", [(0, len(full), Owner.PROMPT, turn)]
                 else:
-                    spans += self._content_spans(full, len(text), m, CONTENT_OWNERS[role], turn)
+                    spans += self._content_spans(full, len(text), m, _content_owner(role), turn)
             text = full
         samples.append((text, spans))
         out = [self._tokenize(t, s, reward, info) for t, s in samples if any(o == Owner.POLICY for _, _, o, _ in s)]
@@ -173,15 +185,21 @@ class ChatRenderer:
 
     # --- incremental building (model rollouts)
     def start(self, messages: Iterable[Mapping[str, Any]] = ()) -> Transcript:
-        """A new episode's Transcript holding the (non-assistant) opening messages."""
+        """A new episode's Transcript holding the opening messages (the prompt). Assistant turns among
+        them are context (PROMPT-owned, as TRL renders a conversational prompt); the last message must
+        not be one: the policy's turn comes next (the generation prompt, `prompt_ids`)."""
         messages = [dict(m) for m in messages]
+        if messages and messages[-1].get("role") == "assistant":
+            raise TemplateError(f"start: the prompt ends with an assistant turn (message {len(messages) - 1}); "
+                                "the model writes the next assistant turn itself, so end the prompt with a user "
+                                "(or system / tool) message")
         text = self.text(messages)
         spans, prev = [], ""
         for i, m in enumerate(messages):
-            if m["role"] not in CONTENT_OWNERS:
-                raise TemplateError(f"start: message {i} has role {m['role']!r} (system, user or tool)")
+            if m.get("role") not in ("system", "user", "assistant", "tool"):
+                raise TemplateError(f"start: message {i} has role {m.get('role')!r} (system, user, assistant or tool)")
             full = self.text(messages[: i + 1])
-            spans += self._content_spans(full, len(prev), m, CONTENT_OWNERS[m["role"]], 0)
+            spans += self._content_spans(full, len(prev), m, _content_owner(m["role"]), 0)
             prev = full
         return Transcript(self._tokenize(text, spans, 0.0, None), messages)
 
@@ -275,6 +293,11 @@ class ChatRenderer:
             _remember(self._pieces, key, piece)
         ids, owners, turns = piece
         return Trajectory(list(ids), list(owners), list(turns), reward=reward, info=dict(info or {}))
+
+
+def _content_owner(role: str) -> Owner:
+    """Owner of a non-trained message's content: PROMPT for system / user / context assistant turns, TOOL for tool."""
+    return CONTENT_OWNERS.get(role, Owner.PROMPT)
 
 
 def _remember(cache: dict, key, value) -> None:

@@ -31,11 +31,15 @@ the rows with file:line:field, every length against --max-length and the model's
 `trajtune.stages.run_stages` (engines through `ctx.engine`: DDP under torchrun, samples
 sharded). The run directory:
 
-    metrics.jsonl, config.json, report.md
-    model/                 AutoModelForCausalLM.from_pretrained loads it (LoRA merged; adapter in model/adapter)
-    checkpoints/step-N/    the same, every output.save_every steps
+    metrics.jsonl, config.json
+    report.md, report.html, report-*.png   the run's curves (loss, reward, KL, accuracy, lr, eval)
+    model/                 AutoModelForCausalLM.from_pretrained loads it (LoRA merged; adapter in model/adapter;
+                           a reward model also loads with AutoModelForSequenceClassification)
+    checkpoints/step-N/    the same, every output.save_every steps (the newest output.save_total_limit kept)
     <method>/resume/       the resume state of a run cut short (Ctrl-C / SIGTERM, or every output.save_every)
     <method>/results.json  the finished stage
+    .lock                  held by the run while it lives (a second run here is refused, naming the holder)
+    tb/, wandb/            --report-to tensorboard / wandb
 """
 
 METHODS = {

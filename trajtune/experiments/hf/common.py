@@ -4,19 +4,28 @@ plumbing of its one stage (load the model behind `ctx.engine`, periodic snapshot
 A method module (sft.py, rm.py, dpo.py, grpo.py, rft.py) is its config -- this
 `ModelConfig`, the data file, the loop's own dataclass, `OptimConfig`, `OutputConfig`
 -- plus one stage function that calls the loop. `run_method` is the recipe path they
-all take: check everything before the model loads (`prepare`), write config.json,
-run the stage through `trajtune.stages.run_stages`, write the report.
+all take: lock the run directory, check everything before the model loads (the device,
+the trackers, `prepare`), write config.json, run the stage through
+`trajtune.stages.run_stages` (progress lines every --logging-steps, snapshots every
+--save-every, the newest --save-total-limit kept), refuse a run whose every step was
+skipped, write report.md / report.html with its curves (`trajtune.report.write_run_report`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
-from dataclasses import dataclass
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ...config import ConfigError, check_ranges, to_dict
 from ...engine import OptimConfig
+from ...metrics import TRACKERS
 from .options import flag
 
 
@@ -27,14 +36,28 @@ def hf_optim() -> OptimConfig:
 
 @dataclass
 class OutputConfig:
-    """What a Hugging Face run writes besides its model, and when."""
+    """What a Hugging Face run writes besides its model, and when; what it shows while it trains."""
 
     save_every: int = 0
     """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
     state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
+    save_total_limit: int = 0
+    """keep only the newest this many checkpoints/step-N snapshots (0: keep all)"""
+    logging_steps: int = 10
+    """print a progress line (loss, reward or accuracy, KL, lr, tokens/s, ETA) every this many steps; a
+    progress bar with those values on a terminal (0: neither)"""
+    report_to: list[str] = field(default_factory=list)
+    """also send the metrics to: tensorboard (run_dir/tb; pip install 'trajtune[tensorboard]'), wandb
+    (offline in run_dir/wandb unless WANDB_MODE is set; pip install wandb)"""
 
     def __post_init__(self) -> None:
-        check_ranges(self, "output", label=lambda n: flag(f"output.{n}"), non_negative=("save_every",))
+        check_ranges(self, "output", label=lambda n: flag(f"output.{n}"),
+                     non_negative=("save_every", "save_total_limit", "logging_steps"))
+        if isinstance(self.report_to, str) or not all(isinstance(n, str) for n in self.report_to):
+            raise ValueError(f"output: {flag('output.report_to')} is a list of names, got {self.report_to!r}")
+        bad = [n for n in self.report_to if n not in TRACKERS]
+        if bad:
+            raise ValueError(f"output: {flag('output.report_to')} {' '.join(bad)}: choose from {', '.join(TRACKERS)}")
 
 
 def check_run(config, name: str) -> None:
@@ -60,15 +83,54 @@ class SnapshotEvery:
         return getattr(self._checkpointer, name)
 
 
-def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = ""):
-    """The loop's `Run`: the stage's logger and checkpointer, with HF snapshots every `save_every` steps
-    in run_dir/<home>/checkpoints/step-N."""
+def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = "", config=None):
+    """The loop's `Run`: the stage's logger (plus the --report-to trackers), checkpointer and console
+    (a line every --logging-steps), with HF snapshots every `save_every` steps in
+    run_dir/<home>/checkpoints/step-N (the newest --save-total-limit kept). `config`: the method's
+    config, where the stage's `ctx.config` is another (a pipeline's)."""
     from ...loop import Run
+    from ...metrics import Console, make_tracker
+
+    config = config if config is not None else ctx.config
+    output = getattr(config, "output", None) or OutputConfig(save_every=save_every)
+    root = ctx.run_dir / home / "checkpoints"
 
     def snapshot(step: int) -> None:
-        save_pretrained(engine, policy, ctx.run_dir / home / "checkpoints" / f"step-{step}", tokenizer, {"step": step})
+        save_pretrained(engine, policy, root / f"step-{step}", tokenizer, {"step": step})
+        if engine.is_main:
+            prune_snapshots(root, output.save_total_limit)
 
-    return Run(stage=ctx.name, logger=ctx.logger, checkpointer=SnapshotEvery(ctx.checkpointer, save_every, snapshot))
+    console = None
+    if ctx.logger is not None:  # rank 0
+        for name in output.report_to:
+            ctx.logger.add(make_tracker(name, ctx.run_dir, to_dict(config)))
+        if output.logging_steps:
+            console = Console(ctx.name, output.logging_steps, total_steps(config))
+    return Run(stage=ctx.name, logger=ctx.logger, checkpointer=SnapshotEvery(ctx.checkpointer, save_every, snapshot),
+               console=console)
+
+
+def prune_snapshots(root: Path, keep: int) -> list[Path]:
+    """Remove all but the newest `keep` root/step-N snapshots (0: keep all); returns the removed."""
+    steps = sorted((int(m.group(1)), p) for p in root.glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name)))
+    gone = [p for _, p in steps[:-keep]] if keep else []
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+def total_steps(config) -> int | None:
+    """The optimizer steps a method config asks for: its loop section's `steps`, or rounds x
+    steps_per_round (rft); None where no section says."""
+    for f in fields(config):
+        section = getattr(config, f.name)
+        if not is_dataclass(section):
+            continue
+        if hasattr(section, "rounds") and hasattr(section, "steps_per_round"):
+            return section.rounds * section.steps_per_round
+        if isinstance(getattr(section, "steps", None), int):
+            return section.steps
+    return None
 
 
 def save_pretrained(engine, policy, path: Path, tokenizer, meta: dict) -> None:
@@ -81,23 +143,60 @@ def save_pretrained(engine, policy, path: Path, tokenizer, meta: dict) -> None:
 
 
 def announce(ctx, config, policy, n: int, noun: str) -> None:
-    """One line on rank 0: the model, what it trains on, where it writes (and that it resumes)."""
+    """One line on rank 0: the model, what it trains on, where it writes; and where it resumes from."""
     if ctx.logger is None:  # not rank 0
         return
     trained = policy.num_parameters(trainable=True)
     print(f"trajtune {ctx.name}: {config.model.path} ({policy.num_parameters():,} parameters, {trained:,} "
           f"trained), {n} {noun} from {config.data} -> {ctx.run_dir}", flush=True)
     if ctx.resuming:
-        print(f"resuming from {ctx.checkpointer.state_dir}", flush=True)
+        print(f"resuming from {resume_point(ctx.checkpointer.state_dir, total_steps(config))}", flush=True)
+
+
+def resume_point(state_dir: Path, total: int | None) -> str:
+    """'step 3 of 8 (checkpoint runs/x/sft/resume/state)'."""
+    from ...checkpoint import CheckpointError, read_json
+
+    try:
+        done = int(read_json(state_dir / "engine.json").get("extra", {}).get("completed_steps", 0))
+    except (CheckpointError, TypeError, ValueError):
+        return f"the checkpoint {state_dir}"
+    return f"step {done}" + (f" of {total}" if total is not None else "") + f" (checkpoint {state_dir})"
 
 
 def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "") -> dict:
     """Save run_dir/<home>/model (HF format: LoRA merged, the adapter in model/adapter, a value head
-    next to it) and return the stage's results."""
+    next to it) and return the stage's results. A run whose every optimizer step was skipped (a
+    non-finite loss or gradient) trained nothing: `RunFailed`, and no model is written."""
+    check_trained(engine, history, main=ctx.logger is not None)
     final = ctx.run_dir / home / "model"
     save_pretrained(engine, policy, final, tokenizer, {"command": ctx.name, "steps": engine.step})
     last = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("time", "stage")}
     return {"model": str(final), "steps": engine.step, "last": last}
+
+
+def check_trained(engine, history: list[dict], main: bool = True) -> None:
+    """Raise `RunFailed` when every optimizer step was skipped; warn (rank 0) when some were, or none was taken.
+
+    The rows' train/skipped count (they survive a resume); RFT's rows do not carry it, so there
+    this process's `engine.skipped_steps` against `engine.step`."""
+    from ...stages import RunFailed
+
+    flags = [float(r["train/skipped"]) for r in history if "train/skipped" in r]
+    steps, skipped = (len(flags), int(sum(f == 1.0 for f in flags))) if flags else (engine.step, engine.skipped_steps)
+    if steps and skipped == steps:
+        raise RunFailed(f"every one of the {steps} optimizer steps was skipped: the loss or gradient was not finite "
+                        "(NaN / Inf) at each step, so the weights never changed and no model was saved. The warnings "
+                        "above name the rows of each step: check those rows and the reward function (a NaN / Inf "
+                        "reward), lower --lr, or pass --on-nonfinite stop to stop at the first such step")
+    if not main:
+        return
+    if skipped:
+        print(f"trajtune: warning: {skipped} of {steps} optimizer steps were skipped (a non-finite loss or "
+              "gradient; weights unchanged at those steps)", file=sys.stderr, flush=True)
+    elif engine.step == 0 and history:  # steps ran but none updated (e.g. every group's rewards equal)
+        print("trajtune: warning: no optimizer step was taken; the saved model is the input model, unchanged",
+              file=sys.stderr, flush=True)
 
 
 # --- the recipe path ----------------------------------------------------------------------
@@ -107,35 +206,121 @@ def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Pa
 
     `prepare(config, run_dir)` checks the data, lengths and the resume compatibility before
     any model loads and returns what the stage takes. A user's mistake (a bad row, a missing
-    file or model, a changed option on resume) is a `ConfigError` naming it."""
-    from ...data import DataError
+    file or model, an unusable device, a changed option on resume) is a `ConfigError` naming it.
+    The run directory is locked for the whole run (`trajtune.stages.run_lock`)."""
     from ...distributed import barrier, is_main
-    from ...models.hf import ModelPathError
-    from ...stages import Stage, StageOptions, run_stages
-    from ...text.chat import TemplateError
+    from ...stages import Stage, StageOptions, run_lock, run_stages
 
     run_dir = Path(run_dir)
     name = stage_name(config)
-    try:
-        prepared = prepare(config, run_dir)
+    with run_lock(run_dir):
+        prepared = check(config, run_dir, prepare)
         if is_main():
-            run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
         barrier()
-        results = run_stages([Stage(name, stage_fn, args=(config, prepared))], config, run_dir,
-                             StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
+        with user_errors():
+            results = run_stages([Stage(name, stage_fn, args=(config, prepared))], config, run_dir,
+                                 StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
+        report = run_dir / "report.md"
+        if is_main():
+            from ...report import write_run_report
+
+            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from "
+                     f"`{config.model.path}` on `{config.data}`\n\nlast logged row: `{results['last']}`")
+            report = write_run_report(run_dir, f"{name} on {config.model.path}", intro)
+            print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
+                  f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
+                  flush=True)
+    return report
+
+
+def check(config, run_dir: Path, prepare: Callable[[Any, Path], Any]):
+    """Everything before the model loads: the device, the trackers, then `prepare` (rows, lengths,
+    resume); what to expect of --steps 0 or a batch larger than the data (warnings). -> prepared"""
+    from ...distributed import is_main
+    from ...metrics import check_tracker
+
+    check_device(config.model.device)
+    for tracker in config.output.report_to:
+        check_tracker(tracker)
+    with user_errors():
+        prepared = prepare(config, run_dir)
+    if is_main():  # the steps as the data resolved them (--num-train-epochs: prepared.overrides)
+        resolved = dataclasses.replace(config, **getattr(prepared, "overrides", {}))
+        for note in expectations(resolved, len(prepared.items)):
+            print(f"trajtune: warning: {note}", file=sys.stderr, flush=True)
+    return prepared
+
+
+def dry_run(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) -> str:
+    """`--dry-run`: every check `run_method` makes before the model loads (device, trackers, the model's
+    config and tokenizer, every row and length, a resume), and a line saying what would run."""
+    prepared = check(config, Path(run_dir), prepare)
+    total = total_steps(dataclasses.replace(config, **getattr(prepared, "overrides", {})))
+    return (f"dry run: the {len(prepared.items)} training items from {config.data} are valid, the model "
+            f"{config.model.path} has a config and tokenizer, --device {config.model.device} is usable; "
+            f"{total} optimizer steps would run in {run_dir} (nothing trained)")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the user's mistakes met in the data, model files or templates into `ConfigError`s."""
+    from ...data import DataError
+    from ...models.hf import ModelPathError
+    from ...text.chat import TemplateError
+
+    try:
+        yield
     except (DataError, ModelPathError, TemplateError) as e:
         raise ConfigError(str(e)) from e
-    report = run_dir / "report.md"
-    if is_main():
-        report.write_text(f"# {name} on {config.model.path}\n\nmodel: `{results['model']}` "
-                          f"({results['steps']} optimizer steps)\n\nlast logged row: `{results['last']}`\n")
-        print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
-              f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r}))", flush=True)
-    return report
+
+
+def check_device(device: str) -> None:
+    """A device string torch knows and a device this machine has, before any model loads."""
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(f"--device {device!r} is not a device: use cpu, cuda, cuda:N or mps") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: CUDA is not available (torch {torch.__version__}"
+                              f"{' has no CUDA build' if torch.version.cuda is None else ' sees no GPU'}); "
+                              "use --device cpu, or install a CUDA build of torch on a machine with a GPU")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ConfigError(f"--device {device}: there are {torch.cuda.device_count()} GPUs (cuda:0 .. "
+                              f"cuda:{torch.cuda.device_count() - 1})")
+    elif d.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {device}: MPS (Apple GPU) is not available here; use --device cpu")
+    elif d.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"--device {device!r}: trajtune trains on cpu, cuda or mps")
+
+
+BATCHES = (("sft", "batch_size", "samples"), ("rm", "batch_size", "pairs"), ("dpo", "batch_size", "pairs"))
+"""(loop section, field, what the data holds): a batch drawn without repeats from the rows"""
+
+
+def expectations(config, n: int) -> list[str]:
+    """What a run that can go ahead will do where the user may not expect it: no step at all, or a
+    batch larger than the data."""
+    notes = []
+    total = total_steps(config)
+    if total == 0:
+        notes.append("0 optimizer steps asked for (--steps 0): nothing will be trained; model/ will be the "
+                     "input model, unchanged")
+    for section, name, noun in BATCHES:
+        size = getattr(getattr(config, section, None), name, 0)
+        if size and size > n:
+            notes.append(f"{flag(f'{section}.{name}')} {size} is larger than the {n} {noun} in {config.data}: "
+                         f"every step trains on all {n} (a batch of {n}, not {size})")
+    rl = getattr(config, "rl", None)
+    if rl is not None and rl.tasks_per_step > n:
+        notes.append(f"--prompts-per-step ({flag('rl.tasks_per_step')}) {rl.tasks_per_step} is more than the {n} prompts in "
+                     f"{config.data}: every step samples each prompt, some of them twice or more")
+    return notes
 
 
 def stage_name(config) -> str:
     """The method's name, which is also its stage's: 'sft', 'rm', 'dpo', 'grpo', 'rft'."""
     return type(config).METHOD
-

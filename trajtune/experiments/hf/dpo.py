@@ -2,36 +2,53 @@
 
     trajtune dpo --model runs/sft/model --data pairs.jsonl --beta 0.1 --lora-r 16 --out runs/dpo
 
-Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.data).
+Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.data);
+only the completions are scored (assistant turns inside the prompt are context, as in TRL).
 One stage, "dpo": `train_dpo` against the starting policy (with LoRA: the base model, adapters off).
+With --eval-data, held-out pairs give eval/dpo_loss, eval/dpo_margin and eval/dpo_accuracy every
+--eval-steps steps, against the same reference (the starting policy's sums on the held-out
+pairs, taken before the loop starts). Dropout is off by default (--disable-dropout, TRL's DPOConfig
+default). --loss ipo uses summed log-probs (trajtune.algorithms.dpo), not TRL's per-token average.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 from ...algorithms.dpo import DPOConfig, train_dpo
 from ...engine import OptimConfig
+from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .prepare import Prepared, check_same_run, pair_data
+from .prepare import Prepared, check_same_run, pair_data, planned
+from .schedule import ScheduleConfig, check_schedule
+
+register("eval/dpo_loss", "the preference loss (--loss: dpo, ipo, simpo or orpo) on held-out pairs (--eval-data)")
+register("eval/dpo_margin", "chosen minus rejected implicit reward on held-out pairs: beta (log-ratio chosen - "
+                            "log-ratio rejected) for dpo / ipo, the SimPO margin for simpo, the log odds ratio for orpo")
+register("eval/dpo_accuracy", "share of held-out pairs whose chosen completion has the larger implicit reward")
 
 
 @dataclass
 class DPORun:
     METHOD: ClassVar[str] = "dpo"
-    RESUMABLE: ClassVar[tuple[str, ...]] = ("dpo.steps", "dpo.eval_every", "output.save_every", "model.device",
-                                            "model.micro_batch_size")
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("dpo.steps", "dpo.eval_every", "schedule.num_train_epochs",
+                                            "output.save_every", "model.device", "model.micro_batch_size")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """the model and how it trains (LoRA, precision, lengths)"""
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(disable_dropout=True))
+    """the model and how it trains (LoRA, precision, lengths; dropout off as in TRL's DPOConfig)"""
     data: str = ""
-    """JSONL file of preference rows (trajtune.data)"""
+    """preference rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.data)"""
+    eval_data: str = ""
+    """held-out preference rows: eval/dpo_loss, eval/dpo_margin, eval/dpo_accuracy every --eval-steps steps"""
     dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, batch_size=8))
     """the preference loop (steps, batch_size: pairs per step, loss, beta, seed ...)"""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """epochs instead of steps, warm-up ratio, learning-rate schedule (TRL's names)"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -39,6 +56,7 @@ class DPORun:
 
     def __post_init__(self) -> None:
         check_run(self, "dpo")
+        check_schedule(self, "dpo")
         if self.dpo.regenerate_every:
             raise ValueError("dpo: --regenerate-every needs a pair generator; the dpo command trains on the "
                              "pairs of --data (set it to 0)")
@@ -49,16 +67,68 @@ Config = DPORun
 
 def prepare(config: DPORun, run_dir: Path) -> Prepared:
     check_same_run(config, run_dir, DPORun.METHOD)
-    return pair_data(config)
+    return planned(config, pair_data(config), "dpo", config.dpo.batch_size, "pairs")
+
+
+def _chunks(P: int, size: int):
+    """Row indices of a `pair_batch` of P pairs, `size` pairs at a time: chosen rows, then their rejected rows."""
+    import torch
+
+    for start in range(0, P, size):
+        rows = torch.arange(start, min(start + size, P))
+        yield torch.cat([rows, rows + P])
+
+
+def eval_reference(engine, pairs: Sequence, pad_id: int, size: int) -> list[float]:
+    """[2P] summed reference log-probs of the held-out pairs (chosen, then rejected) under the engine's
+    policy now. Called before the loop starts, when the engine holds the starting policy -- on a resume
+    too: the loop loads the checkpoint (`Run.start`) -- so it is the reference train_dpo uses."""
+    import torch
+
+    from ...algorithms.dpo import summed_logps
+    from ...trajectory import pair_batch
+
+    full, reference = pair_batch(list(pairs), pad_id), engine.reference_engine()
+    sums_2P = torch.zeros(full.size)
+    for rows in _chunks(len(pairs), size):
+        part = full.select(rows).to(engine.device)
+        sums_2P[rows] = summed_logps(reference.forward(part).logprobs, part.action_mask).cpu()
+    return sums_2P.tolist()
+
+
+def eval_pairs(engine, pairs: Sequence, ref_sums: list[float], config: DPOConfig, pad_id: int, size: int) -> dict:
+    """The preference loss and its implicit-reward margin and accuracy on held-out pairs (no gradient)."""
+    import torch
+
+    from ...algorithms.dpo import preference_loss_fn
+    from ...trajectory import pair_batch
+
+    loss_fn, P = preference_loss_fn(config), len(pairs)
+    full = pair_batch(list(pairs), pad_id).with_extras(ref_sums=torch.tensor(ref_sums))
+    ns = {"dpo": "dpo", "ipo": "dpo", "simpo": "simpo", "orpo": "orpo"}[config.loss]
+    keys = {"loss": "eval/dpo_loss", f"{ns}/accuracy": "eval/dpo_accuracy",
+            ("orpo/log_odds_ratio" if ns == "orpo" else f"{ns}/margin"): "eval/dpo_margin"}
+    out = dict.fromkeys(keys.values(), 0.0)
+    for rows in _chunks(P, size):
+        part = full.select(rows).to(engine.device)
+        loss, metrics = loss_fn(engine.forward(part), part)
+        for key, name in keys.items():
+            out[name] += float(loss if key == "loss" else metrics[key]) * len(rows) / (2 * P)  # a mean over pairs
+    return out
 
 
 def train(ctx, c: DPORun, data: Prepared, home: str = "") -> dict:
     """The stage: load the model behind ctx.engine, train_dpo, save model/.
     `home`: where model/ and checkpoints/ go in the run directory ("" here; a pipeline of several
     methods would give each stage its own)."""
+    c = dataclasses.replace(c, **data.overrides)  # the steps and lr schedule the data resolved (prepare)
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.dpo.seed)
     announce(ctx, c, policy, len(data.items), "pairs")
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
+    if data.eval_items:
+        size = c.dpo.batch_size or 8
+        ref = eval_reference(engine, data.eval_items, data.pad_id, size)  # before the loop: the starting policy
+        run.evaluate = lambda step: eval_pairs(engine, data.eval_items, ref, c.dpo, data.pad_id, size)
     history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 

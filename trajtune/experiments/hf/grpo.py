@@ -2,8 +2,13 @@
 
     trajtune grpo --model runs/sft/model --data prompts.jsonl --reward my_rewards.py:exact --out runs/grpo
 
-Data: rows with a 'prompt' (+ any columns the reward function reads, trajtune.data). The
-reward is a TRL-style function `fn(prompts, completions, **columns) -> list[float]`.
+    trajtune grpo ... --reward my_rewards.py:exact --reward my_rewards.py:short --reward-weights 1 0.2
+    trajtune grpo ... --reward-model runs/rm/model --reward my_rewards.py:short --reward-weights 1 0.5
+
+Data: rows with a 'prompt' (+ any columns the reward functions read, trajtune.data). A reward is a
+TRL-style function `fn(prompts, completions, completion_ids, **columns) -> list[float | None]`
+called once per batch (trajtune.rewards), or a reward model saved by `trajtune rm`; with several,
+an episode's reward is their --reward-weights sum (trajtune.experiments.hf.sampling).
 One stage, "grpo": `train_rl` with every setting of `RLConfig` (--advantage, --surrogate,
 --epochs, --kl-coef, --length-buckets ...); completions are sampled with the sampling
 section, sharded over processes under torchrun.
@@ -25,7 +30,7 @@ from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .sampling import SamplingConfig, check_sampling, prompt_collect
+from .sampling import SamplingConfig, check_rewards, check_sampling, train_scored
 from .prepare import Prepared, check_same_run, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
@@ -35,15 +40,26 @@ Advantage = get_type_hints(RLConfig)["advantage"]
 class GRPORun:
     METHOD: ClassVar[str] = "grpo"
     RESUMABLE: ClassVar[tuple[str, ...]] = ("rl.steps", "rl.eval_every", "output.save_every", "model.device",
-                                            "model.micro_batch_size")
+                                            "model.micro_batch_size", "reward_timeout")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
     data: str = ""
     """JSONL file of prompt rows (trajtune.data)"""
-    reward: str = ""
-    """reward function 'module:function' or 'file.py:function', TRL signature fn(prompts, completions, **columns)"""
+    reward: list[str] = field(default_factory=list)
+    """reward functions 'file.py:function' or 'module:function', one or more (--reward a.py:f --reward b.py:g);
+    TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
+    once per batch of completions (trajtune.rewards)"""
+    reward_weights: list[float] = field(default_factory=list)
+    """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
+    an episode's reward is the weighted sum over the sources that scored it (None left out)"""
+    reward_timeout: float = 60.0
+    """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
+    process killed) and the completions it hung on get no reward (left out of the update)"""
+    reward_model: str = ""
+    """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
+    head's score of the prompt + completion"""
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=100, advantage="grpo"))
     """the RL loop (steps, tasks_per_step: prompts per step, group_size: completions per prompt, advantage,
     surrogate, epochs, kl_coef, seed ...)"""
@@ -63,7 +79,9 @@ Config = GRPORun
 
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
     check_same_run(config, run_dir, GRPORun.METHOD)
-    return prompt_data(config)
+    prepared = prompt_data(config)
+    check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    return prepared
 
 
 def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
@@ -72,9 +90,9 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
     methods would give each stage its own)."""
     policy, engine = load_engine(ctx, c.model, c.optim, value_head=c.rl.advantage == "gae", seed=c.rl.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
-    collect = prompt_collect(ctx, engine, data, c.reward, c.sampling)
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
-    history = train_rl(engine, data.items, collect, c.rl, data.pad_id, run)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
+    history = train_scored(ctx, c, data, engine, c.rl.steps,
+                           lambda collect, wrap: train_rl(engine, data.items, collect, c.rl, data.pad_id, wrap(run)))
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ...config import check_ranges
@@ -18,7 +18,14 @@ class ModelConfig:
     lora_r: int = 0
     """LoRA rank (0: train all weights); the reference is then the base model with adapters off"""
     lora_alpha: float = 32.0
-    """LoRA alpha"""
+    """LoRA alpha (the update is alpha / r * B A)"""
+    lora_dropout: float = 0.05
+    """dropout on the LoRA adapters' input (TRL's default 0.05; --disable-dropout sets it to 0)"""
+    lora_target_modules: list[str] = field(default_factory=list)
+    """layers that get adapters: empty for peft's default of the architecture (q_proj v_proj for Llama / Qwen2,
+    as TRL), all-linear for every linear layer, or names (q_proj k_proj v_proj o_proj ...)"""
+    disable_dropout: bool = False
+    """set every dropout of the model to 0, LoRA's included (TRL's disable_dropout: on for rm and dpo)"""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """autocast precision of forward passes (weights stay fp32)"""
     gradient_checkpointing: bool = False
@@ -35,6 +42,21 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_ranges(self, "model", label=lambda n: flag(f"model.{n}"), counts=("max_length",),
                      non_negative=("micro_batch_size", "lora_r"), positive=("lora_alpha",))
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"model: {flag('model.lora_dropout')} must be in [0, 1), got {self.lora_dropout!r}")
+        if "all-linear" in self.lora_target_modules and len(self.lora_target_modules) > 1:
+            raise ValueError(f"model: {flag('model.lora_target_modules')} all-linear stands alone "
+                             f"(got {' '.join(self.lora_target_modules)})")
+
+    def lora(self):
+        """The `LoraSettings` of this section (None without --lora-r)."""
+        from ...models.hf import LoraSettings
+
+        if not self.lora_r:
+            return None
+        targets = self.lora_target_modules
+        return LoraSettings(r=self.lora_r, alpha=self.lora_alpha, dropout=self.lora_dropout,
+                            target_modules=(targets[0] if targets == ["all-linear"] else list(targets)) or None)
 
 
 def load_engine(ctx, model: ModelConfig, optim, *, value_head: bool = False, seed: int = 0):
@@ -46,9 +68,8 @@ def load_engine(ctx, model: ModelConfig, optim, *, value_head: bool = False, see
     from ...models import hf
 
     torch.manual_seed(seed)
-    lora = hf.LoraSettings(r=model.lora_r, alpha=model.lora_alpha) if model.lora_r else None
-    policy = hf.load_policy(model.path, value_head=value_head, lora=lora,
-                            gradient_checkpointing=model.gradient_checkpointing)
+    policy = hf.load_policy(model.path, value_head=value_head, lora=model.lora(),
+                            gradient_checkpointing=model.gradient_checkpointing, disable_dropout=model.disable_dropout)
     device = None if model.device == "cuda" and launched_distributed() else model.device  # cuda:LOCAL_RANK
     engine = ctx.engine(policy, optim, device=device, autocast=None if model.precision == "fp32" else model.precision,
                         micro_batch_size=model.micro_batch_size)

@@ -7,6 +7,9 @@ its one command-line name, its type, default and docstring.
 A leaf is spelled `--<its field name>` (`rl.kl_coef` -> `--kl-coef`), except where
 `RENAMES` says otherwise (`model.path` -> `--model`). Two leaves with the same name in
 one config are an error here (`options` raises), so every option has exactly one flag.
+`ALIASES` adds TRL's spelling where it means the same thing (`--learning-rate` for `--lr`,
+`--eval-steps` for `--eval-every`); `TRL_NAMES` lists TRL arguments trajtune spells or means
+differently, each refused with what to type instead (`trl_refusal`).
 The command line (`trajtune.hf_front`) renders this table as argparse flags; the
 configs' own messages (validation, the resume check) use the same names, so what a
 message names is what the user types. A TOML recipe sets the same leaves by path
@@ -26,6 +29,30 @@ from ...config import field_docs
 RENAMES = {"model.path": "model"}
 """leaf path -> option name where the field name alone would be unclear"""
 
+ALIASES = {"lr": ("--learning-rate",), "eval_every": ("--eval-steps",)}
+"""leaf name -> TRL's flags for it (the same meaning: accepted, listed in --help)"""
+
+TRL_NAMES = {
+    "--per-device-train-batch-size": ("batch_size", "the rows of one optimizer step over all processes, which is "
+                                      "TRL's per_device_train_batch_size x processes x gradient_accumulation_steps"),
+    "--gradient-accumulation-steps": ("micro_batch_size", "rows per forward/backward chunk; the batch size stays "
+                                      "the rows of one optimizer step"),
+    "--max-steps": ("steps", ""),
+    "--output-dir": (None, "the run directory is --out"),
+    "--model-name-or-path": ("path", "a local model directory"),
+    "--dataset-name": ("data", "a local .jsonl / .json / .parquet file or save_to_disk directory"),
+    "--save-steps": ("save_every", ""),
+    "--bf16": ("precision", "--precision bf16"),
+    "--fp16": ("precision", "--precision fp16"),
+    "--use-peft": ("lora_r", "LoRA is on when it is > 0, e.g. --lora-r 16"),
+    "--adam-beta1": ("beta1", ""),
+    "--adam-beta2": ("beta2", ""),
+    "--max-grad-norm": ("grad_clip", ""),
+    "--loss-type": ("loss", ""),
+    "--eval-strategy": ("eval_every", "--eval-steps N evaluates every N steps (0: after the last step only)"),
+}
+"""TRL argument -> (the leaf name that does it here, or None; a note): refused, with the flag to use"""
+
 
 @dataclass(frozen=True)
 class Option:
@@ -39,6 +66,8 @@ class Option:
     """the default of the method's config (dataclasses.MISSING when required)"""
     doc: str
     """the field's docstring"""
+    aliases: tuple[str, ...] = ()
+    """TRL's flags for the same leaf (`ALIASES`)"""
 
 
 def flag(path: str) -> str:
@@ -52,11 +81,28 @@ def options(cls, prefix: str = "", defaults: Any = dataclasses.MISSING) -> list[
     out = _leaves(cls, prefix, defaults)
     seen: dict[str, str] = {}
     for o in out:
-        if o.flag in seen:
-            raise ValueError(f"{cls.__name__}: {seen[o.flag]} and {o.path} would both be {o.flag}; "
-                             f"add one of them to trajtune.experiments.hf.options.RENAMES")
-        seen[o.flag] = o.path
+        for name in (o.flag, *o.aliases):
+            if name in seen:
+                raise ValueError(f"{cls.__name__}: {seen[name]} and {o.path} would both be {name}; "
+                                 f"add one of them to trajtune.experiments.hf.options.RENAMES")
+            seen[name] = o.path
     return out
+
+
+def trl_names(cls) -> list[str]:
+    """The `TRL_NAMES` that are not a flag of config `cls` (each to be refused with `trl_refusal`)."""
+    taken = {name for o in options(cls) for name in (o.flag, *o.aliases)}
+    return [name for name in TRL_NAMES if name not in taken]
+
+
+def trl_refusal(cls, trl_flag: str) -> str:
+    """Why `trl_flag` is refused by the command of config `cls`, and what to type instead."""
+    leaf, note = TRL_NAMES[trl_flag]
+    ours = [o.flag for o in options(cls) if leaf is not None and o.path.rsplit(".", 1)[-1] == leaf]
+    if ours:
+        use = note if note.startswith("--") else f"use {ours[0]}" + (f": {note}" if note else "")
+        return f"{trl_flag} is TRL's name; here {use}"
+    return f"{trl_flag} is TRL's name and not an option of this command" + (f"; {note}" if note else "")
 
 
 def _leaves(cls, prefix: str, defaults: Any) -> list[Option]:
@@ -79,7 +125,8 @@ def _leaves(cls, prefix: str, defaults: Any) -> list[Option]:
         if dataclasses.is_dataclass(hints[f.name]):
             out += _leaves(hints[f.name], path + ".", value)
         else:
-            out.append(Option(path, flag(path), hints[f.name], value, docs.get(f.name, "")))
+            aliases = ALIASES.get(f.name, ()) if path not in RENAMES else ()
+            out.append(Option(path, flag(path), hints[f.name], value, docs.get(f.name, ""), aliases))
     return out
 
 

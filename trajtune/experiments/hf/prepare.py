@@ -8,6 +8,10 @@
                        capped at the model's context (`max_position_embeddings` of its config.json).
     a resume           a run directory holding a checkpoint (or a finished run) of other settings is
                        refused, naming the options that differ
+    --eval-data        the held-out rows (sft/rm/dpo), checked like the training rows
+    LoRA targets       without --lora-target-modules, peft must know the architecture's default
+    the schedule       --num-train-epochs / --warmup-ratio / --lr-scheduler-type resolved against the
+                       rows that fit, and printed (`planned`, trajtune.experiments.hf.schedule)
 
 Each `*_data` function returns a `Prepared`: the tokenizer, the renderer and the items in
 the shape the method's loop takes (trajectories, pairs, prompt tasks).
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
@@ -37,6 +41,11 @@ class Prepared:
     """trajectories (sft), (chosen, rejected) pairs (rm, dpo) or prompt tasks (grpo, rft)"""
     limit: int
     """the length budget in tokens: --max-length, or the model's context where smaller"""
+    eval_items: list = field(default_factory=list)
+    """the held-out items of --eval-data, in the shape of `items` (empty without it)"""
+    overrides: dict = field(default_factory=dict)
+    """config sections the data resolved (`planned`: the loop section with its steps, optim with its
+    warm-up and decay, the schedule section spent): the stage runs `dataclasses.replace(config, **overrides)`"""
 
     @cached_property
     def renderer(self):
@@ -63,24 +72,47 @@ def _start(config):
     from ...models.hf import load_tokenizer
     from ...text.chat import ChatRenderer
 
+    check_lora_targets(config.model)
     tokenizer = load_tokenizer(config.model.path)
     return tokenizer, ChatRenderer(tokenizer), D.read_rows(config.data), *budget(config.model)
 
 
+def check_lora_targets(model) -> None:
+    """With --lora-r and no --lora-target-modules, peft picks the architecture's default layers; refuse
+    an architecture peft has no default for, before the model loads."""
+    if not model.lora_r or model.lora_target_modules:
+        return
+    try:
+        kind = json.loads((Path(model.path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # the model's own checks say what is wrong with its directory
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    if kind not in DEFAULTS:
+        raise ConfigError(f"--lora-r {model.lora_r}: peft has no default LoRA layers for model_type {kind!r} "
+                          f"({model.path}); name them with {flag('model.lora_target_modules')} (e.g. q_proj v_proj, "
+                          "or all-linear)")
+
+
 def sft_data(config) -> Prepared:
-    """'messages' / 'prompt'+'completion' rows -> SFT trajectories that fit the budget."""
+    """'messages' / 'prompt'+'completion' rows -> SFT trajectories that fit the budget (and --eval-data's)."""
     tokenizer, renderer, rows, limit, said = _start(config)
-    field_of = {r.where: "messages" if "messages" in r.data else "prompt+completion" for r in rows}
 
-    def too_long(t):
-        where = t.info["source"]
-        return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
+    def trajectories(rows, noun):
+        field_of = {r.where: "messages" if "messages" in r.data else "prompt+completion" for r in rows}
 
-    return Prepared(tokenizer, fit(D.sft_trajectories(rows, renderer), said, config.model.drop_long, too_long), limit)
+        def too_long(t):
+            where = t.info["source"]
+            return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
+
+        return fit(D.sft_trajectories(rows, renderer), said, config.model.drop_long, too_long, noun)
+
+    held_out = trajectories(D.read_rows(config.eval_data), "evaluation samples") if config.eval_data else []
+    return Prepared(tokenizer, trajectories(rows, "samples"), limit, held_out)
 
 
 def pair_data(config) -> Prepared:
-    """Preference rows -> (chosen, rejected) pairs whose longer side fits the budget."""
+    """Preference rows -> (chosen, rejected) pairs whose longer side fits the budget (and --eval-data's)."""
     tokenizer, renderer, rows, limit, said = _start(config)
 
     def too_long(pair):
@@ -89,13 +121,29 @@ def pair_data(config) -> Prepared:
         return (f"{chosen.info['source']}: field {side!r}: {n} tokens (chosen {len(chosen)}, rejected "
                 f"{len(rejected)}, prompt included)" if n > limit else None)
 
-    return Prepared(tokenizer, fit(D.preference_pairs(rows, renderer), said, config.model.drop_long, too_long), limit)
+    def pairs(rows, noun):
+        return fit(D.preference_pairs(rows, renderer), said, config.model.drop_long, too_long, noun)
+
+    held_out = pairs(D.read_rows(config.eval_data), "evaluation pairs") if config.eval_data else []
+    return Prepared(tokenizer, pairs(rows, "samples"), limit, held_out)
+
+
+def planned(config, prepared: Prepared, loop: str, per_step: int, noun: str) -> Prepared:
+    """Resolve the schedule section against the rows that fit (`schedule.resolve`), print what it amounts
+    to (rank 0), and record the resolved sections in `prepared.overrides`."""
+    from .schedule import ScheduleConfig, resolve
+
+    section, optim, line = resolve(config, loop, len(prepared.items), per_step, noun)
+    prepared.overrides = {loop: section, "optim": optim, "schedule": ScheduleConfig()}
+    if is_main():
+        print(f"trajtune {config.METHOD}: {line}", flush=True)
+    return prepared
 
 
 def prompt_data(config) -> Prepared:
-    """Prompt rows -> tasks whose prompt + --max-new-tokens fits the budget; the reward function imports."""
+    """Prompt rows -> tasks whose prompt + --max-new-tokens fits the budget (the reward functions are
+    checked against them by grpo / rft's own prepare: trajtune.experiments.hf.sampling.check_rewards)."""
     tokenizer, renderer, rows, limit, said = _start(config)
-    D.load_reward_function(config.reward)  # fails here, naming the spec, rather than at the first step
     new = config.sampling.max_new_tokens
     lengths = prompt_lengths(D.prompt_tasks(rows), renderer)
 
@@ -163,8 +211,10 @@ def check_same_run(config, run_dir: Path, stage: str) -> None:
     """Refuse a run directory whose stage holds a checkpoint (or a finished run) of other settings.
 
     A checkpoint may be resumed with a changed `config.RESUMABLE` option (more steps, where it
-    runs); a finished stage with no change at all (the stage runner skips it). The message names
-    every option that differs, as the user spells it (`--kl-coef 0.1 -> 0.2 (rl.kl_coef)`)."""
+    runs) or a changed `SHOWN_ONLY` one (what is shown and kept: --logging-steps, --report-to,
+    --save-total-limit); a finished stage with no change at all (the stage runner skips it; the
+    command line refuses it unless --overwrite). The message names every option that differs, as
+    the user spells it (`--kl-coef 0.1 -> 0.2 (rl.kl_coef)`)."""
     from ...resume import Checkpointer
 
     stage_dir = run_dir / stage
@@ -177,13 +227,17 @@ def check_same_run(config, run_dir: Path, stage: str) -> None:
     try:
         before = flatten(json.loads(saved.read_text()))
     except (OSError, ValueError):
-        raise ConfigError(f"{run_dir}: holds {what} but no readable config.json; use another --out "
-                          f"or delete {stage_dir} to start over") from None
+        raise ConfigError(f"{run_dir}: holds {what} but no readable config.json; use another --out, or "
+                          f"--overwrite (a recipe: delete {stage_dir}) to start over") from None
     now = flatten(to_dict(config))
-    allowed = set(type(config).RESUMABLE) if resuming else set()
+    allowed = {*type(config).RESUMABLE, *SHOWN_ONLY} if resuming else set()
     changed = sorted(k for k in set(before) | set(now) if k not in allowed and before.get(k) != now.get(k))
     if changed:
         diff = ", ".join(f"{flag(k)} {before.get(k)!r} -> {now.get(k)!r} ({k})" for k in changed)
         raise ConfigError(f"{run_dir} holds {what} with other settings ({diff}); "
-                          f"{'resume' if resuming else 'rerun'} with the same options, or use another --out "
-                          f"(or delete {stage_dir}) to start over")
+                          f"{'resume' if resuming else 'rerun'} with the same options, or use another --out, "
+                          f"or --overwrite (a recipe: delete {stage_dir}) to start over")
+
+
+SHOWN_ONLY = ("output.logging_steps", "output.report_to", "output.save_total_limit")
+"""options that change what a run shows and keeps, never what it computes: a resume may change them"""

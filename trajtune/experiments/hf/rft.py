@@ -2,7 +2,8 @@
 
     trajtune rft --model ./my-model --data prompts.jsonl --reward my_rewards:exact --rounds 4
 
-Data and reward as for grpo. One stage, "rft": `train_rft` -- each round samples
+Data and rewards as for grpo (several --reward functions and a --reward-model, weighted:
+trajtune.experiments.hf.sampling). One stage, "rft": `train_rft` -- each round samples
 --samples-per-task completions of every prompt, keeps those the reward accepts (--threshold)
 and fine-tunes on them for --steps-per-round steps.
 """
@@ -17,22 +18,34 @@ from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .sampling import SamplingConfig, check_sampling, prompt_collect
+from .sampling import SamplingConfig, check_rewards, check_sampling, train_scored
 from .prepare import Prepared, check_same_run, prompt_data
 
 
 @dataclass
 class RFTRun:
     METHOD: ClassVar[str] = "rft"
-    RESUMABLE: ClassVar[tuple[str, ...]] = ("rft.rounds", "output.save_every", "model.device", "model.micro_batch_size")
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("rft.rounds", "output.save_every", "model.device", "model.micro_batch_size",
+                                            "reward_timeout")
     """options a resumed run may change (more rounds, where it runs); any other change is a different run"""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
     data: str = ""
     """JSONL file of prompt rows (trajtune.data)"""
-    reward: str = ""
-    """reward function 'module:function' or 'file.py:function', TRL signature fn(prompts, completions, **columns)"""
+    reward: list[str] = field(default_factory=list)
+    """reward functions 'file.py:function' or 'module:function', one or more (--reward a.py:f --reward b.py:g);
+    TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
+    once per batch of completions (trajtune.rewards)"""
+    reward_weights: list[float] = field(default_factory=list)
+    """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
+    an episode's reward is the weighted sum over the sources that scored it (None left out)"""
+    reward_timeout: float = 60.0
+    """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
+    process killed) and the completions it hung on get no reward (left out of the update)"""
+    reward_model: str = ""
+    """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
+    head's score of the prompt + completion"""
     rft: RFTConfig = field(default_factory=lambda: RFTConfig(samples_per_task=8, steps_per_round=100, batch_size=8))
     """the expert-iteration loop (rounds, samples_per_task, steps_per_round, batch_size, threshold, seed ...)"""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -52,7 +65,9 @@ Config = RFTRun
 
 def prepare(config: RFTRun, run_dir: Path) -> Prepared:
     check_same_run(config, run_dir, RFTRun.METHOD)
-    return prompt_data(config)
+    prepared = prompt_data(config)
+    check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    return prepared
 
 
 def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
@@ -61,9 +76,9 @@ def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
     methods would give each stage its own)."""
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.rft.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
-    collect = prompt_collect(ctx, engine, data, c.reward, c.sampling)
-    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home)
-    history = train_rft(engine, data.items, collect, c.rft, data.pad_id, run)
+    run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
+    history = train_scored(ctx, c, data, engine, c.rft.rounds * c.rft.steps_per_round,
+                           lambda collect, wrap: train_rft(engine, data.items, collect, c.rft, data.pad_id, wrap(run)))
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
 
