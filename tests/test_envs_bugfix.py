@@ -3,6 +3,8 @@
 import itertools
 import time
 
+from collections import Counter
+
 import pytest
 
 from trajtune.envs.bugfix import (
@@ -15,7 +17,7 @@ from trajtune.rollout import scripted_rollout
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import WORD_PATTERN
 
-ALL, TRAIN, HELDOUT = make_tasks("all"), make_tasks("train"), make_tasks("heldout")
+ALL, TRAIN, HELDOUT, NOVEL = make_tasks("all"), make_tasks("train"), make_tasks("heldout"), make_tasks("novel")
 TOK = build_tokenizer()
 
 
@@ -31,18 +33,48 @@ def play(task, actions, reward="hidden"):
 
 # --- tasks ------------------------------------------------------------------------------
 def test_splits_and_families():
-    assert (len(TRAIN), len(HELDOUT), len(ALL)) == (20, 10, 30)
+    assert (len(TRAIN), len(HELDOUT), len(NOVEL), len(ALL)) == (20, 10, 10, 40)
     for family in FAMILIES:
         assert sum(t.family == family for t in TRAIN) == 4
         assert sum(t.family == family for t in HELDOUT) == 2
-    assert len({t.entry for t in ALL}) == 30
+        assert sum(t.family == family for t in NOVEL) == 2
+    assert len({t.entry for t in ALL}) == 40
     with pytest.raises(ValueError, match="split"):
         make_tasks("test")
 
 
-def test_heldout_names_never_appear_in_training():
+@pytest.mark.parametrize("tasks", [HELDOUT, NOVEL], ids=["heldout", "novel"])
+def test_heldout_names_never_appear_in_training(tasks):
     train_symbols = {s for t in TRAIN for s in WORD_PATTERN.findall(t.source + t.issue)}
-    assert not {t.entry for t in HELDOUT} & train_symbols
+    assert not {t.entry for t in tasks} & train_symbols
+
+
+def symbols(task):
+    return set(WORD_PATTERN.findall(task.source)) - {"\n", task.entry}
+
+
+def test_heldout_uses_the_training_cues_and_no_cross_family_word():
+    """The default held-out split is the seed's: unseen names over the repair cues training shows.
+    Every symbol of a held-out listing (operators, keywords, variables; the name aside) occurs in
+    training listings, none twice as often in another family's as in its own unless three or more
+    families share it, so no surface word points at another family's edit (`modulo(n, size)` failed
+    this: `n` is the range family's variable, and oracle SFT passed it 0.00 on seeds 0-2)."""
+    train_families: dict[str, Counter] = {}
+    for t in TRAIN:
+        for sym in symbols(t) | {t.entry}:
+            train_families.setdefault(sym, Counter())[t.family] += 1  # training listings showing `sym`, per family
+    for t in HELDOUT:
+        for sym in symbols(t):
+            fams = train_families.get(sym, Counter())
+            assert len(fams) >= 3 or 2 * fams[t.family] >= max(fams.values(), default=0), (t.name, sym, fams)
+            assert sym not in {x.entry for x in TRAIN}, (t.name, sym)  # no training function name as a variable
+            assert sym in train_families, (t.name, sym)  # only the name is unseen
+        assert t.source.replace(t.entry, "f") not in {x.source.replace(x.entry, "f") for x in TRAIN}, t.name  # a variant
+    train_ops = {s for t in TRAIN for s in symbols(t) if not s.isidentifier() and not s.isdigit()}
+    for t in HELDOUT:
+        assert {s for s in symbols(t) if not s.isidentifier() and not s.isdigit()} <= train_ops, t.name
+    novel_ops = {s for t in NOVEL for s in symbols(t) if not s.isidentifier() and not s.isdigit()}
+    assert novel_ops - train_ops  # the novel split does show code training never shows (e.g. `<=`)
 
 
 @pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
@@ -132,7 +164,7 @@ def rates(kind, tasks, seeds, reward="hidden"):
                 invalid=mean(lambda t: t.info["n_invalid"]), reads=mean(lambda t: t.info["n_reads"] > 0), trajs=trajs)
 
 
-@pytest.mark.parametrize("tasks", [TRAIN, HELDOUT], ids=["train", "heldout"])
+@pytest.mark.parametrize("tasks", [TRAIN, HELDOUT, NOVEL], ids=["train", "heldout", "novel"])
 def test_oracle_solves_every_task(tasks):
     got = rates("oracle", tasks, [0])
     assert got["passed"] == 1.0 and got["invalid"] == 0 and got["reads"] == 1.0
@@ -145,7 +177,9 @@ def test_blind_guesses_at_one_in_five(tasks):
     assert 0.12 <= got["passed"] <= 0.28, got["passed"]
     assert got["reads"] == 0 and got["invalid"] == 0 and got["hack"] == 0
     a, b = bugfix_policy("blind", 3), bugfix_policy("blind", 3)
-    assert [a.guess(t.entry) for t in tasks] == [b.guess(t.entry) for t in tasks]  # a fixed guess per name
+    assert [a.guess(t.entry) for t in tasks] == [b.guess(t.entry) for t in tasks]  # seeded
+    assert len({a.guess(t.entry) for t in tasks}) == 1  # the guess ignores the task (its name included)
+    assert len({bugfix_policy("blind", s).guess("x") for s in range(10)}) > 1
 
 
 def test_random_is_well_formed_unskilled_and_sometimes_hacks():
@@ -173,7 +207,9 @@ def test_word_tokenizer_covers_everything_the_gym_can_show():
         assert len(TOK.encode(f"edit {op}")) == 2
 
 
-def test_oracle_episodes_per_second():
+def test_oracle_replays_solve_every_time():
+    """Repeated episodes (the sandbox answers repeats from its cache) give the same rewards; the rate is
+    printed, not asserted (timings are benchmarks: a shared machine makes a timed test flaky)."""
     r, policy = Renderer(TOK), bugfix_policy("oracle")
     start = time.perf_counter()
     n = 0
@@ -181,6 +217,4 @@ def test_oracle_episodes_per_second():
         for task in TRAIN:
             assert scripted_rollout(policy, BugFixEnv(), task, r).reward == 1.0
             n += 1
-    per_second = n / (time.perf_counter() - start)
-    print(f"oracle: {per_second:.0f} episodes/s on the 20 training tasks")
-    assert per_second > 200
+    print(f"oracle: {n / (time.perf_counter() - start):.0f} episodes/s on the 20 training tasks")

@@ -56,9 +56,12 @@ def test_every_stage_checkpoints_and_reports(small_run):
     for png in ("curves_train.png", "curves_heldout.png", "dpo_drift.png", "dpo_behaviour.png", "hacking.png"):
         assert (run_dir / png).stat().st_size > 1000 and png in text
     assert (run_dir / "report.html").exists() and json.loads((run_dir / "summary.json").read_text())["holds"]
-    renamed = json.loads((run_dir / "generalization" / "results.json").read_text())["renamed"]
-    assert set(renamed) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in renamed.values())
-    assert "| oracle_sft |" in text.split("Unseen names or unseen code?")[1]
+    probes = json.loads((run_dir / "generalization" / "results.json").read_text())
+    for split in ("renamed", "novel"):
+        assert set(probes[split]) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in probes[split].values())
+    report = (run_dir / "report.md").read_text()
+    assert "novel (unseen code)" in report and "four conclusions" in report
+    assert "| oracle_sft |" in text.split("Unseen names, unseen code")[1]
 
 
 def test_metrics_name_their_stage_and_are_documented(small_run):
@@ -108,7 +111,8 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path):
     report = write_seeds_report(tmp_path, {0: summary, 1: summary})
     text = report.read_text()
     assert "± 0.00" in text and "| A6 | 2/2 |" in text
-    assert "| oracle_sft |" in text.split("Unseen names or unseen code? (mean ± sd)")[1]
+    assert "| oracle_sft |" in text.split("Unseen names, unseen code (mean ± sd)")[1]
+    assert "four conclusions" in text and "/2 |" in text.split("four conclusions (§15.5), per seed")[1]
     assert parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(ConfigError):
         parse_seeds("0,x")

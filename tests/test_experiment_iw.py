@@ -3,6 +3,8 @@ budget; the BugFix comparison (C4) runs end to end (slow: it trains the flagship
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from trajtune.algorithms.iw_sft import IWSFTConfig
@@ -86,3 +88,44 @@ def test_bugfix_comparison_resumes_a_stage_cut_short(tmp_path, monkeypatch):
     for stage in ("rft", "iw_sft"):
         assert _same_result(tmp_path / "whole", tmp_path / "cut", stage), stage
     assert json.loads((tmp_path / "cut" / "rft" / "results.json").read_text())["curve"][0]["step"] == 0
+
+
+# --- C1-C3 verdicts on constructed results: the paper's numbers pass, each failure fails its check ---
+def _bandit_case():
+    from trajtune.envs.bandit import TwoArmBandit
+    from trajtune.experiments.iw_sft.bandit import Config as BanditConfig, variants
+
+    config = BanditConfig()
+    env = TwoArmBandit((config.p_left, config.p_right))
+    curves = {name: [{"p_right": 0.9, "reward": 0.95}] for name in variants(config)}
+    curves["SFT"] = [{"p_right": 2 / 3, "reward": 5 / 6}]
+    spread = {name: {"mean": 0.9, "sd": 0.05, "wrong_arm": 0.0, "reward": 0.95} for name in variants(config)}
+    spread[f"iw-SFT smooth a={max(config.alphas):g}"] = {"mean": 0.7, "sd": 0.3, "wrong_arm": 0.2, "reward": 0.8}
+    spread["SFT"] = {"mean": 0.67, "sd": 0.06, "wrong_arm": 0.01, "reward": 0.83}
+    return config, env, curves, spread
+
+
+def _verdicts(config, env, curves, spread):
+    from trajtune.experiments.iw_sft.bandit import bandit_claims
+
+    return {c.id: c.holds for c in bandit_claims(config, env, curves, spread)}
+
+
+def test_bandit_checks_pass_the_papers_numbers_and_fail_constructed_failures():
+    config, env, curves, spread = _bandit_case()
+    assert _verdicts(config, env, curves, spread) == {"C1": True, "C2": True, "C3": True}
+    peak = f"iw-SFT smooth a={max(config.alphas):g}"
+    failures = {
+        "C1": lambda c, s: c["SFT"][-1].update(p_right=0.75),
+        "C2": lambda c, s: c["iw-SFT clip"][-1].update(reward=0.84),
+        # peaked weights no wider than plain SFT's: the spread is not the weights' doing
+        "C3": lambda c, s: s["SFT"].update(sd=0.2),
+        "C3 wrong arm": lambda c, s: s["SFT"].update(wrong_arm=0.25),
+        "C3 clip": lambda c, s: s["iw-SFT clip"].update(sd=0.35),
+    }
+    for case, mutate in failures.items():
+        c, s = copy.deepcopy(curves), copy.deepcopy(spread)
+        mutate(c, s)
+        got = _verdicts(config, env, c, s)
+        assert got[case.split()[0]] is False, (case, got)
+    assert spread[peak]["sd"] >= 2 * spread["SFT"]["sd"]

@@ -65,3 +65,10 @@ def test_module_entry_point():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pass rate        1.000" in out.stdout
+
+
+def test_bugfix_novel_split_and_a_split_another_gym_lacks(capsys):
+    code, out, _ = run(capsys, "bugfix", "--policy", "oracle", "--split", "novel")
+    assert code == 0 and number(out, "pass rate") == 1.0 and "split novel" in out and "minmax/floor_at" in out
+    code, _, err = run(capsys, "arithmetic", "--split", "novel")
+    assert code == 2 and "bugfix split" in err

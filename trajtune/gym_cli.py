@@ -35,8 +35,9 @@ def add_gym_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("gym", choices=sorted(GYMS), help="which gym")
     g.add_argument("--policy", default="oracle", help="bugfix: oracle|blind|random; arithmetic, instruct: oracle|random")
-    g.add_argument("--split", default="train", choices=("train", "heldout", "renamed"),
-                   help="task split (default train; renamed: bugfix train tasks under held-out names)")
+    g.add_argument("--split", default="train", choices=("train", "heldout", "novel", "renamed"),
+                   help="task split (default train; bugfix: heldout = unseen names over the training cues, novel = "
+                        "unseen code, renamed = train tasks under held-out names)")
     g.add_argument("--episodes-per-task", type=int, default=1, metavar="N", help="episodes per task (default 1)")
     g.add_argument("--reward", default=None, help="bugfix: hidden (default) | public; instruct: format (default) | preference")
     g.add_argument("--seed", type=int, default=0, help="seed of the scripted policy (episode k uses seed+k)")
@@ -57,6 +58,8 @@ def run_gym(args) -> int:
         return _fail(f"gym {args.gym}: unknown reward {reward!r}; choose from {', '.join(spec['rewards'])}")
     if args.episodes_per_task < 1:
         return _fail("--episodes-per-task must be at least 1")
+    if args.gym != "bugfix" and args.split not in ("train", "heldout"):
+        return _fail(f"gym {args.gym}: --split {args.split} is a bugfix split; choose train or heldout")
     tasks, make_env, make_policy, tokenizer = _setup(args, reward)
     renderer = Renderer(tokenizer)
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The BugFix gym's tasks: 30 small Python functions, each with one bug (seed ch.15, ch.4 gym).
+"""The BugFix gym's tasks: 40 small Python functions, each with one bug (seed ch.15, ch.4 gym).
 
 Five families, one repair op each (bugfix.py applies them to the source text):
 
@@ -12,9 +12,25 @@ Five families, one repair op each (bugfix.py applies them to the source text):
 
 Each marker appears in its own family only, so applying another family's op
 leaves the source unchanged (tests/test_envs_bugfix.py checks this), and the
-family can always be read off the code — never off the function name: per
-family, 4 training tasks and 2 held-out variants whose names never occur in
-training (with a word-level tokenizer a name is one opaque token).
+family can always be read off the code — never off the function name.
+
+Splits, per family (`make_tasks`):
+
+    train     4 tasks: the SFT demonstrations, the RL and RFT tasks
+    heldout   2 variants under function names that never occur in training, over the same
+              repair cues as training (the seed's "10 held-out variants (unseen function
+              names)"): every other symbol of a held-out listing occurs in training listings,
+              none twice as common in another family's as in its own (unless three or more
+              families share it), and no listing equals a training one.
+              With a word-level tokenizer a name is one opaque token, so a policy that
+              picks the edit from the listing's marker transfers and one that keys on
+              the name does not.
+    novel     2 variants of unseen *code* as well (a probe beyond the seed): an operator no
+              training listing shows (`<=` in `before`), a new keyword (`and`), a loop-shaped
+              `minmax` task (`peak`, whose `best = ...` line looks like the init family's
+              accumulator), new variable names
+    renamed   the 20 training tasks, code and tests unchanged, each under one of its family's
+              held-out names: what unseen names alone cost
 
 Tests: `public` cases are what `submit` reports to the policy; `hidden` cases
 decide the default reward. Inputs are disjoint and both sets contain at least
@@ -38,7 +54,7 @@ FAMILY_OP: dict[str, str] = {
     "zero": "guard_zero",
     "init": "fix_init",
 }
-SPLITS = ("train", "heldout", "all", "renamed")
+SPLITS = ("train", "heldout", "novel", "all", "renamed")
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,7 @@ class BugFixTask:
     name:    "family/function", e.g. "minmax/clamp" (what info["task"] reports)
     family:  one of FAMILIES
     entry:   the function's name
-    split:   "train" or "heldout"
+    split:   "train", "heldout", "novel" or "renamed"
     source:  the buggy source (what `read` shows before any edit)
     fixed:   the correct source (what the family's op must produce)
     public:  ((args, expected), ...) shown by `submit`
@@ -94,11 +110,11 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def cap(x, limit):\n    return max(x, limit)",
      "def cap(x, limit):\n    return min(x, limit)",
      ((5, 3), (1, 3)), ((10, 4), (2, 8), (6, 6))),
-    ("minmax", "heldout",
+    ("minmax", "novel",
      "def floor_at(x, low):\n    return min(x, low)",
      "def floor_at(x, low):\n    return max(x, low)",
      ((-2, 0), (5, 0)), ((3, 4), (9, 1), (0, 0))),
-    ("minmax", "heldout",
+    ("minmax", "novel",
      "def peak(xs):\n    best = xs[0]\n    for x in xs:\n        best = min(best, x)\n    return best",
      "def peak(xs):\n    best = xs[0]\n    for x in xs:\n        best = max(best, x)\n    return best",
      (([2, 7, 3],), ([4],)), (([1, 5, 9],), ([8, 6],), ([-1, -4],))),
@@ -119,11 +135,11 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def numbers(n):\n    return list(range(1, n))",
      "def numbers(n):\n    return list(range(1, n + 1))",
      ((3,), (1,)), ((5,), (2,), (0,))),
-    ("range", "heldout",
+    ("range", "novel",
      "def triangle(n):\n    return sum(range(n))",
      "def triangle(n):\n    return sum(range(n + 1))",
      ((3,), (0,)), ((4,), (5,), (1,))),
-    ("range", "heldout",
+    ("range", "novel",
      "def odd_list(n):\n    return list(range(1, n, 2))",
      "def odd_list(n):\n    return list(range(1, n + 1, 2))",
      ((5,), (4,)), ((7,), (1,), (6,))),
@@ -144,11 +160,11 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def fits(size, capacity):\n    return size < capacity",
      "def fits(size, capacity):\n    return size <= capacity",
      ((10, 10), (3, 10)), ((4, 4), (12, 5), (0, 1))),
-    ("compare", "heldout",
+    ("compare", "novel",
      "def before(a, b):\n    return a <= b",
      "def before(a, b):\n    return a < b",
      ((2, 2), (1, 3)), ((6, 6), (4, 9), (8, 5))),
-    ("compare", "heldout",
+    ("compare", "novel",
      "def between(x, lo, hi):\n    return lo < x and x < hi",
      "def between(x, lo, hi):\n    return lo <= x and x <= hi",
      ((1, 1, 4), (2, 1, 4)), ((4, 1, 4), (0, 1, 4), (3, 3, 3))),
@@ -169,11 +185,11 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def chunk_count(n, size):\n    return (n + size - 1) // size",
      "def chunk_count(n, size):\n    if size == 0:\n        return 0\n    return (n + size - 1) // size",
      ((10, 0), (10, 3)), ((7, 0), (9, 3), (1, 5))),
-    ("zero", "heldout",
+    ("zero", "novel",
      "def share(amount, people):\n    return amount // people",
      "def share(amount, people):\n    if people == 0:\n        return 0\n    return amount // people",
      ((10, 0), (10, 5)), ((4, 0), (9, 2), (0, 3))),
-    ("zero", "heldout",
+    ("zero", "novel",
      "def leftover(items, boxes):\n    return items % boxes",
      "def leftover(items, boxes):\n    if boxes == 0:\n        return 0\n    return items % boxes",
      ((5, 0), (5, 2)), ((8, 0), (9, 4), (3, 7))),
@@ -194,14 +210,58 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def sum_squares(xs):\n    acc = 1\n    for x in xs:\n        acc += x * x\n    return acc",
      "def sum_squares(xs):\n    acc = 0\n    for x in xs:\n        acc += x * x\n    return acc",
      (([1, 2],), ([3],)), (([2, 2],), ([],), ([1, 1, 1],))),
-    ("init", "heldout",
+    ("init", "novel",
      "def multiply_all(xs):\n    result = 0\n    for v in xs:\n        result *= v\n    return result",
      "def multiply_all(xs):\n    result = 1\n    for v in xs:\n        result *= v\n    return result",
      (([3, 3],), ([2],)), (([5, 2],), ([1, 1],), ([4, 1, 2],))),
-    ("init", "heldout",
+    ("init", "novel",
      "def tally(items):\n    n = 1\n    for item in items:\n        n += 1\n    return n",
      "def tally(items):\n    n = 0\n    for item in items:\n        n += 1\n    return n",
      (([4, 4],), ([9],)), (([],), ([1, 2, 3],), ([5, 6],))),
+    # --- heldout: unseen function names over the training tasks' repair cues ----------
+    # every other symbol of these listings occurs in training listings, and none is twice as
+    # common in another family's as in its own (unless three or more families share it): new
+    # compositions of seen code, not new code, and no word that points at another family's edit
+    ("minmax", "heldout",
+     "def smallest(xs):\n    return max(xs)",
+     "def smallest(xs):\n    return min(xs)",
+     (([3, 1, 2],), ([5],)), (([4, 9, 2],), ([7, 7],), ([-1, -6],))),
+    ("minmax", "heldout",
+     "def bounded(value, upper):\n    return max(value, upper)",
+     "def bounded(value, upper):\n    return min(value, upper)",
+     ((9, 4), (2, 4)), ((10, 3), (1, 6), (5, 5))),
+    ("range", "heldout",
+     "def count_up(n):\n    return list(range(n))",
+     "def count_up(n):\n    return list(range(n + 1))",
+     ((2,), (0,)), ((3,), (1,), (5,))),
+    ("range", "heldout",
+     "def total_to(n):\n    return sum(range(0, n))",
+     "def total_to(n):\n    return sum(range(0, n + 1))",
+     ((4,), (1,)), ((5,), (2,), (0,))),
+    ("compare", "heldout",
+     "def exceeds(size, limit):\n    return size >= limit",
+     "def exceeds(size, limit):\n    return size > limit",
+     ((4, 4), (6, 2)), ((7, 7), (1, 5), (9, 3))),
+    ("compare", "heldout",
+     "def within_limit(x, hi):\n    return x < hi",
+     "def within_limit(x, hi):\n    return x <= hi",
+     ((5, 5), (3, 5)), ((8, 8), (9, 2), (0, 1))),
+    ("zero", "heldout",
+     "def per_person(part, size):\n    return part // size",
+     "def per_person(part, size):\n    if size == 0:\n        return 0\n    return part // size",
+     ((9, 0), (9, 3)), ((4, 0), (8, 2), (0, 5))),
+    ("zero", "heldout",
+     "def modulo(a, size):\n    return a % size",
+     "def modulo(a, size):\n    if size == 0:\n        return 0\n    return a % size",
+     ((5, 0), (7, 2)), ((3, 0), (9, 4), (6, 3))),
+    ("init", "heldout",
+     "def add_up(xs):\n    count = 1\n    for x in xs:\n        count += x\n    return count",
+     "def add_up(xs):\n    count = 0\n    for x in xs:\n        count += x\n    return count",
+     (([1, 2],), ([],)), (([5],), ([2, 3, 4],), ([0, 1],))),
+    ("init", "heldout",
+     "def product_of(xs):\n    count = 0\n    for x in xs:\n        count *= x\n    return count",
+     "def product_of(xs):\n    count = 1\n    for x in xs:\n        count *= x\n    return count",
+     (([2, 3],), ([],)), (([4, 5],), ([1, 3],), ([7],))),
 )
 
 
@@ -231,7 +291,8 @@ def _all_tasks() -> tuple[BugFixTask, ...]:
 
 
 def make_tasks(split: str = "train") -> list[BugFixTask]:
-    """The tasks of one split: "train" (20), "heldout" (10), "all" (30) or "renamed" (20), in family order.
+    """The tasks of one split: "train" (20), "heldout" (10), "novel" (10), "all" (40) or "renamed" (20),
+    in table order (each split in family order).
 
     "renamed" is a probe of generalisation: the training tasks, code and tests unchanged, each
     with its function renamed to one of its family's held-out names (alternating). A policy

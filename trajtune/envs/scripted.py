@@ -12,8 +12,8 @@ tests/test_envs_bugfix.py checks them):
 | policy | behaviour                                                                  | pass        |
 |--------|----------------------------------------------------------------------------|-------------|
 | oracle | read; edit with the op the listing shows (`bugfix.diagnose`); submit        | 1.00 / 1.00 |
-| blind  | edit with an op guessed from the function name (a fixed, seeded guess per   | 0.19 / 0.19 |
-|        | name: a consistent but skill-free name -> op map); submit; never reads     |             |
+| blind  | edit with one op drawn per seed (whatever the task: not from its code,     | 0.20 / 0.20 |
+|        | never read, nor from its name); submit                                     |             |
 | random | per turn, uniformly: read / edit <random op> / hardcode_tests / submit      | 0.09 / 0.09 |
 |        | (public reward: 0.39, because 30% of its episodes are hacks)               |             |
 
@@ -58,14 +58,21 @@ class BugFixOracle:
 
 
 class BugFixBlind:
-    """edit <op guessed from the function name> -> submit, without reading."""
+    """edit <one guessed op> -> submit, without reading.
+
+    The guess is drawn once per seed, so it carries no information about the task: not its code
+    (never read) and not its name. A name-keyed guess (one op per (seed, name), as this policy
+    used to draw) teaches a student trained on blind play that the name predicts the edit, the
+    shortcut the held-out split (unseen names) punishes: with it, oracle SFT from the weak base
+    passed 0.85 of the training tasks renamed to held-out names (seed 0) against 1.00 without it."""
 
     def __init__(self, seed: int = 0):
         self.seed = seed
+        self.op = random.Random(f"blind:{seed}").choice(OPS)
 
     def guess(self, entry: str) -> str:
-        """Deterministic per (seed, name): the same name always gets the same guess under one seed."""
-        return random.Random(f"blind:{self.seed}:{entry}").choice(OPS)
+        """The op this policy edits with, whatever the task (`entry` is ignored)."""
+        return self.op
 
     def act(self, messages: Sequence[Message]) -> str:
         if not _assistant_actions(messages):

@@ -31,7 +31,7 @@ def _gym(ctx: StageContext) -> Gym:
 
 
 def _model(config: Config, gym: Gym):
-    return new_model(config.seed, gym, config.dim, config.n_layers, config.n_heads)
+    return new_model(config.seed, gym, config.dim, config.n_layers, config.n_heads, config.tied)
 
 
 def _describe(engine, gym: Gym, config: Config) -> dict:
@@ -58,7 +58,8 @@ def weak_base(ctx: StageContext) -> dict:
     """A2: SFT a fresh model on format-correct, skill-free play (blind + random)."""
     c = ctx.config
     return train_weak_base(ctx, _gym(ctx), c.seed, seeded(c.weak, c.seed, 1), c.sft_optim, play_seeds=c.weak_play_seeds,
-                           describe_samples=c.describe_samples, dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads)
+                           describe_samples=c.describe_samples, dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads,
+                           tied=c.tied)
 
 
 def oracle_sft(ctx: StageContext) -> dict:
@@ -200,13 +201,16 @@ GENERALIZATION = ("oracle_sft", "rft", "sft_rl", "rl_only")
 
 
 def generalization(ctx: StageContext) -> dict:
-    """Where the held-out gap comes from: each final policy on the training tasks renamed to held-out
-    names (code unchanged; `make_tasks("renamed")`), with the random numbers of its `describe` train
-    episodes, so train -> renamed is what unseen names cost and renamed -> held-out what unseen code costs."""
+    """Two probes beside the held-out split (unseen names over the training cues), for each final policy:
+    `renamed`, the training tasks under held-out names (code unchanged), with the random numbers of its
+    `describe` train episodes, so train -> renamed is what an unseen name alone costs; and `novel`,
+    variants of unseen code (operators, keywords, shapes no training listing shows), with the random
+    numbers of its `describe` held-out episodes."""
     c, gym = ctx.config, _gym(ctx)
-    renamed = make_tasks("renamed")
-    out = {}
+    renamed, novel = make_tasks("renamed"), make_tasks("novel")
+    out: dict[str, dict] = {"renamed": {}, "novel": {}}
     for stage in GENERALIZATION:
         engine = load_engine(ctx, f"{stage}/checkpoint", c.sft_optim)
-        out[stage] = pass_rate(episodes(engine, gym, renamed, c.describe_samples, eval_seed(c.seed, 1)))
-    return {"renamed": out}
+        out["renamed"][stage] = pass_rate(episodes(engine, gym, renamed, c.describe_samples, eval_seed(c.seed, 1)))
+        out["novel"][stage] = pass_rate(episodes(engine, gym, novel, c.describe_samples, eval_seed(c.seed, 1) + 1))
+    return out

@@ -148,7 +148,8 @@ def run(config: Config, run_dir: Path) -> Path:
     return write_bandit_report(run_dir, config, env, curves, spread)
 
 
-def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves: dict, spread: dict) -> Path:
+def bandit_claims(config: Config, env: TwoArmBandit, curves: dict, spread: dict) -> list[Claim]:
+    """C1-C3 from the variants' curves (C1-C2) and the little-data spread (C3)."""
     fixed_p = float(env.filtered_action_distribution(torch.tensor([0.5, 0.5]))[RIGHT])
     fixed_r = env.expected_reward(torch.tensor([1 - fixed_p, fixed_p]))
     sft, clip = curves["SFT"][-1], curves["iw-SFT clip"][-1]
@@ -156,8 +157,8 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     sds = [spread[f"iw-SFT smooth a={a:g}"]["sd"] for a in config.alphas]
     a_peak = max(config.alphas)
     a_min = config.alphas[sds.index(min(sds))]
-    s_peak, s_min, s_clip = (spread[f"iw-SFT smooth a={a_peak:g}"], spread[f"iw-SFT smooth a={a_min:g}"],
-                             spread["iw-SFT clip"])
+    s_peak, s_min, s_clip, s_sft = (spread[f"iw-SFT smooth a={a_peak:g}"], spread[f"iw-SFT smooth a={a_min:g}"],
+                                    spread["iw-SFT clip"], spread["SFT"])
     claims = [
         Claim("C1", "SFT on filtered data: pi(right), reward", "2/3, 5/6 (0.667, 0.833)",
               f"{fmt(sft['p_right'], 3)}, {fmt(sft['reward'], 3)}", "exactly the 2/3, 5/6 fixed point",
@@ -168,13 +169,18 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
         Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right) "
               f"for alpha {'/'.join(f'{a:g}' for a in config.alphas)}; clip",
               "too-peaked weights raise variance",
-              "/".join(fmt(x) for x in sds) + f"; clip {fmt(s_clip['sd'])}. Runs ending on the wrong arm: "
-              f"a={a_min:g} {100 * s_min['wrong_arm']:.0f}%, a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, "
-              f"clip {100 * s_clip['wrong_arm']:.0f}%",
-              "past a moderate alpha, more peaked weights raise the spread (>= 2x its minimum) and put runs on "
-              "the wrong arm; clipping keeps the spread below the most peaked weights'",
-              s_peak["sd"] >= 2 * s_min["sd"] and s_peak["wrong_arm"] > s_min["wrong_arm"] and s_clip["sd"] < s_peak["sd"]),
+              "/".join(fmt(x) for x in sds) + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
+              f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} {100 * s_min['wrong_arm']:.0f}%, "
+              f"a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, clip {100 * s_clip['wrong_arm']:.0f}%",
+              "the most peaked weights raise the spread over plain SFT's (>= 2x) and put more runs on the wrong "
+              "arm than plain SFT; clipping keeps the spread below the most peaked weights'",
+              s_peak["sd"] >= 2 * s_sft["sd"] and s_peak["wrong_arm"] > s_sft["wrong_arm"] and s_clip["sd"] < s_peak["sd"]),
     ]
+    return claims
+
+
+def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves: dict, spread: dict) -> Path:
+    claims = bandit_claims(config, env, curves, spread)
     rounds = list(range(1, config.rounds + 1))
     shown = ["SFT", "iw-SFT clip"] + [f"iw-SFT smooth a={a:g}" for a in config.alphas if a in (0.5, 1.0, 2.0)]
     line_plot(run_dir / "p_right.png", {k: (rounds, [h["p_right"] for h in curves[k]]) for k in shown},
@@ -185,9 +191,10 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     line_plot(run_dir / "c3_spread.png", {
         "sd of final pi(right), smooth": (alphas, [spread[f"iw-SFT smooth a={a:g}"]["sd"] for a in alphas]),
         "share of runs on the wrong arm": (alphas, [spread[f"iw-SFT smooth a={a:g}"]["wrong_arm"] for a in alphas]),
-        "sd with clip (any alpha)": (alphas, [s_clip["sd"]] * len(alphas))},
+        "sd with clip (any alpha)": (alphas, [spread["iw-SFT clip"]["sd"]] * len(alphas)),
+        "sd with plain SFT": (alphas, [spread["SFT"]["sd"]] * len(alphas))},
         f"C3: {config.c3_n_per_round} samples per round, {config.c3_runs} runs", "alpha (weight exp(alpha rho))", "",
-        styles={"sd with clip (any alpha)": "--"})
+        styles={"sd with clip (any alpha)": "--", "sd with plain SFT": ":"})
     rows = [(k, fmt(c[-1]["p_right"], 3), fmt(c[-1]["reward"], 3), fmt(statistics.fmean(h["ess"] for h in c), 2),
              fmt(spread[k]["mean"], 3), fmt(spread[k]["sd"], 3), f"{100 * spread[k]['wrong_arm']:.0f}%",
              fmt(spread[k]["reward"], 3)) for k, c in curves.items()]
