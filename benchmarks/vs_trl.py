@@ -3,6 +3,7 @@
     pip install -e '.[hf,bench]'
     python benchmarks/vs_trl.py                       # tiny and small random Llama, SFT / DPO / GRPO
     python benchmarks/vs_trl.py --sizes tiny --steps 4
+    python benchmarks/vs_trl.py --flops               # + the FLOP-bound row (a 20M Llama; ~6 min more)
 
 Both libraries run in this one process, alternating (trajtune, TRL, trajtune, TRL
 ...), so background load hits both alike. A step's time is the interval between
@@ -14,6 +15,15 @@ Workloads (per optimizer step):
   DPO   8 preference pairs
   GRPO  8 prompts x 8 completions, 8 new tokens, 1 update per generation batch, no KL
 Models: random Llama built from a config with a locally trained tokenizer (no downloads).
+
+--flops adds the FLOP-bound row: a 20.5M-parameter Llama (hidden 384, 6 layers, MLP 1536, 6 heads,
+vocabulary 16,384, tied head), SFT on 16 x 256 tokens and GRPO with 8 x 8 completions of 64 new tokens.
+It prints the achieved FLOP/s as a share of this CPU's matmul peak, measured in the same run (the best of
+5 fp32 2048 x 2048 matmuls at the run's thread count, before each method's runs). FLOPs counted:
+N = the parameters of the matmuls (every Linear of the blocks plus the output layer; not the embedding
+lookup, norms or attention scores), 6 N per trained token (forward + backward: every position of the
+batch), plus for GRPO 2 N per token the sampler runs forward (prompt + generated). Both libraries do the
+same work, so trajtune / TRL is the ratio of the times.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -33,22 +44,70 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
-N_ROWS, BATCH, PROMPTS, GROUP, NEW_TOKENS = 64, 8, 8, 8, 8
+N_ROWS = 64
 
 
-def write_data(d: Path) -> None:
+@dataclass(frozen=True)
+class Workload:
+    """Shapes of one optimizer step (the same for both libraries)."""
+
+    batch: int = 8
+    """SFT conversations / DPO pairs per step"""
+    prompts: int = 8
+    """GRPO prompts per step"""
+    group: int = 8
+    """GRPO completions per prompt"""
+    new_tokens: int = 8
+    """GRPO tokens sampled per completion"""
+    repeat: int = 1
+    """SFT answers repeat their sentence this many times (longer sequences)"""
+    max_length: int = 512
+    """TRL's max_length (and the model's context)"""
+
+
+DEFAULT = Workload()
+FLOPS = Workload(batch=16, prompts=8, group=8, new_tokens=64, repeat=0)  # SFT rows of exactly 256 tokens (write_data)
+FLOP_MODEL = dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=6,
+                  num_key_value_heads=6)
+FLOP_VOCAB, FLOP_SFT_TOKENS = 16_384, 256
+
+
+def write_data(d: Path, repeat: int = 1, tokenizer=None, sft_tokens: int = 0) -> None:
+    """sft.jsonl, dpo.jsonl, grpo.jsonl in `d`. sft_tokens > 0 (with `tokenizer`): every SFT conversation
+    renders to exactly that many tokens (the answer padded with words, then cut), and so does each DPO
+    prompt with its chosen and with its rejected answer."""
     with open(d / "sft.jsonl", "w") as f:
         for i in range(N_ROWS):
+            answer = " ".join([f"the answer is {i + 5}."] * max(1, repeat))
+            if sft_tokens:
+                answer = _fit(tokenizer, f"what is {i} + 5? answer with the number.", answer, sft_tokens)
             f.write(json.dumps({"messages": [{"role": "user", "content": f"what is {i} + 5? answer with the number."},
-                                             {"role": "assistant", "content": f"the answer is {i + 5}."}]}) + "\n")
+                                             {"role": "assistant", "content": answer}]}) + "\n")
     with open(d / "dpo.jsonl", "w") as f:
         for i in range(N_ROWS):
+            chosen, rejected = f"the answer is {i + 5}.", "hello world, the cat sat."
+            if sft_tokens:  # each answer grown to about sft_tokens with its prompt
+                chosen = _fit(tokenizer, f"what is {i} + 5?", chosen, sft_tokens)
+                rejected = _fit(tokenizer, f"what is {i} + 5?", rejected, sft_tokens)
             f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}],
-                                "chosen": [{"role": "assistant", "content": f"the answer is {i + 5}."}],
-                                "rejected": [{"role": "assistant", "content": "hello world, the cat sat."}]}) + "\n")
+                                "chosen": [{"role": "assistant", "content": chosen}],
+                                "rejected": [{"role": "assistant", "content": rejected}]}) + "\n")
     with open(d / "grpo.jsonl", "w") as f:
         for i in range(N_ROWS):
             f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}], "answer": str(i + 5)}) + "\n")
+
+
+def _fit(tok, question: str, answer: str, n: int) -> str:
+    """`answer` grown with words, then cut, so the conversation renders to exactly `n` tokens."""
+    def length(a):
+        return len(tok.apply_chat_template([{"role": "user", "content": question}, {"role": "assistant", "content": a}],
+                                           tokenize=True, return_dict=False))
+    words = answer.split()
+    while length(" ".join(words)) < n:
+        words += ["the", "cat", "sat", "on", "the", "mat."]
+    while length(" ".join(words)) > n and len(words) > 1:
+        words.pop()
+    return " ".join(words)
 
 
 def reward_fn(prompts, completions, answer=None, **kw):
@@ -69,7 +128,7 @@ class StepClock:
 
 
 # --- trajtune ------------------------------------------------------------------------------------------
-def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]:
+def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = DEFAULT, **engine_kw) -> list[float]:
     from trajtune import data as D
     from trajtune.algorithms.dpo import DPOConfig, train_dpo
     from trajtune.algorithms.rl import RLConfig, train_rl
@@ -84,7 +143,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
     torch.manual_seed(0)
     tok = load_tokenizer(model_dir)
     r = ChatRenderer(tok)
-    engine = make_engine(load_policy(model_dir), OptimConfig(lr=1e-5, grad_clip=1.0))
+    engine = make_engine(load_policy(model_dir), OptimConfig(lr=1e-5, grad_clip=1.0), **engine_kw)
     clock = StepClock()
     step = engine.optim_step
 
@@ -98,21 +157,21 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int) -> list[float]
     n = steps + 1
     if kind == "SFT":
         trajs = D.sft_trajectories(D.read_rows(d / "sft.jsonl"), r)
-        train_sft(engine, trajs, SFTConfig(steps=n, batch_size=BATCH), r.pad_id)
+        train_sft(engine, trajs, SFTConfig(steps=n, batch_size=w.batch), r.pad_id)
     elif kind == "DPO":
         pairs = D.preference_pairs(D.read_rows(d / "dpo.jsonl"), r)
-        train_dpo(engine, pairs, DPOConfig(steps=n, batch_size=BATCH, beta=0.1), r.pad_id)
+        train_dpo(engine, pairs, DPOConfig(steps=n, batch_size=w.batch, beta=0.1), r.pad_id)
     else:
         tasks = D.prompt_tasks(D.read_rows(d / "grpo.jsonl"))
         collect = make_collect(engine.sample, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
-                               max_turns=1, max_tokens=512, max_action_tokens=NEW_TOKENS)
-        train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=PROMPTS, group_size=GROUP, advantage="grpo",
+                               max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens)
+        train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group, advantage="grpo",
                                                    aggregation="sequence"), r.pad_id)
     return clock.intervals()
 
 
 # --- TRL ------------------------------------------------------------------------------------------------
-def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path) -> list[float]:
+def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workload = DEFAULT) -> list[float]:
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -136,20 +195,20 @@ def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path) -> list[
         from trl import SFTConfig, SFTTrainer
 
         ds = load_dataset("json", data_files=str(d / "sft.jsonl"), split="train")
-        cfg = SFTConfig(per_device_train_batch_size=BATCH, max_length=512, **common)
+        cfg = SFTConfig(per_device_train_batch_size=w.batch, max_length=w.max_length, **common)
         trainer = SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     elif kind == "DPO":
         from trl import DPOConfig, DPOTrainer
 
         ds = load_dataset("json", data_files=str(d / "dpo.jsonl"), split="train")
-        cfg = DPOConfig(per_device_train_batch_size=BATCH, beta=0.1, max_length=512, **common)
+        cfg = DPOConfig(per_device_train_batch_size=w.batch, beta=0.1, max_length=w.max_length, **common)
         trainer = DPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     else:
         from trl import GRPOConfig, GRPOTrainer
 
         ds = load_dataset("json", data_files=str(d / "grpo.jsonl"), split="train")
-        cfg = GRPOConfig(per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
-                         max_completion_length=NEW_TOKENS, gradient_accumulation_steps=1, beta=0.0,
+        cfg = GRPOConfig(per_device_train_batch_size=w.prompts * w.group, num_generations=w.group,
+                         max_completion_length=w.new_tokens, gradient_accumulation_steps=1, beta=0.0,
                          temperature=1.0, **common)
         trainer = GRPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, reward_funcs=reward_fn,
                               callbacks=[Clock()])
@@ -157,13 +216,74 @@ def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path) -> list[
     return clock.intervals()
 
 
+def matmul_peak(n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of the best of `reps` fp32 n x n matmuls at the current thread count (2 n^3 FLOPs each)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def matmul_params(model_dir: Path) -> int:
+    """N of 6 N tokens: the weights of every Linear (the blocks' projections and the output layer, counted
+    once though tied to the embedding); the embedding lookup, norms and attention scores are not counted."""
+    from trajtune.models.hf import load_policy
+
+    return sum(m.weight.numel() for m in load_policy(model_dir).modules() if isinstance(m, torch.nn.Linear))
+
+
+def step_flops(kind: str, n: int, tok, d: Path, w: Workload) -> float:
+    """Training FLOPs of one step: 6 N per trained token, plus (GRPO) 2 N per token the sampler runs forward."""
+    rows = [json.loads(x) for x in (d / f"{kind.lower()}.jsonl").read_text().splitlines()]
+    if kind == "SFT":
+        lengths = [len(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=False)) for r in rows]
+        return 6 * n * w.batch * statistics.mean(lengths)
+    prompt = statistics.mean(len(tok.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True,
+                                                         return_dict=False)) for r in rows)
+    seqs = w.prompts * w.group
+    return 6 * n * seqs * (prompt + w.new_tokens) + 2 * n * seqs * (prompt + w.new_tokens)
+
+
+def flop_rows(d: Path, args) -> list[tuple]:
+    """The FLOP-bound row: SFT and GRPO on the 20M Llama, FLOP/s as a share of the measured matmul peak."""
+    from trajtune.models.hf import load_tokenizer
+    from trajtune.models.hf_random import make_random_model
+
+    fd = d / "flops"
+    fd.mkdir()
+    model_dir = make_random_model(fd / "model", "llama", "tiny", padded_vocab=FLOP_VOCAB, overrides=FLOP_MODEL)
+    tok = load_tokenizer(model_dir)
+    write_data(fd, tokenizer=tok, sft_tokens=FLOP_SFT_TOKENS)
+    n = matmul_params(model_dir)
+    print(f"FLOP row: Llama hidden 384, 6 layers, vocab {FLOP_VOCAB}: N = {n / 1e6:.2f}M matmul parameters", flush=True)
+    out = []
+    for kind in ("SFT", "GRPO"):
+        peak = matmul_peak()
+        flops = step_flops(kind, n, tok, fd, FLOPS)
+        ours, theirs = [], []
+        for rep in range(args.repeats):
+            ours += run_trajtune(kind, model_dir, fd, args.flop_steps, FLOPS)
+            theirs += run_trl(kind, model_dir, fd, args.flop_steps, fd / f"trl-{kind}-{rep}", FLOPS)
+        a, b = statistics.median(ours), statistics.median(theirs)
+        out.append((kind, a, b, flops, peak))
+        print(f"flops  {kind:<5} trajtune {a:.2f}s ({flops / a / peak:.0%} of peak)  TRL {b:.2f}s "
+              f"({flops / b / peak:.0%})  ratio {a / b:.2f}  [peak {peak / 1e9:.0f} GFLOP/s]", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--sizes", nargs="*", default=["tiny", "small"], help="sizes of the speed rows (none: only --flops)")
     ap.add_argument("--kinds", nargs="+", default=["SFT", "DPO", "GRPO"])
     ap.add_argument("--steps", type=int, default=5, help="timed optimizer steps per run")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per library")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument("--flops", action="store_true", help="add the FLOP-bound row (20M Llama, SFT and GRPO)")
+    ap.add_argument("--flop-steps", type=int, default=2, help="timed optimizer steps per run of the FLOP row")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -174,8 +294,8 @@ def main() -> int:
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
-          f"{torch.get_num_threads()} threads, CPU fp32", flush=True)
-    rows = []
+          f"{torch.get_num_threads()} threads, CPU fp32; load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+    rows, flop = [], []
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         write_data(d)
@@ -190,9 +310,19 @@ def main() -> int:
                 a, b = statistics.median(ours), statistics.median(theirs)
                 rows.append((f"{size} ({n_params / 1e6:.2f}M)", kind, a, b))
                 print(f"{size:<6} {kind:<5} trajtune {a:.3f}s  TRL {b:.3f}s  ratio {a / b:.2f}", flush=True)
+        if args.flops:
+            flop = flop_rows(d, args)
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     print("\n| model | method | trajtune s/step | TRL s/step | trajtune / TRL |\n|---|---|---|---|---|")
     for m, k, a, b in rows:
         print(f"| {m} | {k} | {a:.3f} | {b:.3f} | {a / b:.2f} |")
+    if flop:
+        print("\n| FLOP row (20.5M Llama) | trajtune s/step | trajtune % of peak | TRL s/step | TRL % of peak "
+              "| trajtune / TRL | matmul peak |\n|---|---|---|---|---|---|---|")
+        for k, a, b, f, peak in flop:
+            what = "SFT 16 x 256" if k == "SFT" else "GRPO 8 x 8 x 64 new"
+            print(f"| {what} | {a:.2f} | {f / a / peak:.0%} | {b:.2f} | {f / b / peak:.0%} | {a / b:.2f} "
+                  f"| {peak / 1e9:.0f} GFLOP/s |")
     return 0
 
 

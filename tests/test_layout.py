@@ -22,13 +22,13 @@ ROOT = Path(__file__).resolve().parent.parent / "trajtune"
 LAYERS = [
     ["trajectory", "logprobs", "config", "metrics", "report", "checkpoint", "text", "objectives", "evaluation",
      "sampling", "recipes"],
-    ["models", "envs"],
-    ["distributed", "engine", "resume", "loop", "generation", "faults"],
+    ["models", "envs", "adapters"],
+    ["distributed", "engine", "resume", "loop", "generation", "faults", "async_sampler", "episodes"],
     ["rollout", "collect", "data", "rewards"],
     ["algorithms"],
     ["stages"],
     ["experiments"],
-    ["cli", "hf_front", "gym_cli", "chat_cli", "__main__"],
+    ["cli", "hf_front", "gym_cli", "chat_cli", "__main__", "view"],
 ]
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trajtune.sampling import filter_logits, sample
+from trajtune.sampling import filter_logits, pick_next, sample
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
 
@@ -52,6 +52,30 @@ def test_top_k_1_and_tiny_top_p_are_greedy(tiny_model):
     assert sample(tiny_model, PROMPTS, 8, gen(3), top_p=1e-6).tokens == greedy
 
 
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"top_k": 3}, {"top_p": 0.8}])
+def test_per_row_generators_draw_what_multinomial_draws_row_by_row(kw):
+    # the batched exponential race of pick_next(generators=...) is torch.multinomial on each row
+    # alone with its own generator: same tokens, same log-probs, generators left in the same state
+    logits = torch.randn(7, 50, generator=gen(4)) * 3
+    batched = [gen(10 + b) for b in range(7)]
+    alone = [gen(10 + b) for b in range(7)]
+    for _ in range(5):
+        tok, lp = pick_next(logits, None, generators=batched, **kw)
+        for b in range(7):
+            t, l = pick_next(logits[b : b + 1], alone[b], **kw)
+            assert int(t) == int(tok[b]) and torch.equal(l, lp[b : b + 1])
+    assert all(torch.equal(x.get_state(), y.get_state()) for x, y in zip(batched, alone))
+
+
+def test_rows_with_own_generators_do_not_depend_on_their_batch(tiny_model):
+    together = sample(tiny_model, PROMPTS, 12, stop_ids=[7], generators=[gen(20 + b) for b in range(len(PROMPTS))])
+    for b, p in enumerate(PROMPTS):
+        alone = sample(tiny_model, [p], 12, stop_ids=[7], generators=[gen(20 + b)])
+        assert alone.tokens[0] == together.tokens[b] and alone.stopped[0] == together.stopped[b]
+        assert torch.allclose(torch.tensor(alone.logprobs[0]), torch.tensor(together.logprobs[b]), atol=1e-5)
+    assert any(together.stopped) and not all(together.stopped)  # a row that stopped early and one that ran on
+
+
 def test_filter_logits():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[True, False, False, True]]
@@ -65,3 +89,11 @@ def test_bad_arguments(tiny_model):
     with pytest.raises(ValueError, match="temperature"):
         sample(tiny_model, PROMPTS, 3, temperature=0.0)
     assert sample(tiny_model, [], 3).tokens == []
+
+
+def test_decoding_past_the_context_is_an_error_and_up_to_it_is_not(tiny_model):
+    # tiny_model's max_len is 64: a 60-token prompt has room for 4 new tokens' positions (60..63)
+    long = [list(range(1, 31)) * 2, [1, 2]]
+    assert [len(t) for t in sample(tiny_model, long, 4, gen(0)).tokens] == [4, 4]
+    with pytest.raises(ValueError, match="context max_len=64"):
+        sample(tiny_model, long, 6, gen(0))

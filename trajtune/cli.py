@@ -6,6 +6,7 @@
     trajtune run addition                 # a built-in recipe by name
     trajtune run --seeds 0,1,2            # the default recipe over three seeds, mean +- sd
     trajtune list                         # built-in recipes with one-line descriptions
+    trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from .async_sampler import SyncError
 from .checkpoint import CheckpointError
 from .config import ConfigError, from_dict, load_toml, set_dotted
 from .distributed import broadcast_object, init_distributed, is_main
@@ -130,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
     ls = sub.add_parser("list", help="list the built-in recipes")
     ls.set_defaults(func=cmd_list)
+    from .view import add_view_parser  # `trajtune view RUN_DIR`: the recorded episodes as an HTML page
+
+    add_view_parser(sub)
     try:
         from .gym_cli import add_gym_parser
     except ImportError:  # gyms not installed in this build
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as e:
         return _fail(f"{e}", 2)
-    except (CheckpointError, RunFailed) as e:
+    except (CheckpointError, RunFailed, SyncError) as e:
         return _fail(f"{e}", 1)
     except OSError as e:
         if e.errno not in ENVIRONMENT_ERRNOS:

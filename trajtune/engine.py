@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import logging
 import math
@@ -48,7 +49,7 @@ import torch
 
 from .checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
 from .distributed import SingleProcess, Strategy, make_collective
-from .logprobs import AGGREGATIONS, Aggregation, aggregation_share, token_log_probs
+from .logprobs import AGGREGATIONS, Aggregation, TokenHead, aggregation_share
 from .metrics import combine_metric
 from .sampling import Samples, sample
 from .trajectory import Batch, length_buckets, micro_batches, row_units, split_units
@@ -109,16 +110,19 @@ class OptimConfig:
 
 @dataclass
 class ForwardOutput:
-    """What a loss function sees.
+    """What a loss function sees. The whole logits are never computed unless asked for: the log-probs
+    (and entropy) come from the output layer in chunks of positions (`trajtune.logprobs.TokenHead`).
 
-    logits   [B, T, V]  raw next-token logits
-    logprobs [B, T-1]   log pi(ids[:, t+1] | ids[:, :t+1])
-    values   [B, T] | None   scalar head, if the model has one and it was asked for
+    logprobs [B, T-1]          log pi(ids[:, t+1] | ids[:, :t+1])
+    values   [B, T] | None     scalar head, if the model has one and it was asked for
+    entropy  [B, T-1] | None   entropy (nats) of the next-token distribution at t, if asked for
+    logits   [B, T, V] | None  raw next-token logits, only if asked for (full-vocabulary losses)
     """
 
-    logits: torch.Tensor
     logprobs: torch.Tensor
     values: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
 
 LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
@@ -132,11 +136,15 @@ class Loss:
     normalizer: what the scalar is a mean over -- "token" (POLICY tokens), "sequence" (rows) or
                 "constant" (rows, over a fixed constant): how a part of the batch is weighted
     values:     the forward pass must also return the value head's output (`ForwardOutput.values`)
+    entropy:    ... and the per-token entropy (`ForwardOutput.entropy`, chunked like the log-probs)
+    logits:     ... and the whole logits [B, T, V] (`ForwardOutput.logits`): full-vocabulary losses only
     """
 
     fn: LossFn
     normalizer: Aggregation
     values: bool = False
+    entropy: bool = False
+    logits: bool = False
 
     def __post_init__(self) -> None:
         if self.normalizer not in AGGREGATIONS:
@@ -171,7 +179,7 @@ class Engine(Protocol):
     def is_main(self) -> bool:
         """True in the one process that writes files (rank 0, or a single process)."""
 
-    def forward(self, batch: Batch, values: bool = False) -> ForwardOutput: ...
+    def forward(self, batch: Batch, values: bool = False, entropy: bool = False, logits: bool = False) -> ForwardOutput: ...
 
     def forward_backward(self, batch: Batch, loss: Loss, scale: float = 1.0, buckets: int = 1) -> dict: ...
 
@@ -193,12 +201,13 @@ AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": tor
 
 def make_engine(model: torch.nn.Module, optim: OptimConfig | None = None, *, device: str | torch.device | None = None,
                 strategy: Strategy = "ddp", frozen: bool = False, autocast: str | None = None,
-                micro_batch_size: int = 0) -> "TorchEngine":
+                micro_batch_size: int = 0, logits_chunk: int = -1) -> "TorchEngine":
     """The engine for this process: one process, or `strategy` ("ddp" / "fsdp") over the processes
     torchrun started (WORLD_SIZE > 1). `frozen`: an inference-only engine (a teacher, a reference).
-    device: default cpu in one process, cuda:LOCAL_RANK under torchrun when GPUs are visible."""
+    device: default cpu in one process, cuda:LOCAL_RANK under torchrun when GPUs are visible.
+    logits_chunk: positions per slice of the output layer (`TorchEngine`)."""
     return TorchEngine(model, optim, device, autocast=autocast, micro_batch_size=micro_batch_size,
-                       collective=make_collective(strategy), frozen=frozen)
+                       collective=make_collective(strategy), frozen=frozen, logits_chunk=logits_chunk)
 
 
 class TorchEngine:
@@ -206,14 +215,23 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device | None = None,
                  *, autocast: str | None = None, micro_batch_size: int = 0, collective=None, frozen: bool = False,
-                 _prepared: bool = False):
+                 logits_chunk: int = -1, _prepared: bool = False):
         """autocast: None (full precision), "bf16" or "fp16": mixed-precision forward passes (weights and
         optimizer stay in their own dtype). micro_batch_size: if > 0, a batch is computed in chunks of at
-        most this many rows (gradient accumulation at fixed memory)."""
+        most this many rows (gradient accumulation at fixed memory). logits_chunk: positions per slice of
+        the output layer when computing log-probs (the logits of one slice exist at a time, forward and
+        backward); -1 (auto): the whole logits while they are at most `logprobs.AUTO_WHOLE_LOGITS`
+        values (a small vocabulary: exactly as unchunked), else slices of `AUTO_CHUNK_LOGITS` values;
+        0: off (always the whole [B, T, V] logits)."""
         if autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"engine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
         if micro_batch_size < 0:
             raise ValueError(f"engine: micro_batch_size must be >= 0, got {micro_batch_size}")
+        if logits_chunk < -1:
+            raise ValueError(f"engine: logits_chunk must be -1 (auto), 0 (off) or > 0 positions, got {logits_chunk}")
+        self.logits_chunk = logits_chunk
+        # models whose forward takes `head=TokenHead(...)` compute log-probs without whole logits
+        self._takes_head = "head" in inspect.signature(model.forward).parameters
         self.collective = collective or SingleProcess()
         self.device = torch.device(device) if device is not None else self.collective.default_device()
         self.model = model.to(self.device)
@@ -224,6 +242,8 @@ class TorchEngine:
         self.skipped_steps = 0  # steps whose loss or gradient was NaN/Inf (weights left unchanged)
         self._suspects: list[str] = []  # batches with a non-finite loss since the last optim_step
         self._optimizer: torch.optim.Optimizer | None = None
+        self.sample_via: Callable[..., Samples] | None = None
+        """while set, `sample` calls it instead (an overlapped RL loop's sampler process, trajtune.async_sampler)"""
 
     @property
     def shard(self):
@@ -243,15 +263,19 @@ class TorchEngine:
         return self._optimizer
 
     # --- the forward pass (the one place a model is called on a batch) --------------------
-    def _forward(self, module: torch.nn.Module, batch: Batch, values: bool) -> ForwardOutput:
+    def _forward(self, module: torch.nn.Module, batch: Batch, values: bool, entropy: bool = False,
+                 logits: bool = False) -> ForwardOutput:
         batch = batch.to(self.device)
         amp = AUTOCAST_DTYPES[self.autocast]
+        head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits)
+        kw = {"head": head} if self._takes_head else {}
         with torch.autocast(self.device.type, dtype=amp) if amp is not None else contextlib.nullcontext():
             if values:
-                logits, vals = module(batch.ids, attention_mask=batch.attention_mask, return_values=True)
+                res, vals = module(batch.ids, attention_mask=batch.attention_mask, return_values=True, **kw)
             else:
-                logits, vals = module(batch.ids, attention_mask=batch.attention_mask), None
-        return ForwardOutput(logits, token_log_probs(logits, batch.ids), vals.float() if vals is not None else None)
+                res, vals = module(batch.ids, attention_mask=batch.attention_mask, **kw), None
+        out = res if self._takes_head else head.of_logits(res)
+        return ForwardOutput(out.logprobs, vals.float() if vals is not None else None, out.entropy, out.logits)
 
     def _chunks(self, batch: Batch) -> list[torch.Tensor | None]:
         """This process's micro-batches (rows of `batch`), padded with None to the count every rank runs
@@ -272,27 +296,29 @@ class TorchEngine:
         return split_units(row_units(batch), self.collective.world_size)
 
     @torch.no_grad()
-    def forward(self, batch: Batch, values: bool = False) -> ForwardOutput:
+    def forward(self, batch: Batch, values: bool = False, entropy: bool = False, logits: bool = False) -> ForwardOutput:
         """Forward without gradient (reference / old log-probs, evaluation), in this engine's chunks and
-        shards; the outputs come back whole, in the batch's row order."""
+        shards; the outputs come back whole, in the batch's row order. values / entropy / logits: also
+        return those (`ForwardOutput`); logits [B, T, V] only when asked for."""
         module = self.model
         was_training = module.training
         module.eval()
         try:
             chunks = self._chunks(batch)
             if len(chunks) == 1 and chunks[0] is not None and self.collective.world_size == 1:
-                return self._forward(module, batch, values)
+                return self._forward(module, batch, values, entropy, logits)
             outs, done = [], []
             for rows in chunks:
-                out = self._forward(module, batch.select(rows if rows is not None else [0]), values)
+                out = self._forward(module, batch.select(rows if rows is not None else [0]), values, entropy, logits)
                 outs.append(out if rows is not None else _take(out, 0))  # a zero-row output keeps the shapes
                 done.append(rows if rows is not None else torch.zeros(0, dtype=torch.long))
         finally:
             module.train(was_training)
         mine, shards = torch.cat(done), self._shards(batch)
         whole = lambda xs: self.collective.gather_rows(torch.cat(xs), mine, shards)  # noqa: E731
-        return ForwardOutput(whole([o.logits for o in outs]), whole([o.logprobs for o in outs]),
-                             whole([o.values for o in outs]) if values else None)
+        return ForwardOutput(whole([o.logprobs for o in outs]), whole([o.values for o in outs]) if values else None,
+                             whole([o.entropy for o in outs]) if entropy else None,
+                             whole([o.logits for o in outs]) if logits else None)
 
     def forward_backward(self, batch: Batch, loss: Loss, scale: float = 1.0, buckets: int = 1) -> dict:
         """Accumulate `scale * grad(loss(batch))`; returns the loss's metrics (floats) plus `loss`,
@@ -315,11 +341,11 @@ class TorchEngine:
                 last = g == len(groups) - 1 and i == len(chunks) - 1
                 with self.collective.no_sync(module, last):
                     if part_rows is None:  # keep step with the other ranks: a pass that adds zero gradient
-                        self._zero_pass(module, group, loss.values)
+                        self._zero_pass(module, group, loss)
                         continue
                     part = group if (len(chunks) == 1 and self.collective.world_size == 1) else group.select(part_rows)
                     share = group_share * (1.0 if part is group else loss.share(part, group))
-                    out = self._forward(module, part, loss.values)
+                    out = self._forward(module, part, loss.values, loss.entropy, loss.logits)
                     value, metrics = loss(out, part.to(self.device))
                     if value.dim() != 0:
                         raise ValueError(f"loss must return a scalar, got shape {tuple(value.shape)}")
@@ -330,10 +356,10 @@ class TorchEngine:
                         combine_metric(sums, k, _to_float(v), share)
         return self.collective.reduce_metrics(sums)
 
-    def _zero_pass(self, module: torch.nn.Module, batch: Batch, values: bool) -> None:
-        out = self._forward(module, batch.select([0]), values)
-        zero = out.logits.float().sum() * 0.0
-        (zero + (out.values.sum() * 0.0 if values else 0.0)).backward()
+    def _zero_pass(self, module: torch.nn.Module, batch: Batch, loss: Loss) -> None:
+        out = self._forward(module, batch.select([0]), loss.values, loss.entropy, loss.logits)
+        zero = sum(x.float().sum() * 0.0 for x in (out.logprobs, out.values, out.entropy, out.logits) if x is not None)
+        zero.backward()
 
     def optim_step(self) -> dict:
         """Clip gradients, step the optimizer with this step's learning rate, zero gradients.
@@ -381,13 +407,16 @@ class TorchEngine:
         make = getattr(self.model, "frozen_reference", None)
         ref = make(**kw) if make is not None else copy.deepcopy(self.model)
         return TorchEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size,
-                           collective=self.collective, frozen=True, _prepared=make is None)
+                           collective=self.collective, frozen=True, logits_chunk=self.logits_chunk,
+                           _prepared=make is None)
 
     # --- sampling: each process samples its own prompts (no collectives per token) ------------
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,
                **kw) -> Samples:
         """Batched KV-cached sampling of `prompts` in this process (`trajtune.sampling.sample` for the
         options). Spread prompts over processes with `collect(..., shard=engine.shard)` or `sharded_map`."""
+        if self.sample_via is not None:
+            return self.sample_via(prompts, max_new_tokens, generator, **kw)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -459,7 +488,8 @@ def nonfinite_rows(batch: Batch, logprobs: torch.Tensor, show: int = 5) -> str:
 
 
 def _take(out: ForwardOutput, n: int) -> ForwardOutput:
-    return ForwardOutput(out.logits[:n], out.logprobs[:n], out.values[:n] if out.values is not None else None)
+    cut = lambda x: x[:n] if x is not None else None  # noqa: E731
+    return ForwardOutput(cut(out.logprobs), cut(out.values), cut(out.entropy), cut(out.logits))
 
 
 def _to_float(v) -> float:

@@ -7,12 +7,172 @@ per-token tensor here has length T-1 and lines up with `Batch.action_mask`.
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import torch
+import torch.nn.functional as F
 
 Aggregation = Literal["token", "sequence", "constant"]
 AGGREGATIONS: tuple[str, ...] = ("token", "sequence", "constant")
+
+AUTO_WHOLE_LOGITS = 1 << 27
+"""`TokenHead(chunk=-1)` computes the whole logits while they are at most this many values (512 MB in fp32)..."""
+AUTO_CHUNK_LOGITS = 1 << 23
+"""... and beyond that, slices of this many values (32 MB in fp32): positions per slice = this / vocabulary"""
+
+
+@dataclass
+class HeadOutput:
+    """What a model's output layer returns for a `TokenHead`.
+
+    logprobs [B, T-1]         log pi(ids[:, t+1] | ids[:, :t+1])
+    entropy  [B, T-1] | None  entropy (nats) of the next-token distribution at t, if asked for
+    logits   [B, T, V] | None the whole logits, only if asked for (`TokenHead.logits`)
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TokenHead:
+    """A request to a model's output layer: the per-token statistics of `ids` instead of logits [B, T, V].
+
+    A model that supports it takes `head=TokenHead(...)` in its forward and returns
+    `head(hidden, weight, bias, project)` (plus its values with `return_values=True`), where
+    hidden [B, T, D] are its final hidden states, weight [V, D] / bias [V] | None its output
+    layer and `project(hidden) -> logits` the layer itself (the unchunked path calls exactly it).
+
+    ids [B, T] long: the tokens whose log-probs are wanted (targets are ids[:, 1:]).
+    chunk: positions per slice of the output layer. The logits of at most `chunk` positions
+      exist at once, forward and backward (the backward recomputes each slice: one more matmul
+      of the output layer), so memory grows with the chunk, not with B x T x V. -1 (auto): the
+      whole logits while B x T x V <= `AUTO_WHOLE_LOGITS` (a small vocabulary: no recompute),
+      else slices of max(`AUTO_CHUNK_LOGITS` / V, D) positions; 0: never chunk (the whole [B, T, V]
+      logits, as before). A batch that fits in one slice takes the unchunked path (the same
+      floats as chunk=0).
+    entropy: also return the entropy [B, T-1].
+    logits: also return the whole logits [B, T, V] (full-vocabulary losses such as distillation
+      to a teacher's logits); implies no chunking.
+    """
+
+    ids: torch.Tensor
+    chunk: int = -1
+    entropy: bool = False
+    logits: bool = False
+
+    def positions(self, vocab: int, dim: int = 1) -> int:
+        """Positions per slice for an output layer [vocab, dim] (0: one slice, the unchunked path). Auto
+        slices have at least `dim` positions: a slice's logits are then at least as large as the layer's
+        weight, which each slice reads once (fewer positions would make the matmuls memory-bound)."""
+        if self.logits or self.chunk == 0:
+            return 0
+        n = self.ids.shape[0] * (self.ids.shape[1] - 1)
+        if self.chunk < 0 and n * vocab <= AUTO_WHOLE_LOGITS:
+            return 0
+        c = max(1, AUTO_CHUNK_LOGITS // vocab, dim) if self.chunk < 0 else self.chunk
+        return c if n > c else 0
+
+    def of_logits(self, logits: torch.Tensor) -> HeadOutput:
+        """The answer from whole logits [B, T, V] (the unchunked path; models without a `head` argument)."""
+        ent = entropy_from_logits(logits[:, :-1]) if self.entropy else None
+        return HeadOutput(token_log_probs(logits, self.ids), ent, logits if self.logits else None)
+
+    def __call__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 project: Callable[[torch.Tensor], torch.Tensor]) -> HeadOutput:
+        """hidden [B, T, D], weight [V, D], bias [V] | None, project(hidden) -> logits [B, T, V]."""
+        B, T = self.ids.shape
+        assert hidden.shape[:2] == (B, T), f"TokenHead: hidden {tuple(hidden.shape)} vs ids {tuple(self.ids.shape)}"
+        chunk = self.positions(*weight.shape)
+        if not chunk:
+            return self.of_logits(project(hidden))
+        h = hidden[:, :-1].reshape(B * (T - 1), hidden.shape[-1])  # [N, D]
+        targets = self.ids[:, 1:].reshape(-1)  # [N]
+        lp, ent = _ChunkedHead.apply(h, weight, bias, targets, chunk, self.entropy)
+        return HeadOutput(lp.view(B, T - 1), ent.view(B, T - 1) if self.entropy else None)
+
+
+def _amp_state(device_type: str) -> torch.dtype | None:
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """Token log-probs (and entropy) through an output layer, `chunk` positions at a time.
+
+    forward(h [N, D], weight [V, D], bias [V] | None, targets [N] long, chunk, entropy) ->
+    (logprobs [N], entropy [N] or [0]). Saves only its inputs and the logsumexp [N]; the backward
+    recomputes each slice's logits [chunk, V] and forms d/dz directly:
+      d logp / dz = onehot(target) - p        d H / dz = -p * (z - lse + H)
+    Under autocast the matmuls run in the autocast dtype in both passes; everything after them in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, chunk, entropy):
+        amp = _amp_state(h.device.type)
+        # outputs allocated up front: small tensors kept between the slices' large temporaries would
+        # pin the freed heap (glibc), and the resident memory would grow with the batch after all
+        n = h.shape[0]
+        lp, lse = (torch.empty(n, device=h.device) for _ in range(2))
+        ent = torch.empty(n if entropy else 0, device=h.device)
+        for s in range(0, n, chunk):
+            e = min(s + chunk, n)
+            z = F.linear(h[s:e], weight, bias).float()  # [c, V]
+            lse[s:e] = torch.logsumexp(z, dim=-1)
+            lp[s:e] = z.gather(-1, targets[s:e, None]).squeeze(-1) - lse[s:e]
+            if entropy:
+                ent[s:e] = lse[s:e] - (torch.softmax(z, dim=-1) * z).sum(-1)
+            del z
+        ctx.save_for_backward(h, weight, bias, targets, lse, ent)
+        ctx.chunk, ctx.entropy, ctx.amp = chunk, entropy, amp
+        if not entropy:
+            ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        h, weight, bias, targets, lse, ent = ctx.saved_tensors
+        chunk, amp = ctx.chunk, ctx.amp
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        mm = amp or weight.dtype  # the dtype of the matmuls
+        w_mm = weight.to(mm)
+        g_h = torch.empty_like(h) if need_h else None
+        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        g_b = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_b else None
+        for s in range(0, h.shape[0], chunk):
+            e = min(s + chunk, h.shape[0])
+            hc = h[s:e]  # [c, D]
+            with torch.autocast(h.device.type, dtype=amp, enabled=amp is not None):
+                z = F.linear(hc, weight, bias).float()  # [c, V], recomputed
+            # one [c, V] buffer (two with entropy): z -> log p -> p -> d loss / d z, in place
+            logp = z.sub_(lse[s:e, None])
+            if ctx.entropy and g_ent is not None:
+                p = logp.exp()
+                gz = p * (logp + ent[s:e, None]) * (-g_ent[s:e].float()[:, None])  # d H / dz
+                if g_lp is not None:
+                    gz -= p * g_lp[s:e].float()[:, None]
+                del p
+            else:
+                gz = logp.exp_()  # p
+                gz *= -g_lp[s:e].float()[:, None] if g_lp is not None else 0.0
+            del z, logp
+            if g_lp is not None:
+                gz.scatter_add_(-1, targets[s:e, None], g_lp[s:e].float()[:, None])
+            if need_b:
+                g_b += gz.sum(0)
+            gz = gz.to(mm)
+            if need_h:
+                g_h[s:e] = (gz @ w_mm).to(h.dtype)
+            if need_w:
+                if mm == torch.float32 and hc.dtype == torch.float32:
+                    g_w.addmm_(gz.T, hc)
+                else:
+                    g_w += (gz.T @ hc.to(mm)).float()
+            del gz
+        return (g_h, g_w.to(weight.dtype) if need_w else None, g_b.to(bias.dtype) if need_b else None,
+                None, None, None)
 
 
 def token_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,8 @@ class DistillConfig:
 
 def distill_loss(config: DistillConfig) -> Loss:
     """sampled: policy gradient with the per-token advantages in `batch.extras["advantages"]` [B, T-1];
-    full: reverse KL to the teacher's logits in `batch.extras["teacher_logits"]` [B, T-1, V]."""
+    full: reverse KL to the teacher's logits in `batch.extras["teacher_logits"]` [B, T-1, V] (a
+    full-vocabulary loss: the one loss that asks the engine for the whole logits, `Loss(logits=True)`)."""
 
     def sampled(out: ForwardOutput, batch: Batch):
         return policy_gradient_loss(out.logprobs, batch.extras["advantages"], batch.action_mask,
@@ -61,7 +62,9 @@ def distill_loss(config: DistillConfig) -> Loss:
     def full(out: ForwardOutput, batch: Batch):
         return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask, config.aggregation)
 
-    return Loss(sampled if config.mode == "sampled" else full, normalizer=config.aggregation)
+    if config.mode == "sampled":
+        return Loss(sampled, normalizer=config.aggregation)
+    return Loss(full, normalizer=config.aggregation, logits=True)
 
 
 def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, collect: Collect, config: DistillConfig,
@@ -77,7 +80,7 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, collect: Col
         trajs = collect(pick_tasks(tasks, config.tasks_per_step, g), config.samples_per_task, g)
         batch = collate(trajs, pad_id)
         # 2. grade: the teacher on exactly those tokens
-        t_out = teacher.forward(batch)
+        t_out = teacher.forward(batch, logits=config.mode != "sampled")
         if config.mode == "sampled":
             batch = batch.with_extras(advantages=distill_advantages(engine.forward(batch).logprobs, t_out.logprobs,
                                                                     batch.action_mask))  # [B, T-1]

@@ -9,6 +9,15 @@ Source: the policy's own samples, `group_size` per task. Weight: an advantage
     3. update   epochs x minibatches of policy_gradient_loss (+ value loss)
     4. log, evaluate every `eval_every` steps, checkpoint
 
+Overlapped (`max_staleness = 1`, one-step off-policy as in PipelineRL, prime-rl and verl's
+async trainers): steps 2-3 of step s run in a thread while the main thread samples step
+s+1 through a sampler process holding its own copy of the weights, one update behind
+(trajtune.async_sampler); the weights are synced and checked after every update, and the
+truncated importance weight against the sampler's log-probs (`tis_cap`) corrects the lag:
+
+    main thread:   collect s+1 (sampler: theta_s)   sync theta_s+1   collect s+2 (theta_s+1) ...
+    train thread:  score + update s (-> theta_s+1)                   score + update s+1 ...
+
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
 step's advantages, returns and old / reference log-probs travel on the batch
 (`Batch.extras`), so the loss is a pure function of (forward output, batch).
@@ -16,19 +25,20 @@ step's advantages, returns and old / reference log-probs travel on the batch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
 
 import torch
 
+from ..async_sampler import SamplerProcess
 from ..config import check_ranges
 from ..engine import Engine, ForwardOutput, Loss
-from ..logprobs import entropy_from_logits
 from ..loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
 from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
-from ..trajectory import Batch, Trajectory, collate
+from ..trajectory import Batch, Owner, Trajectory, collate
 from .common import Collect, pick_tasks, rollout_metrics, train_row
 
 
@@ -83,6 +93,21 @@ class RLConfig:
     length_buckets: int = 1
     """forward each minibatch in this many groups of similar length, each without the padding it does not
     need (the same gradient up to float rounding; faster when episode lengths vary)"""
+    max_staleness: int = 0
+    """how many updates the sampling policy may lag: 0 samples step s with the policy step s updates
+    (on-policy); 1 samples step s+1 while step s trains, in a sampler process holding its own copy of
+    the weights, one update behind (needs tis_cap > 0: the truncated importance weight against the
+    sampler's log-probs corrects the lag)"""
+    sampler_process: bool = False
+    """sample in a separate process with its own copy of the weights, synced and checked after every
+    update (implied by max_staleness 1; with 0 a run equals the one-process run: bit for bit when
+    sampler_threads is the trainer's torch thread count, else up to float rounding)"""
+    sampler_threads: int = 1
+    """torch threads of the sampler process (1: the sampler on one core, the trainer on the others)"""
+    sync_tolerance: float = 1e-3
+    """after every weight sync the sampler's and the trainer's log-probs of the same tokens (the first rows
+    of the step's batch) must agree to this (max abs difference, nats; logged as sync/logprob_diff), and
+    the sampler's weights must equal the trainer's, or the run stops"""
     eval_every: int = 0
     """evaluate every this many steps (0: only after the last)"""
     seed: int = 0
@@ -103,8 +128,16 @@ class RLConfig:
             raise ValueError(f"RLConfig: {' and '.join(reuse)} updates the policy more than once per batch of samples, "
                              "and surrogate 'reinforce' has no importance ratio to correct for that (nor a trust "
                              "region): use surrogate ppo (or cispo), or one update per batch (epochs 1, minibatches 1)")
-        check_ranges(self, "RLConfig", counts=("length_buckets",),
-                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"))
+        if self.max_staleness not in (0, 1):
+            raise ValueError(f"RLConfig: max_staleness must be 0 (on-policy) or 1 (sample the next step while this "
+                             f"one trains), got {self.max_staleness}")
+        if self.max_staleness and not self.tis_cap:
+            raise ValueError("RLConfig: max_staleness 1 samples with the policy one update behind; set tis_cap "
+                             "(e.g. 2.0) so the truncated importance weight against the sampler's log-probs "
+                             "corrects the lag")
+        check_ranges(self, "RLConfig", counts=("length_buckets", "sampler_threads"),
+                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"),
+                     positive=("sync_tolerance",))
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
@@ -135,7 +168,7 @@ def rl_loss(config: RLConfig, use_old: bool) -> Loss:
 
     def pg(out: ForwardOutput, batch: Batch):
         x, mask = batch.extras, batch.action_mask
-        entropy = entropy_from_logits(out.logits[:, :-1]) if config.entropy_coef else None
+        entropy = out.entropy if config.entropy_coef else None
         loss, metrics = policy_gradient_loss(
             out.logprobs, x["advantages"], mask, x["old_logp"] if use_old else None,
             surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
@@ -151,7 +184,7 @@ def rl_loss(config: RLConfig, use_old: bool) -> Loss:
             metrics.update(vm)
         return loss, metrics
 
-    return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae")
+    return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae", entropy=bool(config.entropy_coef))
 
 
 def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, use_old: bool) -> Batch:
@@ -172,42 +205,134 @@ def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, us
     return batch.with_extras(**{k: v for k, v in extras.items() if v is not None})
 
 
+@dataclass
+class RLState:
+    """What an overlapped run (max_staleness 1) carries over a checkpoint: the next step's rollouts, sampled
+    while the last step trained, and the state of that step's generator (it still shuffles its minibatches)."""
+
+    pending: list[Trajectory] = field(default_factory=list)
+    pending_step: int = -1
+    pending_rng: torch.Tensor | None = None
+
+
 def train_rl(engine: Engine, tasks: Sequence, collect: Collect, config: RLConfig, pad_id: int,
              run: Run | None = None) -> list[dict]:
     """Run `config.steps` policy-gradient updates; returns the logged rows.
 
     Resumes exactly with a checkpointer on `run` (step s samples with a generator seeded from
-    (seed, s); the KL reference is the stage's starting policy, saved once)."""
+    (seed, s); the KL reference is the stage's starting policy, saved once; an overlapped run saves
+    the rollouts of the step after the checkpoint, sampled one update behind, in `RLState`)."""
     run = run or Run("rl")
-    start, _ = run.start(engine)
+    start, state = run.start(engine, RLState())
     ref = run.reference(engine, start) if config.kl_coef else None  # the frozen starting policy
     use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
     loss = rl_loss(config, use_old)
-    for step in run.steps(start, config.steps):
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-        eval_now = eval_due(step + 1, config.steps, config.eval_every)
-        # 1. sample
-        trajs: list[Trajectory] = collect(pick_tasks(tasks, config.tasks_per_step, g), config.group_size, g)
-        row = rollout_metrics(trajs)
-        if config.skip_zero_variance:
-            trajs = drop_zero_variance_groups(trajs)
-        if not trajs:  # every group had equal rewards: nothing to learn from this step
-            row.update({"train/kept_episodes": 0.0})
-            run.end_step(engine, step + 1, row, eval_now=eval_now)
-            continue
-        # 2. score: rewards -> advantages, on the batch
-        batch = score(engine, ref, collate(trajs, pad_id), config, use_old)
-        # 3. update
-        for epoch in range(config.epochs):
-            order = torch.randperm(batch.size, generator=g)
-            for chunk in order.chunk(config.minibatches):
-                m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
-                o = engine.optim_step()
-        # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
-        row.update({**train_row(m, o), "train/kept_episodes": float(batch.size),
-                    "train/tokens": float(batch.action_mask.sum())})
-        run.end_step(engine, step + 1, row, eval_now=eval_now)
+    with Rollouts(engine, tasks, collect, config, state) as rollouts:
+        for step in run.steps(start, config.steps):
+            eval_now = eval_due(step + 1, config.steps, config.eval_every)
+            # 1. sample (max_staleness 1: drawn by the sampler process while the last step trained)
+            trajs, g = rollouts.take(step)
+            row = rollout_metrics(trajs)
+            if config.skip_zero_variance:
+                trajs = drop_zero_variance_groups(trajs)
+
+            def update(trajs: list[Trajectory] = trajs, g: torch.Generator = g) -> tuple[Batch, dict]:
+                # 2. score: rewards -> advantages, on the batch
+                batch = score(engine, ref, collate(trajs, pad_id), config, use_old)
+                run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
+                # 3. update
+                for epoch in range(config.epochs):
+                    order = torch.randperm(batch.size, generator=g)
+                    for chunk in order.chunk(config.minibatches):
+                        m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
+                        o = engine.optim_step()
+                return batch, {**train_row(m, o), "train/kept_episodes": float(batch.size),
+                               "train/tokens": float(batch.action_mask.sum())}
+
+            # 2-3 (max_staleness 1: in a thread, while step + 1 is sampled); no trajectories: every group had
+            # equal rewards, nothing to learn from this step
+            row.update(rollouts.overlap(step, update if trajs else None))
+            # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
+            run.end_step(engine, step + 1, row, eval_now=eval_now, state=state)
     return run.history
+
+
+class Rollouts:
+    """Where each step's trajectories come from: `collect` in this process (the default), or through a
+    `SamplerProcess` (`sampler_process`), sampled one step ahead while the last step trains (`max_staleness` 1).
+
+    take(step)            -> (the step's trajectories, its generator after sampling them)
+    overlap(step, update) -> update()'s row, plus sync/logprob_diff after the sampler's weights are synced;
+                             with max_staleness 1, step + 1 is sampled while `update` runs in a thread
+    """
+
+    PROBE_ROWS = 2
+    """rows of the step's batch on which the sampler's and the trainer's log-probs are compared after a sync"""
+
+    def __init__(self, engine: Engine, tasks: Sequence, collect: Collect, config: RLConfig, state: RLState):
+        self.engine, self.tasks, self.collect, self.config, self.state = engine, tasks, collect, config, state
+        self.sampler: SamplerProcess | None = None
+        if config.sampler_process or config.max_staleness:
+            if engine.shard is not None or not hasattr(engine, "sample_via"):
+                raise ValueError("RLConfig: max_staleness 1 / sampler_process need a one-process TorchEngine "
+                                 "(not torchrun: every rank would need its own sampler process)")
+            self.sampler = SamplerProcess(engine, config.sampler_threads, config.sync_tolerance)
+        self.first = True
+
+    def take(self, step: int) -> tuple[list[Trajectory], torch.Generator]:
+        s, first, self.first = self.state, self.first, False
+        if s.pending_step == step:  # sampled while the last step trained (or saved with the checkpoint)
+            g = torch.Generator()
+            g.set_state(s.pending_rng)
+            trajs, s.pending, s.pending_step, s.pending_rng = s.pending, [], -1, None
+            return trajs, g
+        return self._sample(step, local=first)  # the first: here, while the sampler process boots (same weights)
+
+    def overlap(self, step: int, update: Callable[[], tuple[Batch, dict]] | None) -> dict:
+        ahead = self.config.max_staleness > 0 and step + 1 < self.config.steps
+        if update is None:
+            if ahead:
+                self._prefetch(step + 1)
+            return {"train/kept_episodes": 0.0}
+        if ahead:
+            with ThreadPoolExecutor(1, thread_name_prefix="trajtune-update") as pool:
+                job = pool.submit(update)
+                self._prefetch(step + 1)  # the sampler holds the weights before `update`: one behind
+                batch, row = job.result()
+        else:
+            batch, row = update()
+        if self.sampler is not None:
+            row.update(self.sampler.sync(batch.select(torch.arange(min(self.PROBE_ROWS, batch.size)))))
+        return row
+
+    def _prefetch(self, step: int) -> None:
+        trajs, g = self._sample(step, local=False)
+        self.state.pending, self.state.pending_step, self.state.pending_rng = trajs, step, g.get_state()
+
+    def _sample(self, step: int, local: bool) -> tuple[list[Trajectory], torch.Generator]:
+        c = self.config
+        g = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
+        picked = pick_tasks(self.tasks, c.tasks_per_step, g)
+        if self.sampler is None or local:
+            return self.collect(picked, c.group_size, g), g
+        calls = self.sampler.calls
+        self.engine.sample_via = self.sampler.sample
+        try:
+            trajs = self.collect(picked, c.group_size, g)
+        finally:
+            self.engine.sample_via = None
+        if self.sampler.calls == calls and any(t.count(Owner.POLICY) for t in trajs):
+            raise ValueError("RLConfig: max_staleness 1 / sampler_process: the collect sampled without calling "
+                             "engine.sample (e.g. Hugging Face generate), so not in the sampler process; use the "
+                             "built-in sampler")
+        return trajs, g
+
+    def __enter__(self) -> "Rollouts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
 
 
 def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:

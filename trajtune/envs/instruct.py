@@ -110,10 +110,13 @@ def shakespeare_text(plays: tuple[str, ...] | None = DEFAULT_PLAYS) -> str:
 def demonstrations(text: str) -> dict[str, list[str]]:
     """For every 4-letter word, the corpus lines that contain it, cut to start at that word (seed ch.13)."""
     demos: dict[str, list[str]] = {}
+    patterns: dict[str, re.Pattern] = {}
     for line in text.split("\n"):
         if 20 <= len(line) <= 60 and not line.endswith(":"):  # skip speaker names
-            for w in sorted(set(re.findall(r"[a-z]+", line.lower()))):  # sorted: reproducible order
-                found = re.search(rf"\b{w}\b", line, re.I) if len(w) == 4 else None
+            for w in sorted({w for w in re.findall(r"[a-z]+", line.lower()) if len(w) == 4}):  # sorted: reproducible
+                if w not in patterns:
+                    patterns[w] = re.compile(rf"\b{w}\b", re.I)
+                found = patterns[w].search(line)
                 if found:  # (None only when the word touches a digit or underscore)
                     rest = line[found.start() + 4 :]
                     if len(rest) >= 8:

@@ -3,8 +3,10 @@
 `HFPolicy` wraps any `AutoModelForCausalLM` so the sampler, the engine and every
 algorithm loop use it exactly like `TinyTransformer`:
 
-    policy(ids [B,t], attention_mask [B,t] | None, cache=None, return_values=False)
+    policy(ids [B,t], attention_mask [B,t] | None, cache=None, return_values=False, head=None)
         -> logits [B,t,V]   (and values [B,t] with return_values=True)
+        -> with head=TokenHead(ids): its HeadOutput (token log-probs through the output layer in
+           chunks of positions, never the whole [B,t,V] logits; `trajtune.logprobs.TokenHead`)
     policy.new_cache(batch_size, max_len) -> HFCache
 
 Positions come from the attention mask (`cumsum - 1`), as in TinyTransformer, so
@@ -45,6 +47,7 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint import atomic_dir, load_tensors, save_tensors
+from ..logprobs import TokenHead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -236,7 +239,10 @@ class HFPolicy(nn.Module):
         return HFCache(batch_size, next(self.parameters()).device, self.base_config)
 
     # --- the contract
-    def forward(self, ids, attention_mask=None, cache: HFCache | None = None, return_values: bool = False):
+    def forward(self, ids, attention_mask=None, cache: HFCache | None = None, return_values: bool = False,
+                head: TokenHead | None = None):
+        """-> logits [B, t, V]; with `head`, its `HeadOutput` (token log-probs of `head.ids` through the
+        output layer in chunks, for the heads `_plain_head` accepts). return_values: also values [B, t]."""
         real = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()  # [B, t]
         step = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, t]
         kwargs = {}
@@ -251,14 +257,33 @@ class HFPolicy(nn.Module):
             cache.length += ids.shape[1]
         if int(pos.max()) >= self.max_len:
             raise ValueError(f"sequence longer than the model's context max_position_embeddings={self.max_len}")
-        out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=pos,
-                         output_hidden_states=return_values, **kwargs)
-        if not return_values:
-            return out.logits
-        if self.value is None:
+        if return_values and self.value is None:
             raise ValueError("this HFPolicy has no value head (load_policy(..., value_head=True))")
-        h = out.hidden_states[-1]  # [B, t, D]
-        return out.logits, self.value(h.to(self.value.weight.dtype)).squeeze(-1)  # [B, t, V], [B, t]
+        lm_head = self._plain_head() if head is not None else None
+        if lm_head is not None:  # the decoder alone, then the head in chunks: no [B, t, V] logits
+            decoder = getattr(self._causal_lm(), self._causal_lm().base_model_prefix)
+            h = decoder(input_ids=ids, attention_mask=mask.long(), position_ids=pos, **kwargs).last_hidden_state
+            out = head(h, lm_head.weight, lm_head.bias, lm_head)
+        else:
+            res = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=pos,
+                             output_hidden_states=return_values, **kwargs)
+            h = res.hidden_states[-1] if return_values else None  # [B, t, D]
+            out = res.logits if head is None else head.of_logits(res.logits)
+        if not return_values:
+            return out
+        return out, self.value(h.to(self.value.weight.dtype)).squeeze(-1)  # [B, t]
+
+    def _plain_head(self) -> nn.Linear | None:
+        """The output layer if logits are just `lm_head(last hidden state)` (Llama, Qwen2, ...): then a
+        `TokenHead` can run it in chunks. None for heads that scale or cap logits, or carry adapters."""
+        lm = self._causal_lm()
+        head = lm.get_output_embeddings()
+        config = self.base_config
+        scaled = any(getattr(config, k, None) not in (None, 1.0, 1) for k in
+                     ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"))
+        if type(head) is not nn.Linear or scaled or not hasattr(lm, getattr(lm, "base_model_prefix", "") or "-"):
+            return None
+        return head
 
     def values(self, ids, attention_mask=None):
         """Scalar head on every position: [B, T]."""
@@ -359,11 +384,11 @@ class AdaptersOff(nn.Module):
         self.training = mode
         return self
 
-    def forward(self, ids, attention_mask=None, cache=None, return_values: bool = False):
+    def forward(self, ids, attention_mask=None, cache=None, return_values: bool = False, head: TokenHead | None = None):
         was = self.policy.training
         self.policy.eval()
         try:
             with self.policy.model.disable_adapter():
-                return self.policy(ids, attention_mask, cache, return_values)
+                return self.policy(ids, attention_mask, cache, return_values, head)
         finally:
             self.policy.train(was)

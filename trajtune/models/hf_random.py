@@ -80,8 +80,13 @@ def train_tokenizer(corpus: Iterable[str] = DEFAULT_CORPUS, vocab_size: int = 51
 
 def make_random_model(path: str | os.PathLike, arch: str = "llama", size: str = "tiny", *, seed: int = 0,
                       corpus: Iterable[str] = DEFAULT_CORPUS, vocab_size: int = 512,
-                      chat_template: str = CHATML_TEMPLATE, max_positions: int = 512) -> Path:
-    """Write a randomly initialised Llama / Qwen2 causal LM and its tokenizer to `path`; returns it."""
+                      chat_template: str = CHATML_TEMPLATE, max_positions: int = 512, padded_vocab: int = 0,
+                      overrides: dict | None = None) -> Path:
+    """Write a randomly initialised Llama / Qwen2 causal LM and its tokenizer to `path`; returns it.
+
+    padded_vocab: the model's vocabulary (embedding rows) when larger than the tokenizer's, as Qwen2.5
+    pads its 151,646 tokens to 151,936 (benchmarks/memory.py: a real vocabulary on a small model).
+    overrides: config fields that replace the size's (e.g. {"hidden_size": 384, "num_hidden_layers": 6})."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -89,9 +94,11 @@ def make_random_model(path: str | os.PathLike, arch: str = "llama", size: str = 
         raise ValueError(f"arch in (llama, qwen2) and size in {list(SIZES)}; got {arch!r}, {size!r}")
     tok = train_tokenizer(corpus, vocab_size, chat_template)
     config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
-    config = config_cls(vocab_size=len(tok), max_position_embeddings=max_positions, tie_word_embeddings=True,
-                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                        **SIZES[size])
+    if padded_vocab and padded_vocab < len(tok):
+        raise ValueError(f"padded_vocab={padded_vocab} is smaller than the tokenizer's {len(tok)} tokens")
+    config = config_cls(vocab_size=max(len(tok), padded_vocab), max_position_embeddings=max_positions,
+                        tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                        bos_token_id=None, **{**SIZES[size], **(overrides or {})})
     torch.manual_seed(seed)
     model = model_cls(config)
     path = Path(path)

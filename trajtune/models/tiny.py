@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..checkpoint import CheckpointError, atomic_dir, load_model_weights, save_model_weights
+from ..logprobs import TokenHead
 from ..text.tokenizers import Tokenizer
 
 
@@ -47,6 +48,10 @@ class TinyConfig:
     """dropout on attention output and MLP (0 keeps sampling and training identical)"""
     value_head: bool = False
     """add a scalar head on the last hidden state (PPO value / reward model)"""
+    tied: bool = True
+    """the output layer is the token embedding (GPT-2). False: a separate `lm_head` with PyTorch's default
+    Linear init (logits of std ~0.6 at init); then a token never seen in training inputs keeps its small
+    init embedding instead of being pushed around by the softmax of every output position"""
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
@@ -74,6 +79,7 @@ class KVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.key_mask = torch.zeros(batch_size, L, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)  # next position id per row
+        self.position_bound = 0  # >= every row's next position id (so a decode step needs no max() to check it)
         self.length = 0
         self.capacity = L
 
@@ -108,7 +114,8 @@ class Block(nn.Module):
 
 
 class TinyTransformer(nn.Module):
-    """`forward(ids [B,t], attention_mask [B,t] | None, cache) -> logits [B,t,V]`.
+    """`forward(ids [B,t], attention_mask [B,t] | None, cache) -> logits [B,t,V]`
+    (or, with `head=TokenHead(ids)`, the token log-probs without the whole logits).
 
     Without a cache: ordinary causal forward over the whole sequence.
     With a cache: `ids` are the next t tokens of every row; their keys/values are
@@ -126,6 +133,8 @@ class TinyTransformer(nn.Module):
         self.ln_f = nn.LayerNorm(c.dim)
         self.value = nn.Linear(c.dim, 1) if c.value_head else None
         self.apply(self._init)
+        # after the GPT-2 init: the untied head keeps PyTorch's default Linear init, U(+-1/sqrt(dim))
+        self.lm_head = None if c.tied else nn.Linear(c.dim, c.vocab_size, bias=False)
         for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layers))
@@ -154,14 +163,26 @@ class TinyTransformer(nn.Module):
             s = cache.length
             if s + t > cache.capacity:
                 raise ValueError(f"KV cache overflow: {s} cached + {t} new > capacity {cache.capacity}")
-            pos = cache.positions[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)
-            cache.positions = cache.positions + real.long().sum(-1)
+            if t == 1:  # one decode step: the row's next position, no cumsum
+                pos = cache.positions[:, None]  # [B, 1]
+                cache.positions = cache.positions + real[:, 0]
+            else:
+                pos = cache.positions[:, None] + (real.long().cumsum(-1) - 1).clamp(min=0)
+                cache.positions = cache.positions + real.long().sum(-1)
             cache.key_mask[:, s : s + t] = real
             keys = cache.key_mask[:, : s + t]
             causal_diagonal = s
-        if int(pos.max()) >= self.config.max_len:
-            raise ValueError(f"sequence longer than the model's context max_len={self.config.max_len}")
-        if cache is None and bool((real[:, 1:] <= real[:, :-1]).all()):
+        if cache is None or cache.position_bound + t > self.config.max_len:
+            if int(pos.max()) >= self.config.max_len:
+                raise ValueError(f"sequence longer than the model's context max_len={self.config.max_len}")
+        if cache is not None:
+            cache.position_bound += t
+        if cache is not None and t == 1:
+            # a decode step sees every real cached key and itself: the general mask below, in two ops
+            allowed = keys.clone()
+            allowed[:, -1] = True
+            allowed = allowed[:, None, None, :]  # [B, 1, 1, S]
+        elif cache is None and bool((real[:, 1:] <= real[:, :-1]).all()):
             # right padding only (training batches): causal attention alone gives every real
             # token the same keys as the explicit mask, and no [B, t, t] mask is built
             allowed = None
@@ -179,14 +200,17 @@ class TinyTransformer(nn.Module):
             cache.length += t
         return self.ln_f(x)
 
-    def forward(self, ids, attention_mask=None, cache: KVCache | None = None, return_values: bool = False):
-        h = self.hidden(ids, attention_mask, cache)
-        logits = h @ self.tok_emb.weight.T  # [B, t, V] (tied embeddings)
-        if not return_values:
-            return logits
-        if self.value is None:
+    def forward(self, ids, attention_mask=None, cache: KVCache | None = None, return_values: bool = False,
+                head: TokenHead | None = None):
+        """-> logits [B, t, V]; with `head`, its `HeadOutput` instead (token log-probs of `head.ids`, in
+        chunks of positions: no [B, t, V] tensor). return_values: also the value head's [B, t]."""
+        if return_values and self.value is None:
             raise ValueError("this TinyTransformer has no value head (TinyConfig.value_head=False)")
-        return logits, self.value(h).squeeze(-1)  # [B, t, V], [B, t]
+        h = self.hidden(ids, attention_mask, cache)
+        weight = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight  # [V, D]
+        project = lambda x: x @ weight.T  # noqa: E731  [B, t, V]
+        out = project(h) if head is None else head(h, weight, None, project)
+        return (out, self.value(h).squeeze(-1)) if return_values else out  # [B, t]
 
     def values(self, ids, attention_mask=None):
         """Scalar head on every position: [B, T] (needs `value_head=True`)."""

@@ -40,6 +40,7 @@ class Tokenizer:
         self.stoi: dict[str, int] = {s: i for i, s in enumerate(self.itos)}
         if len(self.stoi) != len(self.itos):
             raise ValueError("duplicate symbols in the vocabulary")
+        self._text_ids = {s: i for s, i in self.stoi.items() if i >= len(self.specials)}  # what text may encode to
 
     # --- ids of special tokens -------------------------------------------------
     @property
@@ -71,8 +72,13 @@ class Tokenizer:
         raise NotImplementedError
 
     def encode(self, text: str) -> list[int]:
+        symbols = self.split(text)
+        try:  # the common case in one pass; an unknown (or special) symbol is named below
+            return [self._text_ids[sym] for sym in symbols]
+        except KeyError:
+            pass
         ids = []
-        for sym in self.split(text):
+        for sym in symbols:
             i = self.stoi.get(sym)
             if i is None or i < len(self.specials):
                 raise UnknownSymbolError(
@@ -83,6 +89,9 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if not skip_special and (not ids or (min(ids) >= 0 and max(ids) < self.vocab_size)):
+            return self.join([self.itos[i] for i in ids])  # the common case, in one pass
         syms = []
         for i in ids:
             i = int(i)

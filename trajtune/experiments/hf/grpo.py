@@ -73,6 +73,10 @@ class GRPORun:
     def __post_init__(self) -> None:
         check_run(self, "grpo")
         check_sampling(self, "grpo")
+        if (self.rl.max_staleness or self.rl.sampler_process) and self.sampling.backend != "sampler":
+            raise ValueError(f"grpo: --max-staleness {self.rl.max_staleness} / --sampler-process sample in a separate "
+                             f"process with the built-in sampler; --backend {self.sampling.backend} samples from the "
+                             "trainer's own model: use --backend sampler")
 
 Config = GRPORun
 
