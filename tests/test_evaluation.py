@@ -14,7 +14,10 @@ from trajtune.evaluation import (
     mean_pass_at_k,
     pass_at_k,
     pass_hat_k,
+    score_policy,
+    score_trajectories,
 )
+from trajtune.trajectory import Trajectory
 
 
 def test_pass_at_k_hand_values_and_combinatorial_form():
@@ -74,3 +77,67 @@ def test_informative_group_share_and_hack_rate():
     assert hack_rate(public, hidden) == pytest.approx(2 / 5)
     assert hack_rate(public, hidden, among_public_pass=True) == pytest.approx(2 / 3)
     assert hack_rate([False], [False], among_public_pass=True) == 0.0
+
+
+def episodes(rewards_per_task, names=None, errors=()):
+    """Finished episodes in collect's layout: task i's episodes have group i and info['task']."""
+    out = []
+    for i, rewards in enumerate(rewards_per_task):
+        for j, r in enumerate(rewards):
+            info = {"task": names[i] if names else f"t{i}"}
+            if (i, j) in errors:
+                info["env_error"] = "KeyError: x"
+            out.append(Trajectory(reward=r, group=i, info=info))
+    return out
+
+
+def test_score_trajectories_hand_values():
+    score = score_trajectories(episodes([[1, 0, 0, 0], [1, 1, 0.5, 0], [0, 0, 0, 0]]), ks=(1, 2, 4))
+    assert score.mean_reward == pytest.approx(3.5 / 12)
+    # pass@1 = mean of c/n: (1/4 + 2/4 + 0) / 3; pass@2 = mean of 1 - C(n-c,2)/C(4,2): (1/2 + 5/6 + 0) / 3
+    assert score.pass_at[1] == pytest.approx((0.25 + 0.5) / 3)
+    assert score.pass_at[2] == pytest.approx((1 - 3 / 6 + 1 - 1 / 6) / 3)
+    assert score.pass_at[4] == pytest.approx(2 / 3)
+    assert [(t.name, t.n, t.n_correct) for t in score.per_task] == [("t0", 4, 1), ("t1", 4, 2), ("t2", 4, 0)]
+    assert score.per_task[1].mean_reward == pytest.approx(0.625)
+    # a threshold other than 1: partial credit 0.5 counts
+    assert score_trajectories(episodes([[1, 1, 0.5, 0]]), threshold=0.5).pass_at[1] == pytest.approx(0.75)
+
+
+def test_score_table_and_metrics():
+    score = score_trajectories(episodes([[1, 1], [0, 0], [1, 0]], names=["easy", "hard", "half"], errors={(1, 0)}),
+                               ks=(1, 2))
+    table = score.table()
+    lines = table.splitlines()
+    assert lines[0] == "| task | episodes | mean reward | correct | pass@1 | pass@2 |"
+    assert [line.split("|")[1].strip() for line in lines[2:5]] == ["hard", "half", "easy"]  # the worst first
+    assert "0/2 (1 env errors)" in lines[2] and "| 0.50 | 1.00 |" in lines[3]
+    assert lines[-1].startswith("| **all 3 tasks** | 6 | **0.500** | 3/6 |")
+    assert score.n_failed == 1
+    assert score.metrics() == {"eval/reward": 0.5, "eval/pass@1": 0.5, "eval/pass@2": pytest.approx(2 / 3),
+                               "eval/env_errors": 1.0}
+    short = score.table(max_rows=1).splitlines()
+    assert len(short) == 5 and "2 more tasks" in short[3]
+
+
+def test_score_errors_are_clear():
+    with pytest.raises(ValueError, match="no episodes"):
+        score_trajectories([])
+    with pytest.raises(ValueError, match=r"ks=\[4\] must be in 1..2"):
+        score_trajectories(episodes([[1, 0], [1, 1, 1, 1]]), ks=(4,))
+    with pytest.raises(ValueError, match="n=2"):
+        score_policy(lambda tasks, n, g: [], ["a"], n=2, ks=(4,))
+
+
+def test_score_policy_samples_n_per_task_with_its_seed():
+    calls = []
+
+    def collect(tasks, n, generator):  # a fake policy: task "x" always right, "y" right on its first episode
+        calls.append((list(tasks), n, int(torch.randint(0, 2**30, (1,), generator=generator))))
+        return episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in tasks], names=list(tasks))
+
+    score = score_policy(collect, ["x", "y"], n=4, ks=(1, 4), seed=3)
+    assert score.pass_at == {1: pytest.approx((1 + 0.25) / 2), 4: 1.0}
+    assert score.mean_reward == pytest.approx(5 / 8)
+    score_policy(collect, ["x", "y"], n=4, seed=3)
+    assert calls[0] == calls[1] and calls[0][:2] == (["x", "y"], 4)  # same seed, same generator

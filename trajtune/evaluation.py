@@ -1,6 +1,9 @@
-"""Evaluation statistics: pass@k, pass^k, distinct answers, entropy, KL, informative groups, hacks.
+"""Evaluation statistics: pass@k, pass^k, distinct answers, entropy, KL, informative groups, hacks,
+and `score_policy`: a policy's mean reward, pass@k and per-task table on a list of tasks.
 
-Pure functions of counts, answers and tensors; nothing here samples or trains.
+Pure functions of counts, answers, trajectories and tensors; nothing here trains, and the one
+function that samples (`score_policy`) does it through the `collect` it is given
+(`trajtune.collect.make_collect`), so this module knows nothing about models or environments.
 Sources: RLHF book ch.16 "Evaluation" (pass@k, checklist 16.2(c) [EXT]: Chen et al.
 2021's unbiased estimator), ch.13 (pass^k of tau-bench, checklist 13.6 [EXT]),
 post-training ch.13 (distinct answers per k samples, share of groups with signal),
@@ -10,13 +13,15 @@ agent-rl ch.15 / REPRODUCE A10, A13 (informative groups, reward hacking).
 from __future__ import annotations
 
 import math
-from typing import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 
 from .logprobs import entropy_from_logits, masked_mean
 from .objectives.advantages import group_reward_range
 from .objectives.kl import KLEstimator, sequence_kl
+from .trajectory import Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -133,3 +138,108 @@ def hack_rate(public_pass: Sequence[bool], hidden_pass: Sequence[bool], among_pu
     hacks = sum(1 for p, h in zip(public_pass, hidden_pass, strict=True) if p and not h)
     denom = sum(1 for p in public_pass if p) if among_public_pass else len(public_pass)
     return hacks / denom if denom else 0.0
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One task's row of a `PolicyScore`: its name (info["task"]), episodes, mean reward, correct episodes."""
+
+    name: str
+    n: int
+    mean_reward: float
+    n_correct: int
+    n_failed: int = 0
+    """episodes whose environment raised (info["env_error"]; they count as reward 0, not correct)"""
+
+
+@dataclass(frozen=True)
+class PolicyScore:
+    """A policy scored on a list of tasks, `n` episodes each (`score_policy`, `score_trajectories`).
+
+    mean_reward: mean episode reward over all episodes (every task weighs the same: each has n)
+    pass_at:     {k: pass@k averaged over tasks}, unbiased estimator (`pass_at_k`) from the n episodes
+    per_task:    one `TaskScore` per task, in the order of the tasks
+    threshold:   an episode is correct when its reward >= threshold
+    """
+
+    mean_reward: float
+    pass_at: dict[int, float]
+    per_task: tuple[TaskScore, ...]
+    threshold: float = 1.0
+
+    @property
+    def n_failed(self) -> int:
+        """Episodes whose environment raised (reported per task in `per_task`)."""
+        return sum(t.n_failed for t in self.per_task)
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """Flat metrics for a log row: {prefix}/reward, {prefix}/pass@k for each k, {prefix}/env_errors."""
+        out = {f"{prefix}/reward": self.mean_reward, **{f"{prefix}/pass@{k}": v for k, v in self.pass_at.items()}}
+        out[f"{prefix}/env_errors"] = float(self.n_failed)
+        return out
+
+    def table(self, max_rows: int | None = 20) -> str:
+        """A markdown table, one row per task (the worst first, so what fails is on top; `max_rows`
+        None: all), then the totals."""
+        ks = sorted(self.pass_at)
+        head = "| task | episodes | mean reward | correct |" + "".join(f" pass@{k} |" for k in ks)
+        lines = [head, "|---" * (4 + len(ks)) + "|"]
+        rows = sorted(self.per_task, key=lambda t: (t.mean_reward, t.name))
+        for t in rows if max_rows is None else rows[:max_rows]:
+            passes = "".join(f" {pass_at_k(t.n, t.n_correct, k):.2f} |" for k in ks)
+            failed = f" ({t.n_failed} env errors)" if t.n_failed else ""
+            lines.append(f"| {t.name} | {t.n} | {t.mean_reward:.3f} | {t.n_correct}/{t.n}{failed} |{passes}")
+        if max_rows is not None and len(rows) > max_rows:
+            lines.append(f"| ... {len(rows) - max_rows} more tasks | | | |" + " |" * len(ks))
+        total = "".join(f" **{self.pass_at[k]:.3f}** |" for k in ks)
+        lines.append(f"| **all {len(rows)} tasks** | {sum(t.n for t in rows)} | **{self.mean_reward:.3f}** | "
+                     f"{sum(t.n_correct for t in rows)}/{sum(t.n for t in rows)} |{total}")
+        return "\n".join(lines)
+
+
+def score_trajectories(trajs: Sequence[Trajectory], ks: Sequence[int] = (1,), threshold: float = 1.0) -> PolicyScore:
+    """Score finished episodes grouped by `traj.group` (collect's layout: group i = tasks[i]).
+
+    Each group is one task; its name is the first episode's info["task"]. Every group needs at
+    least max(ks) episodes (pass@k draws k of them). Correct: reward >= threshold.
+    """
+    if not trajs:
+        raise ValueError("score_trajectories: no episodes")
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        groups.setdefault(t.group, []).append(t)
+    per_task = []
+    for g, episodes in groups.items():
+        rewards = [float(t.reward) for t in episodes]
+        per_task.append(TaskScore(str(episodes[0].info.get("task", f"group {g}")), len(episodes),
+                                  sum(rewards) / len(rewards), sum(r >= threshold for r in rewards),
+                                  sum("env_error" in t.info for t in episodes)))
+    fewest = min(t.n for t in per_task)
+    if not ks or min(ks) < 1 or max(ks) > fewest:
+        raise ValueError(f"score_trajectories: every k of ks={list(ks)} must be in 1..{fewest} "
+                         f"(the fewest episodes of a task)")
+    pass_at = {k: sum(pass_at_k(t.n, t.n_correct, k) for t in per_task) / len(per_task) for k in sorted(set(ks))}
+    mean = sum(float(t.reward) for t in trajs) / len(trajs)
+    return PolicyScore(mean, pass_at, tuple(per_task), threshold)
+
+
+Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
+
+
+def score_policy(collect: Collect, tasks: Sequence[Any], n: int = 8, ks: Sequence[int] = (1,), *, seed: int = 0,
+                 threshold: float = 1.0) -> PolicyScore:
+    """Run `n` episodes of every task with the policy behind `collect` and score them.
+
+    collect: `trajtune.collect.make_collect(engine.sample, make_env, renderer, ...)`; give it
+             `greedy=True` for greedy decoding (then use n=1), a temperature otherwise.
+    n:       episodes per task; pass@k for every k in `ks` (each <= n, unbiased estimator)
+    seed:    the sampling seed (same seed, same episodes)
+    Returns a `PolicyScore`: `.mean_reward`, `.pass_at[k]`, `.per_task`, `.table()`, `.metrics()`.
+    """
+    if not tasks:
+        raise ValueError("score_policy: no tasks")
+    if n < 1 or max(ks, default=1) > n:
+        raise ValueError(f"score_policy: n={n} episodes per task; it must be >= 1 and >= every k of ks={list(ks)}")
+    with torch.no_grad():
+        trajs = collect(list(tasks), n, torch.Generator().manual_seed(seed))
+    return score_trajectories(trajs, ks, threshold)

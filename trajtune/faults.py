@@ -1,10 +1,12 @@
 """Faults in user code fail one episode, not the run: the time limit and the run-level fault limit.
 
-An `env.reset` or `env.step` (or the reward function inside it) that raises, or
+An `env.reset` or `env.step` (or the reward function inside it) that raises,
 runs past its time limit (`step_timeout_s`, default `STEP_TIMEOUT_S` = 60 s;
-`StepTimeout`), gives that episode reward 0 and info["env_error"], logged with
-its task (the rollout records it: `trajtune.rollout`); the other episodes of
-the batch go on. `check_faults` is the run-level limit: `collect`
+`StepTimeout`), or returns what the Env contract does not allow (`InvalidStep`:
+`check_step` / `check_reset`, e.g. a reward that is None, a string or NaN) gives
+that episode reward 0 and info["env_error"], logged with its task and the user's
+traceback (`describe_fault`; the rollout records it: `trajtune.rollout`); the
+other episodes of the batch go on. `check_faults` is the run-level limit: `collect`
 (`trajtune.collect.make_collect`) stops the run with `TooManyFaults` when more
 than `max_fault_share` of a call's episodes fail.
 
@@ -14,13 +16,18 @@ can and cannot interrupt); it only works in the main thread.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
+import numbers
 import signal
 import threading
 import time
+import traceback
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
 
 from .trajectory import Trajectory
 
@@ -49,6 +56,79 @@ def check_faults(trajectories: Sequence[Trajectory], max_share: float = 0.5) -> 
 
 class StepTimeout(Exception):
     """An environment call ran past the rollout's time limit (`step_timeout_s`)."""
+
+
+class InvalidStep(TypeError):
+    """An environment call returned what the Env contract does not allow (`check_step`, `check_reset`)."""
+
+
+def check_step(env: Any, result: Any) -> tuple[str, float, bool, dict]:
+    """`env.step`'s result as (observation, reward as a float, done, info), or `InvalidStep` naming the
+    environment's `step` (file:line) and what is wrong: not 4 values, an observation that is not a str,
+    a reward that is not a finite real number (None, a string, NaN, inf), or an info that is not a dict."""
+    if not isinstance(result, tuple) or len(result) != 4:
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned {_short(result)}; it must return StepResult(observation, reward, done, info)")
+    observation, reward, done, info = result
+    if not isinstance(reward, numbers.Real) and not _is_scalar_tensor(reward):
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned reward {_short(reward)} ({type(reward).__name__}); "
+                          "a reward must be a finite number (int or float)")
+    value = float(reward)
+    if not math.isfinite(value):
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned reward {value}; a reward must be a finite number")
+    if not isinstance(observation, str):
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned observation {_short(observation)} ({type(observation).__name__}); "
+                          "it must be a str ('' for none)")
+    if not isinstance(info, dict):
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned info {_short(info)} ({type(info).__name__}); it must be a dict")
+    return observation, value, bool(done), info
+
+
+def check_reset(env: Any, first: Any) -> Any:
+    """`env.reset`'s result if it is a str or a non-empty list of {"role": str, "content": ...} messages,
+    else `InvalidStep` naming the environment's `reset` (file:line)."""
+    if isinstance(first, str):
+        return first
+    if isinstance(first, (list, tuple)) and first and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and "content" in m for m in first):
+        return first
+    raise InvalidStep(f"{_defined_at(env, 'reset')} returned {_short(first)} ({type(first).__name__}); it must return "
+                      "the first user message (a str) or a list of {'role': ..., 'content': ...} messages")
+
+
+def describe_fault(exc: BaseException, limit: int = 8) -> str:
+    """The traceback of a fault in user code, without the library's own calling frames (the
+    rollout's and this module's): the last `limit` frames, as Python prints them."""
+    own = {Path(__file__).resolve(), Path(__file__).resolve().with_name("rollout.py")}
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).resolve() not in own]
+    if not frames:
+        return ""
+    return "".join(traceback.format_list(frames[-limit:])).rstrip()
+
+
+def _defined_at(env: Any, method: str) -> str:
+    """`ClassName.method (file:line)` of an environment's method, for messages about its results."""
+    return _defined_at_class(type(env), method)
+
+
+@lru_cache(maxsize=256)
+def _defined_at_class(cls: type, method: str) -> str:
+    """`_defined_at` per class, cached: `check_step` runs on every env.step (inspect reads the source file)."""
+    fn = getattr(cls, method, None)
+    label = f"{cls.__name__}.{method}"
+    try:
+        return f"{label} ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
+    except (TypeError, OSError):
+        return label
+
+
+def _is_scalar_tensor(x: Any) -> bool:
+    """A 0-d / one-element number with __float__ (a torch or numpy scalar), not a str or None."""
+    return hasattr(x, "__float__") and getattr(x, "ndim", 0) == 0 and not isinstance(x, (str, bytes))
+
+
+def _short(x: Any, n: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."
 
 
 _warned_no_limit = False

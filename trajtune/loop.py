@@ -37,6 +37,9 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
+from .distributed import is_main
+from .episodes import FILE as EPISODES_FILE
+from .episodes import EpisodeRecorder
 from .metrics import Console, MetricsLogger, progress
 from .resume import Checkpointer, trajectories_from_json, trajectories_to_json
 from .trajectory import Trajectory
@@ -55,13 +58,19 @@ class Run:
     checkpointer: a `Checkpointer` for periodic / Ctrl-C saves and exact resume
     console:      a `metrics.Console` that shows the rows to a person (a line every N steps, or a
                   progress bar with their values); None: a plain progress bar (terminals only)
+    episodes:     an `episodes.EpisodeRecorder` (`record_episodes`, what `trajtune view` shows); by default
+                  a Run with a checkpointer (every stage's loop) records into the stage's directory,
+                  <checkpointer dir>/../episodes.jsonl, and a bare Run records nothing
     """
 
     def __init__(self, stage: str = "train", logger: MetricsLogger | None = None,
                  evaluate: Callable[[int], dict] | None = None, checkpointer: Checkpointer | None = None,
-                 console: Console | None = None):
+                 console: Console | None = None, episodes: EpisodeRecorder | None = None):
         self.stage, self.logger, self.evaluate, self.checkpointer = stage, logger, evaluate, checkpointer
         self.console = console
+        if episodes is None and checkpointer is not None:
+            episodes = EpisodeRecorder(checkpointer.directory.parent / EPISODES_FILE, write=is_main())
+        self.episodes = episodes
         self.history: list[dict] = []
 
     # --- 0. where the loop starts
@@ -77,6 +86,8 @@ class Run:
             return 0, state
         if self.logger is not None:
             self.logger.drop_after(self.stage, start)
+        if self.episodes is not None:
+            self.episodes.drop_after(start)
         saved = dict(ck.state)
         self.history = list(saved.pop("history", []))
         if state is not None:
@@ -95,6 +106,15 @@ class Run:
         if self.checkpointer is not None:
             return self.checkpointer.reference(engine, start)
         return engine.reference_engine()
+
+    def record_episodes(self, engine, step: int, trajs: list[Trajectory], batch=None, *, kept=None,
+                        every: int | None = None) -> None:
+        """Save a few of the step's episodes, token by token, for `trajtune view` (when the step is due:
+        step 1 and every `episodes.every` steps, or `every` given by the loop, e.g. 1 for RFT's rounds).
+        `batch`: the step's scored batch (advantages, old log-probs in extras); `kept`: RFT's selection.
+        See trajtune/episodes.py; a no-op without a recorder."""
+        if self.episodes is not None:
+            self.episodes.record(engine, self.stage, step, trajs, batch, kept=kept, every=every)
 
     # --- 4. the end of a step
     def end_step(self, engine, step: int, row: dict, *, eval_now: bool = False, state: Any = None,

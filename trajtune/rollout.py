@@ -33,9 +33,17 @@ the task among the distinct tasks of the batch, info = the environment's last
 info plus stop_reason ("done", "max_turns", "token_budget", "env_error"),
 n_turns and n_unterminated.
 
-Faults: an `env.reset` / `env.step` that raises or runs past `step_timeout_s`
-fails its episode alone (reward 0, info["env_error"], logged here with its
-task); the time limit and the run-level fault limit are in trajtune/faults.py.
+Before any episode starts, the tasks are checked (`envs.base.check_tasks`: a `.name` and
+the environment's `task_attributes`) and so is the budget: an episode whose
+opening does not leave room for one action (`prompt + header + max_action_tokens >
+max_tokens`) would end before acting with reward 0, so `rollout_batch` raises
+`TokenBudgetError` with the numbers instead.
+
+Faults: an `env.reset` / `env.step` that raises, runs past `step_timeout_s`, or
+returns something that is not a StepResult of the documented types (a reward
+that is None, a string or NaN: `faults.InvalidStep`) fails its episode alone
+(reward 0, info["env_error"], logged here with its task and the user's
+traceback); the time limit and the run-level fault limit are in trajtune/faults.py.
 Collecting a step's episodes (seeding, sharding, the fault limit) is
 trajtune/collect.py.
 """
@@ -48,8 +56,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from .envs.base import Env
-from .faults import STEP_TIMEOUT_S, time_limit
+from .envs.base import Env, check_tasks
+from .faults import STEP_TIMEOUT_S, check_reset, check_step, describe_fault, time_limit
 from .sampling import Samples
 from .text.render import Message, RendererProtocol, Transcript
 from .trajectory import Trajectory
@@ -91,7 +99,8 @@ class _Episode:
         """
         try:
             with time_limit(timeout_s, "env.reset"):
-                messages = _opening(self.env.reset(self.task))
+                first = self.env.reset(self.task)
+            messages = _opening(check_reset(self.env, first))
         except Exception as exc:  # noqa: BLE001 - user code: any failure is this episode's failure
             self._fail("reset", exc)
             messages = [_user("")]
@@ -109,12 +118,13 @@ class _Episode:
         """
         try:
             with time_limit(timeout_s, "env.step"):
-                observation, reward, done, info = self.env.step(action)
+                result = self.env.step(action)
+            observation, reward, done, info = check_step(self.env, result)
         except Exception as exc:  # noqa: BLE001 - user code: any failure is this episode's failure
             self.n_turns += 1
             self._fail("step", exc)
             return ""
-        self.reward += float(reward)
+        self.reward += reward
         self.info = info
         self.n_turns += 1
         if done:
@@ -125,7 +135,8 @@ class _Episode:
         """A failed user call fails this episode alone: reward 0, stop_reason "env_error",
         info["env_error"] = the exception, logged with its task (policy: trajtune/faults.py)."""
         task = getattr(self.task, "name", str(self.task))
-        log.warning("env.%s failed on task %s: %s: %s (episode gets reward 0)", call, task, type(exc).__name__, exc)
+        log.warning("env.%s failed on task %s: %s: %s (episode gets reward 0)\n%s", call, task, type(exc).__name__,
+                    exc, describe_fault(exc))
         self.reward, self.stop_reason = 0.0, "env_error"
         self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}
 
@@ -171,6 +182,7 @@ def rollout_batch(
         raise ValueError(f"rollout_batch: {len(envs)} envs for {len(tasks)} tasks")
     if max_action_tokens < 1:
         raise ValueError(f"rollout_batch: max_action_tokens must be >= 1, got {max_action_tokens}")
+    check_tasks(tasks, envs[0] if envs else None)
     episodes = [_Episode(env, task) for env, task in zip(envs, tasks, strict=True)]
     for ep in episodes:
         ep.start(renderer, step_timeout_s)
@@ -181,8 +193,12 @@ def rollout_batch(
             ep.generator = torch.Generator().manual_seed(int(seed))
     for turn in range(max_turns):
         # 1. which episodes take this turn: not done, and a whole action still fits the budget
-        for ep in episodes:
-            if ep.stop_reason is None and len(renderer.prompt_ids(ep.transcript)) + max_action_tokens > max_tokens:
+        #    (on the first turn an episode that cannot act at all is an error: `check_budget`)
+        waiting = [(ep, len(renderer.prompt_ids(ep.transcript))) for ep in episodes if ep.stop_reason is None]
+        if turn == 0:
+            check_budget([(ep.task, n) for ep, n in waiting], max_action_tokens, max_tokens)
+        for ep, n_prompt in waiting:
+            if n_prompt + max_action_tokens > max_tokens:
                 ep.stop_reason = "token_budget"
         active = [ep for ep in episodes if ep.stop_reason is None]
         if not active:
@@ -217,10 +233,14 @@ def scripted_rollout(
     step_timeout_s: float | None = STEP_TIMEOUT_S,
 ) -> Trajectory:
     """Run one episode with a Python policy and render it (same limits, faults and info as `rollout_batch`)."""
+    check_tasks([task], env)
     episode = _Episode(env, task)
     messages: list[dict[str, str]] = episode.start(None, step_timeout_s)
-    for _ in range(max_turns if episode.stop_reason is None else 0):
-        if len(renderer.generation_prompt(messages)) + max_action_tokens > max_tokens:
+    for turn in range(max_turns if episode.stop_reason is None else 0):
+        n_prompt = len(renderer.generation_prompt(messages))
+        if n_prompt + max_action_tokens > max_tokens:
+            if turn == 0:  # not even one action fits: an error with the numbers, not a silent reward 0
+                check_budget([(task, n_prompt)], max_action_tokens, max_tokens)
             episode.stop_reason = "token_budget"
             break
         action = policy.act(messages)
@@ -233,8 +253,30 @@ def scripted_rollout(
     return episode.finish(renderer.render(messages), group)
 
 
+class TokenBudgetError(ValueError):
+    """An episode's opening leaves no room for one action within `max_tokens`: it would end before
+    acting, with reward 0, and RL would train on nothing (`check_budget`)."""
+
+
+def check_budget(openings: Sequence[tuple[Any, int]], max_action_tokens: int, max_tokens: int) -> None:
+    """Raise `TokenBudgetError` with the numbers if an opening (task, its prompt length in tokens,
+    assistant header included) plus `max_action_tokens` does not fit `max_tokens`."""
+    too_long = [(task, n) for task, n in openings if n + max_action_tokens > max_tokens]
+    if not too_long:
+        return
+    task, n = max(too_long, key=lambda x: x[1])
+    name = getattr(task, "name", repr(task))
+    raise TokenBudgetError(
+        f"rollout: {len(too_long)} of {len(openings)} episodes cannot take a single action: task {name!r} renders "
+        f"to {n} prompt tokens (assistant header included) + max_action_tokens {max_action_tokens} = "
+        f"{n + max_action_tokens} > max_tokens {max_tokens}. They would end before acting with reward 0. "
+        f"Raise max_tokens to at least {n + max_action_tokens} (plus room for the later turns of a multi-turn "
+        f"task; and the model's context, e.g. TinyConfig.max_len, must hold it), or shorten the prompt.")
+
+
 def task_groups(tasks: Sequence[Any]) -> list[int]:
-    """Group id per task: equal tasks share an id, numbered in order of first appearance."""
+    """Group id per task: equal tasks share an id, numbered in order of first appearance
+    (a task that is not hashable is compared by its repr)."""
     ids: dict[Any, int] = {}
     return [ids.setdefault(_key(t), len(ids)) for t in tasks]
 

@@ -108,6 +108,7 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
                                    config.random_control, seed=config.seed * 1_000_003 + r)
             raw = len(kept)
             kept = dedup_and_cap(kept, config.dedup, config.per_task_cap)
+            run.record_episodes(engine, r + 1, trajs, kept=kept, every=1)  # a few episodes for `trajtune view`
             pool = pool + kept if config.accumulate else kept
             row.update(kept_metrics(trajs, raw, kept, config.share_key))
             done = 0

@@ -1,6 +1,7 @@
 """Environments: the `Env` protocol and the built-in gyms.
 
-    base.py            Env protocol, StepResult, SingleTurnEnv (a verifier as a one-step episode)
+    base.py            Env protocol (its docstring: a complete example and the rules), StepResult,
+                       SingleTurnEnv (a verifier as a one-step episode), check_tasks / TaskError
     bugfix_tasks.py    the BugFix gym's 30 buggy functions (5 families, 20 train + 10 held-out)
     bugfix.py          BugFixEnv: read / edit <op> / hardcode_tests / submit; its word tokenizer
     sandbox.py         runs submitted code in a persistent, restricted worker (+ _sandbox_worker.py)
@@ -12,6 +13,6 @@
 Environments know nothing about models: they take and return text.
 """
 
-from .base import Env, SingleTurnEnv, StepResult
+from .base import Env, SingleTurnEnv, StepResult, TaskError, check_tasks
 
-__all__ = ["Env", "SingleTurnEnv", "StepResult"]
+__all__ = ["Env", "SingleTurnEnv", "StepResult", "TaskError", "check_tasks"]

@@ -1,25 +1,35 @@
-"""The environment protocol, and the single-turn case of it.
+"""The environment protocol, the task contract, and the single-turn case of both.
 
 An environment is a text game: `reset(task)` returns the first observation
 (the user message), and each `step(action_text)` returns what the world says
 back. Environments know nothing about models or tokens: they see the decoded
-text of one action at a time.
+text of one action at a time. docs/environments.md is the guide; examples/ has
+a single-turn and a multi-turn task trained end to end.
 
 A single-turn task with a verifier (arithmetic, instruction following) is the
 one-step case: `reset` returns the prompt, the first `step` receives the reply,
 scores it and ends the episode with an empty observation. There is no separate
 code path for it anywhere in the library.
 
-Rules every environment follows (DESIGN.md, "Contracts"):
+Rules every environment follows (DESIGN.md, "Contracts"; the `Env` docstring has the full list):
+  * one instance per episode: the rollout creates it, calls `reset` once and `step` until done;
   * `step` never raises on a malformed action: it answers with an error
     observation and counts the call in `info["n_invalid"]`;
   * everything that happened goes into `info` (task name, actions, counters);
-  * randomness, if any, comes from a seed given at construction.
+  * randomness, if any, comes from a seed given at construction or in the task.
+
+What a task must provide (`check_tasks`, called by the rollout before any episode starts):
+a `.name` (a non-empty str: logs, info["task"], per-task tables, RFT dedup) and whatever its
+environment reads, declared in the environment's `task_attributes` (SingleTurnEnv: `.prompt`).
+Grouping: `make_collect` (what the training loops use) gives every task instance of a call
+its own group, by position; `rollout_batch` without `groups` puts equal tasks in one group,
+by hash and equality, or by repr for a task that is not hashable (a frozen dataclass holding
+lists, like BugFixTask). A frozen dataclass of plain values is the easy choice.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, runtime_checkable
 
 
 class StepResult(NamedTuple):
@@ -39,16 +49,80 @@ class StepResult(NamedTuple):
 
 @runtime_checkable
 class Env(Protocol):
-    """A text environment for one episode at a time.
+    """A text environment for one episode at a time. A complete one, a counter the policy must
+    stop at `task.target` (examples/ and docs/environments.md train tasks like it)::
 
-    `reset(task) -> str` starts an episode on `task` and returns the first
-    observation (rendered as the user message). `step(action_text) -> StepResult`
-    applies one policy action. Create one instance per concurrent episode.
+        @dataclass(frozen=True)              # frozen: a value; equal tasks are the same task
+        class CountTask:
+            target: int
+            @property
+            def name(self) -> str:           # required: logs, info["task"], per-task tables
+                return f"count-to-{self.target}"
+
+        class CountEnv(Env):
+            task_attributes = ("target",)    # what reset reads; checked before the run starts
+            def reset(self, task: CountTask) -> str:
+                self.task, self.count = task, 0
+                self.info = {"task": task.name, "actions": [], "n_invalid": 0}
+                return f"say 'more' until the count is {task.target}, then 'stop'"
+            def step(self, action: str) -> StepResult:
+                self.info["actions"].append(action)
+                if action == "more":
+                    self.count += 1
+                    return StepResult(f"count {self.count}", 0.0, False, dict(self.info))
+                if action == "stop":
+                    return StepResult("", float(self.count == self.task.target), True, dict(self.info))
+                self.info["n_invalid"] += 1   # never raise on a bad action: say so and go on
+                return StepResult("say 'more' or 'stop'", 0.0, False, dict(self.info))
+
+    The rules (the rollout, trajtune/rollout.py, relies on them):
+      * single use: the rollout makes one instance per episode (`make_env()`), calls `reset`
+        once and `step` until `done`, max_turns, or the token budget; never again after that.
+      * `reset(task) -> str` (the user message), or a list of {"role", "content"} messages.
+      * `step(action_text) -> StepResult(observation, reward, done, info)`: observation a str
+        ("" for none; shown to the policy as a TOOL message), reward a finite number (the
+        episode's reward is the sum over its steps), done a bool, info a dict. Anything else
+        (None, a string, NaN as reward) fails the episode like an exception does.
+      * raising, or running past the time limit, fails that episode alone (reward 0,
+        info["env_error"], logged with the task and the traceback; trajtune/faults.py).
+      * info keys the library reads: "task" (set from task.name if absent), "n_invalid"
+        (rollout/invalid_per_episode, when every episode has it), "actions" (RFT / iw-SFT
+        dedup: an episode's identity), "public_pass" / "hidden_pass" (hack rate, when present).
+        The rollout adds stop_reason, n_turns, n_unterminated (and env_error): do not use them.
+      * a reward >= 1 counts as a pass (rollout/pass_rate, pass@k; `score_policy(threshold=)`).
     """
 
     def reset(self, task: Any) -> str: ...
 
     def step(self, action: str) -> StepResult: ...
+
+
+class TaskError(ValueError):
+    """A task object lacks what the library or its environment reads (see `check_tasks`)."""
+
+
+def check_tasks(tasks: Iterable[Any], env: Any = None) -> None:
+    """Raise `TaskError` naming the task (its position and repr) and what it lacks, unless every task
+    has a `.name` that is a non-empty str and every attribute in `env.task_attributes` (an optional
+    tuple of names an environment declares it reads). Hashing is not required (see the module
+    docstring: grouping falls back to the task's repr)."""
+    needs = tuple(getattr(env, "task_attributes", ()) or ())
+    for i, task in enumerate(tasks):
+        where = f"task {i} ({type(task).__name__}: {_short(task)})"
+        name = getattr(task, "name", None)
+        if not isinstance(name, str) or not name:
+            got = "has no attribute 'name'" if not hasattr(task, "name") else f"has name {_short(name)}"
+            raise TaskError(f"{where} {got}: a task needs a `.name`, a non-empty str (logs, info['task'], "
+                            "per-task tables); e.g. a frozen dataclass with a `name` field or property")
+        missing = [a for a in needs if not hasattr(task, a)]
+        if missing:
+            raise TaskError(f"{where} has no attribute {missing[0]!r}, which {type(env).__name__} reads "
+                            f"(its task_attributes: {', '.join(needs)})")
+
+
+def _short(x: Any, n: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."
 
 
 Verifier = Callable[[Any, str], "tuple[float, dict[str, Any]]"]
@@ -58,11 +132,15 @@ Verifier = Callable[[Any, str], "tuple[float, dict[str, Any]]"]
 class SingleTurnEnv:
     """A one-step episode: the prompt is `task.prompt`, the reply is scored by `verifier`.
 
+    A task needs `.name` and `.prompt` (text, or a list of messages). The verifier
+    returns (reward, checks): reward a finite number (>= 1 counts as a pass), checks a dict.
     info: task (task.name), actions ([reply]), n_invalid (always 0: any text is a
     valid reply), submitted (True after the reply) plus the verifier's checks.
     Without a verifier the reward is 0 and the reply is scored later with the rest of its
     batch (`trajtune.rewards`: TRL-style reward functions, one call per batch).
     """
+
+    task_attributes = ("prompt",)
 
     def __init__(self, verifier: Verifier | None = None):
         self.verifier = verifier
@@ -79,4 +157,4 @@ class SingleTurnEnv:
         self.done = True
         reward, checks = self.verifier(self.task, action) if self.verifier is not None else (0.0, {})
         info = {"task": self.task.name, "actions": [action], "n_invalid": 0, "submitted": True, **checks}
-        return StepResult("", float(reward), True, info)
+        return StepResult("", reward, True, info)  # the rollout checks the reward (a finite number)

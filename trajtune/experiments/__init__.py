@@ -32,6 +32,7 @@ EXPERIMENTS: dict[str, str] = {
     "hf_grpo": "trajtune.experiments.hf.grpo",
     "hf_rft": "trajtune.experiments.hf.rft",
     "hf_pipeline": "trajtune.experiments.hf_pipeline",
+    "reasoning_gym": "trajtune.experiments.reasoning_gym", "textarena": "trajtune.experiments.textarena",
 }
 
 

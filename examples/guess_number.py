@@ -1,0 +1,124 @@
+"""Your own multi-turn task, end to end: the policy finds a secret digit by asking a checker tool.
+
+    python examples/guess_number.py             # ~5 CPU minutes; prints the success rate before -> after
+    python examples/guess_number.py --steps 20  # shorter
+
+Each turn the policy says a digit (the first character of its action); the tool answers
+"higher", "lower" (as a TOOL message) or ends the episode with reward 1 when the digit is the
+secret. Four guesses are enough to find any of the ten digits if the policy uses the answers
+(binary search); guessing without them finds it with probability 0.4 at best (four different
+digits). The environment is a plain `Env` subclass
+(trajtune/envs/base.py): `reset(task) -> str`, `step(action) -> StepResult`, one instance per
+episode, never raising on a bad action. docs/environments.md walks through it.
+
+Measured (seed 0, 100 steps, ~280 s of CPU time; re-measure with `python examples/guess_number.py`):
+success rate (mean reward over 10 secrets x 8 sampled episodes) 0.10 -> 0.24, invalid guesses per
+episode about 3 -> 0.19, train reward 0.34 at the last step, with the "start here" settings (GRPO,
+learning rate 2e-3). In 100 steps the policy learns the action language and to guess digits, not
+yet to use "higher" / "lower". With the RLConfig / OptimConfig defaults (advantage 'reinforce',
+lr 1e-3) the evaluation also ends at 0.24, with train reward 0.25 and 0.55 invalid guesses per episode.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from trajtune.algorithms.rl import RLConfig, train_rl
+from trajtune.collect import make_collect
+from trajtune.engine import OptimConfig, make_engine
+from trajtune.envs.base import Env, StepResult
+from trajtune.evaluation import score_policy
+from trajtune.loop import Run
+from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.text.render import Renderer
+from trajtune.text.tokenizers import CharTokenizer
+
+PROMPT = "find my digit"
+MAX_GUESSES = 4
+
+
+# --- 1. the task ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GuessTask:
+    secret: int
+
+    @property
+    def name(self) -> str:  # required of every task: logs, info["task"], the per-task table
+        return f"secret-{self.secret}"
+
+
+# --- 2. the environment: one instance per episode ------------------------------------------
+class GuessEnv(Env):
+    task_attributes = ("secret",)  # what reset reads: checked for every task before the run starts
+
+    def reset(self, task: GuessTask) -> str:
+        self.secret = task.secret
+        self.info = {"task": task.name, "actions": [], "n_invalid": 0, "found": False}
+        return PROMPT
+
+    def step(self, action: str) -> StepResult:
+        self.info["actions"].append(action)
+        guess = action.strip()[:1]  # the guess is the first character (what follows it is ignored)
+        if not guess.isdigit():  # a bad action is an answer, never an exception
+            self.info["n_invalid"] += 1
+            return StepResult("say one digit", 0.0, False, dict(self.info))
+        if int(guess) == self.secret:
+            self.info["found"] = True
+            return StepResult("", 1.0, True, dict(self.info))
+        return StepResult("higher" if int(guess) < self.secret else "lower", 0.0, False, dict(self.info))
+
+
+TASKS = [GuessTask(d) for d in range(10)]
+
+
+# --- 3. the "start here" settings ------------------------------------------------------------
+@dataclass
+class Settings:
+    steps: int = 100
+    """RL steps"""
+    lr: float = 2e-3
+    """learning rate: the start-here value (OptimConfig's default is 1e-3)"""
+    advantage: str = "grpo"
+    """'grpo': the start-here value (RLConfig's default is 'reinforce')"""
+    seed: int = 0
+    eval_samples: int = 8
+    """episodes per secret in the evaluation (sampled at temperature 1)"""
+
+
+def main(s: Settings, verbose: bool = True) -> dict:
+    torch.manual_seed(s.seed)
+    tok = CharTokenizer.from_corpus(["0123456789", PROMPT, "higher", "lower", "say one digit"])
+    renderer = Renderer(tok)
+    model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=128))
+    engine = make_engine(model, OptimConfig(lr=s.lr))
+    # a guess is a digit and the end token; 4 turns of (guess + answer) fit easily in 128 tokens
+    collect = make_collect(engine.sample, GuessEnv, renderer, max_turns=MAX_GUESSES, max_tokens=128,
+                           max_action_tokens=2)
+
+    def evaluate(step: int) -> dict:
+        return score_policy(collect, TASKS, n=s.eval_samples, ks=(1,), seed=1).metrics()
+
+    before = score_policy(collect, TASKS, n=s.eval_samples, seed=1)
+    config = RLConfig(steps=s.steps, tasks_per_step=8, group_size=8, advantage=s.advantage, seed=s.seed,
+                      eval_every=max(s.steps // 5, 1))
+    history = train_rl(engine, TASKS, collect, config, tok.pad_id, Run("rl", evaluate=evaluate))
+    after = score_policy(collect, TASKS, n=s.eval_samples, seed=1)
+    if verbose:
+        for row in history:
+            if "eval/reward" in row:
+                print(f"step {row['step']:4d}  train reward {row['rollout/reward']:.3f}  "
+                      f"success rate {row['eval/reward']:.3f}  invalid/episode {row.get('rollout/invalid_per_episode', 0):.2f}")
+        print(after.table(max_rows=None))
+        print(f"success rate {before.mean_reward:.2f} -> {after.mean_reward:.2f}  "
+              f"(expected with this script's defaults, seed 0: 0.10 -> 0.24)")
+    return {"before": before, "after": after, "history": history}
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name, default in vars(Settings()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    main(Settings(**vars(p.parse_args())))

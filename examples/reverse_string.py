@@ -1,0 +1,136 @@
+"""Your own single-turn task, end to end: teach the built-in tiny model to reverse strings with GRPO.
+
+    python examples/reverse_string.py              # ~2.5 CPU minutes; prints held-out reward before -> after
+    python examples/reverse_string.py --steps 20   # shorter
+
+The task is written only through the public Env API (trajtune/envs/base.py): a task type with
+`.name` and `.prompt`, and a verifier, turned into an environment by `SingleTurnEnv`. The model is
+a randomly initialised TinyTransformer, so it starts near chance; reward is partial credit (the
+share of positions right), so GRPO has a signal from the first step. docs/environments.md walks
+through it.
+
+Measured (seed 0, 100 steps, ~150 s of CPU time; re-measure with `python examples/reverse_string.py`):
+held-out mean reward 0.02 -> 0.22 with the "start here" settings (GRPO, learning rate 2e-3); exact
+match (pass@1) stays 0.00: in 100 steps from a random init the model learns the answer's length and
+some positions, not yet whole strings. With the RLConfig / OptimConfig defaults (advantage
+'reinforce', lr 1e-3; `--advantage reinforce --lr 1e-3`) the same 100 steps reach 0.20.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+
+import torch
+
+from trajtune.algorithms.rl import RLConfig, train_rl
+from trajtune.collect import make_collect
+from trajtune.engine import OptimConfig, make_engine
+from trajtune.envs.base import SingleTurnEnv
+from trajtune.evaluation import score_policy
+from trajtune.loop import Run
+from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.text.render import Renderer
+from trajtune.text.tokenizers import CharTokenizer
+
+LETTERS = "abcd"
+LENGTHS = (2, 3, 4)
+
+
+# --- 1. the task: a frozen dataclass with the two attributes SingleTurnEnv reads ------------
+@dataclass(frozen=True)
+class ReverseTask:
+    text: str
+
+    @property
+    def name(self) -> str:  # logs, info["task"], the per-task table
+        return self.text
+
+    @property
+    def prompt(self) -> str:  # the user message
+        return f"reverse {self.text}"
+
+
+def make_tasks(n_held_out: int, seed: int, letters: str = LETTERS, lengths=LENGTHS) -> tuple[list, list]:
+    """(train, held_out): every string of the given lengths over `letters`, shuffled by `seed`;
+    the first `n_held_out` are held out (never trained on)."""
+    texts = [""]
+    for _ in range(max(lengths)):
+        texts += [t + c for t in texts if len(t) == max(len(x) for x in texts) for c in letters]
+    tasks = [ReverseTask(t) for t in texts if len(t) in lengths]
+    random.Random(seed).shuffle(tasks)
+    return tasks[n_held_out:], tasks[:n_held_out]
+
+
+# --- 2. the verifier: (task, reply) -> (reward, checks for info) -----------------------------
+def score_reversal(task: ReverseTask, reply: str) -> tuple[float, dict]:
+    """Share of positions right (divided by the longer of reply and answer): 1.0 iff exact."""
+    target = task.text[::-1]
+    right = sum(a == b for a, b in zip(reply, target))
+    return right / max(len(reply), len(target)), {"exact": reply == target, "reply": reply}
+
+
+def reverse_env() -> SingleTurnEnv:
+    return SingleTurnEnv(score_reversal)
+
+
+# --- 3. the "start here" settings ------------------------------------------------------------
+@dataclass
+class Settings:
+    steps: int = 100
+    """RL steps"""
+    lr: float = 2e-3
+    """learning rate: the start-here value (OptimConfig's default is 1e-3)"""
+    advantage: str = "grpo"
+    """'grpo' ((R - mean) / std over the group): the start-here value (RLConfig's default is 'reinforce')"""
+    seed: int = 0
+    letters: str = LETTERS
+    """the alphabet of the strings"""
+    min_length: int = min(LENGTHS)
+    """strings have min_length .. max_length letters"""
+    max_length: int = max(LENGTHS)
+    """the longest string"""
+    group_size: int = 8
+    """episodes per task in a step (8 tasks per step)"""
+    n_eval: int = 64
+    """held-out strings (the rest of all strings of those lengths are the training tasks)"""
+    eval_samples: int = 4
+    """episodes per held-out task (sampled at temperature 1)"""
+
+
+def main(s: Settings, verbose: bool = True) -> dict:
+    torch.manual_seed(s.seed)
+    tok = CharTokenizer.from_corpus(s.letters + "reverse ")
+    renderer = Renderer(tok)
+    model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=32))
+    engine = make_engine(model, OptimConfig(lr=s.lr))
+    rollout = dict(max_turns=1, max_tokens=32, max_action_tokens=s.max_length + 1)  # + 1: the end token
+    collect = make_collect(engine.sample, reverse_env, renderer, **rollout)
+    train, held_out = make_tasks(s.n_eval, s.seed, s.letters, tuple(range(s.min_length, s.max_length + 1)))
+
+    def evaluate(step: int) -> dict:  # held-out mean reward and pass@1 (exact match), sampled at T=1
+        return score_policy(collect, held_out, n=s.eval_samples, ks=(1,), seed=1).metrics()
+
+    before = score_policy(collect, held_out, n=s.eval_samples, seed=1)
+    config = RLConfig(steps=s.steps, tasks_per_step=8, group_size=s.group_size, advantage=s.advantage, seed=s.seed,
+                      eval_every=max(s.steps // 5, 1))
+    history = train_rl(engine, train, collect, config, tok.pad_id, Run("rl", evaluate=evaluate))
+    after = score_policy(collect, held_out, n=s.eval_samples, seed=1)
+    if verbose:
+        for row in history:
+            if "eval/reward" in row:
+                print(f"step {row['step']:4d}  train reward {row['rollout/reward']:.3f}  "
+                      f"held-out reward {row['eval/reward']:.3f}  pass@1 {row['eval/pass@1']:.3f}")
+        print(after.table(max_rows=8))
+        print(f"held-out mean reward {before.mean_reward:.2f} -> {after.mean_reward:.2f}, "
+              f"exact match {before.pass_at[1]:.2f} -> {after.pass_at[1]:.2f}  (expected with this script's "
+              f"defaults, seed 0: 0.02 -> 0.22 and 0.00 -> 0.00)")
+    return {"before": before, "after": after, "history": history}
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name, default in vars(Settings()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
+    main(Settings(**vars(p.parse_args())))

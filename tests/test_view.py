@@ -1,0 +1,288 @@
+"""Recording episodes while training (trajtune/episodes.py, Run.record_episodes) and `trajtune view` (trajtune/view.py).
+
+The page is checked with an HTML parser: every token is a span coloured by its owner, every policy
+token's numbers are in its tooltip and in the side table, the filters are there, and nothing is
+loaded from the network.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from html.parser import HTMLParser
+
+import pytest
+import torch
+
+from trajtune.algorithms.rft import RFTConfig, train_rft
+from trajtune.algorithms.rl import RLConfig, train_rl
+from trajtune.cli import main
+from trajtune.collect import make_collect
+from trajtune.engine import OptimConfig, make_engine
+from trajtune.envs.base import SingleTurnEnv
+from trajtune.episodes import EpisodeRecorder, read_episodes
+from trajtune.loop import Run
+from trajtune.models.tiny import TinyConfig, TinyTransformer, save_model
+from trajtune.objectives.advantages import group_advantages
+from trajtune.resume import Checkpointer
+from trajtune.text.render import Renderer
+from trajtune.text.tokenizers import CharTokenizer
+from trajtune.trajectory import Owner, Trajectory
+from trajtune.view import flags, write_view
+
+TOK = CharTokenizer.from_corpus("Q: pickabcdef")
+RENDER = Renderer(TOK)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    prompt: str = "Q: pick"
+
+
+def verifier(task, reply):
+    ok = reply == "a"
+    info = {"correct": ok}
+    if task.name == "pick1":  # a "hack": public checks pass, hidden ones do not
+        info.update(public_pass=True, hidden_pass=False)
+    return float(ok), info
+
+
+def engine(seed=0):
+    torch.manual_seed(seed)
+    model = TinyTransformer(TinyConfig(TOK.vocab_size, dim=32, n_layers=1, n_heads=2, max_len=32))
+    return make_engine(model, OptimConfig(lr=1e-2))
+
+
+def collect_for(e):
+    return make_collect(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32,
+                        max_action_tokens=3)
+
+
+TASKS = [Task(f"pick{i}") for i in range(4)]
+
+
+def rl_run(tmp_path, steps=4, **kw):
+    e = engine()
+    run = Run("rl", checkpointer=Checkpointer(tmp_path / "rl" / "resume"))
+    run.episodes.every = 2
+    config = RLConfig(steps=steps, tasks_per_step=3, group_size=4, advantage="grpo", **kw)
+    train_rl(e, TASKS, collect_for(e), config, TOK.pad_id, run)
+    save_model(tmp_path / "rl" / "checkpoint", e.model, TOK)
+    return read_episodes(tmp_path / "rl" / "episodes.jsonl")
+
+
+# --- recording -------------------------------------------------------------------------------------
+def test_rl_records_a_few_episodes_of_the_due_steps_with_their_numbers(tmp_path):
+    rows = rl_run(tmp_path)
+    assert sorted({r["step"] for r in rows}) == [1, 2, 4]  # step 1, then every 2
+    for step in (1, 2, 4):
+        at = [r for r in rows if r["step"] == step]
+        assert len(at) == 6 and [r["index"] for r in at] == [0, 1, 4, 5, 8, 9]  # 2 per group, 3 groups
+    for r in rows:
+        n = len(r["ids"])
+        assert all(len(r[k]) == n for k in ("owners", "turns", "sampler_logp", "trainer_logp", "advantage"))
+        policy = [i for i, o in enumerate(r["owners"]) if o == Owner.POLICY]
+        assert policy and all(r["trainer_logp"][i] == 0.0 and r["advantage"][i] == 0.0
+                              for i in range(n) if i not in policy)
+        # on-policy: the trainer's weights before the update are the sampler's -> ratio 1
+        assert all(abs(r["trainer_logp"][i] - r["sampler_logp"][i]) < 1e-3 for i in policy)
+        assert all(r["sampler_logp"][i] < 0 for i in policy)
+    assert all(r["task"] == r["info"]["task"] and r["reward"] in (0.0, 1.0) for r in rows)
+
+
+def test_recorded_advantage_is_the_group_advantage(tmp_path):
+    rec = EpisodeRecorder(tmp_path / "e.jsonl", every=1, k=8, per_group=4)
+    e = engine()
+    trajs = collect_for(e)(TASKS[:2], 4, torch.Generator().manual_seed(0))
+    for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], strict=True):
+        t.reward = r
+    from trajtune.trajectory import collate
+
+    batch = collate(trajs, TOK.pad_id)
+    adv = group_advantages(batch.rewards, batch.groups, baseline="mean", std_normalize=True)
+    rec.record(e, "rl", 1, trajs, batch.with_extras(advantages=adv))
+    rows = read_episodes(tmp_path / "e.jsonl")
+    for r, a in zip(rows, adv.tolist(), strict=True):
+        got = {v for v, o in zip(r["advantage"], r["owners"], strict=True) if o == Owner.POLICY}
+        assert got == {round(a, 4)}
+
+
+def test_recorder_bounds_resume_and_rft(tmp_path):
+    path = tmp_path / "e.jsonl"
+    rec = EpisodeRecorder(path, every=3, k=2, per_group=1)
+    assert [s for s in range(1, 10) if rec.due(s)] == [1, 3, 6, 9]
+    trajs = [Trajectory(ids=[1, 2, 3], owners=[1, 2, 2], turns=[0, 0, 0], logprobs=[0.0, -1.0, -2.0], group=g)
+             for g in (0, 0, 1, 1)]
+    assert rec.rows(trajs) == [0, 2]
+    e = engine()
+    for step in (1, 3, 6):
+        rec.record(e, "rft", step, trajs, pad_id=0, kept=[trajs[2]])
+    rows = read_episodes(path)
+    assert [(r["step"], r["index"], r["kept"]) for r in rows] == [(1, 0, False), (1, 2, True), (3, 0, False),
+                                                                 (3, 2, True), (6, 0, False), (6, 2, True)]
+    assert rows[1]["advantage"] == [0.0, 1.0, 1.0] and rows[0]["advantage"] == [0.0, 0.0, 0.0]
+    rec.drop_after(3)  # a stage resumed from step 3
+    assert sorted({r["step"] for r in read_episodes(path)}) == [1, 3]
+    small = EpisodeRecorder(path, every=1, max_bytes=10)  # the file is already past 10 bytes: nothing more
+    small.record(e, "rft", 7, trajs, pad_id=0)
+    assert not small.due(8) and sorted({r["step"] for r in read_episodes(path)}) == [1, 3]
+
+
+def test_rft_records_every_round_with_the_selection(tmp_path):
+    e = engine()
+    run = Run("rft", checkpointer=Checkpointer(tmp_path / "rft" / "resume"))
+    train_rft(e, TASKS[:2], collect_for(e), RFTConfig(rounds=2, samples_per_task=4, steps_per_round=1, batch_size=4),
+              TOK.pad_id, run)
+    rows = read_episodes(tmp_path / "rft" / "episodes.jsonl")
+    assert sorted({r["step"] for r in rows}) == [1, 2]
+    assert all(r["kept"] == (r["reward"] >= 1.0) for r in rows)  # select='accepted', threshold 1
+
+
+def test_a_bare_run_records_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    e = engine()
+    train_rl(e, TASKS, collect_for(e), RLConfig(steps=1, tasks_per_step=2, group_size=2), TOK.pad_id, Run("rl"))
+    assert not list(tmp_path.rglob("episodes.jsonl"))
+
+
+# --- the page ----------------------------------------------------------------------------------------
+class Page(HTMLParser):
+    """Collects the episodes' sections, token spans (class, tooltip, text), side-table rows and filters."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections, self.ids, self.external = [], set(), []
+        self._span = None
+        self._cell = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"):
+            self.ids.add(a["id"])
+        for key in ("src", "href"):
+            if key in a and "//" in a[key]:
+                self.external.append(a[key])
+        if tag == "link" or (tag == "script" and "src" in a):
+            self.external.append(str(a))
+        if tag == "section" and "episode" in a.get("class", ""):
+            self.sections.append({"data": {k[5:]: v for k, v in a.items() if k.startswith("data-")},
+                                  "tokens": [], "rows": []})
+        elif tag == "span" and a.get("class", "").startswith("t ") and self.sections:
+            self._span = {"class": a["class"].split(), "title": a.get("title", ""), "text": ""}
+        elif tag == "tr" and self.sections:
+            self.sections[-1]["rows"].append([])
+        elif tag == "td":
+            self._cell = ""
+
+    def handle_endtag(self, tag):
+        if tag == "span" and self._span is not None:
+            self.sections[-1]["tokens"].append(self._span)
+            self._span = None
+        elif tag == "td" and self._cell is not None:
+            self.sections[-1]["rows"][-1].append(self._cell)
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._span is not None:
+            self._span["text"] += data
+        if self._cell is not None:
+            self._cell += data
+
+
+def test_view_page_shows_every_token_by_owner_with_its_numbers(tmp_path, capsys):
+    rows = rl_run(tmp_path)
+    assert main(["view", str(tmp_path)]) == 0
+    out = tmp_path / "view.html"
+    assert capsys.readouterr().out.strip() == str(out)
+    page = Page()
+    page.feed(out.read_text())
+    assert not page.external  # offline: no CDN, no remote script or style
+    assert {"f-stage", "f-step", "f-task", "f-rmin", "f-rmax", "f-hacked", "f-failed", "count", "panel"} <= page.ids
+    assert len(page.sections) == len(rows)
+    names = {int(o): o.name.lower() for o in Owner}
+    for section, row in zip(page.sections, sorted(rows, key=lambda r: (r["step"], r["index"])), strict=True):
+        assert section["data"]["step"] == str(row["step"]) and section["data"]["task"] == row["task"]
+        assert float(section["data"]["reward"]) == row["reward"]
+        assert section["data"]["hacked"] == str(int(row["task"] == "pick1"))
+        assert [t["class"][1] for t in section["tokens"]] == [names[o] for o in row["owners"]]
+        assert "".join(t["text"] for t in section["tokens"]) == "".join(TOK.itos[i] for i in row["ids"])
+        policy = [i for i, o in enumerate(row["owners"]) if o == Owner.POLICY]
+        table = [r for r in section["rows"] if r]  # the side table: one row per policy token
+        assert [int(r[0]) for r in table] == policy
+        for i, cells in zip(policy, table, strict=True):
+            tip = section["tokens"][i]["title"]
+            ratio = math.exp(row["trainer_logp"][i] - row["sampler_logp"][i])
+            for label, v in (("sampler logp", row["sampler_logp"][i]), ("trainer logp", row["trainer_logp"][i]),
+                             ("advantage", row["advantage"][i]), ("ratio", ratio)):
+                assert f"{label} {v:.3f}" in tip
+            assert cells[2:] == [f"{v:.3f}" for v in (row["sampler_logp"][i], row["trainer_logp"][i],
+                                                      row["advantage"][i], ratio)]
+        assert all("ratio" not in section["tokens"][i]["title"] for i in range(len(row["ids"])) if i not in policy)
+
+
+def test_view_chosen_steps_and_errors(tmp_path, capsys):
+    rl_run(tmp_path)
+    out = write_view(tmp_path, tmp_path / "v.html", steps=[2])
+    page = Page()
+    page.feed(out.read_text())
+    assert {s["data"]["step"] for s in page.sections} == {"2"}
+    assert main(["view", str(tmp_path / "nowhere")]) == 2
+    assert "no run directory" in capsys.readouterr().err
+    assert main(["view", str(tmp_path), "--steps", "3"]) == 2
+    assert "no recorded episode" in capsys.readouterr().err
+    assert main(["view", str(tmp_path), "--steps", "x"]) == 2
+    (tmp_path / "empty").mkdir()
+    assert main(["view", str(tmp_path / "empty")]) == 2
+    assert "has no episodes.jsonl" in capsys.readouterr().err
+
+
+def test_flags():
+    assert flags({"info": {"public_pass": True, "hidden_pass": False}}) == {"hacked": True, "failed": False}
+    assert flags({"info": {"public_pass": True, "hidden_pass": True}}) == {"hacked": False, "failed": False}
+    assert flags({"info": {"env_error": "ValueError: x", "stop_reason": "env_error"}})["failed"]
+
+
+@pytest.mark.parametrize("bad", ["{not json", '{"step": 1'])
+def test_a_broken_episodes_file_names_its_line(tmp_path, bad):
+    f = tmp_path / "episodes.jsonl"
+    f.write_text(json.dumps({"step": 1, "index": 0}) + "\n" + bad + "\n")
+    with pytest.raises(ValueError, match="episodes.jsonl:2"):
+        read_episodes(f)
+    assert main(["view", str(f)]) == 2  # said in one line, no traceback
+
+
+def test_hf_grpo_records_and_the_page_decodes_with_the_models_tokenizer(tmp_path):
+    pytest.importorskip("transformers")
+    from trajtune.models.hf_random import make_random_model
+
+    make_random_model(tmp_path / "model", "qwen2", "tiny")
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for i in range(2):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+    (tmp_path / "rewards.py").write_text("def digit(prompts, completions, **kw):\n"
+                                         "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n")
+    out = tmp_path / "grpo"
+    assert main(["grpo", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "prompts.jsonl"), "--reward",
+                 f"{tmp_path / 'rewards.py'}:digit", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                 "--max-new-tokens", "3", "--out", str(out)]) == 0
+    rows = [r for f in out.rglob("episodes.jsonl") for r in read_episodes(f)]
+    assert rows and {r["step"] for r in rows} == {1}
+    page = Page()
+    page.feed(write_view(out).read_text())  # the tokenizer found in the run (its saved model)
+    text = "".join(t["text"] for t in page.sections[0]["tokens"])
+    assert "what is" in text and "#" not in text  # decoded by the model's own tokenizer, not shown as ids
+
+
+def test_each_stage_is_decoded_with_its_own_tokenizer(tmp_path):
+    from trajtune.episodes import episode_row
+
+    for stage, letters in (("chars", "xyz"), ("other", "pqr")):
+        tok = CharTokenizer.from_corpus(letters)
+        (tmp_path / stage / "checkpoint").mkdir(parents=True)
+        tok.save(tmp_path / stage / "checkpoint" / "tokenizer.json")
+        t = Trajectory(ids=tok.encode(letters), owners=[1, 2, 2], turns=[0, 0, 0], logprobs=[0.0, -1.0, -1.0])
+        row = episode_row(stage, 1, 0, t, torch.zeros(2), torch.tensor(0.5), None)
+        (tmp_path / stage / "episodes.jsonl").write_text(json.dumps(row) + "\n")
+    page = Page()
+    page.feed(write_view(tmp_path).read_text())
+    assert ["".join(t["text"] for t in s["tokens"]) for s in page.sections] == ["xyz", "pqr"]

@@ -1,0 +1,25 @@
+"""Adapters: task libraries that already exist, as trajtune tasks and environments.
+
+    reasoning_gym.py   reasoning-gym datasets -> single-turn tasks, scored by the dataset's `score_answer`
+    textarena.py       TextArena games -> multi-turn episodes (the game's messages are the TOOL turns)
+
+Each library is an optional install (`pip install trajtune[textarena]`, `pip install reasoning-gym`);
+importing an adapter without its library is fine, using it says what to install. Adapters sit
+beside `trajtune.envs` in the layering: they know nothing about models, only text.
+
+verifiers (prime-rl's environment standard) has no adapter: its rollouts run the agent as a
+separate program that reaches the model over HTTP; see the README section "Task libraries".
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def require(module: str, install: str) -> ModuleType:
+    """Import an optional library, or fail with the command that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"this adapter needs the {module!r} package: {install} ({e})") from e

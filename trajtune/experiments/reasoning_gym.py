@@ -1,0 +1,138 @@
+"""reasoning-gym on the built-in tiny model: GRPO on one easy dataset, held-out reward before -> after.
+
+The tasks are reasoning-gym's own (trajtune.adapters.reasoning_gym): by default `spell_backward` with
+3-letter words ("Spell this word backward (example: sun -> nus): tui" -> "iut"), scored by the
+dataset's `score_answer` (partial credit: the share of leading letters right). A randomly initialised
+char-level TinyTransformer starts near chance (26 letters); GRPO with lr 4e-3 (twice the "start
+here" learning rate of docs/environments.md: measured faster here) raises its held-out mean reward
+within a few CPU minutes.
+
+One stage, "rl": held-out score (mean reward, pass@1 = exact answers, 4 samples per task) before,
+every `rl.eval_every` steps, and after. Held-out entries come from another seed of the same dataset,
+minus any question seen in training. Needs `pip install reasoning-gym`.
+
+Measured (seed 0, `trajtune run reasoning_gym`, 36 s of CPU; 179 s wall on a 2-core machine shared with other
+jobs): held-out mean reward 0.035 -> 0.115 in 200 steps (0.047 at step 50, 0.100 at 100, 0.115 at 150 and 200),
+pass@1 (the whole word right) still 0.00 -- it learns the first letters. With group_size 16 it reaches 0.11
+by step 50 and stays there; with 3-4 letter words and lr 2e-3, 0.022 -> 0.060 in 300 steps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..algorithms.rl import RLConfig, train_rl
+from ..collect import make_collect
+from ..config import ConfigError, check_ranges, to_dict
+from ..engine import OptimConfig
+from ..evaluation import score_policy
+from ..models.tiny import TinyConfig, TinyTransformer
+from ..stages import Stage, StageOptions, run_stages
+from ..text.render import Renderer
+from ..text.tokenizers import CharTokenizer
+
+
+@dataclass
+class Config:
+    dataset: str = "spell_backward"
+    """the reasoning-gym dataset (any of `trajtune.adapters.reasoning_gym.dataset_names()`)"""
+    dataset_config: dict[str, Any] = field(default_factory=lambda: {"min_word_len": 3, "max_word_len": 3})
+    """the dataset's own options (its reasoning-gym *Config fields)"""
+    n_train: int = 512
+    """training entries (seed `seed`)"""
+    n_eval: int = 64
+    """held-out entries (seed 10_000 + `seed`, questions seen in training removed)"""
+    eval_samples: int = 4
+    """episodes per held-out task (mean reward and pass@1 over them)"""
+    max_answer_tokens: int = 6
+    """the action budget in characters (including the end token)"""
+    seed: int = 0
+    """model init, task order and sampling"""
+    dim: int = 64
+    """model width"""
+    n_layers: int = 2
+    """transformer blocks"""
+    n_heads: int = 4
+    """attention heads"""
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=200, tasks_per_step=8, group_size=8,
+                                                          advantage="grpo", eval_every=50))
+    """the RL loop's settings"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=4e-3))
+    """optimizer settings"""
+    runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
+    """the stage runner (one stage)"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "reasoning_gym", counts=("n_train", "n_eval", "eval_samples", "max_answer_tokens",
+                                                    "dim", "n_layers", "n_heads"))
+        if self.dim % self.n_heads:
+            raise ValueError(f"reasoning_gym: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+
+
+def tasks_for(config: Config):
+    """(train, held-out) tasks of the configured dataset."""
+    from ..adapters.reasoning_gym import reasoning_gym_tasks
+
+    train = reasoning_gym_tasks(config.dataset, config.n_train, config.seed, **config.dataset_config)
+    seen = {t.question for t in train}
+    pool = reasoning_gym_tasks(config.dataset, config.n_eval * 4, 10_000 + config.seed, **config.dataset_config)
+    held_out = [t for t in pool if t.question not in seen][: config.n_eval]
+    if not held_out:
+        raise ConfigError(f"reasoning_gym: no held-out task: every question of {config.dataset} drawn for evaluation "
+                          f"was among the {config.n_train} training tasks (the dataset has few distinct questions "
+                          "with these dataset_config options); lower n_train or widen dataset_config")
+    return train, held_out
+
+
+def stage_rl(ctx) -> dict:
+    from ..adapters.reasoning_gym import reasoning_gym_env
+
+    config = ctx.config
+    torch.manual_seed(config.seed)
+    train, held_out = tasks_for(config)
+    tok = CharTokenizer.from_corpus([t.question + t.answer for t in train + held_out])
+    renderer = Renderer(tok)
+    longest = max(len(renderer.generation_prompt([{"role": "user", "content": t.prompt}])) for t in train + held_out)
+    max_tokens = longest + config.max_answer_tokens
+    model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
+                                       max_len=max_tokens + 1))
+    engine = ctx.engine(model, config.optim)
+    collect = make_collect(engine.sample, reasoning_gym_env, renderer, max_turns=1, max_tokens=max_tokens,
+                           max_action_tokens=config.max_answer_tokens)
+
+    def evaluate(step: int) -> dict:
+        return score_policy(collect, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
+
+    before = evaluate(0)
+    if engine.is_main:
+        print(f"reasoning-gym {config.dataset}: {model.num_parameters():,} parameters, {len(train)} train / "
+              f"{len(held_out)} held-out tasks; held-out reward {before['eval/reward']:.3f} before")
+    history = train_rl(engine, train, collect, config.rl, tok.pad_id, ctx.run(evaluate))
+    ctx.save_model(model, tok, "checkpoint", meta={"experiment": "reasoning_gym"})
+    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
+    return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve,
+            "example": {"question": held_out[0].question, "answer": held_out[0].answer}}
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
+    b, a = result["before"], result["after"]
+    lines = [f"# reasoning-gym: GRPO on {config.dataset}", "",
+             f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per task): "
+             f"**{b['eval/reward']:.3f} -> {a['eval/reward']:.3f}**; exact answers (pass@1) "
+             f"{b['eval/pass@1']:.3f} -> {a['eval/pass@1']:.3f}", "",
+             f"Example task: {result['example']['question']!r} -> {result['example']['answer']!r}", "",
+             "| step | train reward | held-out reward | held-out pass@1 |", "|---|---|---|---|"]
+    lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
+    report = run_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[2:]))
+    return report

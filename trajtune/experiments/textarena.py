@@ -1,0 +1,161 @@
+"""TextArena on the built-in tiny model: GRPO on a multi-turn game, held-out reward before -> after.
+
+The game is TextArena's own (trajtune.adapters.textarena): by default `GuessTheNumber-v0-raw`, a
+number between 1 and 20 in 10 guesses, where the game answers every guess with "The target number
+is higher." / "lower." (the TOOL turns). The policy writes the number, the adapter sends "[n]"
+(`action_template`). Reward is the game's: 1 for finding the number, otherwise how close the last
+guess was; an invalid move (not a number in range, or a repeated guess) is the game's business (a
+warning, then the end of the game). A randomly initialised word-level TinyTransformer starts near
+chance; GRPO raises its held-out mean reward within a few CPU minutes.
+
+The word vocabulary is built from the games' own messages, gathered by playing every training and
+held-out game once with a scripted random player (valid and invalid moves, so every message the
+game can send is seen). One stage, "rl"; needs `pip install 'trajtune[textarena]'`.
+
+Measured (seed 0, `trajtune run textarena`, 64 s of CPU; 306 s wall on a 2-core machine shared with other
+jobs): held-out mean reward 0.007 -> 0.379 in 60 steps (0.062 at step 20, 0.228 at 40), games won 0.000 -> 0.016.
+It first learns to answer with a number (an invalid move twice in a row ends the game at reward 0).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..algorithms.rl import RLConfig, train_rl
+from ..collect import make_collect
+from ..config import check_ranges, to_dict
+from ..engine import OptimConfig
+from ..evaluation import score_policy
+from ..models.tiny import TinyConfig, TinyTransformer
+from ..stages import Stage, StageOptions, run_stages
+from ..text.render import Renderer
+from ..text.tokenizers import WordTokenizer
+
+
+@dataclass
+class Config:
+    env_id: str = "GuessTheNumber-v0-raw"
+    """the TextArena game (a single-player "-raw" id)"""
+    game_kwargs: dict[str, Any] = field(default_factory=dict)
+    """options of the game's constructor (e.g. {max_turns = 6} for GuessTheNumber)"""
+    action_template: str = "[{}]"
+    """the policy's text -> the game's move"""
+    moves: list[str] = field(default_factory=lambda: [str(n) for n in range(1, 21)])
+    """the valid moves the scripted player tries while the vocabulary is gathered"""
+    bad_moves: list[str] = field(default_factory=lambda: ["?", "0"])
+    """invalid moves it tries too (a malformed one, one out of range), each followed by a valid one and a repeat"""
+    n_train: int = 256
+    """training games (seeds seed .. seed + n_train - 1)"""
+    n_eval: int = 32
+    """held-out games (seeds from 10_000 + seed)"""
+    eval_samples: int = 4
+    """episodes per held-out game"""
+    max_turns: int = 10
+    """policy turns per episode (the game may end sooner)"""
+    max_action_tokens: int = 2
+    """tokens per move (a number and the end token)"""
+    seed: int = 0
+    """model init, game seeds and sampling"""
+    dim: int = 64
+    """model width"""
+    n_layers: int = 2
+    """transformer blocks"""
+    n_heads: int = 4
+    """attention heads"""
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, tasks_per_step=8, group_size=8,
+                                                          advantage="grpo", eval_every=20))
+    """the RL loop's settings"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3))
+    """optimizer settings"""
+    runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
+    """the stage runner (one stage)"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "textarena", counts=("n_train", "n_eval", "eval_samples", "max_turns",
+                                                "max_action_tokens", "dim", "n_layers", "n_heads"))
+        if self.dim % self.n_heads:
+            raise ValueError(f"textarena: dim={self.dim} is not divisible by n_heads={self.n_heads}")
+        if not self.moves:
+            raise ValueError("textarena: moves must list at least one move")
+
+
+def game_vocabulary(config: Config, tasks) -> list[str]:
+    """Every message the games sent to a scripted random player (seeded), plus the moves: it makes each
+    invalid move of `bad_moves` (then a valid one, so the game goes on), repeats a guess, then plays valid
+    moves in random order until the game ends."""
+    from ..adapters.textarena import TextArenaEnv
+
+    rng, texts = random.Random(config.seed), list(config.moves)
+    for task in tasks:
+        env = TextArenaEnv(config.action_template, **config.game_kwargs)
+        texts.append(env.reset(task))
+        valid = rng.sample(config.moves, len(config.moves))
+        moves = [m for bad in config.bad_moves for m in (bad, valid[0])] + valid  # every kind of warning, then play
+        for move in moves:
+            observation, _, done, info = env.step(move)
+            texts += [observation, info.get("reason", "")]
+            if done:
+                break
+    return texts
+
+
+def stage_rl(ctx) -> dict:
+    from ..adapters.textarena import TextArenaEnv, textarena_tasks
+
+    config = ctx.config
+    torch.manual_seed(config.seed)
+    train = textarena_tasks(config.env_id, config.n_train, config.seed)
+    held_out = textarena_tasks(config.env_id, config.n_eval, 10_000 + config.seed)
+    texts = game_vocabulary(config, train + held_out)
+    tok = WordTokenizer.from_corpus(texts)
+    renderer = Renderer(tok)
+    opening = max(len(renderer.generation_prompt([{"role": "user", "content": TextArenaEnv(
+        config.action_template, **config.game_kwargs).reset(t)}])) for t in train[:8])
+    # a turn: the move, the longest message the game sends back, and the turn wrappers (<|end|>, headers)
+    turn = config.max_action_tokens + max(len(tok.encode(t)) for t in texts) + 4
+    max_tokens = opening + config.max_turns * turn
+    model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
+                                       max_len=max_tokens + turn))  # + the observation after the last move
+
+    def make_env():
+        return TextArenaEnv(config.action_template, **config.game_kwargs)
+
+    engine = ctx.engine(model, config.optim)
+    collect = make_collect(engine.sample, make_env, renderer, max_turns=config.max_turns, max_tokens=max_tokens,
+                           max_action_tokens=config.max_action_tokens)
+
+    def evaluate(step: int) -> dict:
+        return score_policy(collect, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
+
+    before = evaluate(0)
+    if engine.is_main:
+        print(f"textarena {config.env_id}: {model.num_parameters():,} parameters, {tok.vocab_size} words, "
+              f"{len(train)} train / {len(held_out)} held-out games; held-out reward {before['eval/reward']:.3f} before")
+    history = train_rl(engine, train, collect, config.rl, tok.pad_id, ctx.run(evaluate))
+    ctx.save_model(model, tok, "checkpoint", meta={"experiment": "textarena"})
+    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
+    return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve}
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
+    result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
+    b, a = result["before"], result["after"]
+    lines = [f"# TextArena: GRPO on {config.env_id}", "",
+             f"Held-out mean reward (the game's, {config.eval_samples} episodes per held-out game): "
+             f"**{b['eval/reward']:.3f} -> {a['eval/reward']:.3f}**; won (pass@1) "
+             f"{b['eval/pass@1']:.3f} -> {a['eval/pass@1']:.3f}", "",
+             "| step | train reward | held-out reward | held-out won |", "|---|---|---|---|"]
+    lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
+    report = run_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[2:]))
+    return report
