@@ -47,23 +47,27 @@ The stages (`STAGES`; dependencies first, independent ones in `runner.workers` p
     generalization     the final policies on the train tasks under held-out     (beyond the
                        names and on the `novel` split (unseen code)             seed)
 
-What each shows, and the seed-0 numbers to expect (10 of 13 claims hold; ~2 min on 2 cores):
+What each shows, and the seed-0 numbers to expect (11 of 13 claims hold; ~75 s on 2 cores;
+`--seeds 0,1,2` judges every claim and the chapter's four conclusions over three seeds):
 
     A1   a minority of predicted tokens are actions; masked and unmasked loss ~ log V at init
     A2   the weak base has the format (invalid/ep < 0.1) and no skill (pass <= 0.25)
-    A3   oracle SFT learns the train tasks (train 0.99, action entropy 0.42 -> 0.01), but held-out
-         reaches only ~0.5 (seed 0.93): does NOT hold on our gym (point 1)
-    A4   the 0/1 policy gradient equals the scaled SFT gradient on the kept episodes (to 8e-9)
-    A5   expert iteration rises fast and plateaus (0.11 -> 0.49 -> 0.76 -> 0.76 -> 0.82), held-out
-         at guess level
+    A3   oracle SFT learns the train tasks and transfers to unseen names (0.20/0.07 -> 0.99/0.89,
+         action entropy 0.39 -> 0.01)
+    A4   the 0/1 policy gradient equals the scaled SFT gradient on the kept episodes (to 4e-9)
+    A5   expert iteration rises and flattens (0.20 -> 0.45 -> 0.70 -> 0.72 -> 0.78), but past the share of
+         tasks the base solves and with held-out up to 0.47: does NOT hold (0 of 3 seeds)
     A6   dpo_loss 0.6931 / 0.1269 / 2.1269 at margins 0 / +4 / -4
-    A7   DPO pushes the rejected log-prob down ~45 nats while malformed calls rise 0 -> 1.45 per episode
+    A7   DPO pushes the rejected log-prob down ~80 nats while malformed calls rise 0 -> 1.6 per episode
     A8   DPO + NLL keeps the format (fewer malformed calls, higher train pass than A7)
-    A9   SFT ~ SFT -> RL >> RFT on held-out, SFT -> RL >> RL only: does NOT hold (point 1)
-    A10  long SFT leaves few informative groups: does NOT hold (point 1)
-    A11  SFT on demos without wrapper tokens fails in the real rollout format
-    A12  dedup of the RFT kept set: raw vs deduped family shares
-    A13  the public-test filter breeds reward hacks (67% -> 90% of kept episodes) while hidden pass stalls
+    A9   SFT 1.00/0.93 >> RFT 0.78/0.47 on held-out, but SFT -> RL (0.93/0.70) neither catches SFT nor
+         beats RL only (0.75/0.72) by 0.2: does NOT hold (0 of 3 seeds; the cold start at step 20 passes
+         0.61/0.55, the seed's 0.80/0.85)
+    A10  long SFT leaves few informative groups (0.50 / 0.60 / 0.00)
+    A11  SFT on demos without wrapper tokens fails in the real rollout format (train 0.14), not by the
+         seed's mechanism (malformed calls 0.01/ep, seed 0.62: the report says so)
+    A12  dedup of the RFT kept set changes the family shares (total variation 0.16)
+    A13  the public-test filter breeds reward hacks (58% -> 86% of kept episodes) while hidden pass stalls
 
 Each stage writes its checkpoint to run_dir/<stage>/checkpoint, its results to
 run_dir/<stage>/results.json and its metric rows (stage name in each) to
