@@ -227,6 +227,8 @@ def write_view(run_dir: str | Path, out: str | Path | None = None, steps: Sequen
     run_dir = Path(run_dir)
     try:
         rows = [r for f in find_episodes(run_dir) for r in read_episodes(f)]
+    except ConfigError:
+        raise
     except ValueError as e:  # a broken line: named by read_episodes
         raise ConfigError(f"trajtune view: {e}") from None
     if steps:
