@@ -78,7 +78,10 @@ def tasks_for(config: Config):
     """(train, held-out) tasks of the configured dataset."""
     from ..adapters.reasoning_gym import reasoning_gym_tasks
 
-    train = reasoning_gym_tasks(config.dataset, config.n_train, config.seed, **config.dataset_config)
+    try:
+        train = reasoning_gym_tasks(config.dataset, config.n_train, config.seed, **config.dataset_config)
+    except (ValueError, TypeError) as e:  # an unknown dataset or option: the adapter names it
+        raise ConfigError(f"reasoning_gym: config.dataset / config.dataset_config: {e}") from None
     seen = {t.question for t in train}
     pool = reasoning_gym_tasks(config.dataset, config.n_eval * 4, 10_000 + config.seed, **config.dataset_config)
     held_out = [t for t in pool if t.question not in seen][: config.n_eval]

@@ -29,7 +29,7 @@ import torch
 
 from ..algorithms.rl import RLConfig, train_rl
 from ..collect import make_collect
-from ..config import check_ranges, to_dict
+from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
 from ..evaluation import score_policy
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -110,7 +110,10 @@ def stage_rl(ctx) -> dict:
 
     config = ctx.config
     torch.manual_seed(config.seed)
-    train = textarena_tasks(config.env_id, config.n_train, config.seed)
+    try:
+        train = textarena_tasks(config.env_id, config.n_train, config.seed)
+    except ValueError as e:  # an unknown game: the adapter names close ones
+        raise ConfigError(f"textarena: config.env_id: {e}") from None
     held_out = textarena_tasks(config.env_id, config.n_eval, 10_000 + config.seed)
     texts = game_vocabulary(config, train + held_out)
     tok = WordTokenizer.from_corpus(texts)
