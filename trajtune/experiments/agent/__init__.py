@@ -20,7 +20,7 @@ How this departs from the seed, and why:
        fast (seed 0, train pass at SFT step 20: 0.57 tied, 0.88 untied in a side run).
     3. The blind policy of the weak base's data guesses one op per seed, whatever the task; it used to
        guess one op per (seed, function name), which taught the weak base that the name predicts the
-       edit (oracle SFT from it: 0.85 on the training tasks renamed, 1.00 without).
+       edit (oracle SFT from it, seed 0: 0.85 on the training tasks renamed, 1.00 without).
     4. The optimizer is the library's AdamW (betas 0.9 / 0.95, grad-norm clip 1.0, no weight decay; the
        seed: torch's defaults, betas 0.9 / 0.999, weight decay 0.01, no clip), both at the seed's constant
        learning rates (SFT 3e-3, DPO and RL 1e-3). The seed's settings learn oracle SFT more slowly here
