@@ -26,15 +26,15 @@ from typing import Any
 
 import torch
 
-from ..algorithms.rl import RLConfig, train_rl
+from ..algorithms.rl import RLConfig
 from ..collect import make_collect
 from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
-from ..evaluation import score_policy
 from ..models.tiny import TinyConfig, TinyTransformer
 from ..stages import Stage, StageOptions, run_stages
 from ..text.render import Renderer
 from ..text.tokenizers import CharTokenizer
+from .task_rl import train_and_score, write_task_report
 
 
 @dataclass
@@ -104,22 +104,11 @@ def stage_rl(ctx) -> dict:
     max_tokens = longest + config.max_answer_tokens
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
                                        max_len=max_tokens + 1))
-    engine = ctx.engine(model, config.optim)
-    collect = make_collect(engine.sample, reasoning_gym_env, renderer, max_turns=1, max_tokens=max_tokens,
-                           max_action_tokens=config.max_answer_tokens)
-
-    def evaluate(step: int) -> dict:
-        return score_policy(collect, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
-
-    before = evaluate(0)
-    if engine.is_main:
-        print(f"reasoning-gym {config.dataset}: {model.num_parameters():,} parameters, {len(train)} train / "
-              f"{len(held_out)} held-out tasks; held-out reward {before['eval/reward']:.3f} before")
-    history = train_rl(engine, train, collect, config.rl, tok.pad_id, ctx.run(evaluate))
-    ctx.save_model(model, tok, "checkpoint", meta={"experiment": "reasoning_gym"})
-    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
-    return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve,
-            "example": {"question": held_out[0].question, "answer": held_out[0].answer}}
+    result = train_and_score(
+        ctx, model, tok, lambda engine: make_collect(engine.sample, reasoning_gym_env, renderer, max_turns=1,
+                                                     max_tokens=max_tokens, max_action_tokens=config.max_answer_tokens),
+        "reasoning_gym", train, held_out, f"reasoning-gym {config.dataset}")
+    return {**result, "example": {"question": held_out[0].question, "answer": held_out[0].answer}}
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -127,15 +116,7 @@ def run(config: Config, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
-    b, a = result["before"], result["after"]
-    lines = [f"# reasoning-gym: GRPO on {config.dataset}", "",
-             f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per task): "
-             f"**{b['eval/reward']:.3f} -> {a['eval/reward']:.3f}**; exact answers (pass@1) "
-             f"{b['eval/pass@1']:.3f} -> {a['eval/pass@1']:.3f}", "",
-             f"Example task: {result['example']['question']!r} -> {result['example']['answer']!r}", "",
-             "| step | train reward | held-out reward | held-out pass@1 |", "|---|---|---|---|"]
-    lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
-    report = run_dir / "report.md"
-    report.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[2:]))
-    return report
+    return write_task_report(run_dir, f"reasoning-gym: GRPO on {config.dataset}",
+                             f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per task)",
+                             "exact", result,
+                             [f"Example task: {result['example']['question']!r} -> {result['example']['answer']!r}", ""])

@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 
-from ..algorithms.rl import RLConfig, train_rl
+from ..algorithms.rl import RLConfig
 from ..collect import make_collect
 from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
-from ..evaluation import score_policy
 from ..models.tiny import TinyConfig, TinyTransformer
 from ..stages import Stage, StageOptions, run_stages
 from ..text.render import Renderer
 from ..text.tokenizers import WordTokenizer
+from .task_rl import train_and_score, write_task_report
 
 
 @dataclass
@@ -129,21 +129,10 @@ def stage_rl(ctx) -> dict:
     def make_env():
         return TextArenaEnv(config.action_template, **config.game_kwargs)
 
-    engine = ctx.engine(model, config.optim)
-    collect = make_collect(engine.sample, make_env, renderer, max_turns=config.max_turns, max_tokens=max_tokens,
-                           max_action_tokens=config.max_action_tokens)
-
-    def evaluate(step: int) -> dict:
-        return score_policy(collect, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
-
-    before = evaluate(0)
-    if engine.is_main:
-        print(f"textarena {config.env_id}: {model.num_parameters():,} parameters, {tok.vocab_size} words, "
-              f"{len(train)} train / {len(held_out)} held-out games; held-out reward {before['eval/reward']:.3f} before")
-    history = train_rl(engine, train, collect, config.rl, tok.pad_id, ctx.run(evaluate))
-    ctx.save_model(model, tok, "checkpoint", meta={"experiment": "textarena"})
-    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
-    return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve}
+    return train_and_score(
+        ctx, model, tok, lambda engine: make_collect(engine.sample, make_env, renderer, max_turns=config.max_turns,
+                                                     max_tokens=max_tokens, max_action_tokens=config.max_action_tokens),
+        "textarena", train, held_out, f"textarena {config.env_id} ({tok.vocab_size} words)")
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -151,14 +140,6 @@ def run(config: Config, run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
-    b, a = result["before"], result["after"]
-    lines = [f"# TextArena: GRPO on {config.env_id}", "",
-             f"Held-out mean reward (the game's, {config.eval_samples} episodes per held-out game): "
-             f"**{b['eval/reward']:.3f} -> {a['eval/reward']:.3f}**; won (pass@1) "
-             f"{b['eval/pass@1']:.3f} -> {a['eval/pass@1']:.3f}", "",
-             "| step | train reward | held-out reward | held-out won |", "|---|---|---|---|"]
-    lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
-    report = run_dir / "report.md"
-    report.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[2:]))
-    return report
+    return write_task_report(run_dir, f"TextArena: GRPO on {config.env_id}",
+                             f"Held-out mean reward (the game's, {config.eval_samples} episodes per held-out game)",
+                             "won", result)

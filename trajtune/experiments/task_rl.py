@@ -1,0 +1,53 @@
+"""RL on tasks from a task library (the adapters' recipes, `reasoning_gym.py` and `textarena.py`).
+
+`train_and_score` trains the built-in model with the recipe's `rl` / `optim` settings on the train
+tasks and scores the policy on the held-out ones (`evaluation.score_policy`) before, at every
+`rl.eval_every` and after; `write_task_report` writes the report both recipes share.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..algorithms.rl import train_rl
+from ..evaluation import score_policy
+from ..stages import StageContext
+
+
+def train_and_score(ctx: StageContext, model, tok, collect_for: Callable, experiment: str, train: Sequence,
+                    held_out: Sequence, describe: str) -> dict:
+    """The stage's RL run: `collect_for(engine) -> collect`; `experiment` goes into the checkpoint's meta,
+    `describe` heads the printed line.
+    -> {"before", "after": held-out eval/reward and eval/pass@1, "curve": [(step, train reward, held-out
+    reward, held-out pass@1), ...]}. The policy is saved as the stage's checkpoint."""
+    config = ctx.config
+    engine = ctx.engine(model, config.optim)
+    collect = collect_for(engine)
+
+    def evaluate(step: int) -> dict:
+        return score_policy(collect, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
+
+    before = evaluate(0)
+    if engine.is_main:
+        print(f"{describe}: {model.num_parameters():,} parameters, {len(train)} train / {len(held_out)} held-out "
+              f"tasks; held-out reward {before['eval/reward']:.3f} before")
+    history = train_rl(engine, train, collect, config.rl, tok.pad_id, ctx.run(evaluate))
+    ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})
+    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
+    return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve}
+
+
+def write_task_report(run_dir: Path, title: str, headline: str, pass_label: str, result: dict,
+                      extra: Sequence[str] = ()) -> Path:
+    """report.md: the title, held-out reward and pass@1 before -> after, `extra` lines, the curve table."""
+    b, a = result["before"], result["after"]
+    lines = [f"# {title}", "",
+             f"{headline}: **{b['eval/reward']:.3f} -> {a['eval/reward']:.3f}**; {pass_label} (pass@1) "
+             f"{b['eval/pass@1']:.3f} -> {a['eval/pass@1']:.3f}", "", *extra,
+             f"| step | train reward | held-out reward | held-out {pass_label} |", "|---|---|---|---|"]
+    lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
+    report = Path(run_dir) / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[2:]))
+    return report
