@@ -150,17 +150,21 @@ def set_dotted(data: dict, assignment: str, where: str = "--set") -> None:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a dataclass (read from its source, once per class), for --help
-    and docs. Callers must not modify the dict returned."""
+    """The docstring under each field of a dataclass (read from its source and its dataclass bases', once
+    per class), for --help and docs. Callers must not modify the dict returned."""
     import ast
     import inspect
     import textwrap
 
+    docs: dict[str, str] = {}
+    for base in cls.__mro__[1:]:  # inherited fields first; the class's own docstrings win
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
-        return {}
-    docs, body = {}, tree.body[0].body
+        return docs
+    body = tree.body[0].body
     for a, b in zip(body, body[1:]):
         if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
             docs[a.target.id] = str(b.value.value).strip()

@@ -29,37 +29,20 @@ from typing import ClassVar, get_type_hints
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
-from .model import ModelConfig, load_engine
-from .sampling import SamplingConfig, check_rewards, check_sampling, train_scored
+from .model import load_engine
+from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, train_scored
 from .prepare import Prepared, check_same_run, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
 
 
 @dataclass
-class GRPORun:
+class GRPORun(PromptRewardRun):
     METHOD: ClassVar[str] = "grpo"
     RESUMABLE: ClassVar[tuple[str, ...]] = ("rl.steps", "rl.eval_every", "output.save_every", "model.device",
                                             "model.micro_batch_size", "reward_timeout")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """the model and how it trains (LoRA, precision, lengths)"""
-    data: str = ""
-    """JSONL file of prompt rows (trajtune.data)"""
-    reward: list[str] = field(default_factory=list)
-    """reward functions 'file.py:function' or 'module:function', one or more (--reward a.py:f --reward b.py:g);
-    TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
-    once per batch of completions (trajtune.rewards)"""
-    reward_weights: list[float] = field(default_factory=list)
-    """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
-    an episode's reward is the weighted sum over the sources that scored it (None left out)"""
-    reward_timeout: float = 60.0
-    """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
-    process killed) and the completions it hung on get no reward (left out of the update)"""
-    reward_model: str = ""
-    """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
-    head's score of the prompt + completion"""
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=100, advantage="grpo"))
     """the RL loop (steps, tasks_per_step: prompts per step, group_size: completions per prompt, advantage,
     surrogate, epochs, kl_coef, seed ...)"""

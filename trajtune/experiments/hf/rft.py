@@ -17,35 +17,18 @@ from typing import ClassVar
 from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
-from .model import ModelConfig, load_engine
-from .sampling import SamplingConfig, check_rewards, check_sampling, train_scored
+from .model import load_engine
+from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, train_scored
 from .prepare import Prepared, check_same_run, prompt_data
 
 
 @dataclass
-class RFTRun:
+class RFTRun(PromptRewardRun):
     METHOD: ClassVar[str] = "rft"
     RESUMABLE: ClassVar[tuple[str, ...]] = ("rft.rounds", "output.save_every", "model.device", "model.micro_batch_size",
                                             "reward_timeout")
     """options a resumed run may change (more rounds, where it runs); any other change is a different run"""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """the model and how it trains (LoRA, precision, lengths)"""
-    data: str = ""
-    """JSONL file of prompt rows (trajtune.data)"""
-    reward: list[str] = field(default_factory=list)
-    """reward functions 'file.py:function' or 'module:function', one or more (--reward a.py:f --reward b.py:g);
-    TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
-    once per batch of completions (trajtune.rewards)"""
-    reward_weights: list[float] = field(default_factory=list)
-    """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
-    an episode's reward is the weighted sum over the sources that scored it (None left out)"""
-    reward_timeout: float = 60.0
-    """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
-    process killed) and the completions it hung on get no reward (left out of the update)"""
-    reward_model: str = ""
-    """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
-    head's score of the prompt + completion"""
     rft: RFTConfig = field(default_factory=lambda: RFTConfig(samples_per_task=8, steps_per_round=100, batch_size=8))
     """the expert-iteration loop (rounds, samples_per_task, steps_per_round, batch_size, threshold, seed ...)"""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)

@@ -20,13 +20,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ...config import ConfigError, check_ranges
 from ...metrics import register
 from ...rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, Scores, check_columns,
                         combine, source_metrics)
+from .model import ModelConfig
 from .options import flag
 
 log = logging.getLogger("trajtune.rewards")
@@ -38,6 +39,30 @@ register("reward/*", "per reward source (a --reward function's name, or reward_m
 
 RM_NAME = "reward_model"
 """the --reward-model's name among the reward sources (its metrics: reward/reward_model/*)"""
+
+
+@dataclass
+class PromptRewardRun:
+    """What the runs that sample prompts and score them share (`trajtune grpo`, `trajtune rft`): the model,
+    the prompt data and the reward sources. Each run adds its loop, sampling, optimizer and output."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """the model and how it trains (LoRA, precision, lengths)"""
+    data: str = ""
+    """JSONL file of prompt rows (trajtune.data)"""
+    reward: list[str] = field(default_factory=list)
+    """reward functions 'file.py:function' or 'module:function', one or more (--reward a.py:f --reward b.py:g);
+    TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
+    once per batch of completions (trajtune.rewards)"""
+    reward_weights: list[float] = field(default_factory=list)
+    """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
+    an episode's reward is the weighted sum over the sources that scored it (None left out)"""
+    reward_timeout: float = 60.0
+    """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
+    process killed) and the completions it hung on get no reward (left out of the update)"""
+    reward_model: str = ""
+    """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
+    head's score of the prompt + completion"""
 
 
 @dataclass
