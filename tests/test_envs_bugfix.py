@@ -53,11 +53,17 @@ def symbols(task):
     return set(WORD_PATTERN.findall(task.source)) - {"\n", task.entry}
 
 
+def params(task) -> list[str]:
+    """The parameter names of the task's function: `def f(a, b):` -> ["a", "b"]."""
+    return [p.strip() for p in task.source.split("(", 1)[1].split(")", 1)[0].split(",")]
+
+
 def test_heldout_uses_the_training_cues_and_no_cross_family_word():
     """The default held-out split is the seed's: unseen names over the repair cues training shows.
     Every symbol of a held-out listing (operators, keywords, variables; the name aside) occurs in
     training listings, none twice as often in another family's as in its own unless three or more
-    families share it, so no surface word points at another family's edit (`modulo(n, size)` failed
+    families share it, and every parameter name is one only its own family's training functions take,
+    so no surface word points at another family's edit (`modulo(n, size)` failed
     this: `n` is the range family's variable, and oracle SFT passed it 0.00 on seeds 0-2)."""
     train_families: dict[str, Counter] = {}
     for t in TRAIN:
@@ -70,6 +76,13 @@ def test_heldout_uses_the_training_cues_and_no_cross_family_word():
             assert sym not in {x.entry for x in TRAIN}, (t.name, sym)  # no training function name as a variable
             assert sym in train_families, (t.name, sym)  # only the name is unseen
         assert t.source.replace(t.entry, "f") not in {x.source.replace(x.entry, "f") for x in TRAIN}, t.name  # a variant
+    takes: dict[str, set[str]] = {}  # parameter name -> families whose training functions take it
+    for t in TRAIN:
+        for p in params(t):
+            takes.setdefault(p, set()).add(t.family)
+    for t in HELDOUT:
+        for p in params(t):
+            assert takes.get(p) == {t.family}, (t.name, p, takes.get(p))  # `per_person(part, size)` failed this
     train_ops = {s for t in TRAIN for s in symbols(t) if not s.isidentifier() and not s.isdigit()}
     for t in HELDOUT:
         assert {s for s in symbols(t) if not s.isidentifier() and not s.isdigit()} <= train_ops, t.name

@@ -21,7 +21,13 @@ Splits, per family (`make_tasks`):
               repair cues as training (the seed's "10 held-out variants (unseen function
               names)"): every other symbol of a held-out listing occurs in training listings,
               none twice as common in another family's as in its own (unless three or more
-              families share it), and no listing equals a training one.
+              families share it), no parameter name that another family's training functions
+              take, and no listing equals a training one. (Parameter names were the cue a
+              student took besides the marker: with `fits(size, capacity)` in training,
+              `per_person(part, size)` and `modulo(a, size)` got compare's edit 0.75-1.00 of
+              the time after oracle SFT, so every training parameter name now belongs to
+              one family: `cap(value, upper)`, `fits(x, capacity)`, `chunk_count(items, size)`,
+              and the init family's `nums`.)
               With a word-level tokenizer a name is one opaque token, so a policy that
               picks the edit from the listing's marker transfers and one that keys on
               the name does not.
@@ -107,8 +113,8 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def spread(xs):\n    return max(xs) - min(xs)",
      (([1, 4],), ([7, 7],)), (([2, 9, 5],), ([0, 10],), ([3],))),
     ("minmax", "train",
-     "def cap(x, limit):\n    return max(x, limit)",
-     "def cap(x, limit):\n    return min(x, limit)",
+     "def cap(value, upper):\n    return max(value, upper)",
+     "def cap(value, upper):\n    return min(value, upper)",
      ((5, 3), (1, 3)), ((10, 4), (2, 8), (6, 6))),
     ("minmax", "novel",
      "def floor_at(x, low):\n    return min(x, low)",
@@ -157,8 +163,8 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def above(x, limit):\n    return x > limit",
      ((3, 3), (4, 3)), ((8, 8), (1, 6), (9, 2))),
     ("compare", "train",
-     "def fits(size, capacity):\n    return size < capacity",
-     "def fits(size, capacity):\n    return size <= capacity",
+     "def fits(x, capacity):\n    return x < capacity",
+     "def fits(x, capacity):\n    return x <= capacity",
      ((10, 10), (3, 10)), ((4, 4), (12, 5), (0, 1))),
     ("compare", "novel",
      "def before(a, b):\n    return a <= b",
@@ -182,8 +188,8 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def remainder(a, b):\n    if b == 0:\n        return 0\n    return a % b",
      ((5, 0), (7, 3)), ((2, 0), (9, 4), (6, 6))),
     ("zero", "train",
-     "def chunk_count(n, size):\n    return (n + size - 1) // size",
-     "def chunk_count(n, size):\n    if size == 0:\n        return 0\n    return (n + size - 1) // size",
+     "def chunk_count(items, size):\n    return (items + size - 1) // size",
+     "def chunk_count(items, size):\n    if size == 0:\n        return 0\n    return (items + size - 1) // size",
      ((10, 0), (10, 3)), ((7, 0), (9, 3), (1, 5))),
     ("zero", "novel",
      "def share(amount, people):\n    return amount // people",
@@ -195,20 +201,20 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      ((5, 0), (5, 2)), ((8, 0), (9, 4), (3, 7))),
     # --- init: the accumulator starts at the wrong value -----------------------------
     ("init", "train",
-     "def product(xs):\n    acc = 0\n    for x in xs:\n        acc *= x\n    return acc",
-     "def product(xs):\n    acc = 1\n    for x in xs:\n        acc *= x\n    return acc",
+     "def product(nums):\n    acc = 0\n    for x in nums:\n        acc *= x\n    return acc",
+     "def product(nums):\n    acc = 1\n    for x in nums:\n        acc *= x\n    return acc",
      (([2, 3],), ([],)), (([4, 5],), ([1, 7, 2],), ([3],))),
     ("init", "train",
-     "def total(xs):\n    acc = 1\n    for x in xs:\n        acc += x\n    return acc",
-     "def total(xs):\n    acc = 0\n    for x in xs:\n        acc += x\n    return acc",
+     "def total(nums):\n    acc = 1\n    for x in nums:\n        acc += x\n    return acc",
+     "def total(nums):\n    acc = 0\n    for x in nums:\n        acc += x\n    return acc",
      (([1, 2],), ([],)), (([5],), ([2, 2, 2],), ([0, 4],))),
     ("init", "train",
-     "def count_items(xs):\n    count = 1\n    for x in xs:\n        count += 1\n    return count",
-     "def count_items(xs):\n    count = 0\n    for x in xs:\n        count += 1\n    return count",
+     "def count_items(nums):\n    count = 1\n    for x in nums:\n        count += 1\n    return count",
+     "def count_items(nums):\n    count = 0\n    for x in nums:\n        count += 1\n    return count",
      (([7, 8],), ([],)), (([1],), ([3, 3, 3],), ([0, 0],))),
     ("init", "train",
-     "def sum_squares(xs):\n    acc = 1\n    for x in xs:\n        acc += x * x\n    return acc",
-     "def sum_squares(xs):\n    acc = 0\n    for x in xs:\n        acc += x * x\n    return acc",
+     "def sum_squares(nums):\n    acc = 1\n    for x in nums:\n        acc += x * x\n    return acc",
+     "def sum_squares(nums):\n    acc = 0\n    for x in nums:\n        acc += x * x\n    return acc",
      (([1, 2],), ([3],)), (([2, 2],), ([],), ([1, 1, 1],))),
     ("init", "novel",
      "def multiply_all(xs):\n    result = 0\n    for v in xs:\n        result *= v\n    return result",
@@ -220,16 +226,17 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      (([4, 4],), ([9],)), (([],), ([1, 2, 3],), ([5, 6],))),
     # --- heldout: unseen function names over the training tasks' repair cues ----------
     # every other symbol of these listings occurs in training listings, and none is twice as
-    # common in another family's as in its own (unless three or more families share it): new
-    # compositions of seen code, not new code, and no word that points at another family's edit
+    # common in another family's as in its own (unless three or more families share it); every
+    # parameter name is one only its own family's training functions take: new compositions of
+    # seen code, not new code, and no word that points at another family's edit
     ("minmax", "heldout",
      "def smallest(xs):\n    return max(xs)",
      "def smallest(xs):\n    return min(xs)",
      (([3, 1, 2],), ([5],)), (([4, 9, 2],), ([7, 7],), ([-1, -6],))),
     ("minmax", "heldout",
-     "def bounded(value, upper):\n    return max(value, upper)",
-     "def bounded(value, upper):\n    return min(value, upper)",
-     ((9, 4), (2, 4)), ((10, 3), (1, 6), (5, 5))),
+     "def bounded(value, lower):\n    return min(value, lower)",
+     "def bounded(value, lower):\n    return max(value, lower)",
+     ((2, 4), (9, 4)), ((1, 6), (10, 3), (5, 5))),
     ("range", "heldout",
      "def count_up(n):\n    return list(range(n))",
      "def count_up(n):\n    return list(range(n + 1))",
@@ -239,8 +246,8 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def total_to(n):\n    return sum(range(0, n + 1))",
      ((4,), (1,)), ((5,), (2,), (0,))),
     ("compare", "heldout",
-     "def exceeds(size, limit):\n    return size >= limit",
-     "def exceeds(size, limit):\n    return size > limit",
+     "def exceeds(x, capacity):\n    return x >= capacity",
+     "def exceeds(x, capacity):\n    return x > capacity",
      ((4, 4), (6, 2)), ((7, 7), (1, 5), (9, 3))),
     ("compare", "heldout",
      "def within_limit(x, hi):\n    return x < hi",
@@ -255,12 +262,12 @@ _TABLE: tuple[tuple[str, str, str, str, tuple, tuple], ...] = (
      "def modulo(a, size):\n    if size == 0:\n        return 0\n    return a % size",
      ((5, 0), (7, 2)), ((3, 0), (9, 4), (6, 3))),
     ("init", "heldout",
-     "def add_up(xs):\n    count = 1\n    for x in xs:\n        count += x\n    return count",
-     "def add_up(xs):\n    count = 0\n    for x in xs:\n        count += x\n    return count",
+     "def add_up(nums):\n    count = 1\n    for x in nums:\n        count += x\n    return count",
+     "def add_up(nums):\n    count = 0\n    for x in nums:\n        count += x\n    return count",
      (([1, 2],), ([],)), (([5],), ([2, 3, 4],), ([0, 1],))),
     ("init", "heldout",
-     "def product_of(xs):\n    count = 0\n    for x in xs:\n        count *= x\n    return count",
-     "def product_of(xs):\n    count = 1\n    for x in xs:\n        count *= x\n    return count",
+     "def product_of(nums):\n    count = 0\n    for x in nums:\n        count *= x\n    return count",
+     "def product_of(nums):\n    count = 1\n    for x in nums:\n        count *= x\n    return count",
      (([2, 3],), ([],)), (([4, 5],), ([1, 3],), ([7],))),
 )
 
