@@ -32,6 +32,10 @@ TOL = 1e-3
 """later steps: the weights drift apart by Adam's rounding noise, ~3x a step (measured: template_mismatch's
 grad norm 4e-6 at its first step, then 1.1e-5, 2.5e-5, 6.9e-5, 2.4e-4 relative); pass rates and other
 counts stay exact because the same episodes are sampled"""
+GRAD_NORM_TOL = 5e-3
+"""later steps' gradient norm, the metric that moves most with those few drifted coordinates: measured 1.6e-3
+relative at the agent's hacking stage, step 2 (one SFT step at lr 3e-3 after a first step that agreed to 1e-5;
+its loss agreed to 1.6e-4); a real divergence moves the loss and the weights' bound below as well"""
 
 
 def toml(table: dict, prefix: str = "") -> str:
@@ -95,7 +99,13 @@ def check_same_run(one: Path, two: Path, lr: float) -> None:
     first = {}
     for i, (a, b) in enumerate(zip(rows_one, rows_two, strict=True)):
         at_start = first.setdefault(a.get("stage"), a["step"]) == a["step"]
-        close(a, b, f"metrics.jsonl: stage {a.get('stage')} step {a['step']}", FIRST_TOL if at_start else TOL)
+        where = f"metrics.jsonl: stage {a.get('stage')} step {a['step']}"
+        if at_start:
+            close(a, b, where, FIRST_TOL)
+            continue
+        close({k: v for k, v in a.items() if k != "train/grad_norm"}, {k: v for k, v in b.items() if k != "train/grad_norm"},
+              where, TOL)
+        close(a.get("train/grad_norm"), b.get("train/grad_norm"), f"{where}.train/grad_norm", GRAD_NORM_TOL)
     weights = sorted(p.relative_to(one) for p in one.glob("**/model.safetensors") if "resume" not in p.parts)
     assert weights and weights == sorted(p.relative_to(two) for p in two.glob("**/model.safetensors")
                                          if "resume" not in p.parts)
@@ -104,9 +114,11 @@ def check_same_run(one: Path, two: Path, lr: float) -> None:
         diff = torch.cat([(a[k].float() - b[k].float()).abs().flatten() for k in a])
         print(f"{w}: max |weight diff| {float(diff.max()):.1e}, {int((diff > 1e-5).sum())} of {diff.numel()} > 1e-5")
         # Adam turns rounding noise on a zero-gradient coordinate into a step of ~lr, so a few coordinates
-        # may be a few steps apart (measured 3.3e-4 at lr 1e-3 in the agent's sft_rl); a real divergence
-        # moves many coordinates (and the metrics above)
-        assert float(diff.max()) < 3 * lr and int((diff > 1e-5).sum()) <= 0.01 * diff.numel(), w
+        # may be a few steps apart (measured 3.3e-4 at lr 1e-3 in the agent's sft_rl; the agent's hacking
+        # stage, whose gradient is clipped from norm ~9: 5.1e-3 at lr 3e-3 on 1.9% of the coordinates, with
+        # every count equal and the loss to 1.6e-4); a real divergence moves many coordinates (and the
+        # metrics above)
+        assert float(diff.max()) < 3 * lr and int((diff > 1e-5).sum()) <= 0.03 * diff.numel(), w
 
 
 AGENT = {
