@@ -123,3 +123,30 @@ def test_context_turns_with_a_non_prefix_preserving_template(tok):
     (only,) = r.render_samples(msgs, context=3)  # the context's own sample has nothing to train: dropped
     assert only.ids == r.template_ids(msgs)
     assert tok.decode(only.tokens_of(Owner.POLICY)) == "<think> add </think> 5<|im_end|>"
+
+
+def test_renderings_are_cached_per_conversation_including_tool_calls(tok):
+    # the renderer caches template renderings keyed by each message's fields; a tool call (a list,
+    # not a str) is keyed by its JSON, so a conversation that differs only there renders anew
+    r = ChatRenderer(tok, tools=TOOLS)
+    other = {"type": "function", "function": {"name": "run_tests", "arguments": {"path": "other.py"}}}
+    changed = CONVERSATION[:2] + [{**CONVERSATION[2], "tool_calls": [other]}] + CONVERSATION[3:]
+    first, second = r.render(CONVERSATION), r.render(changed)
+    assert first.ids == r.template_ids(CONVERSATION) and second.ids == r.template_ids(changed)
+    assert "other.py" in tok.decode(second.ids) and "other.py" not in tok.decode(first.ids)
+
+
+def test_episodes_from_one_opening_share_no_state(tok):
+    # a group's episodes start from the same messages (the second start is served from the renderer's
+    # cache); each transcript then grows on its own, and its memo of renderings stays its own
+    r = ChatRenderer(tok)
+    opening = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 2 + 3?"}]
+    a, b = r.start(opening), r.start(opening)
+    assert (a.traj.ids, a.traj.owners) == (b.traj.ids, b.traj.owners) and r.prompt_ids(b) == r.generation_prompt(opening)
+    tokens = tok("5", add_special_tokens=False)["input_ids"] + [r.stop_ids[0]]
+    r.append_sampled(a, tokens, [-1.0] * len(tokens), 0)
+    r.append_message(a, {"role": "tool", "content": "ok"}, 0)
+    after = opening + [{"role": "assistant", "content": "5"}, {"role": "tool", "content": "ok"}]
+    assert r.prompt_ids(a) == r.generation_prompt(after)
+    assert r.prompt_ids(b) == r.generation_prompt(opening) and len(b.traj) < len(a.traj)
+    assert r.start(opening).traj.ids == b.traj.ids

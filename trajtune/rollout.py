@@ -194,26 +194,27 @@ def rollout_batch(
     for turn in range(max_turns):
         # 1. which episodes take this turn: not done, and a whole action still fits the budget
         #    (on the first turn an episode that cannot act at all is an error: `check_budget`)
-        waiting = [(ep, len(renderer.prompt_ids(ep.transcript))) for ep in episodes if ep.stop_reason is None]
+        waiting = [(ep, renderer.prompt_ids(ep.transcript)) for ep in episodes if ep.stop_reason is None]
         if turn == 0:
-            check_budget([(ep.task, n) for ep, n in waiting], max_action_tokens, max_tokens)
-        for ep, n_prompt in waiting:
-            if n_prompt + max_action_tokens > max_tokens:
+            check_budget([(ep.task, len(ids)) for ep, ids in waiting], max_action_tokens, max_tokens)
+        for ep, ids in waiting:
+            if len(ids) + max_action_tokens > max_tokens:
                 ep.stop_reason = "token_budget"
-        active = [ep for ep in episodes if ep.stop_reason is None]
+        active = [(ep, ids) for ep, ids in waiting if ep.stop_reason is None]
         if not active:
             break
         # 2. one batched, KV-cached sampler call for all of them
-        per_row = {} if row_seeds is None else {"generators": [ep.generator for ep in active]}
+        per_row = {} if row_seeds is None else {"generators": [ep.generator for ep, _ in active]}
         samples = policy(
-            [renderer.prompt_ids(ep.transcript) for ep in active], max_action_tokens, generator,
+            [ids for _, ids in active], max_action_tokens, generator,
             temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids, **per_row,
         )
         # 3. record each action, let its environment answer, append the answer
-        for ep, tokens, logprobs, stopped in zip(active, samples.tokens, samples.logprobs, samples.stopped, strict=True):
+        for (ep, _), tokens, logprobs, stopped in zip(active, samples.tokens, samples.logprobs, samples.stopped,
+                                                      strict=True):
             renderer.append_sampled(ep.transcript, tokens, logprobs, turn)
             ep.n_unterminated += not stopped
-            observation = ep.respond(renderer.action_text(tokens), step_timeout_s)
+            observation = ep.respond(ep.transcript.messages[-1]["content"], step_timeout_s)  # the action's text
             if observation:
                 renderer.append_message(ep.transcript, _tool(observation), turn)
     group_ids = list(groups) if groups is not None else task_groups(tasks)

@@ -108,16 +108,20 @@ def check_tasks(tasks: Iterable[Any], env: Any = None) -> None:
     docstring: grouping falls back to the task's repr)."""
     needs = tuple(getattr(env, "task_attributes", ()) or ())
     for i, task in enumerate(tasks):
-        where = f"task {i} ({type(task).__name__}: {_short(task)})"
         name = getattr(task, "name", None)
         if not isinstance(name, str) or not name:
             got = "has no attribute 'name'" if not hasattr(task, "name") else f"has name {_short(name)}"
-            raise TaskError(f"{where} {got}: a task needs a `.name`, a non-empty str (logs, info['task'], "
+            raise TaskError(f"{_where(i, task)} {got}: a task needs a `.name`, a non-empty str (logs, info['task'], "
                             "per-task tables); e.g. a frozen dataclass with a `name` field or property")
         missing = [a for a in needs if not hasattr(task, a)]
         if missing:
-            raise TaskError(f"{where} has no attribute {missing[0]!r}, which {type(env).__name__} reads "
+            raise TaskError(f"{_where(i, task)} has no attribute {missing[0]!r}, which {type(env).__name__} reads "
                             f"(its task_attributes: {', '.join(needs)})")
+
+
+def _where(i: int, task: Any) -> str:
+    """How an error names task i: its position, type and (short) repr -- built only for the error (a repr can be long)."""
+    return f"task {i} ({type(task).__name__}: {_short(task)})"
 
 
 def _short(x: Any, n: int = 60) -> str:

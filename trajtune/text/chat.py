@@ -79,8 +79,8 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.tools = tools
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self._texts: dict[tuple[str, bool], str] = {}  # (messages as JSON, generation prompt) -> rendering
-        self._pieces: dict = {}  # tokenizations: _tokenize's (text, spans) and _encode's text
+        self._texts: dict[tuple, str] = {}  # (`_message_key` of each message, generation prompt) -> rendering
+        self._pieces: dict = {}  # tokenizations: _tokenize's (text, spans), _encode's text, start's messages
         self._stop_ids = tuple(stop_ids) if stop_ids is not None else self._detect_stop_ids()
         self._stop_texts = [tokenizer.convert_ids_to_tokens(i) for i in self._stop_ids]
 
@@ -90,7 +90,7 @@ class ChatRenderer:
         its messages -- one that reads the clock, like Llama 3's date line, keeps its first reading)."""
         if not messages:
             return ""
-        key = (json.dumps(list(messages), sort_keys=True, default=str), generation_prompt)
+        key = (tuple(map(_message_key, messages)), generation_prompt)
         out = self._texts.get(key)
         if out is None:
             out = self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
@@ -193,25 +193,34 @@ class ChatRenderer:
             raise TemplateError(f"start: the prompt ends with an assistant turn (message {len(messages) - 1}); "
                                 "the model writes the next assistant turn itself, so end the prompt with a user "
                                 "(or system / tool) message")
-        text = self.text(messages)
-        spans, prev = [], ""
-        for i, m in enumerate(messages):
-            if m.get("role") not in ("system", "user", "assistant", "tool"):
-                raise TemplateError(f"start: message {i} has role {m.get('role')!r} (system, user, assistant or tool)")
-            full = self.text(messages[: i + 1])
-            spans += self._content_spans(full, len(prev), m, _content_owner(m["role"]), 0)
-            prev = full
-        return Transcript(self._tokenize(text, spans, 0.0, None), messages)
+        key = ("start", tuple(map(_message_key, messages)))  # a group's episodes open alike: render once
+        opening = self._pieces.get(key)
+        if opening is None:
+            spans, prev = [], ""
+            for i, m in enumerate(messages):
+                if m.get("role") not in ("system", "user", "assistant", "tool"):
+                    raise TemplateError(f"start: message {i} has role {m.get('role')!r} (system, user, assistant or tool)")
+                full = self.text(messages[: i + 1])
+                spans += self._content_spans(full, len(prev), m, _content_owner(m["role"]), 0)
+                prev = full
+            text = self.text(messages)
+            header = self._encode(self.text(messages, generation_prompt=True)[len(text):])
+            opening = (text, self._tokenize(text, spans, 0.0, None), header)
+            _remember(self._pieces, key, opening)
+        text, piece, header = opening
+        traj = Trajectory(list(piece.ids), list(piece.owners), list(piece.turns))
+        n = len(messages)
+        return Transcript(traj, messages, memo={(n, False): text, ("header", n): header})
 
     def prompt_ids(self, transcript: Transcript) -> list[int]:
         """What the sampler continues for the next assistant turn: the ids so far + the generation prompt."""
-        return transcript.traj.ids + self._header_ids(transcript.messages)
+        return transcript.traj.ids + self._transcript_header(transcript)
 
     def append_sampled(self, transcript: Transcript, tokens: Sequence[int], logprobs: Sequence[float],
                        turn: int) -> None:
         """Append one sampled assistant turn: generation prompt (TEMPLATE) + tokens as sampled (POLICY)."""
         traj, messages = transcript.traj, transcript.messages
-        traj.append(self._header_ids(messages), Owner.TEMPLATE, turn)
+        traj.append(self._transcript_header(transcript), Owner.TEMPLATE, turn)
         traj.append(tokens, Owner.POLICY, turn, logprobs=logprobs)
         messages.append({"role": "assistant", "content": self.action_text(tokens)})
         transcript.stopped = bool(tokens) and tokens[-1] in self.stop_ids
@@ -222,11 +231,11 @@ class ChatRenderer:
         if role not in CONTENT_OWNERS:
             raise TemplateError(f"append_message: role {role!r} (expected system, user or tool)")
         traj, messages = transcript.traj, transcript.messages
-        before = self.text(messages)
+        before = self._transcript_text(transcript, len(messages))
         after_stop = bool(messages) and messages[-1]["role"] == "assistant" and transcript.stopped
         transcript.stopped = False
         if after_stop:
-            end = self._policy_end(before, len(self.text(messages[:-1], True)))
+            end = self._policy_end(before, len(self._transcript_text(transcript, len(messages) - 1, True)))
             traj.append(self._encode(before[end:]), Owner.TEMPLATE, turn)  # e.g. the "\n" after <|im_end|>
         full = self.text(messages + [dict(message)])
         n = len(before)
@@ -235,6 +244,7 @@ class ChatRenderer:
         for tid, owner in zip(piece.ids, piece.owners, strict=True):
             traj.append([tid], owner, turn)
         messages.append(dict(message))
+        transcript.memo[(len(messages), False)] = full
 
     def action_text(self, tokens: Sequence[int]) -> str:
         """The text of a sampled action: its tokens without the trailing stop token."""
@@ -244,9 +254,23 @@ class ChatRenderer:
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     # --- helpers
-    def _header_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        before = self.text(messages)
-        return self._encode(self.text(messages, generation_prompt=True)[len(before):])
+    def _transcript_text(self, transcript: Transcript, n: int, generation_prompt: bool = False) -> str:
+        """`text(transcript.messages[:n], generation_prompt)`, memoized in the transcript (its messages only grow)."""
+        key = (n, generation_prompt)
+        out = transcript.memo.get(key)
+        if out is None:
+            out = transcript.memo[key] = self.text(transcript.messages[:n], generation_prompt)
+        return out
+
+    def _transcript_header(self, transcript: Transcript) -> list[int]:
+        """The generation prompt's ids after the messages so far: what `text(messages, True)` adds to
+        `text(messages)` (memoized in the transcript)."""
+        n = len(transcript.messages)
+        ids = transcript.memo.get(("header", n))
+        if ids is None:
+            head = self._transcript_text(transcript, n, True)
+            ids = transcript.memo[("header", n)] = self._encode(head[len(self._transcript_text(transcript, n)):])
+        return list(ids)
 
     def _encode(self, text: str) -> list[int]:
         if not text:
@@ -298,6 +322,15 @@ class ChatRenderer:
 def _content_owner(role: str) -> Owner:
     """Owner of a non-trained message's content: PROMPT for system / user / context assistant turns, TOOL for tool."""
     return CONTENT_OWNERS.get(role, Owner.PROMPT)
+
+
+def _message_key(message: Mapping[str, Any]) -> tuple | str:
+    """A message as a cache key: its sorted (field, value) pairs when every value is a str (hashing reuses
+    each string's cached hash), else its JSON (tool calls, lists of content parts: sorted keys)."""
+    items = tuple(sorted(message.items()))
+    if all(type(v) is str for _, v in items):
+        return items
+    return json.dumps(message, sort_keys=True, default=str)
 
 
 def _remember(cache: dict, key, value) -> None:

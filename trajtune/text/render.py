@@ -55,6 +55,8 @@ ROLES: dict[str, tuple[str, Owner]] = {
     "tool": (TOOL, Owner.TOOL),
 }
 OWNER_NAMES = {int(o): o.name.lower() for o in Owner}
+ENCODED_CACHE = 8192
+"""texts whose token ids a `Renderer` keeps (observations and prompts repeat across a rollout's episodes)"""
 
 
 @dataclass
@@ -73,6 +75,9 @@ class Transcript:
     stopped: bool = False
     """the last sampled assistant turn ended with a stop token (ChatRenderer then appends
     what its template writes after the stop token before the next message)"""
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
+    """the renderer's memo of renderings of `messages[:n]`, keyed by n (ChatRenderer: template text
+    and the generation prompt's ids), so a turn renders its history once: `messages` only grows"""
 
 
 class RendererProtocol(Protocol):
@@ -110,7 +115,9 @@ class RendererProtocol(Protocol):
     def append_sampled(self, transcript: Transcript, tokens: Sequence[int], logprobs: Sequence[float],
                        turn: int) -> None:
         """Append one sampled assistant turn as turn `turn`: the header (TEMPLATE), then `tokens` exactly
-        as sampled (POLICY, with their `logprobs`; the stop token if one was sampled, none invented)."""
+        as sampled (POLICY, with their `logprobs`; the stop token if one was sampled, none invented), and
+        the assistant message `action_text(tokens)` to `transcript.messages` (the text the rollout gives
+        the environment)."""
         ...
 
     def append_message(self, transcript: Transcript, message: Message, turn: int) -> None:
@@ -140,6 +147,7 @@ class Renderer:
         self.bos_id = tokenizer.special_id(BOS)
         self.end_id = tokenizer.special_id(END)
         self.header_ids = {role: tokenizer.special_id(name) for role, (name, _) in ROLES.items()}
+        self._encoded: dict[str, list[int]] = {}  # text -> ids (observations repeat: "ok", a task's source listing)
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -155,8 +163,7 @@ class Renderer:
         for message in messages:
             if message["role"] == "assistant":
                 self._append_header(traj, "assistant", n_assistant)
-                content = self.tokenizer.encode(message["content"])
-                traj.append(content + [self.end_id], Owner.POLICY, n_assistant)
+                traj.append(self._encode(message["content"]) + [self.end_id], Owner.POLICY, n_assistant)
                 n_assistant += 1
             else:
                 self._append_message(traj, message, max(0, n_assistant - 1))
@@ -210,9 +217,18 @@ class Renderer:
         if role not in ROLES or role == "assistant":
             raise ValueError(f"append_message: role {role!r} (expected system, user or tool)")
         self._append_header(traj, role, turn)
-        traj.append(self.tokenizer.encode(message["content"]), ROLES[role][1], turn)
+        traj.append(self._encode(message["content"]), ROLES[role][1], turn)
         if self.wrappers:
             traj.append([self.end_id], Owner.TEMPLATE, turn)
+
+    def _encode(self, text: str) -> list[int]:
+        """`tokenizer.encode(text)`, memoized (a tokenizer is a function of the text; at most ENCODED_CACHE texts)."""
+        ids = self._encoded.get(text)
+        if ids is None:
+            if len(self._encoded) >= ENCODED_CACHE:  # a simple bound: start over
+                self._encoded.clear()
+            ids = self._encoded[text] = self.tokenizer.encode(text)
+        return list(ids)
 
     def _assistant_header(self) -> list[int]:
         return [self.header_ids["assistant"]] if self.wrappers else []
