@@ -4,6 +4,8 @@
     python benchmarks/vs_trl.py                       # tiny and small random Llama, SFT / DPO / GRPO
     python benchmarks/vs_trl.py --sizes tiny --steps 4
     python benchmarks/vs_trl.py --flops               # + the FLOP-bound row (a 20M Llama; ~6 min more)
+    python benchmarks/vs_trl.py --kinds SFT DPO --profile          # + where each library's step goes
+    python benchmarks/vs_trl.py --kinds SFT DPO --trl-same-math    # TRL without the work trajtune skips
 
 Both libraries run in this one process, alternating (trajtune, TRL, trajtune, TRL
 ...), so background load hits both alike. A step's time is the interval between
@@ -24,6 +26,21 @@ N = the parameters of the matmuls (every Linear of the blocks plus the output la
 lookup, norms or attention scores), 6 N per trained token (forward + backward: every position of the
 batch), plus for GRPO 2 N per token the sampler runs forward (prompt + generated). Both libraries do the
 same work, so trajtune / TRL is the ratio of the times.
+
+--profile: wall-clock timers around the pieces both libraries share -- the decoder forward with gradient
+(`LlamaModel.forward`), the decoder forward without it (TRL's per-step DPO reference), the LM head (trajtune's
+`TokenHead`, TRL's fused head), the backward (`torch.autograd.backward`; TRL's recomputes the forward: gradient
+checkpointing is on by default in its configs) and the optimizer (AdamW step + gradient clipping) -- printed per
+library as ms / step; "own" is the rest: each library's per-step Python (collate, loss, metrics, hooks). From
+those, `bound` = trajtune's shared pieces / TRL's whole step: the ratio an implementation doing trajtune's math
+with zero overhead of its own would get (`bound fused`: with TRL's fused AdamW, which rounds differently).
+
+--no-share-prefix: trajtune's DPO runs each pair's prompt twice (once with each completion), as TRL does;
+by default the engine runs it once (`logprobs.SharedPrefix`: the same log-probs to float rounding).
+
+--trl-same-math: TRL configured to do no more math than trajtune: gradient_checkpointing=False (the backward
+recomputes nothing) and, for DPO, precompute_ref_log_probs=True (the reference log-probs once, before the first
+step, as trajtune computes them once per pair set; TRL's default runs the reference forward every step).
 """
 
 from __future__ import annotations
@@ -171,7 +188,8 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
 
 
 # --- TRL ------------------------------------------------------------------------------------------------
-def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workload = DEFAULT) -> list[float]:
+def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workload = DEFAULT,
+            same_math: bool = False) -> list[float]:
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -191,6 +209,8 @@ def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workl
                   logging_strategy="no", save_strategy="no", use_cpu=True, bf16=False, fp16=False,
                   dataloader_num_workers=0, seed=0, disable_tqdm=True, lr_scheduler_type="constant",
                   warmup_steps=0, adam_beta2=0.95, weight_decay=0.0)
+    if same_math:  # no recompute in the backward (TRL's configs default to gradient checkpointing)
+        common["gradient_checkpointing"] = False
     if kind == "SFT":
         from trl import SFTConfig, SFTTrainer
 
@@ -201,7 +221,8 @@ def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workl
         from trl import DPOConfig, DPOTrainer
 
         ds = load_dataset("json", data_files=str(d / "dpo.jsonl"), split="train")
-        cfg = DPOConfig(per_device_train_batch_size=w.batch, beta=0.1, max_length=w.max_length, **common)
+        cfg = DPOConfig(per_device_train_batch_size=w.batch, beta=0.1, max_length=w.max_length,
+                        precompute_ref_log_probs=same_math, **common)
         trainer = DPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     else:
         from trl import GRPOConfig, GRPOTrainer
@@ -214,6 +235,86 @@ def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workl
                               callbacks=[Clock()])
     trainer.train()
     return clock.intervals()
+
+
+class Profile:
+    """--profile: seconds per piece of the timed steps (module docstring), summed while `on`."""
+
+    PIECES = ("decoder", "reference", "head", "backward", "optimizer")
+
+    def __init__(self):
+        self.on, self.t, self._busy = False, dict.fromkeys(self.PIECES, 0.0), False
+        from transformers.models.llama import modeling_llama
+        import trl.trainer.utils as trl_utils
+        from trajtune import logprobs
+
+        def timed(fn, piece):
+            def wrapper(*a, **k):
+                if not self.on or self._busy:  # outer calls only (clip inside the optimizer piece, ...)
+                    return fn(*a, **k)
+                name = "reference" if piece == "decoder" and not torch.is_grad_enabled() else piece
+                self._busy, t = True, time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self.t[name] += time.perf_counter() - t
+                    self._busy = False
+            return wrapper
+
+        modeling_llama.LlamaModel.forward = timed(modeling_llama.LlamaModel.forward, "decoder")
+        logprobs.TokenHead.__call__ = timed(logprobs.TokenHead.__call__, "head")
+        trl_utils._ChunkedLogProbFunction.apply = timed(trl_utils._ChunkedLogProbFunction.apply, "head")
+        torch.autograd.backward = timed(torch.autograd.backward, "backward")
+        torch.optim.AdamW.step = timed(torch.optim.AdamW.step, "optimizer")
+        torch.nn.utils.clip_grad_norm_ = timed(torch.nn.utils.clip_grad_norm_, "optimizer")
+
+    def start(self):
+        self.t, self.on, self.steps = dict.fromkeys(self.PIECES, 0.0), True, []
+
+    def mark(self):
+        """The end of a timed step: its pieces."""
+        self.steps.append(dict(self.t))
+        self.t = dict.fromkeys(self.PIECES, 0.0)
+
+    def stop(self) -> list[dict[str, float]]:
+        self.on = False
+        return self.steps
+
+
+PROFILE: Profile | None = None
+
+
+def profiled(run, *a, **k) -> tuple[list[float], list[dict[str, float]]]:
+    """`run(*a, **k)` -> (its step intervals, seconds per piece of each of those steps)."""
+    if PROFILE is None:
+        return run(*a, **k), []
+    tick = StepClock.tick
+
+    def start_after_warmup(clock):
+        tick(clock)
+        if len(clock.t) == 2:  # the end of the warm-up step the intervals drop
+            PROFILE.start()
+        elif len(clock.t) > 2:
+            PROFILE.mark()
+
+    StepClock.tick = start_after_warmup
+    try:
+        out = run(*a, **k)
+    finally:
+        StepClock.tick = tick
+    return out, PROFILE.stop()
+
+
+def median_pieces(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The median over steps of each piece, in seconds (medians: a step slowed by load does not skew them)."""
+    return {k: statistics.median(s[k] for s in steps) for k in Profile.PIECES}
+
+
+def profile_line(lib: str, step_s: float, pieces: dict[str, float]) -> str:
+    ms = {k: 1000 * v for k, v in pieces.items()}
+    own = 1000 * step_s - sum(ms.values())
+    return (f"    {lib:<8} {1000 * step_s:7.1f} ms/step = " + "  ".join(f"{k} {v:.1f}" for k, v in ms.items() if v)
+            + f"  own {own:.1f} ({own / (1000 * step_s):.0%})")
 
 
 def matmul_peak(n: int = 2048, reps: int = 5) -> float:
@@ -284,7 +385,15 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     ap.add_argument("--flops", action="store_true", help="add the FLOP-bound row (20M Llama, SFT and GRPO)")
     ap.add_argument("--flop-steps", type=int, default=2, help="timed optimizer steps per run of the FLOP row")
+    ap.add_argument("--profile", action="store_true", help="print where each library's step goes, and the bound")
+    ap.add_argument("--trl-same-math", action="store_true",
+                    help="TRL without gradient checkpointing and, for DPO, with precomputed reference log-probs")
+    ap.add_argument("--no-share-prefix", action="store_true",
+                    help="trajtune runs each DPO pair's prompt twice, as TRL does (engine share_prefix=False)")
     args = ap.parse_args()
+    global PROFILE
+    if args.profile:
+        PROFILE = Profile()
     if args.threads:
         torch.set_num_threads(args.threads)
     from trajtune.models.hf_random import make_random_model
@@ -303,13 +412,24 @@ def main() -> int:
             model_dir = make_random_model(d / size, "llama", size)
             n_params = load_policy(model_dir).num_parameters()
             for kind in args.kinds:
-                ours, theirs = [], []
+                ours, theirs, pieces = [], [], {"trajtune": [], "TRL": []}
                 for rep in range(args.repeats):
-                    ours += run_trajtune(kind, model_dir, d, args.steps)
-                    theirs += run_trl(kind, model_dir, d, args.steps, d / f"trl-{size}-{kind}-{rep}")
+                    iv, p = profiled(run_trajtune, kind, model_dir, d, args.steps,
+                                     share_prefix=not args.no_share_prefix)
+                    ours, pieces["trajtune"] = ours + iv, pieces["trajtune"] + p
+                    iv, p = profiled(run_trl, kind, model_dir, d, args.steps, d / f"trl-{size}-{kind}-{rep}",
+                                     same_math=args.trl_same_math)
+                    theirs, pieces["TRL"] = theirs + iv, pieces["TRL"] + p
                 a, b = statistics.median(ours), statistics.median(theirs)
                 rows.append((f"{size} ({n_params / 1e6:.2f}M)", kind, a, b))
                 print(f"{size:<6} {kind:<5} trajtune {a:.3f}s  TRL {b:.3f}s  ratio {a / b:.2f}", flush=True)
+                if PROFILE is not None:  # the median step and the median of each piece
+                    mine, trl_ = median_pieces(pieces["trajtune"]), median_pieces(pieces["TRL"])
+                    print(profile_line("trajtune", a, mine))
+                    print(profile_line("TRL", b, trl_))
+                    shared = sum(mine.values())
+                    fused = shared - mine["optimizer"] + trl_["optimizer"]
+                    print(f"    bound {shared / b:.2f} (bound fused {fused / b:.2f}; now {a / b:.2f})", flush=True)
         if args.flops:
             flop = flop_rows(d, args)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")

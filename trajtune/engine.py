@@ -49,7 +49,7 @@ import torch
 
 from .checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
 from .distributed import SingleProcess, Strategy, make_collective
-from .logprobs import AGGREGATIONS, Aggregation, TokenHead, aggregation_share
+from .logprobs import AGGREGATIONS, Aggregation, SharedPrefix, TokenHead, aggregation_share
 from .metrics import combine_metric
 from .sampling import Samples, sample
 from .trajectory import Batch, length_buckets, micro_batches, row_units, split_units
@@ -201,13 +201,14 @@ AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": tor
 
 def make_engine(model: torch.nn.Module, optim: OptimConfig | None = None, *, device: str | torch.device | None = None,
                 strategy: Strategy = "ddp", frozen: bool = False, autocast: str | None = None,
-                micro_batch_size: int = 0, logits_chunk: int = -1) -> "TorchEngine":
+                micro_batch_size: int = 0, logits_chunk: int = -1, share_prefix: bool = True) -> "TorchEngine":
     """The engine for this process: one process, or `strategy` ("ddp" / "fsdp") over the processes
     torchrun started (WORLD_SIZE > 1). `frozen`: an inference-only engine (a teacher, a reference).
     device: default cpu in one process, cuda:LOCAL_RANK under torchrun when GPUs are visible.
-    logits_chunk: positions per slice of the output layer (`TorchEngine`)."""
+    logits_chunk: positions per slice of the output layer; share_prefix: pairs' prompts once (`TorchEngine`)."""
     return TorchEngine(model, optim, device, autocast=autocast, micro_batch_size=micro_batch_size,
-                       collective=make_collective(strategy), frozen=frozen, logits_chunk=logits_chunk)
+                       collective=make_collective(strategy), frozen=frozen, logits_chunk=logits_chunk,
+                       share_prefix=share_prefix)
 
 
 class TorchEngine:
@@ -215,14 +216,16 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device | None = None,
                  *, autocast: str | None = None, micro_batch_size: int = 0, collective=None, frozen: bool = False,
-                 logits_chunk: int = -1, _prepared: bool = False):
+                 logits_chunk: int = -1, share_prefix: bool = True, _prepared: bool = False):
         """autocast: None (full precision), "bf16" or "fp16": mixed-precision forward passes (weights and
         optimizer stay in their own dtype). micro_batch_size: if > 0, a batch is computed in chunks of at
         most this many rows (gradient accumulation at fixed memory). logits_chunk: positions per slice of
         the output layer when computing log-probs (the logits of one slice exist at a time, forward and
         backward); -1 (auto): the whole logits while they are at most `logprobs.AUTO_WHOLE_LOGITS`
         values (a small vocabulary: exactly as unchunked), else slices of `AUTO_CHUNK_LOGITS` values;
-        0: off (always the whole [B, T, V] logits)."""
+        0: off (always the whole [B, T, V] logits). share_prefix: rows kept together (`Batch.together`: a DPO
+        pair) that begin with the same tokens run that prefix once (`logprobs.SharedPrefix`; the same outputs
+        and gradients up to float rounding), on models that support it (`supports_shared_prefix`)."""
         if autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"engine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
         if micro_batch_size < 0:
@@ -232,6 +235,8 @@ class TorchEngine:
         self.logits_chunk = logits_chunk
         # models whose forward takes `head=TokenHead(...)` compute log-probs without whole logits
         self._takes_head = "head" in inspect.signature(model.forward).parameters
+        self.share_prefix = share_prefix
+        self._packs = share_prefix and getattr(model, "supports_shared_prefix", False)
         self.collective = collective or SingleProcess()
         self.device = torch.device(device) if device is not None else self.collective.default_device()
         self.model = model.to(self.device)
@@ -242,8 +247,6 @@ class TorchEngine:
         self.skipped_steps = 0  # steps whose loss or gradient was NaN/Inf (weights left unchanged)
         self._suspects: list[str] = []  # batches with a non-finite loss since the last optim_step
         self._optimizer: torch.optim.Optimizer | None = None
-        self.sample_via: Callable[..., Samples] | None = None
-        """while set, `sample` calls it instead (an overlapped RL loop's sampler process, trajtune.async_sampler)"""
 
     @property
     def shard(self):
@@ -255,11 +258,16 @@ class TorchEngine:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        """AdamW over the trainable parameters, created lazily (inference-only engines never allocate it)."""
+        """AdamW over the trainable parameters, created lazily (inference-only engines never allocate it).
+
+        The multi-tensor ("foreach") AdamW: the same operations as the one-tensor-at-a-time loop, so the same
+        floats bit for bit (tests/test_fast_paths.py), in a few calls instead of ~8 per parameter. Not the
+        fused kernel (TRL's default): that one rounds differently."""
         if self._optimizer is None:
             c = self.optim_config
             params = [p for p in self.model.parameters() if p.requires_grad]
-            self._optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay)
+            self._optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay,
+                                                foreach=True)
         return self._optimizer
 
     # --- the forward pass (the one place a model is called on a batch) --------------------
@@ -269,6 +277,11 @@ class TorchEngine:
         amp = AUTOCAST_DTYPES[self.autocast]
         head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits)
         kw = {"head": head} if self._takes_head else {}
+        if self._packs:  # rows kept together that share a prompt: the prompt once
+            units = row_units(batch)
+            packing = SharedPrefix.of(batch.ids, batch.attention_mask, units) if len(units) < batch.size else None
+            if packing is not None:
+                kw["packing"] = packing
         with torch.autocast(self.device.type, dtype=amp) if amp is not None else contextlib.nullcontext():
             if values:
                 res, vals = module(batch.ids, attention_mask=batch.attention_mask, return_values=True, **kw)
@@ -374,7 +387,7 @@ class TorchEngine:
         lr = c.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm
         suspects, self._suspects = self.collective.gather_suspects(self._suspects, self.device), []
@@ -408,15 +421,13 @@ class TorchEngine:
         ref = make(**kw) if make is not None else copy.deepcopy(self.model)
         return TorchEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size,
                            collective=self.collective, frozen=True, logits_chunk=self.logits_chunk,
-                           _prepared=make is None)
+                           share_prefix=self.share_prefix, _prepared=make is None)
 
     # --- sampling: each process samples its own prompts (no collectives per token) ------------
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,
                **kw) -> Samples:
         """Batched KV-cached sampling of `prompts` in this process (`trajtune.sampling.sample` for the
         options). Spread prompts over processes with `collect(..., shard=engine.shard)` or `sharded_map`."""
-        if self.sample_via is not None:
-            return self.sample_via(prompts, max_new_tokens, generator, **kw)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -94,6 +94,81 @@ class TokenHead:
         return HeadOutput(lp.view(B, T - 1), ent.view(B, T - 1) if self.entropy else None)
 
 
+@dataclass(frozen=True)
+class SharedPrefix:
+    """A request to a model's forward: run rows that begin with the same tokens (a DPO pair: one prompt, two
+    completions) as one packed row -- the common prefix once, then each row's tail -- and answer for the rows
+    as given. The answer is the unpacked forward's up to float rounding: each token sees the same tokens at the
+    same positions (the prefix, then its own tail; a tail never sees another tail), and the packed hidden states
+    are gathered back to the rows before the output layer (`source`), so the log-probs, values and gradients
+    of every row are those of the unpacked batch. Saves the prefix's compute on every row but the first.
+
+    ids       [U, L] long   packed rows (one per unit of rows; right-padded with the batch's first token)
+    positions [U, L] long   position ids: the prefix 0..P-1, each tail from P on
+    mask      [U, 1, L, L]  bool: query i may attend to key j (causal, prefix + own tail; padding sees itself)
+    source    [B, T] long   index into the packed [U * L] positions of each (row, position) of the batch
+                            (padding positions point at their unit's first position)
+    Build it with `SharedPrefix.of(ids, attention_mask, units)`.
+    """
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    mask: torch.Tensor
+    source: torch.Tensor
+
+    @staticmethod
+    def of(ids: torch.Tensor, attention_mask: torch.Tensor, units: list[list[int]]) -> "SharedPrefix | None":
+        """The packing of right-padded rows ids [B, T] / attention_mask [B, T] (True on real tokens) whose
+        `units` (lists of rows, e.g. `trajectory.row_units`) share prefixes; None when no unit of two or more
+        rows shares a first token (nothing to save)."""
+        B, T = ids.shape
+        real = attention_mask.bool()
+        lead = [0] * B  # the first row of each row's unit
+        for unit in units:
+            for r in unit:
+                lead[r] = unit[0]
+        lead_t = torch.tensor(lead, device=ids.device)
+        same = (ids == ids[lead_t]) & real & real[lead_t]  # [B, T]: real tokens equal to the unit's first row's
+        common = same.long().cumprod(-1).sum(-1).tolist()  # [B]: the length of that common prefix
+        lengths, rows = real.sum(-1).tolist(), ids.tolist()
+        packed, tails = [], []  # per unit: (tokens, segment of each: 0 prefix / j + 1 tail j, position ids)
+        for unit in units:
+            first, p = rows[unit[0]], min(common[r] for r in unit)  # p: the common prefix of the unit's rows
+            toks, seg, pos, starts = first[:p], [0] * p, list(range(p)), []
+            for j, r in enumerate(unit):  # row r's tail: its tokens after the prefix, at positions p, p+1, ...
+                starts.append(len(toks))
+                toks += rows[r][p:lengths[r]]
+                seg += [j + 1] * (lengths[r] - p)
+                pos += range(p, lengths[r])
+            packed.append((toks, seg, pos))
+            tails.append((p, starts))
+        if all(p * (len(u) - 1) == 0 for u, (p, _) in zip(units, tails, strict=True)):
+            return None
+        L = max(len(t) for t, _, _ in packed)
+        source = [[0] * T for _ in range(B)]  # padding positions: their unit's first packed position
+        for u, (unit, (p, starts)) in enumerate(zip(units, tails, strict=True)):
+            for r, start in zip(unit, starts, strict=True):
+                source[r][:lengths[r]] = [u * L + t for t in range(p)] + \
+                    [u * L + start + t for t in range(lengths[r] - p)]
+                source[r][lengths[r]:] = [u * L] * (T - lengths[r])
+        pad = rows[0][0]
+        ids_seg_pos = torch.tensor([[t + [pad] * (L - len(t)), s + [-1] * (L - len(s)), q + [0] * (L - len(q))]
+                                    for t, s, q in packed], dtype=torch.long)  # [U, 3, L]
+        seg = ids_seg_pos[:, 1]  # [U, L]
+        i = torch.arange(L)
+        q, k = seg[:, :, None], seg[:, None, :]  # [U, L, 1], [U, 1, L]
+        mask = (i[None, None, :] <= i[None, :, None]) & (k >= 0) & ((k == 0) | (k == q))
+        mask |= (q < 0) & (i[None, None, :] == i[None, :, None])  # padding attends to itself (no empty softmax)
+        dev = ids.device
+        return SharedPrefix(ids_seg_pos[:, 0].to(dev), ids_seg_pos[:, 2].to(dev), mask[:, None].to(dev),
+                            torch.tensor(source, dtype=torch.long, device=dev))
+
+    def gather(self, packed: torch.Tensor) -> torch.Tensor:
+        """Per-position outputs of the packed rows [U, L, ...] -> the batch's rows [B, T, ...]."""
+        flat = packed.reshape(-1, *packed.shape[2:])  # [U * L, ...]
+        return flat[self.source]
+
+
 def _amp_state(device_type: str) -> torch.dtype | None:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 

@@ -239,19 +239,15 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         i = lengths.index(T)
         raise ValueError(f"collate: trajectory {i} has {T} tokens, more than max_len={max_len}")
     B = len(trajectories)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    owners = torch.full((B, T), int(Owner.TEMPLATE), dtype=torch.long)
-    turns = torch.full((B, T), -1, dtype=torch.long)
-    attn = torch.zeros((B, T), dtype=torch.bool)
-    old_lp = torch.zeros((B, T), dtype=torch.float32)
-    for b, t in enumerate(trajectories):
-        n = len(t)
-        ids[b, :n] = torch.tensor(t.ids, dtype=torch.long)
-        owners[b, :n] = torch.tensor(t.owners, dtype=torch.long)
-        turns[b, :n] = torch.tensor(t.turns, dtype=torch.long)
-        attn[b, :n] = True
-        if t.logprobs is not None:
-            old_lp[b, :n] = torch.tensor(t.logprobs, dtype=torch.float32)
+
+    def padded(field: str, fill, dtype) -> torch.Tensor:  # one tensor per field, not one per row
+        rows = [getattr(t, field) for t in trajectories]
+        return torch.tensor([(list(r) if r is not None else [fill] * n) + [fill] * (T - n)
+                             for r, n in zip(rows, lengths, strict=True)], dtype=dtype)
+
+    ids, owners = padded("ids", pad_id, torch.long), padded("owners", int(Owner.TEMPLATE), torch.long)
+    turns, old_lp = padded("turns", -1, torch.long), padded("logprobs", 0.0, torch.float32)
+    attn = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # [B, T]
     action_mask = ((owners[:, 1:] == Owner.POLICY) & attn[:, 1:]).float()  # [B, T-1]
     return Batch(
         ids=ids,

@@ -6,7 +6,8 @@ Weight: +-beta * sigmoid(-margin) on the chosen / rejected log-likelihood (DPO);
 IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
 
     1. reference   summed log pi_ref of every pair, once per pair set (engine.reference_engine())
-    2. step        a batch of pairs: forward chosen and rejected together, preference loss
+    2. step        a batch of pairs: forward chosen and rejected together (on Hugging Face models their
+                   shared prompt runs once: the engine's `share_prefix`), preference loss
     3. log         loss, implicit rewards, chosen/rejected log-prob drift (A7's d_chosen, d_rejected)
 
 The reference sums travel on the pair batch (`Batch.extras["ref_sums"]`); a pair is one
@@ -85,7 +86,10 @@ class DPOConfig:
 
 def pair_step(engine: Engine, full: Batch, rows: torch.Tensor, loss: Loss, buckets: int = 1) -> dict:
     """forward_backward on pairs `rows` [p] of a `pair_batch` `full` -> the loss's metrics
-    (buckets > 1: in groups of similar length, each pair kept whole)."""
+    (buckets > 1: in groups of similar length, each pair kept whole). Not trimmed to the step's longest row:
+    at the first step the policy is the reference, whose sums come from the whole pair set's padded rows, and the
+    same shapes keep every margin exactly 0 there (trimmed, float rounding gives it a sign and dpo/accuracy
+    counts noise)."""
     P = full.size // 2
     return engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss, buckets=buckets)
 

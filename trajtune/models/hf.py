@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 
 from ..checkpoint import atomic_dir, load_tensors, save_tensors
-from ..logprobs import TokenHead
+from ..logprobs import SharedPrefix, TokenHead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -239,14 +239,29 @@ class HFPolicy(nn.Module):
         return HFCache(batch_size, next(self.parameters()).device, self.base_config)
 
     # --- the contract
+    @property
+    def supports_shared_prefix(self) -> bool:
+        """Whether `forward(..., packing=SharedPrefix)` is exact for this model: SDPA attention (which takes
+        the packing's boolean mask as is) and no sliding-window layers (a custom mask would replace the window)."""
+        config = self.base_config
+        sliding = (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)) or \
+            "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        return getattr(config, "_attn_implementation", None) == "sdpa" and not sliding
+
     def forward(self, ids, attention_mask=None, cache: HFCache | None = None, return_values: bool = False,
-                head: TokenHead | None = None):
+                head: TokenHead | None = None, packing: SharedPrefix | None = None):
         """-> logits [B, t, V]; with `head`, its `HeadOutput` (token log-probs of `head.ids` through the
-        output layer in chunks, for the heads `_plain_head` accepts). return_values: also values [B, t]."""
+        output layer in chunks, for the heads `_plain_head` accepts). return_values: also values [B, t].
+        packing: run the rows' shared prefixes once (`logprobs.SharedPrefix`, no cache; see
+        `supports_shared_prefix`); the outputs are still those of `ids`' rows."""
         real = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()  # [B, t]
         step = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, t]
-        kwargs = {}
-        if cache is None:
+        kwargs = {"use_cache": False}  # no cache: else transformers builds a DynamicCache and copies every K / V into it
+        if packing is not None:
+            if cache is not None:
+                raise ValueError("HFPolicy.forward: a SharedPrefix packing cannot continue a KV cache")
+            ids, pos, mask = packing.ids, packing.positions, packing.mask  # [U, L], [U, L], [U, 1, L, L]
+        elif cache is None:
             pos, mask = step, real
         else:
             pos = cache.positions[:, None] + step
@@ -260,15 +275,18 @@ class HFPolicy(nn.Module):
         if return_values and self.value is None:
             raise ValueError("this HFPolicy has no value head (load_policy(..., value_head=True))")
         lm_head = self._plain_head() if head is not None else None
+        mask = mask if packing is not None else mask.long()  # the packing's 4D boolean mask goes to SDPA as is
+        unpack = packing.gather if packing is not None else (lambda x: x)  # packed rows -> the batch's rows
         if lm_head is not None:  # the decoder alone, then the head in chunks: no [B, t, V] logits
             decoder = getattr(self._causal_lm(), self._causal_lm().base_model_prefix)
-            h = decoder(input_ids=ids, attention_mask=mask.long(), position_ids=pos, **kwargs).last_hidden_state
+            h = unpack(decoder(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs).last_hidden_state)
             out = head(h, lm_head.weight, lm_head.bias, lm_head)
         else:
-            res = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=pos,
+            res = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                              output_hidden_states=return_values, **kwargs)
-            h = res.hidden_states[-1] if return_values else None  # [B, t, D]
-            out = res.logits if head is None else head.of_logits(res.logits)
+            h = unpack(res.hidden_states[-1]) if return_values else None  # [B, t, D]
+            logits = unpack(res.logits)
+            out = logits if head is None else head.of_logits(logits)
         if not return_values:
             return out
         return out, self.value(h.to(self.value.weight.dtype)).squeeze(-1)  # [B, t]
@@ -384,11 +402,16 @@ class AdaptersOff(nn.Module):
         self.training = mode
         return self
 
-    def forward(self, ids, attention_mask=None, cache=None, return_values: bool = False, head: TokenHead | None = None):
+    @property
+    def supports_shared_prefix(self) -> bool:
+        return self.policy.supports_shared_prefix
+
+    def forward(self, ids, attention_mask=None, cache=None, return_values: bool = False, head: TokenHead | None = None,
+                packing: SharedPrefix | None = None):
         was = self.policy.training
         self.policy.eval()
         try:
             with self.policy.model.disable_adapter():
-                return self.policy(ids, attention_mask, cache, return_values, head)
+                return self.policy(ids, attention_mask, cache, return_values, head, packing)
         finally:
             self.policy.train(was)

@@ -1,0 +1,153 @@
+"""The engine's fast paths compute what the slow ones do: the multi-tensor AdamW is the one-tensor loop bit
+for bit, an HF forward without a KV cache is the cached default bit for bit, and pairs that share a prompt
+(`logprobs.SharedPrefix`: the prompt once, then each completion) give the unpacked rows' log-probs, values,
+losses and gradients to float rounding. Speed itself is a benchmark (benchmarks/vs_trl.py), never a test."""
+
+import pytest
+import torch
+
+from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
+from trajtune.algorithms.sft import sft_loss_fn
+from trajtune.engine import OptimConfig, make_engine
+from trajtune.logprobs import SharedPrefix, TokenHead, token_log_probs
+from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.trajectory import Owner, Trajectory, collate, pair_batch
+
+TOL = 1e-5
+
+
+def _traj(prompt, completion):
+    t = Trajectory()
+    t.append(list(prompt), Owner.PROMPT, 0)
+    t.append(list(completion), Owner.POLICY, 0)
+    return t
+
+
+def test_shared_prefix_packs_a_pair_as_worked_by_hand():
+    # chosen 5 6 | 7 8, rejected 5 6 | 9 (right-padded with 0): the prefix 5 6 once, then 7 8, then 9
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 0]])
+    real = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+    p = SharedPrefix.of(ids, real, [[0, 1]])
+    assert p.ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert p.positions.tolist() == [[0, 1, 2, 3, 2]]  # 9 sits where 7 does: right after the prompt
+    assert p.source.tolist() == [[0, 1, 2, 3], [0, 1, 4, 0]]  # the rejected row's padding -> position 0
+    assert p.mask[0, 0].int().tolist() == [[1, 0, 0, 0, 0],
+                                           [1, 1, 0, 0, 0],
+                                           [1, 1, 1, 0, 0],
+                                           [1, 1, 1, 1, 0],
+                                           [1, 1, 0, 0, 1]]  # 9 sees the prompt and itself, never 7 8
+    assert torch.equal(p.gather(p.ids[..., None])[..., 0][real], ids[real])
+    # nothing shared (different first tokens, or rows on their own): no packing
+    assert SharedPrefix.of(torch.tensor([[5, 6], [7, 6]]), torch.ones(2, 2, dtype=torch.bool), [[0, 1]]) is None
+    assert SharedPrefix.of(ids, real, [[0], [1]]) is None
+
+
+def _sft_batches(n=3):
+    g = torch.Generator().manual_seed(0)
+    return [collate([_traj(torch.randint(3, 40, (3 + i,), generator=g).tolist(),
+                           torch.randint(3, 40, (4 + i % 3,), generator=g).tolist()) for i in range(5)], 0)
+            for _ in range(n)]
+
+
+def test_the_multi_tensor_adamw_is_the_one_tensor_loop_bit_for_bit():
+    config = OptimConfig(lr=3e-3, weight_decay=0.1, warmup_steps=2, decay_steps=3, grad_clip=0.5)
+    engines = []
+    for foreach in (True, False):
+        torch.manual_seed(0)
+        model = TinyTransformer(TinyConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, max_len=64))
+        e = make_engine(model, config)
+        if not foreach:  # the one-tensor-at-a-time loop, everything else as the engine builds it
+            e._optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                                             betas=(config.beta1, config.beta2), weight_decay=config.weight_decay,
+                                             foreach=False)
+        engines.append(e)
+    assert engines[0].optimizer.defaults["foreach"] is True
+    loss = sft_loss_fn()
+    for batch in _sft_batches(4):
+        for e in engines:
+            e.forward_backward(batch, loss)
+            e.optim_step()
+    a, b = (dict(e.model.named_parameters()) for e in engines)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa, sb = (e.optimizer.state_dict()["state"] for e in engines)
+    assert all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from trajtune.models.hf_random import make_random_model
+
+    return make_random_model(tmp_path_factory.mktemp("fast") / "m", "llama", "tiny")
+
+
+def _pairs():
+    """Two pairs sharing their prompts, one pair whose sides differ from the first token, one shared up to
+    the first completion token."""
+    g = torch.Generator().manual_seed(1)
+    r = lambda n: torch.randint(3, 300, (n,), generator=g).tolist()  # noqa: E731
+    p1, p2, p4 = r(6), r(9), r(5)
+    return [(_traj(p1, r(4)), _traj(p1, r(7))), (_traj(p2, r(5)), _traj(p2, r(3))),
+            (_traj(r(4), r(3)), _traj(r(5), r(4))), (_traj(p4, [7] + r(3)), _traj(p4, [7] + r(5)))]
+
+
+def test_an_hf_forward_without_a_kv_cache_is_the_cached_default_bit_for_bit(llama_dir):
+    from trajtune.models.hf import load_policy
+
+    policy = load_policy(llama_dir).eval()
+    batch = pair_batch(_pairs(), 0)
+    mask = batch.attention_mask
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        ours = policy(batch.ids, mask, head=TokenHead(batch.ids)).logprobs
+        decoder = policy.model.model
+        h = decoder(input_ids=batch.ids, attention_mask=mask.long(), position_ids=pos, use_cache=True).last_hidden_state
+        cached_default = token_log_probs(policy.model.lm_head(h), batch.ids)
+    assert torch.equal(ours, cached_default)
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("chunk", [-1, 7])
+def test_pairs_sharing_a_prompt_match_the_unpacked_rows(llama_dir, chunk):
+    from trajtune.models.hf import load_policy
+
+    full = pair_batch(_pairs(), 0)
+    assert SharedPrefix.of(full.ids, full.attention_mask, [[i, i + 4] for i in range(4)]) is not None
+    outs = []
+    for share in (True, False):
+        policy = load_policy(llama_dir)
+        assert policy.supports_shared_prefix
+        engine = make_engine(policy, logits_chunk=chunk, share_prefix=share)
+        ref = engine.reference_engine()
+        assert ref.share_prefix is share
+        ref_sums = summed_logps(ref.forward(full).logprobs, full.action_mask)
+        batch = full.with_extras(ref_sums=ref_sums + 0.25 * torch.arange(full.size))  # a margin to learn from
+        metrics = pair_step(engine, batch, torch.arange(4), preference_loss_fn(DPOConfig(nll_weight=0.5)))
+        logprobs = engine.forward(full, entropy=True)
+        outs.append((ref_sums, metrics, _grads(policy), logprobs))
+    (ra, ma, ga, fa), (rb, mb, gb, fb) = outs
+    real = full.action_mask.bool()
+    assert torch.allclose(ra, rb, atol=TOL, rtol=0)
+    assert ma.keys() == mb.keys() and all(ma[k] == pytest.approx(mb[k], abs=TOL) for k in ma)
+    assert ga.keys() == gb.keys()
+    for k in ga:
+        assert torch.allclose(ga[k], gb[k], atol=TOL, rtol=0), (k, float((ga[k] - gb[k]).abs().max()))
+    assert torch.allclose(fa.logprobs[real], fb.logprobs[real], atol=TOL, rtol=0)
+    assert torch.allclose(fa.entropy[real], fb.entropy[real], atol=TOL, rtol=0)
+
+
+def test_a_reward_model_on_shared_prompts_scores_the_unpacked_rows(llama_dir):
+    from trajtune.models.hf import load_policy
+    from trajtune.algorithms.reward_model import last_token_values
+
+    full = pair_batch(_pairs(), 0)
+    scores = []
+    for share in (True, False):
+        torch.manual_seed(0)
+        engine = make_engine(load_policy(llama_dir, value_head=True), share_prefix=share)
+        out = engine.forward(full, values=True)
+        scores.append(last_token_values(out.values, full.attention_mask))
+    assert torch.allclose(scores[0], scores[1], atol=TOL, rtol=0)
