@@ -1,7 +1,7 @@
 """Overlapped RL (RLConfig.max_staleness = 1) vs the synchronous loop: wall time of the same RL run.
 
-    python benchmarks/async_rl.py                     # both workloads, 2 alternating repeats each
-    python benchmarks/async_rl.py --workloads agent --steps 8 --repeats 1
+    python benchmarks/async_rl.py                     # both workloads, 60 steps, 2 alternating repeats each
+    python benchmarks/async_rl.py --workloads agent --steps 16 --repeats 1
 
 Workloads:
   agent  the agent experiment's RL-only stage (its RLConfig and rl_optim: REINFORCE, 8 tasks x 8
@@ -13,12 +13,21 @@ Workloads:
 Both loops run with tis_cap 2 (the overlapped loop needs it; on-policy it is a weight ~1). Threads:
 the synchronous run on one torch thread (what the stage runner gives a stage); the overlapped run
 with the trainer on one thread and the sampler process on one (`sampler_threads`), i.e. one core
-each on a 2-core machine. Runs alternate (sync, async, sync, async ...) so background load hits
-both alike; the load average is printed before and after. s/step is the median interval between
-consecutive logged steps after the first (the first step holds the start-up: the sampler process,
-the first batch); "run" is the whole call, start-up included. The last columns say how much of a
-synchronous step is collecting (sampling, environments, rewards) and the speed-up that perfect
-overlap of collecting and training would give.
+each on a 2-core machine. In the overlapped run the episodes (rendering, sampling, decoding, the
+environments) run in the sampler process; the trainer process keeps the collect's bookkeeping
+and, for hf, the batch reward call (its function runs in a reward worker process). Runs alternate
+(sync, async, sync, async ...) so background load hits both alike; the load average is printed
+before and after. s/step is the median interval between consecutive logged steps after the first
+(the first step holds the start-up: the sampler process, the first batch); "loop" is train_rl's
+wall, start-up included; "run" the whole call (for hf: loading the model and data, writing the
+model and report too, the same in both modes), so the whole-run ratios approach the per-step one
+as runs get longer (60 steps by default). CPU seconds are counted per process (the trainer's
+`process_time`, the sampler's from /proc): on a loaded machine (kernel.sched_autogroup_enabled=1
+gives each session one share, however many processes it runs) the wall ratios understate what
+two idle cores give, and "CPU critical path" = sync CPU / max(trainer CPU, sampler CPU) is the
+speed-up an idle 2-core machine would give if each process had a core (pipe latency left out).
+The last columns say how much of a synchronous step is collecting (sampling, environments,
+rewards) and the speed-up that perfect overlap of collecting and training would give.
 """
 
 from __future__ import annotations
@@ -40,8 +49,9 @@ warnings.filterwarnings("ignore")
 import torch  # noqa: E402
 
 
-def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float]:
-    """The RL-only stage's loop from the weak base -> (step end times, whole-run seconds, collect seconds)."""
+def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, float]:
+    """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, collect
+    seconds); the loop is the whole run here."""
     from trajtune.algorithms.rl import train_rl
     from trajtune.engine import make_engine
     from trajtune.experiments.agent import Config as AgentConfig
@@ -56,7 +66,8 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     run = Clocked("rl_only")
     t0 = time.perf_counter()
     train_rl(engine, gym.train, gym.collect(engine), cfg, gym.pad_id, run=run)
-    return run.times, time.perf_counter() - t0, gym.counters["sampling_s"]
+    wall = time.perf_counter() - t0
+    return run.times, wall, wall, gym.counters["sampling_s"]
 
 
 def weak_base(steps: int) -> dict:
@@ -88,7 +99,9 @@ def hf_files(d: Path) -> Path:
 
 
 def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path) -> tuple[list[float], float, float]:
-    """`trajtune grpo` -> (step end times from metrics.jsonl, whole-run seconds, collect seconds: sampling + rewards)."""
+    """`trajtune grpo` -> (step end times from metrics.jsonl, seconds of its RL loop (train_rl), seconds of the
+    whole command, collect seconds: sampling + rewards)."""
+    from trajtune.experiments.hf import grpo
     from trajtune.algorithms.rl import RLConfig
     from trajtune.engine import OptimConfig
     from trajtune.experiments.hf.common import OutputConfig
@@ -103,11 +116,44 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path) -> tuple
                                  tis_cap=2.0, max_staleness=staleness),
                      sampling=SamplingConfig(max_new_tokens=8), optim=OptimConfig(lr=1e-5),
                      output=OutputConfig(logging_steps=0))
+    loop, train_rl = [], grpo.train_rl
+
+    def timed_train_rl(*a, **k):  # the stage runs in this process (one stage)
+        t = time.perf_counter()
+        try:
+            return train_rl(*a, **k)
+        finally:
+            loop.append(time.perf_counter() - t)
+
+    grpo.train_rl = timed_train_rl
     t0 = time.perf_counter()
-    run(config, out)
+    try:
+        run(config, out)
+    finally:
+        grpo.train_rl = train_rl
     wall = time.perf_counter() - t0
     spent = json.loads((out / "grpo" / "results.json").read_text())["time"]
-    return [r["time"] for r in read_metrics(out) if r.get("stage") == "grpo"], wall, spent["sampling_s"] + spent["reward_s"]
+    return ([r["time"] for r in read_metrics(out) if r.get("stage") == "grpo"], loop[0], wall,
+            spent["sampling_s"] + spent["reward_s"])
+
+
+class SamplerCPU:
+    """CPU seconds of the sampler processes, read from /proc as each closes (Linux; 0 elsewhere)."""
+
+    def __init__(self):
+        from trajtune.async_sampler import SamplerProcess
+
+        self.seconds, close = 0.0, SamplerProcess.close
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+        def counted(sp):
+            stat = Path(f"/proc/{sp._process.pid}/stat")
+            if not sp._closed and sp._process.pid and stat.exists():
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                self.seconds += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+            close(sp)
+
+        SamplerProcess.close = counted
 
 
 def serve_in_own_session(*args):
@@ -115,7 +161,8 @@ def serve_in_own_session(*args):
     os.setsid()
     from trajtune import async_sampler
 
-    async_sampler._serve(*args)
+    # a fork inherits the patched module (main() keeps the real entry here); a fork server's child imports it afresh
+    (getattr(serve_in_own_session, "serve", None) or async_sampler._serve)(*args)
 
 
 class Clocked:
@@ -141,7 +188,7 @@ def per_step(times: list[float]) -> list[float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["agent", "hf"], choices=["agent", "hf"])
-    ap.add_argument("--steps", type=int, default=16, help="RL steps per run")
+    ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per mode")
     ap.add_argument("--weak-steps", type=int, default=60, help="SFT steps of the agent workload's weak base")
     ap.add_argument("--sampler-session", action="store_true",
@@ -152,7 +199,7 @@ def main() -> int:
     if args.sampler_session:
         from trajtune import async_sampler
 
-        async_sampler._serve = serve_in_own_session
+        serve_in_own_session.serve, async_sampler._serve = async_sampler._serve, serve_in_own_session
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
@@ -160,7 +207,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} (1 min) "
           f"{load_before[1]:.2f} (5 min) at the start; sched_autogroup_enabled={groups}"
           f"{'; sampler in its own session' if args.sampler_session else ''}", flush=True)
-    rows = []
+    rows, sampler_cpu = [], SamplerCPU()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for workload in args.workloads:
@@ -170,30 +217,42 @@ def main() -> int:
             else:
                 model = hf_files(d)
                 go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}")  # noqa: E731
-            steps = {0: [], 1: []}
-            walls = {0: [], 1: []}
+            steps, loops, walls, cpus = ({0: [], 1: []} for _ in range(4))
             shares = []
             for rep in range(args.repeats):
                 for staleness in (0, 1):
-                    times, wall, collect_s = go(staleness, rep)
+                    before, sampler_before = time.process_time(), sampler_cpu.seconds
+                    times, loop, wall, collect_s = go(staleness, rep)
+                    cpu = (time.process_time() - before, sampler_cpu.seconds - sampler_before)
                     steps[staleness] += per_step(times)
+                    loops[staleness].append(loop)
                     walls[staleness].append(wall)
+                    cpus[staleness].append(cpu)
                     if staleness == 0:  # how much of a synchronous step is collecting (what can overlap)
                         shares.append(collect_s / args.steps / statistics.median(per_step(times)))
                     print(f"  {workload:<5} max_staleness {staleness}: {statistics.median(per_step(times)):.3f} s/step, "
-                          f"run {wall:.1f} s", flush=True)
-            sync, overlapped = statistics.median(steps[0]), statistics.median(steps[1])
-            run0, run1 = statistics.median(walls[0]), statistics.median(walls[1])
-            share = min(statistics.median(shares), 1.0)
-            rows.append((workload, sync, overlapped, run0, run1, share))
+                          f"loop {loop:.1f} s, run {wall:.1f} s, CPU s trainer {cpu[0]:.1f} + sampler {cpu[1]:.1f}",
+                          flush=True)
+            med = lambda xs: statistics.median(xs)  # noqa: E731
+            cpu0 = med([a + b for a, b in cpus[0]])
+            trainer1, sampler1 = med([a for a, _ in cpus[1]]), med([b for _, b in cpus[1]])
+            rows.append((workload, med(steps[0]), med(steps[1]), med(loops[0]), med(loops[1]), med(walls[0]),
+                         med(walls[1]), cpu0, trainer1, sampler1, min(med(shares), 1.0)))
     load_after = os.getloadavg()
     print(f"\nload average {load_after[0]:.2f} (1 min) {load_after[1]:.2f} (5 min) at the end; "
           f"{os.cpu_count()} CPUs")
-    print("\n| workload | sync s/step | overlapped s/step | speed-up (s/step) | sync run s | overlapped run s | "
-          "speed-up (run) | collect share of a sync step | bound 1/max(share, 1-share) |\n"
-          "|---|---|---|---|---|---|---|---|---|")
-    for w, a, b, ra, rb, c in rows:
-        print(f"| {w} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {ra:.1f} | {rb:.1f} | {ra / rb:.2f}x | {c:.0%} | "
+    print(f"\n{args.steps} steps per run; per step: median s/step; loop: train_rl's wall (the sampler's start-up "
+          "and first step included); run: the whole command (hf: model and data loading, model and report "
+          "saving too); CPU s: sync = its one process, overlapped = trainer + sampler process; the last-but-two "
+          "column is what an idle 2-core machine would give if each process had a core: sync CPU / max(trainer "
+          "CPU, sampler CPU)\n")
+    print("| workload | sync s/step | overlapped s/step | speed-up per step | sync loop s | overlapped loop s | "
+          "speed-up loop | sync run s | overlapped run s | speed-up run | CPU s sync | CPU s trainer + sampler | "
+          "CPU critical path speed-up | collect share of a sync step | bound 1/max(share, 1-share) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for w, a, b, la, lb, ra, rb, c0, t1, s1, c in rows:
+        print(f"| {w} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {la:.1f} | {lb:.1f} | {la / lb:.2f}x | {ra:.1f} | "
+              f"{rb:.1f} | {ra / rb:.2f}x | {c0:.1f} | {t1:.1f} + {s1:.1f} | {c0 / max(t1, s1):.2f}x | {c:.0%} | "
               f"{1 / max(c, 1 - c):.2f}x |")
     return 0
 

@@ -1,20 +1,30 @@
-"""Overlapped RL (RLConfig.max_staleness, trajtune.async_sampler): the sampler process gives exactly
-the one-process run at staleness 0, the one-step-off-policy run still learns, a broken weight sync
-stops the run, and an overlapped run resumes exactly."""
+"""Overlapped RL (RLConfig.max_staleness, trajtune.async_sampler): the episodes run in the sampler
+process and give exactly the one-process run at staleness 0, the one-step-off-policy run still
+learns, a broken weight sync stops the run, an overlapped run resumes exactly, an environment's
+fault there is the same fault (logged in the trainer with the task and the user's traceback), a
+sampler that dies or hangs stops the run naming the cause, and no process outlives a run however
+it ends."""
 
+import logging
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from trajtune import async_sampler
 from trajtune.algorithms.rl import RLConfig, train_rl
-from trajtune.async_sampler import SamplerProcess, SyncError
+from trajtune.async_sampler import SamplerDied, SamplerProcess, SyncError
 from trajtune.collect import make_collect
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.loop import Run
 from trajtune.metrics import MetricsLogger
 from trajtune.resume import Checkpointer, RunInterrupted
+from trajtune.rollout import TokenBudgetError
 
 from test_algorithms import RENDER, TASKS, TOK, collect_for, engine, pass_rate
 from test_resume import graded, rows, same_weights
@@ -31,17 +41,39 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def graded_collect(e, episode_seeds=False):
-    return make_collect(e.sample, lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32,
-                        max_action_tokens=2, episode_seeds=episode_seeds)
+def graded_collect(e, episode_seeds=False, make_env=lambda: SingleTurnEnv(graded), **kw):
+    return make_collect(e.sample, make_env, RENDER, max_turns=1, max_tokens=32, max_action_tokens=2,
+                        episode_seeds=episode_seeds, **kw)
+
+
+@pytest.fixture
+def samplers(monkeypatch):
+    """The SamplerProcesses the test starts (to check their processes are gone afterwards)."""
+    started = []
+    start = SamplerProcess._start
+    monkeypatch.setattr(SamplerProcess, "_start", lambda self, child: (started.append(self), start(self, child)))
+    return started
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie waiting for a parent that does not reap)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def without_sync(history):
     return [{k: v for k, v in r.items() if not k.startswith("sync/")} for r in history]
 
 
-@pytest.mark.parametrize("episode_seeds", [False, True], ids=["shared_generator", "episode_seeds"])
-def test_staleness_0_through_the_sampler_process_equals_the_one_process_loop_bit_for_bit(episode_seeds):
+@pytest.mark.parametrize("episode_seeds,start", [(False, "fork"), (True, "fork"), (False, "forkserver")],
+                         ids=["shared_generator", "episode_seeds", "fork_server"])
+def test_staleness_0_through_the_sampler_process_equals_the_one_process_loop_bit_for_bit(episode_seeds, start,
+                                                                                        monkeypatch):
+    """Started either way (a fork of the trainer; a fork server's child, where a fork is not safe)."""
+    monkeypatch.setattr(async_sampler, "start_method", lambda engine, threads: start)
     cfg = RLConfig(steps=4, tasks_per_step=2, group_size=4, advantage="grpo", surrogate="ppo", epochs=2, tis_cap=2.0,
                    seed=3)
     ref = engine()
@@ -65,30 +97,29 @@ def test_staleness_1_samples_one_update_behind_and_still_learns():
     assert all(h["sync/logprob_diff"] <= cfg.sync_tolerance for h in hist)
 
 
-def test_an_overlapped_run_resumes_exactly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     """The rollouts in flight at the checkpoint (sampled one update behind) are saved with it. The
-    interrupt is a terminal's Ctrl-C: it reaches the sampler process too, which keeps serving."""
+    interrupt is a terminal's Ctrl-C (or a scheduler's SIGTERM to the process group): it reaches the
+    sampler process too, which keeps serving; the interrupted run leaves no sampler process behind."""
     cfg = RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", max_staleness=1, tis_cap=2.0, seed=1)
     ref = engine()
     with MetricsLogger(tmp_path / "ref") as log:
         expected = train_rl(ref, TASKS, graded_collect(ref), cfg, PAD, Run("rl", log))
-    samplers = []
-    start = SamplerProcess._start
-    monkeypatch.setattr(SamplerProcess, "_start", lambda self, child: (start(self, child), samplers.append(self)))
     first = engine()
     inner = first.optim_step
 
-    def optim_step():  # SIGINT to the trainer and its sampler process while optimizer step 3 runs
+    def optim_step():  # the signal to the trainer and its sampler process while optimizer step 3 runs
         if first.step + 1 == 3:
-            for pid in (os.getpid(), samplers[-1]._process.pid):
-                os.kill(pid, signal.SIGINT)
+            for pid in (os.getpid(), samplers[-1].pid):
+                os.kill(pid, sig)
         return inner()
 
     first.optim_step = optim_step
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
         with pytest.raises(RunInterrupted):
             train_rl(first, TASKS, graded_collect(first), cfg, PAD, Run("rl", log, checkpointer=ck))
-    assert first.step < ref.step
+    assert first.step < ref.step and gone(samplers[-1].pid)
     resumed = engine(seed=9)  # other weights: everything comes from the checkpoint
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
         got = train_rl(resumed, TASKS, graded_collect(resumed), cfg, PAD, Run("rl", log, checkpointer=ck))
@@ -127,7 +158,7 @@ def test_a_collect_that_bypasses_engine_sample_is_refused():
     e = engine()
     own = make_collect(partial(sample, e.model), lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32,
                        max_action_tokens=2)
-    with pytest.raises(ValueError, match="sampled without calling engine.sample"):
+    with pytest.raises(ValueError, match="sampled its episodes without the sampler process"):
         train_rl(e, TASKS, own, RLConfig(steps=2, tasks_per_step=2, group_size=4, sampler_process=True), PAD)
 
 
@@ -140,3 +171,130 @@ def test_a_collect_that_bypasses_engine_sample_is_refused():
 def test_bad_overlap_settings_are_refused_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
         RLConfig(**kw)
+
+
+def flaky(task, reply):
+    """A reward that raises on one task (a bug in the user's code)."""
+    if task.name == "pick1":
+        return 1 / 0
+    return graded(task, reply)
+
+
+def test_an_environment_fault_in_the_sampler_process_is_the_same_fault_logged_in_the_trainer(caplog, samplers):
+    """The episode fails alone (reward 0, info env_error) exactly as in one process, and the warning that
+    names the task and shows the user's traceback is logged by the trainer's logger."""
+    cfg = RLConfig(steps=3, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=2)
+    make_env = lambda: SingleTurnEnv(flaky)  # noqa: E731
+    ref = engine()
+    with caplog.at_level(logging.WARNING, logger="trajtune"):
+        expected = train_rl(ref, TASKS, graded_collect(ref, make_env=make_env), cfg, PAD)
+    here = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    e = engine()
+    with caplog.at_level(logging.WARNING, logger="trajtune"):
+        got = train_rl(e, TASKS, graded_collect(e, make_env=make_env), RLConfig(**{**vars(cfg), "sampler_process": True}),
+                       PAD)
+    assert without_sync(got) == expected
+    there = [r for r in caplog.records if r.process == samplers[-1].pid]  # steps 1-2 ran in the sampler process
+    assert there and [r.getMessage() for r in caplog.records] == here
+    assert "failed on task pick1: ZeroDivisionError" in there[0].getMessage()
+    assert "in flaky" in there[0].getMessage() and "1 / 0" in there[0].getMessage()  # the user's traceback
+
+
+class OtherInTheSampler(SingleTurnEnv):
+    """SingleTurnEnv(graded) that does `what` when it runs in another process than the one that made it
+    (the sampler process): say too much for the token budget, kill its process, or hang."""
+
+    def __init__(self, what: str):
+        super().__init__(graded)
+        self.home, self.what = os.getpid(), what
+
+    def reset(self, task):
+        if os.getpid() != self.home:
+            if self.what == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+            if self.what == "hang":
+                time.sleep(30)
+            if self.what == "too_long":
+                return "Q: pick " * 40
+        return super().reset(task)
+
+
+@pytest.mark.parametrize("what,error,message", [
+    ("too_long", TokenBudgetError, "cannot take a single action: task 'pick.' renders to"),
+    ("kill", SamplerDied, r"sampler process \(pid \d+\) died while answering 'rollout': killed by SIGKILL"),
+    ("hang", SamplerDied, r"did not answer 'rollout' within 1 s \(RLConfig.sampler_timeout\) and was stopped"),
+], ids=["error", "killed", "hung"])
+def test_a_failure_in_the_sampler_process_stops_the_run_at_once_naming_it_and_leaves_no_process(
+        what, error, message, samplers):
+    """The episode loop's own error (a budget that does not fit) is raised in the trainer as itself (a one-line
+    user error); a sampler killed or hung is named, within about a second, never a hang; its process is gone."""
+    e = engine()
+    collect = graded_collect(e, make_env=lambda: OtherInTheSampler(what))
+    t0 = time.monotonic()
+    with pytest.raises(error, match=message):
+        train_rl(e, TASKS, collect, RLConfig(steps=4, tasks_per_step=2, group_size=4, max_staleness=1, tis_cap=2.0,
+                                             sampler_timeout=1.0), PAD)
+    assert time.monotonic() - t0 < 20
+    assert e.step == 1  # step 0 sampled here (while the sampler booted) and trained; step 1's episodes failed there
+    assert gone(samplers[-1].pid)
+
+
+@pytest.mark.slow  # ~10 s: transformers, a random Llama, and the sampler process importing them too
+def test_hf_grpo_overlapped_a_reward_function_that_raises_is_one_error_with_the_users_traceback(
+        tmp_path, samplers, capsys):
+    """`trajtune grpo --max-staleness 1`: the episodes run in the sampler process; a reward function that
+    raises mid-run is the same one-line error as in the synchronous run (the function, the rows, the
+    user's traceback), and no sampler process is left."""
+    pytest.importorskip("transformers")
+    import json
+
+    from trajtune.cli import main
+    from trajtune.models.hf_random import make_random_model
+
+    model = make_random_model(tmp_path / "model", "llama", "tiny")
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for i in range(16):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}]}) + "\n")
+    (tmp_path / "r.py").write_text("def late(prompts, completions, trainer_state, **kw):\n"
+                                   "    if trainer_state.global_step >= 2:\n"
+                                   "        raise KeyError('no answer column')\n"
+                                   "    return [float(len(c[-1]['content'])) for c in completions]\n")
+    code = main(["grpo", "--model", str(model), "--data", str(tmp_path / "prompts.jsonl"), "--reward",
+                 f"{tmp_path / 'r.py'}:late", "--steps", "6", "--tasks-per-step", "2", "--group-size", "4",
+                 "--max-new-tokens", "4", "--max-staleness", "1", "--tis-cap", "2", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: reward function late ({tmp_path / 'r.py'}:late) raised on" in err, err
+    assert f'File "{tmp_path / "r.py"}", line 3, in late' in err and "KeyError: 'no answer column'" in err
+    assert samplers and samplers[-1].calls >= 1 and gone(samplers[-1].pid)  # it ran episodes there, and is gone
+
+
+def test_a_trainer_killed_with_kill_9_leaves_no_sampler_process():
+    """Nothing closes the sampler then: it sees its parent go (and the pipe close) and exits by itself."""
+    code = ("import os, signal, torch; torch.set_num_threads(1)\n"
+            "from test_algorithms import engine\n"
+            "from trajtune.async_sampler import SamplerProcess\n"
+            "sampler = SamplerProcess(engine())\n"
+            "print(sampler.pid, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here, env=env, timeout=120)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(pid)
+
+
+def test_an_environment_that_cannot_be_sent_to_the_sampler_process_is_one_clear_error(samplers):
+    from trajtune.config import ConfigError
+
+    e = engine()
+    collect = graded_collect(e, make_env=lambda: SingleTurnEnv(lambda task, reply: (0.0, {})))
+    with pytest.raises(ConfigError, match="the episodes run in the sampler process, but the environment SingleTurnEnv "
+                                          "cannot be sent there"):
+        train_rl(e, TASKS, collect, RLConfig(steps=3, tasks_per_step=2, group_size=4, max_staleness=1, tis_cap=2.0), PAD)
+    assert gone(samplers[-1].pid)

@@ -1,29 +1,60 @@
 """A sampler in its own process, holding its own copy of the policy: the rollout side of overlapped RL.
 
 With `RLConfig.max_staleness = 1` the RL loop (algorithms/rl.py) trains step s in a thread
-while its main thread collects step s+1's episodes; the tokens of those episodes are
-sampled here, in a separate process, by a copy of the policy one update behind (the
-PipelineRL / prime-rl / verl-async scheme). Environments, renderers and reward functions
-stay in the trainer process (the collect runs there, with its time limits and counters);
-only `engine.sample` calls cross the pipe:
+while its main thread collects step s+1's episodes; those episodes run here, in a separate
+process, with a copy of the policy one update behind (the PipelineRL / prime-rl / verl-async
+scheme). The whole episode loop moves (`rollout.rollout_batch`: render the prompts, sample,
+decode, run the environments -- their rewards, time limits and faults -- and build the
+Trajectories), so the trainer's interpreter only trains. What stays in the trainer is what a
+collect does around its episodes (`collect.make_collect`: tasks, groups, seeds, the run-level
+fault limit; an experiment's counters and batch reward functions):
 
-    trainer process                                     sampler process (`threads` torch threads)
-      collect(tasks, n, g)  -- engine.sample(...) -->   sampling.sample(own model, ...)
-                            <-- Samples, generator state
+    trainer process                                       sampler process (`threads` torch threads)
+      collect(tasks, n, g)
+        make_collect: envs, groups, seeds
+        rollout_batch(engine.sample, ...)  -- envs, tasks, generator state -->  rollout_batch(own policy, ...)
+                                           <-- Trajectories, generator state, log records
+        check_faults, counters ...
       optimizer step
-      sync(probe)           -- weights (shared memory) + probe rows -->  copy into own model,
-                            <-- did they change, their hashes, probe log-probs      log-probs of the probe
+      sync(probe)  -- weights (shared memory) + probe rows -->  copy into own model,
+                   <-- did they change, their hashes, probe log-probs      log-probs of the probe
 
-Seeding: a call sends the state of its generator (and of the per-row generators of
-`episode_seeds` rollouts) and sets the state the sampler leaves, so the trainer's
-generators advance exactly as if it had sampled itself: the sampler process gives the
-same samples as `engine.sample` on the same weights (bit for bit with the trainer's thread count).
+Routing: while the loop collects (`SamplerProcess.routing()`, in its own thread only), the
+episodes `make_collect` runs with `engine.sample` as the sampler go to this process
+(`routed(policy)`); any other sampler (HF generate, another model) stays in the trainer, and the
+loop refuses a collect that sampled without coming here. The renderer crosses once (then by
+reference); environments and tasks are pickled with every call (a few kB).
 
-The process is forked from a fork server that has imported this module (Python's
-"forkserver" start method): clean like spawn -- a fork of the trainer would copy its
-threads and their locks -- and it boots while the trainer samples the first batch itself.
-It ignores SIGINT (a terminal's Ctrl-C reaches the whole process group: the trainer
-checkpoints, then closes it) and exits when the trainer's end of the pipe closes.
+Seeding: a call sends the state of its generator and sets the state the sampler leaves, so the
+trainer's generator advances exactly as if it had run the episodes itself (per-episode seeds
+are drawn in the trainer): the episodes are the ones `rollout_batch` gives on the same weights
+in the trainer, bit for bit with the trainer's thread count.
+
+Faults and logs: an environment that raises or overruns fails its episode here, as in one
+process (`trajtune.faults`, the time limit armed in this process's main thread); the warning
+naming the task and the user's traceback is logged here and re-emitted in the trainer by its
+logger. Any other exception of the episode loop (a token budget that does not fit, a bad task)
+is raised again in the trainer, as the same exception, with the sampler's traceback as a note.
+
+Start: on a CPU with one sampler thread the process is a fork of the trainer (a few ms: it
+has every module imported and the weights in memory already, shared copy-on-write). Otherwise
+it is forked from a fork server that has imported this module (Python's "forkserver" start
+method, booting while the trainer samples the first batch itself; seconds: a fresh interpreter
+imports torch, and transformers to unpickle a Hugging Face model): a fork would break CUDA,
+and GNU OpenMP hangs in a fork that runs more than one thread after the trainer used its pool.
+The fork is taken from the trainer's main thread (a loop run from another thread gets the fork
+server) before the loop starts its update thread;
+the child drops the trainer's log handlers, signal handlers and its copy of the trainer's end
+of the pipe.
+
+Lifetime: the process ignores SIGINT and SIGTERM (a terminal's Ctrl-C, or a scheduler's stop
+signal, reaches the whole process group: the trainer finishes its step, checkpoints, then closes
+it), exits when the trainer's end of the pipe closes, and within a second of the trainer's death
+even in the middle of a call (it watches its parent).
+The trainer never waits on it blindly: it polls, and a sampler that died raises `SamplerDied`
+naming the exit code or signal at once; one that does not answer within `timeout_s` is killed
+and raises the same. `close()` stops it (killed if it was in the middle of a call); the loop
+closes it however the run ends.
 
 Weights travel through one shared-memory copy of the state dict, allocated once (the
 trainer writes it after an optimizer step, the sampler copies it into its own model
@@ -41,78 +72,134 @@ A failed check raises `SyncError` naming what differs; the run stops.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import logging
+import os
 import pickle
 import signal
+import sys
 import threading
+import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.multiprocessing as mp
 
+from .config import ConfigError
 from .engine import AUTOCAST_DTYPES
 from .logprobs import token_log_probs
-from .sampling import Samples, sample
-from .trajectory import Batch
+from .rollout import rollout_batch
+from .sampling import sample
+from .trajectory import Batch, Trajectory
 
 
 class SyncError(RuntimeError):
-    """A weight sync between trainer and sampler process that did not take (the message says how)."""
+    """The trainer and its sampler process out of step: a weight sync that did not take (the message
+    says how), or a sampler process that died or stopped answering (`SamplerDied`)."""
+
+
+class SamplerDied(SyncError):
+    """The sampler process exited, was killed, or did not answer within its time limit."""
+
+
+_local = threading.local()
+
+
+def routed(policy: Any) -> "SamplerProcess | None":
+    """The sampler process that runs the episodes of `policy` (an engine's `sample`) in this thread
+    now -- an overlapped RL loop collecting (`SamplerProcess.routing`) -- else None."""
+    return getattr(_local, "routes", {}).get(policy)
 
 
 class SamplerProcess:
-    """A process that samples with its own copy of `engine.model`, synced by `sync()`.
+    """A process that runs episodes with its own copy of `engine.model`, synced by `sync()`.
 
     engine:     the trainer's engine (its model is copied once at start; one process, no torchrun)
     threads:    torch threads in the sampler process
     tolerance:  largest allowed |sampler - trainer| log-prob of a probe token after a sync (nats)
+    timeout_s:  longest wait for one answer (a call's episodes, a sync) before the process is killed
+                and `SamplerDied` raised (0: no limit; a process that dies is reported at once)
 
-    `sample` has `engine.sample`'s signature (it is what the loop routes `engine.sample` to while it
-    collects, `engine.sample_via`). Use as a context manager, or call `close()`.
+    Use as a context manager, or call `close()`.
     """
 
-    def __init__(self, engine, threads: int = 1, tolerance: float = 1e-3):
-        self.engine, self.tolerance = engine, tolerance
+    def __init__(self, engine, threads: int = 1, tolerance: float = 1e-3, timeout_s: float = 600.0):
+        self.engine, self.tolerance, self.timeout_s = engine, tolerance, timeout_s
         model = engine.model
         self._shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
         self._synced = weight_hashes(model)  # what the sampler holds (it starts from these weights)
+        self._renderers: dict[int, Any] = {}  # sent once, by id (kept alive here, so the id stays theirs)
         self.calls = 0
-        """sample() calls answered so far (the loop checks that a collect sampled through this process)"""
-        ctx = _context()
+        """rollout() calls answered so far (the loop checks that a collect ran its episodes here)"""
+        self._busy, self._closed, self._start_error, self._sent_at = False, False, None, 0.0
+        levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}
+        fork = start_method(engine, threads) == "fork"
+        ctx = mp.get_context("fork") if fork else _forkserver()
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
-            target=_serve, args=(child, pickle.dumps(model), self._shared, threads,
-                                 getattr(engine, "autocast", None), str(engine.device)),
+            target=_serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared, threads,
+                                 getattr(engine, "autocast", None), str(engine.device), levels),
             daemon=True, name="trajtune-sampler")
-        # started from a thread, so the trainer goes on while the fork server and the process boot (imports,
-        # the model); messages wait in the pipe until the process reads them
+        # a fork: now, from this thread (module docstring); a fork server: from a thread, so the trainer goes on
+        # while it and the process boot; messages wait in the pipe until the process reads them
         self._starter = threading.Thread(target=self._start, args=(child,), daemon=True)
-        self._starter.start()
+        if fork:
+            self._start(child)
+        else:
+            self._starter.start()
 
-    # --- what the loop calls -------------------------------------------------------------------
-    def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-               generator: torch.Generator | None = None, *, generators: Sequence[torch.Generator] | None = None,
-               **kw: Any) -> Samples:
-        """`sampling.sample` in the sampler process; `generator` / `generators` advance as if run here."""
-        state = _state_bytes(generator) if generator is not None else None
-        states = [_state_bytes(g) for g in generators] if generators is not None else None
-        samples, state, states = self._call("sample", [list(p) for p in prompts], max_new_tokens, state, states, kw)
+    @property
+    def pid(self) -> int | None:
+        self._started()
+        return self._process.pid
+
+    # --- what the loop and collect.make_collect call -------------------------------------------
+    @contextlib.contextmanager
+    def routing(self) -> Iterator[None]:
+        """While inside, `make_collect`'s episodes sampled by `engine.sample` run here (this thread only)."""
+        routes = _local.__dict__.setdefault("routes", {})
+        key = self.engine.sample
+        routes[key] = self
+        try:
+            yield
+        finally:
+            routes.pop(key, None)
+
+    def rollout(self, policy: Any, envs: Sequence, tasks: Sequence, renderer: Any,
+                generator: torch.Generator | None, **kw: Any) -> list[Trajectory]:
+        """`rollout.rollout_batch(policy, envs, tasks, renderer, generator, **kw)` in the sampler process,
+        with its copy of the policy for `policy`; `generator` advances as if the episodes ran here."""
+        rid = id(renderer)
+        fresh = rid not in self._renderers
+        try:
+            payload = pickle.dumps((list(envs), list(tasks), rid, renderer if fresh else None,
+                                    _state_bytes(generator) if generator is not None else None, kw))
+        except Exception as e:  # noqa: BLE001 - named below
+            raise ConfigError(f"RLConfig.max_staleness 1 / sampler_process: the episodes run in the sampler process, "
+                              f"but {_unpicklable(envs, tasks, renderer)} cannot be sent there ({type(e).__name__}: "
+                              f"{e}); define environments, tasks and the renderer with module-level classes and "
+                              "functions (picklable), or set max_staleness 0 and sampler_process false") from None
+        if fresh:
+            self._renderers[rid] = renderer
+        trajs, state, records = self._call("rollout", payload)
+        _emit(records)
         if generator is not None:
             generator.set_state(_state_tensor(state))
-        for g, s in zip(generators or (), states or (), strict=True):
-            g.set_state(_state_tensor(s))
         self.calls += 1
-        return samples
+        return trajs
 
     def sync(self, probe: Batch) -> dict[str, float]:
         """Send the trainer's current weights; check they arrived (module docstring) on `probe`'s rows
         (ids [b, T]); returns {"sync/logprob_diff": max |sampler - trainer| log-prob on POLICY tokens}."""
         truth = weight_hashes(self.engine.model)
         self._publish()
-        changed, theirs, their_logp = self._call("sync", probe.ids.cpu().numpy(), probe.attention_mask.cpu().numpy())
+        self._send("sync", probe.ids.cpu().numpy(), probe.attention_mask.cpu().numpy())
+        mine = self.engine.forward(probe).logprobs.detach().float().cpu()  # [b, T-1], while the sampler computes its own
+        changed, theirs, their_logp = self._receive("sync")
         their_logp = torch.from_numpy(their_logp)
-        mine = self.engine.forward(probe).logprobs.detach().float().cpu()  # [b, T-1]
         mask = probe.action_mask.bool()
         diff = float((mine - their_logp).abs()[mask].max()) if mask.any() else 0.0
         if truth != self._synced and not changed:
@@ -130,16 +217,21 @@ class SamplerProcess:
         return {"sync/logprob_diff": diff}
 
     def close(self) -> None:
-        """Stop the sampler process (idempotent)."""
-        self._starter.join()
-        if self._process.is_alive():
-            try:
-                self._conn.send(("close",))
-            except OSError:
-                pass
-            self._process.join(timeout=10)
+        """Stop the sampler process (idempotent): asked to exit, or killed if it is in the middle of a call
+        (an interrupted or failed step) or does not exit within a few seconds."""
+        if self._closed:
+            return
+        self._closed = True
+        self._started()
+        if self._process.pid is not None:
+            if not self._busy and self._process.is_alive():
+                try:
+                    self._conn.send_bytes(pickle.dumps(("close",)))
+                except OSError:
+                    pass
+                self._process.join(timeout=5)
             if self._process.is_alive():
-                self._process.terminate()
+                self._process.kill()
                 self._process.join()
         self._conn.close()
 
@@ -150,9 +242,17 @@ class SamplerProcess:
         self.close()
 
     # --- internals --------------------------------------------------------------------------
+    def _started(self) -> None:
+        if self._starter.is_alive():
+            self._starter.join()
+
     def _start(self, child) -> None:
-        self._process.start()
-        child.close()
+        try:
+            self._process.start()
+        except BaseException as e:  # noqa: BLE001 - reported by the first call
+            self._start_error = e
+        finally:
+            child.close()
 
     def _publish(self) -> None:
         """Write the trainer's weights into the shared copy the sampler reads from."""
@@ -160,23 +260,71 @@ class SamplerProcess:
             for k, v in self.engine.model.state_dict().items():
                 self._shared[k].copy_(v.detach())
 
-    def _call(self, *message):
+    def _call(self, kind: str, *args):
+        """Send one message and wait for its answer (`_send`, `_receive`)."""
+        self._send(kind, *args)
+        return self._receive(kind)
+
+    def _send(self, kind: str, *args) -> None:
+        self._started()
+        if self._start_error is not None:
+            raise SamplerDied(f"the sampler process could not start: {type(self._start_error).__name__}: "
+                              f"{self._start_error}")
+        self._busy = True
         try:
-            self._conn.send(message)
-            status, *reply = self._conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
-            self._starter.join()
-            self._process.join(timeout=5)
-            raise RuntimeError(f"the sampler process died (exit code {self._process.exitcode}) while answering "
-                               f"{message[0]!r}") from None
+            self._conn.send_bytes(pickle.dumps((kind, *args)))
+        except OSError:
+            raise self._died(kind) from None
+        self._sent_at = time.monotonic()
+
+    def _receive(self, kind: str):
+        """Wait for the answer to `kind`, polling the process: a dead process or a timeout raises `SamplerDied`
+        instead of a hang; an exception in the process is raised here."""
+        started = self._sent_at
+        while not self._conn.poll(1.0):
+            if not self._process.is_alive():
+                raise self._died(kind)
+            if self.timeout_s and time.monotonic() - started > self.timeout_s:
+                self._process.kill()
+                raise SamplerDied(f"the sampler process (pid {self._process.pid}) did not answer {kind!r} within "
+                                  f"{self.timeout_s:g} s (RLConfig.sampler_timeout) and was stopped; the run stops "
+                                  "(rerun it to resume from its last checkpoint; raise the limit for long episodes)")
+        try:
+            status, *reply = pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError):
+            raise self._died(kind) from None
+        self._busy = False
         if status == "error":
-            raise RuntimeError(f"the sampler process failed on {message[0]!r}:\n{reply[0]}")
+            exc_bytes, tb, records = reply
+            _emit(records)
+            raise _reraised(exc_bytes, tb, kind)
         return reply[0] if len(reply) == 1 else reply
 
+    def _died(self, kind: str) -> SamplerDied:
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        if code is None:
+            cause = "its pipe closed while it still runs"
+        elif code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            cause = f"killed by {name}" + (" (e.g. the kernel's out-of-memory killer)" if -code == signal.SIGKILL else "")
+        else:
+            cause = f"it exited with code {code} (its error, if any, is printed above)"
+        return SamplerDied(f"the sampler process (pid {self._process.pid}) died while answering {kind!r}: {cause}; "
+                           "the run stops (rerun it to resume from its last checkpoint)")
 
-def _context():
-    """A fork server that has imported this module: a clean process (fork from the trainer would copy its
-    threads and locks), started in a fraction of spawn's time after the first (no torch import each)."""
+
+def start_method(engine, threads: int) -> str:
+    """"fork" where a fork of the trainer is safe (a CPU engine, no CUDA initialised, one sampler thread,
+    Linux, asked from the main thread), else "forkserver" (module docstring)."""
+    cpu = engine.device.type == "cpu" and not torch.cuda.is_initialized()
+    main = threading.current_thread() is threading.main_thread()
+    return "fork" if cpu and main and threads == 1 and sys.platform == "linux" else "forkserver"
+
+
+def _forkserver():
+    """A fork server that has imported this module: a clean process, started in a fraction of spawn's time
+    after the first (no torch import each)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([__name__])
     return ctx
@@ -191,31 +339,52 @@ def weight_hashes(model: torch.nn.Module) -> dict[str, str]:
     return out
 
 
-def _serve(conn, model_bytes: bytes, shared: dict[str, torch.Tensor], threads: int, autocast: str | None,
-           device: str) -> None:
-    """The sampler process: answer sample / sync / close messages until close or EOF. Ctrl-C in a terminal
-    signals the whole process group: the trainer saves and stops the run (closing this process), so the
-    signal is ignored here."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _unpicklable(envs: Sequence, tasks: Sequence, renderer: Any) -> str:
+    """Which part of a rollout call pickle refuses (for the error message)."""
+    parts = [(f"the environment {type(e).__name__}", e) for e in envs[:1]]
+    parts += [(f"task {getattr(t, 'name', repr(t))!r}", t) for t in tasks] + [(f"the renderer {type(renderer).__name__}", renderer)]
+    for what, obj in parts:
+        try:
+            pickle.dumps(obj)
+        except Exception:  # noqa: BLE001 - this is the one
+            return what
+    return "the call"
+
+
+# --- the sampler process ------------------------------------------------------------------------
+def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threads: int, autocast: str | None,
+           device: str, levels: dict[str, int]) -> None:
+    """The sampler process: answer rollout / sync / close messages until close or EOF. Ctrl-C in a terminal
+    (or a scheduler's SIGTERM) signals the whole process group: the trainer saves and stops the run (closing
+    this process), so the
+    signals are ignored here (it is killed if need be). `model`: the trainer's (a fork's copy) or its pickle
+    (a fork server's child)."""
+    trainer_end.close()  # a fork's copy of it: held here, the trainer's death would never close the pipe
+    for sig in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's checkpointing handlers)
+        signal.signal(sig, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     torch.set_num_threads(threads)
-    model = pickle.loads(model_bytes).to(device).eval()
+    records = _log_to_trainer(levels)
+    model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
+    policy = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
+    renderers: dict[int, Any] = {}
     while True:
         try:
-            message = conn.recv()
+            kind, *args = pickle.loads(conn.recv_bytes())
         except EOFError:
             return
-        kind, args = message[0], message[1:]
+        records.records = []
         try:
             if kind == "close":
                 return
-            if kind == "sample":
-                prompts, max_new_tokens, state, states, kw = args
+            if kind == "rollout":
+                envs, tasks, rid, renderer, state, kw = pickle.loads(args[0])
+                if renderer is not None:
+                    renderers[rid] = renderer
                 g = _generator(state)
-                gens = [_generator(s) for s in states] if states is not None else None
-                samples = sample(model, prompts, max_new_tokens, g, generators=gens, **kw)
-                reply = (samples, _state_bytes(g) if g is not None else None,
-                         [_state_bytes(x) for x in gens] if gens is not None else None)
+                trajs = rollout_batch(policy, envs, tasks, renderers[rid], g, **kw)
+                reply = (trajs, _state_bytes(g) if g is not None else None, records.records)
             elif kind == "sync":
                 ids, mask = args
                 before = weight_hashes(model)
@@ -227,9 +396,76 @@ def _serve(conn, model_bytes: bytes, shared: dict[str, torch.Tensor], threads: i
                 reply = (before != after, after, logp.numpy())
             else:
                 raise ValueError(f"unknown message {kind!r}")
-            conn.send(("ok", reply))
-        except Exception:  # noqa: BLE001 - sent back to the trainer, which raises it there
-            conn.send(("error", traceback.format_exc()))
+            message = ("ok", reply)
+        except Exception as e:  # noqa: BLE001 - sent back to the trainer, which raises it there
+            message = ("error", _picklable(e), traceback.format_exc(), records.records)
+        try:
+            conn.send_bytes(pickle.dumps(message))
+        except (BrokenPipeError, OSError):  # the trainer is gone
+            return
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)  # the trainer (or its fork server) is gone, even one killed with -9: do not outlive it
+
+
+def _log_to_trainer(levels: dict[str, int]) -> "_Records":
+    """Every record of this process goes to one `_Records` handler (the trainer re-emits them): a fork's
+    copies of the trainer's handlers are removed, and its loggers' levels are the trainer's."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        lg.handlers, lg.propagate = [], True
+    records = _Records()
+    logging.getLogger().addHandler(records)
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
+    return records
+
+
+class _Records(logging.Handler):
+    """This process's log records of the current call, made picklable (message and traceback as text),
+    for the trainer to re-emit with its own handlers."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.msg, record.args = record.getMessage(), None
+        if record.exc_info:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_info = None
+        self.records.append(record)
+
+
+def _emit(records: Sequence[logging.LogRecord]) -> None:
+    """Log the sampler process's records here, by their loggers (the trainer's handlers and levels)."""
+    for r in records:
+        logger = logging.getLogger(r.name)
+        if logger.isEnabledFor(r.levelno):
+            logger.handle(r)
+
+
+def _picklable(exc: BaseException) -> bytes | None:
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:  # noqa: BLE001 - the traceback text still travels
+        return None
+
+
+def _reraised(exc_bytes: bytes | None, tb: str, kind: str) -> BaseException:
+    """The sampler's exception, to raise in the trainer: the same type and message (a user error stays a
+    one-line error), its traceback in the sampler process as a note."""
+    exc = pickle.loads(exc_bytes) if exc_bytes is not None else None
+    if exc is None:
+        return RuntimeError(f"the sampler process failed on {kind!r}:\n{tb}")
+    exc.add_note(f"raised in the sampler process ({kind!r}):\n{tb}")
+    return exc
 
 
 def _generator(state: bytes | None) -> torch.Generator | None:
@@ -240,8 +476,8 @@ def _generator(state: bytes | None) -> torch.Generator | None:
     return g
 
 
-# Messages carry plain bytes and numpy arrays, never torch tensors: torch's pickler would move each
-# tensor into a new shared-memory segment and pass its file descriptor (64 generator states per call).
+# Messages are pickled with the standard pickler and sent as bytes, never through torch's pickler,
+# which would move each tensor into a new shared-memory segment and pass its file descriptor.
 def _state_bytes(g: torch.Generator) -> bytes:
     return g.get_state().numpy().tobytes()
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .async_sampler import routed
 from .envs.base import Env
 from .faults import STEP_TIMEOUT_S, check_faults
 from .rollout import Sampler, rollout_batch
@@ -61,12 +62,12 @@ def make_collect(
         groups = [i for i in range(len(tasks)) for _ in range(n_per_task)]
         if not episode_seeds and shard is None:
             envs = [make_env() for _ in batch]
-            trajs = rollout_batch(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
+            trajs = rollout_for(policy)(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
             check_faults(trajs, max_fault_share)
             return trajs
         base = int(torch.randint(0, 2**62, (1,), generator=generator))
         mine = list(range(len(batch))) if shard is None else shard.rows(len(batch))
-        trajs = rollout_batch(policy, [make_env() for _ in mine], [batch[i] for i in mine], renderer, None,
+        trajs = rollout_for(policy)(policy, [make_env() for _ in mine], [batch[i] for i in mine], renderer, None,
                               groups=[groups[i] for i in mine], row_seeds=[episode_seed(base, i) for i in mine],
                               **rollout_kwargs) if mine else []
         trajs = trajs if shard is None else shard.gather(len(batch), trajs)
@@ -74,6 +75,13 @@ def make_collect(
         return trajs
 
     return collect
+
+
+def rollout_for(policy: Sampler) -> Callable[..., list[Trajectory]]:
+    """Where `policy`'s episodes run: `rollout_batch` here, or in the sampler process of an overlapped
+    RL loop that is collecting with it (`trajtune.async_sampler.routed`)."""
+    sampler = routed(policy)
+    return rollout_batch if sampler is None else sampler.rollout
 
 
 def episode_seed(base: int, episode: int) -> int:

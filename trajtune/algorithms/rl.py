@@ -10,10 +10,11 @@ Source: the policy's own samples, `group_size` per task. Weight: an advantage
     4. log, evaluate every `eval_every` steps, checkpoint
 
 Overlapped (`max_staleness = 1`, one-step off-policy as in PipelineRL, prime-rl and verl's
-async trainers): steps 2-3 of step s run in a thread while the main thread samples step
-s+1 through a sampler process holding its own copy of the weights, one update behind
-(trajtune.async_sampler); the weights are synced and checked after every update, and the
-truncated importance weight against the sampler's log-probs (`tis_cap`) corrects the lag:
+async trainers): steps 2-3 of step s run in a thread while the main thread collects step
+s+1, whose episodes (rendering, sampling, the environments) run in a sampler process
+holding its own copy of the weights, one update behind (trajtune.async_sampler); the
+weights are synced and checked after every update, and the truncated importance weight
+against the sampler's log-probs (`tis_cap`) corrects the lag:
 
     main thread:   collect s+1 (sampler: theta_s)   sync theta_s+1   collect s+2 (theta_s+1) ...
     train thread:  score + update s (-> theta_s+1)                   score + update s+1 ...
@@ -99,11 +100,14 @@ class RLConfig:
     the weights, one update behind (needs tis_cap > 0: the truncated importance weight against the
     sampler's log-probs corrects the lag)"""
     sampler_process: bool = False
-    """sample in a separate process with its own copy of the weights, synced and checked after every
-    update (implied by max_staleness 1; with 0 a run equals the one-process run: bit for bit when
+    """run the episodes in a separate process with its own copy of the weights, synced and checked after
+    every update (implied by max_staleness 1; with 0 a run equals the one-process run: bit for bit when
     sampler_threads is the trainer's torch thread count, else up to float rounding)"""
     sampler_threads: int = 1
     """torch threads of the sampler process (1: the sampler on one core, the trainer on the others)"""
+    sampler_timeout: float = 600.0
+    """longest wait for the sampler process to answer (one step's episodes, a weight sync) before the run
+    stops with an error (0: no limit); a sampler process that dies stops the run at once, naming the cause"""
     sync_tolerance: float = 1e-3
     """after every weight sync the sampler's and the trainer's log-probs of the same tokens (the first rows
     of the step's batch) must agree to this (max abs difference, nats; logged as sync/logprob_diff), and
@@ -136,7 +140,8 @@ class RLConfig:
                              "(e.g. 2.0) so the truncated importance weight against the sampler's log-probs "
                              "corrects the lag")
         check_ranges(self, "RLConfig", counts=("length_buckets", "sampler_threads"),
-                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"),
+                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
+                                   "sampler_timeout"),
                      positive=("sync_tolerance",))
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
@@ -258,8 +263,9 @@ def train_rl(engine: Engine, tasks: Sequence, collect: Collect, config: RLConfig
 
 
 class Rollouts:
-    """Where each step's trajectories come from: `collect` in this process (the default), or through a
-    `SamplerProcess` (`sampler_process`), sampled one step ahead while the last step trains (`max_staleness` 1).
+    """Where each step's trajectories come from: `collect` in this process (the default), or `collect` with its
+    episodes run in a `SamplerProcess` (`sampler_process`; the first step's here, while it starts), sampled one
+    step ahead while the last step trains (`max_staleness` 1).
 
     take(step)            -> (the step's trajectories, its generator after sampling them)
     overlap(step, update) -> update()'s row, plus sync/logprob_diff after the sampler's weights are synced;
@@ -273,10 +279,11 @@ class Rollouts:
         self.engine, self.tasks, self.collect, self.config, self.state = engine, tasks, collect, config, state
         self.sampler: SamplerProcess | None = None
         if config.sampler_process or config.max_staleness:
-            if engine.shard is not None or not hasattr(engine, "sample_via"):
-                raise ValueError("RLConfig: max_staleness 1 / sampler_process need a one-process TorchEngine "
+            if engine.shard is not None:
+                raise ValueError("RLConfig: max_staleness 1 / sampler_process need a one-process engine "
                                  "(not torchrun: every rank would need its own sampler process)")
-            self.sampler = SamplerProcess(engine, config.sampler_threads, config.sync_tolerance)
+            self.sampler = SamplerProcess(engine, config.sampler_threads, config.sync_tolerance,
+                                          config.sampler_timeout)
         self.first = True
 
     def take(self, step: int) -> tuple[list[Trajectory], torch.Generator]:
@@ -316,15 +323,13 @@ class Rollouts:
         if self.sampler is None or local:
             return self.collect(picked, c.group_size, g), g
         calls = self.sampler.calls
-        self.engine.sample_via = self.sampler.sample
-        try:
+        with self.sampler.routing():  # make_collect runs engine.sample's episodes in the sampler process
             trajs = self.collect(picked, c.group_size, g)
-        finally:
-            self.engine.sample_via = None
         if self.sampler.calls == calls and any(t.count(Owner.POLICY) for t in trajs):
-            raise ValueError("RLConfig: max_staleness 1 / sampler_process: the collect sampled without calling "
-                             "engine.sample (e.g. Hugging Face generate), so not in the sampler process; use the "
-                             "built-in sampler")
+            raise ValueError("RLConfig: max_staleness 1 / sampler_process: the collect sampled its episodes without "
+                             "the sampler process (a sampler other than engine.sample, e.g. Hugging Face generate, "
+                             "or a collect not built by trajtune.collect.make_collect); use "
+                             "make_collect(engine.sample, ...)")
         return trajs, g
 
     def __enter__(self) -> "Rollouts":
