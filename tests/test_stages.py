@@ -40,6 +40,28 @@ def add_stage(ctx: StageContext, value: int, reads: tuple = (), meet: str | None
     return {"total": total, "calls": n, "pair": (1, 2), "pid": os.getpid(), "threads": torch.get_num_threads()}
 
 
+def sibling_stage(ctx: StageContext) -> dict:
+    """Wait (up to 30 s) until the runner has a second worker process: with one stage ready and more to come,
+    the runner starts every worker at once. Linux: the runner's children from /proc."""
+    parent, deadline = os.getppid(), time.monotonic() + 30
+
+    def workers() -> set[int]:
+        out = set()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat, cmd = Path(f"/proc/{pid}/stat").read_text(), Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd:
+                out.add(int(pid))
+        return out
+
+    while len(workers()) < 2:
+        assert time.monotonic() < deadline, "the second worker was not started while the first stage ran"
+        time.sleep(0.05)
+    return {"pid": os.getpid()}
+
+
 def failing_stage(ctx: StageContext) -> dict:
     raise LookupError("boom")
 
@@ -212,6 +234,15 @@ def test_a_stage_cut_short_by_ctrl_c_resumes_and_its_clock_adds_up(tmp_path):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
     out = run_stages(stages, None, tmp_path, StageOptions(workers=1), log=lambda s: None)["loop"]
     _check_resumed(tmp_path, out, 4, 0.1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the runner's children from /proc")
+def test_workers_start_while_the_first_stage_runs_alone(tmp_path):
+    # one stage ready, more waiting on it: the idle worker starts (and imports) now, not when they are ready
+    stages = [Stage("first", sibling_stage), Stage("b", add_stage, after=("first",), args=(1, (), "c")),
+              Stage("c", add_stage, after=("first",), args=(2, (), "b"))]
+    out = run_stages(stages, None, tmp_path, StageOptions(workers=2), log=lambda s: None)
+    assert out["b"]["pid"] != out["c"]["pid"] and (out["b"]["total"], out["c"]["total"]) == (1, 2)
 
 
 def test_a_stop_signal_to_the_runner_alone_reaches_its_workers(tmp_path):

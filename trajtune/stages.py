@@ -35,6 +35,7 @@ run (killed before any checkpoint) says it starts again from step 0 and drops th
 
 Processes: independent stages run in `workers` spawned processes with `threads` torch threads
 each; a stop signal sent to this process alone is passed on to them (`forward_to_children`).
+A worker the next stages will need starts at once, while the first stages run (`_warm_up`).
 Under torchrun every rank runs every stage in this process, in the same order; rank 0 writes
 the results and prints, and every rank returns rank 0's results.
 """
@@ -224,6 +225,12 @@ def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: Stage
     else:
         with forward_to_children(), ProcessPoolExecutor(options.workers, mp_context=get_context("spawn")) as pool:
             running = {}
+            # workers the next stages will need but with nothing to run now: start them while a core is free
+            ready = [s for s in pending if all(a in results for a in s.after)]
+            soon = {s.name for s in ready} | set(results)
+            wave = [s for s in pending if s not in ready and all(a in soon for a in s.after)]
+            for _ in range(min(options.workers, len(wave)) - min(options.workers, len(ready))):
+                pool.submit(_warm_up, [s.fn for s in pending])
             while pending or running:
                 for s in [s for s in pending if all(a in results for a in s.after)][: options.workers - len(running)]:
                     pending.remove(s)
@@ -232,6 +239,14 @@ def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: Stage
                 for future in finished:
                     announce(running.pop(future).name, future.result())
     return {s.name: results[s.name] for s in stages}
+
+
+def _warm_up(fns: Sequence[Callable[..., dict]]) -> None:
+    """A worker's start-up, done before it has a stage to run (the first stages wait for others): unpickling
+    `fns` imports the stage modules, and `torch._dynamo` is what the process's first torch optimizer imports
+    (~2.5 CPU-s). The stages after the first ones need this worker anyway, so starting it early costs no CPU
+    and takes its start (~5 s: torch, the stage modules, dynamo) off the wall time while a core is idle."""
+    import torch._dynamo  # noqa: F401
 
 
 def run_per_seed(run_one: Callable[[Any, Path], Path], config: Any, run_dir: str | os.PathLike,

@@ -90,7 +90,9 @@ the seed's numbers, learning curves, cost table.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,6 +231,8 @@ def run(config: Config, run_dir: Path) -> Path:
     if is_main():
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     print(f"agent comparison (seed {config.seed}): {len(STAGES)} stages, {config.runner.workers} worker(s)", flush=True)
+    if config.runner.workers > 1 and is_main():  # this process only waits on its workers: import the plotting now
+        threading.Thread(target=importlib.import_module, args=(f"{__name__}.report",), daemon=True).start()
     t0 = time.perf_counter()
     results = stage_results(config, run_dir)
     if not is_main():  # under torchrun rank 0 writes the report
