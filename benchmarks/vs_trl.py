@@ -6,6 +6,7 @@
     python benchmarks/vs_trl.py --flops               # + the FLOP-bound row (a 20M Llama; ~6 min more)
     python benchmarks/vs_trl.py --kinds SFT DPO --profile          # + where each library's step goes
     python benchmarks/vs_trl.py --kinds SFT DPO --trl-same-math    # TRL without the work trajtune skips
+    python benchmarks/vs_trl.py --all-positions       # + trajtune with the output layer at every position
 
 Both libraries run in this one process, alternating (trajtune, TRL, trajtune, TRL
 ...), so background load hits both alike. A step's time is the interval between
@@ -24,8 +25,10 @@ It prints the achieved FLOP/s as a share of this CPU's matmul peak, measured in 
 5 fp32 2048 x 2048 matmuls at the run's thread count, before each method's runs). FLOPs counted:
 N = the parameters of the matmuls (every Linear of the blocks plus the output layer; not the embedding
 lookup, norms or attention scores), 6 N per trained token (forward + backward: every position of the
-batch), plus for GRPO 2 N per token the sampler runs forward (prompt + generated). Both libraries do the
-same work, so trajtune / TRL is the ratio of the times.
+batch; trajtune runs this row with head_positions="all" and share_prefix=False, so the output layer runs at
+every position and a GRPO group's prompt runs once per completion),
+plus for GRPO 2 N per token the sampler runs forward (prompt + generated). Both libraries do the same work,
+so trajtune / TRL is the ratio of the times.
 
 --profile: wall-clock timers around the pieces both libraries share -- the decoder forward with gradient
 (`LlamaModel.forward`), the decoder forward without it (TRL's per-step DPO reference), the LM head (trajtune's
@@ -35,7 +38,12 @@ library as ms / step; "own" is the rest: each library's per-step Python (collate
 those, `bound` = trajtune's shared pieces / TRL's whole step: the ratio an implementation doing trajtune's math
 with zero overhead of its own would get (`bound fused`: with TRL's fused AdamW, which rounds differently).
 
---no-share-prefix: trajtune's DPO runs each pair's prompt twice (once with each completion), as TRL does;
+trajtune runs with `make_engine(head_positions="actions")`: the output layer only at the positions the loss
+reads (the completion's tokens; `logprobs.TokenHead.keep`), as TRL's GRPO does (`logits_to_keep`) and its SFT
+and DPO do not. --all-positions adds a column: trajtune with head_positions="all" (every position of the batch,
+prompt and padding included, through the output layer), in the same alternation, so one run shows both.
+
+--no-share-prefix: trajtune runs each DPO pair's and GRPO group's prompt once per completion, as TRL does;
 by default the engine runs it once (`logprobs.SharedPrefix`: the same log-probs to float rounding).
 
 --trl-same-math: TRL configured to do no more math than trajtune: gradient_checkpointing=False (the backward
@@ -367,7 +375,8 @@ def flop_rows(d: Path, args) -> list[tuple]:
         flops = step_flops(kind, n, tok, fd, FLOPS)
         ours, theirs = [], []
         for rep in range(args.repeats):
-            ours += run_trajtune(kind, model_dir, fd, args.flop_steps, FLOPS)
+            ours += run_trajtune(kind, model_dir, fd, args.flop_steps, FLOPS, head_positions="all",
+                                 share_prefix=False)  # 6 N every token of every row
             theirs += run_trl(kind, model_dir, fd, args.flop_steps, fd / f"trl-{kind}-{rep}", FLOPS)
         a, b = statistics.median(ours), statistics.median(theirs)
         out.append((kind, a, b, flops, peak))
@@ -389,7 +398,10 @@ def main() -> int:
     ap.add_argument("--trl-same-math", action="store_true",
                     help="TRL without gradient checkpointing and, for DPO, with precomputed reference log-probs")
     ap.add_argument("--no-share-prefix", action="store_true",
-                    help="trajtune runs each DPO pair's prompt twice, as TRL does (engine share_prefix=False)")
+                    help="trajtune runs a DPO pair's / GRPO group's prompt once per completion, as TRL does "
+                         "(engine share_prefix=False)")
+    ap.add_argument("--all-positions", action="store_true",
+                    help="also time trajtune with the output layer at every position (head_positions='all')")
     args = ap.parse_args()
     global PROFILE
     if args.profile:
@@ -412,17 +424,22 @@ def main() -> int:
             model_dir = make_random_model(d / size, "llama", size)
             n_params = load_policy(model_dir).num_parameters()
             for kind in args.kinds:
-                ours, theirs, pieces = [], [], {"trajtune": [], "TRL": []}
+                ours, every, theirs, pieces = [], [], [], {"trajtune": [], "TRL": []}
                 for rep in range(args.repeats):
                     iv, p = profiled(run_trajtune, kind, model_dir, d, args.steps,
-                                     share_prefix=not args.no_share_prefix)
+                                     share_prefix=not args.no_share_prefix, head_positions="actions")
                     ours, pieces["trajtune"] = ours + iv, pieces["trajtune"] + p
+                    if args.all_positions:
+                        every += run_trajtune(kind, model_dir, d, args.steps, share_prefix=not args.no_share_prefix,
+                                              head_positions="all")
                     iv, p = profiled(run_trl, kind, model_dir, d, args.steps, d / f"trl-{size}-{kind}-{rep}",
                                      same_math=args.trl_same_math)
                     theirs, pieces["TRL"] = theirs + iv, pieces["TRL"] + p
                 a, b = statistics.median(ours), statistics.median(theirs)
-                rows.append((f"{size} ({n_params / 1e6:.2f}M)", kind, a, b))
-                print(f"{size:<6} {kind:<5} trajtune {a:.3f}s  TRL {b:.3f}s  ratio {a / b:.2f}", flush=True)
+                c = statistics.median(every) if every else None
+                rows.append((f"{size} ({n_params / 1e6:.2f}M)", kind, a, b, c))
+                also = f"  (all positions {c:.3f}s, ratio {c / b:.2f})" if c is not None else ""
+                print(f"{size:<6} {kind:<5} trajtune {a:.3f}s  TRL {b:.3f}s  ratio {a / b:.2f}{also}", flush=True)
                 if PROFILE is not None:  # the median step and the median of each piece
                     mine, trl_ = median_pieces(pieces["trajtune"]), median_pieces(pieces["TRL"])
                     print(profile_line("trajtune", a, mine))
@@ -433,9 +450,14 @@ def main() -> int:
         if args.flops:
             flop = flop_rows(d, args)
     print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
-    print("\n| model | method | trajtune s/step | TRL s/step | trajtune / TRL |\n|---|---|---|---|---|")
-    for m, k, a, b in rows:
-        print(f"| {m} | {k} | {a:.3f} | {b:.3f} | {a / b:.2f} |")
+    if args.all_positions:
+        print("\n| model | method | trajtune s/step | TRL s/step | trajtune / TRL | all positions s/step "
+              "| all positions / TRL |\n|---|---|---|---|---|---|---|")
+    else:
+        print("\n| model | method | trajtune s/step | TRL s/step | trajtune / TRL |\n|---|---|---|---|---|")
+    for m, k, a, b, c in rows:
+        tail = f" {c:.3f} | {c / b:.2f} |" if c is not None else ""
+        print(f"| {m} | {k} | {a:.3f} | {b:.3f} | {a / b:.2f} |{tail}")
     if flop:
         print("\n| FLOP row (20.5M Llama) | trajtune s/step | trajtune % of peak | TRL s/step | TRL % of peak "
               "| trajtune / TRL | matmul peak |\n|---|---|---|---|---|---|---|")

@@ -151,3 +151,47 @@ def test_a_reward_model_on_shared_prompts_scores_the_unpacked_rows(llama_dir):
         out = engine.forward(full, values=True)
         scores.append(last_token_values(out.values, full.attention_mask))
     assert torch.allclose(scores[0], scores[1], atol=TOL, rtol=0)
+
+
+def test_rows_of_one_prompt_merge_into_units_while_the_packed_row_stays_short():
+    # rows 0-3: prompt 5 6, completions of 2 tokens (rows of 4); row 4: another prompt; row 5: no policy token
+    trajs = [_traj([5, 6], c) for c in ([9, 1], [10, 11], [12, 2], [13, 3])] + [_traj([5, 1], [9])]
+    t = Trajectory()
+    t.append([5, 6, 9], Owner.PROMPT, 0)
+    b = collate(trajs + [t], 0)
+    units = SharedPrefix.prompt_units(b.ids, b.attention_mask, b.action_mask, [[i] for i in range(6)])
+    # rows 0 1 2 pack into 2 + 3 x 2 = 8 <= 2 x 4; with row 3 it would be 10 > 8: a new unit
+    assert units == [[0, 1, 2], [3], [4], [5]]
+    # a unit given (a pair) is never split; one whose rows differ in prompt (or lack a policy token) stays as it is
+    assert SharedPrefix.prompt_units(b.ids, b.attention_mask, b.action_mask, [[0, 1], [2], [3], [4, 5]]) == \
+        [[0, 1, 2], [3], [4, 5]]
+    assert SharedPrefix.prompt_units(b.ids, b.attention_mask, b.action_mask, [[0, 1], [2, 3], [4, 5]]) == \
+        [[0, 1], [2, 3], [4, 5]]  # 2 + 4 x 2 = 10 > 8
+    p = SharedPrefix.of(b.ids, b.attention_mask, units)
+    assert p.ids[0].tolist() == [5, 6, 9, 1, 10, 11, 12, 2]  # the prompt once, then each completion
+
+
+def test_a_grpo_group_sharing_its_prompt_matches_the_unpacked_rows(llama_dir):
+    from trajtune.algorithms.rl import RLConfig, rl_loss
+    from trajtune.models.hf import load_policy
+
+    g = torch.Generator().manual_seed(2)
+    r = lambda n: torch.randint(3, 300, (n,), generator=g).tolist()  # noqa: E731
+    prompts = [r(9), r(12)]
+    batch = collate([_traj(p, r(2 + i % 3)) for p in prompts for i in range(4)], 0)
+    units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, [[i] for i in range(8)])
+    assert len(units) == 2  # each group's prompt once
+    batch = batch.with_extras(advantages=torch.linspace(-1, 1, 8))
+    loss = rl_loss(RLConfig(advantage="grpo", entropy_coef=0.01), use_old=False)
+    outs = []
+    for share in (True, False):
+        policy = load_policy(llama_dir)
+        engine = make_engine(policy, share_prefix=share, head_positions="actions")
+        metrics = engine.forward_backward(batch, loss)
+        outs.append((metrics, _grads(policy), engine.forward(batch).logprobs))
+    (ma, ga, la), (mb, gb, lb) = outs
+    assert all(ma[k] == pytest.approx(mb[k], abs=TOL) for k in ma)
+    for k in ga:
+        assert torch.allclose(ga[k], gb[k], atol=TOL, rtol=0), (k, float((ga[k] - gb[k]).abs().max()))
+    real = batch.attention_mask[:, 1:].bool()
+    assert torch.allclose(la[real], lb[real], atol=TOL, rtol=0)

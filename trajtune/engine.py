@@ -113,10 +113,15 @@ class ForwardOutput:
     """What a loss function sees. The whole logits are never computed unless asked for: the log-probs
     (and entropy) come from the output layer in chunks of positions (`trajtune.logprobs.TokenHead`).
 
-    logprobs [B, T-1]          log pi(ids[:, t+1] | ids[:, :t+1])
-    values   [B, T] | None     scalar head, if the model has one and it was asked for
-    entropy  [B, T-1] | None   entropy (nats) of the next-token distribution at t, if asked for
-    logits   [B, T, V] | None  raw next-token logits, only if asked for (full-vocabulary losses)
+    logprobs [B, T-1]          log pi(ids[:, t+1] | ids[:, :t+1]) at the positions the forward was asked for:
+                               with the engine's head_positions="actions" and a reader that reads only the
+                               POLICY tokens (`Loss.positions` / `forward(positions=)` = "actions"), the
+                               positions where `batch.action_mask` is nonzero, and exactly 0.0 at the others;
+                               else every position
+    values   [B, T] | None     scalar head, if the model has one and it was asked for (every position)
+    entropy  [B, T-1] | None   entropy (nats) of the next-token distribution at t, if asked for (the same
+                               positions as the log-probs, 0.0 at the others)
+    logits   [B, T, V] | None  raw next-token logits, only if asked for (full-vocabulary losses; every position)
     """
 
     logprobs: torch.Tensor
@@ -126,6 +131,11 @@ class ForwardOutput:
 
 
 LossFn = Callable[[ForwardOutput, Batch], tuple[torch.Tensor, dict]]
+
+Positions = Literal["actions", "all"]
+POSITIONS: tuple[str, ...] = ("actions", "all")
+"""Where a reader of the log-probs reads them (`Loss.positions`, `forward(positions=)`) and where an engine
+computes them (`make_engine(head_positions=)`): "actions" -- where `Batch.action_mask` is nonzero; "all"."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,10 @@ class Loss:
     values:     the forward pass must also return the value head's output (`ForwardOutput.values`)
     entropy:    ... and the per-token entropy (`ForwardOutput.entropy`, chunked like the log-probs)
     logits:     ... and the whole logits [B, T, V] (`ForwardOutput.logits`): full-vocabulary losses only
+    positions:  where fn reads `out.logprobs` / `out.entropy`: "actions" (only where `batch.action_mask` is
+                nonzero, as every loss of the library does: the POLICY tokens) lets an engine with
+                head_positions="actions" run the output layer there only (0.0 elsewhere); "all": fn reads
+                other positions too (a prompt's NLL, an unmasked metric), so they are always computed
     """
 
     fn: LossFn
@@ -145,10 +159,13 @@ class Loss:
     values: bool = False
     entropy: bool = False
     logits: bool = False
+    positions: Positions = "actions"
 
     def __post_init__(self) -> None:
         if self.normalizer not in AGGREGATIONS:
             raise ValueError(f"Loss: normalizer={self.normalizer!r}; choose one of {AGGREGATIONS}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"Loss: positions={self.positions!r}; choose one of {POSITIONS}")
 
     def __call__(self, out: ForwardOutput, batch: Batch) -> tuple[torch.Tensor, dict]:
         return self.fn(out, batch)
@@ -179,7 +196,8 @@ class Engine(Protocol):
     def is_main(self) -> bool:
         """True in the one process that writes files (rank 0, or a single process)."""
 
-    def forward(self, batch: Batch, values: bool = False, entropy: bool = False, logits: bool = False) -> ForwardOutput: ...
+    def forward(self, batch: Batch, values: bool = False, entropy: bool = False, logits: bool = False,
+                positions: Positions = "all") -> ForwardOutput: ...
 
     def forward_backward(self, batch: Batch, loss: Loss, scale: float = 1.0, buckets: int = 1) -> dict: ...
 
@@ -198,17 +216,22 @@ class Engine(Protocol):
 
 AUTOCAST_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+HEAD_POSITIONS: Positions = "all"
+"""The default of `make_engine(head_positions=)`."""
+
 
 def make_engine(model: torch.nn.Module, optim: OptimConfig | None = None, *, device: str | torch.device | None = None,
                 strategy: Strategy = "ddp", frozen: bool = False, autocast: str | None = None,
-                micro_batch_size: int = 0, logits_chunk: int = -1, share_prefix: bool = True) -> "TorchEngine":
+                micro_batch_size: int = 0, logits_chunk: int = -1, share_prefix: bool = True,
+                head_positions: Positions = HEAD_POSITIONS) -> "TorchEngine":
     """The engine for this process: one process, or `strategy` ("ddp" / "fsdp") over the processes
     torchrun started (WORLD_SIZE > 1). `frozen`: an inference-only engine (a teacher, a reference).
     device: default cpu in one process, cuda:LOCAL_RANK under torchrun when GPUs are visible.
-    logits_chunk: positions per slice of the output layer; share_prefix: pairs' prompts once (`TorchEngine`)."""
+    logits_chunk: positions per slice of the output layer; share_prefix: pairs' prompts once; head_positions:
+    the output layer at the POLICY tokens only, for readers that read only those (`TorchEngine`)."""
     return TorchEngine(model, optim, device, autocast=autocast, micro_batch_size=micro_batch_size,
                        collective=make_collective(strategy), frozen=frozen, logits_chunk=logits_chunk,
-                       share_prefix=share_prefix)
+                       share_prefix=share_prefix, head_positions=head_positions)
 
 
 class TorchEngine:
@@ -216,16 +239,28 @@ class TorchEngine:
 
     def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device | None = None,
                  *, autocast: str | None = None, micro_batch_size: int = 0, collective=None, frozen: bool = False,
-                 logits_chunk: int = -1, share_prefix: bool = True, _prepared: bool = False):
+                 logits_chunk: int = -1, share_prefix: bool = True, head_positions: Positions = HEAD_POSITIONS,
+                 _prepared: bool = False):
         """autocast: None (full precision), "bf16" or "fp16": mixed-precision forward passes (weights and
         optimizer stay in their own dtype). micro_batch_size: if > 0, a batch is computed in chunks of at
         most this many rows (gradient accumulation at fixed memory). logits_chunk: positions per slice of
         the output layer when computing log-probs (the logits of one slice exist at a time, forward and
         backward); -1 (auto): the whole logits while they are at most `logprobs.AUTO_WHOLE_LOGITS`
         values (a small vocabulary: exactly as unchunked), else slices of `AUTO_CHUNK_LOGITS` values;
-        0: off (always the whole [B, T, V] logits). share_prefix: rows kept together (`Batch.together`: a DPO
-        pair) that begin with the same tokens run that prefix once (`logprobs.SharedPrefix`; the same outputs
-        and gradients up to float rounding), on models that support it (`supports_shared_prefix`)."""
+        0: off (always the whole [B, T, V] logits). share_prefix: rows that begin with the same prompt (a DPO
+        pair, the completions of a GRPO group: `logprobs.SharedPrefix.prompt_units`) run that prefix once
+        (`logprobs.SharedPrefix`; the same outputs and gradients up to float rounding), on models that
+        support it (`supports_shared_prefix`).
+        head_positions: "actions" -- a forward whose reader reads the log-probs (and entropy) only at the
+        POLICY tokens (`Loss.positions` = "actions", the default of every loss; `forward(positions="actions")`)
+        runs the output layer on those positions only (`logprobs.TokenHead.keep` = action_mask != 0): the
+        same losses and gradients up to float rounding, without the prompt's and padding's [V, D] matmuls;
+        "all": every position, always (the floats of an engine without the option, bit for bit)."""
+        if head_positions not in POSITIONS:
+            raise ValueError(f"engine: head_positions={head_positions!r}; choose one of {POSITIONS} (\"actions\": "
+                             "the output layer only where batch.action_mask is nonzero, for readers that read only "
+                             "those positions; \"all\": every position)")
+        self.head_positions = head_positions
         if autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"engine: autocast={autocast!r}; choose one of {list(AUTOCAST_DTYPES)}")
         if micro_batch_size < 0:
@@ -272,13 +307,15 @@ class TorchEngine:
 
     # --- the forward pass (the one place a model is called on a batch) --------------------
     def _forward(self, module: torch.nn.Module, batch: Batch, values: bool, entropy: bool = False,
-                 logits: bool = False) -> ForwardOutput:
+                 logits: bool = False, positions: Positions = "all") -> ForwardOutput:
         batch = batch.to(self.device)
         amp = AUTOCAST_DTYPES[self.autocast]
-        head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits)
+        actions_only = self.head_positions == "actions" and positions == "actions" and not logits
+        keep = batch.action_mask != 0 if actions_only else None  # [B, T-1] the positions the reader reads
+        head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits, keep=keep)
         kw = {"head": head} if self._takes_head else {}
-        if self._packs:  # rows kept together that share a prompt: the prompt once
-            units = row_units(batch)
+        if self._packs:  # rows that share a prompt (a DPO pair, a GRPO group): the prompt once
+            units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, row_units(batch))
             packing = SharedPrefix.of(batch.ids, batch.attention_mask, units) if len(units) < batch.size else None
             if packing is not None:
                 kw["packing"] = packing
@@ -309,20 +346,26 @@ class TorchEngine:
         return split_units(row_units(batch), self.collective.world_size)
 
     @torch.no_grad()
-    def forward(self, batch: Batch, values: bool = False, entropy: bool = False, logits: bool = False) -> ForwardOutput:
+    def forward(self, batch: Batch, values: bool = False, entropy: bool = False, logits: bool = False,
+                positions: Positions = "all") -> ForwardOutput:
         """Forward without gradient (reference / old log-probs, evaluation), in this engine's chunks and
         shards; the outputs come back whole, in the batch's row order. values / entropy / logits: also
-        return those (`ForwardOutput`); logits [B, T, V] only when asked for."""
+        return those (`ForwardOutput`); logits [B, T, V] only when asked for. positions: where the caller
+        reads the log-probs / entropy -- "all" (the default: every position is computed) or "actions" (only
+        where `batch.action_mask` is nonzero: with head_positions="actions" the others are then 0.0)."""
+        if positions not in POSITIONS:
+            raise ValueError(f"engine.forward: positions={positions!r}; choose one of {POSITIONS}")
         module = self.model
         was_training = module.training
         module.eval()
         try:
             chunks = self._chunks(batch)
             if len(chunks) == 1 and chunks[0] is not None and self.collective.world_size == 1:
-                return self._forward(module, batch, values, entropy, logits)
+                return self._forward(module, batch, values, entropy, logits, positions)
             outs, done = [], []
             for rows in chunks:
-                out = self._forward(module, batch.select(rows if rows is not None else [0]), values, entropy, logits)
+                out = self._forward(module, batch.select(rows if rows is not None else [0]), values, entropy, logits,
+                                    positions)
                 outs.append(out if rows is not None else _take(out, 0))  # a zero-row output keeps the shapes
                 done.append(rows if rows is not None else torch.zeros(0, dtype=torch.long))
         finally:
@@ -358,7 +401,7 @@ class TorchEngine:
                         continue
                     part = group if (len(chunks) == 1 and self.collective.world_size == 1) else group.select(part_rows)
                     share = group_share * (1.0 if part is group else loss.share(part, group))
-                    out = self._forward(module, part, loss.values, loss.entropy, loss.logits)
+                    out = self._forward(module, part, loss.values, loss.entropy, loss.logits, loss.positions)
                     value, metrics = loss(out, part.to(self.device))
                     if value.dim() != 0:
                         raise ValueError(f"loss must return a scalar, got shape {tuple(value.shape)}")
@@ -370,7 +413,7 @@ class TorchEngine:
         return self.collective.reduce_metrics(sums)
 
     def _zero_pass(self, module: torch.nn.Module, batch: Batch, loss: Loss) -> None:
-        out = self._forward(module, batch.select([0]), loss.values, loss.entropy, loss.logits)
+        out = self._forward(module, batch.select([0]), loss.values, loss.entropy, loss.logits, loss.positions)
         zero = sum(x.float().sum() * 0.0 for x in (out.logprobs, out.values, out.entropy, out.logits) if x is not None)
         zero.backward()
 
@@ -421,7 +464,7 @@ class TorchEngine:
         ref = make(**kw) if make is not None else copy.deepcopy(self.model)
         return TorchEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size,
                            collective=self.collective, frozen=True, logits_chunk=self.logits_chunk,
-                           share_prefix=self.share_prefix, _prepared=make is None)
+                           share_prefix=self.share_prefix, head_positions=self.head_positions, _prepared=make is None)
 
     # --- sampling: each process samples its own prompts (no collectives per token) ------------
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,

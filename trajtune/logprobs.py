@@ -26,8 +26,10 @@ AUTO_CHUNK_LOGITS = 1 << 23
 class HeadOutput:
     """What a model's output layer returns for a `TokenHead`.
 
-    logprobs [B, T-1]         log pi(ids[:, t+1] | ids[:, :t+1])
-    entropy  [B, T-1] | None  entropy (nats) of the next-token distribution at t, if asked for
+    logprobs [B, T-1]         log pi(ids[:, t+1] | ids[:, :t+1]) at the positions asked for (`TokenHead.keep`;
+                              every position without it), exactly 0.0 at the others (no gradient there)
+    entropy  [B, T-1] | None  entropy (nats) of the next-token distribution at t, if asked for (0.0 where
+                              not kept, like the log-probs)
     logits   [B, T, V] | None the whole logits, only if asked for (`TokenHead.logits`)
     """
 
@@ -56,35 +58,90 @@ class TokenHead:
     entropy: also return the entropy [B, T-1].
     logits: also return the whole logits [B, T, V] (full-vocabulary losses such as distillation
       to a teacher's logits); implies no chunking.
+    keep [B, T-1] bool | None: the positions whose statistics are wanted (a loss that reads only the POLICY
+      tokens: `Batch.action_mask != 0`). The output layer then runs on those positions' hidden states only
+      ([K, D] gathered, K = keep.sum(); whole or in chunks of K), and the log-probs / entropy are 0.0 at the
+      other positions, with no gradient through them: the same values and gradients at the kept positions
+      up to float rounding (a matmul over fewer rows may round differently). None: every position.
+      Not with `logits` (whole logits are every position's).
     """
 
     ids: torch.Tensor
     chunk: int = -1
     entropy: bool = False
     logits: bool = False
+    keep: torch.Tensor | None = None
 
-    def positions(self, vocab: int, dim: int = 1) -> int:
-        """Positions per slice for an output layer [vocab, dim] (0: one slice, the unchunked path). Auto
-        slices have at least `dim` positions: a slice's logits are then at least as large as the layer's
-        weight, which each slice reads once (fewer positions would make the matmuls memory-bound)."""
+    def __post_init__(self) -> None:
+        if self.keep is None:
+            return
+        B, T = self.ids.shape
+        if self.keep.dtype != torch.bool or tuple(self.keep.shape) != (B, T - 1):
+            raise ValueError(f"TokenHead: keep must be a bool mask [B, T-1] = [{B}, {T - 1}] of the positions "
+                             f"wanted, got {self.keep.dtype} {tuple(self.keep.shape)}")
+        if self.logits:
+            raise ValueError("TokenHead: keep (some positions) and logits=True (the whole logits) exclude "
+                             "each other; ask for one")
+
+    def kept(self) -> torch.Tensor | None:
+        """The kept positions as indices [K] long into the flattened [B * T] positions (b * T + t), in
+        row-major order; None without `keep`."""
+        if self.keep is None:
+            return None
+        flat = self.keep.reshape(-1).nonzero().squeeze(1)  # [K] into [B * (T-1)]
+        return flat + flat // self.keep.shape[1] if self.keep.shape[1] else flat  # b*(T-1)+t -> b*T+t
+
+    def positions(self, vocab: int, dim: int = 1, n: int | None = None) -> int:
+        """Positions per slice for an output layer [vocab, dim] (0: one slice, the unchunked path), over `n`
+        positions (default: all B x (T-1)). Auto slices have at least `dim` positions: a slice's logits are
+        then at least as large as the layer's weight, which each slice reads once (fewer positions would
+        make the matmuls memory-bound)."""
         if self.logits or self.chunk == 0:
             return 0
-        n = self.ids.shape[0] * (self.ids.shape[1] - 1)
+        n = self.ids.shape[0] * (self.ids.shape[1] - 1) if n is None else n
         if self.chunk < 0 and n * vocab <= AUTO_WHOLE_LOGITS:
             return 0
         c = max(1, AUTO_CHUNK_LOGITS // vocab, dim) if self.chunk < 0 else self.chunk
         return c if n > c else 0
 
     def of_logits(self, logits: torch.Tensor) -> HeadOutput:
-        """The answer from whole logits [B, T, V] (the unchunked path; models without a `head` argument)."""
+        """The answer from whole logits [B, T, V] (the unchunked path; models without a `head` argument).
+        With `keep`, the kept positions' rows of them (the same floats as without; 0.0 elsewhere)."""
+        rows = self.kept()
+        if rows is not None:
+            z = logits.reshape(-1, logits.shape[-1]).index_select(0, rows)  # [K, V]
+            return self._placed(rows, *_row_stats(z, self._targets(rows), self.entropy))
         ent = entropy_from_logits(logits[:, :-1]) if self.entropy else None
         return HeadOutput(token_log_probs(logits, self.ids), ent, logits if self.logits else None)
 
+    def _targets(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [K] (indices b * T + t) -> the predicted tokens ids[b, t + 1] [K]."""
+        return self.ids.reshape(-1).index_select(0, rows + 1)
+
+    def _placed(self, rows: torch.Tensor, lp: torch.Tensor, ent: torch.Tensor | None) -> HeadOutput:
+        """Per-kept-position lp [K] / ent [K] | None -> [B, T-1], 0.0 at the positions not kept."""
+        B, T = self.ids.shape
+        flat = rows - rows // T  # b * T + t -> b * (T-1) + t
+
+        def place(x):
+            return x.new_zeros(B * (T - 1)).index_copy(0, flat, x).view(B, T - 1)
+        return HeadOutput(place(lp), place(ent) if ent is not None else None)
+
     def __call__(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  project: Callable[[torch.Tensor], torch.Tensor]) -> HeadOutput:
-        """hidden [B, T, D], weight [V, D], bias [V] | None, project(hidden) -> logits [B, T, V]."""
+        """hidden [B, T, D], weight [V, D], bias [V] | None, project(hidden [..., D]) -> logits [..., V]
+        (with `keep` it gets the kept positions' hidden states [K, D])."""
         B, T = self.ids.shape
         assert hidden.shape[:2] == (B, T), f"TokenHead: hidden {tuple(hidden.shape)} vs ids {tuple(self.ids.shape)}"
+        rows = self.kept()
+        if rows is not None:  # the output layer on the kept positions only: [K, D] -> [K, V]
+            h = hidden.reshape(B * T, hidden.shape[-1]).index_select(0, rows)  # [K, D]
+            targets = self._targets(rows)  # [K]
+            chunk = self.positions(*weight.shape, n=rows.shape[0])
+            if not chunk:
+                return self._placed(rows, *_row_stats(project(h), targets, self.entropy))
+            lp, ent = _ChunkedHead.apply(h, weight, bias, targets, chunk, self.entropy)
+            return self._placed(rows, lp, ent if self.entropy else None)
         chunk = self.positions(*weight.shape)
         if not chunk:
             return self.of_logits(project(hidden))
@@ -162,6 +219,43 @@ class SharedPrefix:
         dev = ids.device
         return SharedPrefix(ids_seg_pos[:, 0].to(dev), ids_seg_pos[:, 2].to(dev), mask[:, None].to(dev),
                             torch.tensor(source, dtype=torch.long, device=dev))
+
+    @staticmethod
+    def prompt_units(ids: torch.Tensor, attention_mask: torch.Tensor, action_mask: torch.Tensor,
+                     units: list[list[int]]) -> list[list[int]]:
+        """`units` (lists of rows that stay together, e.g. a DPO pair) merged where their rows have the same
+        prompt -- the same tokens up to the first POLICY token (a GRPO group: one prompt, G completions; DPO
+        pairs of one prompt) -- so `of` runs that prompt once for all of them. A merged unit's packed row
+        stays at most twice as long as its longest row (else a unit starts anew): the packing's attention
+        runs over the packed row (its mask is dense, [L, L]), so this bounds it at twice the rows' own.
+
+        ids [B, T] long, attention_mask [B, T] (nonzero on real tokens), action_mask [B, T-1] (nonzero on
+        POLICY tokens' predictions) -> units, a partition of the rows (units never split; order of first row)."""
+        if len(units) < 2:
+            return units
+        lengths = attention_mask.bool().sum(-1).tolist()  # [B]
+        acting = action_mask != 0  # [B, T-1]
+        first = torch.where(acting.any(-1), acting.float().argmax(-1) + 1, -1).tolist()  # [B] the first policy token
+        rows = ids.tolist()
+        open_units: dict[tuple, list[int]] = {}  # prompt -> the index in `merged` of the unit still taking rows
+        merged: list[list[int]] = []
+        for unit in units:
+            lead = unit[0]
+            if first[lead] <= 0 or any(first[r] != first[lead] or rows[r][:first[r]] != rows[lead][:first[lead]]
+                                       for r in unit):
+                merged.append(list(unit))  # rows without a policy token, or a unit of several prompts: as given
+                continue
+            key, p = tuple(rows[lead][:first[lead]]), first[lead]
+            at = open_units.get(key)
+            if at is not None:
+                cand = merged[at] + list(unit)
+                packed = p + sum(lengths[r] - p for r in cand)
+                if packed <= 2 * max(lengths[r] for r in cand):
+                    merged[at] = cand
+                    continue
+            open_units[key] = len(merged)
+            merged.append(list(unit))
+        return merged
 
     def gather(self, packed: torch.Tensor) -> torch.Tensor:
         """Per-position outputs of the packed rows [U, L, ...] -> the batch's rows [B, T, ...]."""
@@ -260,10 +354,15 @@ def token_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     assert logits.dim() == 3 and ids.dim() == 2 and logits.shape[:2] == ids.shape, (
         f"token_log_probs: logits {tuple(logits.shape)} and ids {tuple(ids.shape)}"
     )
-    logits = logits[:, :-1].float()  # [B, T-1, V]
-    target = ids[:, 1:].unsqueeze(-1)  # [B, T-1, 1]
-    picked = logits.gather(-1, target).squeeze(-1)  # [B, T-1]
-    return picked - torch.logsumexp(logits, dim=-1)
+    return _row_stats(logits[:, :-1], ids[:, 1:], entropy=False)[0]  # [B, T-1]
+
+
+def _row_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits z [..., V], targets [...] long -> (log-probs [...], entropy [...] | None), in fp32: the
+    gathered logit minus the logsumexp (`token_log_probs` on [B, T-1, V]; the kept rows [K, V] of a `TokenHead`)."""
+    z = z.float()
+    picked = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(z, dim=-1), entropy_from_logits(z) if entropy else None
 
 
 def sequence_log_probs(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -197,9 +197,11 @@ def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, us
     loss reads) in `extras`. pi_old's forward runs only when something reads it: one on-policy
     REINFORCE step never does, and skipping it saves a quarter of the step."""
     use_values = config.advantage == "gae"
-    old = engine.forward(batch, values=use_values) if use_old or use_values or config.kl_in_reward else None
+    # both read only at the POLICY tokens (the loss, the KL reward): the output layer runs only there
+    reads_old = use_old or use_values or config.kl_in_reward
+    old = engine.forward(batch, values=use_values, positions="actions") if reads_old else None
     old_logp = old.logprobs if old is not None else None
-    ref_logp = ref.forward(batch).logprobs if ref is not None else None
+    ref_logp = ref.forward(batch, positions="actions").logprobs if ref is not None else None
     old_values = old.values[:, :-1] if use_values else None
     advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp)
     if config.whiten_advantages:

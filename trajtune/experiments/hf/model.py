@@ -71,6 +71,8 @@ def load_engine(ctx, model: ModelConfig, optim, *, value_head: bool = False, see
     policy = hf.load_policy(model.path, value_head=value_head, lora=model.lora(),
                             gradient_checkpointing=model.gradient_checkpointing, disable_dropout=model.disable_dropout)
     device = None if model.device == "cuda" and launched_distributed() else model.device  # cuda:LOCAL_RANK
+    # the output layer only at the POLICY tokens the losses read (TRL's GRPO `logits_to_keep`; here for SFT and
+    # DPO too): with a real vocabulary it is the largest matmul of a small model, and prompts are most positions
     engine = ctx.engine(policy, optim, device=device, autocast=None if model.precision == "fp32" else model.precision,
-                        micro_batch_size=model.micro_batch_size)
+                        micro_batch_size=model.micro_batch_size, head_positions="actions")
     return policy, engine
