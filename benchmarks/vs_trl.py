@@ -46,6 +46,10 @@ reads (the completion's tokens; `logprobs.TokenHead.keep`), as TRL's GRPO does (
 and DPO do not. --all-positions adds a column: trajtune with head_positions="all" (every position of the batch,
 prompt and padding included, through the output layer), in the same alternation, so one run shows both.
 
+--draw race: trajtune's sampler draws each token as torch.multinomial does (TRL's generation too: an exponential
+race, one random number per vocabulary entry and row, serial on a CPU: ~33 ms per token for 64 completions over
+the FLOP row's 16,384 entries); by default it draws by inverse CDF (one per row; the default of `trajtune grpo`).
+
 --no-share-prefix: trajtune runs each DPO pair's and GRPO group's prompt once per completion, as TRL does;
 by default the engine runs it once (`logprobs.SharedPrefix`: the same log-probs to float rounding).
 
@@ -142,6 +146,10 @@ def reward_fn(prompts, completions, answer=None, **kw):
     return [float(a in (c if isinstance(c, str) else c[-1]["content"])) for c, a in zip(completions, answer)]
 
 
+DRAW = "cdf"
+"""how trajtune's sampler draws a token (`--draw`): "cdf", as `trajtune grpo` / `rft` do by default, or "race",
+torch.multinomial's draw, which TRL's generation uses (the same distribution; `trajtune.sampling.pick_next`)"""
+
 CLOCK = time.perf_counter
 """What a step's time is: wall (`perf_counter`), or with `--clock cpu` this process's CPU seconds (`process_time`)"""
 
@@ -196,7 +204,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
     else:
         tasks = D.prompt_tasks(D.read_rows(d / "grpo.jsonl"))
         collect = make_collect(engine.sample, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
-                               max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens)
+                               max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens, draw=DRAW)
         train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group, advantage="grpo",
                                                    aggregation="sequence"), r.pad_id)
     return clock.intervals()
@@ -410,6 +418,9 @@ def main() -> int:
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="a step's time: wall seconds, or this process's CPU seconds (with --threads 1: the time "
                          "the step would take on an idle core, robust to other processes on the machine)")
+    ap.add_argument("--draw", choices=["cdf", "race"], default="cdf",
+                    help="how trajtune's sampler draws a token: cdf (the default of trajtune grpo / rft: one "
+                         "random number per row) or race (torch.multinomial's, as TRL: one per vocabulary entry)")
     ap.add_argument("--profile", action="store_true", help="print where each library's step goes, and the bound")
     ap.add_argument("--trl-same-math", action="store_true",
                     help="TRL without gradient checkpointing and, for DPO, with precomputed reference log-probs")
@@ -419,7 +430,8 @@ def main() -> int:
     ap.add_argument("--all-positions", action="store_true",
                     help="also time trajtune with the output layer at every position (head_positions='all')")
     args = ap.parse_args()
-    global PROFILE, CLOCK
+    global PROFILE, CLOCK, DRAW
+    DRAW = args.draw
     if args.clock == "cpu":
         CLOCK = time.process_time
     if args.profile:
@@ -433,7 +445,7 @@ def main() -> int:
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
-          f"{torch.get_num_threads()} threads, CPU fp32, {args.clock} clock; load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+          f"{torch.get_num_threads()} threads, CPU fp32, {args.clock} clock, trajtune draw {args.draw}; load average {os.getloadavg()[0]:.1f} at the start", flush=True)
     rows, flop = [], []
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

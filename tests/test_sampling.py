@@ -97,3 +97,67 @@ def test_decoding_past_the_context_is_an_error_and_up_to_it_is_not(tiny_model):
     assert [len(t) for t in sample(tiny_model, long, 4, gen(0)).tokens] == [4, 4]
     with pytest.raises(ValueError, match="context max_len=64"):
         sample(tiny_model, long, 6, gen(0))
+
+
+# --- draw="cdf": one random number per row, the same distribution as the race ------------------------
+def _cdf_logits(V=2600, seed=5):
+    # a row whose mass sits in several blocks of CDF_BLOCK entries, the ragged last block included
+    g = gen(seed)
+    logits = torch.randn(V, generator=g) - 6.0
+    hot = torch.tensor([3, 1030, 1031, 2047, 2048, V - 2, V - 1])
+    logits[hot] = torch.tensor([2.0, 0.2, 0.0, -0.5, 0.5, 1.5, -1.0])
+    return logits
+
+
+@pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.6}])
+def test_cdf_draws_the_distribution_and_reports_the_models_log_probs(kw):
+    from trajtune.sampling import CDF_BLOCK
+
+    logits = _cdf_logits()
+    assert logits.numel() % CDF_BLOCK and logits.numel() > 2 * CDF_BLOCK
+    scaled = logits / kw.get("temperature", 1.0)
+    probs = torch.softmax(filter_logits(scaled[None], kw.get("top_k", 0), kw.get("top_p", 1.0)), -1)[0]
+    n, g, counts = 12_000, gen(7), torch.zeros_like(probs)
+    for _ in range(2):
+        tok, lp = pick_next(logits.expand(n // 2, -1), g, draw="cdf", **kw)
+        counts += torch.bincount(tok, minlength=logits.numel())
+        assert torch.allclose(lp, torch.log_softmax(scaled, -1)[tok], atol=1e-5)  # untruncated, as "race"
+    freq = counts / n
+    assert (counts[probs == 0] == 0).all()  # a token cut by top-k / top-p is never drawn
+    se = (probs * (1 - probs) / n).sqrt()
+    assert ((freq - probs).abs() <= 5 * se + 1e-4).all(), (freq - probs).abs().max()
+    # a sabotage check of the check: the race's frequencies of another distribution fail it
+    other = torch.softmax(logits.roll(1), -1)
+    assert not ((freq - other).abs() <= 5 * se + 1e-4).all()
+
+
+def test_cdf_rows_with_own_generators_and_seeds():
+    logits = torch.stack([_cdf_logits(seed=s) for s in range(6)])  # [6, V]
+    batched, alone = [gen(30 + b) for b in range(6)], [gen(30 + b) for b in range(6)]
+    for _ in range(5):
+        tok, lp = pick_next(logits, None, generators=batched, draw="cdf")
+        for b in range(6):
+            t, l = pick_next(logits[b : b + 1], alone[b], draw="cdf")
+            assert int(t) == int(tok[b]) and torch.equal(l, lp[b : b + 1])
+    assert all(torch.equal(x.get_state(), y.get_state()) for x, y in zip(batched, alone))
+    # one float64 per row and pick: the generator moves as torch.rand(B, dtype=float64) does
+    g, h = gen(3), gen(3)
+    pick_next(logits, g, draw="cdf")
+    torch.rand(6, dtype=torch.float64, generator=h)
+    assert torch.equal(g.get_state(), h.get_state())
+    # top_k=1 and greedy agree with the argmax
+    assert torch.equal(pick_next(logits, gen(1), top_k=1, draw="cdf")[0], logits.argmax(-1))
+
+
+def test_sample_with_cdf_draw(tiny_model):
+    a = sample(tiny_model, PROMPTS, 12, gen(0), stop_ids=[7], draw="cdf")
+    assert a == sample(tiny_model, PROMPTS, 12, gen(0), stop_ids=[7], draw="cdf")
+    assert a.tokens != sample(tiny_model, PROMPTS, 12, gen(0), stop_ids=[7]).tokens  # another draw than the race
+    for p, toks, lps in zip(PROMPTS, a.tokens, a.logprobs):
+        ref = torch.log_softmax(tiny_model(torch.tensor([p + toks]))[0, len(p) - 1 : -1], -1)
+        assert torch.allclose(torch.tensor(lps), ref.gather(-1, torch.tensor(toks)[:, None]).squeeze(-1), atol=1e-5)
+    together = sample(tiny_model, PROMPTS, 12, stop_ids=[7], generators=[gen(20 + b) for b in range(3)], draw="cdf")
+    for b, p in enumerate(PROMPTS):
+        assert sample(tiny_model, [p], 12, stop_ids=[7], generators=[gen(20 + b)], draw="cdf").tokens[0] == together.tokens[b]
+    with pytest.raises(ValueError, match="draw must be one of"):
+        sample(tiny_model, PROMPTS, 3, gen(0), draw="gumbel")

@@ -66,7 +66,8 @@ log = logging.getLogger("trajtune.rollout")
 
 Sampler = Callable[..., Samples]
 """`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
-e.g. `engine.sample` or `functools.partial(trajtune.sampling.sample, model)`."""
+e.g. `engine.sample` or `functools.partial(trajtune.sampling.sample, model)`; also `draw=` when a rollout asks for a
+draw other than the default "race" (`trajtune.sampling.pick_next`)."""
 
 
 class ScriptedPolicy(Protocol):
@@ -162,6 +163,7 @@ def rollout_batch(
     top_k: int = 0,
     top_p: float = 1.0,
     greedy: bool = False,
+    draw: str = "race",
     groups: Sequence[int] | None = None,
     row_seeds: Sequence[int] | None = None,
     step_timeout_s: float | None = STEP_TIMEOUT_S,
@@ -171,6 +173,8 @@ def rollout_batch(
     policy:    the sampler (see `Sampler`); called once per turn on all unfinished episodes
     envs:      one environment instance per episode (they hold episode state)
     generator: seeds the sampler (same seed, same episodes)
+    draw:      how the sampler draws a token ("race" or "cdf": `trajtune.sampling.pick_next`); passed to the
+               sampler only when not "race", so a sampler without the option (HF `generate`) still works
     groups:    group id per episode; default: equal tasks share an id (for group baselines)
     row_seeds: optional seed per episode: each episode samples from its own generator
                (replaces `generator`), so its actions do not depend on the other
@@ -205,6 +209,8 @@ def rollout_batch(
             break
         # 2. one batched, KV-cached sampler call for all of them
         per_row = {} if row_seeds is None else {"generators": [ep.generator for ep, _ in active]}
+        if draw != "race":
+            per_row["draw"] = draw
         samples = policy(
             [ids for _, ids in active], max_action_tokens, generator,
             temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids, **per_row,

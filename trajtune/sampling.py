@@ -17,6 +17,9 @@ from typing import Sequence
 
 import torch
 
+DRAWS = ("race", "cdf")
+"""`pick_next(draw=)`: how a token is drawn from a row's distribution"""
+
 
 @dataclass
 class Samples:
@@ -61,17 +64,31 @@ def pick_next(
     top_p: float = 1.0,
     greedy: bool = False,
     generators: Sequence[torch.Generator] | None = None,
+    draw: str = "race",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row. logits [B, V] -> (tokens [B] long, logprobs [B] float).
 
+    draw: how a token is drawn from the row's distribution (both exact in distribution; `DRAWS`):
+      "race"  the token `torch.multinomial(probs, 1)` draws (and so HF `generate`): an exponential race,
+              argmax(probs / q) with q ~ Exp(1), V random numbers per row. Their generation is serial on a
+              CPU: ~33 ms per [64, 16384] pick on one core, ~300 ms at Qwen's 151,936 tokens, more than a
+              small model's decode step (benchmarks/vs_trl.py --draw).
+      "cdf"   inverse CDF: one uniform per row, searched for in blocks of the row's cumulative
+              probabilities (`_pick_cdf`): ~2 ms per [64, 16384]. From the same seed it draws other
+              tokens than "race".
     `generators` (one per row, replaces `generator`): row b draws from `generators[b]` alone, the
-    token `torch.multinomial(probs[b:b+1], 1, generator=generators[b])` would draw. That is how
-    torch draws one sample, as an exponential race: argmax(probs / q) with q ~ Exp(1) drawn from the
-    generator, [V] per row (tests/test_sampling.py checks the two agree). Drawing q row by row and
+    token `pick_next(logits[b:b+1], generators[b], draw=draw)` draws (tests/test_sampling.py); for "race"
+    that is `torch.multinomial(probs[b:b+1], 1, generator=generators[b])`. Drawing q (or u) row by row and
     the race batched keeps each row's stream its own without B separate softmaxes.
     """
+    if draw not in DRAWS:
+        raise ValueError(f"pick_next: draw must be one of {DRAWS}, got {draw!r}")
     logits = logits.float()
     scaled = logits if greedy or temperature == 1.0 else logits / temperature
+    if generators is not None and not greedy and len(generators) != logits.shape[0]:
+        raise ValueError(f"pick_next: {len(generators)} generators for {logits.shape[0]} rows")
+    if draw == "cdf" and not greedy:
+        return _pick_cdf(scaled, top_k, top_p, generator, generators)
     logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
     if greedy:
         tok = logits.argmax(-1)
@@ -80,13 +97,63 @@ def pick_next(
         if generators is None:
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
-            if len(generators) != probs.shape[0]:
-                raise ValueError(f"pick_next: {len(generators)} generators for {probs.shape[0]} rows")
             q = torch.empty_like(probs)  # [B, V] Exp(1) noise, row b from generators[b]
             for row, g in zip(q, generators, strict=True):
                 row.exponential_(generator=g)
             tok = (probs / q).argmax(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+CDF_BLOCK = 1024
+"""`draw="cdf"`: vocabulary entries per block of the two-level search"""
+
+
+def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator | None,
+              generators: Sequence[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pick_next(draw="cdf")`: scaled logits [B, V] -> (tokens [B] long, logprobs [B] float).
+
+    One pass of exp over the row (no softmax and log_softmax, no [B, V] float64 tensor):
+    w = exp(scaled - max) are the unnormalised probabilities; the log-prob is scaled[token] - max - log(sum w)
+    (the untruncated distribution, as "race" reports it); top-k / top-p zero the cut entries of w before
+    the draw. The draw is two-level: u ~ U[0, 1) (float64, one per row, from `generators[b]` for row b
+    when given), a block of `CDF_BLOCK` entries by the blocks' masses (float32 sums, accumulated in
+    float64), then the entry within the block by its float64 cumulative sum: the first entry whose
+    cumulative mass exceeds u x total, so an entry of mass 0 (cut by top-k / top-p) is never drawn.
+    Block masses are as exact as the float32 probabilities they sum."""
+    B, V = scaled.shape
+    top = scaled.amax(-1, keepdim=True)  # [B, 1]
+    w = torch.exp(scaled - top)  # [B, V] unnormalised probabilities
+    n_full, K = V // CDF_BLOCK, CDF_BLOCK
+    masses = torch.empty(B, n_full + (V % K > 0), dtype=torch.float64, device=w.device)  # [B, NB]
+
+    def fill_masses(x: torch.Tensor) -> None:  # x [B, V] >= 0 -> masses of its blocks
+        if n_full:
+            masses[:, :n_full] = x.unfold(-1, K, K).sum(-1)
+        if V % K:
+            masses[:, n_full] = x[:, n_full * K:].sum(-1)
+
+    fill_masses(w)
+    log_z = top.squeeze(-1).double() + masses.sum(-1).log()  # [B] log of the untruncated normaliser
+    if top_k or top_p < 1.0:
+        w = w.masked_fill(filter_logits(scaled, top_k, top_p) == float("-inf"), 0.0)
+        fill_masses(w)
+    if generators is None:
+        u = torch.rand(B, 1, dtype=torch.float64, generator=generator,
+                       device=torch.device("cpu") if generator is None else generator.device)
+    else:
+        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])[:, None]
+    cum = masses.cumsum(-1)  # [B, NB]
+    total = cum[:, -1:]  # [B, 1]
+    below = lambda x: torch.nextafter(x, torch.zeros_like(x))  # noqa: E731  the largest float64 under x
+    target = torch.minimum(u.to(cum.device) * total, below(total))  # [B, 1], < total
+    block = torch.searchsorted(cum, target, right=True)  # [B, 1] the first block whose cumulative mass exceeds it
+    rest = target - torch.where(block > 0, cum.gather(-1, (block - 1).clamp(min=0)), 0.0)  # [B, 1] mass left
+    idx = block * K + torch.arange(K, device=w.device)  # [B, K] the block's entries
+    inside = w.gather(-1, idx.clamp(max=V - 1)).double().masked_fill(idx >= V, 0.0).cumsum(-1)  # [B, K]
+    rest = torch.minimum(rest, below(inside[:, -1:]))  # the two sums of the block round differently
+    tok = (block * K + torch.searchsorted(inside, rest, right=True)).squeeze(-1)  # [B]
+    logp = (scaled.gather(-1, tok[:, None]).squeeze(-1).double() - log_z).float()  # [B]
+    return tok, logp
 
 
 @torch.inference_mode()
@@ -104,6 +171,7 @@ def sample(
     pad_id: int = 0,
     use_cache: bool = True,
     generators: Sequence[torch.Generator] | None = None,
+    draw: str = "race",
 ) -> Samples:
     """Sample continuations of `prompts` (lists of token ids, any lengths).
 
@@ -113,6 +181,8 @@ def sample(
     `generators` (one CPU generator per prompt, replaces `generator`): each row draws
     from its own stream, and only while it is unfinished, so a row's samples do not
     depend on which other rows share its batch (sharded rollouts, trajtune.distributed).
+    `draw`: "race" (torch.multinomial's draw, as HF `generate`) or "cdf" (one random number per row
+    instead of one per vocabulary entry: far faster with a large vocabulary on a CPU; `pick_next`).
 
     Per new token the loop runs one model step on [B, 1], the pick, and a handful of
     [B] ops: a finished row keeps being fed (its attention mask False, so no later
@@ -126,6 +196,8 @@ def sample(
         raise ValueError(f"sample: {len(generators)} generators for {len(prompts)} prompts")
     if temperature <= 0 and not greedy:
         raise ValueError("sample: temperature must be > 0 (use greedy=True for argmax)")
+    if draw not in DRAWS:
+        raise ValueError(f"sample: draw must be one of {DRAWS}, got {draw!r}")
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     # left padding: the last column is every row's last prompt token
@@ -143,9 +215,9 @@ def sample(
     for step in range(max_new_tokens):
         active = ~done  # [B] rows still sampling: this step's token is theirs
         if generators is None:
-            tok, lp = pick_next(logits, generator, temperature, top_k, top_p, greedy)
+            tok, lp = pick_next(logits, generator, temperature, top_k, top_p, greedy, draw=draw)
         else:
-            tok, lp = _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy)
+            tok, lp = _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy, draw)
         out_tok[:, step] = tok
         out_lp[:, step] = lp
         steps = step + 1
@@ -169,7 +241,7 @@ def sample(
                    [row[:n] for row, n in zip(lp_rows, n_new, strict=True)], stopped.tolist())
 
 
-def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy, draw) -> tuple[torch.Tensor, torch.Tensor]:
     """`pick_next` on the unfinished rows (`active` [B]), row b with `generators[b]` (drawn on CPU).
     logits [B, V] -> (tokens [B], logprobs [B]); finished rows get token 0, log-prob 0."""
     rows = active.nonzero().flatten()  # [A]
@@ -177,6 +249,6 @@ def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy)
     lp = torch.zeros(logits.shape[0], device=logits.device)
     if len(rows):
         t, l = pick_next(logits[rows].cpu(), None, temperature, top_k, top_p, greedy,
-                         generators=None if greedy else [generators[b] for b in rows.tolist()])
+                         generators=None if greedy else [generators[b] for b in rows.tolist()], draw=draw)
         tok[rows], lp[rows] = t.to(tok.device), l.to(lp.device)
     return tok, lp
