@@ -81,6 +81,10 @@ class OptimConfig:
     """the decay ends at lr * min_lr_ratio (0: where transformers' schedules end)"""
     on_nonfinite: Literal["skip", "stop"] = "skip"
     """a NaN/Inf gradient skips the step (logged as train/skipped) or stops the run"""
+    fused: bool = False
+    """AdamW's fused kernel (TRL's default; on in the Hugging Face commands): one kernel over every parameter,
+    faster than the multi-tensor ("foreach") AdamW, but it rounds differently, so the built-in experiments keep
+    foreach (their numbers, bit for bit)"""
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -296,13 +300,14 @@ class TorchEngine:
         """AdamW over the trainable parameters, created lazily (inference-only engines never allocate it).
 
         The multi-tensor ("foreach") AdamW: the same operations as the one-tensor-at-a-time loop, so the same
-        floats bit for bit (tests/test_fast_paths.py), in a few calls instead of ~8 per parameter. Not the
-        fused kernel (TRL's default): that one rounds differently."""
+        floats bit for bit (tests/test_fast_paths.py), in a few calls instead of ~8 per parameter; with
+        `OptimConfig.fused` the fused kernel (TRL's default), which rounds differently. Both keep the same
+        state (a checkpoint of one resumes in the other)."""
         if self._optimizer is None:
             c = self.optim_config
             params = [p for p in self.model.parameters() if p.requires_grad]
             self._optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay,
-                                                foreach=True)
+                                                foreach=None if c.fused else True, fused=c.fused or None)
         return self._optimizer
 
     # --- the forward pass (the one place a model is called on a batch) --------------------
