@@ -15,9 +15,10 @@ fault limit; an experiment's counters and batch reward functions):
         rollout_batch(engine.sample, ...)  -- envs, tasks, generator state -->  rollout_batch(own policy, ...)
                                            <-- Trajectories, generator state, log records
         check_faults, counters ...
-      optimizer step
+      optimizer step, probe(rows): its hashes and log-probs of a few rows (in the training thread)
       sync(probe)  -- weights (shared memory) + probe rows -->  copy into own model,
-                   <-- did they change, their hashes, probe log-probs      log-probs of the probe
+                   (no wait: the answer is read, and checked,    log-probs of the probe
+                    before the next rollout's episodes)  <-- did they change, their hashes, probe log-probs
 
 Routing: while the loop collects (`SamplerProcess.routing()`, in its own thread only), the
 episodes `make_collect` runs with `engine.sample` as the sampler go to this process
@@ -58,8 +59,12 @@ closes it however the run ends.
 
 Weights travel through one shared-memory copy of the state dict, allocated once (the
 trainer writes it after an optimizer step, the sampler copies it into its own model
-before it answers). Every sync is checked, since a sync that silently does nothing is
-the classic failure of asynchronous RL:
+before it answers). The trainer does not wait for a sync: its answer is read when the
+next rollout is asked for (the pipe keeps the order: sync, then those episodes), so the
+sampler loads and checks the weights while the trainer logs and starts its next update
+(the probe's own forward ran in the training thread), and no episode sampled on weights
+that failed the check reaches the trainer. Every sync is checked, since a sync that silently
+does nothing is the classic failure of asynchronous RL:
 
   * the sampler's weights must change when the trainer's did (hashes before / after);
   * the sampler's weights must then equal the trainer's, tensor by tensor (hashes);
@@ -83,6 +88,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -114,6 +120,19 @@ def routed(policy: Any) -> "SamplerProcess | None":
     return getattr(_local, "routes", {}).get(policy)
 
 
+@dataclass
+class SyncProbe:
+    """The trainer's side of one weight sync check (`SamplerProcess.probe`): the probe rows, the trainer's
+    log-probs of them and its weights' hashes after optimizer step `step`."""
+
+    ids: torch.Tensor  # [b, T]
+    mask: torch.Tensor  # [b, T] attention mask
+    action_mask: torch.Tensor  # [b, T-1] bool: the POLICY tokens compared
+    logprobs: torch.Tensor  # [b, T-1] the trainer's log-probs
+    hashes: dict[str, str]
+    step: int
+
+
 class SamplerProcess:
     """A process that runs episodes with its own copy of `engine.model`, synced by `sync()`.
 
@@ -135,6 +154,8 @@ class SamplerProcess:
         self.calls = 0
         """rollout() calls answered so far (the loop checks that a collect ran its episodes here)"""
         self._busy, self._closed, self._start_error, self._sent_at = False, False, None, 0.0
+        self._pending: SyncProbe | None = None  # the sync in flight (sent, its answer not yet checked)
+        self._diffs: list[float] = []  # log-prob differences of the syncs checked since `checked()`
         levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}
         fork = start_method(engine, threads) == "fork"
         ctx = mp.get_context("fork") if fork else _forkserver()
@@ -184,6 +205,7 @@ class SamplerProcess:
                               "functions (picklable), or set max_staleness 0 and sampler_process false") from None
         if fresh:
             self._renderers[rid] = renderer
+        self._finish_sync()  # the sampler loaded the last weights before these episodes: checked first
         trajs, state, records = self._call("rollout", payload)
         _emit(records)
         if generator is not None:
@@ -191,30 +213,49 @@ class SamplerProcess:
         self.calls += 1
         return trajs
 
-    def sync(self, probe: Batch) -> dict[str, float]:
-        """Send the trainer's current weights; check they arrived (module docstring) on `probe`'s rows
-        (ids [b, T]); returns {"sync/logprob_diff": max |sampler - trainer| log-prob on POLICY tokens}."""
-        truth = weight_hashes(self.engine.model)
+    def probe(self, batch: Batch) -> "SyncProbe":
+        """What the trainer knows after an optimizer step (call it in the thread that trained): its weights'
+        hashes and its log-probs of `batch`'s rows (ids [b, T]), for `sync` to check the sampler against."""
+        logp = self.engine.forward(batch).logprobs.detach().float().cpu()  # [b, T-1]
+        return SyncProbe(batch.ids.cpu(), batch.attention_mask.cpu(), batch.action_mask.bool().cpu(), logp,
+                         weight_hashes(self.engine.model), self.engine.step)
+
+    def sync(self, probe: "SyncProbe") -> None:
+        """Send the trainer's current weights (those `probe` was taken on) and ask the sampler to load them.
+        Does not wait: the sampler loads them before its next episodes, and the check (module docstring)
+        completes when that answer arrives (`checked`), before any of those episodes reach the trainer."""
+        self._finish_sync()  # at most one sync in flight
         self._publish()
-        self._send("sync", probe.ids.cpu().numpy(), probe.attention_mask.cpu().numpy())
-        mine = self.engine.forward(probe).logprobs.detach().float().cpu()  # [b, T-1], while the sampler computes its own
+        self._send("sync", probe.ids.numpy(), probe.mask.numpy())
+        self._pending = probe
+
+    def checked(self) -> dict[str, float]:
+        """{"sync/logprob_diff": max |sampler - trainer| log-prob on the probe's POLICY tokens} of the syncs
+        checked since the last call (the largest; {} if none)."""
+        out, self._diffs = ({"sync/logprob_diff": max(self._diffs)} if self._diffs else {}), []
+        return out
+
+    def _finish_sync(self) -> None:
+        """Wait for the answer to the sync in flight, if any, and check it; a failed check raises `SyncError`."""
+        probe, self._pending = self._pending, None
+        if probe is None:
+            return
         changed, theirs, their_logp = self._receive("sync")
-        their_logp = torch.from_numpy(their_logp)
-        mask = probe.action_mask.bool()
-        diff = float((mine - their_logp).abs()[mask].max()) if mask.any() else 0.0
-        if truth != self._synced and not changed:
+        diff = float((probe.logprobs - torch.from_numpy(their_logp)).abs()[probe.action_mask].max()) \
+            if probe.action_mask.any() else 0.0
+        if probe.hashes != self._synced and not changed:
             raise SyncError("weight sync failed: the trainer's weights changed at optimizer step "
-                            f"{self.engine.step} but the sampler process's did not (it would sample with stale "
+                            f"{probe.step} but the sampler process's did not (it would sample with stale "
                             f"weights from now on); sampler-trainer log-prob difference {diff:.3g}")
-        wrong = [k for k in truth if theirs.get(k) != truth[k]]
+        wrong = [k for k in probe.hashes if theirs.get(k) != probe.hashes[k]]
         if wrong or not diff <= self.tolerance:
             why = (f"the sampler's weights differ from the trainer's in {len(wrong)} tensor(s) ({', '.join(wrong[:3])})"
                    if wrong else "the weights are equal, but the two copies do not compute the same policy")
-            raise SyncError(f"weight sync check failed after optimizer step {self.engine.step}: the sampler's and the "
+            raise SyncError(f"weight sync check failed after optimizer step {probe.step}: the sampler's and the "
                             f"trainer's log-probs of the same tokens differ by {diff:.3g} nats (tolerance "
                             f"{self.tolerance:g}, RLConfig.sync_tolerance); {why}")
-        self._synced = truth
-        return {"sync/logprob_diff": diff}
+        self._synced = probe.hashes
+        self._diffs.append(diff)
 
     def close(self) -> None:
         """Stop the sampler process (idempotent): asked to exit, or killed if it is in the middle of a call

@@ -78,7 +78,7 @@ METRICS: dict[str, str] = {
     "pg/clip_frac": "share of POLICY tokens whose ratio was clipped",
     "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler",
     "pg/tis_capped_frac": "share of tokens whose TIS weight hit the cap",
-    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync (algorithms.rl, sampler process)",
+    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the step the sampler loaded it (algorithms.rl, sampler process)",
     "policy/entropy": "mean entropy (nats) of the policy at POLICY tokens",
     # --- value head (PPO)
     "value/loss": "value-regression loss 0.5 (V - return)^2",

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
@@ -270,7 +270,7 @@ class Rollouts:
     step ahead while the last step trains (`max_staleness` 1).
 
     take(step)            -> (the step's trajectories, its generator after sampling them)
-    overlap(step, update) -> update()'s row, plus sync/logprob_diff after the sampler's weights are synced;
+    overlap(step, update) -> update()'s row, plus sync/logprob_diff of the weight sync the sampler loaded in the step;
                              with max_staleness 1, step + 1 is sampled while `update` runs in a thread
     """
 
@@ -303,15 +303,24 @@ class Rollouts:
             if ahead:
                 self._prefetch(step + 1)
             return {"train/kept_episodes": 0.0}
+        sampler = self.sampler
+
+        def update_and_probe() -> tuple[dict, Any]:  # the trainer's side of the sync check, in the same thread
+            batch, row = update()
+            return row, None if sampler is None else sampler.probe(
+                batch.select(torch.arange(min(self.PROBE_ROWS, batch.size))))
+
         if ahead:
             with ThreadPoolExecutor(1, thread_name_prefix="trajtune-update") as pool:
-                job = pool.submit(update)
+                job = pool.submit(update_and_probe)
                 self._prefetch(step + 1)  # the sampler holds the weights before `update`: one behind
-                batch, row = job.result()
+                row, probe = job.result()
         else:
-            batch, row = update()
-        if self.sampler is not None:
-            row.update(self.sampler.sync(batch.select(torch.arange(min(self.PROBE_ROWS, batch.size)))))
+            row, probe = update_and_probe()
+        if sampler is not None:
+            row.update(sampler.checked())  # the sync the sampler loaded this step (checked before its episodes)
+            if step + 1 + self.config.max_staleness < self.config.steps:  # episodes will be sampled with them
+                sampler.sync(probe)  # checked when those episodes arrive
         return row
 
     def _prefetch(self, step: int) -> None:
