@@ -408,6 +408,7 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
     records = _log_to_trainer(levels)
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
+    held = weight_hashes(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
     policy = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
     renderers: dict[int, Any] = {}
     while True:
@@ -428,13 +429,12 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
                 reply = (trajs, _state_bytes(g) if g is not None else None, records.records)
             elif kind == "sync":
                 ids, mask = args
-                before = weight_hashes(model)
                 with torch.no_grad():
                     for k, v in own.items():
                         v.copy_(shared[k])
                 after = weight_hashes(model)
                 logp = _logprobs(model, torch.from_numpy(ids), torch.from_numpy(mask), autocast)
-                reply = (before != after, after, logp.numpy())
+                reply, held = (held != after, after, logp.numpy()), after
             else:
                 raise ValueError(f"unknown message {kind!r}")
             message = ("ok", reply)
