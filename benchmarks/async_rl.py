@@ -103,8 +103,7 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path) -> tuple
     whole command, collect seconds: sampling + rewards)."""
     from trajtune.experiments.hf import grpo
     from trajtune.algorithms.rl import RLConfig
-    from trajtune.engine import OptimConfig
-    from trajtune.experiments.hf.common import OutputConfig
+    from trajtune.experiments.hf.common import OutputConfig, hf_optim
     from trajtune.experiments.hf.grpo import GRPORun, run
     from trajtune.experiments.hf.model import ModelConfig
     from trajtune.experiments.hf.sampling import SamplingConfig
@@ -114,7 +113,7 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path) -> tuple
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
                                  tis_cap=2.0, max_staleness=staleness),
-                     sampling=SamplingConfig(max_new_tokens=8), optim=OptimConfig(lr=1e-5),
+                     sampling=SamplingConfig(max_new_tokens=8), optim=hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
 

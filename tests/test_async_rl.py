@@ -102,6 +102,38 @@ def test_staleness_1_samples_one_update_behind_and_still_learns():
     assert all(h["sync/logprob_diff"] <= cfg.sync_tolerance for h in hist if "sync/logprob_diff" in h)
 
 
+def slow(task, reply):
+    """graded, 20 ms per episode in the sampler process: its episodes take longer than an update."""
+    time.sleep(0.02)
+    return graded(task, reply)
+
+
+def test_the_sync_is_sent_as_the_update_ends_while_the_next_episodes_are_still_sampled(monkeypatch):
+    """The sampler loads the weights right after it has sampled the episodes in flight (not after the trainer has
+    also handled them), and the run is the same as with each sync sent after the step."""
+    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", max_staleness=1, tis_cap=2.0, seed=4)
+    make_env = lambda: SingleTurnEnv(slow)  # noqa: E731
+    ref = engine()
+    def after_the_step(self, job, sync):  # what sync_if_not_done runs, and no wait does: every sync after its step
+        self._early = (job, sync)
+
+    monkeypatch.setattr(SamplerProcess, "sync_when_done", after_the_step)
+    expected = train_rl(ref, TASKS, graded_collect(ref, make_env=make_env), cfg, PAD)
+    monkeypatch.undo()
+    early, run_early = [], SamplerProcess._run_early_sync
+
+    def spy(self):
+        sent = self._pending
+        run_early(self)
+        early.append(self._pending is not sent)  # a sync went out while waiting for the episodes
+
+    monkeypatch.setattr(SamplerProcess, "_run_early_sync", spy)
+    e = engine()
+    got = train_rl(e, TASKS, graded_collect(e, make_env=make_env), cfg, PAD)
+    assert got == expected and same_weights(e, ref)
+    assert early.count(True) == 3  # the weights after steps 0-2 sample steps 2-4; step 3's and 4's sample nothing
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     """The rollouts in flight at the checkpoint (sampled one update behind) are saved with it. The

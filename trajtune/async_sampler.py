@@ -89,10 +89,12 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.multiprocessing as mp
+from concurrent.futures import Future
+from multiprocessing import connection as mp_connection
 
 from .config import ConfigError
 from .engine import AUTOCAST_DTYPES
@@ -155,6 +157,8 @@ class SamplerProcess:
         """rollout() calls answered so far (the loop checks that a collect ran its episodes here)"""
         self._busy, self._closed, self._start_error, self._sent_at = False, False, None, 0.0
         self._pending: SyncProbe | None = None  # the sync in flight (sent, its answer not yet checked)
+        self._early: tuple[Future, Callable[[], None]] | None = None  # `sync_when_done`'s job and what to run
+        self._wake, self._wake_end = mp.Pipe(duplex=False)  # the job's thread wakes a wait on the sampler
         self._diffs: list[float] = []  # log-prob differences of the syncs checked since `checked()`
         levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}
         fork = start_method(engine, threads) == "fork"
@@ -235,6 +239,32 @@ class SamplerProcess:
         out, self._diffs = ({"sync/logprob_diff": max(self._diffs)} if self._diffs else {}), []
         return out
 
+    def sync_when_done(self, job: Future, sync: Callable[[], None]) -> None:
+        """Run `sync` (which calls `sync()`) in this thread as soon as `job` (an update in another thread) has
+        finished without an error, even while waiting for the sampler's episodes: the sampler loads the weights
+        as soon as it has sampled (with the weights it holds), while the trainer handles those episodes.
+        Returns at once; `sync_if_not_done()` after the job runs it if no wait did."""
+        self._early = (job, sync)
+        job.add_done_callback(lambda _: self._wake_end.send_bytes(b"1"))
+
+    def sync_if_not_done(self) -> bool:
+        """After `sync_when_done`'s job: run its `sync` if no wait has -> whether it ran here."""
+        early, self._early = self._early, None
+        while self._wake.poll():
+            self._wake.recv_bytes()
+        if early is None:
+            return False
+        early[1]()
+        return True
+
+    def _run_early_sync(self) -> None:
+        """`sync_when_done`'s sync, if its job finished well (in the thread waiting on the sampler)."""
+        while self._wake.poll():
+            self._wake.recv_bytes()
+        if self._early is not None and self._early[0].done() and self._early[0].exception() is None:
+            sync, self._early = self._early[1], None
+            sync()
+
     def _finish_sync(self) -> None:
         """Wait for the answer to the sync in flight, if any, and check it; a failed check raises `SyncError`."""
         probe, self._pending = self._pending, None
@@ -275,6 +305,8 @@ class SamplerProcess:
                 self._process.kill()
                 self._process.join()
         self._conn.close()
+        self._wake.close()
+        self._wake_end.close()
 
     def __enter__(self) -> "SamplerProcess":
         return self
@@ -322,7 +354,12 @@ class SamplerProcess:
         """Wait for the answer to `kind`, polling the process: a dead process or a timeout raises `SamplerDied`
         instead of a hang; an exception in the process is raised here."""
         started = self._sent_at
-        while not self._conn.poll(1.0):
+        while True:
+            ready = mp_connection.wait([self._conn, self._wake] if self._early is not None else [self._conn], 1.0)
+            if self._wake in ready:
+                self._run_early_sync()  # sends a sync: its answer comes after the one awaited here
+            if self._conn in ready:
+                break
             if not self._process.is_alive():
                 raise self._died(kind)
             if self.timeout_s and time.monotonic() - started > self.timeout_s:

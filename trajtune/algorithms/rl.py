@@ -310,17 +310,22 @@ class Rollouts:
             return row, None if sampler is None else sampler.probe(
                 batch.select(torch.arange(min(self.PROBE_ROWS, batch.size))))
 
+        needed = sampler is not None and step + 1 + self.config.max_staleness < self.config.steps  # sampled with
         if ahead:
             with ThreadPoolExecutor(1, thread_name_prefix="trajtune-update") as pool:
                 job = pool.submit(update_and_probe)
+                if needed:  # sent as soon as the update ends, even while step + 1's episodes are still sampled
+                    sampler.sync_when_done(job, lambda: sampler.sync(job.result()[1]))
                 self._prefetch(step + 1)  # the sampler holds the weights before `update`: one behind
                 row, probe = job.result()
+            if needed:
+                sampler.sync_if_not_done()
         else:
             row, probe = update_and_probe()
+            if needed:
+                sampler.sync(probe)  # checked when the episodes sampled with these weights arrive
         if sampler is not None:
             row.update(sampler.checked())  # the sync the sampler loaded this step (checked before its episodes)
-            if step + 1 + self.config.max_staleness < self.config.steps:  # episodes will be sampled with them
-                sampler.sync(probe)  # checked when those episodes arrive
         return row
 
     def _prefetch(self, step: int) -> None:
