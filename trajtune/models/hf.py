@@ -187,7 +187,9 @@ class HFCache:
     """KV cache of an HF model plus what the adapter needs to continue left-padded rows.
 
     kv: the model's own cache object (`DynamicCache`); key_mask [B, S] bool: real
-    positions so far; positions [B]: next position id of each row.
+    positions so far; positions [B]: next position id of each row; position_bound: > every
+    position id given so far (a decode step checks the context limit without reading `positions`
+    back from the device).
     """
 
     def __init__(self, batch_size: int, device, config):
@@ -199,6 +201,7 @@ class HFCache:
             self.kv = DynamicCache()
         self.key_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
         self.positions = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.position_bound = 0
         self.length = 0
 
 
@@ -270,7 +273,9 @@ class HFPolicy(nn.Module):
             mask = cache.key_mask
             kwargs = {self._cache_kw: cache.kv, "use_cache": True}
             cache.length += ids.shape[1]
-        if int(pos.max()) >= self.max_len:
+        if cache is not None:  # ids.shape[1] more positions at most: no host-device sync while the bound fits
+            cache.position_bound += ids.shape[1]
+        if (cache is None or cache.position_bound > self.max_len) and int(pos.max()) >= self.max_len:
             raise ValueError(f"sequence longer than the model's context max_position_embeddings={self.max_len}")
         if return_values and self.value is None:
             raise ValueError("this HFPolicy has no value head (load_policy(..., value_head=True))")
