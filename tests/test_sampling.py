@@ -101,20 +101,22 @@ def test_decoding_past_the_context_is_an_error_and_up_to_it_is_not(tiny_model):
 
 # --- draw="cdf": one random number per row, the same distribution as the race ------------------------
 def _cdf_logits(V=2600, seed=5):
-    # a row whose mass sits in several blocks of CDF_BLOCK entries, the ragged last block included
+    # a row whose mass sits in several blocks of CDF_BLOCK (1,024) entries, the ragged last block included
+    # (V = 2600: two-level search), or in one block (V <= 1024: one level)
     g = gen(seed)
     logits = torch.randn(V, generator=g) - 6.0
-    hot = torch.tensor([3, 1030, 1031, 2047, 2048, V - 2, V - 1])
-    logits[hot] = torch.tensor([2.0, 0.2, 0.0, -0.5, 0.5, 1.5, -1.0])
+    hot = [3, 1030, 1031, 2047, 2048, V - 2, V - 1] if V > 2048 else [3, V // 2 - 1, V // 2, V - 3, V - 2, V - 1]
+    logits[torch.tensor(hot)] = torch.tensor([2.0, 0.2, 0.0, -0.5, 0.5, 1.5, -1.0][-len(hot):])
     return logits
 
 
 @pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.6}])
-def test_cdf_draws_the_distribution_and_reports_the_models_log_probs(kw):
+@pytest.mark.parametrize("V", [2600, 600])
+def test_cdf_draws_the_distribution_and_reports_the_models_log_probs(kw, V):
     from trajtune.sampling import CDF_BLOCK
 
-    logits = _cdf_logits()
-    assert logits.numel() % CDF_BLOCK and logits.numel() > 2 * CDF_BLOCK
+    logits = _cdf_logits(V)
+    assert (logits.numel() % CDF_BLOCK and logits.numel() > 2 * CDF_BLOCK) or logits.numel() < CDF_BLOCK
     scaled = logits / kw.get("temperature", 1.0)
     probs = torch.softmax(filter_logits(scaled[None], kw.get("top_k", 0), kw.get("top_p", 1.0)), -1)[0]
     n, g, counts = 12_000, gen(7), torch.zeros_like(probs)
@@ -131,8 +133,9 @@ def test_cdf_draws_the_distribution_and_reports_the_models_log_probs(kw):
     assert not ((freq - other).abs() <= 5 * se + 1e-4).all()
 
 
-def test_cdf_rows_with_own_generators_and_seeds():
-    logits = torch.stack([_cdf_logits(seed=s) for s in range(6)])  # [6, V]
+@pytest.mark.parametrize("V", [2600, 600])
+def test_cdf_rows_with_own_generators_and_seeds(V):
+    logits = torch.stack([_cdf_logits(V, seed=s) for s in range(6)])  # [6, V]
     batched, alone = [gen(30 + b) for b in range(6)], [gen(30 + b) for b in range(6)]
     for _ in range(5):
         tok, lp = pick_next(logits, None, generators=batched, draw="cdf")

@@ -119,10 +119,25 @@ def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.G
     when given), a block of `CDF_BLOCK` entries by the blocks' masses (float32 sums, accumulated in
     float64), then the entry within the block by its float64 cumulative sum: the first entry whose
     cumulative mass exceeds u x total, so an entry of mass 0 (cut by top-k / top-p) is never drawn.
-    Block masses are as exact as the float32 probabilities they sum."""
+    Block masses are as exact as the float32 probabilities they sum. A vocabulary of at most one block
+    is searched in one level (its float64 cumulative sum)."""
     B, V = scaled.shape
     top = scaled.amax(-1, keepdim=True)  # [B, 1]
     w = torch.exp(scaled - top)  # [B, V] unnormalised probabilities
+    if generators is None:
+        u = torch.rand(B, 1, dtype=torch.float64, generator=generator,
+                       device=torch.device("cpu") if generator is None else generator.device)
+    else:
+        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])[:, None]
+    below = lambda x: torch.nextafter(x, torch.zeros_like(x))  # noqa: E731  the largest float64 under x
+    if V <= CDF_BLOCK:
+        cum = w.double().cumsum(-1)  # [B, V]
+        log_z = top.squeeze(-1).double() + cum[:, -1].log()  # [B] log of the untruncated normaliser
+        if top_k or top_p < 1.0:
+            cum = w.masked_fill(filter_logits(scaled, top_k, top_p) == float("-inf"), 0.0).double().cumsum(-1)
+        total = cum[:, -1:]  # [B, 1]
+        tok = torch.searchsorted(cum, torch.minimum(u.to(cum.device) * total, below(total)), right=True).squeeze(-1)
+        return tok, (scaled.gather(-1, tok[:, None]).squeeze(-1).double() - log_z).float()
     n_full, K = V // CDF_BLOCK, CDF_BLOCK
     masses = torch.empty(B, n_full + (V % K > 0), dtype=torch.float64, device=w.device)  # [B, NB]
 
@@ -137,14 +152,8 @@ def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.G
     if top_k or top_p < 1.0:
         w = w.masked_fill(filter_logits(scaled, top_k, top_p) == float("-inf"), 0.0)
         fill_masses(w)
-    if generators is None:
-        u = torch.rand(B, 1, dtype=torch.float64, generator=generator,
-                       device=torch.device("cpu") if generator is None else generator.device)
-    else:
-        u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])[:, None]
     cum = masses.cumsum(-1)  # [B, NB]
     total = cum[:, -1:]  # [B, 1]
-    below = lambda x: torch.nextafter(x, torch.zeros_like(x))  # noqa: E731  the largest float64 under x
     target = torch.minimum(u.to(cum.device) * total, below(total))  # [B, 1], < total
     block = torch.searchsorted(cum, target, right=True)  # [B, 1] the first block whose cumulative mass exceeds it
     rest = target - torch.where(block > 0, cum.gather(-1, (block - 1).clamp(min=0)), 0.0)  # [B, 1] mass left
