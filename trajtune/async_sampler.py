@@ -66,7 +66,7 @@ sampler loads and checks the weights while the trainer logs and starts its next 
 that failed the check reaches the trainer. Every sync is checked, since a sync that silently
 does nothing is the classic failure of asynchronous RL:
 
-  * the sampler's weights must change when the trainer's did (hashes before / after);
+  * the sampler's weights must change when the trainer's did (the hashes it held / after the copy);
   * the sampler's weights must then equal the trainer's, tensor by tensor (hashes);
   * the sampler's and the trainer's log-probs of the same tokens (a few rows of the
     step's batch) must agree to `tolerance` (max abs difference over POLICY tokens, nats),

@@ -71,11 +71,11 @@ def pick_next(
     draw: how a token is drawn from the row's distribution (both exact in distribution; `DRAWS`):
       "race"  the token `torch.multinomial(probs, 1)` draws (and so HF `generate`): an exponential race,
               argmax(probs / q) with q ~ Exp(1), V random numbers per row. Their generation is serial on a
-              CPU: ~33 ms per [64, 16384] pick on one core, ~300 ms at Qwen's 151,936 tokens, more than a
-              small model's decode step (benchmarks/vs_trl.py --draw).
+              CPU: 30-45 ms per [64, 16384] pick on one core, 420-440 ms at Qwen's 151,936 tokens, more than
+              a small model's decode step (benchmarks/vs_trl.py --draw).
       "cdf"   inverse CDF: one uniform per row, searched for in blocks of the row's cumulative
-              probabilities (`_pick_cdf`): ~2 ms per [64, 16384]. From the same seed it draws other
-              tokens than "race".
+              probabilities (`_pick_cdf`): ~3 ms per [64, 16384], ~90 ms at 151,936. From the same seed it
+              draws other tokens than "race".
     `generators` (one per row, replaces `generator`): row b draws from `generators[b]` alone, the
     token `pick_next(logits[b:b+1], generators[b], draw=draw)` draws (tests/test_sampling.py); for "race"
     that is `torch.multinomial(probs[b:b+1], 1, generator=generators[b])`. Drawing q (or u) row by row and
