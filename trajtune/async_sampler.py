@@ -413,7 +413,7 @@ def weight_hashes(model: torch.nn.Module) -> dict[str, str]:
     out = {}
     for k, v in model.state_dict().items():
         raw = v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-        out[k] = hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest()
+        out[k] = hashlib.blake2b(raw, digest_size=16).hexdigest()  # the buffer itself: no copy of its bytes
     return out
 
 
