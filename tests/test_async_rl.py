@@ -134,6 +134,26 @@ def test_the_sync_is_sent_as_the_update_ends_while_the_next_episodes_are_still_s
     assert early.count(True) == 3  # the weights after steps 0-2 sample steps 2-4; step 3's and 4's sample nothing
 
 
+def test_an_update_that_ends_while_the_last_sync_is_answered_waits_for_the_next_episodes(monkeypatch):
+    """The sampler answers syncs slowly (0.1 s each), so each update ends while the trainer waits for the last
+    sync's answer: the next sync must not go out then (it would overwrite the weights being copied and reach the
+    sampler before the episodes it asked for). The run equals one whose syncs all go after their step."""
+    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", max_staleness=1, tis_cap=2.0, seed=6)
+    logprobs = async_sampler._logprobs
+
+    def slow_logprobs(*args):  # in the sampler process (a fork: the patch is its code too)
+        time.sleep(0.1)
+        return logprobs(*args)
+
+    monkeypatch.setattr(async_sampler, "_logprobs", slow_logprobs)
+    ref = engine()
+    with monkeypatch.context() as m:
+        m.setattr(SamplerProcess, "sync_when_done", lambda self, job, sync: setattr(self, "_early", (job, sync)))
+        expected = train_rl(ref, TASKS, graded_collect(ref), cfg, PAD)
+    e = engine()
+    assert train_rl(e, TASKS, graded_collect(e), cfg, PAD) == expected and same_weights(e, ref)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     """The rollouts in flight at the checkpoint (sampled one update behind) are saved with it. The

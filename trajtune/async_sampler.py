@@ -354,12 +354,20 @@ class SamplerProcess:
         """Wait for the answer to `kind`, polling the process: a dead process or a timeout raises `SamplerDied`
         instead of a hang; an exception in the process is raised here."""
         started = self._sent_at
+        # `sync_when_done`'s sync goes out only while episodes are awaited: the sampler has then answered the last
+        # sync (`rollout` checks it first), so the shared weights are free to overwrite, and the new sync comes
+        # after these episodes in the pipe (while the answer to a sync is awaited, it would come before them)
+        early = kind == "rollout"
         while True:
-            ready = mp_connection.wait([self._conn, self._wake] if self._early is not None else [self._conn], 1.0)
-            if self._wake in ready:
-                self._run_early_sync()  # sends a sync: its answer comes after the one awaited here
+            ready = mp_connection.wait([self._conn, self._wake] if early and self._early is not None else [self._conn],
+                                       1.0)
             if self._conn in ready:
                 break
+            if self._wake in ready:
+                try:
+                    self._run_early_sync()  # sends a sync: its answer comes after the one awaited here
+                except SamplerDied:  # it died on the call awaited here, before the sync could reach it
+                    raise self._died(kind) from None
             if not self._process.is_alive():
                 raise self._died(kind)
             if self.timeout_s and time.monotonic() - started > self.timeout_s:
