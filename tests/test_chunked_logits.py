@@ -16,13 +16,17 @@ from trajtune.trajectory import Owner, Trajectory, collate, pair_batch
 TOL = 1e-5
 
 
-def _trajs(n=6, vocab=40, seed=0):
+def _trajs(n=6, vocab=40, seed=0, tool_every=0):
+    """Prompts of 3-5 tokens, completions of 4-7 (padding on most rows); with tool_every k, rows 0, k, 2k ... end in
+    a TOOL token."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         t = Trajectory(reward=float(i % 2), group=i // 2)
         t.append(torch.randint(3, vocab, (3 + i % 3,), generator=g).tolist(), Owner.PROMPT, 0)
         t.append(torch.randint(3, vocab, (4 + i % 4,), generator=g).tolist(), Owner.POLICY, 0)
+        if tool_every and i % tool_every == 0:
+            t.append([5], Owner.TOOL, 0)
         out.append(t)
     return out
 

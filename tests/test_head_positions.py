@@ -17,21 +17,14 @@ from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.objectives.sft import sft_loss
 from trajtune.trajectory import Batch, Owner, Trajectory, collate, pair_batch
 
+from test_chunked_logits import _trajs as chunked_trajs
+
 TOL = 1e-6
 
 
 def _trajs(n=6, vocab=40, seed=0):
-    """Prompts of 3-5 tokens, completions of 4-7 (padding on most rows); rows 0 and 3 end in a TOOL token."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        t = Trajectory(reward=float(i % 2), group=i // 2)
-        t.append(torch.randint(3, vocab, (3 + i % 3,), generator=g).tolist(), Owner.PROMPT, 0)
-        t.append(torch.randint(3, vocab, (4 + i % 4,), generator=g).tolist(), Owner.POLICY, 0)
-        if i % 3 == 0:
-            t.append([5], Owner.TOOL, 0)
-        out.append(t)
-    return out
+    """test_chunked_logits' rows, rows 0 and 3 ending in a TOOL token (a position after the completion)."""
+    return chunked_trajs(n, vocab, seed, tool_every=3)
 
 
 def _tiny(value_head=False):
