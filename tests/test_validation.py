@@ -176,6 +176,8 @@ def test_hf_cli_fails_on_an_option_before_touching_the_model(tmp_path, capsys):
     ("addition", "config.n_heads=5", r"dim=96 is not divisible by n_heads=5"),
     ("agent", "config.rl.group_size=1", r"needs group_size >= 2"),
     ("agent", "config.rl_optim.lr=0.0", r"lr must be positive"),
+    ("agent", "config.positions=alibi", r"agent: positions='alibi' is not one of learned, rope, none"),
+    ("agent", "config.n_heads=3", r"agent: dim=64 is not divisible by n_heads=3"),
     ("chapter13", "config.rl.group_size=1", r"advantage='grpo' needs group_size >= 2"),
     ("chapter13", "config.dpo_betas=[0.1, -1.0]", r"dpo_betas must be a non-empty list of betas > 0"),
     ("iw_sft_bandit", "config.p_right=1.5", r"p_right is a probability"),

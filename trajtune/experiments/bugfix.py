@@ -196,7 +196,7 @@ def rft_round_summary(trajs: Sequence[Trajectory]) -> dict:
 
 # --- models and the weak base -----------------------------------------------------------------
 def new_model(seed: int, gym: Gym, dim: int = 64, n_layers: int = 2, n_heads: int = 4,
-              tied: bool = False) -> TinyTransformer:
+              tied: bool = False, positions: str = "learned") -> TinyTransformer:
     """A fresh TinyTransformer over the gym's vocabulary, initialised from `seed`.
 
     Untied output layer by default: with the GPT-2 tied layout a held-out function name, a token no
@@ -205,7 +205,8 @@ def new_model(seed: int, gym: Gym, dim: int = 64, n_layers: int = 2, n_heads: in
     and oracle SFT learns the listing -> edit map about twice as slowly (seed 0, train pass at SFT
     step 20: 0.57 tied, 0.97 untied; the seed's 0.80)."""
     torch.manual_seed(seed)
-    return TinyTransformer(TinyConfig(gym.tok.vocab_size, dim, n_layers, n_heads, max_len=512, tied=tied))
+    return TinyTransformer(TinyConfig(gym.tok.vocab_size, dim, n_layers, n_heads, max_len=512, tied=tied,
+                                      positions=positions))
 
 
 def load_engine(ctx: StageContext, checkpoint: str, optim: OptimConfig | None = None) -> Engine:
@@ -216,7 +217,7 @@ def load_engine(ctx: StageContext, checkpoint: str, optim: OptimConfig | None = 
 
 def train_weak_base(ctx: StageContext, gym: Gym, seed: int, sft: SFTConfig, optim: OptimConfig, *,
                     play_seeds: int = 32, describe_samples: int = 8, dim: int = 64, n_layers: int = 2,
-                    n_heads: int = 4, tied: bool = False) -> dict:
+                    n_heads: int = 4, tied: bool = False, positions: str = "learned") -> dict:
     """A2: SFT a fresh model on format-correct, skill-free play (blind + random), saved as the stage's
     checkpoint. `sft` is used as given (its seed already derived); the defaults are the flagship's.
 
@@ -227,7 +228,7 @@ def train_weak_base(ctx: StageContext, gym: Gym, seed: int, sft: SFTConfig, opti
     (oracle SFT step 20) passes 0.91-0.94 of the train tasks on seeds 0-2, against 0.64-0.79."""
     seeds = [seed * 100 + s for s in range(play_seeds)]
     play = scripted_play(gym, "blind", seeds, gym.train) + scripted_play(gym, "random", seeds, gym.train)
-    engine = ctx.engine(new_model(seed, gym, dim, n_layers, n_heads, tied), optim)
+    engine = ctx.engine(new_model(seed, gym, dim, n_layers, n_heads, tied, positions), optim)
     train_sft(engine, play, sft, gym.pad_id, run=ctx.run())
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
     return {"describe": describe(engine, gym, describe_samples, eval_seed(seed, 1)),

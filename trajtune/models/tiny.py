@@ -1,6 +1,6 @@
 """TinyTransformer: a small decoder-only transformer with a KV cache, for CPU gyms and tests.
 
-Pre-LayerNorm blocks, learned absolute positions, tied input/output embeddings,
+Pre-LayerNorm blocks, learned absolute positions (or rotary, or none), tied input/output embeddings,
 `scaled_dot_product_attention` with an explicit boolean mask. Positions are
 derived from the attention mask (`cumsum - 1`), so left-padded prompts (used by
 the sampler) and right-padded training batches give the same logits for the
@@ -30,6 +30,12 @@ from ..logprobs import TokenHead
 from ..text.tokenizers import Tokenizer
 
 
+POSITIONS = ("learned", "rope", "none")
+"""TinyConfig.positions"""
+ROPE_BASE = 10_000.0
+"""rotary frequency base (RoFormer, Llama)"""
+
+
 @dataclass(frozen=True)
 class TinyConfig:
     vocab_size: int
@@ -52,8 +58,17 @@ class TinyConfig:
     """the output layer is the token embedding (GPT-2). False: a separate `lm_head` with PyTorch's default
     Linear init (logits of std ~0.6 at init); then a token never seen in training inputs keeps its small
     init embedding instead of being pushed around by the softmax of every output position"""
+    positions: str = "learned"
+    """how a token's position enters: "learned" (GPT-2's absolute embedding table), "rope" (rotary
+    embeddings on queries and keys: attention sees only relative offsets) or "none" (no position signal
+    but the causal mask)"""
 
     def __post_init__(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"TinyConfig: positions={self.positions!r} is not one of {', '.join(POSITIONS)}")
+        if self.positions == "rope" and (self.dim // max(1, self.n_heads)) % 2:
+            raise ValueError(f"TinyConfig: positions='rope' needs an even head size, got dim/n_heads="
+                             f"{self.dim}/{self.n_heads}")
         if self.dim % self.n_heads:
             raise ValueError(f"TinyConfig: dim={self.dim} is not divisible by n_heads={self.n_heads}")
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_len"):
@@ -84,6 +99,19 @@ class KVCache:
         self.capacity = L
 
 
+def _rotary(pos, head_dim: int, dtype):
+    """pos [B, t] long -> (cos, sin) [B, 1, t, head_dim/2]: angle pos * base^(-2i/head_dim) per pair i."""
+    inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
+    angle = pos[:, None, :, None].float() * inv_freq  # [B, 1, t, hd/2]
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def _rotate(x, cos, sin):
+    """x [B, H, t, hd] with its halves (x1, x2) as the pairs' coordinates -> the pairs rotated by the angles."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
 class Block(nn.Module):
     def __init__(self, c: TinyConfig):
         super().__init__()
@@ -95,13 +123,16 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(c.dim, c.mlp_ratio * c.dim), nn.GELU(), nn.Linear(c.mlp_ratio * c.dim, c.dim))
         self.drop = nn.Dropout(c.dropout)
 
-    def forward(self, x, allowed, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, allowed, cache: KVCache | None = None, layer: int = 0, rotary=None):
         # x [B, t, D]; allowed [B, 1, t, S] bool (S = keys visible: t, or cache length + t),
-        # or None: plain causal attention (no cache, every row's padding is on the right)
+        # or None: plain causal attention (no cache, every row's padding is on the right);
+        # rotary: (cos, sin) [B, 1, t, hd/2] of the new tokens' positions, or None
         B, t, D = x.shape
         H = self.n_heads
         q, k, v = self.qkv(self.ln1(x)).split(D, dim=-1)
         q, k, v = (z.view(B, t, H, D // H).transpose(1, 2) for z in (q, k, v))  # [B, H, t, hd]
+        if rotary is not None:
+            q, k = _rotate(q, *rotary), _rotate(k, *rotary)
         if cache is not None:
             s = cache.length
             cache.k[layer][:, :, s : s + t] = k
@@ -128,7 +159,7 @@ class TinyTransformer(nn.Module):
         self.config = config
         c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.dim)
-        self.pos_emb = nn.Embedding(c.max_len, c.dim)
+        self.pos_emb = nn.Embedding(c.max_len, c.dim) if c.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.ln_f = nn.LayerNorm(c.dim)
         self.value = nn.Linear(c.dim, 1) if c.value_head else None
@@ -193,9 +224,12 @@ class TinyTransformer(nn.Module):
             diag = torch.zeros_like(allowed)
             diag[:, torch.arange(t), torch.arange(t) + (allowed.shape[-1] - t)] = True
             allowed = (allowed | diag)[:, None]  # [B, 1, t, S]
-        x = self.tok_emb(ids) + self.pos_emb(pos)
+        x = self.tok_emb(ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(pos)
+        rotary = _rotary(pos, self.config.dim // self.config.n_heads, x.dtype) if self.config.positions == "rope" else None
         for i, block in enumerate(self.blocks):
-            x = block(x, allowed, cache, i)
+            x = block(x, allowed, cache, i, rotary)
         if cache is not None:
             cache.length += t
         return self.ln_f(x)

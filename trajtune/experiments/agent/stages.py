@@ -31,7 +31,7 @@ def _gym(ctx: StageContext) -> Gym:
 
 
 def _model(config: Config, gym: Gym):
-    return new_model(config.seed, gym, config.dim, config.n_layers, config.n_heads, config.tied)
+    return new_model(config.seed, gym, config.dim, config.n_layers, config.n_heads, config.tied, config.positions)
 
 
 def _describe(engine, gym: Gym, config: Config) -> dict:
@@ -59,7 +59,7 @@ def weak_base(ctx: StageContext) -> dict:
     c = ctx.config
     return train_weak_base(ctx, _gym(ctx), c.seed, seeded(c.weak, c.seed, 1), c.sft_optim, play_seeds=c.weak_play_seeds,
                            describe_samples=c.describe_samples, dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads,
-                           tied=c.tied)
+                           tied=c.tied, positions=c.positions)
 
 
 def oracle_sft(ctx: StageContext) -> dict:
