@@ -106,3 +106,45 @@ def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
     assert abs(one["pg/ratio_max"] - three["pg/ratio_max"]) < 1e-6  # an extremum is a max over the parts, not a mean
     if surrogate != "reinforce":
         assert one["pg/ratio_max"] > 1.05  # the largest ratio is in one bucket only
+
+
+def _padded(batch, groups):
+    lengths = batch.attention_mask.sum(-1)
+    return sum(len(g) * int(lengths[g].max()) for g in groups)
+
+
+def test_length_buckets_pad_the_fewest_tokens_and_keep_units_whole():
+    """Against every way of cutting the sorted units into at most k groups; pairs stay in one group."""
+    import itertools
+    import random
+
+    from trajtune.trajectory import length_buckets
+
+    rng = random.Random(0)
+    for trial in range(40):
+        sizes = [rng.choice([1, 2, 3, 5, 9, 14, 30]) for _ in range(rng.randint(2, 9))]
+        pairs = [(demo("a" * n), demo("b" * rng.randint(1, n))) for n in sizes]
+        batch, k = pair_batch(pairs, TOK.pad_id), rng.randint(1, 4)
+        groups = length_buckets(batch, k)
+        rows = torch.cat(groups).tolist()
+        assert sorted(rows) == list(range(batch.size)) and len(groups) <= k
+        P = batch.size // 2
+        for g in groups:  # a pair's chosen and rejected rows together, chosen rows first (the pair layout)
+            half = len(g) // 2
+            assert torch.equal(g[half:], g[:half] + P)
+        lengths = batch.attention_mask.sum(-1)
+        unit_len = sorted(int(max(lengths[i], lengths[i + P])) for i in range(P))
+        best = min(sum(2 * (e - s) * unit_len[e - 1] for s, e in zip((0, *cut), (*cut, P)))
+                   for j in range(min(k, P)) for cut in itertools.combinations(range(1, P), j))
+        assert _padded(batch, groups) == best, trial
+        widest = [int(lengths[g].max()) for g in groups]
+        assert widest == sorted(widest)  # shortest group first
+
+
+def test_length_buckets_beat_equal_groups_on_a_long_tail():
+    from trajtune.trajectory import length_buckets
+
+    batch = collate([demo("a" * n) for n in [2] * 9 + [3, 40]], TOK.pad_id)
+    equal = [torch.tensor(r) for r in ([0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10])]  # 4 groups of ceil(11 / 4)
+    assert _padded(batch, length_buckets(batch, 4)) < _padded(batch, equal)
+    assert len(length_buckets(collate([demo("ab")] * 6, TOK.pad_id), 4)) == 1  # equal lengths: one group

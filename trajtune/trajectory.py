@@ -187,15 +187,10 @@ def unit_rows(units: Sequence[Sequence[int]]) -> torch.Tensor:
     return torch.tensor([u[p] for p in range(width) for u in units if p < len(u)], dtype=torch.long)
 
 
-def split_units(units: Sequence[Sequence[int]], parts: int, mode: str = "even") -> list[torch.Tensor]:
-    """Consecutive units in `parts` parts -> the rows of each part (`unit_rows`).
-
-    even:  exactly `parts` parts whose unit counts differ by at most 1 (some may be empty): rank shards
-    chunk: parts of ceil(n / parts) units each (torch.chunk: there may be fewer parts): length buckets
-    """
-    index = torch.arange(len(units))
-    groups = index.tensor_split(parts) if mode == "even" else index.chunk(parts)
-    return [unit_rows([units[i] for i in g.tolist()]) for g in groups]
+def split_units(units: Sequence[Sequence[int]], parts: int) -> list[torch.Tensor]:
+    """Consecutive units in exactly `parts` parts whose unit counts differ by at most 1 (some may be
+    empty: rank shards) -> the rows of each part (`unit_rows`)."""
+    return [unit_rows([units[i] for i in g.tolist()]) for g in torch.arange(len(units)).tensor_split(parts)]
 
 
 def micro_batches(batch: Batch, size: int) -> list[torch.Tensor]:
@@ -215,12 +210,49 @@ def micro_batches(batch: Batch, size: int) -> list[torch.Tensor]:
 
 
 def length_buckets(batch: Batch, buckets: int) -> list[torch.Tensor]:
-    """Rows of `buckets` groups of similar length: units sorted (stably) by their longest row, then chunked."""
+    """Rows of at most `buckets` groups of similar length, shortest first, that pad the fewest tokens:
+    units sorted (stably) by their longest row, then cut where the groups' padded size, the sum of
+    (rows x the group's longest row), is smallest (`_padding_cuts`).
+
+    Equal-count groups waste more when lengths have a long tail: the agent gym's DPO pairs (76 rows of
+    32-263 tokens, 4,612 real) pad to 8,168 tokens in 4 equal groups and to 6,768 in these."""
     units = row_units(batch)
     lengths = batch.attention_mask.sum(-1)  # [B]
     longest = torch.stack([lengths[u].max() for u in units]) if len(units) != batch.size else lengths
-    order = torch.argsort(longest, stable=True).tolist()
-    return split_units([units[i] for i in order], buckets, mode="chunk")
+    order = torch.argsort(longest, stable=True)
+    units = [units[i] for i in order.tolist()]
+    widths, count = torch.unique_consecutive(longest[order], return_counts=True)  # distinct lengths, units of each
+    rows = torch.tensor([len(u) for u in units]).split(count.tolist())
+    ends = _padding_cuts(torch.stack([r.sum() for r in rows]), widths, buckets)  # in distinct lengths
+    unit_ends = count.cumsum(0)[ends - 1].tolist()
+    return [unit_rows(units[s:e]) for s, e in zip([0, *unit_ends[:-1]], unit_ends, strict=True)]
+
+
+def _padding_cuts(rows: torch.Tensor, widths: torch.Tensor, parts: int) -> torch.Tensor:
+    """Consecutive groups of n distinct lengths (`widths` [n] ascending, `rows` [n] of each), at most
+    `parts` of them, with the least sum of (rows in the group x its widest) -> the groups' ends [g]
+    (exclusive indices into the n lengths, ascending, the last = n). The fewest groups among equal
+    costs. Exact dynamic program: best[e] over the first e lengths, one group more per pass."""
+    n = len(rows)
+    before = torch.cat([rows.new_zeros(1), rows.cumsum(0)])  # [n+1] rows of the first e lengths
+    s, e = torch.arange(n + 1)[:, None], torch.arange(n + 1)[None, :]
+    # added[s, e]: the group of lengths s..e-1 (padded to width e-1); impossible where s >= e
+    big = torch.iinfo(torch.long).max // 4  # "impossible"; two of them still add without overflow
+    added = torch.where(s < e, (before[e] - before[s]) * widths[(e - 1).clamp(min=0)], big)  # [n+1, n+1]
+    best = torch.full((n + 1,), big)
+    best[0] = 0
+    cuts, totals = [], []
+    for _ in range(min(parts, n)):
+        best, cut = (best[:, None] + added).min(0)  # [n+1]: one group more
+        best = best.clamp(max=big)
+        cuts.append(cut)
+        totals.append(int(best[n]))
+    groups = totals.index(min(totals)) + 1
+    ends, end = [], n
+    for cut in reversed(cuts[:groups]):
+        ends.append(end)
+        end = int(cut[end])
+    return torch.tensor(ends[::-1], dtype=torch.long)
 
 
 def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:
