@@ -47,8 +47,10 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -193,20 +195,23 @@ class StageContext:
 
 # --- the runner ---------------------------------------------------------------------------
 def run_stages(stages: Sequence[Stage], config: Any, run_dir: str | os.PathLike, options: StageOptions,
-               log: Callable[[str], None] = print) -> dict[str, dict]:
+               log: Callable[[str], None] = print, meanwhile: Callable[[], Any] | None = None) -> dict[str, dict]:
     """Run the unfinished `stages` (listed in priority order) -> {name: results}, in list order.
 
-    Results are as read back from results.json, whether the stage ran now or before."""
+    Results are as read back from results.json, whether the stage ran now or before. `meanwhile`: work
+    for this process while worker processes run the stages (e.g. importing the report's plotting), in
+    a thread started once the workers exist (a worker forked beside a running thread could inherit a
+    lock it holds); with one worker, or under torchrun, it is not called."""
     run_dir = Path(run_dir)
     _check_graph(stages, options.rerun)
     if distributed.launched_distributed():
         distributed.init_distributed()
     with run_lock(run_dir):
-        return _run_all(stages, config, run_dir, options, log)
+        return _run_all(stages, config, run_dir, options, log, meanwhile)
 
 
 def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: StageOptions,
-             log: Callable[[str], None]) -> dict[str, dict]:
+             log: Callable[[str], None], meanwhile: Callable[[], Any] | None = None) -> dict[str, dict]:
     main = distributed.is_main()
     results = distributed.broadcast_object(_finished(stages, run_dir, options.rerun) if main else None)
     pending = [s for s in stages if s.name not in results]
@@ -223,7 +228,11 @@ def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: Stage
             pending.remove(s)
             announce(s.name, _run_stage(s, config, run_dir, options))
     else:
-        with forward_to_children(), ProcessPoolExecutor(options.workers, mp_context=get_context("spawn")) as pool:
+        with ProcessPoolExecutor(options.workers, mp_context=_worker_context(), initializer=_worker_start) as pool, \
+                forward_to_children():
+            pool.submit(int).result()  # the workers exist now (all of them, forked at the first submit)
+            if meanwhile is not None:
+                threading.Thread(target=meanwhile, daemon=True).start()
             running = {}
             # workers the next stages will need but with nothing to run now: start them while a core is free
             ready = [s for s in pending if all(a in results for a in s.after)]
@@ -239,6 +248,22 @@ def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: Stage
                 for future in finished:
                     announce(running.pop(future).name, future.result())
     return {s.name: results[s.name] for s in stages}
+
+
+def _worker_context():
+    """fork on Linux when this process runs no other thread: the workers start with torch and the stage
+    modules already imported, where a spawned worker imports them again (~3 s before the first stage
+    starts, on the run's critical path). spawn otherwise (macOS's frameworks are not fork-safe, and a
+    fork beside a running thread can inherit a lock it holds)."""
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    return get_context("fork" if fork else "spawn")
+
+
+def _worker_start() -> None:
+    """A worker's first act: the default signal handlers (a forked worker inherits its parent's), so an
+    idle worker treats SIGINT / SIGTERM as a spawned one does; a stage installs its Checkpointer's own."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 def _warm_up(fns: Sequence[Callable[..., dict]]) -> None:

@@ -90,9 +90,9 @@ the seed's numbers, learning curves, cost table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,9 +227,10 @@ STAGES: list[Stage] = [  # priority order
 STAGE_NAMES = [s.name for s in STAGES]
 
 
-def stage_results(config: Config, run_dir: Path) -> dict[str, dict]:
-    """Every stage's results: finished stages read back, the others (and `runner.rerun`) run."""
-    return run_stages(STAGES, config, Path(run_dir), config.runner)
+def stage_results(config: Config, run_dir: Path, meanwhile=None) -> dict[str, dict]:
+    """Every stage's results: finished stages read back, the others (and `runner.rerun`) run
+    (`meanwhile`: `stages.run_stages`')."""
+    return run_stages(STAGES, config, Path(run_dir), config.runner, meanwhile=meanwhile)
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -241,10 +242,9 @@ def run(config: Config, run_dir: Path) -> Path:
     if is_main():
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     print(f"agent comparison (seed {config.seed}): {len(STAGES)} stages, {config.runner.workers} worker(s)", flush=True)
-    if config.runner.workers > 1 and is_main():  # this process only waits on its workers: import the plotting now
-        threading.Thread(target=importlib.import_module, args=(f"{__name__}.report",), daemon=True).start()
     t0 = time.perf_counter()
-    results = stage_results(config, run_dir)
+    # this process only waits on its workers: it imports the plotting meanwhile
+    results = stage_results(config, run_dir, meanwhile=functools.partial(importlib.import_module, f"{__name__}.report"))
     if not is_main():  # under torchrun rank 0 writes the report
         return run_dir / "report.md"
     return write_agent_report(config, run_dir, results, time.perf_counter() - t0)
