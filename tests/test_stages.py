@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def sibling_stage(ctx: StageContext) -> dict:
     """Wait (up to 30 s) until the runner has a second worker process: with one stage ready and more to come,
     the runner starts every worker at once. Linux: the runner's children from /proc."""
     parent, deadline = os.getppid(), time.monotonic() + 30
+    runner = Path(f"/proc/{parent}/cmdline").read_bytes()
 
     def workers() -> set[int]:
         out = set()
@@ -52,7 +54,8 @@ def sibling_stage(ctx: StageContext) -> dict:
                 stat, cmd = Path(f"/proc/{pid}/stat").read_text(), Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd:
+            # a worker: spawned (its command line runs spawn_main) or forked (the runner's command line)
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent and (b"spawn_main" in cmd or cmd == runner):
                 out.add(int(pid))
         return out
 
@@ -317,3 +320,43 @@ def test_run_stages_holds_the_run_directory_for_its_whole_life(tmp_path):
 
 def lock_holder_stage(ctx: StageContext) -> dict:
     return {"pid": json.loads((ctx.run_dir / ".lock").read_text())["pid"]}
+
+
+def handlers_stage(ctx: StageContext) -> dict:
+    """What this worker process is: forked (it sees the runner's module state) and its handlers in a stage."""
+    return {"pid": os.getpid(), "forked": FORK_MARK == ["set by the runner"],
+            "in_stage": signal.getsignal(signal.SIGTERM) == ctx.checkpointer._on_signal}
+
+
+FORK_MARK: list = []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers fork on Linux only")
+def test_workers_fork_when_no_other_thread_runs_and_spawn_beside_one(tmp_path):
+    import threading
+
+    from trajtune.stages import _worker_context
+
+    from tqdm.auto import tqdm
+
+    if tqdm.monitor is not None:  # an earlier test's progress bar left tqdm's monitor thread running
+        tqdm.monitor.exit()
+        tqdm.monitor = None
+    assert _worker_context().get_start_method() == "fork", threading.enumerate()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert _worker_context().get_start_method() == "spawn"  # a fork could inherit a lock the thread holds
+    finally:
+        stop.set()
+        other.join()
+    FORK_MARK.append("set by the runner")
+    ran = []
+    try:
+        out = run_stages([Stage("h", handlers_stage)], None, tmp_path, StageOptions(workers=2), log=lambda s: None,
+                         meanwhile=lambda: ran.append(threading.current_thread().name))
+    finally:
+        FORK_MARK.clear()
+    assert out["h"]["forked"] and out["h"]["in_stage"] and out["h"]["pid"] != os.getpid()
+    assert len(ran) == 1 and ran[0] != threading.current_thread().name  # `meanwhile` ran, in a thread of its own

@@ -81,7 +81,6 @@ import contextlib
 import functools
 import hashlib
 import logging
-import os
 import pickle
 import signal
 import sys
@@ -96,6 +95,7 @@ import torch.multiprocessing as mp
 from concurrent.futures import Future
 from multiprocessing import connection as mp_connection
 
+from .processes import exit_with_parent
 from .config import ConfigError
 from .engine import AUTOCAST_DTYPES
 from .logprobs import token_log_probs
@@ -448,7 +448,7 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
     trainer_end.close()  # a fork's copy of it: held here, the trainer's death would never close the pipe
     for sig in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's checkpointing handlers)
         signal.signal(sig, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    exit_with_parent()
     torch.set_num_threads(threads)
     records = _log_to_trainer(levels)
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
@@ -490,11 +490,6 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
         except (BrokenPipeError, OSError):  # the trainer is gone
             return
 
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)  # the trainer (or its fork server) is gone, even one killed with -9: do not outlive it
 
 
 def _log_to_trainer(levels: dict[str, int]) -> "_Records":

@@ -60,6 +60,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .processes import exit_with_parent
 from .config import ConfigError
 
 RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
@@ -301,7 +302,7 @@ def _serve(fd: int, parent: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    exit_with_parent(parent)
     conn = Connection(fd)
     while True:
         try:
@@ -328,11 +329,6 @@ def _serve(fd: int, parent: int) -> None:
         except Exception as e:  # noqa: BLE001 - e.g. a log_extra value that cannot be pickled
             conn.send(Outcome(error=f"its results cannot be sent back to the trainer: {type(e).__name__}: {e}"))
 
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(1)  # the trainer is gone (even one killed with -9): do not outlive it
 
 
 class _Worker:

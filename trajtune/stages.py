@@ -70,6 +70,7 @@ from . import distributed
 from .config import ConfigError, check_ranges
 from .loop import Run
 from .metrics import Console, MetricsLogger
+from .processes import exit_with_parent
 from .resume import Checkpointer, RunInterrupted, StageClock, forward_to_children
 
 if TYPE_CHECKING:
@@ -228,8 +229,8 @@ def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: Stage
             pending.remove(s)
             announce(s.name, _run_stage(s, config, run_dir, options))
     else:
-        with ProcessPoolExecutor(options.workers, mp_context=_worker_context(), initializer=_worker_start) as pool, \
-                forward_to_children():
+        with forward_to_children(), \
+                ProcessPoolExecutor(options.workers, mp_context=_worker_context(), initializer=_worker_start) as pool:
             pool.submit(int).result()  # the workers exist now (all of them, forked at the first submit)
             if meanwhile is not None:
                 threading.Thread(target=meanwhile, daemon=True).start()
@@ -253,17 +254,22 @@ def _run_all(stages: Sequence[Stage], config: Any, run_dir: Path, options: Stage
 def _worker_context():
     """fork on Linux when this process runs no other thread: the workers start with torch and the stage
     modules already imported, where a spawned worker imports them again (~3 s before the first stage
-    starts, on the run's critical path). spawn otherwise (macOS's frameworks are not fork-safe, and a
-    fork beside a running thread can inherit a lock it holds)."""
-    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    starts, on the run's critical path). spawn otherwise: macOS's frameworks are not fork-safe, a fork
+    beside a running thread can inherit a lock it holds, and a forked child cannot use a CUDA context
+    its parent opened."""
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1 and not torch.cuda.is_initialized()
     return get_context("fork" if fork else "spawn")
 
 
 def _worker_start() -> None:
-    """A worker's first act: the default signal handlers (a forked worker inherits its parent's), so an
-    idle worker treats SIGINT / SIGTERM as a spawned one does; a stage installs its Checkpointer's own."""
+    """A worker's first act. Between stages it ignores SIGINT / SIGTERM: a stage installs its Checkpointer's
+    handlers (save and stop) and restores these after it, and the runner ends idle workers itself (an idle
+    worker killed by a signal while it waits for work can die holding the pool's queue lock, and the
+    runner then hangs in its shutdown). It ends when the runner is gone (`exit_with_parent`), since it no
+    longer dies of a stop signal. A forked worker would otherwise inherit the runner's handlers."""
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        signal.signal(sig, signal.SIG_IGN)
+    exit_with_parent()
 
 
 def _warm_up(fns: Sequence[Callable[..., dict]]) -> None:
