@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / "trajtune"
 
 LAYERS = [
     ["trajectory", "logprobs", "config", "metrics", "report", "checkpoint", "text", "objectives", "evaluation",
-     "sampling", "recipes"],
+     "sampling", "recipes", "processes"],
     ["models", "envs", "adapters"],
     ["distributed", "engine", "resume", "loop", "generation", "faults", "episodes"],
     ["rollout", "collect", "data", "rewards", "async_sampler"],

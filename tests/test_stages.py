@@ -337,11 +337,11 @@ def test_workers_fork_when_no_other_thread_runs_and_spawn_beside_one(tmp_path):
 
     from trajtune.stages import _worker_context
 
-    from tqdm.auto import tqdm
+    from tqdm._monitor import TMonitor
 
-    if tqdm.monitor is not None:  # an earlier test's progress bar left tqdm's monitor thread running
-        tqdm.monitor.exit()
-        tqdm.monitor = None
+    for t in threading.enumerate():  # an earlier test's progress bar left a tqdm monitor thread running
+        if isinstance(t, TMonitor):
+            t.exit()
     assert _worker_context().get_start_method() == "fork", threading.enumerate()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
