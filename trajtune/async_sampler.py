@@ -95,10 +95,10 @@ import torch.multiprocessing as mp
 from concurrent.futures import Future
 from multiprocessing import connection as mp_connection
 
-from .processes import exit_with_parent
 from .config import ConfigError
 from .engine import AUTOCAST_DTYPES
 from .logprobs import token_log_probs
+from .processes import exit_with_parent
 from .rollout import rollout_batch
 from .sampling import sample
 from .trajectory import Batch, Trajectory
@@ -489,7 +489,6 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
             conn.send_bytes(pickle.dumps(message))
         except (BrokenPipeError, OSError):  # the trainer is gone
             return
-
 
 
 def _log_to_trainer(levels: dict[str, int]) -> "_Records":

@@ -60,8 +60,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .processes import exit_with_parent
 from .config import ConfigError
+from .processes import exit_with_parent
 
 RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """keywords every reward function may take besides the dataset's columns"""
@@ -328,7 +328,6 @@ def _serve(fd: int, parent: int) -> None:
             conn.send(out)
         except Exception as e:  # noqa: BLE001 - e.g. a log_extra value that cannot be pickled
             conn.send(Outcome(error=f"its results cannot be sent back to the trainer: {type(e).__name__}: {e}"))
-
 
 
 class _Worker:

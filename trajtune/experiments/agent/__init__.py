@@ -103,9 +103,9 @@ from ...algorithms.rft import RFTConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
 from ...config import check_ranges, to_dict
-from ...models.tiny import TinyConfig
 from ...distributed import is_main
 from ...engine import OptimConfig
+from ...models.tiny import TinyConfig
 from ...stages import Stage, StageOptions, run_stages
 from . import stages as st
 from .stages import GENERALIZATION
