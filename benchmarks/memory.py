@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL posts usage telemetry from a thread
 warnings.filterwarnings("ignore")
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL posts usage telemetry from a thread
 warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402

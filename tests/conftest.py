@@ -1,3 +1,9 @@
+import os
+
+# TRL's trainers post usage telemetry from a background thread (huggingface_hub.send_telemetry): no network
+# here, and a thread left running makes later stage runs spawn their workers instead of forking them
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
 import pytest
 import torch
 
