@@ -52,7 +52,8 @@ race, one random number per vocabulary entry and row, serial on a CPU: ~33 ms pe
 the FLOP row's 16,384 entries); by default it draws by inverse CDF (one per row; the default of `trajtune grpo`).
 
 --no-share-prefix: trajtune runs each DPO pair's and GRPO group's prompt once per completion, as TRL does;
-by default the engine runs it once (`logprobs.SharedPrefix`: the same log-probs to float rounding).
+by default the engine runs it once (`logprobs.SharedPrefix`: the same log-probs to float rounding), and
+GRPO's sampler prefills it once per group (`sample(share_prompts=True)`, the default of `trajtune grpo`).
 
 --trl-same-math: TRL configured to do no more math than trajtune: gradient_checkpointing=False (the backward
 recomputes nothing) and, for DPO, precompute_ref_log_probs=True (the reference log-probs once, before the first
@@ -206,7 +207,8 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
     else:
         tasks = D.prompt_tasks(D.read_rows(d / "grpo.jsonl"))
         collect = make_collect(engine.sample, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
-                               max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens, draw=DRAW)
+                               max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens, draw=DRAW,
+                               share_prompts=engine_kw.get("share_prefix", True))
         train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group, advantage="grpo",
                                                    aggregation="sequence"), r.pad_id)
     return clock.intervals()

@@ -195,3 +195,68 @@ def test_a_grpo_group_sharing_its_prompt_matches_the_unpacked_rows(llama_dir):
         assert torch.allclose(ga[k], gb[k], atol=TOL, rtol=0), (k, float((ga[k] - gb[k]).abs().max()))
     real = batch.attention_mask[:, 1:].bool()
     assert torch.allclose(la[real], lb[real], atol=TOL, rtol=0)
+
+
+class _Counting(torch.nn.Module):
+    """A model wrapper that records the rows of every forward (what the sampler ran)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.rows = model, []
+
+    def forward(self, ids, attention_mask=None, cache=None):
+        self.rows.append(ids.shape[0])
+        return self.model(ids, attention_mask=attention_mask, cache=cache)
+
+    def new_cache(self, batch_size, max_len=None):
+        return self.model.new_cache(batch_size, max_len)
+
+
+class _NoSelect:
+    """A cache without `select_rows` (a model that cannot copy cache rows): the sampler prefills every row."""
+
+    def __init__(self, cache):
+        object.__setattr__(self, "_cache", cache)
+
+    def __getattr__(self, name):
+        if name == "select_rows":
+            raise AttributeError(name)
+        return getattr(self._cache, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._cache, name, value)
+
+
+@pytest.mark.parametrize("kind", ["tiny", "llama"])
+def test_a_prompt_shared_by_a_group_is_prefilled_once_and_samples_what_every_row_would(kind, request):
+    from trajtune.sampling import sample
+
+    if kind == "tiny":
+        torch.manual_seed(0)
+        model = TinyTransformer(TinyConfig(vocab_size=60, dim=32, n_layers=2, n_heads=4, max_len=64)).eval()
+    else:
+        from trajtune.models.hf import load_policy
+
+        model = load_policy(request.getfixturevalue("llama_dir")).eval()
+    prompts = [[5, 6, 7]] * 3 + [[9, 10, 11, 12, 13]] * 4 + [[20]] + [[5, 6, 7]] * 2  # 3 distinct, 10 rows
+    counted = _Counting(model)
+    for kw in ({"temperature": 0.8}, {"draw": "cdf"}, {"greedy": True},
+               {"generators": [torch.Generator().manual_seed(40 + b) for b in range(10)]}):
+        fresh = lambda: {k: ([torch.Generator().manual_seed(40 + b) for b in range(10)] if k == "generators" else v)  # noqa: E731
+                         for k, v in kw.items()}
+        gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+        every = sample(model, prompts, 8, gen(), stop_ids=[4], **fresh())
+        counted.rows.clear()
+        shared = sample(counted, prompts, 8, gen(), stop_ids=[4], share_prompts=True, **fresh())
+        assert counted.rows[0] == 3 and set(counted.rows[1:]) <= {10}, counted.rows  # prefill 3 rows, decode 10
+        assert shared.tokens == every.tokens and shared.stopped == every.stopped, kw
+        for a, b in zip(shared.logprobs, every.logprobs):
+            assert a == pytest.approx(b, abs=TOL)
+        counted.rows.clear()  # all distinct: one prefill of every row
+        sample(counted, [[5], [6, 7]], 3, gen(), share_prompts=True, **({} if "generators" in kw else kw))
+        assert counted.rows[0] == 2
+    bare = _Counting(model)
+    bare.new_cache = lambda n, max_len=None: _NoSelect(model.new_cache(n, max_len))
+    out = sample(bare, prompts, 8, torch.Generator().manual_seed(3), stop_ids=[4], share_prompts=True)
+    assert bare.rows[0] == 10  # the cache cannot copy rows: every row prefilled, the same samples
+    assert out.tokens == sample(model, prompts, 8, torch.Generator().manual_seed(3), stop_ids=[4]).tokens

@@ -67,7 +67,7 @@ log = logging.getLogger("trajtune.rollout")
 Sampler = Callable[..., Samples]
 """`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
 e.g. `engine.sample` or `functools.partial(trajtune.sampling.sample, model)`; also `draw=` when a rollout asks for a
-draw other than the default "race" (`trajtune.sampling.pick_next`)."""
+draw other than the default "race" (`trajtune.sampling.pick_next`), and `share_prompts=True` when asked."""
 
 
 class ScriptedPolicy(Protocol):
@@ -164,6 +164,7 @@ def rollout_batch(
     top_p: float = 1.0,
     greedy: bool = False,
     draw: str = "race",
+    share_prompts: bool = False,
     groups: Sequence[int] | None = None,
     row_seeds: Sequence[int] | None = None,
     step_timeout_s: float | None = STEP_TIMEOUT_S,
@@ -175,6 +176,8 @@ def rollout_batch(
     generator: seeds the sampler (same seed, same episodes)
     draw:      how the sampler draws a token ("race" or "cdf": `trajtune.sampling.pick_next`); passed to the
                sampler only when not "race", so a sampler without the option (HF `generate`) still works
+    share_prompts: the sampler prefills each distinct prompt of a turn once (`trajtune.sampling.sample`; the
+               same samples to float rounding); passed only when True, as `draw`
     groups:    group id per episode; default: equal tasks share an id (for group baselines)
     row_seeds: optional seed per episode: each episode samples from its own generator
                (replaces `generator`), so its actions do not depend on the other
@@ -211,6 +214,8 @@ def rollout_batch(
         per_row = {} if row_seeds is None else {"generators": [ep.generator for ep, _ in active]}
         if draw != "race":
             per_row["draw"] = draw
+        if share_prompts:
+            per_row["share_prompts"] = True
         samples = policy(
             [ids for _, ids in active], max_action_tokens, generator,
             temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids, **per_row,

@@ -6,8 +6,8 @@ then every step feeds one new token per row through the cache. Finished rows
 there is no per-row Python loop in the hot path.
 
 Model contract: `model(ids [B,t], attention_mask=[B,t], cache=cache) -> logits [B,t,V]`
-and `model.new_cache(batch_size, max_len)`; `TinyTransformer` and the Hugging Face
-adapter both provide it.
+and `model.new_cache(batch_size, max_len)`, a cache with `select_rows(index [B'])` for
+`share_prompts`; `TinyTransformer` and the Hugging Face adapter both provide them.
 """
 
 from __future__ import annotations
@@ -181,6 +181,7 @@ def sample(
     use_cache: bool = True,
     generators: Sequence[torch.Generator] | None = None,
     draw: str = "race",
+    share_prompts: bool = False,
 ) -> Samples:
     """Sample continuations of `prompts` (lists of token ids, any lengths).
 
@@ -192,6 +193,10 @@ def sample(
     depend on which other rows share its batch (sharded rollouts, trajtune.distributed).
     `draw`: "race" (torch.multinomial's draw, as HF `generate`) or "cdf" (one random number per row
     instead of one per vocabulary entry: far faster with a large vocabulary on a CPU; `pick_next`).
+    `share_prompts`: prefill each distinct prompt once and copy its cache rows to every row that repeats
+    it (a GRPO group's G completions of one prompt: 1/G of the prefill). The same samples to float
+    rounding only (a matmul's rounding depends on its row count), so it is off unless asked; a model
+    whose cache has no `select_rows` prefills every row.
 
     Per new token the loop runs one model step on [B, 1], the pick, and a handful of
     [B] ops: a finished row keeps being fed (its attention mask False, so no later
@@ -218,8 +223,10 @@ def sample(
     out_tok = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [B, N]
     out_lp = torch.zeros((B, max_new_tokens), device=device)  # [B, N]
     done = torch.zeros(B, dtype=torch.bool, device=device)  # [B] a stop token was sampled
-    cache = model.new_cache(B, P + max_new_tokens) if use_cache else None
-    logits = model(ids, attention_mask=real, cache=cache)[:, -1]  # [B, V]
+    if use_cache:
+        cache, logits = _prefill(model, ids, real, prompts, P + max_new_tokens, share_prompts)  # logits [B, V]
+    else:
+        cache, logits = None, model(ids, attention_mask=real)[:, -1]  # [B, V]
     steps = 0
     for step in range(max_new_tokens):
         active = ~done  # [B] rows still sampling: this step's token is theirs
@@ -248,6 +255,34 @@ def sample(
     tokens_rows, lp_rows = out_tok[:, :steps].tolist(), out_lp[:, :steps].tolist()
     return Samples([row[:n] for row, n in zip(tokens_rows, n_new, strict=True)],
                    [row[:n] for row, n in zip(lp_rows, n_new, strict=True)], stopped.tolist())
+
+
+def _prefill(model, ids: torch.Tensor, real: torch.Tensor, prompts: Sequence[Sequence[int]], capacity: int,
+             share: bool):
+    """A new cache holding the left-padded prompts ids [B, P] (real [B, P]) -> (cache, logits of each row's
+    last prompt token [B, V]). share: each distinct prompt runs once, then the cache's `select_rows` copies
+    its rows to the rows that repeat it (every prompt length is still there, so P and the padding are
+    unchanged)."""
+    B = ids.shape[0]
+    if share:
+        slot_of: dict[tuple, int] = {}
+        first, slot = [], []  # row of each distinct prompt's first occurrence; each row's distinct prompt
+        for b, p in enumerate(prompts):
+            key = tuple(p)
+            if key not in slot_of:
+                slot_of[key] = len(first)
+                first.append(b)
+            slot.append(slot_of[key])
+        if len(first) < B:
+            cache = model.new_cache(len(first), capacity)
+            if hasattr(cache, "select_rows"):
+                u = torch.tensor(first, device=ids.device)  # [U]
+                logits = model(ids[u], attention_mask=real[u], cache=cache)[:, -1]  # [U, V]
+                index = torch.tensor(slot, device=ids.device)  # [B] into the U distinct prompts
+                cache.select_rows(index)
+                return cache, logits.index_select(0, index)
+    cache = model.new_cache(B, capacity)
+    return cache, model(ids, attention_mask=real, cache=cache)[:, -1]
 
 
 def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy, draw) -> tuple[torch.Tensor, torch.Tensor]:

@@ -204,6 +204,13 @@ class HFCache:
         self.position_bound = 0
         self.length = 0
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep row index[i] as row i (index [B'] long; repeats copy a row), through the model cache's own
+        `reorder_cache` (beam search's: every cache layer type of transformers has it)."""
+        self.kv.reorder_cache(index)
+        self.key_mask = self.key_mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+
 
 class HFPolicy(nn.Module):
     """An HF causal LM (optionally a peft LoRA model) with the TinyTransformer forward contract."""

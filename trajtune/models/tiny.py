@@ -98,6 +98,14 @@ class KVCache:
         self.length = 0
         self.capacity = L
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep row index[i] as row i (index [B'] long; repeats copy a row): e.g. a prompt prefilled
+        once, continued by every row that shares it (`sampling.sample(share_prompts=True)`)."""
+        self.k = [t.index_select(0, index) for t in self.k]
+        self.v = [t.index_select(0, index) for t in self.v]
+        self.key_mask = self.key_mask.index_select(0, index)
+        self.positions = self.positions.index_select(0, index)
+
 
 def _rotary(pos, head_dim: int, dtype):
     """pos [B, t] long -> (cos, sin) [B, 1, t, head_dim/2]: angle pos * base^(-2i/head_dim) per pair i."""

@@ -80,6 +80,10 @@ class SamplingConfig:
     (torch.multinomial's draw, as HF generate: one per vocabulary entry, ~300 ms per token for 64 completions
     over a 151,936-token vocabulary on one CPU core); the same distribution (trajtune.sampling.pick_next).
     --backend generate always draws as HF generate does"""
+    share_prompts: bool = True
+    """prefill each prompt once for its whole group of completions (the KV cache rows copied, as vLLM's prefix
+    cache shares them), not once per completion; the same samples to float rounding (trajtune.sampling.sample).
+    --backend generate prefills every completion"""
 
     def __post_init__(self) -> None:
         check_ranges(self, "sampling", label=lambda n: flag(f"sampling.{n}"), counts=("max_new_tokens",),
@@ -241,7 +245,8 @@ def prompt_collect(ctx, engine, data, config, rewards: EpisodeRewards):
     sample = timed(make_collect(make_backend(sampling.backend, engine, data.pad_id), SingleTurnEnv, data.renderer,
                                 shard=engine.shard, episode_seeds=own_seeds, max_turns=1, max_tokens=data.limit,
                                 max_action_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                draw=sampling.draw if own_seeds else "race"),
+                                draw=sampling.draw if own_seeds else "race",
+                                share_prompts=sampling.share_prompts and own_seeds),
                    ctx.counters)
 
     def collect(tasks, n_per_task, generator):
