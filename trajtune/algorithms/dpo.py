@@ -89,7 +89,8 @@ def pair_step(engine: Engine, full: Batch, rows: torch.Tensor, loss: Loss, bucke
     (buckets > 1: in groups of similar length, each pair kept whole). Not trimmed to the step's longest row:
     at the first step the policy is the reference, whose sums come from the whole pair set's padded rows, and the
     same shapes keep every margin exactly 0 there (trimmed, float rounding gives it a sign and dpo/accuracy
-    counts noise)."""
+    counts noise). Length buckets trim each group to its own longest row, so with buckets > 1 the first step's
+    margins are rounding noise around 0 (~1e-7) and its dpo/accuracy is the share of noise that came out > 0."""
     P = full.size // 2
     return engine.forward_backward(full.select(torch.cat([rows, rows + P])), loss, buckets=buckets)
 
