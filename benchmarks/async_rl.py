@@ -7,7 +7,8 @@ Workloads:
   agent  the agent experiment's RL-only stage (its RLConfig and rl_optim: REINFORCE, 8 tasks x 8
          episodes of up to 6 turns on the BugFix gym, length buckets 4) from a weak base SFT'd here on
          scripted blind + random play (`--weak-steps`), without the stage's evaluations
-  hf     `trajtune grpo` (trajtune.experiments.hf.grpo.run) on a random tiny Llama: 8 prompts x 8
+  hf     `trajtune grpo` (trajtune.experiments.hf.grpo.run) on a random tiny Llama (--hf-size small: the 3.0M
+         one): 8 prompts x 8
          completions of up to 8 new tokens (vs_trl.py's GRPO row), a reward function, the run's files and report
 
 Both loops run with tis_cap 2 (the overlapped loop needs it; on-policy it is a weight ~1). Threads:
@@ -86,10 +87,10 @@ def weak_base(steps: int) -> dict:
     return {k: v.clone() for k, v in engine.model.state_dict().items()}
 
 
-def hf_files(d: Path) -> Path:
+def hf_files(d: Path, size: str = "tiny") -> Path:
     from trajtune.models.hf_random import make_random_model
 
-    model = make_random_model(d / "model", "llama", "tiny")
+    model = make_random_model(d / f"model-{size}", "llama", size)
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(64):
             f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}], "answer": str(i + 5)}) + "\n")
@@ -190,6 +191,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per mode")
     ap.add_argument("--weak-steps", type=int, default=60, help="SFT steps of the agent workload's weak base")
+    ap.add_argument("--hf-size", default="tiny", choices=["tiny", "small"],
+                    help="the hf workload's random Llama: tiny (0.10M parameters) or small (3.0M), vs_trl.py's sizes")
     ap.add_argument("--sampler-session", action="store_true",
                     help="diagnostic for a shared machine with kernel.sched_autogroup_enabled=1 (one CPU share per "
                          "session): start the sampler process in its own session, so it gets a share of its own, "
@@ -214,7 +217,7 @@ def main() -> int:
                 weak = weak_base(args.weak_steps)
                 go = lambda s, rep: agent_run(weak, s, args.steps)  # noqa: E731
             else:
-                model = hf_files(d)
+                model = hf_files(d, args.hf_size)
                 go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}")  # noqa: E731
             steps, loops, walls, cpus = ({0: [], 1: []} for _ in range(4))
             shares = []

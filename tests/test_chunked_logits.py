@@ -83,8 +83,10 @@ def test_token_head_matches_whole_logits_values_and_gradients():
 
 def test_a_batch_that_fits_one_chunk_is_computed_exactly_as_unchunked():
     ids = torch.randint(0, 40, (2, 5))
-    head = TokenHead(ids)  # auto: whole logits up to 2^27 values, then slices of 2^23 values
+    head = TokenHead(ids)  # auto: whole logits up to 2^24 values, then slices of 2^23 values
     assert head.positions(40) == 0 and TokenHead(ids, chunk=3).positions(40) == 3
+    rows = torch.zeros(16, 257, dtype=torch.long)  # 4,096 positions: whole at 4,096 x 4,096 = 2^24 values, not above
+    assert TokenHead(rows).positions(4096) == 0 and TokenHead(rows).positions(4097) == (1 << 23) // 4097
     long = torch.zeros(16, 1025, dtype=torch.long)  # a batch of Qwen's vocabulary: 16 x 1024 x 151,936 logits
     assert TokenHead(long).positions(151_936) == (1 << 23) // 151_936 and TokenHead(long, 0).positions(151_936) == 0
     assert TokenHead(ids, chunk=8).positions(40) == 0  # 8 positions: one chunk

@@ -16,8 +16,13 @@ import torch.nn.functional as F
 Aggregation = Literal["token", "sequence", "constant"]
 AGGREGATIONS: tuple[str, ...] = ("token", "sequence", "constant")
 
-AUTO_WHOLE_LOGITS = 1 << 27
-"""`TokenHead(chunk=-1)` computes the whole logits while they are at most this many values (512 MB in fp32)..."""
+AUTO_WHOLE_LOGITS = 1 << 24
+"""`TokenHead(chunk=-1)` computes the whole logits while they are at most this many values (64 MB in fp32)...
+Larger whole logits are slower than slices as well as bigger: every [B, T, V]-sized temporary (logsumexp's,
+its backward's, the slice's gradient) is a fresh mmap above glibc's 32 MB threshold, its pages faulted in
+one by one (a 16 x 256 x 16,384 SFT step of the 20M Llama: 5.5-7.0 s whole, 20 s of its 38 s in the kernel
+over 4 steps; 4.0-4.5 s in slices). The built-in experiments stay below it (at most 6.6M values: iw-SFT's
+BugFix evaluation batches), so they compute the same floats as ever."""
 AUTO_CHUNK_LOGITS = 1 << 23
 """... and beyond that, slices of this many values (32 MB in fp32): positions per slice = this / vocabulary"""
 
