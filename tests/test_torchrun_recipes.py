@@ -100,11 +100,8 @@ def check_same_run(one: Path, two: Path, lr: float) -> None:
     for i, (a, b) in enumerate(zip(rows_one, rows_two, strict=True)):
         at_start = first.setdefault(a.get("stage"), a["step"]) == a["step"]
         where = f"metrics.jsonl: stage {a.get('stage')} step {a['step']}"
-        if at_start:  # a DPO stage's first step: the policy is the reference, so with length buckets every
-            # margin is rounding noise around 0 and the share of them > 0 is noise (`algorithms.dpo.pair_step`)
-            noise = {"dpo/accuracy"} if a.get("stage", "").startswith("dpo") else set()
-            close({k: v for k, v in a.items() if k not in noise}, {k: v for k, v in b.items() if k not in noise},
-                  where, FIRST_TOL)
+        if at_start:
+            close(a, b, where, FIRST_TOL)
             continue
         close({k: v for k, v in a.items() if k != "train/grad_norm"}, {k: v for k, v in b.items() if k != "train/grad_norm"},
               where, TOL)
