@@ -189,6 +189,44 @@ def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     assert all(r.get("sync/logprob_diff", 0.0) == 0.0 for r in got)
 
 
+class Holder(torch.nn.Module):
+    """A state dict of the given tensors (buffers), for `weight_fingerprints`."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        super().__init__()
+        for k, v in tensors.items():
+            self.register_buffer(k, v)
+
+
+def test_weight_fingerprints_tell_equal_weights_from_any_changed_swapped_or_transposed_bytes():
+    from trajtune.async_sampler import weight_fingerprints
+
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(3000, generator=g)
+    tensors = {"odd": torch.randn(3, generator=g), "tail": torch.randn(1029, generator=g),  # 4,116 bytes: a tail
+               "grid": torch.randn(17, 1030, generator=g), "offset": big[1:2001],  # a view at an unaligned start
+               "bf16": torch.randn(9, 70, generator=g).bfloat16(), "mask": torch.rand(13, generator=g) > 0.5,
+               "empty": torch.zeros(0), "scalar": torch.tensor(1.5), "square": torch.randn(64, 64, generator=g)}
+    prints = weight_fingerprints(Holder(tensors))
+    assert weight_fingerprints(Holder({k: v.clone() for k, v in tensors.items()})) == prints
+    for name, v in tensors.items():
+        if not v.numel():
+            continue
+        for i in torch.randint(0, v.numel(), (5,), generator=g).tolist():
+            changed = v.clone()
+            flat = changed.view(-1)
+            flat[i] = ~flat[i] if v.dtype == torch.bool else torch.nextafter(flat[i], flat[i] + 1)  # one ulp / bit
+            assert weight_fingerprints(Holder({**tensors, name: changed}))[name] != prints[name], (name, i)
+            j = (i * 7 + 3) % v.numel()
+            if v.reshape(-1)[i] != v.reshape(-1)[j]:
+                swapped = v.clone()
+                swapped.view(-1)[[i, j]] = v.reshape(-1)[[j, i]]
+                assert weight_fingerprints(Holder({**tensors, name: swapped}))[name] != prints[name], (name, i, j)
+    transposed = tensors["square"].t().contiguous()
+    assert weight_fingerprints(Holder({**tensors, "square": transposed}))["square"] != prints["square"]
+    assert set(prints) == set(tensors) and all(len(p) == 3 for p in prints.values())
+
+
 def skip_publish(self):
     """A sync that sends nothing: the sampler keeps its old weights."""
 

@@ -15,10 +15,10 @@ fault limit; an experiment's counters and batch reward functions):
         rollout_batch(engine.sample, ...)  -- envs, tasks, generator state -->  rollout_batch(own policy, ...)
                                            <-- Trajectories, generator state, log records
         check_faults, counters ...
-      optimizer step, probe(rows): its hashes and log-probs of a few rows (in the training thread)
+      optimizer step, probe(rows): its fingerprints and log-probs of a few rows (in the training thread)
       sync(probe)  -- weights (shared memory) + probe rows -->  copy into own model,
                    (no wait: the answer is read, and checked,    log-probs of the probe
-                    before the next rollout's episodes)  <-- did they change, their hashes, probe log-probs
+                    before the next rollout's episodes)  <-- did they change, their fingerprints, probe log-probs
 
 Routing: while the loop collects (`SamplerProcess.routing()`, in its own thread only), the
 episodes `make_collect` runs with `engine.sample` as the sampler go to this process
@@ -66,8 +66,8 @@ sampler loads and checks the weights while the trainer logs and starts its next 
 that failed the check reaches the trainer. Every sync is checked, since a sync that silently
 does nothing is the classic failure of asynchronous RL:
 
-  * the sampler's weights must change when the trainer's did (the hashes it held / after the copy);
-  * the sampler's weights must then equal the trainer's, tensor by tensor (hashes);
+  * the sampler's weights must change when the trainer's did (the fingerprints it held / after the copy);
+  * the sampler's weights must then equal the trainer's, tensor by tensor (fingerprints);
   * the sampler's and the trainer's log-probs of the same tokens (a few rows of the
     step's batch) must agree to `tolerance` (max abs difference over POLICY tokens, nats),
     returned as `sync/logprob_diff`.
@@ -79,7 +79,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import logging
 import pickle
 import signal
@@ -125,13 +124,13 @@ def routed(policy: Any) -> "SamplerProcess | None":
 @dataclass
 class SyncProbe:
     """The trainer's side of one weight sync check (`SamplerProcess.probe`): the probe rows, the trainer's
-    log-probs of them and its weights' hashes after optimizer step `step`."""
+    log-probs of them and its weights' fingerprints after optimizer step `step`."""
 
     ids: torch.Tensor  # [b, T]
     mask: torch.Tensor  # [b, T] attention mask
     action_mask: torch.Tensor  # [b, T-1] bool: the POLICY tokens compared
     logprobs: torch.Tensor  # [b, T-1] the trainer's log-probs
-    hashes: dict[str, str]
+    fingerprints: dict[str, tuple[int, int, int]]  # weight_fingerprints, per tensor
     step: int
 
 
@@ -151,7 +150,7 @@ class SamplerProcess:
         self.engine, self.tolerance, self.timeout_s = engine, tolerance, timeout_s
         model = engine.model
         self._shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
-        self._synced = weight_hashes(model)  # what the sampler holds (it starts from these weights)
+        self._synced = weight_fingerprints(model)  # what the sampler holds (it starts from these weights)
         self._renderers: dict[int, Any] = {}  # sent once, by id (kept alive here, so the id stays theirs)
         self.calls = 0
         """rollout() calls answered so far (the loop checks that a collect ran its episodes here)"""
@@ -219,10 +218,10 @@ class SamplerProcess:
 
     def probe(self, batch: Batch) -> "SyncProbe":
         """What the trainer knows after an optimizer step (call it in the thread that trained): its weights'
-        hashes and its log-probs of `batch`'s rows (ids [b, T]), for `sync` to check the sampler against."""
+        fingerprints and its log-probs of `batch`'s rows (ids [b, T]), for `sync` to check the sampler against."""
         logp = self.engine.forward(batch).logprobs.detach().float().cpu()  # [b, T-1]
         return SyncProbe(batch.ids.cpu(), batch.attention_mask.cpu(), batch.action_mask.bool().cpu(), logp,
-                         weight_hashes(self.engine.model), self.engine.step)
+                         weight_fingerprints(self.engine.model), self.engine.step)
 
     def sync(self, probe: "SyncProbe") -> None:
         """Send the trainer's current weights (those `probe` was taken on) and ask the sampler to load them.
@@ -273,18 +272,18 @@ class SamplerProcess:
         changed, theirs, their_logp = self._receive("sync")
         diff = float((probe.logprobs - torch.from_numpy(their_logp)).abs()[probe.action_mask].max()) \
             if probe.action_mask.any() else 0.0
-        if probe.hashes != self._synced and not changed:
+        if probe.fingerprints != self._synced and not changed:
             raise SyncError("weight sync failed: the trainer's weights changed at optimizer step "
                             f"{probe.step} but the sampler process's did not (it would sample with stale "
                             f"weights from now on); sampler-trainer log-prob difference {diff:.3g}")
-        wrong = [k for k in probe.hashes if theirs.get(k) != probe.hashes[k]]
+        wrong = [k for k in probe.fingerprints if theirs.get(k) != probe.fingerprints[k]]
         if wrong or not diff <= self.tolerance:
             why = (f"the sampler's weights differ from the trainer's in {len(wrong)} tensor(s) ({', '.join(wrong[:3])})"
                    if wrong else "the weights are equal, but the two copies do not compute the same policy")
             raise SyncError(f"weight sync check failed after optimizer step {probe.step}: the sampler's and the "
                             f"trainer's log-probs of the same tokens differ by {diff:.3g} nats (tolerance "
                             f"{self.tolerance:g}, RLConfig.sync_tolerance); {why}")
-        self._synced = probe.hashes
+        self._synced = probe.fingerprints
         self._diffs.append(diff)
 
     def close(self) -> None:
@@ -416,13 +415,50 @@ def _forkserver():
     return ctx
 
 
-def weight_hashes(model: torch.nn.Module) -> dict[str, str]:
-    """A digest of every tensor of `model.state_dict()` (its bytes): equal digests, equal weights."""
-    out = {}
-    for k, v in model.state_dict().items():
-        raw = v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-        out[k] = hashlib.blake2b(raw, digest_size=16).hexdigest()  # the buffer itself: no copy of its bytes
-    return out
+_FINGERPRINT_WIDTH = 512
+"""the words of a tensor are laid out [rows, 512] for the fingerprint's column and row sums"""
+
+
+def weight_fingerprints(model: torch.nn.Module) -> dict[str, tuple[int, int, int]]:
+    """A fingerprint of every tensor of `model.state_dict()`: equal weights, equal fingerprints; changed bytes,
+    a changed fingerprint.
+
+    Computed where the tensor lives (a GPU's weights never cross to the host) from its raw bytes read as
+    little-endian 64-bit words W (the last < 8 bytes as one more word), laid out [rows, 512] (the last row
+    partial): (sum of W, sum over columns j of (2j + 1) x column j's sum, sum over rows r of (2r + 1) x row
+    r's sum), all modulo 2^64. A change of one word always changes the first; two words swapped change the
+    second (other columns) or the third (one column, other rows) unless their difference times the distance
+    of their columns (rows) is a multiple of 2^63.
+    Not a cryptographic digest (nobody forges the weights; the log-prob check behind it compares
+    behaviour), and ~4x blake2b's speed on one CPU core (2.6 ms for 3.1M fp32 weights, blake2b 11 ms).
+    -> {name: (three int64 sums)}"""
+    state = model.state_dict()
+    sums = [_fingerprint(v.detach()) for v in state.values()]
+    if not sums:
+        return {}
+    one_device = len({s.device for s in sums}) == 1
+    values = (torch.stack(sums).cpu() if one_device else torch.stack([s.cpu() for s in sums])).tolist()  # [n, 3]
+    return {k: tuple(v) for k, v in zip(state, values)}
+
+
+def _fingerprint(v: torch.Tensor) -> torch.Tensor:
+    """`weight_fingerprints`' three sums of one tensor -> [3] int64 on its device."""
+    raw = v.contiguous().reshape(-1).view(torch.uint8)  # [bytes]
+    if raw.storage_offset() % 8:  # a view into a larger tensor: 64-bit words need an aligned start
+        raw = raw.clone()
+    whole = raw.numel() // 8 * 8
+    words = raw[:whole].view(torch.int64)  # [n]
+    if whole < raw.numel():  # the last bytes, little-endian
+        tail = raw[whole:].to(torch.int64) << (8 * torch.arange(raw.numel() - whole, device=raw.device))
+        words = torch.cat([words, tail.sum().reshape(1)])
+    k = _FINGERPRINT_WIDTH
+    full = words.numel() // k * k
+    grid, rest = words[:full].view(-1, k), words[full:]  # [m, k], [< k]
+    cols = grid.sum(0)
+    cols[: rest.numel()] += rest
+    rows = torch.cat([grid.sum(1), rest.sum().reshape(1)])  # [m + 1]
+    odd = lambda n: torch.arange(n, device=words.device, dtype=torch.int64) * 2 + 1  # noqa: E731
+    return torch.stack([words.sum(), (cols * odd(k)).sum(), (rows * odd(rows.numel())).sum()])
 
 
 def _unpicklable(envs: Sequence, tasks: Sequence, renderer: Any) -> str:
@@ -453,7 +489,7 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
     records = _log_to_trainer(levels)
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
-    held = weight_hashes(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
+    held = weight_fingerprints(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
     policy = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
     renderers: dict[int, Any] = {}
     while True:
@@ -477,7 +513,7 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
                 with torch.no_grad():
                     for k, v in own.items():
                         v.copy_(shared[k])
-                after = weight_hashes(model)
+                after = weight_fingerprints(model)
                 logp = _logprobs(model, torch.from_numpy(ids), torch.from_numpy(mask), autocast)
                 reply, held = (held != after, after, logp.numpy()), after
             else:

@@ -27,6 +27,7 @@ step's advantages, returns and old / reference log-probs travel on the batch
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
@@ -287,6 +288,7 @@ class Rollouts:
             self.sampler = SamplerProcess(engine, config.sampler_threads, config.sync_tolerance,
                                           config.sampler_timeout)
         self.first = True
+        self._pool: ThreadPoolExecutor | None = None  # the update thread (max_staleness 1), one for the whole loop
 
     def take(self, step: int) -> tuple[list[Trajectory], torch.Generator]:
         s, first, self.first = self.state, self.first, False
@@ -312,12 +314,17 @@ class Rollouts:
 
         needed = sampler is not None and step + 1 + self.config.max_staleness < self.config.steps  # sampled with
         if ahead:
-            with ThreadPoolExecutor(1, thread_name_prefix="trajtune-update") as pool:
-                job = pool.submit(update_and_probe)
+            if self._pool is None:  # started once: a thread per step cost ~1 ms of the trainer's GIL a step
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-update")
+            job = self._pool.submit(update_and_probe)
+            try:
                 if needed:  # sent as soon as the update ends, even while step + 1's episodes are still sampled
                     sampler.sync_when_done(job, lambda: sampler.sync(job.result()[1]))
                 self._prefetch(step + 1)  # the sampler holds the weights before `update`: one behind
-                row, probe = job.result()
+            except BaseException:
+                futures_wait([job])  # the update never outlives its step; the sampling error is the one raised
+                raise
+            row, probe = job.result()
             if needed:
                 sampler.sync_if_not_done()
         else:
@@ -352,6 +359,8 @@ class Rollouts:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
         if self.sampler is not None:
             self.sampler.close()
 
