@@ -430,7 +430,8 @@ def weight_fingerprints(model: torch.nn.Module) -> dict[str, tuple[int, int, int
     second (other columns) or the third (one column, other rows) unless their difference times the distance
     of their columns (rows) is a multiple of 2^63.
     Not a cryptographic digest (nobody forges the weights; the log-prob check behind it compares
-    behaviour), and ~4x blake2b's speed on one CPU core (2.6 ms for 3.1M fp32 weights, blake2b 11 ms).
+    behaviour). On one CPU core: 3.1 ms for the small Llama's 3.1M fp32 weights in 39 tensors (blake2b of
+    their bytes: 10.4 ms); each tensor has ~40 us of fixed cost, so the tiny one's 21 take 0.9 ms (blake2b 0.5).
     -> {name: (three int64 sums)}"""
     state = model.state_dict()
     sums = [_fingerprint(v.detach()) for v in state.values()]

@@ -361,8 +361,7 @@ class TorchEngine:
         if positions not in POSITIONS:
             raise ValueError(f"engine.forward: positions={positions!r}; choose one of {POSITIONS}")
         module = self.model
-        was_training = module.training
-        module.eval()
+        was_training = set_mode(module, False)
         try:
             chunks = self._chunks(batch)
             if len(chunks) == 1 and chunks[0] is not None and self.collective.world_size == 1:
@@ -374,7 +373,7 @@ class TorchEngine:
                 outs.append(out if rows is not None else _take(out, 0))  # a zero-row output keeps the shapes
                 done.append(rows if rows is not None else torch.zeros(0, dtype=torch.long))
         finally:
-            module.train(was_training)
+            set_mode(module, was_training)
         mine, shards = torch.cat(done), self._shards(batch)
         whole = lambda xs: self.collective.gather_rows(torch.cat(xs), mine, shards)  # noqa: E731
         return ForwardOutput(whole([o.logprobs for o in outs]), whole([o.values for o in outs]) if values else None,
@@ -391,7 +390,7 @@ class TorchEngine:
         before `optim_step()` for gradient accumulation (the caller picks `scale`).
         """
         module = self._train_module
-        module.train()
+        set_mode(module, True)
         groups = [torch.arange(batch.size)] if buckets <= 1 else length_buckets(batch, buckets)
         sums: dict[str, float] = {}
         for g, rows in enumerate(groups):
@@ -476,13 +475,12 @@ class TorchEngine:
                **kw) -> Samples:
         """Batched KV-cached sampling of `prompts` in this process (`trajtune.sampling.sample` for the
         options). Spread prompts over processes with `collect(..., shard=engine.shard)` or `sharded_map`."""
-        was_training = self.model.training
-        self.model.eval()
+        was_training = set_mode(self.model, False)
         try:
             with self.collective.full_parameters(self.model):
                 return sample(self.model, prompts, max_new_tokens, generator, **kw)
         finally:
-            self.model.train(was_training)
+            set_mode(self.model, was_training)
 
     # --- state: the one checkpoint layout (rank 0 writes, every rank reads) --------------------
     def save_state(self, path: str | os.PathLike, extra: dict | None = None,
@@ -529,6 +527,15 @@ class TorchEngine:
                 state.setdefault(int(idx), {})[name] = v
             self.collective.load_optimizer_state(self.model, self.optimizer, state, meta["param_groups"], self.device)
         return meta.get("extra", {})
+
+
+def set_mode(module: torch.nn.Module, training: bool) -> bool:
+    """`module.train(training)`, skipped when the module is in that mode already (a call recurses into every
+    submodule: ~0.4 ms of a tiny Llama's 12 ms SFT step) -> the mode it was in (to restore)."""
+    was = module.training
+    if was != training:
+        module.train(training)
+    return was
 
 
 def nonfinite_rows(batch: Batch, logprobs: torch.Tensor, show: int = 5) -> str:
