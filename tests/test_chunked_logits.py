@@ -83,12 +83,16 @@ def test_token_head_matches_whole_logits_values_and_gradients():
 
 def test_a_batch_that_fits_one_chunk_is_computed_exactly_as_unchunked():
     ids = torch.randint(0, 40, (2, 5))
-    head = TokenHead(ids)  # auto: whole logits up to 2^24 values, then slices of 2^23 values
+    head = TokenHead(ids)  # auto: whole logits up to 2^24 values, then slices of 2^22 values
     assert head.positions(40) == 0 and TokenHead(ids, chunk=3).positions(40) == 3
     rows = torch.zeros(16, 257, dtype=torch.long)  # 4,096 positions: whole at 4,096 x 4,096 = 2^24 values, not above
-    assert TokenHead(rows).positions(4096) == 0 and TokenHead(rows).positions(4097) == (1 << 23) // 4097
+    assert TokenHead(rows).positions(4096) == 0 and TokenHead(rows).positions(4097) == (1 << 22) // 4097
     long = torch.zeros(16, 1025, dtype=torch.long)  # a batch of Qwen's vocabulary: 16 x 1024 x 151,936 logits
-    assert TokenHead(long).positions(151_936) == (1 << 23) // 151_936 and TokenHead(long, 0).positions(151_936) == 0
+    assert TokenHead(long).positions(151_936) == (1 << 22) // 151_936 and TokenHead(long, 0).positions(151_936) == 0
+    # the FLOP row's SFT (vocabulary 16,384, width 384): slices of 384 positions, 24 MB of fp32 logits, under glibc's
+    # 32 MB mmap threshold (2^23 values were exactly 32 MB: fresh pages for every slice's temporaries)
+    c = TokenHead(rows).positions(16_384, 384)
+    assert c == 384 and c * 16_384 * 4 < 32 << 20
     assert TokenHead(ids, chunk=8).positions(40) == 0  # 8 positions: one chunk
     assert TokenHead(ids, chunk=3, logits=True).positions(40) == 0  # whole logits asked for: never chunked
     model = _tiny().eval()
