@@ -260,3 +260,17 @@ def test_a_prompt_shared_by_a_group_is_prefilled_once_and_samples_what_every_row
     out = sample(bare, prompts, 8, torch.Generator().manual_seed(3), stop_ids=[4], share_prompts=True)
     assert bare.rows[0] == 10  # the cache cannot copy rows: every row prefilled, the same samples
     assert out.tokens == sample(model, prompts, 8, torch.Generator().manual_seed(3), stop_ids=[4]).tokens
+
+
+def test_set_mode_puts_every_submodule_in_the_mode_even_when_the_root_already_is():
+    """A Hugging Face model loads in eval mode inside a wrapper built in train mode: training must still switch the
+    inner model (its dropout) to train mode, as `model.train()` would, and an eval forward must switch it back."""
+    from trajtune.engine import set_mode
+
+    inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).eval()
+    outer = torch.nn.Module()
+    outer.inner = inner  # the root is in train mode (a new module), its child in eval mode
+    assert outer.training and not inner[1].training
+    assert set_mode(outer, True) is True and all(m.training for m in outer.modules())
+    assert set_mode(outer, False) is True and not any(m.training for m in outer.modules())
+    assert set_mode(outer, False) is False and not any(m.training for m in outer.modules())

@@ -530,10 +530,13 @@ class TorchEngine:
 
 
 def set_mode(module: torch.nn.Module, training: bool) -> bool:
-    """`module.train(training)`, skipped when the module is in that mode already (a call recurses into every
-    submodule: ~0.4 ms of a tiny Llama's 12 ms SFT step) -> the mode it was in (to restore)."""
+    """`module.train(training)` (every submodule in train or eval mode), skipped when every submodule is in that
+    mode already -> the mode `module` itself was in (to restore). The call recurses into every submodule's `train`
+    and sets its flag: 0.10 ms for the tiny Llama's 34 modules, 0.15 ms for the small one's 60; reading the flags
+    takes 0.03-0.04 ms. Every flag is read, not only the root's: a Hugging Face model comes from `from_pretrained`
+    in eval mode inside a wrapper created in train mode, and must still train with its dropout on."""
     was = module.training
-    if was != training:
+    if any(m.training != training for m in module.modules()):
         module.train(training)
     return was
 
