@@ -81,6 +81,30 @@ def test_token_head_matches_whole_logits_values_and_gradients():
     assert torch.allclose(whole.entropy, entropy_from_logits(logits[:, :-1]))
 
 
+@pytest.mark.parametrize("bias,entropy", [(True, False), (False, False), (True, True)])
+def test_slices_written_into_reused_buffers_give_the_same_floats_as_fresh_ones(monkeypatch, bias, entropy):
+    """The fp32 path writes every slice's logits (and logsumexp's difference) into buffers it reuses; the floats
+    must be those of F.linear + torch.logsumexp on fresh tensors, bit for bit, forward and backward."""
+    import trajtune.logprobs as L
+
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 9, 16, generator=g, requires_grad=True)
+    w = torch.randn(300, 16, generator=g).requires_grad_()
+    b = torch.randn(300, generator=g).requires_grad_() if bias else None
+    ids = torch.randint(0, 300, (2, 9), generator=g)
+    up = torch.randn(2, 8, generator=g)
+
+    def run():
+        out = TokenHead(ids, 5, entropy=entropy)(h, w, b, lambda x: x @ w.T + (b if bias else 0))
+        loss = (out.logprobs * up).sum() + (out.entropy.sum() if entropy else 0)
+        return [out.logprobs.detach()] + list(torch.autograd.grad(loss, [t for t in (h, w, b) if t is not None]))
+
+    reused = run()
+    monkeypatch.setattr(L, "_slice_buffers", lambda *a: (None, None))  # every slice a fresh F.linear, logsumexp
+    fresh = run()
+    assert all(torch.equal(x, y) for x, y in zip(reused, fresh, strict=True))
+
+
 def test_a_batch_that_fits_one_chunk_is_computed_exactly_as_unchunked():
     ids = torch.randint(0, 40, (2, 5))
     head = TokenHead(ids)  # auto: whole logits up to 2^24 values, then slices of 2^22 values
