@@ -106,7 +106,7 @@ def test_rerunning_one_stage(small_run, tmp_path):
     assert res["dpo"]["curve"] == before["curve"]  # same seed, same numbers
 
 
-def test_seeds_report_and_cli_wiring(small_run, tmp_path):
+def test_seeds_report_and_cli_wiring(small_run, tmp_path, capsys):
     summary = json.loads((small_run[0] / "summary.json").read_text())
     report = write_seeds_report(tmp_path, {0: summary, 1: summary})
     text = report.read_text()
@@ -120,6 +120,13 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path):
     module, config, _ = load_recipe(resolve_recipe(None))
     assert module is agent and config.rl.steps == 60 and config.cold_start_step == 20
     assert main(["run", "--dry-run", "--run-dir", str(tmp_path / "x")]) == 0
+    capsys.readouterr()
+    for argv in (["--seeds", "0,x"], ["--seeds", ","], ["--seeds", "0,x", "--dry-run"],
+                 ["addition", "--seeds", "0,1", "--dry-run"]):  # refused before the run directory exists
+        assert main(["run", *argv, "--run-dir", str(tmp_path / "bad")]) == 2
+        out, err = capsys.readouterr()
+        assert "--seeds" in err and "Traceback" not in err and "running" not in out
+    assert not (tmp_path / "bad").exists()
     with pytest.raises(ValueError, match="unknown stages"):
         agent.Config(runner=StageOptions(rerun=["nope"]))
 

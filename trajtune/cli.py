@@ -77,6 +77,9 @@ def cmd_run(args) -> int:
     path = resolve_recipe(args.recipe)
     module, config, raw = load_recipe(path, args.set or [])
     name = raw["experiment"]
+    if args.seeds and not hasattr(module, "run_seeds"):
+        raise ConfigError(f"experiment {name!r} does not support --seeds (no run_seeds)")
+    seeds = parse_seeds(args.seeds) if args.seeds else None  # before the run directory exists
     rank, world = init_distributed()  # under torchrun (WORLD_SIZE > 1) join the process group; else (0, 1)
     print = builtins.print if rank == 0 else (lambda *a, **k: None)  # only rank 0 talks  # noqa: A001
     stamp = broadcast_object(time.strftime('%Y%m%d-%H%M%S'))  # every rank uses rank 0's run directory
@@ -86,11 +89,9 @@ def cmd_run(args) -> int:
         print("recipe is valid (dry run: nothing trained)")
         return 0
     t0 = time.time()
-    if args.seeds and not hasattr(module, "run_seeds"):
-        raise ConfigError(f"experiment {name!r} does not support --seeds (no run_seeds)")
     with run_lock(run_dir):  # one run per directory: a second one is refused, naming this one
-        if args.seeds:
-            report = module.run_seeds(config, run_dir, parse_seeds(args.seeds))
+        if seeds:
+            report = module.run_seeds(config, run_dir, seeds)
         else:
             report = module.run(config, run_dir)
     print(f"done in {time.time() - t0:.0f}s")
