@@ -9,7 +9,8 @@ Workloads:
          scripted blind + random play (`--weak-steps`), without the stage's evaluations
   hf     `trajtune grpo` (trajtune.experiments.hf.grpo.run) on a random tiny Llama (--hf-size small: the 3.0M
          one): 8 prompts x 8
-         completions of up to 8 new tokens (vs_trl.py's GRPO row), a reward function, the run's files and report
+         completions of up to 8 new tokens (vs_trl.py's GRPO row; --hf-new-tokens), a reward function, the run's
+         files and report
 
 Both loops run with tis_cap 2 (the overlapped loop needs it; on-policy it is a weight ~1). Threads:
 the synchronous run on one torch thread (what the stage runner gives a stage); the overlapped run
@@ -99,7 +100,8 @@ def hf_files(d: Path, size: str = "tiny") -> Path:
     return model
 
 
-def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path) -> tuple[list[float], float, float]:
+def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
+           new_tokens: int = 8) -> tuple[list[float], float, float, float]:
     """`trajtune grpo` -> (step end times from metrics.jsonl, seconds of its RL loop (train_rl), seconds of the
     whole command, collect seconds: sampling + rewards)."""
     from trajtune.experiments.hf import grpo
@@ -114,7 +116,7 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path) -> tuple
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
                                  tis_cap=2.0, max_staleness=staleness),
-                     sampling=SamplingConfig(max_new_tokens=8), optim=hf_optim(),
+                     sampling=SamplingConfig(max_new_tokens=new_tokens), optim=hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
 
@@ -193,6 +195,10 @@ def main() -> int:
     ap.add_argument("--weak-steps", type=int, default=60, help="SFT steps of the agent workload's weak base")
     ap.add_argument("--hf-size", default="tiny", choices=["tiny", "small"],
                     help="the hf workload's random Llama: tiny (0.10M parameters) or small (3.0M), vs_trl.py's sizes")
+    ap.add_argument("--hf-new-tokens", type=int, default=8,
+                    help="the hf workload's completion length (default 8, vs_trl.py's GRPO row). Longer completions "
+                         "lengthen both sides, the update's forward and backward as well as the sampling: on the "
+                         "small Llama collecting was 32%% of a synchronous step at 32 new tokens, as at 8")
     ap.add_argument("--sampler-session", action="store_true",
                     help="diagnostic for a shared machine with kernel.sched_autogroup_enabled=1 (one CPU share per "
                          "session): start the sampler process in its own session, so it gets a share of its own, "
@@ -218,7 +224,7 @@ def main() -> int:
                 go = lambda s, rep: agent_run(weak, s, args.steps)  # noqa: E731
             else:
                 model = hf_files(d, args.hf_size)
-                go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}")  # noqa: E731
+                go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}", args.hf_new_tokens)  # noqa: E731
             steps, loops, walls, cpus = ({0: [], 1: []} for _ in range(4))
             shares = []
             for rep in range(args.repeats):
