@@ -354,3 +354,25 @@ def test_long_samples_via_the_command_line(hf, no_model, capsys):
     assert "trajtune: error: 2 of 3 samples do not fit --max-length 48" in err and "chats.jsonl:2: field 'messages'" in err
     with pytest.raises(ModelLoaded):
         main(argv + ["--drop-long"])
+
+
+def test_pairs_with_identical_sides_are_counted_on_stderr(hf, no_model, capsys):
+    from trajtune.data import DataError
+
+    rows = [{"prompt": "hi", "chosen": "same", "rejected": "same"}, {"prompt": "hi", "chosen": "yes", "rejected": "no"},
+            {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],
+             "rejected": [{"role": "assistant", "content": "a"}]}]
+    (hf / "same.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for command in ("dpo", "rm"):
+        with pytest.raises(ModelLoaded):  # a warning, not an error: the run goes on
+            run_hf(_config(hf, command, "same.jsonl"))
+        err = capsys.readouterr().err
+        assert "warning: 2 of 3 pairs have identical 'chosen' and 'rejected' (" in err
+        assert "same.jsonl:1, " in err and "same.jsonl:3)" in err and "same.jsonl:2" not in err
+    with pytest.raises(ModelLoaded):
+        run_hf(_config(hf, "dpo", "pairs.jsonl", drop_long=True))
+    assert "identical" not in capsys.readouterr().err
+    implicit = {"chosen": rows[2]["prompt"] + rows[2]["chosen"], "rejected": rows[2]["prompt"] + rows[2]["rejected"]}
+    (hf / "same_implicit.jsonl").write_text(json.dumps(implicit) + "\n")
+    with pytest.raises(DataError, match=r"same_implicit\.jsonl:1: 'chosen' and 'rejected' are the same conversation"):
+        check(_config(hf, "dpo", "same_implicit.jsonl"))

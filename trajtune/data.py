@@ -326,6 +326,9 @@ def preference_conversations(row: Row) -> tuple[list[dict], list[dict], int]:
     c, r = _messages(row, "chosen", chosen, "assistant"), _messages(row, "rejected", rejected, "assistant")
     if isinstance(chosen, str) or isinstance(rejected, str):
         raise DataError(f"{row.where}: missing field 'prompt' (string 'chosen'/'rejected' need an explicit prompt)")
+    if c == r:
+        raise DataError(f"{row.where}: 'chosen' and 'rejected' are the same conversation (with no 'prompt' field the "
+                        "prompt is their shared leading messages, which leaves neither side anything to score)")
     shared = 0
     while shared < min(len(c), len(r)) and c[shared] == r[shared]:
         shared += 1

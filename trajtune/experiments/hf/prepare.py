@@ -122,10 +122,24 @@ def pair_data(config) -> Prepared:
                 f"{len(rejected)}, prompt included)" if n > limit else None)
 
     def pairs(rows, noun):
-        return fit(D.preference_pairs(rows, renderer), said, config.model.drop_long, too_long, noun)
+        kept = fit(D.preference_pairs(rows, renderer), said, config.model.drop_long, too_long, noun)
+        warn_identical(kept, "pairs" if noun == "samples" else noun)
+        return kept
 
     held_out = pairs(D.read_rows(config.eval_data), "evaluation pairs") if config.eval_data else []
     return Prepared(tokenizer, pairs(rows, "samples"), limit, held_out)
+
+
+def warn_identical(pairs: list, noun: str = "pairs", show: int = 3) -> None:
+    """Say on stderr (rank 0) how many pairs have the same tokens on both sides: a pair whose chosen and
+    rejected are one sequence has no preference, so its preference term gives no gradient (DPO, IPO, SimPO,
+    a reward model; ORPO's and DPO + NLL's likelihood term still trains on it). Usually a data bug (a join
+    that copied one column twice), so it is said before any step, not an error."""
+    same = [c.info.get("source", "?") for c, r in pairs if c.ids == r.ids and c.owners == r.owners]
+    if same and is_main():
+        more = f" ... and {len(same) - show} more" if len(same) > show else ""
+        print(f"trajtune: warning: {len(same)} of {len(pairs)} {noun} have identical 'chosen' and "
+              f"'rejected' ({', '.join(same[:show])}{more}): they carry no preference", file=sys.stderr)
 
 
 def planned(config, prepared: Prepared, loop: str, per_step: int, noun: str) -> Prepared:
