@@ -86,6 +86,25 @@ def _coerce(value: Any, tp, where: str):
     raise ConfigError(f"{where}: unsupported field type {_type_name(tp)}")
 
 
+def _has_literal(tp) -> bool:
+    return get_origin(tp) is Literal or any(_has_literal(a) for a in get_args(tp))
+
+
+@functools.cache
+def _choice_fields(cls) -> tuple[tuple[str, Any], ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if _has_literal(hints[f.name]))
+
+
+def check_choices(obj) -> None:
+    """Raise ConfigError (a ValueError) naming the class and field where a field of dataclass `obj` typed
+    with a Literal (`Literal["a", "b"]`, or an optional or a list of one) holds another value: the check
+    `from_dict` makes for a recipe, for a config built in Python. Configs call it from `__post_init__`,
+    so `RLConfig(advantage="grop")` fails there, not with a KeyError deep in the first step."""
+    for name, tp in _choice_fields(type(obj)):
+        _coerce(getattr(obj, name), tp, f"{type(obj).__name__}.{name}")
+
+
 def from_dict(cls, data: dict, where: str = "config", base=None):
     """Build dataclass `cls` from a dict, checking every key and type (see module doc).
 
