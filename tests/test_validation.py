@@ -376,3 +376,51 @@ def test_pairs_with_identical_sides_are_counted_on_stderr(hf, no_model, capsys):
     (hf / "same_implicit.jsonl").write_text(json.dumps(implicit) + "\n")
     with pytest.raises(DataError, match=r"same_implicit\.jsonl:1: 'chosen' and 'rejected' are the same conversation"):
         check(_config(hf, "dpo", "same_implicit.jsonl"))
+
+
+def _config_classes_with_choices():
+    """Every dataclass of the package with a field typed by a Literal (an optional or a list of one)."""
+    import dataclasses
+    import importlib
+    import pkgutil
+
+    import trajtune
+    from trajtune.config import _choice_fields
+
+    found = []
+    for info in pkgutil.walk_packages(trajtune.__path__, "trajtune."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if (isinstance(value, type) and dataclasses.is_dataclass(value) and value.__module__ == module.__name__
+                    and _choice_fields(value)):
+                found.append(value)
+    return found
+
+
+def test_every_config_refuses_a_value_outside_its_choices_when_built_in_python():
+    """A Literal field is checked at construction (config.check_choices), not only in a recipe: a misspelt
+    RLConfig(advantage="grop") used to be a KeyError in the first step."""
+    import dataclasses
+    import typing
+
+    from trajtune.config import _choice_fields
+    from trajtune.engine import Loss
+
+    classes = _config_classes_with_choices()
+    names = {c.__name__ for c in classes}
+    assert {"RLConfig", "SFTConfig", "DPOConfig", "OptimConfig", "SamplingConfig", "Loss"} <= names, names
+    checked = 0
+    for cls in classes:
+        required = {f.name: None for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        base = {"fn": lambda out, batch: None, "normalizer": "token"} if cls is Loss else {}
+        if set(required) - set(base):
+            continue  # fields with no default (a path, a model): built elsewhere in the tests
+        for name, tp in _choice_fields(cls):
+            bad = ["no-such-choice"] if typing.get_origin(tp) in (list, tuple) else "no-such-choice"
+            with pytest.raises(ValueError, match=rf"{cls.__name__}\.{name}(\[0\])?: 'no-such-choice' is not one of"):
+                cls(**{**base, name: bad})
+            checked += 1
+    assert checked >= 15, checked

@@ -48,8 +48,9 @@ from typing import Callable, Literal, Protocol, Sequence
 import torch
 
 from .checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
+from .config import check_choices
 from .distributed import SingleProcess, Strategy, make_collective
-from .logprobs import AGGREGATIONS, Aggregation, SharedPrefix, TokenHead, aggregation_share
+from .logprobs import Aggregation, SharedPrefix, TokenHead, aggregation_share
 from .metrics import combine_metric
 from .sampling import Samples, sample
 from .trajectory import Batch, length_buckets, micro_batches, row_units, split_units
@@ -87,6 +88,7 @@ class OptimConfig:
     foreach (their numbers, bit for bit)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be positive and finite, got {self.lr}")
         for name in ("weight_decay", "grad_clip", "warmup_steps", "decay_steps"):
@@ -166,10 +168,7 @@ class Loss:
     positions: Positions = "actions"
 
     def __post_init__(self) -> None:
-        if self.normalizer not in AGGREGATIONS:
-            raise ValueError(f"Loss: normalizer={self.normalizer!r}; choose one of {AGGREGATIONS}")
-        if self.positions not in POSITIONS:
-            raise ValueError(f"Loss: positions={self.positions!r}; choose one of {POSITIONS}")
+        check_choices(self)
 
     def __call__(self, out: ForwardOutput, batch: Batch) -> tuple[torch.Tensor, dict]:
         return self.fn(out, batch)

@@ -30,6 +30,8 @@ Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
 
 def pick_tasks(tasks: Sequence[Any], n: int, generator: torch.Generator) -> list[Any]:
     """`n` tasks: a random permutation's prefix when n <= len(tasks), else whole passes plus a prefix."""
+    if n > 0 and not tasks:
+        raise ValueError(f"no tasks to draw {n} from: the task list is empty")
     out: list[Any] = []
     while len(out) < n:
         perm = torch.randperm(len(tasks), generator=generator).tolist()

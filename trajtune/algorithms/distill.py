@@ -17,6 +17,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
 from ..loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss
@@ -43,6 +44,7 @@ class DistillConfig:
     """step s samples with a generator seeded from (seed, s)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1 or self.eval_every < 0:
             raise ValueError(f"DistillConfig: steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and eval_every >= 0 "
                              f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.eval_every})")

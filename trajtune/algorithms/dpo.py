@@ -33,7 +33,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
-from ..config import check_ranges
+from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
 from ..loop import Run, eval_due
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
@@ -73,6 +73,7 @@ class DPOConfig:
     """batch of step s is a function of (seed, s)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if not self.beta > 0:  # also rejects NaN
             raise ValueError(f"DPOConfig: beta must be > 0, got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:

@@ -18,6 +18,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
 from ..loop import Run
 from ..objectives.importance import iw_sft_loss
@@ -61,6 +62,7 @@ class IWSFTConfig:
     """round r samples with a generator seeded from (seed, r)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.rounds < 0 or self.samples_per_task < 1 or self.steps_per_round < 0 or self.batch_size < 1:
             raise ValueError("IWSFTConfig: rounds >= 0, samples_per_task >= 1, steps_per_round >= 0, batch_size >= 1")
         if self.q_update_every < 1:

@@ -18,6 +18,7 @@ from typing import Callable, Literal, Sequence
 
 import torch
 
+from ..config import check_choices
 from ..engine import Engine
 from ..loop import Run
 from ..trajectory import Trajectory
@@ -59,6 +60,7 @@ class RFTConfig:
     """round r samples with a generator seeded from (seed, r)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.rounds < 0 or self.samples_per_task < 1 or self.steps_per_round < 0 or self.batch_size < 1:
             raise ValueError("RFTConfig: rounds >= 0, samples_per_task >= 1, steps_per_round >= 0, batch_size >= 1")
         check_selection(self, "RFTConfig")

@@ -34,7 +34,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from ..async_sampler import SamplerProcess
-from ..config import check_ranges
+from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
 from ..loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
@@ -119,6 +119,7 @@ class RLConfig:
     """sampling and task order of step s are functions of (seed, s)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.group_size < 2 and self.advantage in ("reinforce", "rloo", "grpo", "dr_grpo"):
             raise ValueError(f"RLConfig: advantage={self.advantage!r} needs group_size >= 2 (got {self.group_size})")
         if self.steps < 0 or self.tasks_per_step < 1 or self.epochs < 1 or self.minibatches < 1:

@@ -14,6 +14,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
 from ..loop import Run, eval_due
 from ..objectives.sft import sft_loss
@@ -39,6 +40,7 @@ class SFTConfig:
     """the batch of step s is a function of (seed, s): resumes are exact"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if self.steps < 0 or self.batch_size < 1:
             raise ValueError(f"SFTConfig: steps must be >= 0 and batch_size >= 1 (got {self.steps}, {self.batch_size})")
         if self.aggregation == "constant" and self.aggregation_constant <= 0:

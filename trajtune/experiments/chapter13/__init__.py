@@ -62,7 +62,7 @@ from ...algorithms.dpo import DPOConfig
 from ...algorithms.reward_model import RewardModelConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
-from ...config import check_ranges, to_dict
+from ...config import check_choices, check_ranges, to_dict
 from ...distributed import init_distributed, is_main
 from ...engine import OptimConfig
 from ...stages import Stage, StageOptions, run_stages
@@ -179,6 +179,7 @@ class Config:
     """samples per held-out problem for pass@k and distinct answers"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         if "preference" in self.parts and "instruct" not in self.parts:
             raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
         check_ranges(self, "chapter13",

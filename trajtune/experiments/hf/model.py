@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...config import check_ranges
+from ...config import check_choices, check_ranges
 from .options import flag
 
 
@@ -40,6 +40,7 @@ class ModelConfig:
     """skip samples / prompts that do not fit --max-length (default: stop with an error listing them)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         check_ranges(self, "model", label=lambda n: flag(f"model.{n}"), counts=("max_length",),
                      non_negative=("micro_batch_size", "lora_r"), positive=("lora_alpha",))
         if not 0 <= self.lora_dropout < 1:

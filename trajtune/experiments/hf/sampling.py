@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...config import ConfigError, check_ranges
+from ...config import ConfigError, check_choices, check_ranges
 from ...metrics import register
 from ...rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, Scores, check_columns,
                         combine, source_metrics)
@@ -86,6 +86,7 @@ class SamplingConfig:
     --backend generate prefills every completion"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         check_ranges(self, "sampling", label=lambda n: flag(f"sampling.{n}"), counts=("max_new_tokens",),
                      positive=("temperature",))
 

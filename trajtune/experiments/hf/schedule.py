@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ...config import ConfigError, check_ranges
+from ...config import ConfigError, check_choices, check_ranges
 from .options import flag
 
 
@@ -45,6 +45,7 @@ class ScheduleConfig:
     cosine decay over all the remaining steps to 0, as transformers' schedules of those names"""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         check_ranges(self, "schedule", label=lambda n: flag(f"schedule.{n}"), non_negative=("num_train_epochs",))
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"schedule: {flag('schedule.warmup_ratio')} must be in [0, 1), got {self.warmup_ratio!r}")
