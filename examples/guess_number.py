@@ -87,13 +87,24 @@ class Settings:
     eval_samples: int = 8
     """episodes per secret in the evaluation (sampled at temperature 1)"""
 
+    def __post_init__(self) -> None:  # the script's own value; the library's configs check theirs (`configs`)
+        if self.eval_samples < 1:
+            raise ValueError(f"--eval-samples {self.eval_samples}: needs at least 1 episode per secret")
+
+
+def configs(s: Settings) -> tuple[OptimConfig, RLConfig]:
+    """The library's configs of these settings; each checks its values as it is built."""
+    return OptimConfig(lr=s.lr), RLConfig(steps=s.steps, tasks_per_step=8, group_size=8, advantage=s.advantage,
+                                          seed=s.seed, eval_every=max(s.steps // 5, 1))
+
 
 def main(s: Settings, verbose: bool = True) -> dict:
+    optim, config = configs(s)
     torch.manual_seed(s.seed)
     tok = CharTokenizer.from_corpus(["0123456789", PROMPT, "higher", "lower", "say one digit"])
     renderer = Renderer(tok)
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=128))
-    engine = make_engine(model, OptimConfig(lr=s.lr))
+    engine = make_engine(model, optim)
     # a guess is a digit and the end token; 4 turns of (guess + answer) fit easily in 128 tokens
     collect = make_collect(engine.sample, GuessEnv, renderer, max_turns=MAX_GUESSES, max_tokens=128,
                            max_action_tokens=2)
@@ -102,8 +113,6 @@ def main(s: Settings, verbose: bool = True) -> dict:
         return score_policy(collect, TASKS, n=s.eval_samples, ks=(1,), seed=1).metrics()
 
     before = score_policy(collect, TASKS, n=s.eval_samples, seed=1)
-    config = RLConfig(steps=s.steps, tasks_per_step=8, group_size=8, advantage=s.advantage, seed=s.seed,
-                      eval_every=max(s.steps // 5, 1))
     history = train_rl(engine, TASKS, collect, config, tok.pad_id, Run("rl", evaluate=evaluate))
     after = score_policy(collect, TASKS, n=s.eval_samples, seed=1)
     if verbose:
@@ -121,4 +130,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name, default in vars(Settings()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Settings(**vars(p.parse_args())))
+    try:  # every value checked before any work: a bad one is one line naming it, not a traceback
+        settings = Settings(**vars(p.parse_args()))
+        configs(settings)
+    except ValueError as e:
+        p.error(str(e))
+    main(settings)

@@ -98,14 +98,41 @@ class Settings:
     eval_samples: int = 4
     """episodes per held-out task (sampled at temperature 1)"""
 
+    def __post_init__(self) -> None:  # the script's own values; the library's configs check theirs (`configs`)
+        if not self.letters or len(set(self.letters)) != len(self.letters):
+            raise ValueError(f"--letters {self.letters!r}: needs one or more distinct letters")
+        if not 1 <= self.min_length <= self.max_length <= MAX_LENGTH:
+            raise ValueError(f"--min-length {self.min_length} --max-length {self.max_length}: needs 1 <= min <= max "
+                             f"<= {MAX_LENGTH} (a longer prompt and reply do not fit the model's {MAX_TOKENS} positions)")
+        strings = sum(len(self.letters) ** n for n in range(self.min_length, self.max_length + 1))
+        if not 1 <= self.n_eval < strings:
+            raise ValueError(f"--n-eval {self.n_eval}: needs 1 <= n-eval < {strings}, the strings of those lengths "
+                             "(the rest are the training tasks)")
+        if self.eval_samples < 1:
+            raise ValueError(f"--eval-samples {self.eval_samples}: needs at least 1 episode per held-out string")
+
+
+MAX_TOKENS = 32
+"""the model's positions: the prompt ("reverse " + the string, 4 tokens of template) and the reply (the
+reversed string and the end token) must fit"""
+MAX_LENGTH = 9
+"""the longest string that fits MAX_TOKENS: 8 + n + 4 + n + 1 <= 32"""
+
+
+def configs(s: Settings) -> tuple[OptimConfig, RLConfig]:
+    """The library's configs of these settings; each checks its values as it is built."""
+    return OptimConfig(lr=s.lr), RLConfig(steps=s.steps, tasks_per_step=8, group_size=s.group_size,
+                                          advantage=s.advantage, seed=s.seed, eval_every=max(s.steps // 5, 1))
+
 
 def main(s: Settings, verbose: bool = True) -> dict:
+    optim, config = configs(s)
     torch.manual_seed(s.seed)
     tok = CharTokenizer.from_corpus(s.letters + "reverse ")
     renderer = Renderer(tok)
-    model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=32))
-    engine = make_engine(model, OptimConfig(lr=s.lr))
-    rollout = dict(max_turns=1, max_tokens=32, max_action_tokens=s.max_length + 1)  # + 1: the end token
+    model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=MAX_TOKENS))
+    engine = make_engine(model, optim)
+    rollout = dict(max_turns=1, max_tokens=MAX_TOKENS, max_action_tokens=s.max_length + 1)  # + 1: the end token
     collect = make_collect(engine.sample, reverse_env, renderer, **rollout)
     train, held_out = make_tasks(s.n_eval, s.seed, s.letters, tuple(range(s.min_length, s.max_length + 1)))
 
@@ -113,8 +140,6 @@ def main(s: Settings, verbose: bool = True) -> dict:
         return score_policy(collect, held_out, n=s.eval_samples, ks=(1,), seed=1).metrics()
 
     before = score_policy(collect, held_out, n=s.eval_samples, seed=1)
-    config = RLConfig(steps=s.steps, tasks_per_step=8, group_size=s.group_size, advantage=s.advantage, seed=s.seed,
-                      eval_every=max(s.steps // 5, 1))
     history = train_rl(engine, train, collect, config, tok.pad_id, Run("rl", evaluate=evaluate))
     after = score_policy(collect, held_out, n=s.eval_samples, seed=1)
     if verbose:
@@ -133,4 +158,9 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name, default in vars(Settings()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=type(default), default=default)
-    main(Settings(**vars(p.parse_args())))
+    try:  # every value checked before any work: a bad one is one line naming it, not a traceback
+        settings = Settings(**vars(p.parse_args()))
+        configs(settings)
+    except ValueError as e:
+        p.error(str(e))
+    main(settings)

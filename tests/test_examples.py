@@ -50,3 +50,30 @@ def test_guess_number_full_run_reaches_its_stated_number():
     ex = load("guess_number")
     out = ex.main(ex.Settings(), verbose=False)
     assert out["after"].mean_reward >= 0.2
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("reverse_string", ["--advantage", "grop"], "RLConfig.advantage: 'grop' is not one of"),
+    ("reverse_string", ["--min-length", "5", "--max-length", "2"], "--min-length 5 --max-length 2: needs"),
+    ("reverse_string", ["--max-length", "12"], "do not fit the model's 32 positions"),
+    ("reverse_string", ["--n-eval", "1000"], "--n-eval 1000: needs 1 <= n-eval < 336"),  # used to hang: no tasks left
+    ("reverse_string", ["--group-size", "1"], "needs group_size >= 2"),
+    ("guess_number", ["--eval-samples", "0"], "--eval-samples 0: needs"),
+    ("guess_number", ["--lr", "nan"], "lr must be positive and finite"),
+])
+def test_examples_refuse_a_bad_option_in_one_line(name, argv, message):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *argv], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_no_tasks_is_an_error_not_a_hang():
+    import torch
+
+    from trajtune.algorithms.common import pick_tasks
+
+    with pytest.raises(ValueError, match="no tasks to draw 8 from"):
+        pick_tasks([], 8, torch.Generator().manual_seed(0))
+    assert pick_tasks([], 0, torch.Generator().manual_seed(0)) == []
