@@ -238,7 +238,7 @@ def test_readers_of_every_position_get_real_log_probs():
 def test_the_option_is_validated_and_inherited():
     with pytest.raises(ValueError, match=r"engine: head_positions='loss'; choose one of \('actions', 'all'\)"):
         make_engine(_tiny(), head_positions="loss")
-    with pytest.raises(ValueError, match="Loss: positions='some'"):
+    with pytest.raises(ValueError, match=r"Loss.positions: 'some' is not one of \['actions', 'all'\]"):
         Loss(lambda out, b: (out.logprobs.sum(), {}), "token", positions="some")
     engine = make_engine(_tiny(), head_positions="actions")
     with pytest.raises(ValueError, match="engine.forward: positions='policy'"):
