@@ -44,6 +44,8 @@ def test_single_turn_gyms(capsys):
     code, out, _ = run(capsys, "arithmetic", "--policy", "oracle", "--split", "heldout")
     assert code == 0 and number(out, "pass rate") == 1.0 and "256 tasks" in out
     assert re.search(r"t0 prompt\s+\| Q: \d\d\+\d\d\\nA: ", out)
+    code, out, _ = run(capsys, "arithmetic", "--tasks", "5")
+    assert code == 0 and "5 tasks" in out
     code, out, _ = run(capsys, "instruct", "--policy", "oracle", "--reward", "format")
     assert code == 0 and number(out, "pass rate") == 1.0 and "16 tasks" in out
 
@@ -54,6 +56,10 @@ def test_single_turn_gyms(capsys):
     (["bugfix", "--reward", "format"], "unknown reward"),
     (["bugfix", "--episodes-per-task", "0"], "at least 1"),
     (["bugfix", "--show", "99"], "--show"),
+    (["arithmetic", "--max-turns", "0"], "--max-turns 0: an episode needs at least 1"),  # was a KeyError
+    (["arithmetic", "--tasks", "0"], "--tasks 0: needs at least 1"),
+    (["bugfix", "--tasks", "3"], "gym bugfix --split train has a fixed task set"),  # was silently ignored
+    (["arithmetic", "--split", "heldout", "--tasks", "3"], "has a fixed task set"),
 ])
 def test_bad_arguments_are_reported(capsys, argv, message):
     code, _, err = run(capsys, *argv)

@@ -22,6 +22,8 @@ from collections import defaultdict
 from .rollout import scripted_rollout
 from .text.render import Renderer, format_owners, owner_counts
 
+ARITHMETIC_TASKS = 64
+"""`trajtune gym arithmetic`'s default number of train tasks"""
 GYMS = {
     "bugfix": {"policies": ("oracle", "blind", "random"), "rewards": ("hidden", "public")},
     "arithmetic": {"policies": ("oracle", "random"), "rewards": ("exact",)},
@@ -41,7 +43,9 @@ def add_gym_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--episodes-per-task", type=int, default=1, metavar="N", help="episodes per task (default 1)")
     g.add_argument("--reward", default=None, help="bugfix: hidden (default) | public; instruct: format (default) | preference")
     g.add_argument("--seed", type=int, default=0, help="seed of the scripted policy (episode k uses seed+k)")
-    g.add_argument("--tasks", type=int, default=64, metavar="N", help="arithmetic/instruct train split: number of tasks")
+    g.add_argument("--tasks", type=int, default=None, metavar="N",
+                   help=f"arithmetic train split: number of tasks (default {ARITHMETIC_TASKS}; the other gyms and "
+                        "splits have fixed task sets)")
     g.add_argument("--show", type=int, default=0, metavar="I", help="index of the episode to render (default 0)")
     g.add_argument("--max-turns", type=int, default=6, help="policy turns per episode (default 6)")
     g.set_defaults(func=run_gym)
@@ -60,6 +64,14 @@ def run_gym(args) -> int:
         return _fail("--episodes-per-task must be at least 1")
     if args.gym != "bugfix" and args.split not in ("train", "heldout"):
         return _fail(f"gym {args.gym}: --split {args.split} is a bugfix split; choose train or heldout")
+    if args.max_turns < 1:
+        return _fail(f"--max-turns {args.max_turns}: an episode needs at least 1 policy turn")
+    if args.tasks is not None:
+        if (args.gym, args.split) != ("arithmetic", "train"):
+            return _fail(f"--tasks: sets the number of the arithmetic gym's train tasks; gym {args.gym} --split "
+                         f"{args.split} has a fixed task set")
+        if args.tasks < 1:
+            return _fail(f"--tasks {args.tasks}: needs at least 1 task")
     tasks, make_env, make_policy, tokenizer = _setup(args, reward)
     renderer = Renderer(tokenizer)
     t0 = time.perf_counter()
@@ -73,7 +85,7 @@ def run_gym(args) -> int:
         return _fail(f"--show {args.show}: there are {len(trajs)} episodes")
     shown = trajs[args.show]
     print(f"\nepisode {args.show}: task {shown.info['task']}, reward {shown.reward:.1f}, "
-          f"actions {shown.info['actions']}  (t = turn; only policy tokens are trained on)")
+          f"actions {shown.info.get('actions', [])}  (t = turn; only policy tokens are trained on)")
     print(format_owners(shown, tokenizer))
     return 0
 
@@ -92,7 +104,8 @@ def _setup(args, reward: str):
         from .envs import arithmetic
 
         policies = {"oracle": scripted.ArithmeticOracle, "random": scripted.ArithmeticRandom}
-        return (arithmetic.make_tasks(args.split, n=args.tasks, seed=args.seed), arithmetic.arithmetic_env,
+        n = ARITHMETIC_TASKS if args.tasks is None else args.tasks
+        return (arithmetic.make_tasks(args.split, n=n, seed=args.seed), arithmetic.arithmetic_env,
                 policies[args.policy], arithmetic.arithmetic_tokenizer())
     from .envs import instruct
 
