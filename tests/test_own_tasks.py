@@ -160,13 +160,27 @@ def test_a_reward_that_is_not_a_finite_number_is_a_fault_naming_the_task(bad, ca
     assert good.reward == 1.0 and "env_error" not in good.info
     assert failed.reward == 0.0 and failed.info["stop_reason"] == "env_error"
     assert "InvalidStep" in failed.info["env_error"] and "reward" in failed.info["env_error"]
-    assert "SingleTurnEnv.step (" in failed.info["env_error"]  # where the step is defined: file:line
+    # where the user's verifier is defined: its name, file and line
+    assert f"verifier {verifier.__qualname__} ({__file__}:" in failed.info["env_error"]
     assert "task bad" in caplog.text and "finite number" in caplog.text
     # counted like any other fault: the run-level limit stops a run where most episodes fail
     collect = make_collect(Sampler(), lambda: SingleTurnEnv(verifier), R, max_turns=1, max_tokens=32,
                            max_action_tokens=3)
     with pytest.raises(TooManyFaults, match="bad: InvalidStep"):
         collect([Task("bad")], 2, None)
+
+
+@pytest.mark.parametrize("bad, said", [(1.0, "returned 1.0 (float); a verifier returns (reward, checks)"),
+                                       ((1.0, "ok"), "returned checks 'ok' (str); they must be a dict"),
+                                       ((1.0, {}, {}), "a verifier returns (reward, checks)")])
+def test_a_verifier_that_breaks_its_contract_is_a_fault_naming_it(bad, said):
+    def verifier(task, reply):
+        return bad if task.name == "bad" else [1.0, {"seen": reply}]  # a list pair is a pair
+
+    good, failed = rollout([Task("good"), Task("bad")], lambda: SingleTurnEnv(verifier))
+    assert good.reward == 1.0 and "seen" in good.info and "env_error" not in good.info
+    assert failed.info["stop_reason"] == "env_error" and said in failed.info["env_error"]
+    assert f"verifier {verifier.__qualname__} ({__file__}:" in failed.info["env_error"]
 
 
 def test_numeric_rewards_of_any_real_type_are_accepted():

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, runtime_checkable
 
+from ..faults import check_verdict
+
 
 class StepResult(NamedTuple):
     """What `Env.step` returns; unpacks as `observation, reward, done, info`.
@@ -159,6 +161,8 @@ class SingleTurnEnv:
         if self.done:
             raise RuntimeError("SingleTurnEnv.step called after the episode ended; call reset(task) first")
         self.done = True
-        reward, checks = self.verifier(self.task, action) if self.verifier is not None else (0.0, {})
+        reward, checks = 0.0, {}
+        if self.verifier is not None:
+            reward, checks = check_verdict(self.verifier, self.verifier(self.task, action))
         info = {"task": self.task.name, "actions": [action], "n_invalid": 0, "submitted": True, **checks}
-        return StepResult("", reward, True, info)  # the rollout checks the reward (a finite number)
+        return StepResult("", reward, True, info)
