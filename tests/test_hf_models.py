@@ -108,6 +108,19 @@ def test_missing_or_non_model_path_is_a_clear_error(tmp_path):
         load_policy(tmp_path / "empty")
 
 
+def test_a_model_directory_without_a_tokenizer_says_so(model_dir, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(Path(model_dir) / "config.json", bare)
+    with pytest.raises(ModelPathError, match=r"bare: no tokenizer in the directory \(none of tokenizer.json, .*"
+                                             r"tokenizer.save_pretrained"):
+        load_tokenizer(bare)  # was transformers' advice to install sentencepiece or tiktoken
+    assert load_tokenizer(model_dir).pad_token_id is not None
+
+
 def test_micro_batches_keep_pairs_and_match_the_full_batch_gradient(model_dir):
     trajs = [_traj(list(range(5 + i, 12 + 2 * i)), 3) for i in range(4)]
     assert [c.tolist() for c in micro_batches(pair_batch(list(zip(trajs, trajs)), 0), 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]

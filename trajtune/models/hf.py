@@ -86,11 +86,18 @@ def check_model_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""a model directory holds a tokenizer if it has one of these (fast, config, sentencepiece, BPE / WordPiece vocab)"""
+
+
 def load_tokenizer(path: str | os.PathLike):
     """The tokenizer saved in a local model directory (pad token set to eos if missing)."""
     from transformers import AutoTokenizer
 
     p = check_model_dir(path)
+    if not any((p / name).exists() for name in TOKENIZER_FILES):
+        raise ModelPathError(f"{p}: no tokenizer in the directory (none of {', '.join(TOKENIZER_FILES)}); save one "
+                             "there with tokenizer.save_pretrained(dir)")
     try:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError) as e:
