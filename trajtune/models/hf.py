@@ -86,8 +86,11 @@ def check_model_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
-"""a model directory holds a tokenizer if it has one of these (fast, config, sentencepiece, BPE / WordPiece vocab)"""
+def _tokenizer_file(name: str) -> bool:
+    """Whether a file of a model directory may be (part of) a tokenizer: tokenizer.json / tokenizer_config.json
+    and the like, a BPE or WordPiece vocabulary, merges, a sentencepiece or tiktoken model."""
+    return name.startswith(("tokenizer", "vocab", "merges", "spiece", "sentencepiece")) or name.endswith(
+        (".tiktoken", ".model"))
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -95,9 +98,9 @@ def load_tokenizer(path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     p = check_model_dir(path)
-    if not any((p / name).exists() for name in TOKENIZER_FILES):
-        raise ModelPathError(f"{p}: no tokenizer in the directory (none of {', '.join(TOKENIZER_FILES)}); save one "
-                             "there with tokenizer.save_pretrained(dir)")
+    if not any(_tokenizer_file(f.name) for f in p.iterdir()):
+        raise ModelPathError(f"{p}: no tokenizer in the directory (no tokenizer.json, tokenizer_config.json, vocab "
+                             "or sentencepiece file); save one there with tokenizer.save_pretrained(dir)")
     try:
         tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
     except (OSError, ValueError) as e:
