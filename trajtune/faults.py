@@ -20,7 +20,6 @@ import _signal
 import inspect
 import logging
 import math
-import numbers
 import signal
 import threading
 import time
@@ -28,8 +27,9 @@ import traceback
 from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any, ContextManager, Mapping, Sequence
 
+from .envs.base import InvalidStep, _short, check_reward, check_verdict  # noqa: F401 (re-exported)
 from .trajectory import Trajectory
 
 log = logging.getLogger("trajtune.faults")
@@ -59,10 +59,6 @@ class StepTimeout(Exception):
     """An environment call ran past the rollout's time limit (`step_timeout_s`)."""
 
 
-class InvalidStep(TypeError):
-    """An environment call returned what the Env contract does not allow (`check_step`, `check_reset`)."""
-
-
 def check_step(env: Any, result: Any) -> tuple[str, float, bool, dict]:
     """`env.step`'s result as (observation, reward as a float, done, info), or `InvalidStep` naming the
     environment's `step` (file:line) and what is wrong: not 4 values, an observation that is not a str,
@@ -72,51 +68,13 @@ def check_step(env: Any, result: Any) -> tuple[str, float, bool, dict]:
     observation, reward, done, info = result
     if type(reward) is float and type(observation) is str and type(info) is dict and math.isfinite(reward):
         return observation, reward, bool(done), info  # the common case, without the ABC checks below
-    value = _reward(reward, lambda: _defined_at(env, "step"))
+    value = check_reward(reward, lambda: _defined_at(env, "step"))
     if not isinstance(observation, str):
         raise InvalidStep(f"{_defined_at(env, 'step')} returned observation {_short(observation)} ({type(observation).__name__}); "
                           "it must be a str ('' for none)")
     if not isinstance(info, dict):
         raise InvalidStep(f"{_defined_at(env, 'step')} returned info {_short(info)} ({type(info).__name__}); it must be a dict")
     return observation, value, bool(done), info
-
-
-def _reward(reward: Any, where: Callable[[], str]) -> float:
-    """`reward` as a float, or `InvalidStep` saying `where()` returned what is not a finite real number."""
-    if not isinstance(reward, numbers.Real) and not _is_scalar_tensor(reward):
-        raise InvalidStep(f"{where()} returned reward {_short(reward)} ({type(reward).__name__}); "
-                          "a reward must be a finite number (int or float)")
-    value = float(reward)
-    if not math.isfinite(value):
-        raise InvalidStep(f"{where()} returned reward {value}; a reward must be a finite number")
-    return value
-
-
-def check_verdict(verifier: Callable, result: Any) -> tuple[float, dict]:
-    """A verifier's result (`SingleTurnEnv`: `verifier(task, reply) -> (reward, checks)`) as (float, dict),
-    or `InvalidStep` naming the verifier (file:line) and what is wrong: not a pair, a reward that is not a
-    finite real number, checks that are not a dict."""
-    if isinstance(result, (tuple, list)) and len(result) == 2:
-        reward, checks = result
-        if type(reward) is float and type(checks) is dict and math.isfinite(reward):
-            return reward, checks  # the common case
-        value = _reward(reward, lambda: _function_at(verifier))
-        if not isinstance(checks, dict):
-            raise InvalidStep(f"{_function_at(verifier)} returned checks {_short(checks)} ({type(checks).__name__}); "
-                              "they must be a dict (it goes into the episode's info; {} for none)")
-        return value, checks
-    raise InvalidStep(f"{_function_at(verifier)} returned {_short(result)} ({type(result).__name__}); a verifier "
-                      "returns (reward, checks): a finite number and a dict ({} for none)")
-
-
-def _function_at(fn: Any) -> str:
-    """`name (file:line)` of a function (or the function inside a functools.partial), for messages."""
-    inner = getattr(fn, "func", fn)
-    label = getattr(inner, "__qualname__", None) or repr(inner)
-    try:
-        return f"verifier {label} ({inspect.getsourcefile(inner)}:{inspect.getsourcelines(inner)[1]})"
-    except (TypeError, OSError):
-        return f"verifier {label}"
 
 
 def check_reset(env: Any, first: Any) -> Any:
@@ -155,16 +113,6 @@ def _defined_at_class(cls: type, method: str) -> str:
         return f"{label} ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
     except (TypeError, OSError):
         return label
-
-
-def _is_scalar_tensor(x: Any) -> bool:
-    """A 0-d / one-element number with __float__ (a torch or numpy scalar), not a str or None."""
-    return hasattr(x, "__float__") and getattr(x, "ndim", 0) == 0 and not isinstance(x, (str, bytes))
-
-
-def _short(x: Any, n: int = 60) -> str:
-    r = repr(x)
-    return r if len(r) <= n else r[: n - 3] + "..."
 
 
 _warned_no_limit = False

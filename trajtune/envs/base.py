@@ -29,9 +29,11 @@ lists, like BugFixTask). A frozen dataclass of plain values is the easy choice.
 
 from __future__ import annotations
 
+import inspect
+import math
+import numbers
 from typing import Any, Callable, Iterable, NamedTuple, Protocol, runtime_checkable
 
-from ..faults import check_verdict
 
 
 class StepResult(NamedTuple):
@@ -129,6 +131,55 @@ def _where(i: int, task: Any) -> str:
 def _short(x: Any, n: int = 60) -> str:
     r = repr(x)
     return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _is_scalar_tensor(x: Any) -> bool:
+    """A 0-d / one-element number with __float__ (a torch or numpy scalar), not a str or None."""
+    return hasattr(x, "__float__") and getattr(x, "ndim", 0) == 0 and not isinstance(x, (str, bytes))
+
+
+class InvalidStep(TypeError):
+    """An environment call returned what the Env contract does not allow: `check_verdict` here (a verifier's
+    result), `trajtune.faults.check_step` / `check_reset` (an Env's); the rollout makes it a fault of the episode."""
+
+
+def check_reward(reward: Any, where: Callable[[], str]) -> float:
+    """`reward` as a float, or `InvalidStep` saying `where()` (built only for the error) returned what is not a
+    finite real number (None, a string, NaN, inf); a bool, a numpy or a one-element torch number is a number."""
+    if not isinstance(reward, numbers.Real) and not _is_scalar_tensor(reward):
+        raise InvalidStep(f"{where()} returned reward {_short(reward)} ({type(reward).__name__}); "
+                          "a reward must be a finite number (int or float)")
+    value = float(reward)
+    if not math.isfinite(value):
+        raise InvalidStep(f"{where()} returned reward {value}; a reward must be a finite number")
+    return value
+
+
+def check_verdict(verifier: Callable, result: Any) -> tuple[float, dict]:
+    """A verifier's result (`SingleTurnEnv`: `verifier(task, reply) -> (reward, checks)`) as (float, dict),
+    or `InvalidStep` naming the verifier (file:line) and what is wrong: not a pair, a reward that is not a
+    finite real number, checks that are not a dict."""
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        reward, checks = result
+        if type(reward) is float and type(checks) is dict and math.isfinite(reward):
+            return reward, checks  # the common case
+        value = check_reward(reward, lambda: _function_at(verifier))
+        if not isinstance(checks, dict):
+            raise InvalidStep(f"{_function_at(verifier)} returned checks {_short(checks)} ({type(checks).__name__}); "
+                              "they must be a dict (it goes into the episode's info; {} for none)")
+        return value, checks
+    raise InvalidStep(f"{_function_at(verifier)} returned {_short(result)} ({type(result).__name__}); a verifier "
+                      "returns (reward, checks): a finite number and a dict ({} for none)")
+
+
+def _function_at(fn: Any) -> str:
+    """`name (file:line)` of a function (or the function inside a functools.partial), for messages."""
+    inner = getattr(fn, "func", fn)
+    label = getattr(inner, "__qualname__", None) or repr(inner)
+    try:
+        return f"verifier {label} ({inspect.getsourcefile(inner)}:{inspect.getsourcelines(inner)[1]})"
+    except (TypeError, OSError):
+        return f"verifier {label}"
 
 
 Verifier = Callable[[Any, str], "tuple[float, dict[str, Any]]"]
