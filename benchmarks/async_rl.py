@@ -143,7 +143,7 @@ class SamplerCPU:
     """CPU seconds of the sampler processes, read from /proc as each closes (Linux; 0 elsewhere)."""
 
     def __init__(self):
-        from trajtune.async_sampler import SamplerProcess
+        from trajtune.sources.process import SamplerProcess
 
         self.seconds, close = 0.0, SamplerProcess.close
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -161,7 +161,7 @@ class SamplerCPU:
 def serve_in_own_session(*args):
     """The sampler process's entry, first leaving the trainer's session (`--sampler-session`)."""
     os.setsid()
-    from trajtune import async_sampler
+    from trajtune.sources import process as async_sampler
 
     # a fork inherits the patched module (main() keeps the real entry here); a fork server's child imports it afresh
     (getattr(serve_in_own_session, "serve", None) or async_sampler._serve)(*args)
@@ -171,7 +171,7 @@ class Clocked:
     """A loop `Run` that also notes when each step ended."""
 
     def __new__(cls, stage: str):
-        from trajtune.loop import Run
+        from trajtune.runs.loop import Run
 
         class _Clocked(Run):
             def end_step(self, *a, **k):
@@ -205,7 +205,7 @@ def main() -> int:
                          "as it would get a core of its own on an idle machine")
     args = ap.parse_args()
     if args.sampler_session:
-        from trajtune import async_sampler
+        from trajtune.sources import process as async_sampler
 
         serve_in_own_session.serve, async_sampler._serve = async_sampler._serve, serve_in_own_session
     torch.set_num_threads(1)

@@ -36,7 +36,7 @@ def timed(name: str, fn) -> tuple[float, float]:
 
 
 def stage_rows(run_dir: Path) -> list[tuple[str, float, float]]:
-    """(stage, wall s, CPU s) of every finished stage (trajtune.stages: <stage>/results.json["time"])."""
+    """(stage, wall s, CPU s) of every finished stage (trajtune.runs.stages: <stage>/results.json["time"])."""
     rows = []
     for f in sorted(run_dir.glob("*/results.json")):
         t = json.loads(f.read_text())["time"]
@@ -57,7 +57,7 @@ def main() -> None:
 
     from trajtune.experiments import chapter13
     from trajtune.experiments.iw_sft import bandit as iw_sft_bandit, bugfix as iw_sft_bugfix
-    from trajtune.stages import StageOptions
+    from trajtune.runs.stages import StageOptions
 
     runner = StageOptions(workers=args.workers, threads=args.threads)
     totals = {}

@@ -6,10 +6,10 @@ the last logits, repeat. Both run side by side in one process on the same model,
 seed, and must produce identical tokens.
 
 Table 2 (random Llama, the sizes of benchmarks/vs_trl.py, nothing downloaded):
-`trajtune.sampling.sample` through the `HFPolicy` adapter (what `trajtune grpo` runs) vs the
+`trajtune.engine.decoding.sample` through the `HFPolicy` adapter (what `trajtune grpo` runs) vs the
 model's own `generate(do_sample=True)` (what TRL's GRPOTrainer runs without vLLM), same prompts,
 same number of new tokens (no stop token, so both write every token), plus the `generate`
-backend of trajtune.generation (generate + the behaviour log-probs RL needs). Ratios > 1: trajtune faster.
+backend of trajtune.engine.generate (generate + the behaviour log-probs RL needs). Ratios > 1: trajtune faster.
 
     python benchmarks/sampling.py                 # table 1: batch 64, 16/64/256 new tokens; table 2
     python benchmarks/sampling.py --lengths 16 64 --repeats 1 --hf-sizes tiny
@@ -26,7 +26,7 @@ import time
 import torch
 
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.sampling import sample
+from trajtune.engine.decoding import sample
 
 
 CLOCK = time.perf_counter
@@ -61,7 +61,7 @@ def tiny_table(args) -> None:
 
 
 def hf_table(args) -> None:
-    from trajtune.generation import HFGenerate
+    from trajtune.engine.generate import HFGenerate
     from trajtune.models.hf import load_policy
     from trajtune.models.hf_random import make_random_model
 

@@ -151,7 +151,7 @@ def reward_fn(prompts, completions, answer=None, **kw):
 
 DRAW = "cdf"
 """how trajtune's sampler draws a token (`--draw`): "cdf", as `trajtune grpo` / `rft` do by default, or "race",
-torch.multinomial's draw, which TRL's generation uses (the same distribution; `trajtune.sampling.pick_next`)"""
+torch.multinomial's draw, which TRL's generation uses (the same distribution; `trajtune.engine.decoding.pick_next`)"""
 
 CLOCK = time.perf_counter
 """What a step's time is: wall (`perf_counter`), or with `--clock cpu` this process's CPU seconds (`process_time`)"""
@@ -172,15 +172,15 @@ class StepClock:
 
 # --- trajtune ------------------------------------------------------------------------------------------
 def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = DEFAULT, **engine_kw) -> list[float]:
-    from trajtune import data as D
+    from trajtune.sources import data as D
     from trajtune.algorithms.dpo import DPOConfig, train_dpo
     from trajtune.algorithms.rl import RLConfig, train_rl
     from trajtune.algorithms.sft import SFTConfig, train_sft
     from trajtune.engine import OptimConfig, make_engine
     from trajtune.envs.base import SingleTurnEnv
     from trajtune.models.hf import load_policy, load_tokenizer
-    from trajtune.collect import make_collect
-    from trajtune.rewards import reward_verifier
+    from trajtune.sources.episodes import make_collect
+    from trajtune.sources.rewards import reward_verifier
     from trajtune.text.chat import ChatRenderer
 
     torch.manual_seed(0)

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 
 from trajtune.algorithms.rl import RLConfig, train_rl
-from trajtune.collect import make_collect
+from trajtune.sources.episodes import make_collect
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.evaluation import score_policy
-from trajtune.loop import Run
+from trajtune.runs.loop import Run
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer

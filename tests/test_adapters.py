@@ -1,4 +1,4 @@
-"""Adapters on real tasks of the libraries (trajtune/adapters/): reasoning-gym and TextArena.
+"""Adapters on real tasks of the libraries (trajtune/envs/adapters/): reasoning-gym and TextArena.
 
 Each block is skipped, saying what to install, when its optional library is missing.
 """
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from trajtune.rollout import scripted_rollout
+from trajtune.sources.rollout import scripted_rollout
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer, WordTokenizer
 from trajtune.trajectory import Owner
@@ -33,7 +33,7 @@ class Say:
 # --- reasoning-gym ------------------------------------------------------------------------------
 @needs_rg
 def test_reasoning_gym_tasks_are_the_datasets_entries_scored_by_their_own_scorer():
-    from trajtune.adapters.reasoning_gym import dataset_names, reasoning_gym_env, reasoning_gym_tasks
+    from trajtune.envs.adapters.reasoning_gym import dataset_names, reasoning_gym_env, reasoning_gym_tasks
 
     assert {"spell_backward", "basic_arithmetic", "leg_counting"} <= set(dataset_names())
     tasks = reasoning_gym_tasks("spell_backward", size=8, seed=3, min_word_len=3, max_word_len=4)
@@ -54,7 +54,7 @@ def test_reasoning_gym_tasks_are_the_datasets_entries_scored_by_their_own_scorer
 
 @needs_rg
 def test_reasoning_gym_exact_match_dataset_and_answer_tags():
-    from trajtune.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
+    from trajtune.envs.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
 
     t = reasoning_gym_tasks("basic_arithmetic", size=4, seed=0, min_terms=2, max_terms=2, min_digits=1,
                             max_digits=1, operators=("+",))[1]
@@ -71,7 +71,7 @@ def test_reasoning_gym_exact_match_dataset_and_answer_tags():
 
 @needs_rg
 def test_reasoning_gym_bad_names_are_clear_errors():
-    from trajtune.adapters.reasoning_gym import reasoning_gym_tasks
+    from trajtune.envs.adapters.reasoning_gym import reasoning_gym_tasks
 
     with pytest.raises(ValueError, match="no dataset 'spell_backwards'.*spell_backward"):
         reasoning_gym_tasks("spell_backwards")
@@ -81,7 +81,7 @@ def test_reasoning_gym_bad_names_are_clear_errors():
 
 @needs_rg
 def test_reasoning_gym_episode_through_the_rollout_loop():
-    from trajtune.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
+    from trajtune.envs.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
 
     task = reasoning_gym_tasks("spell_backward", size=1, seed=0, min_word_len=3, max_word_len=4)[0]
     renderer = Renderer(CharTokenizer.from_corpus(task.question + task.answer))
@@ -126,7 +126,7 @@ class BinarySearch:
 
 @needs_ta
 def test_textarena_game_is_a_multi_turn_episode_with_the_hints_as_tool_turns():
-    from trajtune.adapters.textarena import TextArenaEnv, textarena_tasks
+    from trajtune.envs.adapters.textarena import TextArenaEnv, textarena_tasks
 
     tasks = textarena_tasks("GuessTheNumber-v0-raw", 3, seed=7)
     assert [t.name for t in tasks] == [f"GuessTheNumber-v0-raw/{s}" for s in (7, 8, 9)]
@@ -149,7 +149,7 @@ def test_textarena_game_is_a_multi_turn_episode_with_the_hints_as_tool_turns():
 
 @needs_ta
 def test_textarena_invalid_moves_are_counted_and_end_the_game_past_its_allowance():
-    from trajtune.adapters.textarena import TextArenaEnv, textarena_tasks
+    from trajtune.envs.adapters.textarena import TextArenaEnv, textarena_tasks
 
     env = TextArenaEnv("[{}]")
     env.reset(textarena_tasks("GuessTheNumber-v0-raw", 1)[0])
@@ -164,7 +164,7 @@ def test_textarena_invalid_moves_are_counted_and_end_the_game_past_its_allowance
 
 @needs_ta
 def test_textarena_two_player_game_with_a_scripted_opponent():
-    from trajtune.adapters.textarena import TextArenaEnv, textarena_tasks
+    from trajtune.envs.adapters.textarena import TextArenaEnv, textarena_tasks
 
     rng = random.Random(0)
     free = lambda obs: rng.choice([c for c in "012345678" if f"'[{c}]'" in obs.rsplit("Available Moves:", 1)[-1]])
@@ -185,7 +185,7 @@ def test_textarena_two_player_game_with_a_scripted_opponent():
 
 @needs_ta
 def test_textarena_unknown_game_names_close_ones():
-    from trajtune.adapters.textarena import textarena_tasks
+    from trajtune.envs.adapters.textarena import textarena_tasks
 
     with pytest.raises(ValueError, match="GuessTheNumber-v0-raw"):
         textarena_tasks("GuessTheNumbr-v0-raw", 2)

@@ -15,10 +15,10 @@ from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
 from trajtune.engine import make_engine, OptimConfig
-from trajtune.loop import Run
+from trajtune.runs.loop import Run
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.collect import make_collect
+from trajtune.sources.episodes import make_collect
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 

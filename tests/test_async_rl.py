@@ -1,4 +1,4 @@
-"""Overlapped RL (RLConfig.max_staleness, trajtune.async_sampler): the episodes run in the sampler
+"""Overlapped RL (RLConfig.max_staleness, trajtune.sources.process): the episodes run in the sampler
 process and give exactly the one-process run at staleness 0, the one-step-off-policy run still
 learns, a broken weight sync stops the run, an overlapped run resumes exactly, an environment's
 fault there is the same fault (logged in the trainer with the task and the user's traceback), a
@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trajtune import async_sampler
+from trajtune.sources import process as async_sampler
 from trajtune.algorithms.rl import RLConfig, train_rl
-from trajtune.async_sampler import SamplerDied, SamplerProcess, SyncError
-from trajtune.collect import make_collect
+from trajtune.sources.process import SamplerDied, SamplerProcess, SyncError
+from trajtune.sources.episodes import make_collect
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.loop import Run
+from trajtune.runs.loop import Run
 from trajtune.metrics import MetricsLogger
-from trajtune.resume import Checkpointer, RunInterrupted
-from trajtune.rollout import TokenBudgetError
+from trajtune.runs.resume import Checkpointer, RunInterrupted
+from trajtune.sources.rollout import TokenBudgetError
 
 from test_algorithms import RENDER, TASKS, TOK, collect_for, engine, pass_rate
 from test_resume import graded, rows, same_weights
@@ -199,7 +199,7 @@ class Holder(torch.nn.Module):
 
 
 def test_weight_fingerprints_tell_equal_weights_from_any_changed_swapped_or_transposed_bytes():
-    from trajtune.async_sampler import weight_fingerprints
+    from trajtune.sources.process import weight_fingerprints
 
     g = torch.Generator().manual_seed(0)
     big = torch.randn(3000, generator=g)
@@ -253,7 +253,7 @@ def test_a_collect_that_bypasses_engine_sample_is_refused():
     """A backend that samples from the trainer's model itself (HF generate) would race the update thread."""
     from functools import partial
 
-    from trajtune.sampling import sample
+    from trajtune.engine.decoding import sample
 
     e = engine()
     own = make_collect(partial(sample, e.model), lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32,
@@ -374,7 +374,7 @@ def test_a_trainer_killed_with_kill_9_leaves_no_sampler_process():
     """Nothing closes the sampler then: it sees its parent go (and the pipe close) and exits by itself."""
     code = ("import os, signal, torch; torch.set_num_threads(1)\n"
             "from test_algorithms import engine\n"
-            "from trajtune.async_sampler import SamplerProcess\n"
+            "from trajtune.sources.process import SamplerProcess\n"
             "sampler = SamplerProcess(engine())\n"
             "print(sampler.pid, flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")

@@ -15,11 +15,11 @@ import time
 import pytest
 pytest.importorskip("transformers")
 
-from trajtune.chat_cli import Chat, Settings, repl  # noqa: E402
+from trajtune.cli.chat import Chat, Settings, repl  # noqa: E402
 from trajtune import cli  # noqa: E402
 from trajtune.models.hf import load_policy, load_tokenizer  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
-from trajtune.sampling import sample  # noqa: E402
+from trajtune.engine.decoding import sample  # noqa: E402
 from trajtune.text.chat import ChatRenderer  # noqa: E402
 
 
@@ -78,7 +78,7 @@ class Recorder:
         self.renderer, self.prompts, self.stops = renderer, [], []
 
     def __call__(self, prompts, n, generator, **kw):
-        from trajtune.sampling import Samples
+        from trajtune.engine.decoding import Samples
 
         self.prompts += prompts
         self.stops.append(kw["stop_ids"])

@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from trajtune import data as D  # noqa: E402
-from trajtune import rewards as R  # noqa: E402
+from trajtune.sources import data as D  # noqa: E402
+from trajtune.sources import rewards as R  # noqa: E402
 from trajtune.models.hf_random import train_tokenizer  # noqa: E402
 from trajtune.text.chat import ChatRenderer  # noqa: E402
 from trajtune.trajectory import Owner  # noqa: E402

@@ -1,4 +1,4 @@
-"""Two gloo processes reproduce one process (trajtune.distributed).
+"""Two gloo processes reproduce one process (trajtune.engine.distributed).
 
 One `torch.multiprocessing` job of 2 CPU processes runs every scenario below
 (DDP engine with the three aggregations and micro-batches, SFT, GRPO with a group
@@ -39,11 +39,11 @@ from safetensors.torch import load_file, save_file
 from trajtune.algorithms.rl import RLConfig, advantages_for, train_rl
 from trajtune.algorithms.sft import SFTConfig, sft_loss_fn, train_sft
 from trajtune.engine import OptimConfig, make_engine
-from trajtune.loop import Run
+from trajtune.runs.loop import Run
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.logprobs import aggregation_share
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.collect import make_collect
+from trajtune.sources.episodes import make_collect
 from trajtune.trajectory import collate
 
 from test_algorithms import RENDER, TASKS, TOK  # noqa: E402 - the same toy task as the single-process tests
@@ -97,7 +97,7 @@ NAN_TOKEN = 2  # the token test_reliability.NanOnToken turns into NaN logits
 def _init(rank: int, port: int) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from trajtune.distributed import init_distributed
+    from trajtune.engine.distributed import init_distributed
 
     init_distributed("gloo")
 
@@ -149,7 +149,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     torch.distributed.all_gather_object(samples, record[f"fsdp_sample_{rank}"])
     record["fsdp_samples"] = samples
     # 6. an interrupt seen by rank 1 only: both ranks save after the same step, and resume exactly
-    from trajtune.resume import Checkpointer, RunInterrupted
+    from trajtune.runs.resume import Checkpointer, RunInterrupted
 
     def only_rank_1(step):
         if rank == 1 and step == 1:

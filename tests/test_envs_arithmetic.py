@@ -6,7 +6,7 @@ from trajtune.envs.arithmetic import (
     ArithmeticTask, arithmetic_env, arithmetic_tokenizer, exact_match, heldout_tasks, make_tasks, problem, train_tasks,
 )
 from trajtune.envs.scripted import ArithmeticOracle, ArithmeticRandom
-from trajtune.rollout import scripted_rollout
+from trajtune.sources.rollout import scripted_rollout
 from trajtune.text.render import Renderer
 
 

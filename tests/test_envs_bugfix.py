@@ -13,7 +13,7 @@ from trajtune.envs.bugfix import (
 from trajtune.envs.bugfix_tasks import FAMILIES, make_tasks
 from trajtune.envs.sandbox import default_sandbox
 from trajtune.envs.scripted import bugfix_policy
-from trajtune.rollout import scripted_rollout
+from trajtune.sources.rollout import scripted_rollout
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import WORD_PATTERN
 

@@ -7,7 +7,7 @@ from trajtune.envs.instruct import (
     first_letter_ok, format_ok, instruct_env, instruct_tokenizer, preference_pairs, shakespeare_text,
 )
 from trajtune.envs.scripted import InstructOracle
-from trajtune.rollout import scripted_rollout
+from trajtune.sources.rollout import scripted_rollout
 from trajtune.text.render import Renderer
 
 

@@ -22,7 +22,7 @@ from trajtune.experiments.agent.report import write_seeds_report
 from trajtune.experiments.bugfix import Gym, new_model, scripted_play
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.models.tiny import load_model
-from trajtune.stages import StageOptions
+from trajtune.runs.stages import StageOptions
 
 SMALL = agent.Config(
     runner=StageOptions(workers=1), weak=SFTConfig(steps=40, batch_size=16),
@@ -139,7 +139,7 @@ def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, m
     import shutil
     import signal
 
-    from trajtune.resume import RunInterrupted
+    from trajtune.runs.resume import RunInterrupted
 
     run_dir = tmp_path / "run"
     shutil.copytree(small_run[0], run_dir)

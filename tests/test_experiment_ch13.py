@@ -107,7 +107,7 @@ def test_a_stage_cut_short_resumes_inside_its_loop(tmp_path, monkeypatch):
     import shutil
 
     from trajtune.engine import TorchEngine
-    from trajtune.resume import RunInterrupted
+    from trajtune.runs.resume import RunInterrupted
 
     config = tiny(parts=["rlvr"])
     run(config, tmp_path / "whole")

@@ -14,7 +14,7 @@ from trajtune.cli import builtin_recipes, load_recipe
 from trajtune.envs.bandit import TwoArmBandit
 from trajtune.experiments.iw_sft import bandit as iw_sft_bandit
 from trajtune.experiments.iw_sft import bugfix as iw_sft_bugfix
-from trajtune.stages import StageOptions
+from trajtune.runs.stages import StageOptions
 
 
 def small_bugfix(rounds: int, samples_per_task: int, steps_per_round: int, weak_steps: int, eval_samples: int,
@@ -72,7 +72,7 @@ def test_bugfix_comparison_resumes_a_stage_cut_short(tmp_path, monkeypatch):
     from test_experiment_ch13 import _interrupting, _same_result
 
     from trajtune.engine import TorchEngine
-    from trajtune.resume import RunInterrupted
+    from trajtune.runs.resume import RunInterrupted
 
     config = small_bugfix(rounds=2, samples_per_task=4, steps_per_round=4, q_update_every=2, weak_steps=40,
                           eval_samples=1)  # a weak base that passes some tasks: rounds train

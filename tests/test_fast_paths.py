@@ -229,7 +229,7 @@ class _NoSelect:
 
 @pytest.mark.parametrize("kind", ["tiny", "llama"])
 def test_a_prompt_shared_by_a_group_is_prefilled_once_and_samples_what_every_row_would(kind, request):
-    from trajtune.sampling import sample
+    from trajtune.engine.decoding import sample
 
     if kind == "tiny":
         torch.manual_seed(0)

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from trajtune import faults
-from trajtune.collect import make_collect
+from trajtune.sources import faults
+from trajtune.sources.episodes import make_collect
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.faults import StepTimeout, TooManyFaults, time_limit
-from trajtune.rollout import rollout_batch, scripted_rollout
-from trajtune.sampling import Samples
+from trajtune.sources.faults import StepTimeout, TooManyFaults, time_limit
+from trajtune.sources.rollout import rollout_batch, scripted_rollout
+from trajtune.engine.decoding import Samples
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Owner, collate
@@ -84,7 +84,7 @@ def test_a_hanging_step_fails_its_episode_and_the_others_finish(how, caplog):
     tasks = [Task("good"), Task(f"hang-{how}"), Task("good")]
     handler = signal.getsignal(signal.SIGALRM)
     t0 = time.monotonic()
-    with caplog.at_level("WARNING", logger="trajtune.rollout"):
+    with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
         trajs = run(tasks)
         scripted = scripted_rollout(Answer(), SingleTurnEnv(reward), tasks[1], R, max_turns=1, step_timeout_s=LIMIT)
     assert time.monotonic() - t0 < 3.0
@@ -101,7 +101,7 @@ def test_a_hanging_step_fails_its_episode_and_the_others_finish(how, caplog):
 def test_a_reset_that_raises_or_hangs_fails_its_episode_with_zero_turns(caplog):
     tasks = [Task("good"), Task("broken"), Task("stuck"), Task("good")]
     sampler = Sampler()
-    with caplog.at_level("WARNING", logger="trajtune.rollout"):
+    with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
         trajs = rollout_batch(sampler, [FlakyResetEnv() for _ in tasks], tasks, R, None, max_turns=2, max_tokens=32,
                               max_action_tokens=3, step_timeout_s=LIMIT)
     assert sampler.calls == [2]  # the failed episodes are never sampled
@@ -179,7 +179,7 @@ def test_nested_limits_the_outer_one_wins_when_it_is_shorter():
 def test_no_limit_outside_the_main_thread_is_said_once(monkeypatch, caplog):
     monkeypatch.setattr(faults, "_warned_no_limit", False)
     out = []
-    with caplog.at_level("WARNING", logger="trajtune.faults"):
+    with caplog.at_level("WARNING", logger="trajtune.sources.faults"):
         worker = threading.Thread(target=lambda: out.append(run([Task("good"), Task("good")], step_timeout_s=0.01)))
         worker.start()
         worker.join()

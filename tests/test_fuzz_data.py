@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
-from trajtune import data as D  # noqa: E402
+from trajtune.sources import data as D  # noqa: E402
 from trajtune.models.hf_random import train_tokenizer  # noqa: E402
 from trajtune.text.chat import ChatRenderer  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""`trajtune gym ...` through add_gym_parser/run_gym, and `python -m trajtune.gym_cli`."""
+"""`trajtune gym ...` through add_gym_parser/run_gym, and `python -m trajtune.cli.gym`."""
 
 import argparse
 import re
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from trajtune.gym_cli import add_gym_parser, run_gym
+from trajtune.cli.gym import add_gym_parser, run_gym
 
 
 def run(capsys, *argv):
@@ -67,7 +67,7 @@ def test_bad_arguments_are_reported(capsys, argv, message):
 
 
 def test_module_entry_point():
-    out = subprocess.run([sys.executable, "-m", "trajtune.gym_cli", "bugfix", "--policy", "oracle", "--split", "heldout"],
+    out = subprocess.run([sys.executable, "-m", "trajtune.cli.gym", "bugfix", "--policy", "oracle", "--split", "heldout"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pass rate        1.000" in out.stdout

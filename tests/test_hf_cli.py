@@ -130,7 +130,7 @@ def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys,
     whole, cut = work / f"whole{tag}", work / f"cut{tag}"
     assert main(args + ["--out", str(cut)]) == 130
     assert "run the same command again to resume" in capsys.readouterr().err
-    resume = cut / "grpo" / "resume"  # the stage's resume state (trajtune.stages layout)
+    resume = cut / "grpo" / "resume"  # the stage's resume state (trajtune.runs.stages layout)
     assert not (cut / "model").exists() and (resume / "state" / "engine.json").exists()
     assert (resume / "reference" / ("adapters_off" if lora else "model.safetensors")).exists()
     monkeypatch.delenv("TT_INTERRUPT_AT")
@@ -148,7 +148,7 @@ def test_the_command_line_and_a_recipe_are_the_same_run(work, tmp_path):
     """`trajtune grpo --flags` and `trajtune run` on the TOML recipe that sets the same leaves: the same
     resolved config, the same metrics and the same weights."""
     from trajtune.cli import build_parser
-    from trajtune.hf_front import config_from_args
+    from trajtune.cli.hf import config_from_args
 
     flags = ["--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
              "--reward", f"{work / 'rewards.py'}:has_digit", "--steps", "2", "--prompts-per-step", "2",

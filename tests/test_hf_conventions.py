@@ -130,7 +130,7 @@ def test_an_eval_set_is_logged_every_eval_steps_and_after_the_last(work, capsys,
 def test_dpo_evaluation_keeps_its_reference_across_a_resume(work, monkeypatch):
     """The held-out pairs' reference log-probs are the starting policy's, taken once and kept with the checkpoint:
     a run cut after step 2 and resumed logs the uninterrupted run's eval/* numbers."""
-    from trajtune.resume import Checkpointer
+    from trajtune.runs.resume import Checkpointer
 
     argv = ["dpo", "--model", str(work / "model"), "--data", str(work / "pairs.jsonl"), "--eval-data",
             str(work / "pairs.json"), "--steps", "4", "--batch-size", "2", "--eval-every", "1", "--lr", "3e-3"]

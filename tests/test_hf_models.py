@@ -11,10 +11,10 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from trajtune.algorithms.sft import sft_loss_fn  # noqa: E402
 from trajtune.engine import make_engine  # noqa: E402
-from trajtune.generation import make_backend  # noqa: E402
+from trajtune.engine.generate import make_backend  # noqa: E402
 from trajtune.models.hf import AdaptersOff, LoraSettings, ModelPathError, load_policy, load_tokenizer  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
-from trajtune.sampling import sample  # noqa: E402
+from trajtune.engine.decoding import sample  # noqa: E402
 from trajtune.trajectory import Owner, Trajectory, collate, micro_batches, pair_batch  # noqa: E402
 
 

@@ -28,13 +28,13 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from trajtune import stages  # noqa: E402
+from trajtune.runs import stages  # noqa: E402
 from trajtune.checkpoint import CheckpointError, atomic_dir  # noqa: E402
 from trajtune.cli import main  # noqa: E402
 from trajtune.metrics import Console, MetricsLogger, check_tracker, make_tracker, read_metrics  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
-from trajtune.report import write_run_report  # noqa: E402
-from trajtune.stages import RunDirBusy, run_lock  # noqa: E402
+from trajtune.runs.report import write_run_report  # noqa: E402
+from trajtune.runs.stages import RunDirBusy, run_lock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def steps_of(run_dir, stage="sft"):
 
 # --- defaults never collide ------------------------------------------------------------------
 def test_without_out_every_run_gets_a_fresh_directory_printed_at_start(work, tmp_path, monkeypatch, capsys):
-    from trajtune import hf_front
+    from trajtune.cli import hf as hf_front
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(hf_front.time, "strftime", lambda fmt, *a: "20260101-120000")
@@ -96,7 +96,7 @@ def test_without_out_every_run_gets_a_fresh_directory_printed_at_start(work, tmp
 # --- one run per directory -----------------------------------------------------------------
 HOLD = """
 import sys, time
-from trajtune.stages import run_lock
+from trajtune.runs.stages import run_lock
 with run_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)

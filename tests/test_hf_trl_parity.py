@@ -11,7 +11,7 @@ datasets = pytest.importorskip("datasets")
 
 import torch  # noqa: E402
 
-from trajtune import data as D  # noqa: E402
+from trajtune.sources import data as D  # noqa: E402
 from trajtune.algorithms.dpo import summed_logps  # noqa: E402
 from trajtune.engine import make_engine  # noqa: E402
 from trajtune.experiments.hf.sft import eval_loss  # noqa: E402

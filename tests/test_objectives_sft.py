@@ -10,7 +10,7 @@ from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.objectives.advantages import group_advantages
 from trajtune.objectives.policy_gradient import policy_gradient_loss
 from trajtune.objectives.sft import sft_loss, weighted_nll, weighted_sft_loss
-from trajtune.sampling import sample
+from trajtune.engine.decoding import sample
 from trajtune.trajectory import Owner, Trajectory, collate
 
 

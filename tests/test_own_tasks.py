@@ -11,13 +11,13 @@ from functools import partial
 import pytest
 import torch
 
-from trajtune.collect import make_collect
+from trajtune.sources.episodes import make_collect
 from trajtune.envs import base
 from trajtune.envs.base import Env, SingleTurnEnv, StepResult, TaskError, check_tasks
-from trajtune.faults import TooManyFaults, check_step
+from trajtune.sources.faults import TooManyFaults, check_step
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.rollout import TokenBudgetError, rollout_batch, scripted_rollout
-from trajtune.sampling import Samples, sample
+from trajtune.sources.rollout import TokenBudgetError, rollout_batch, scripted_rollout
+from trajtune.engine.decoding import Samples, sample
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 
@@ -154,7 +154,7 @@ def test_a_reward_that_is_not_a_finite_number_is_a_fault_naming_the_task(bad, ca
     def verifier(task, reply):
         return (bad if task.name == "bad" else 1.0), {}
 
-    with caplog.at_level(logging.WARNING, logger="trajtune.rollout"):
+    with caplog.at_level(logging.WARNING, logger="trajtune.sources.rollout"):
         trajs = rollout([Task("good"), Task("bad")], lambda: SingleTurnEnv(verifier))
     good, failed = trajs
     assert good.reward == 1.0 and "env_error" not in good.info
@@ -224,7 +224,7 @@ def test_a_fault_is_logged_with_the_users_traceback(caplog):
     def helper_that_fails(reply):
         return 1.0 / 0
 
-    with caplog.at_level(logging.WARNING, logger="trajtune.rollout"):
+    with caplog.at_level(logging.WARNING, logger="trajtune.sources.rollout"):
         (traj,) = rollout([Task("div")], lambda: SingleTurnEnv(verifier))
     assert "ZeroDivisionError" in traj.info["env_error"]
     assert "in helper_that_fails" in caplog.text and "return 1.0 / 0" in caplog.text

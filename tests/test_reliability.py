@@ -11,9 +11,9 @@ from trajtune.algorithms.sft import SFTConfig, sft_loss_fn, train_sft
 from trajtune.checkpoint import CheckpointError
 from trajtune.models.tiny import load_model, save_model
 from trajtune.engine import Loss, NonFiniteError, OptimConfig, make_engine
-from trajtune.loop import Run
+from trajtune.runs.loop import Run
 from trajtune.metrics import MetricsLogger, read_metrics
-from trajtune.resume import Checkpointer, RunInterrupted
+from trajtune.runs.resume import Checkpointer, RunInterrupted
 from trajtune.trajectory import Owner, Trajectory, collate
 
 
@@ -138,9 +138,9 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     from functools import partial
 
     from trajtune.envs.base import SingleTurnEnv
-    from trajtune.collect import make_collect
-    from trajtune.faults import TooManyFaults
-    from trajtune.sampling import sample
+    from trajtune.sources.episodes import make_collect
+    from trajtune.sources.faults import TooManyFaults
+    from trajtune.engine.decoding import sample
     from trajtune.text.render import Renderer
     from trajtune.text.tokenizers import CharTokenizer
 
@@ -162,7 +162,7 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=32)).eval()
     collect = make_collect(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
                            max_turns=1, max_tokens=32, max_action_tokens=3)
-    with caplog.at_level("WARNING", logger="trajtune.rollout"):
+    with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
         trajs = collect([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
     bad = [t for t in trajs if t.info["task"] == "bad"]
     assert [t.reward for t in trajs if t.info["task"] == "good"] == [1.0, 1.0]

@@ -1,4 +1,4 @@
-from trajtune.report import Claim, claims_table, fmt, line_plot, markdown_table, mean_sd, write_report
+from trajtune.runs.report import Claim, claims_table, fmt, line_plot, markdown_table, mean_sd, write_report
 
 
 def test_tables_and_numbers():

@@ -16,12 +16,12 @@ from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_mod
 from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
-from trajtune.loop import Run
+from trajtune.runs.loop import Run
 from trajtune.metrics import MetricsLogger, read_metrics
-from trajtune.resume import Checkpointer, RunInterrupted, trajectories_from_json, trajectories_to_json
+from trajtune.runs.resume import Checkpointer, RunInterrupted, trajectories_from_json, trajectories_to_json
 
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.collect import make_collect
+from trajtune.sources.episodes import make_collect
 
 from trajtune.engine import make_engine
 
@@ -255,7 +255,7 @@ def test_a_stop_signal_sent_to_the_parent_alone_reaches_its_stage_processes(tmp_
     stage process saves and stops, and the parent gets KeyboardInterrupt."""
     import multiprocessing
 
-    from trajtune.resume import forward_to_children
+    from trajtune.runs.resume import forward_to_children
 
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_stage_process, args=(str(tmp_path / f"s{k}"), str(tmp_path / f"ready{k}")))

@@ -1,4 +1,4 @@
-"""Reward functions the TRL way (trajtune.rewards) and as `trajtune grpo|rft` use them: several, weighted,
+"""Reward functions the TRL way (trajtune.sources.rewards) and as `trajtune grpo|rft` use them: several, weighted,
 one call per batch, concurrent, cut after --reward-timeout; every failure names the function, the row
 (file:line) and, for an exception, the user's own traceback; a trained reward model is a reward."""
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from trajtune.data import PromptTask
-from trajtune.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, check_columns,
+from trajtune.sources.data import PromptTask
+from trajtune.sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, check_columns,
                               combine, load_reward_function, source_metrics)
 
 

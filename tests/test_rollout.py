@@ -12,9 +12,9 @@ from trajtune.envs.bugfix_tasks import make_tasks
 from trajtune.envs.scripted import ArithmeticOracle, bugfix_policy
 from trajtune.logprobs import sequence_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.collect import make_collect
-from trajtune.rollout import rollout_batch, scripted_rollout, task_groups
-from trajtune.sampling import Samples, sample
+from trajtune.sources.episodes import make_collect
+from trajtune.sources.rollout import rollout_batch, scripted_rollout, task_groups
+from trajtune.engine.decoding import Samples, sample
 from trajtune.text.render import Renderer
 from trajtune.trajectory import Owner, collate
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trajtune.sampling import filter_logits, pick_next, sample
+from trajtune.engine.decoding import filter_logits, pick_next, sample
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
 
@@ -113,7 +113,7 @@ def _cdf_logits(V=2600, seed=5):
 @pytest.mark.parametrize("kw", [{}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.6}])
 @pytest.mark.parametrize("V", [2600, 600])
 def test_cdf_draws_the_distribution_and_reports_the_models_log_probs(kw, V):
-    from trajtune.sampling import CDF_BLOCK
+    from trajtune.engine.decoding import CDF_BLOCK
 
     logits = _cdf_logits(V)
     assert (logits.numel() % CDF_BLOCK and logits.numel() > 2 * CDF_BLOCK) or logits.numel() < CDF_BLOCK

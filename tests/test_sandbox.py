@@ -114,7 +114,7 @@ def test_throughput_of_distinct_sources():
 def test_a_caller_time_limit_mid_job_retires_the_worker_so_no_stale_reply_is_read():
     """A StepTimeout (faults.time_limit) that interrupts a job leaves its reply in the pipe;
     the worker is killed, and the next job gets its own answer."""
-    from trajtune.faults import StepTimeout, time_limit
+    from trajtune.sources.faults import StepTimeout, time_limit
 
     box = Sandbox(case_timeout=2.0, slack=1.0)
     try:

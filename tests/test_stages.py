@@ -1,4 +1,4 @@
-"""The stage runner (trajtune.stages): order, processes, read-back, reruns, resume, clocks, errors.
+"""The stage runner (trajtune.runs.stages): order, processes, read-back, reruns, resume, clocks, errors.
 
 The toy stage functions live at module level: spawned worker processes import them from here
 (pytest puts tests/ on sys.path, and spawn hands sys.path to its children).
@@ -18,8 +18,8 @@ import torch
 
 from trajtune.metrics import read_metrics
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.resume import RunInterrupted
-from trajtune.stages import Stage, StageContext, StageOptions, run_per_seed, run_stages
+from trajtune.runs.resume import RunInterrupted
+from trajtune.runs.stages import Stage, StageContext, StageOptions, run_per_seed, run_stages
 
 # --- toy stages -------------------------------------------------------------------------
 def add_stage(ctx: StageContext, value: int, reads: tuple = (), meet: str | None = None) -> dict:
@@ -311,7 +311,7 @@ def test_a_stage_killed_before_any_checkpoint_starts_again_says_so_and_drops_its
 
 def test_run_stages_holds_the_run_directory_for_its_whole_life(tmp_path):
     """While a stage runs, the directory's lock is held (by this process: another would be refused)."""
-    from trajtune import stages
+    from trajtune.runs import stages
 
     seen = run_stages([Stage("a", lock_holder_stage)], None, tmp_path, StageOptions(workers=1), log=lambda s: None)
     assert seen["a"]["pid"] == os.getpid()
@@ -335,7 +335,7 @@ FORK_MARK: list = []
 def test_workers_fork_when_no_other_thread_runs_and_spawn_beside_one(tmp_path):
     import threading
 
-    from trajtune.stages import _worker_context
+    from trajtune.runs.stages import _worker_context
 
     from tqdm._monitor import TMonitor
 

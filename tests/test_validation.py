@@ -204,7 +204,7 @@ def test_recipe_value_of_the_wrong_type_or_unknown_key(tmp_path, capsys):
 
 # --- datasets: prompt rows (no tokenizer needed) -------------------------------------------------
 def test_empty_prompt_rows_name_file_line_and_field(tmp_path):
-    from trajtune import data as D
+    from trajtune.sources import data as D
 
     path = tmp_path / "p.jsonl"
     path.write_text(json.dumps({"prompt": "2+3?"}) + "\n\n" + json.dumps({"prompt": "   "}) + "\n")
@@ -302,7 +302,7 @@ def _out(config):
 
 
 def test_long_samples_are_an_error_naming_line_field_and_lengths(hf, no_model):
-    from trajtune.data import DataError
+    from trajtune.sources.data import DataError
 
     with pytest.raises(DataError) as e:
         check(_config(hf, "sft", "chats.jsonl", max_length=48))
@@ -317,7 +317,7 @@ def test_long_samples_are_an_error_naming_line_field_and_lengths(hf, no_model):
 
 
 def test_prompt_plus_generation_budget_and_the_model_context(hf, no_model):
-    from trajtune.data import DataError
+    from trajtune.sources.data import DataError
 
     with pytest.raises(DataError) as e:
         check(_config(hf, "grpo", "prompts.jsonl", group_size=2, max_new_tokens=16, max_length=64))
@@ -334,7 +334,7 @@ def test_prompt_plus_generation_budget_and_the_model_context(hf, no_model):
 
 
 def test_drop_long_skips_them_with_a_count(hf, no_model, capsys):
-    from trajtune.data import DataError
+    from trajtune.sources.data import DataError
 
     with pytest.raises(ModelLoaded):  # validation passed: the run went on to load the model
         run_hf(_config(hf, "sft", "chats.jsonl", max_length=48, drop_long=True))
@@ -357,7 +357,7 @@ def test_long_samples_via_the_command_line(hf, no_model, capsys):
 
 
 def test_pairs_with_identical_sides_are_counted_on_stderr(hf, no_model, capsys):
-    from trajtune.data import DataError
+    from trajtune.sources.data import DataError
 
     rows = [{"prompt": "hi", "chosen": "same", "rejected": "same"}, {"prompt": "hi", "chosen": "yes", "rejected": "no"},
             {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "a"}],

@@ -1,4 +1,4 @@
-"""Recording episodes while training (trajtune/episodes.py, Run.record_episodes) and `trajtune view` (trajtune/view.py).
+"""Recording episodes while training (trajtune/runs/recorder.py, Run.record_episodes) and `trajtune view` (trajtune/cli/view.py).
 
 The page is checked with an HTML parser: every token is a span coloured by its owner, every policy
 token's numbers are in its tooltip and in the side table, the filters are there, and nothing is
@@ -16,18 +16,18 @@ import torch
 from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.cli import main
-from trajtune.collect import make_collect
+from trajtune.sources.episodes import make_collect
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.episodes import EpisodeRecorder, read_episodes
-from trajtune.loop import Run
+from trajtune.runs.recorder import EpisodeRecorder, read_episodes
+from trajtune.runs.loop import Run
 from trajtune.models.tiny import TinyConfig, TinyTransformer, save_model
 from trajtune.objectives.advantages import group_advantages
-from trajtune.resume import Checkpointer
+from trajtune.runs.resume import Checkpointer
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Owner, Trajectory
-from trajtune.view import flags, write_view
+from trajtune.cli.view import flags, write_view
 
 TOK = CharTokenizer.from_corpus("Q: pickabcdef")
 RENDER = Renderer(TOK)
@@ -274,7 +274,7 @@ def test_hf_grpo_records_and_the_page_decodes_with_the_models_tokenizer(tmp_path
 
 
 def test_each_stage_is_decoded_with_its_own_tokenizer(tmp_path):
-    from trajtune.episodes import episode_row
+    from trajtune.runs.recorder import episode_row
 
     for stage, letters in (("chars", "xyz"), ("other", "pqr")):
         tok = CharTokenizer.from_corpus(letters)

@@ -3,7 +3,7 @@ and `score_policy`: a policy's mean reward, pass@k and per-task table on a list 
 
 Pure functions of counts, answers, trajectories and tensors; nothing here trains, and the one
 function that samples (`score_policy`) does it through the `collect` it is given
-(`trajtune.collect.make_collect`), so this module knows nothing about models or environments.
+(`trajtune.sources.episodes.make_collect`), so this module knows nothing about models or environments.
 Sources: RLHF book ch.16 "Evaluation" (pass@k, checklist 16.2(c) [EXT]: Chen et al.
 2021's unbiased estimator), ch.13 (pass^k of tau-bench, checklist 13.6 [EXT]),
 post-training ch.13 (distinct answers per k samples, share of groups with signal),
@@ -230,7 +230,7 @@ def score_policy(collect: Collect, tasks: Sequence[Any], n: int = 8, ks: Sequenc
                  threshold: float = 1.0) -> PolicyScore:
     """Run `n` episodes of every task with the policy behind `collect` and score them.
 
-    collect: `trajtune.collect.make_collect(engine.sample, make_env, renderer, ...)`; give it
+    collect: `trajtune.sources.episodes.make_collect(engine.sample, make_env, renderer, ...)`; give it
              `greedy=True` for greedy decoding (then use n=1), a temperature otherwise.
     n:       episodes per task; pass@k for every k in `ks` (each <= n, unbiased estimator)
     seed:    the sampling seed (same seed, same episodes)

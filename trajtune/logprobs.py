@@ -467,7 +467,7 @@ def aggregate(
 def aggregation_share(part_mask: torch.Tensor, whole_mask: torch.Tensor, mode: Aggregation = "token") -> float:
     """Weight of a sub-batch's `aggregate`d loss in the whole batch's: sum over the parts of
     share * aggregate(part) == aggregate(whole). Used to shard a batch across processes
-    (trajtune.distributed) and to split it into micro-batches.
+    (trajtune.engine.distributed) and to split it into micro-batches.
 
     part_mask [b, T-1] (rows of the whole batch), whole_mask [B, T-1] -> float in [0, 1].
     - "token": the part's POLICY tokens / the whole batch's (0 when the batch has none)

@@ -1,7 +1,7 @@
 """Pieces the loops share: the `Collect` source, task picking, rollout statistics, selection, train rows.
 
 The loop template itself (signature, numbered phases, the `Run` object for logging,
-evaluation and checkpoints) is in `trajtune.loop`.
+evaluation and checkpoints) is in `trajtune.runs.loop`.
 
 A loop that trains on the policy's own samples gets them from a `Collect`:
 
@@ -9,7 +9,7 @@ A loop that trains on the policy's own samples gets them from a `Collect`:
 
 which runs `n_per_task` episodes of every task with the *current* policy and
 returns finished trajectories with `reward`, `group` (one id per task
-instance) and `info` set. Experiments build it with `trajtune.collect.make_collect`
+instance) and `info` set. Experiments build it with `trajtune.sources.episodes.make_collect`
 from a sampler (`engine.sample`), an environment factory and a renderer; loops
 never see environments.
 """

@@ -19,7 +19,7 @@ import torch
 
 from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
-from ..loop import Run, eval_due
+from ..runs.loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, collate

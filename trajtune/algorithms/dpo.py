@@ -14,7 +14,7 @@ The reference sums travel on the pair batch (`Batch.extras["ref_sums"]`); a pair
 unit of `Batch.together`, so no split (buckets, micro-batches, ranks) separates it.
 
 What is scored: the POLICY tokens of each side, i.e. the completion only -- assistant turns
-inside a conversational prompt are context (trajtune.data), as in TRL's DPOTrainer.
+inside a conversational prompt are context (trajtune.sources.data), as in TRL's DPOTrainer.
 
 Log-prob SUMS, and what that means for IPO. DPO and IPO get the summed log-probs of each
 completion: h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y_r)) over whole
@@ -35,7 +35,7 @@ import torch
 
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
-from ..loop import Run, eval_due
+from ..runs.loop import Run, eval_due
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
 from ..trajectory import Batch, Trajectory, pair_batch
 from .common import train_row

@@ -20,7 +20,7 @@ import torch
 
 from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
-from ..loop import Run
+from ..runs.loop import Run
 from ..objectives.importance import iw_sft_loss
 from ..trajectory import Batch, Trajectory, collate
 from .common import Collect, check_selection, rollout_metrics, select_episodes, train_row

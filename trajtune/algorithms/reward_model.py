@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from ..engine import Engine, ForwardOutput, Loss
-from ..loop import Run, eval_due
+from ..runs.loop import Run, eval_due
 from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
 from ..trajectory import Batch, Trajectory, collate, pair_batch
 from .common import train_row

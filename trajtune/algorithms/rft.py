@@ -20,7 +20,7 @@ import torch
 
 from ..config import check_choices
 from ..engine import Engine
-from ..loop import Run
+from ..runs.loop import Run
 from ..trajectory import Trajectory
 from .common import Collect, check_selection, dedup_and_cap, rollout_metrics, select_episodes, shares
 from .sft import SFTConfig, sft_loss_fn, sft_step

@@ -12,7 +12,7 @@ Source: the policy's own samples, `group_size` per task. Weight: an advantage
 Overlapped (`max_staleness = 1`, one-step off-policy as in PipelineRL, prime-rl and verl's
 async trainers): steps 2-3 of step s run in a thread while the main thread collects step
 s+1, whose episodes (rendering, sampling, the environments) run in a sampler process
-holding its own copy of the weights, one update behind (trajtune.async_sampler); the
+holding its own copy of the weights, one update behind (trajtune.sources.process); the
 weights are synced and checked after every update, and the truncated importance weight
 against the sampler's log-probs (`tis_cap`) corrects the lag:
 
@@ -33,10 +33,10 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from ..async_sampler import SamplerProcess
+from ..sources.process import SamplerProcess
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
-from ..loop import Run, eval_due
+from ..runs.loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
 from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
@@ -352,7 +352,7 @@ class Rollouts:
         if self.sampler.calls == calls and any(t.count(Owner.POLICY) for t in trajs):
             raise ValueError("RLConfig: max_staleness 1 / sampler_process: the collect sampled its episodes without "
                              "the sampler process (a sampler other than engine.sample, e.g. Hugging Face generate, "
-                             "or a collect not built by trajtune.collect.make_collect); use "
+                             "or a collect not built by trajtune.sources.episodes.make_collect); use "
                              "make_collect(engine.sample, ...)")
         return trajs, g
 

@@ -2,7 +2,7 @@
 
     loss = - sum_i log pi_theta(tau_i)   over POLICY tokens, aggregated (token / sequence / constant)
 
-The loop (the template of `trajtune.loop`), top to bottom: 1. pick the step's batch,
+The loop (the template of `trajtune.runs.loop`), top to bottom: 1. pick the step's batch,
 2. weight 1 on every POLICY token, 3. forward/backward the NLL and step, 4. log,
 evaluate every `eval_every` steps, checkpoint.
 """
@@ -16,7 +16,7 @@ import torch
 
 from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
-from ..loop import Run, eval_due
+from ..runs.loop import Run, eval_due
 from ..objectives.sft import sft_loss
 from ..trajectory import Batch, Trajectory, collate
 

@@ -79,7 +79,7 @@ class Env(Protocol):
                 self.info["n_invalid"] += 1   # never raise on a bad action: say so and go on
                 return StepResult("say 'more' or 'stop'", 0.0, False, dict(self.info))
 
-    The rules (the rollout, trajtune/rollout.py, relies on them):
+    The rules (the rollout, trajtune/sources/rollout.py, relies on them):
       * single use: the rollout makes one instance per episode (`make_env()`), calls `reset`
         once and `step` until `done`, max_turns, or the token budget; never again after that.
       * `reset(task) -> str` (the user message), or a list of {"role", "content"} messages.
@@ -88,7 +88,7 @@ class Env(Protocol):
         episode's reward is the sum over its steps), done a bool, info a dict. Anything else
         (None, a string, NaN as reward) fails the episode like an exception does.
       * raising, or running past the time limit, fails that episode alone (reward 0,
-        info["env_error"], logged with the task and the traceback; trajtune/faults.py).
+        info["env_error"], logged with the task and the traceback; trajtune/sources/faults.py).
       * info keys the library reads: "task" (set from task.name if absent), "n_invalid"
         (rollout/invalid_per_episode, when every episode has it), "actions" (RFT / iw-SFT
         dedup: an episode's identity), "public_pass" / "hidden_pass" (hack rate, when present).
@@ -140,7 +140,7 @@ def _is_scalar_tensor(x: Any) -> bool:
 
 class InvalidStep(TypeError):
     """An environment call returned what the Env contract does not allow: `check_verdict` here (a verifier's
-    result), `trajtune.faults.check_step` / `check_reset` (an Env's); the rollout makes it a fault of the episode."""
+    result), `trajtune.sources.faults.check_step` / `check_reset` (an Env's); the rollout makes it a fault of the episode."""
 
 
 def check_reward(reward: Any, where: Callable[[], str]) -> float:
@@ -194,7 +194,7 @@ class SingleTurnEnv:
     info: task (task.name), actions ([reply]), n_invalid (always 0: any text is a
     valid reply), submitted (True after the reply) plus the verifier's checks.
     Without a verifier the reward is 0 and the reply is scored later with the rest of its
-    batch (`trajtune.rewards`: TRL-style reward functions, one call per batch).
+    batch (`trajtune.sources.rewards`: TRL-style reward functions, one call per batch).
     """
 
     task_attributes = ("prompt",)

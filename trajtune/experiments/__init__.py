@@ -3,7 +3,7 @@
 One package (or module) per experiment; each registered module defines a config
 dataclass `Config` (nesting the loop dataclasses it uses and `runner: StageOptions`)
 and `run(config, run_dir) -> Path` (the path of its report), and runs its stages
-through `trajtune.stages.run_stages`. Recipes (TOML files in `trajtune/recipes/`) name
+through `trajtune.runs.stages.run_stages`. Recipes (TOML files in `trajtune/recipes/`) name
 an experiment and set fields of its `Config`. The library (everything outside
 `experiments/` and the command line) never imports them.
 

@@ -4,7 +4,7 @@ Demonstrations are `Q: 23+45\nA: ` (PROMPT) -> `68<eos>` (POLICY). We measure
 greedy exact-match accuracy on held-out problems (pairs never seen in training)
 before and after training, and print a few answers so you can see what it learned.
 
-One stage (`sft`, on `trajtune.stages.run_stages`): train, evaluate, save `sft/checkpoint`;
+One stage (`sft`, on `trajtune.runs.stages.run_stages`): train, evaluate, save `sft/checkpoint`;
 `run` then writes `report.md`. Under torchrun every rank trains its share of each batch
 (`ctx.engine` is the distributed engine), evaluation is sharded (`sharded_map`) and only
 rank 0 writes.
@@ -21,10 +21,10 @@ import torch
 
 from ..algorithms.sft import SFTConfig, train_sft
 from ..config import check_ranges, to_dict
-from ..distributed import init_distributed, is_main, sharded_map
+from ..engine.distributed import init_distributed, is_main, sharded_map
 from ..engine import Engine, OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
-from ..stages import Stage, StageOptions, run_stages
+from ..runs.stages import Stage, StageOptions, run_stages
 from ..text.tokenizers import CharTokenizer
 from ..trajectory import Owner, Trajectory
 

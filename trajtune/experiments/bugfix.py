@@ -30,15 +30,15 @@ import torch
 
 from ..algorithms.common import dedup_and_cap, select_episodes, shares
 from ..algorithms.sft import SFTConfig, train_sft
-from ..collect import make_collect, timed
+from ..sources.episodes import make_collect, timed
 from ..engine import Engine, OptimConfig
 from ..envs.bugfix import BugFixEnv, build_tokenizer
 from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
 from ..envs.scripted import bugfix_policy
 from ..evaluation import informative_group_share, mean_action_entropy
 from ..models.tiny import TinyConfig, TinyTransformer, load_model
-from ..rollout import scripted_rollout
-from ..stages import StageContext
+from ..sources.rollout import scripted_rollout
+from ..runs.stages import StageContext
 from ..text.render import Renderer
 from ..text.tokenizers import WordTokenizer
 from ..trajectory import Trajectory, collate
@@ -69,7 +69,7 @@ class Gym:
         return self.tok.pad_id
 
     def collect(self, engine: Engine, reward: str = "hidden"):
-        """`collect(tasks, n_per_task, generator)` for the algorithm loops (trajtune.collect), timed.
+        """`collect(tasks, n_per_task, generator)` for the algorithm loops (trajtune.sources.episodes), timed.
         Under torchrun every rank samples its shard of the episodes and all ranks get the whole list."""
         return timed(make_collect(engine.sample, lambda: BugFixEnv(reward=reward), self.renderer, shard=engine.shard,
                                   episode_seeds=self.episode_seeds, max_turns=self.max_turns,

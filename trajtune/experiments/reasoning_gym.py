@@ -1,6 +1,6 @@
 """reasoning-gym on the built-in tiny model: GRPO on one easy dataset, held-out reward before -> after.
 
-The tasks are reasoning-gym's own (trajtune.adapters.reasoning_gym): by default `spell_backward` with
+The tasks are reasoning-gym's own (trajtune.envs.adapters.reasoning_gym): by default `spell_backward` with
 3-letter words ("Spell this word backward (example: sun -> nus): tui" -> "iut"), scored by the
 dataset's `score_answer` (partial credit: the share of leading letters right). A randomly initialised
 char-level TinyTransformer starts near chance (26 letters); GRPO with lr 4e-3 (twice the "start
@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from ..algorithms.rl import RLConfig
-from ..collect import make_collect
+from ..sources.episodes import make_collect
 from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
-from ..stages import Stage, StageOptions, run_stages
+from ..runs.stages import Stage, StageOptions, run_stages
 from ..text.render import Renderer
 from ..text.tokenizers import CharTokenizer
 from .task_rl import train_and_score, write_task_report
@@ -40,7 +40,7 @@ from .task_rl import train_and_score, write_task_report
 @dataclass
 class Config:
     dataset: str = "spell_backward"
-    """the reasoning-gym dataset (any of `trajtune.adapters.reasoning_gym.dataset_names()`)"""
+    """the reasoning-gym dataset (any of `trajtune.envs.adapters.reasoning_gym.dataset_names()`)"""
     dataset_config: dict[str, Any] = field(default_factory=lambda: {"min_word_len": 3, "max_word_len": 3})
     """the dataset's own options (its reasoning-gym *Config fields)"""
     n_train: int = 512
@@ -76,7 +76,7 @@ class Config:
 
 def tasks_for(config: Config):
     """(train, held-out) tasks of the configured dataset."""
-    from ..adapters.reasoning_gym import reasoning_gym_tasks
+    from ..envs.adapters.reasoning_gym import reasoning_gym_tasks
 
     try:
         train = reasoning_gym_tasks(config.dataset, config.n_train, config.seed, **config.dataset_config)
@@ -93,7 +93,7 @@ def tasks_for(config: Config):
 
 
 def stage_rl(ctx) -> dict:
-    from ..adapters.reasoning_gym import reasoning_gym_env
+    from ..envs.adapters.reasoning_gym import reasoning_gym_env
 
     config = ctx.config
     torch.manual_seed(config.seed)

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from ..algorithms.rl import train_rl
 from ..evaluation import score_policy
-from ..stages import StageContext
+from ..runs.stages import StageContext
 
 
 def train_and_score(ctx: StageContext, model, tok, collect_for: Callable, experiment: str, train: Sequence,

@@ -1,6 +1,6 @@
 """TextArena on the built-in tiny model: GRPO on a multi-turn game, held-out reward before -> after.
 
-The game is TextArena's own (trajtune.adapters.textarena): by default `GuessTheNumber-v0-raw`, a
+The game is TextArena's own (trajtune.envs.adapters.textarena): by default `GuessTheNumber-v0-raw`, a
 number between 1 and 20 in 10 guesses, where the game answers every guess with "The target number
 is higher." / "lower." (the TOOL turns). The policy writes the number, the adapter sends "[n]"
 (`action_template`). Reward is the game's: 1 for finding the number, otherwise how close the last
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from ..algorithms.rl import RLConfig
-from ..collect import make_collect
+from ..sources.episodes import make_collect
 from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
-from ..stages import Stage, StageOptions, run_stages
+from ..runs.stages import Stage, StageOptions, run_stages
 from ..text.render import Renderer
 from ..text.tokenizers import WordTokenizer
 from .task_rl import train_and_score, write_task_report
@@ -89,7 +89,7 @@ def game_vocabulary(config: Config, tasks) -> list[str]:
     """Every message the games sent to a scripted random player (seeded), plus the moves: it makes each
     invalid move of `bad_moves` (then a valid one, so the game goes on), repeats a guess, then plays valid
     moves in random order until the game ends."""
-    from ..adapters.textarena import TextArenaEnv
+    from ..envs.adapters.textarena import TextArenaEnv
 
     rng, texts = random.Random(config.seed), list(config.moves)
     for task in tasks:
@@ -106,7 +106,7 @@ def game_vocabulary(config: Config, tasks) -> list[str]:
 
 
 def stage_rl(ctx) -> dict:
-    from ..adapters.textarena import TextArenaEnv, textarena_tasks
+    from ..envs.adapters.textarena import TextArenaEnv, textarena_tasks
 
     config = ctx.config
     torch.manual_seed(config.seed)

@@ -413,7 +413,7 @@ class AdaptersOff(nn.Module):
     around it never builds an optimizer over the policy's weights.
     """
 
-    shares_policy_weights = True  # nothing of its own to checkpoint (trajtune.resume.Checkpointer.reference)
+    shares_policy_weights = True  # nothing of its own to checkpoint (trajtune.runs.resume.Checkpointer.reference)
 
     def __init__(self, policy: HFPolicy):
         super().__init__()

@@ -78,7 +78,7 @@ claim and the chapter's four conclusions over three seeds: A1-A4 and A6-A13 hold
 
 Each stage writes its checkpoint to run_dir/<stage>/checkpoint, its results to
 run_dir/<stage>/results.json and its metric rows (stage name in each) to
-run_dir/metrics.jsonl (`trajtune.stages`); a finished stage is reused, one cut short
+run_dir/metrics.jsonl (`trajtune.runs.stages`); a finished stage is reused, one cut short
 by Ctrl-C resumes from run_dir/<stage>/resume, and a rerun of one stage is
 `--set 'config.runner.rerun=["dpo"]'`. `report.py` writes the report: claims beside
 the seed's numbers, learning curves, cost table.
@@ -103,10 +103,10 @@ from ...algorithms.rft import RFTConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
 from ...config import check_ranges, to_dict
-from ...distributed import is_main
+from ...engine.distributed import is_main
 from ...engine import OptimConfig
 from ...models.tiny import TinyConfig
-from ...stages import Stage, StageOptions, run_stages
+from ...runs.stages import Stage, StageOptions, run_stages
 from . import stages as st
 from .stages import GENERALIZATION
 

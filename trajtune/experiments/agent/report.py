@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from ...envs.bugfix_tasks import FAMILIES
-from ...report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
 GAP_COLUMNS = ("train", "heldout", "renamed", "novel")

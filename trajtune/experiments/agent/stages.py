@@ -1,4 +1,4 @@
-"""The agent experiment's stages: `fn(ctx) -> results`, run by `trajtune.stages.run_stages`.
+"""The agent experiment's stages: `fn(ctx) -> results`, run by `trajtune.runs.stages.run_stages`.
 
 Each stage reads the checkpoints of the stages it waits for from `ctx.run_dir`, trains
 through `ctx.engine` / `ctx.run` (metrics, evaluation, resume: the stage runner's job),
@@ -17,7 +17,7 @@ from ...algorithms.rft import train_rft
 from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
 from ...envs.bugfix_tasks import make_tasks
-from ...stages import StageContext
+from ...runs.stages import StageContext
 from ..bugfix import (Gym, counting, describe, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
                       preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym, train_weak_base)
 from . import diagnostics as diag

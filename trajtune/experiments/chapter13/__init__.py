@@ -1,6 +1,6 @@
 """Post-training ch.13 as one recipe (REPRODUCE part B): instruction tuning -> preferences -> RLVR.
 
-The stages (`stages(config)`; `trajtune.stages.run_stages` runs independent ones in parallel
+The stages (`stages(config)`; `trajtune.runs.stages.run_stages` runs independent ones in parallel
 processes, `runner.workers`), what each shows, and the seed's numbers (its seed 0) that the
 report puts beside ours (`report.py` holds the claim checks):
 
@@ -63,9 +63,9 @@ from ...algorithms.reward_model import RewardModelConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
 from ...config import check_choices, check_ranges, to_dict
-from ...distributed import init_distributed, is_main
+from ...engine.distributed import init_distributed, is_main
 from ...engine import OptimConfig
-from ...stages import Stage, StageOptions, run_stages
+from ...runs.stages import Stage, StageOptions, run_stages
 from .instruct import stage_pretrain, stage_sft
 from .preference import stage_dpo, stage_reward_model
 from .report import write_chapter13_report, write_seed_table

@@ -11,7 +11,7 @@ Every conversation goes through the one `Renderer`: a demonstration is
 sampled on exactly that prompt. The base model never saw the wrapper tokens: the
 seed's base model never saw `Q:`/`A:` used as an instruction either; both only continue text.
 
-A stage is `fn(ctx: trajtune.stages.StageContext, *args) -> dict`: it reads the experiment's
+A stage is `fn(ctx: trajtune.runs.stages.StageContext, *args) -> dict`: it reads the experiment's
 `Config` from `ctx.config`, its inputs from models earlier stages saved under `ctx.run_dir`,
 and returns JSON-able results (`chapter13/__init__.py` lists the stages and their order).
 """
@@ -24,7 +24,7 @@ from functools import lru_cache
 import torch
 
 from ...algorithms.sft import train_sft
-from ...collect import make_collect
+from ...sources.episodes import make_collect
 from ...engine import Engine
 from ...envs.instruct import (
     SEEN, UNSEEN, InstructTask, demo_sets, demonstrations, instruct_env, instruct_tokenizer, shakespeare_text,

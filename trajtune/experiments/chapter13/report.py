@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ...report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
 
 
 def pct(x: float) -> str:

@@ -19,7 +19,7 @@ import torch
 
 from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
-from ...collect import make_collect
+from ...sources.episodes import make_collect
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
 from ...evaluation import distinct_answers, informative_group_share, mean_pass_at_k

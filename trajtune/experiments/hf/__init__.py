@@ -22,13 +22,13 @@ reachable and validated once, from a TOML recipe
     kl_coef = 0.05
 
 and from the command line, `trajtune grpo --model runs/sft/model --data prompts.jsonl
---reward my_rewards.py:exact --kl-coef 0.05` (trajtune/hf_front.py generates one flag per
+--reward my_rewards.py:exact --kl-coef 0.05` (trajtune/cli/hf.py generates one flag per
 leaf field, `options.py`): the same config, the same run.
 
 The recipe path (`common.run_method`): every check before the model loads (`prepare.py`:
 the rows with file:line:field, every length against --max-length and the model's context,
 --drop-long, a changed option on resume refused), config.json, then one stage through
-`trajtune.stages.run_stages` (engines through `ctx.engine`: DDP under torchrun, samples
+`trajtune.runs.stages.run_stages` (engines through `ctx.engine`: DDP under torchrun, samples
 sharded). The run directory:
 
     metrics.jsonl, config.json

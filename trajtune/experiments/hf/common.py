@@ -6,9 +6,9 @@ A method module (sft.py, rm.py, dpo.py, grpo.py, rft.py) is its config -- this
 -- plus one stage function that calls the loop. `run_method` is the recipe path they
 all take: lock the run directory, check everything before the model loads (the device,
 the trackers, `prepare`), write config.json, run the stage through
-`trajtune.stages.run_stages` (progress lines every --logging-steps, snapshots every
+`trajtune.runs.stages.run_stages` (progress lines every --logging-steps, snapshots every
 --save-every, the newest --save-total-limit kept), refuse a run whose every step was
-skipped, write report.md / report.html with its curves (`trajtune.report.write_run_report`).
+skipped, write report.md / report.html with its curves (`trajtune.runs.report.write_run_report`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def check_run(config, name: str) -> None:
 class SnapshotEvery:
     """The stage's checkpointer, plus an HF-format snapshot `checkpoints/step-N` of the policy at
     every `every`-th completed step (what --save-every writes next to the resume state).
-    Everything else is the wrapped `trajtune.resume.Checkpointer`'s."""
+    Everything else is the wrapped `trajtune.runs.resume.Checkpointer`'s."""
 
     def __init__(self, checkpointer, every: int, save: Callable[[int], Any]):
         self._checkpointer, self.every, self._save = checkpointer, every, save
@@ -89,7 +89,7 @@ def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = "", c
     (a line every --logging-steps), with HF snapshots every `save_every` steps in
     run_dir/<home>/checkpoints/step-N (the newest --save-total-limit kept). `config`: the method's
     config, where the stage's `ctx.config` is another (a pipeline's)."""
-    from ...loop import Run
+    from ...runs.loop import Run
     from ...metrics import Console, make_tracker
 
     config = config if config is not None else ctx.config
@@ -136,7 +136,7 @@ def total_steps(config) -> int | None:
 
 def save_pretrained(engine, policy, path: Path, tokenizer, meta: dict) -> None:
     """`policy.save_pretrained` on rank 0 (the others wait)."""
-    from ...distributed import barrier
+    from ...engine.distributed import barrier
 
     if engine.is_main:
         policy.save_pretrained(path, tokenizer, meta=meta)
@@ -181,7 +181,7 @@ def check_trained(engine, history: list[dict], main: bool = True) -> None:
 
     The rows' train/skipped count (they survive a resume); RFT's rows do not carry it, so there
     this process's `engine.skipped_steps` against `engine.step`."""
-    from ...stages import RunFailed
+    from ...runs.stages import RunFailed
 
     flags = [float(r["train/skipped"]) for r in history if "train/skipped" in r]
     steps, skipped = (len(flags), int(sum(f == 1.0 for f in flags))) if flags else (engine.step, engine.skipped_steps)
@@ -208,9 +208,9 @@ def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Pa
     `prepare(config, run_dir)` checks the data, lengths and the resume compatibility before
     any model loads and returns what the stage takes. A user's mistake (a bad row, a missing
     file or model, an unusable device, a changed option on resume) is a `ConfigError` naming it.
-    The run directory is locked for the whole run (`trajtune.stages.run_lock`)."""
-    from ...distributed import barrier, is_main
-    from ...stages import Stage, StageOptions, run_lock, run_stages
+    The run directory is locked for the whole run (`trajtune.runs.stages.run_lock`)."""
+    from ...engine.distributed import barrier, is_main
+    from ...runs.stages import Stage, StageOptions, run_lock, run_stages
 
     run_dir = Path(run_dir)
     name = stage_name(config)
@@ -224,7 +224,7 @@ def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Pa
                                  StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
         report = run_dir / "report.md"
         if is_main():
-            from ...report import write_run_report
+            from ...runs.report import write_run_report
 
             intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from "
                      f"`{config.model.path}` on `{config.data}`\n\nlast logged row: `{results['last']}`")
@@ -238,7 +238,7 @@ def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Pa
 def check(config, run_dir: Path, prepare: Callable[[Any, Path], Any]):
     """Everything before the model loads: the device, the trackers, then `prepare` (rows, lengths,
     resume); what to expect of --steps 0 or a batch larger than the data (warnings). -> prepared"""
-    from ...distributed import is_main
+    from ...engine.distributed import is_main
     from ...metrics import check_tracker
 
     check_device(config.model.device)
@@ -266,7 +266,7 @@ def dry_run(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) ->
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Turn the user's mistakes met in the data, model files or templates into `ConfigError`s."""
-    from ...data import DataError
+    from ...sources.data import DataError
     from ...models.hf import ModelPathError
     from ...text.chat import TemplateError
 

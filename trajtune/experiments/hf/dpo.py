@@ -2,7 +2,7 @@
 
     trajtune dpo --model runs/sft/model --data pairs.jsonl --beta 0.1 --lora-r 16 --out runs/dpo
 
-Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.data);
+Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.sources.data);
 only the completions are scored (assistant turns inside the prompt are context, as in TRL).
 One stage, "dpo": `train_dpo` against the starting policy (with LoRA: the base model, adapters off).
 With --eval-data, held-out pairs give eval/dpo_loss, eval/dpo_margin and eval/dpo_accuracy every
@@ -42,7 +42,7 @@ class DPORun:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(disable_dropout=True))
     """the model and how it trains (LoRA, precision, lengths; dropout off as in TRL's DPOConfig)"""
     data: str = ""
-    """preference rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.data)"""
+    """preference rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.sources.data)"""
     eval_data: str = ""
     """held-out preference rows: eval/dpo_loss, eval/dpo_margin, eval/dpo_accuracy every --eval-steps steps"""
     dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, batch_size=8))

@@ -5,9 +5,9 @@
     trajtune grpo ... --reward my_rewards.py:exact --reward my_rewards.py:short --reward-weights 1 0.2
     trajtune grpo ... --reward-model runs/rm/model --reward my_rewards.py:short --reward-weights 1 0.5
 
-Data: rows with a 'prompt' (+ any columns the reward functions read, trajtune.data). A reward is a
+Data: rows with a 'prompt' (+ any columns the reward functions read, trajtune.sources.data). A reward is a
 TRL-style function `fn(prompts, completions, completion_ids, **columns) -> list[float | None]`
-called once per batch (trajtune.rewards), or a reward model saved by `trajtune rm`; with several,
+called once per batch (trajtune.sources.rewards), or a reward model saved by `trajtune rm`; with several,
 an episode's reward is their --reward-weights sum (trajtune.experiments.hf.sampling).
 One stage, "grpo": `train_rl` with every setting of `RLConfig` (--advantage, --surrogate,
 --epochs, --kl-coef, --length-buckets ...); completions are sampled with the sampling

@@ -65,7 +65,7 @@ def load_engine(ctx, model: ModelConfig, optim, *, value_head: bool = False, see
     `ctx.engine` (one process, or DDP under torchrun), seeded for the head's initialisation."""
     import torch
 
-    from ...distributed import launched_distributed
+    from ...engine.distributed import launched_distributed
     from ...models import hf
 
     torch.manual_seed(seed)

@@ -10,7 +10,7 @@ one config are an error here (`options` raises), so every option has exactly one
 `ALIASES` adds TRL's spelling where it means the same thing (`--learning-rate` for `--lr`,
 `--eval-steps` for `--eval-every`); `TRL_NAMES` lists TRL arguments trajtune spells or means
 differently, each refused with what to type instead (`trl_refusal`).
-The command line (`trajtune.hf_front`) renders this table as argparse flags; the
+The command line (`trajtune.cli.hf`) renders this table as argparse flags; the
 configs' own messages (validation, the resume check) use the same names, so what a
 message names is what the user types. A TOML recipe sets the same leaves by path
 (`[config.rl] kl_coef = 0.05`).

@@ -1,7 +1,7 @@
 """Everything a Hugging Face run checks before the model loads (the tokenizer only, seconds).
 
     the options        the method's config dataclasses (at construction)
-    every row          `trajtune.data`: file, line, field
+    every row          `trajtune.sources.data`: file, line, field
     every length       a sample longer than --max-length (sft/rm/dpo), or a prompt whose tokens +
                        --max-new-tokens exceed it (grpo/rft), is an error naming file, line, field and
                        lengths; --drop-long skips such rows instead (counted on stderr). --max-length is
@@ -26,9 +26,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from ... import data as D
+from ...sources import data as D
 from ...config import ConfigError, to_dict
-from ...distributed import is_main
+from ...engine.distributed import is_main
 from .options import flag, flatten
 
 
@@ -229,7 +229,7 @@ def check_same_run(config, run_dir: Path, stage: str) -> None:
     --save-total-limit); a finished stage with no change at all (the stage runner skips it; the
     command line refuses it unless --overwrite). The message names every option that differs, as
     the user spells it (`--kl-coef 0.1 -> 0.2 (rl.kl_coef)`)."""
-    from ...resume import Checkpointer
+    from ...runs.resume import Checkpointer
 
     stage_dir = run_dir / stage
     resuming = Checkpointer(stage_dir / "resume").has_checkpoint

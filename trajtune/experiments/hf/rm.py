@@ -2,7 +2,7 @@
 
     trajtune rm --model ./my-model --data pairs.jsonl --out runs/rm
 
-Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.data).
+Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.sources.data).
 One stage, "rm": `train_reward_model`; model/ holds the body and value_head.safetensors, and is
 also a sequence classifier: `AutoModelForSequenceClassification.from_pretrained("runs/rm/model")`
 loads it with the trained head (num_labels=1; its logit is the reward at the last non-pad token).
@@ -39,7 +39,7 @@ class RewardModelRun:
     model: ModelConfig = field(default_factory=lambda: ModelConfig(disable_dropout=True))
     """the model and how it trains (LoRA, precision, lengths; dropout off as in TRL's RewardConfig)"""
     data: str = ""
-    """preference rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.data)"""
+    """preference rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.sources.data)"""
     eval_data: str = ""
     """held-out preference rows: eval/pair_accuracy, eval/rm_margin, eval/rm_loss every --eval-steps steps"""
     rm: RewardModelConfig = field(default_factory=lambda: RewardModelConfig(steps=100, batch_size=8))

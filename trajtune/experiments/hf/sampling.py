@@ -6,13 +6,13 @@ One step's collect, top to bottom:
     1. sample   the step's prompts x group size, one-turn episodes (sharded over ranks under torchrun,
                 all-gathered: every rank holds the whole batch, task-major, group ids kept)
     2. score    every --reward function once on the whole batch, at the same time, in worker processes
-                under --reward-timeout (trajtune.rewards; rank 0 calls them, the rewards are broadcast),
+                under --reward-timeout (trajtune.sources.rewards; rank 0 calls them, the rewards are broadcast),
                 and the --reward-model on the rendered prompt + completion (sharded, gathered)
     3. combine  reward = the --reward-weights sum over the sources that scored the row (None left out);
                 an episode no source scored, or whose reward call timed out, is left out of the update
 
 A reward function that raises or returns a non-reward stops the run with a message naming it, the
-rows and its traceback (trajtune.rewards); the logged rows get reward/<source>/mean and /std.
+rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<source>/mean and /std.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Literal
 
 from ...config import ConfigError, check_choices, check_ranges
 from ...metrics import register
-from ...rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, Scores, check_columns,
+from ...sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, Scores, check_columns,
                         combine, source_metrics)
 from .model import ModelConfig
 from .options import flag
 
-log = logging.getLogger("trajtune.rewards")
+log = logging.getLogger("trajtune.sources.rewards")
 
 register("reward/*", "per reward source (a --reward function's name, or reward_model): reward/<name>/mean and "
          "/std over the completions it scored (None left out); reward/<function>/<name>: what the function "
@@ -49,11 +49,11 @@ class PromptRewardRun:
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
     data: str = ""
-    """JSONL file of prompt rows (trajtune.data)"""
+    """JSONL file of prompt rows (trajtune.sources.data)"""
     reward: list[str] = field(default_factory=list)
     """reward functions 'file.py:function' or 'module:function', one or more (--reward a.py:f --reward b.py:g);
     TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
-    once per batch of completions (trajtune.rewards)"""
+    once per batch of completions (trajtune.sources.rewards)"""
     reward_weights: list[float] = field(default_factory=list)
     """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
     an episode's reward is the weighted sum over the sources that scored it (None left out)"""
@@ -78,11 +78,11 @@ class SamplingConfig:
     draw: Literal["cdf", "race"] = "cdf"
     """how the sampler draws a token: cdf (inverse CDF, one random number per completion and token) or race
     (torch.multinomial's draw, as HF generate: one per vocabulary entry, ~300 ms per token for 64 completions
-    over a 151,936-token vocabulary on one CPU core); the same distribution (trajtune.sampling.pick_next).
+    over a 151,936-token vocabulary on one CPU core); the same distribution (trajtune.engine.decoding.pick_next).
     --backend generate always draws as HF generate does"""
     share_prompts: bool = True
     """prefill each prompt once for its whole group of completions (the KV cache rows copied, as vLLM's prefix
-    cache shares them), not once per completion; the same samples to float rounding (trajtune.sampling.sample).
+    cache shares them), not once per completion; the same samples to float rounding (trajtune.engine.decoding.sample).
     --backend generate prefills every completion"""
 
     def __post_init__(self) -> None:
@@ -133,7 +133,7 @@ class RewardModel:
     (the last rendered sample of the conversation), scored in shares over the ranks."""
 
     def __init__(self, ctx, path: str, model) -> None:
-        from ...distributed import launched_distributed
+        from ...engine.distributed import launched_distributed
         from ...models import hf
         from ...text.chat import ChatRenderer
 
@@ -145,7 +145,7 @@ class RewardModel:
 
     def __call__(self, batch: RewardBatch) -> list[float]:
         from ...algorithms.reward_model import score
-        from ...distributed import sharded_map
+        from ...engine.distributed import sharded_map
 
         trajs = []
         for prompt, i in zip(batch.prompts, range(len(batch)), strict=True):
@@ -196,7 +196,7 @@ class EpisodeRewards:
 
     def _call_functions(self, batch: RewardBatch, state: RewardState, engine) -> Scores:
         """The functions' Scores: called on rank 0 only, broadcast (every rank gets the same rewards)."""
-        from ...distributed import broadcast_object
+        from ...engine.distributed import broadcast_object
 
         if not self.functions.functions:
             return Scores([], {}, {}, [{} for _ in range(len(batch))])
@@ -234,9 +234,9 @@ def prompt_collect(ctx, engine, data, config, rewards: EpisodeRewards):
     with the sampling section and scored as a batch by `rewards`. With the built-in sampler every
     episode samples from its own seed (`episode_seeds`), so the samples are the same in one process
     and sharded over N (`shard=engine.shard`). Sampling and reward times are counters."""
-    from ...collect import make_collect, timed
+    from ...sources.episodes import make_collect, timed
     from ...envs.base import SingleTurnEnv
-    from ...generation import make_backend
+    from ...engine.generate import make_backend
 
     sampling = config.sampling
     own_seeds = sampling.backend == "sampler"  # HF generate draws one seed per call, not one per episode

@@ -3,7 +3,7 @@
     trajtune sft --model ./my-model --data chats.jsonl --steps 100 --lr 1e-5 --out runs/sft
 
 Data: 'messages' rows (every assistant turn trained) or 'prompt'/'completion' rows (the
-completion trained; assistant turns inside the prompt are context), see trajtune.data. One
+completion trained; assistant turns inside the prompt are context), see trajtune.sources.data. One
 stage, "sft": `train_sft` on the rows that fit --max-length; writes model/ and, every
 --save-every steps, checkpoints/step-N. With --eval-data, the held-out rows' mean NLL per
 trained token is logged as eval/loss every --eval-steps steps (and after the last).
@@ -35,7 +35,7 @@ class SFTRun:
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
     data: str = ""
-    """'messages' or 'prompt'/'completion' rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.data)"""
+    """'messages' or 'prompt'/'completion' rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.sources.data)"""
     eval_data: str = ""
     """held-out rows in the same format: eval/loss (mean NLL per trained token) every --eval-steps steps"""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=100, batch_size=8))

@@ -31,7 +31,7 @@ from ...config import check_ranges
 from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
-from ...report import Claim, claims_table, fmt, image, line_plot, markdown_table, write_report
+from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, write_report
 
 
 @dataclass

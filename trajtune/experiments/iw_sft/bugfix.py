@@ -29,10 +29,10 @@ from ...algorithms.iw_sft import IWSFTConfig, train_iw_sft
 from ...algorithms.rft import RFTConfig, train_rft
 from ...algorithms.sft import SFTConfig
 from ...config import check_ranges, to_dict
-from ...distributed import is_main
+from ...engine.distributed import is_main
 from ...engine import OptimConfig
-from ...report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
-from ...stages import Stage, StageContext, StageOptions, run_stages
+from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...runs.stages import Stage, StageContext, StageOptions, run_stages
 from ..bugfix import eval_seed, evaluate, load_engine, seeded, stage_gym, train_weak_base
 
 BUDGET = ("rounds", "samples_per_task", "steps_per_round", "batch_size")

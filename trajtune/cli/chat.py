@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, TextIO
 
-from .config import ConfigError
+from ..config import ConfigError
 
 COMMANDS = ("/reset", "/quit", "/exit", "/help")
 
@@ -90,7 +90,7 @@ class Chat:
         """The assistant's next turn after `messages` (text without the stop token)."""
         import torch
 
-        from .text.chat import TemplateError
+        from ..text.chat import TemplateError
 
         try:
             prompt = self.renderer.generation_prompt(messages)
@@ -115,8 +115,8 @@ class ConversationTooLong(ConfigError):
 
 def load_chat(model_dir: str, settings: Settings) -> Chat:
     """Load tokenizer, chat template and model from `model_dir`; every failure a ConfigError naming it."""
-    from .models.hf import ModelPathError, load_policy, load_tokenizer
-    from .text.chat import ChatRenderer, TemplateError
+    from ..models.hf import ModelPathError, load_policy, load_tokenizer
+    from ..text.chat import ChatRenderer, TemplateError
 
     device = check_device(settings.device)
     try:
@@ -137,8 +137,8 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
         weights = sorted(p.name for p in Path(model_dir).glob("*.safetensors")) or ["no *.safetensors file"]
         raise ConfigError(f"{model_dir}: cannot load the model's weights ({', '.join(weights)}): "
                           f"{type(e).__name__}: {e}") from e
-    from .engine import make_engine
-    from .generation import make_backend
+    from ..engine import make_engine
+    from ..engine.generate import make_backend
 
     engine = make_engine(policy, device=device)
     return Chat(renderer, make_backend(settings.backend, engine, renderer.pad_id), settings, policy.max_len)
@@ -148,7 +148,7 @@ def check_device(name: str):
     """`name` as a torch.device, refused (before the model loads) as every HF command refuses it."""
     import torch
 
-    from .experiments.hf.common import check_device as check
+    from ..experiments.hf.common import check_device as check
 
     check(name)
     return torch.device(name)

@@ -53,16 +53,16 @@ import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..algorithms.dpo import DPOConfig
-from ..algorithms.rl import RLConfig
-from ..algorithms.sft import SFTConfig
-from ..config import check_ranges, to_dict
-from ..engine import OptimConfig
-from ..stages import Stage, StageOptions, run_stages
-from .hf.common import OutputConfig
-from .hf.model import ModelConfig
-from .hf.sampling import SamplingConfig
-from .hf.schedule import ScheduleConfig
+from ...algorithms.dpo import DPOConfig
+from ...algorithms.rl import RLConfig
+from ...algorithms.sft import SFTConfig
+from ...config import check_ranges, to_dict
+from ...engine import OptimConfig
+from ...runs.stages import Stage, StageOptions, run_stages
+from ..hf.common import OutputConfig
+from ..hf.model import ModelConfig
+from ..hf.sampling import SamplingConfig
+from ..hf.schedule import ScheduleConfig
 
 MAX_ANSWER = 4
 """evaluation reply budget in tokens: up to three digits and the stop token"""
@@ -208,7 +208,7 @@ user writes one"""
 
 def problems(config: Config, n: int, stream: int) -> list:
     """`n` training problems of stream `stream` (never a held-out pair)."""
-    from ..envs.arithmetic import train_tasks
+    from ...envs.arithmetic import train_tasks
 
     return train_tasks(n, seed=config.seed * 101 + stream)
 
@@ -257,7 +257,7 @@ def train_digit_tokenizer(corpus: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from ..models.hf_random import CHATML_TEMPLATE, SPECIALS
+    from ...models.hf_random import CHATML_TEMPLATE, SPECIALS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
@@ -295,11 +295,11 @@ def heldout_eval(ctx, path: Path, config: Config) -> dict:
     ends with a stop token."""
     import torch
 
-    from ..distributed import launched_distributed
-    from ..envs.arithmetic import heldout_tasks
-    from ..evaluation import mean_pass_at_k
-    from ..models.hf import load_policy, load_tokenizer
-    from ..text.chat import ChatRenderer
+    from ...engine.distributed import launched_distributed
+    from ...envs.arithmetic import heldout_tasks
+    from ...evaluation import mean_pass_at_k
+    from ...models.hf import load_policy, load_tokenizer
+    from ...text.chat import ChatRenderer
 
     tok, policy = load_tokenizer(path), load_policy(path)
     device = None if config.model.device == "cuda" and launched_distributed() else config.model.device
@@ -332,7 +332,7 @@ def answer_nll(engine, renderer, tasks) -> float:
     right: a smooth measure of what pass@1 counts."""
     import torch
 
-    from ..trajectory import collate
+    from ...trajectory import collate
 
     batch = collate([renderer.render(conversation(t)) for t in tasks], renderer.pad_id)
     with torch.no_grad():
@@ -349,7 +349,7 @@ def mean(xs) -> float:
 # --- the stages -------------------------------------------------------------------------------
 def stage_base(ctx) -> dict:
     """The corpora, the tokenizer trained on them, a random Llama from a config; its (zero) scores."""
-    from ..distributed import barrier
+    from ...engine.distributed import barrier
 
     config, run_dir = ctx.config, ctx.run_dir
     sample = problems(config, 2_000, 0)
@@ -369,9 +369,9 @@ def stage_base(ctx) -> dict:
 
 def text_data(tokenizer, path: Path, limit: int):
     """The pretraining corpus as `Prepared` trajectories whose every token is trained (plain text, no template)."""
-    from ..data import read_rows
-    from ..trajectory import Owner, Trajectory
-    from .hf.prepare import Prepared
+    from ...sources.data import read_rows
+    from ...trajectory import Owner, Trajectory
+    from ..hf.prepare import Prepared
 
     items = []
     for row in read_rows(path):
@@ -396,17 +396,17 @@ def checked(ctx, c, module):
     every length, the reward functions, the schedule), with the stage directory as the method's run
     directory: the pipeline's runner keeps the resume state (<stage>/resume), so the method finds no run
     of its own there."""
-    from .hf.common import check
+    from ..hf.common import check
 
     return check(c, ctx.dir, module.prepare)
 
 
 def stage_pretrain(ctx) -> dict:
     """`sft.train` (what `trajtune sft` runs) on raw text: every token trained."""
-    from ..models.hf import load_tokenizer
-    from .hf import sft
-    from .hf.common import check_device
-    from .hf.prepare import budget, planned
+    from ...models.hf import load_tokenizer
+    from ..hf import sft
+    from ..hf.common import check_device
+    from ..hf.prepare import budget, planned
 
     c = method_config(sft.SFTRun, ctx, "base", "pretrain.jsonl", sft=ctx.config.pretrain,
                       optim=ctx.config.pretrain_optim, schedule=ctx.config.pretrain_schedule)
@@ -417,7 +417,7 @@ def stage_pretrain(ctx) -> dict:
 
 def stage_sft(ctx) -> dict:
     """`trajtune sft --model pretrain/model --data data/sft.jsonl`: its checks, then its stage function."""
-    from .hf import sft
+    from ..hf import sft
 
     c = method_config(sft.SFTRun, ctx, "pretrain", "sft.jsonl", sft=ctx.config.sft, optim=ctx.config.sft_optim,
                       schedule=ctx.config.sft_schedule)
@@ -430,8 +430,8 @@ def stage_pairs(ctx) -> dict:
     reply that ended with the stop token preferred)."""
     import torch
 
-    from ..models.hf import load_policy, load_tokenizer
-    from ..text.chat import ChatRenderer
+    from ...models.hf import load_policy, load_tokenizer
+    from ...text.chat import ChatRenderer
 
     config, path = ctx.config, model_dir(ctx.run_dir, "sft")
     tok, policy = load_tokenizer(path), load_policy(path)
@@ -458,7 +458,7 @@ def stage_pairs(ctx) -> dict:
 
 def stage_dpo(ctx) -> dict:
     """`trajtune dpo --model sft/model --data data/pairs.jsonl`."""
-    from .hf import dpo
+    from ..hf import dpo
 
     c = method_config(dpo.DPORun, ctx, "sft", "pairs.jsonl", dpo=ctx.config.dpo, optim=ctx.config.dpo_optim,
                       schedule=ctx.config.dpo_schedule)
@@ -467,7 +467,7 @@ def stage_dpo(ctx) -> dict:
 
 def stage_grpo(ctx) -> dict:
     """`trajtune grpo --model dpo/model --data data/prompts.jsonl --reward data/rewards.py:exact_answer`."""
-    from .hf import grpo
+    from ..hf import grpo
 
     reward = f"{data_dir(ctx.run_dir) / 'rewards.py'}:exact_answer"
     c = method_config(grpo.GRPORun, ctx, "dpo", "prompts.jsonl", reward=[reward], rl=ctx.config.grpo,
@@ -488,7 +488,7 @@ def stages() -> list[Stage]:
 
 def run(config: Config, run_dir: Path) -> Path:
     """Run (or resume) every stage; write report.md / report.html with the per-stage table and plots."""
-    from ..distributed import init_distributed, is_main
+    from ...engine.distributed import init_distributed, is_main
 
     run_dir = Path(run_dir)
     init_distributed()
@@ -529,7 +529,7 @@ def verdict(deltas: dict[str, float]) -> str:
 
 def table(results: dict, config: Config) -> str:
     """The per-stage markdown table: held-out pass@1 of each stage's model, and whether its metrics rose."""
-    from ..report import markdown_table
+    from ...runs.report import markdown_table
 
     delta, rows = rises(results), []
     for name in MODEL_STAGES:
@@ -569,8 +569,8 @@ def stage_plot(path: Path, results: dict, config: Config) -> Path:
 
 def curve_plots(run_dir: Path) -> list[str]:
     """Training curves from metrics.jsonl: loss of pretrain / sft / dpo, GRPO's mean reward."""
-    from ..metrics import read_metrics
-    from ..report import image, line_plot
+    from ...metrics import read_metrics
+    from ...runs.report import image, line_plot
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     series = lambda stage, key: ([r["step"] for r in rows if r.get("stage") == stage and key in r],  # noqa: E731
@@ -605,7 +605,7 @@ def not_rising(results: dict, config: Config) -> list[str]:
 
 
 def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> Path:
-    from ..report import image, write_report
+    from ...runs.report import image, write_report
 
     flat = not_rising(results, config)
     summary = ("Every training stage raised its held-out metrics." if not flat else

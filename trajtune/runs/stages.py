@@ -66,15 +66,15 @@ try:
 except ImportError:  # pragma: no cover - Windows: no run lock
     fcntl = None
 
-from . import distributed
-from .config import ConfigError, check_ranges
+from ..engine import distributed
+from ..config import ConfigError, check_ranges
 from .loop import Run
-from .metrics import Console, MetricsLogger
-from .processes import exit_with_parent
+from ..metrics import Console, MetricsLogger
+from ..processes import exit_with_parent
 from .resume import Checkpointer, RunInterrupted, StageClock, forward_to_children
 
 if TYPE_CHECKING:
-    from .engine import Engine, OptimConfig
+    from ..engine import Engine, OptimConfig
 
 RESULTS = "results.json"
 LOCK = ".lock"
@@ -171,7 +171,7 @@ class StageContext:
 
     def engine(self, model: torch.nn.Module, optim: OptimConfig | None = None, **kw) -> Engine:
         """`trajtune.engine.make_engine(model, optim, **kw)`: one process, or DDP / FSDP2 under torchrun."""
-        from .engine import make_engine
+        from ..engine import make_engine
 
         return make_engine(model, optim, **kw)
 
@@ -187,7 +187,7 @@ class StageContext:
             if hasattr(model, "save_pretrained"):
                 model.save_pretrained(path, tokenizer, meta=meta)
             else:
-                from .models.tiny import save_model
+                from ..models.tiny import save_model
 
                 save_model(path, model, tokenizer, meta=meta)
         distributed.barrier()

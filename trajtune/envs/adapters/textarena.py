@@ -7,7 +7,7 @@ When the game ends, the episode's reward is the player's reward from `game.close
 1 for the number, else how close the last guess was; an invalid move past the game's error
 allowance ends it with the game's penalty).
 
-    from trajtune.adapters.textarena import TextArenaEnv, textarena_tasks
+    from trajtune.envs.adapters.textarena import TextArenaEnv, textarena_tasks
     tasks = textarena_tasks("GuessTheNumber-v0-raw", n=256, seed=0)
     make_env = lambda: TextArenaEnv(action_template="[{}]")   # the policy writes "7", the game reads "[7]"
     collect = make_collect(engine.sample, make_env, renderer, max_turns=10, ...)
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..envs.base import StepResult
+from ..base import StepResult
 from . import require
 
 INSTALL = "pip install 'trajtune[textarena]' (or: pip install textarena)"

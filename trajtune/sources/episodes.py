@@ -3,17 +3,17 @@
 `make_collect` packages a sampler, an environment factory and a renderer as the
 one callable the loops (algorithms/common.py `Collect`) sample through; they
 never see environments. Three concerns live here, on top of the episode loop
-(`trajtune.rollout.rollout_batch`):
+(`trajtune.sources.rollout.rollout_batch`):
 
   * grouping: `n_per_task` episodes of every task, task-major, one group per
     task instance;
   * seeding: with `episode_seeds` (or a shard), episode e of a call samples from
     its own generator, seeded by `episode_seed(base, e)` from one draw `base` of
     the call's generator, so its actions do not depend on the batch it runs in;
-  * sharding: with `shard` (`trajtune.distributed.Shard`), each process runs only
+  * sharding: with `shard` (`trajtune.engine.distributed.Shard`), each process runs only
     its share of the episodes and all-gathers the finished trajectories;
 
-and the run-level fault limit (`trajtune.faults.check_faults`) on every call.
+and the run-level fault limit (`trajtune.sources.faults.check_faults`) on every call.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .async_sampler import routed
-from .envs.base import Env
+from .process import routed
+from ..envs.base import Env
 from .faults import STEP_TIMEOUT_S, check_faults
 from .rollout import Sampler, rollout_batch
-from .text.render import RendererProtocol
-from .trajectory import Trajectory
+from ..text.render import RendererProtocol
+from ..trajectory import Trajectory
 
 
 def make_collect(
@@ -48,7 +48,7 @@ def make_collect(
     episode_seeds: episode e of a call samples from its own generator, seeded by one
     draw of `generator` and e, so its actions do not depend on the batch it runs in.
     shard: run only this process's share of the episodes and all-gather the finished
-    trajectories (`trajtune.distributed.Shard`, e.g. `engine.shard`;
+    trajectories (`trajtune.engine.distributed.Shard`, e.g. `engine.shard`;
     implies episode_seeds): every process returns the same whole list, in order.
     max_fault_share: an episode whose environment raised gets reward 0 and info["env_error"];
     if more than this share of a call's episodes fail, `faults.TooManyFaults` stops the run.
@@ -79,7 +79,7 @@ def make_collect(
 
 def rollout_for(policy: Sampler) -> Callable[..., list[Trajectory]]:
     """Where `policy`'s episodes run: `rollout_batch` here, or in the sampler process of an overlapped
-    RL loop that is collecting with it (`trajtune.async_sampler.routed`)."""
+    RL loop that is collecting with it (`trajtune.sources.process.routed`)."""
     sampler = routed(policy)
     return rollout_batch if sampler is None else sampler.rollout
 

@@ -32,7 +32,7 @@ are drawn in the trainer): the episodes are the ones `rollout_batch` gives on th
 in the trainer, bit for bit with the trainer's thread count.
 
 Faults and logs: an environment that raises or overruns fails its episode here, as in one
-process (`trajtune.faults`, the time limit armed in this process's main thread); the warning
+process (`trajtune.sources.faults`, the time limit armed in this process's main thread); the warning
 naming the task and the user's traceback is logged here and re-emitted in the trainer by its
 logger. Any other exception of the episode loop (a token budget that does not fit, a bad task)
 is raised again in the trainer, as the same exception, with the sampler's traceback as a note.
@@ -94,13 +94,13 @@ import torch.multiprocessing as mp
 from concurrent.futures import Future
 from multiprocessing import connection as mp_connection
 
-from .config import ConfigError
-from .engine import AUTOCAST_DTYPES
-from .logprobs import token_log_probs
-from .processes import exit_with_parent
+from ..config import ConfigError
+from ..engine import AUTOCAST_DTYPES
+from ..logprobs import token_log_probs
+from ..processes import exit_with_parent
 from .rollout import rollout_batch
-from .sampling import sample
-from .trajectory import Batch, Trajectory
+from ..engine.decoding import sample
+from ..trajectory import Batch, Trajectory
 
 
 class SyncError(RuntimeError):

@@ -4,7 +4,7 @@ Any of reasoning-gym's datasets becomes a list of single-turn tasks: the questio
 message, the reply is scored by the dataset's own `score_answer(reply, entry)` (partial credit
 where the dataset gives it, e.g. `spell_backward`), through `trajtune.envs.base.SingleTurnEnv`::
 
-    from trajtune.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
+    from trajtune.envs.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
     tasks = reasoning_gym_tasks("spell_backward", size=512, seed=0, min_word_len=3, max_word_len=4)
     env = reasoning_gym_env()                     # or reasoning_gym_env(extract="tags"): the <answer>...</answer> part
     collect = make_collect(engine.sample, reasoning_gym_env, renderer, max_turns=1, ...)
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from ..envs.base import SingleTurnEnv
+from ..base import SingleTurnEnv
 from . import require
 
 INSTALL = "pip install reasoning-gym"
@@ -70,7 +70,7 @@ def reasoning_gym_tasks(dataset: str, size: int = 256, seed: int = 0, **config: 
 
         close = difflib.get_close_matches(dataset, list(rg.factory.DATASETS), n=3)
         raise ValueError(f"reasoning-gym has no dataset {dataset!r}" + (f"; did you mean {close}?" if close else "")
-                         + " (trajtune.adapters.reasoning_gym.dataset_names() lists them)")
+                         + " (trajtune.envs.adapters.reasoning_gym.dataset_names() lists them)")
     if size < 1:
         raise ValueError(f"reasoning_gym_tasks: size must be >= 1, got {size}")
     try:

@@ -19,8 +19,8 @@ import sys
 import time
 from collections import defaultdict
 
-from .rollout import scripted_rollout
-from .text.render import Renderer, format_owners, owner_counts
+from ..sources.rollout import scripted_rollout
+from ..text.render import Renderer, format_owners, owner_counts
 
 ARITHMETIC_TASKS = 64
 """`trajtune gym arithmetic`'s default number of train tasks"""
@@ -92,22 +92,22 @@ def run_gym(args) -> int:
 
 def _setup(args, reward: str):
     """(tasks, env factory, policy factory seed -> policy, tokenizer) for one gym."""
-    from .envs import scripted
+    from ..envs import scripted
 
     if args.gym == "bugfix":
-        from .envs.bugfix import BugFixEnv, build_tokenizer
-        from .envs.bugfix_tasks import make_tasks
+        from ..envs.bugfix import BugFixEnv, build_tokenizer
+        from ..envs.bugfix_tasks import make_tasks
 
         return (make_tasks(args.split), lambda: BugFixEnv(reward=reward),
                 lambda seed: scripted.bugfix_policy(args.policy, seed), build_tokenizer())
     if args.gym == "arithmetic":
-        from .envs import arithmetic
+        from ..envs import arithmetic
 
         policies = {"oracle": scripted.ArithmeticOracle, "random": scripted.ArithmeticRandom}
         n = ARITHMETIC_TASKS if args.tasks is None else args.tasks
         return (arithmetic.make_tasks(args.split, n=n, seed=args.seed), arithmetic.arithmetic_env,
                 policies[args.policy], arithmetic.arithmetic_tokenizer())
-    from .envs import instruct
+    from ..envs import instruct
 
     text = instruct.shakespeare_text()
     demos = instruct.demonstrations(text)
@@ -157,7 +157,7 @@ def _fail(message: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trajtune.gym_cli")
+    parser = argparse.ArgumentParser(prog="python -m trajtune.cli.gym")
     add_gym_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["gym", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)

@@ -43,9 +43,9 @@ Faults: an `env.reset` / `env.step` that raises, runs past `step_timeout_s`, or
 returns something that is not a StepResult of the documented types (a reward
 that is None, a string or NaN: `faults.InvalidStep`) fails its episode alone
 (reward 0, info["env_error"], logged here with its task and the user's
-traceback); the time limit and the run-level fault limit are in trajtune/faults.py.
+traceback); the time limit and the run-level fault limit are in trajtune/sources/faults.py.
 Collecting a step's episodes (seeding, sharding, the fault limit) is
-trajtune/collect.py.
+trajtune/sources/episodes.py.
 """
 
 from __future__ import annotations
@@ -56,18 +56,18 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from .envs.base import Env, check_tasks
+from ..envs.base import Env, check_tasks
 from .faults import STEP_TIMEOUT_S, check_reset, check_step, describe_fault, time_limit
-from .sampling import Samples
-from .text.render import Message, RendererProtocol, Transcript
-from .trajectory import Trajectory
+from ..engine.decoding import Samples
+from ..text.render import Message, RendererProtocol, Transcript
+from ..trajectory import Trajectory
 
-log = logging.getLogger("trajtune.rollout")
+log = logging.getLogger("trajtune.sources.rollout")
 
 Sampler = Callable[..., Samples]
 """`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
-e.g. `engine.sample` or `functools.partial(trajtune.sampling.sample, model)`; also `draw=` when a rollout asks for a
-draw other than the default "race" (`trajtune.sampling.pick_next`), and `share_prompts=True` when asked."""
+e.g. `engine.sample` or `functools.partial(trajtune.engine.decoding.sample, model)`; also `draw=` when a rollout asks for a
+draw other than the default "race" (`trajtune.engine.decoding.pick_next`), and `share_prompts=True` when asked."""
 
 
 class ScriptedPolicy(Protocol):
@@ -134,7 +134,7 @@ class _Episode:
 
     def _fail(self, call: str, exc: Exception) -> None:
         """A failed user call fails this episode alone: reward 0, stop_reason "env_error",
-        info["env_error"] = the exception, logged with its task (policy: trajtune/faults.py)."""
+        info["env_error"] = the exception, logged with its task (policy: trajtune/sources/faults.py)."""
         task = getattr(self.task, "name", str(self.task))
         log.warning("env.%s failed on task %s: %s: %s (episode gets reward 0)\n%s", call, task, type(exc).__name__,
                     exc, describe_fault(exc))
@@ -174,14 +174,14 @@ def rollout_batch(
     policy:    the sampler (see `Sampler`); called once per turn on all unfinished episodes
     envs:      one environment instance per episode (they hold episode state)
     generator: seeds the sampler (same seed, same episodes)
-    draw:      how the sampler draws a token ("race" or "cdf": `trajtune.sampling.pick_next`); passed to the
+    draw:      how the sampler draws a token ("race" or "cdf": `trajtune.engine.decoding.pick_next`); passed to the
                sampler only when not "race", so a sampler without the option (HF `generate`) still works
-    share_prompts: the sampler prefills each distinct prompt of a turn once (`trajtune.sampling.sample`; the
+    share_prompts: the sampler prefills each distinct prompt of a turn once (`trajtune.engine.decoding.sample`; the
                same samples to float rounding); passed only when True, as `draw`
     groups:    group id per episode; default: equal tasks share an id (for group baselines)
     row_seeds: optional seed per episode: each episode samples from its own generator
                (replaces `generator`), so its actions do not depend on the other
-               episodes of the batch (sharded rollouts, trajtune.distributed)
+               episodes of the batch (sharded rollouts, trajtune.engine.distributed)
     step_timeout_s: time limit of each `env.reset` / `env.step` call (0 or None: none);
                an episode whose environment raises or overruns fails alone (module docstring)
     """

@@ -49,8 +49,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .checkpoint import load_tensors, recover_dir
-from .trajectory import Trajectory
+from ..checkpoint import load_tensors, recover_dir
+from ..trajectory import Trajectory
 
 
 class RunInterrupted(KeyboardInterrupt):

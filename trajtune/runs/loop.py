@@ -20,7 +20,7 @@ rows, evaluation, periodic and Ctrl-C checkpoints, exact resume -- is `Run`'s jo
 what stays in a loop is the algorithm.
 
 `Run` with nothing set (no logger, no evaluation, no checkpointer) just collects the
-rows; a stage runner (`trajtune.stages`) hands each loop a `Run` wired to its stage's
+rows; a stage runner (`trajtune.runs.stages`) hands each loop a `Run` wired to its stage's
 `metrics.jsonl`, evaluation and resume directory.
 
 Resume state: step s of every loop is a pure function of (seed, s), so most loops
@@ -37,12 +37,12 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from .distributed import is_main
-from .episodes import FILE as EPISODES_FILE
-from .episodes import EpisodeRecorder
-from .metrics import Console, MetricsLogger, progress
+from ..engine.distributed import is_main
+from .recorder import FILE as EPISODES_FILE
+from .recorder import EpisodeRecorder
+from ..metrics import Console, MetricsLogger, progress
 from .resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from .trajectory import Trajectory
+from ..trajectory import Trajectory
 
 S = TypeVar("S")
 
@@ -112,7 +112,7 @@ class Run:
         """Save a few of the step's episodes, token by token, for `trajtune view` (when the step is due:
         step 1 and every `episodes.every` steps, or `every` given by the loop, e.g. 1 for RFT's rounds).
         `batch`: the step's scored batch (advantages, old log-probs in extras); `kept`: RFT's selection.
-        See trajtune/episodes.py; a no-op without a recorder."""
+        See trajtune/runs/recorder.py; a no-op without a recorder."""
         if self.episodes is not None:
             self.episodes.record(engine, self.stage, step, trajs, batch, kept=kept, every=every)
 

@@ -190,7 +190,7 @@ def sample(
     sequence at every step (only for benchmarks and tests; same results).
     `generators` (one CPU generator per prompt, replaces `generator`): each row draws
     from its own stream, and only while it is unfinished, so a row's samples do not
-    depend on which other rows share its batch (sharded rollouts, trajtune.distributed).
+    depend on which other rows share its batch (sharded rollouts, trajtune.engine.distributed).
     `draw`: "race" (torch.multinomial's draw, as HF `generate`) or "cdf" (one random number per row
     instead of one per vocabulary entry: far faster with a large vocabulary on a CPU; `pick_next`).
     `share_prompts`: prefill each distinct prompt once and copy its cache rows to every row that repeats

@@ -3,7 +3,7 @@
 Algorithm loops never touch the model, the optimizer or the device directly; they
 call the `Engine` protocol below, so the same loop runs on a laptop CPU and under
 `torchrun`. There is one implementation, `TorchEngine`, with a pluggable collective
-strategy (`trajtune.distributed`: one process, DDP or FSDP2) that owns what differs
+strategy (`trajtune.engine.distributed`: one process, DDP or FSDP2) that owns what differs
 between them -- which rows a process computes, gathering outputs, reducing metrics,
 the gradient scale, full-state save/load. Build engines with `make_engine(model,
 optim)`: it picks the strategy from how the process was launched.
@@ -47,13 +47,13 @@ from typing import Callable, Literal, Protocol, Sequence
 
 import torch
 
-from .checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
-from .config import check_choices
+from ..checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
+from ..config import check_choices
 from .distributed import SingleProcess, Strategy, make_collective
-from .logprobs import Aggregation, SharedPrefix, TokenHead, aggregation_share
-from .metrics import combine_metric
-from .sampling import Samples, sample
-from .trajectory import Batch, length_buckets, micro_batches, row_units, split_units
+from ..logprobs import Aggregation, SharedPrefix, TokenHead, aggregation_share
+from ..metrics import combine_metric
+from .decoding import Samples, sample
+from ..trajectory import Batch, length_buckets, micro_batches, row_units, split_units
 
 log = logging.getLogger("trajtune.engine")
 
@@ -472,7 +472,7 @@ class TorchEngine:
     # --- sampling: each process samples its own prompts (no collectives per token) ------------
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,
                **kw) -> Samples:
-        """Batched KV-cached sampling of `prompts` in this process (`trajtune.sampling.sample` for the
+        """Batched KV-cached sampling of `prompts` in this process (`trajtune.engine.decoding.sample` for the
         options). Spread prompts over processes with `collect(..., shard=engine.shard)` or `sharded_map`."""
         was_training = set_mode(self.model, False)
         try:

@@ -30,9 +30,9 @@ from typing import Any, Sequence
 
 import torch
 
-from .trajectory import Batch, Owner, Trajectory, collate
+from ..trajectory import Batch, Owner, Trajectory, collate
 
-log = logging.getLogger("trajtune.episodes")
+log = logging.getLogger("trajtune.runs.recorder")
 
 FILE = "episodes.jsonl"
 

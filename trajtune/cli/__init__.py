@@ -19,12 +19,12 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from .async_sampler import SyncError
-from .checkpoint import CheckpointError
-from .config import ConfigError, from_dict, load_toml, set_dotted
-from .distributed import broadcast_object, init_distributed, is_main
-from .experiments import get_experiment
-from .stages import RunFailed, run_lock
+from ..sources.process import SyncError
+from ..checkpoint import CheckpointError
+from ..config import ConfigError, from_dict, load_toml, set_dotted
+from ..engine.distributed import broadcast_object, init_distributed, is_main
+from ..experiments import get_experiment
+from ..runs.stages import RunFailed, run_lock
 
 DEFAULT_RECIPE = "agent"
 RECIPE_KEYS = ("experiment", "description", "config")
@@ -137,18 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_view_parser(sub)
     try:
-        from .gym_cli import add_gym_parser
+        from .gym import add_gym_parser
     except ImportError:  # gyms not installed in this build
         pass
     else:
         add_gym_parser(sub)
     try:
-        from .hf_front import add_hf_parsers
+        from .hf import add_hf_parsers
     except ImportError:  # pragma: no cover
         pass
     else:
         add_hf_parsers(sub)
-    from .chat_cli import add_chat_parser  # `trajtune chat --model DIR` (imports torch / transformers only when run)
+    from .chat import add_chat_parser  # `trajtune chat --model DIR` (imports torch / transformers only when run)
 
     add_chat_parser(sub)
     return p

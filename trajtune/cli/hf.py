@@ -43,10 +43,10 @@ import typing
 from pathlib import Path
 from typing import Literal, get_args, get_origin
 
-from .config import ConfigError, from_dict
-from .experiments.hf import METHODS
-from .experiments.hf.options import name_options, options, trl_names, trl_refusal
-from .experiments.hf.schedule import check_given
+from ..config import ConfigError, from_dict
+from ..experiments.hf import METHODS
+from ..experiments.hf.options import name_options, options, trl_names, trl_refusal
+from ..experiments.hf.schedule import check_given
 
 COMMANDS = {
     "sft": "supervised fine-tuning on conversations or prompt/completion rows",
@@ -162,8 +162,8 @@ def build(cls, table: dict):
 def cmd_hf(args) -> int:
     """Build the command's config from its flags and run the experiment (the recipe path) in its run
     directory (`run_lifecycle`)."""
-    from .distributed import init_distributed, is_main
-    from .experiments.hf.common import dry_run, stage_name
+    from ..engine.distributed import init_distributed, is_main
+    from ..experiments.hf.common import dry_run, stage_name
 
     module = importlib.import_module(METHODS[args.hf_command])
     config = config_from_args(args, module.Config)
@@ -197,9 +197,9 @@ def remove_if_unused(out: Path) -> None:
 
 def run_lifecycle(module, config, out: Path, command: str, overwrite: bool) -> None:
     """Lock `out`; refuse a finished run there unless `overwrite` (then clear it); run."""
-    from .distributed import broadcast_object, is_main
-    from .experiments.hf.common import stage_name
-    from .stages import run_lock
+    from ..engine.distributed import broadcast_object, is_main
+    from ..experiments.hf.common import stage_name
+    from ..runs.stages import run_lock
 
     stage = stage_name(config)
     with run_lock(out):
@@ -224,7 +224,7 @@ def run_lifecycle(module, config, out: Path, command: str, overwrite: bool) -> N
 def fresh_run_dir(command: str, create: bool = True) -> Path:
     """runs/<command>-<YYYYmmdd-HHMMSS>, or with -2, -3 ... where that exists; made at once (rank 0's
     choice on every rank), so two runs started in the same second get two directories."""
-    from .distributed import broadcast_object, is_main
+    from ..engine.distributed import broadcast_object, is_main
 
     path = None
     if is_main():

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .text.chat import ChatRenderer, TemplateError
-from .trajectory import Trajectory
+from ..text.chat import ChatRenderer, TemplateError
+from ..trajectory import Trajectory
 
 FORMATS = ("messages", "completion", "preference", "prompt")
 ROLES = ("system", "user", "assistant", "tool")

@@ -3,7 +3,7 @@
     trajtune view runs/agent-20261201-1200                  # -> runs/agent-20261201-1200/view.html
     trajtune view RUN_DIR --steps 1,50 --stage rl --out /tmp/v.html
 
-Reads every RUN_DIR/<stage>/episodes.jsonl (written while training: trajtune/episodes.py) and
+Reads every RUN_DIR/<stage>/episodes.jsonl (written while training: trajtune/runs/recorder.py) and
 writes one self-contained page (inline CSS and JS, no server, no network): per episode its stage,
 step, task, reward, flags (hacked: passed the public checks, not the hidden ones; failed: the
 environment raised), the whole `info`, and every token coloured by its owner (template, prompt,
@@ -25,9 +25,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .config import ConfigError
-from .episodes import FILE, read_episodes
-from .trajectory import Owner
+from ..config import ConfigError
+from ..runs.recorder import FILE, read_episodes
+from ..trajectory import Owner
 
 Decode = Callable[[int], str]
 
@@ -50,7 +50,7 @@ def find_episodes(run_dir: Path) -> list[Path]:
 
 def load_decoder(path: Path) -> Decode:
     """A token decoder from a trajtune tokenizer.json, or a Hugging Face tokenizer directory."""
-    from .text.tokenizers import Tokenizer
+    from ..text.tokenizers import Tokenizer
 
     file = path / "tokenizer.json" if path.is_dir() else path
     if file.exists():

@@ -5,9 +5,9 @@ runs past its time limit (`step_timeout_s`, default `STEP_TIMEOUT_S` = 60 s;
 `StepTimeout`), or returns what the Env contract does not allow (`InvalidStep`:
 `check_step` / `check_reset`, e.g. a reward that is None, a string or NaN) gives
 that episode reward 0 and info["env_error"], logged with its task and the user's
-traceback (`describe_fault`; the rollout records it: `trajtune.rollout`); the
+traceback (`describe_fault`; the rollout records it: `trajtune.sources.rollout`); the
 other episodes of the batch go on. `check_faults` is the run-level limit: `collect`
-(`trajtune.collect.make_collect`) stops the run with `TooManyFaults` when more
+(`trajtune.sources.episodes.make_collect`) stops the run with `TooManyFaults` when more
 than `max_fault_share` of a call's episodes fail.
 
 The time limit is a SIGALRM timer (`time_limit`; see its docstring for what it
@@ -29,10 +29,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ContextManager, Mapping, Sequence
 
-from .envs.base import InvalidStep, _short, check_reward, check_verdict  # noqa: F401 (re-exported)
-from .trajectory import Trajectory
+from ..envs.base import InvalidStep, _short, check_reward, check_verdict  # noqa: F401 (re-exported)
+from ..trajectory import Trajectory
 
-log = logging.getLogger("trajtune.faults")
+log = logging.getLogger("trajtune.sources.faults")
 
 STEP_TIMEOUT_S = 60.0
 """Default time limit of one `env.reset` / `env.step` call, in seconds (0 or None: none)."""

@@ -60,8 +60,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .config import ConfigError
-from .processes import exit_with_parent
+from ...config import ConfigError
+from ...processes import exit_with_parent
 
 RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra")
 """keywords every reward function may take besides the dataset's columns"""
@@ -197,7 +197,7 @@ class RewardBatch:
 
     @classmethod
     def of(cls, tasks: Sequence, replies: Sequence[str], ids: Sequence[Sequence[int]]) -> "RewardBatch":
-        """From prompt tasks (`trajtune.data.PromptTask`: prompt, columns, where), one per completion."""
+        """From prompt tasks (`trajtune.sources.data.PromptTask`: prompt, columns, where), one per completion."""
         names = list(dict.fromkeys(k for t in tasks for k in t.columns))
         completions = [r if isinstance(t.prompt, str) else [{"role": "assistant", "content": r}]
                        for t, r in zip(tasks, replies, strict=True)]
@@ -335,8 +335,8 @@ class _Worker:
 
     def __init__(self, spec: str):
         ours, theirs = Pipe()
-        root = str(Path(__file__).resolve().parent.parent)
-        code = (f"import sys; sys.path.insert(0, {root!r}); from trajtune.rewards import _serve; "
+        root = str(Path(__file__).resolve().parents[3])
+        code = (f"import sys; sys.path.insert(0, {root!r}); from trajtune.sources.rewards import _serve; "
                 f"_serve({theirs.fileno()}, {os.getpid()})")
         self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),),
                                      stdin=subprocess.DEVNULL)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from .sampling import Samples
+from .decoding import Samples
 
 
 class HFGenerate:

@@ -36,8 +36,8 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 import torch.distributed as dist
 
-from .checkpoint import load_model_weights, load_tensors
-from .metrics import combine_metric
+from ..checkpoint import load_model_weights, load_tensors
+from ..metrics import combine_metric
 
 # --- process group -----------------------------------------------------------------
 def launched_distributed() -> bool:

@@ -170,7 +170,7 @@ def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
     stage (first, last, min, max of the plotted keys) and one figure per group the rows have
     (loss, reward, KL, preference accuracy, lr, eval curves: `report-<group>.png`, one line per
     stage and key, x = the row's step). `intro`: markdown put first. Returns report.md's path."""
-    from .metrics import read_metrics
+    from ..metrics import read_metrics
 
     run_dir = Path(run_dir)
     try:
