@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-import torch
 
 from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
@@ -24,6 +23,7 @@ from ..objectives.distill import distill_advantages, reverse_kl_loss
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, collate
 from .common import Collect, pick_tasks, rollout_metrics, train_row
+from ..seeding import generator
 
 
 @dataclass
@@ -77,7 +77,7 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, collect: Col
     loss = distill_loss(config)
     start, _ = run.start(engine)
     for step in run.steps(start, config.steps):
-        g = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        g = generator(config.seed, step)
         # 1. sample
         trajs = collect(pick_tasks(tasks, config.tasks_per_step, g), config.samples_per_task, g)
         batch = collate(trajs, pad_id)

@@ -40,6 +40,7 @@ from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
 from ..trajectory import Batch, Trajectory, pair_batch
 from .common import train_row
 from .sft import batch_indices
+from ..seeding import generator
 
 Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
 
@@ -160,7 +161,7 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
         # 1. (re)build the pair set and its reference log-probs
         if full is None or (config.regenerate_every and step % config.regenerate_every == 0):
             if config.regenerate_every and make_pairs is not None:
-                pairs = make_pairs(engine, torch.Generator().manual_seed(config.seed * 1_000_003 + step))
+                pairs = make_pairs(engine, generator(config.seed, step))
             full = with_reference(engine, pairs, pad_id)
         # 2. one step on a batch of pairs
         P = full.size // 2

@@ -26,6 +26,7 @@ from ..trajectory import Batch, Trajectory, collate
 from .common import Collect, check_selection, rollout_metrics, select_episodes, train_row
 from .rft import kept_metrics
 from .sft import batch_indices
+from ..seeding import derive, generator
 
 
 @dataclass
@@ -110,7 +111,7 @@ def train_iw_sft(engine: Engine, tasks: Sequence, collect: Collect, config: IWSF
         if r == state.round and state.row is not None:  # resumed inside round r
             row, done, kept, ref_logp = state.row, state.inner, state.kept, state.ref_logp
         else:
-            g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
+            g = generator(config.seed, r)
             # 1. sample and filter
             trajs = collect(list(tasks), config.samples_per_task, g)
             kept = select_episodes(trajs, "accepted", config.threshold)
@@ -127,7 +128,7 @@ def train_iw_sft(engine: Engine, tasks: Sequence, collect: Collect, config: IWSF
             for s in range(done, config.steps_per_round):
                 if s and s % config.q_update_every == 0:
                     q.model.load_state_dict(engine.model.state_dict())
-                batch = full.select(batch_indices(full.size, config.batch_size, config.seed * 1_000_003 + r, s))
+                batch = full.select(batch_indices(full.size, config.batch_size, derive(config.seed, r), s))
                 batch = batch.with_extras(q_logp=q.forward(batch).logprobs, ref_logp=ref_logp[batch.index])
                 m = engine.forward_backward(batch, loss)
                 o = engine.optim_step()

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
-import torch
 
 from ..config import check_choices
 from ..engine import Engine
@@ -24,6 +23,7 @@ from ..runs.loop import Run
 from ..trajectory import Trajectory
 from .common import Collect, check_selection, dedup_and_cap, rollout_metrics, select_episodes, shares
 from .sft import SFTConfig, sft_loss_fn, sft_step
+from ..seeding import derive, generator
 
 
 @dataclass
@@ -98,7 +98,7 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
         if r == state.round and state.row is not None:  # resumed inside round r: its samples are already selected
             row, done = state.row, state.inner
         else:
-            g = torch.Generator().manual_seed(config.seed * 1_000_003 + r)
+            g = generator(config.seed, r)
             # 1. sample
             trajs = collect(list(tasks), config.samples_per_task, g)
             row = {"train/round": float(r + 1), **rollout_metrics(trajs)}
@@ -107,7 +107,7 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
                     t.info["verifier_reward"], t.reward = t.reward, float(s)
             # 2. select: weight 1 on the kept episodes
             kept = select_episodes(trajs, config.select, config.threshold, config.top_fraction,
-                                   config.random_control, seed=config.seed * 1_000_003 + r)
+                                   config.random_control, seed=derive(config.seed, r))
             raw = len(kept)
             kept = dedup_and_cap(kept, config.dedup, config.per_task_cap)
             run.record_episodes(engine, r + 1, trajs, kept=kept, every=1)  # a few episodes for `trajtune view`
@@ -117,7 +117,7 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
         # 3. train: SFT on the pool (step k's batch is a function of (seed, r, k))
         if pool and config.steps_per_round:
             sft = SFTConfig(steps=config.steps_per_round, batch_size=config.batch_size, aggregation=config.aggregation,
-                            length_buckets=config.length_buckets, seed=config.seed * 1_000_003 + r)
+                            length_buckets=config.length_buckets, seed=derive(config.seed, r))
             for k in range(done, config.steps_per_round):
                 last = sft_step(engine, pool, sft, pad_id, k, loss)
                 row["train/skipped"] = row.get("train/skipped", 0.0) + last["train/skipped"]  # steps of the round

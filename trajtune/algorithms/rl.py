@@ -42,6 +42,7 @@ from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..trajectory import Batch, Owner, Trajectory, collate
 from .common import Collect, pick_tasks, rollout_metrics, train_row
+from ..seeding import generator
 
 
 @dataclass
@@ -342,7 +343,7 @@ class Rollouts:
 
     def _sample(self, step: int, local: bool) -> tuple[list[Trajectory], torch.Generator]:
         c = self.config
-        g = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
+        g = generator(c.seed, step)
         picked = pick_tasks(self.tasks, c.tasks_per_step, g)
         if self.sampler is None or local:
             return self.collect(picked, c.group_size, g), g

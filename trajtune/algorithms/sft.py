@@ -19,6 +19,7 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..runs.loop import Run, eval_due
 from ..objectives.sft import sft_loss
 from ..trajectory import Batch, Trajectory, collate
+from ..seeding import generator
 
 
 @dataclass
@@ -62,7 +63,7 @@ def sft_loss_fn(aggregation: str = "token", constant: float = 0.0) -> Loss:
 
 def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
     """Indices of step `step`'s batch: a pure function of (seed, step). -> [min(batch_size, n)]"""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    g = generator(seed, step)
     return torch.randperm(n, generator=g)[: min(batch_size, n)]
 
 

@@ -42,6 +42,7 @@ from ..runs.stages import StageContext
 from ..text.render import Renderer
 from ..text.tokenizers import WordTokenizer
 from ..trajectory import Trajectory, collate
+from ..seeding import derive
 
 
 @dataclass
@@ -84,12 +85,12 @@ def stage_gym(ctx: StageContext, max_turns: int = 6, max_action_tokens: int = 8,
 # --- seeds ----------------------------------------------------------------------------------
 def seeded(loop_config, seed: int, offset: int):
     """The loop's config with its seed derived from the experiment's one seed."""
-    return dataclasses.replace(loop_config, seed=seed * 1_000_003 + offset)
+    return dataclasses.replace(loop_config, seed=derive(seed, offset))
 
 
 def eval_seed(seed: int, k: int = 0) -> int:
     """Seed of evaluation k: the same episodes' random numbers at every evaluation point."""
-    return seed * 1_000_003 + 17 + 2 * k
+    return derive(seed, 17 + 2 * k)
 
 
 # --- data sources ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .process import routed
+from ..seeding import episode_seed
 from ..envs.base import Env
 from .faults import STEP_TIMEOUT_S, check_faults
 from .rollout import Sampler, rollout_batch
@@ -82,11 +83,6 @@ def rollout_for(policy: Sampler) -> Callable[..., list[Trajectory]]:
     RL loop that is collecting with it (`trajtune.sources.process.routed`)."""
     sampler = routed(policy)
     return rollout_batch if sampler is None else sampler.rollout
-
-
-def episode_seed(base: int, episode: int) -> int:
-    """Seed of episode `episode` of a collect call whose generator drew `base` (a pure function)."""
-    return (base * 1_000_003 + episode * 7_919 + 1) % 2**63
 
 
 def timed(collect: Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]], counters: dict,

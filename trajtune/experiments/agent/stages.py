@@ -21,6 +21,7 @@ from ...runs.stages import StageContext
 from ..bugfix import (Gym, counting, describe, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
                       preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym, train_weak_base)
 from . import diagnostics as diag
+from ...seeding import derive
 
 if TYPE_CHECKING:
     from . import Config
@@ -131,7 +132,7 @@ def _dpo(ctx: StageContext, nll_weight: float) -> dict:
     """A7 / A8: pairs from one weak-base sample (same pairs for both stages), weak base as reference."""
     c, gym = ctx.config, _gym(ctx)
     engine = load_engine(ctx, "weak_base/checkpoint", c.dpo_optim)
-    sample = episodes(engine, gym, gym.train, c.pair_samples, c.seed * 1_000_003 + 5)
+    sample = episodes(engine, gym, gym.train, c.pair_samples, derive(c.seed, 5))
     pairs = preference_pairs(sample, gym.train, c.seed)
     curve = ctx.keep("curve", [])
     ev = evaluator(ctx, engine, gym, curve)
@@ -179,7 +180,7 @@ def diagnostics(ctx: StageContext) -> dict:
     demos = scripted_play(gym, "oracle", [c.seed], gym.train)
     fresh = ctx.engine(_model(c, gym))
     weak = load_engine(ctx, "weak_base/checkpoint", c.sft_optim)
-    sample = episodes(weak, gym, gym.train, c.eval_samples, c.seed * 1_000_003 + 7)
+    sample = episodes(weak, gym, gym.train, c.eval_samples, derive(c.seed, 7))
     return {"a1": diag.owners_and_init_loss(fresh, demos, gym.pad_id, gym.tok.vocab_size),
             "a4": diag.gradient_identity(weak, sample, gym.pad_id), "a6": diag.dpo_values()}
 

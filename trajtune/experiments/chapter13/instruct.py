@@ -32,6 +32,7 @@ from ...envs.instruct import (
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...text.render import Renderer
 from ...trajectory import Owner, Trajectory, collate
+from ...seeding import derive
 
 MAX_LEN = 128  # context: prompt (16 tokens) + a 64-character reply fits
 
@@ -104,8 +105,8 @@ def adherence(engine: Engine, words, n: int, seed: int, max_reply: int) -> dict:
 def evaluate_instruct(engine: Engine, config, windows) -> dict:
     """B1/B2 numbers for one model: seen/unseen adherence, first letter, val loss."""
     tok = corpus()[0]
-    seen = adherence(engine, SEEN, config.adherence_samples, config.seed * 7919 + 1, config.max_reply)
-    unseen = adherence(engine, UNSEEN, config.adherence_samples, config.seed * 7919 + 2, config.max_reply)
+    seen = adherence(engine, SEEN, config.adherence_samples, derive(config.seed, 1, stride=7919), config.max_reply)
+    unseen = adherence(engine, UNSEEN, config.adherence_samples, derive(config.seed, 2, stride=7919), config.max_reply)
     return {"seen": seen["word"], "seen_letter": seen["letter"], "unseen": unseen["word"],
             "unseen_letter": unseen["letter"], "val_loss": corpus_loss(engine, windows, tok.pad_id),
             "examples": seen["examples"][:2] + unseen["examples"][:2]}

@@ -30,6 +30,7 @@ from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyTransformer, load_model
 from ...trajectory import collate
 from .instruct import corpus, demo, instruct_collect, renderer
+from ...seeding import derive
 
 
 def rendered_pairs(pairs):
@@ -80,14 +81,14 @@ def stage_reward_model(ctx) -> dict:
 
     # B4: the SFT model itself (n = 1), then best-of-n on fresh samples
     policy = ctx.engine(sft)
-    base = evaluate_policy(policy, policy, config, seed=config.seed * 7919 + 3)
+    base = evaluate_policy(policy, policy, config, seed=derive(config.seed, 3, stride=7919))
     result["sft"] = {k: base[k] for k in ("reward", "format")}
     tasks = [InstructTask(w) for w in SEEN] * config.bon_repeats
     collect = instruct_collect(policy, "preference", config.max_reply)
     rm_score = lambda trajs: score(rm_engine, trajs, tok.pad_id)  # noqa: E731
     result["best_of_n"] = {}
     for n in config.bon_ns:
-        chosen, _ = best_of_n(tasks, collect, n, torch.Generator().manual_seed(config.seed * 7919 + 100 + n), rm_score)
+        chosen, _ = best_of_n(tasks, collect, n, torch.Generator().manual_seed(derive(config.seed, 100 + n, stride=7919)), rm_score)
         result["best_of_n"][str(n)] = {
             "reward": sum(t.reward for t in chosen) / len(chosen),
             "format": sum(t.info["format_ok"] for t in chosen) / len(chosen),
@@ -105,4 +106,4 @@ def stage_dpo(ctx, beta: float) -> dict:
     torch.manual_seed(config.seed)
     engine = ctx.engine(sft, config.dpo_optim)
     train_dpo(engine, rendered_pairs(train), dataclasses.replace(config.dpo, beta=beta), tok.pad_id, ctx.run())
-    return {"beta": beta, **evaluate_policy(engine, ref, config, seed=config.seed * 7919 + 4)}
+    return {"beta": beta, **evaluate_policy(engine, ref, config, seed=derive(config.seed, 4, stride=7919))}

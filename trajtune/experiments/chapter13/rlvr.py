@@ -27,6 +27,7 @@ from ...logprobs import entropy_from_logits
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...text.render import Renderer
 from ...trajectory import Trajectory, collate
+from ...seeding import derive
 
 KS = (1, 2, 4, 8, 16)
 MAX_ANSWER = 4  # up to three digits and <|end|>, as the seed's 4 sampled characters
@@ -76,7 +77,7 @@ def stage_coldstart(ctx) -> dict:
     data = demos(r, train_tasks(config.coldstart.steps * config.coldstart.batch_size, seed=config.seed))
     train_sft(engine, data, config.coldstart, tok.pad_id, ctx.run())
     ctx.save_model(model, tok, "model", meta={"stage": ctx.name})
-    return {"params": model.num_parameters(), **math_eval(engine, r, config.pass_k, config.seed * 7919 + 5)}
+    return {"params": model.num_parameters(), **math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919))}
 
 
 def stage_grpo(ctx) -> dict:
@@ -96,7 +97,7 @@ def stage_grpo(ctx) -> dict:
         return trajs
 
     history = train_rl(engine, tasks, logged_collect, config.rl, tok.pad_id, ctx.run())
-    return {**math_eval(engine, r, config.pass_k, config.seed * 7919 + 5),
+    return {**math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919)),
             "curve": [(h["step"], h["rollout/reward"], share) for h, share in zip(history, no_signal, strict=True)]}
 
 
@@ -108,4 +109,4 @@ def stage_sft_control(ctx) -> dict:
     engine = ctx.engine(copy.deepcopy(model), config.calc_optim)
     data = demos(r, train_tasks(config.control.steps * config.control.batch_size, seed=config.seed + 2))
     train_sft(engine, data, config.control, tok.pad_id, ctx.run())
-    return math_eval(engine, r, config.pass_k, config.seed * 7919 + 5)
+    return math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919))

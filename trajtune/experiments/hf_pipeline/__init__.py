@@ -63,6 +63,7 @@ from ..hf.common import OutputConfig
 from ..hf.model import ModelConfig
 from ..hf.sampling import SamplingConfig
 from ..hf.schedule import ScheduleConfig
+from ...seeding import derive
 
 MAX_ANSWER = 4
 """evaluation reply budget in tokens: up to three digits and the stop token"""
@@ -313,7 +314,7 @@ def heldout_eval(ctx, path: Path, config: Config) -> dict:
         return [s and text(x) == a for x, s, a in zip(samples.tokens, samples.stopped, answers, strict=True)]
 
     greedy = engine.sample(chat, n, greedy=True, stop_ids=stop, pad_id=pad)
-    g = torch.Generator().manual_seed(config.seed * 7919 + 5)
+    g = torch.Generator().manual_seed(derive(config.seed, 5, stride=7919))
     drawn = correct(engine.sample([p for p in chat for _ in range(k)], n, g, stop_ids=stop, pad_id=pad),
                     [a for a in answers for _ in range(k)], r.action_text)  # task-major: k samples of task 0 first
     newline = tok("\n", add_special_tokens=False)["input_ids"]
@@ -439,7 +440,7 @@ def stage_pairs(ctx) -> dict:
     tasks = problems(config, config.n_pair_prompts, 2)
     prompts = [r.prompt_ids(r.start([{"role": "user", "content": question(t)}])) for t in tasks]
     out = engine.sample([p for p in prompts for _ in range(n)], config.sampling.max_new_tokens,
-                        torch.Generator().manual_seed(config.seed * 7919 + 2), stop_ids=list(r.stop_ids), pad_id=r.pad_id)
+                        torch.Generator().manual_seed(derive(config.seed, 2, stride=7919)), stop_ids=list(r.stop_ids), pad_id=r.pad_id)
     replies = [(r.action_text(x).strip(), stopped) for x, stopped in zip(out.tokens, out.stopped, strict=True)]
     rows, right = [], 0
     for i, t in enumerate(tasks):
