@@ -1,4 +1,4 @@
-"""Overlapped RL (RLConfig.max_staleness = 1) vs the synchronous loop: wall time of the same RL run.
+"""Overlapped RL (OverlapConfig.max_staleness = 1, trajtune.sources.overlap) vs the synchronous loop: wall time of the same RL run.
 
     python benchmarks/async_rl.py                     # both workloads, 60 steps, 2 alternating repeats each
     python benchmarks/async_rl.py --workloads agent --steps 16 --repeats 1
@@ -50,6 +50,8 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
+from trajtune.runs.hooks import Hook  # noqa: E402
+
 
 def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, float]:
     """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, collect
@@ -59,17 +61,22 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     from trajtune.experiments.agent import Config as AgentConfig
     from trajtune.experiments.bugfix import Gym, new_model
 
+    from trajtune.runs.loop import Run
+    from trajtune.sources.overlap import OverlapConfig, overlapped
+
     c = AgentConfig()
     gym = Gym(c.max_turns, c.max_action_tokens)
     model = new_model(c.seed, gym, c.dim, c.n_layers, c.n_heads)
     model.load_state_dict(weak_state)
     engine = make_engine(model, c.rl_optim)
-    cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0, max_staleness=staleness)
-    run = Clocked("rl_only")
+    cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
+    source = overlapped(engine, OverlapConfig(max_staleness=staleness), lambda policy: gym.source(engine, policy=policy))
+    clock = StepClock()
     t0 = time.perf_counter()
-    train_rl(engine, gym.train, gym.collect(engine), cfg, gym.pad_id, run=run)
+    with source:
+        rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=Run("rl_only", hooks=[clock]))
     wall = time.perf_counter() - t0
-    return run.times, wall, wall, gym.counters["sampling_s"]
+    return clock.times, wall, wall, sum(r["time/sampling_s"] for r in rows)
 
 
 def weak_base(steps: int) -> dict:
@@ -110,12 +117,13 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
     from trajtune.experiments.hf.grpo import GRPORun, run
     from trajtune.experiments.hf.model import ModelConfig
     from trajtune.experiments.hf.sampling import SamplingConfig
+    from trajtune.sources.overlap import OverlapConfig
     from trajtune.metrics import read_metrics
 
     config = GRPORun(model=ModelConfig(path=str(model)), data=str(d / "prompts.jsonl"),
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
-                                 tis_cap=2.0, max_staleness=staleness),
+                                 tis_cap=2.0), overlap=OverlapConfig(max_staleness=staleness),
                      sampling=SamplingConfig(max_new_tokens=new_tokens), optim=hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
@@ -149,8 +157,9 @@ class SamplerCPU:
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
         def counted(sp):
-            stat = Path(f"/proc/{sp._process.pid}/stat")
-            if not sp._closed and sp._process.pid and stat.exists():
+            pid = sp._process.pid if sp._process is not None else None
+            stat = Path(f"/proc/{pid}/stat")
+            if not sp._closed and pid and stat.exists():
                 fields = stat.read_text().rsplit(")", 1)[1].split()
                 self.seconds += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
             close(sp)
@@ -167,20 +176,14 @@ def serve_in_own_session(*args):
     (getattr(serve_in_own_session, "serve", None) or async_sampler._serve)(*args)
 
 
-class Clocked:
-    """A loop `Run` that also notes when each step ended."""
+class StepClock(Hook):
+    """A run's hook that notes when each step ended (its save point)."""
 
-    def __new__(cls, stage: str):
-        from trajtune.runs.loop import Run
+    def __init__(self):
+        self.times: list[float] = []
 
-        class _Clocked(Run):
-            def end_step(self, *a, **k):
-                super().end_step(*a, **k)
-                self.times.append(time.perf_counter())
-
-        r = _Clocked(stage)
-        r.times = []
-        return r
+    def on_save_point(self, engine, completed: int, allowed: bool) -> None:
+        self.times.append(time.perf_counter())
 
 
 def per_step(times: list[float]) -> list[float]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from trajtune.algorithms.rl import RLConfig, train_rl
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import Env, StepResult
 from trajtune.evaluation import score_policy
@@ -106,15 +106,15 @@ def main(s: Settings, verbose: bool = True) -> dict:
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=128))
     engine = make_engine(model, optim)
     # a guess is a digit and the end token; 4 turns of (guess + answer) fit easily in 128 tokens
-    collect = make_collect(engine.sample, GuessEnv, renderer, max_turns=MAX_GUESSES, max_tokens=128,
+    source = EpisodeSource(engine.sample, GuessEnv, renderer, max_turns=MAX_GUESSES, max_tokens=128,
                            max_action_tokens=2)
 
     def evaluate(step: int) -> dict:
-        return score_policy(collect, TASKS, n=s.eval_samples, ks=(1,), seed=1).metrics()
+        return score_policy(source, TASKS, n=s.eval_samples, ks=(1,), seed=1).metrics()
 
-    before = score_policy(collect, TASKS, n=s.eval_samples, seed=1)
-    history = train_rl(engine, TASKS, collect, config, tok.pad_id, Run("rl", evaluate=evaluate))
-    after = score_policy(collect, TASKS, n=s.eval_samples, seed=1)
+    before = score_policy(source, TASKS, n=s.eval_samples, seed=1)
+    history = train_rl(engine, TASKS, source, config, tok.pad_id, Run("rl", evaluate=evaluate))
+    after = score_policy(source, TASKS, n=s.eval_samples, seed=1)
     if verbose:
         for row in history:
             if "eval/reward" in row:

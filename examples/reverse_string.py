@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from trajtune.algorithms.rl import RLConfig, train_rl
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.evaluation import score_policy
@@ -133,15 +133,15 @@ def main(s: Settings, verbose: bool = True) -> dict:
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=MAX_TOKENS))
     engine = make_engine(model, optim)
     rollout = dict(max_turns=1, max_tokens=MAX_TOKENS, max_action_tokens=s.max_length + 1)  # + 1: the end token
-    collect = make_collect(engine.sample, reverse_env, renderer, **rollout)
+    source = EpisodeSource(engine.sample, reverse_env, renderer, **rollout)
     train, held_out = make_tasks(s.n_eval, s.seed, s.letters, tuple(range(s.min_length, s.max_length + 1)))
 
     def evaluate(step: int) -> dict:  # held-out mean reward and pass@1 (exact match), sampled at T=1
-        return score_policy(collect, held_out, n=s.eval_samples, ks=(1,), seed=1).metrics()
+        return score_policy(source, held_out, n=s.eval_samples, ks=(1,), seed=1).metrics()
 
-    before = score_policy(collect, held_out, n=s.eval_samples, seed=1)
-    history = train_rl(engine, train, collect, config, tok.pad_id, Run("rl", evaluate=evaluate))
-    after = score_policy(collect, held_out, n=s.eval_samples, seed=1)
+    before = score_policy(source, held_out, n=s.eval_samples, seed=1)
+    history = train_rl(engine, train, source, config, tok.pad_id, Run("rl", evaluate=evaluate))
+    after = score_policy(source, held_out, n=s.eval_samples, seed=1)
     if verbose:
         for row in history:
             if "eval/reward" in row:

@@ -10,7 +10,8 @@ from trajtune.algorithms.best_of_n import best_of_n, best_of_n_kl_bound
 from trajtune.algorithms.distill import DistillConfig, train_distill
 from trajtune.algorithms.dpo import DPOConfig, train_dpo
 from trajtune.algorithms.iw_sft import IWSFTConfig, train_iw_sft
-from trajtune.algorithms.reward_model import RewardModelConfig, pair_accuracy, train_reward_model
+from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_model
+from trajtune.sources.scoring import pair_accuracy, reward_model_scores
 from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
@@ -18,7 +19,7 @@ from trajtune.engine import make_engine, OptimConfig
 from trajtune.runs.loop import Run
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 
@@ -47,11 +48,11 @@ def engine(seed=0, lr=1e-2, value_head=False):
 
 
 def collect_for(e):
-    return make_collect(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32, max_action_tokens=2)
+    return EpisodeSource(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32, max_action_tokens=2)
 
 
 def pass_rate(e, n=64, seed=123):
-    trajs = collect_for(e)(TASKS, n // len(TASKS), torch.Generator().manual_seed(seed))
+    trajs = collect_for(e).run(TASKS, n // len(TASKS), torch.Generator().manual_seed(seed))
     return sum(t.reward for t in trajs) / len(trajs)
 
 
@@ -119,11 +120,9 @@ def test_reward_model_learns_the_preference_and_best_of_n_uses_it():
     hist = train_reward_model(rm, pairs, RewardModelConfig(steps=30, batch_size=5), TOK.pad_id)
     assert abs(hist[0]["rm/margin"]) < 0.1 < 1.0 < hist[-1]["rm/margin"]  # untrained head: no preference
     assert pair_accuracy(rm, pairs, TOK.pad_id) == 1.0
-    from trajtune.algorithms.reward_model import score
-
     policy = engine()
     best, samples = best_of_n(TASKS, collect_for(policy), 8, torch.Generator().manual_seed(0),
-                              score=lambda ts: score(rm, ts, TOK.pad_id))
+                              score=lambda ts: reward_model_scores(rm, ts, TOK.pad_id))
     assert len(best) == len(TASKS) and len(samples) == 8 * len(TASKS)
     assert sum(t.reward for t in best) / len(best) >= sum(t.reward for t in samples) / len(samples)
     assert best_of_n_kl_bound(1) == 0.0 and best_of_n_kl_bound(8) == pytest.approx(1.2044, abs=1e-4)

@@ -1,9 +1,10 @@
-"""Overlapped RL (RLConfig.max_staleness, trajtune.sources.process): the episodes run in the sampler
+"""Overlapped RL (trajtune.sources.overlap, trajtune.sources.process): the episodes run in the sampler
 process and give exactly the one-process run at staleness 0, the one-step-off-policy run still
-learns, a broken weight sync stops the run, an overlapped run resumes exactly, an environment's
-fault there is the same fault (logged in the trainer with the task and the user's traceback), a
-sampler that dies or hangs stops the run naming the cause, and no process outlives a run however
-it ends."""
+learns, every sync goes out as its update ends and is checked, a broken weight sync stops the run,
+an overlapped run resumes exactly, an environment's fault there is the same fault (logged in the
+trainer with the task and the user's traceback), a sampler that dies or hangs stops the run naming
+the cause, and no process outlives a run however it ends. The RL loop is the same straight loop
+throughout: everything here is its source."""
 
 import logging
 import os
@@ -16,18 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from trajtune.sources import process as async_sampler
 from trajtune.algorithms.rl import RLConfig, train_rl
-from trajtune.sources.process import SamplerDied, SamplerProcess, SyncError
-from trajtune.sources.episodes import make_collect
 from trajtune.envs.base import SingleTurnEnv
-from trajtune.runs.loop import Run
 from trajtune.metrics import MetricsLogger
+from trajtune.runs.loop import Run
 from trajtune.runs.resume import Checkpointer, RunInterrupted
+from trajtune.sources import sync
+from trajtune.sources.episodes import EpisodeSource
+from trajtune.sources.overlap import OverlapConfig, Overlapped, check_overlap, overlapped
+from trajtune.sources.process import SamplerDied, SamplerProcess, SyncError
 from trajtune.sources.rollout import TokenBudgetError
 
-from test_algorithms import RENDER, TASKS, TOK, collect_for, engine, pass_rate
-from test_resume import graded, rows, same_weights
+from test_algorithms import RENDER, TASKS, TOK, engine, pass_rate, verifier
+from test_resume import graded, rows, same_weights, untimed
 
 PAD = TOK.pad_id
 
@@ -41,9 +43,25 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def graded_collect(e, episode_seeds=False, make_env=lambda: SingleTurnEnv(graded), **kw):
-    return make_collect(e.sample, make_env, RENDER, max_turns=1, max_tokens=32, max_action_tokens=2,
-                        episode_seeds=episode_seeds, **kw)
+def graded_source(e, policy=None, episode_seeds=False, make_env=lambda: SingleTurnEnv(graded), **kw):
+    """The graded task's episodes, sampled by `policy` (default: the engine's own sampler, here)."""
+    return EpisodeSource(e.sample if policy is None else policy, make_env, RENDER, max_turns=1, max_tokens=32,
+                         max_action_tokens=2, episode_seeds=episode_seeds, **kw)
+
+
+def ahead(e, make_env=lambda: SingleTurnEnv(graded), **overlap):
+    """The graded source one step ahead, in a sampler process (max_staleness 1)."""
+    return overlapped(e, OverlapConfig(max_staleness=1, **overlap), lambda p: graded_source(e, p, make_env=make_env))
+
+
+def in_process(e, **kw):
+    """The graded source on-policy in a sampler process (sampler_process, max_staleness 0)."""
+    return overlapped(e, OverlapConfig(sampler_process=True), lambda p: graded_source(e, p, **kw))
+
+
+def train(e, source, cfg, run=None):
+    with source:
+        return train_rl(e, TASKS, source, cfg, PAD, run)
 
 
 @pytest.fixture
@@ -51,7 +69,7 @@ def samplers(monkeypatch):
     """The SamplerProcesses the test starts (to check their processes are gone afterwards)."""
     started = []
     start = SamplerProcess._start
-    monkeypatch.setattr(SamplerProcess, "_start", lambda self, child: (started.append(self), start(self, child)))
+    monkeypatch.setattr(SamplerProcess, "_start", lambda self: (started.append(self), start(self)))
     return started
 
 
@@ -65,7 +83,7 @@ def gone(pid: int) -> bool:
 
 
 def without_sync(history):
-    return [{k: v for k, v in r.items() if not k.startswith("sync/")} for r in history]
+    return [{k: v for k, v in r.items() if not k.startswith("sync/")} for r in untimed(history)]
 
 
 @pytest.mark.parametrize("episode_seeds,start", [(False, "fork"), (True, "fork"), (False, "forkserver")],
@@ -73,33 +91,41 @@ def without_sync(history):
 def test_staleness_0_through_the_sampler_process_equals_the_one_process_loop_bit_for_bit(episode_seeds, start,
                                                                                         monkeypatch):
     """Started either way (a fork of the trainer; a fork server's child, where a fork is not safe)."""
-    monkeypatch.setattr(async_sampler, "start_method", lambda engine, threads: start)
+    from trajtune.sources import process
+
+    monkeypatch.setattr(process, "start_method", lambda engine, threads: start)
     cfg = RLConfig(steps=4, tasks_per_step=2, group_size=4, advantage="grpo", surrogate="ppo", epochs=2, tis_cap=2.0,
                    seed=3)
     ref = engine()
-    expected = train_rl(ref, TASKS, graded_collect(ref, episode_seeds), cfg, PAD)
+    expected = train(ref, graded_source(ref, episode_seeds=episode_seeds), cfg)
     e = engine()
-    got = train_rl(e, TASKS, graded_collect(e, episode_seeds), RLConfig(**{**vars(cfg), "sampler_process": True}), PAD)
+    got = train(e, in_process(e, episode_seeds=episode_seeds), cfg)
     assert same_weights(e, ref) and e.step == ref.step
-    assert without_sync(got) == expected  # every sampled token, reward, loss and gradient norm
-    # every sync is checked as the sampler loads it, before steps 1-3's episodes (step 0's are sampled here, while
-    # the sampler process starts), and the same weights compute the same log-probs
+    assert without_sync(got) == untimed(expected)  # every sampled token, reward, loss and gradient norm
+    # every sync is checked (before the episodes sampled after it), and the same weights compute the same
+    # log-probs; step 0's episodes are sampled here, while the sampler process starts
     assert [r.get("sync/logprob_diff") for r in got] == [None, 0.0, 0.0, 0.0]
 
 
 def test_staleness_1_samples_one_update_behind_and_still_learns():
     e = engine()
     before = pass_rate(e)
-    cfg = RLConfig(steps=20, tasks_per_step=4, group_size=8, max_staleness=1, tis_cap=2.0)
-    hist = train_rl(e, TASKS, collect_for(e), cfg, PAD)
+    cfg = RLConfig(steps=20, tasks_per_step=4, group_size=8, tis_cap=2.0)
+    hist = train(e, ahead(e, make_env=lambda: SingleTurnEnv(verifier)), cfg)
     assert pass_rate(e) > before + 0.3, (before, [h["rollout/pass_rate"] for h in hist])
     # step 0 samples with the policy it trains; later steps with the one before the last update
     lag = [abs(h["pg/tis_weight_mean"] - 1.0) for h in hist]
     assert lag[0] < 1e-5 and max(lag[1:]) > 1e-3, lag
-    # the weights after step s sample step s + 2, loaded (and checked) while step s + 1 trains; the last two
-    # updates' weights sample nothing and are never sent
-    assert [i for i, h in enumerate(hist) if "sync/logprob_diff" in h] == list(range(1, 19))
-    assert all(h["sync/logprob_diff"] <= cfg.sync_tolerance for h in hist if "sync/logprob_diff" in h)
+    # the weights after step s are sent as its update ends and loaded after step s + 1's episodes (which they do
+    # not sample); the update of step s + 1 waits for that load before it writes the next weights: its row checks
+    assert [i for i, h in enumerate(hist) if "sync/logprob_diff" in h] == list(range(1, 20))
+    assert all(h["sync/logprob_diff"] <= 1e-3 for h in hist if "sync/logprob_diff" in h)
+
+
+def test_an_overlapped_loop_needs_the_importance_correction():
+    e = engine()
+    with pytest.raises(ValueError, match="sampled 1 update\\(s\\) behind the policy .* set tis_cap"):
+        train(e, ahead(e), RLConfig(steps=3, tasks_per_step=2, group_size=4))
 
 
 def slow(task, reply):
@@ -109,60 +135,56 @@ def slow(task, reply):
 
 
 def test_the_sync_is_sent_as_the_update_ends_while_the_next_episodes_are_still_sampled(monkeypatch):
-    """The sampler loads the weights right after it has sampled the episodes in flight (not after the trainer has
-    also handled them), and the run is the same as with each sync sent after the step."""
-    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", max_staleness=1, tis_cap=2.0, seed=4)
-    make_env = lambda: SingleTurnEnv(slow)  # noqa: E731
+    """The process loads the weights right after the episodes in flight (not after the trainer has also handled
+    them), and the run does not depend on how long anything takes: slow episodes give the same run."""
+    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=4)
     ref = engine()
-    def after_the_step(self, job, sync):  # what sync_if_not_done runs, and no wait does: every sync after its step
-        self._early = (job, sync)
+    expected = train(ref, ahead(ref), cfg)
+    sent, send = [], SamplerProcess._send
 
-    monkeypatch.setattr(SamplerProcess, "sync_when_done", after_the_step)
-    expected = train_rl(ref, TASKS, graded_collect(ref, make_env=make_env), cfg, PAD)
-    monkeypatch.undo()
-    early, run_early = [], SamplerProcess._run_early_sync
+    def spy(self, kind, *args):
+        if kind == "sync":
+            sent.append(any(r.kind == "rollout" for r in self._waiting))  # episodes still being sampled there
+        return send(self, kind, *args)
 
-    def spy(self):
-        sent = self._pending
-        run_early(self)
-        early.append(self._pending is not sent)  # a sync went out while waiting for the episodes
-
-    monkeypatch.setattr(SamplerProcess, "_run_early_sync", spy)
+    monkeypatch.setattr(SamplerProcess, "_send", spy)
     e = engine()
-    got = train_rl(e, TASKS, graded_collect(e, make_env=make_env), cfg, PAD)
-    assert got == expected and same_weights(e, ref)
-    assert early.count(True) == 3  # the weights after steps 0-2 sample steps 2-4; step 3's and 4's sample nothing
+    got = train(e, ahead(e, make_env=lambda: SingleTurnEnv(slow)), cfg)
+    assert without_sync(got) == without_sync(expected) and same_weights(e, ref)
+    assert sent[:3] == [True, True, True]  # the weights after steps 0-2, sent while steps 1-3's episodes ran
 
 
-def test_an_update_that_ends_while_the_last_sync_is_answered_waits_for_the_next_episodes(monkeypatch):
-    """The sampler answers syncs slowly (0.1 s each), so each update ends while the trainer waits for the last
-    sync's answer: the next sync must not go out then (it would overwrite the weights being copied and reach the
-    sampler before the episodes it asked for). The run equals one whose syncs all go after their step."""
-    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", max_staleness=1, tis_cap=2.0, seed=6)
-    logprobs = async_sampler._logprobs
+def test_an_update_that_ends_while_the_last_sync_is_being_loaded_waits_for_it(monkeypatch):
+    """The process answers syncs slowly (0.1 s each), so each update ends while the last sync is still being
+    loaded: the next weights must not overwrite the shared copy before that load ends. The run equals the
+    one with fast syncs."""
+    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=6)
+    ref = engine()
+    expected = train(ref, ahead(ref), cfg)
+    logprobs = sync.sampler_logprobs
 
     def slow_logprobs(*args):  # in the sampler process (a fork: the patch is its code too)
         time.sleep(0.1)
         return logprobs(*args)
 
-    monkeypatch.setattr(async_sampler, "_logprobs", slow_logprobs)
-    ref = engine()
-    with monkeypatch.context() as m:
-        m.setattr(SamplerProcess, "sync_when_done", lambda self, job, sync: setattr(self, "_early", (job, sync)))
-        expected = train_rl(ref, TASKS, graded_collect(ref), cfg, PAD)
+    monkeypatch.setattr(sync, "sampler_logprobs", slow_logprobs)
+    from trajtune.sources import process
+
+    monkeypatch.setattr(process, "sampler_logprobs", slow_logprobs)
     e = engine()
-    assert train_rl(e, TASKS, graded_collect(e), cfg, PAD) == expected and same_weights(e, ref)
+    got = train(e, ahead(e), cfg)
+    assert without_sync(got) == without_sync(expected) and same_weights(e, ref)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
-    """The rollouts in flight at the checkpoint (sampled one update behind) are saved with it. The
+    """The episodes drawn ahead at the checkpoint (sampled one update behind) are saved with it. The
     interrupt is a terminal's Ctrl-C (or a scheduler's SIGTERM to the process group): it reaches the
     sampler process too, which keeps serving; the interrupted run leaves no sampler process behind."""
-    cfg = RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", max_staleness=1, tis_cap=2.0, seed=1)
+    cfg = RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=1)
     ref = engine()
     with MetricsLogger(tmp_path / "ref") as log:
-        expected = train_rl(ref, TASKS, graded_collect(ref), cfg, PAD, Run("rl", log))
+        expected = train(ref, ahead(ref), cfg, Run("rl", log))
     first = engine()
     inner = first.optim_step
 
@@ -175,11 +197,11 @@ def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     first.optim_step = optim_step
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
         with pytest.raises(RunInterrupted):
-            train_rl(first, TASKS, graded_collect(first), cfg, PAD, Run("rl", log, checkpointer=ck))
+            train(first, ahead(first), cfg, Run("rl", log, checkpointer=ck))
     assert first.step < ref.step and gone(samplers[-1].pid)
     resumed = engine(seed=9)  # other weights: everything comes from the checkpoint
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
-        got = train_rl(resumed, TASKS, graded_collect(resumed), cfg, PAD, Run("rl", log, checkpointer=ck))
+        got = train(resumed, ahead(resumed), cfg, Run("rl", log, checkpointer=ck))
     # the same run, row for row, except the sampler process's own diagnostic: the resumed run's sampler is a new
     # process that starts from the checkpoint's weights, so its first sync check is after the first resumed step
     assert same_weights(resumed, ref) and without_sync(got) == without_sync(expected)
@@ -199,7 +221,7 @@ class Holder(torch.nn.Module):
 
 
 def test_weight_fingerprints_tell_equal_weights_from_any_changed_swapped_or_transposed_bytes():
-    from trajtune.sources.process import weight_fingerprints
+    from trajtune.sources.sync import weight_fingerprints
 
     g = torch.Generator().manual_seed(0)
     big = torch.randn(3000, generator=g)
@@ -227,13 +249,13 @@ def test_weight_fingerprints_tell_equal_weights_from_any_changed_swapped_or_tran
     assert set(prints) == set(tensors) and all(len(p) == 3 for p in prints.values())
 
 
-def skip_publish(self):
+def skip_publish(self, engine):
     """A sync that sends nothing: the sampler keeps its old weights."""
 
 
-def corrupt_publish(self, _publish=SamplerProcess._publish):
+def corrupt_publish(self, engine, _publish=SamplerProcess._publish):
     """A sync that delivers one wrong weight."""
-    _publish(self)
+    _publish(self, engine)
     self._shared["head.weight" if "head.weight" in self._shared else next(iter(self._shared))].view(-1)[0] += 0.5
 
 
@@ -245,32 +267,33 @@ def test_a_sabotaged_weight_sync_stops_the_run_with_a_clear_error(monkeypatch, s
     monkeypatch.setattr(SamplerProcess, "_publish", sabotage)
     e = engine()
     with pytest.raises(SyncError, match=message):
-        train_rl(e, TASKS, graded_collect(e), RLConfig(steps=3, tasks_per_step=2, group_size=4, max_staleness=1,
-                                                       tis_cap=2.0), PAD)
+        train(e, ahead(e), RLConfig(steps=3, tasks_per_step=2, group_size=4, tis_cap=2.0))
 
 
-def test_a_collect_that_bypasses_engine_sample_is_refused():
-    """A backend that samples from the trainer's model itself (HF generate) would race the update thread."""
-    from functools import partial
-
-    from trajtune.engine.decoding import sample
-
+def test_a_source_that_samples_with_the_trainers_weights_cannot_be_overlapped():
+    """Drawn ahead in a thread, it would sample from the weights the update is writing; it is refused at its first
+    draw ahead."""
     e = engine()
-    own = make_collect(partial(sample, e.model), lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32,
-                       max_action_tokens=2)
+    process = SamplerProcess(e)
     with pytest.raises(ValueError, match="sampled its episodes without the sampler process"):
-        train_rl(e, TASKS, own, RLConfig(steps=2, tasks_per_step=2, group_size=4, sampler_process=True), PAD)
+        train(e, Overlapped(graded_source(e), process), RLConfig(steps=3, tasks_per_step=2, group_size=4, tis_cap=2.0))
 
 
 @pytest.mark.parametrize("kw,message", [
-    ({"max_staleness": 1}, "set tis_cap"),
-    ({"max_staleness": 2, "tis_cap": 2.0}, "max_staleness must be 0"),
+    ({"max_staleness": 2}, "max_staleness must be 0"),
     ({"sync_tolerance": 0.0}, "sync_tolerance must be > 0"),
     ({"sampler_threads": 0}, "sampler_threads must be >= 1"),
+    ({"sampler_timeout": -1.0}, "sampler_timeout must be >= 0"),
 ])
 def test_bad_overlap_settings_are_refused_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
-        RLConfig(**kw)
+        OverlapConfig(**kw)
+
+
+def test_staleness_1_without_the_importance_correction_is_refused_in_the_config():
+    with pytest.raises(ValueError, match="agent: max_staleness 1 samples with the policy one update behind; set tis_cap"):
+        check_overlap(OverlapConfig(max_staleness=1), RLConfig(), "agent")
+    check_overlap(OverlapConfig(max_staleness=1), RLConfig(tis_cap=2.0), "agent")
 
 
 def flaky(task, reply):
@@ -281,20 +304,20 @@ def flaky(task, reply):
 
 
 def test_an_environment_fault_in_the_sampler_process_is_the_same_fault_logged_in_the_trainer(caplog, samplers):
-    """The episode fails alone (reward 0, info env_error) exactly as in one process, and the warning that
-    names the task and shows the user's traceback is logged by the trainer's logger."""
+    """The episode fails alone (an infrastructure failure, info env_error) exactly as in one process, and the
+    warning that names the task and shows the user's traceback is logged by the trainer's logger."""
     cfg = RLConfig(steps=3, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=2)
     make_env = lambda: SingleTurnEnv(flaky)  # noqa: E731
     ref = engine()
     with caplog.at_level(logging.WARNING, logger="trajtune"):
-        expected = train_rl(ref, TASKS, graded_collect(ref, make_env=make_env), cfg, PAD)
+        expected = train(ref, graded_source(ref, make_env=make_env), cfg)
     here = [r.getMessage() for r in caplog.records]
     caplog.clear()
     e = engine()
     with caplog.at_level(logging.WARNING, logger="trajtune"):
-        got = train_rl(e, TASKS, graded_collect(e, make_env=make_env), RLConfig(**{**vars(cfg), "sampler_process": True}),
-                       PAD)
-    assert without_sync(got) == expected
+        got = train(e, in_process(e, make_env=make_env), cfg)
+    assert without_sync(got) == untimed(expected)
+    assert any(r["rollout/infra_failures"] for r in got)
     there = [r for r in caplog.records if r.process == samplers[-1].pid]  # steps 1-2 ran in the sampler process
     assert there and [r.getMessage() for r in caplog.records] == here
     assert "failed on task pick1: ZeroDivisionError" in there[0].getMessage()
@@ -323,18 +346,17 @@ class OtherInTheSampler(SingleTurnEnv):
 @pytest.mark.parametrize("what,error,message", [
     ("too_long", TokenBudgetError, "cannot take a single action: task 'pick.' renders to"),
     ("kill", SamplerDied, r"sampler process \(pid \d+\) died while answering 'rollout': killed by SIGKILL"),
-    ("hang", SamplerDied, r"did not answer 'rollout' within 1 s \(RLConfig.sampler_timeout\) and was stopped"),
+    ("hang", SamplerDied, r"did not answer 'rollout' within 1 s \(overlap.sampler_timeout\) and was stopped"),
 ], ids=["error", "killed", "hung"])
 def test_a_failure_in_the_sampler_process_stops_the_run_at_once_naming_it_and_leaves_no_process(
         what, error, message, samplers):
     """The episode loop's own error (a budget that does not fit) is raised in the trainer as itself (a one-line
     user error); a sampler killed or hung is named, within about a second, never a hang; its process is gone."""
     e = engine()
-    collect = graded_collect(e, make_env=lambda: OtherInTheSampler(what))
     t0 = time.monotonic()
     with pytest.raises(error, match=message):
-        train_rl(e, TASKS, collect, RLConfig(steps=4, tasks_per_step=2, group_size=4, max_staleness=1, tis_cap=2.0,
-                                             sampler_timeout=1.0), PAD)
+        train(e, ahead(e, make_env=lambda: OtherInTheSampler(what), sampler_timeout=1.0),
+              RLConfig(steps=4, tasks_per_step=2, group_size=4, tis_cap=2.0))
     assert time.monotonic() - t0 < 20
     assert e.step == 1  # step 0 sampled here (while the sampler booted) and trained; step 1's episodes failed there
     assert gone(samplers[-1].pid)
@@ -376,6 +398,7 @@ def test_a_trainer_killed_with_kill_9_leaves_no_sampler_process():
             "from test_algorithms import engine\n"
             "from trajtune.sources.process import SamplerProcess\n"
             "sampler = SamplerProcess(engine())\n"
+            "sampler._start()\n"
             "print(sampler.pid, flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")
     here = Path(__file__).parent
@@ -393,8 +416,8 @@ def test_an_environment_that_cannot_be_sent_to_the_sampler_process_is_one_clear_
     from trajtune.config import ConfigError
 
     e = engine()
-    collect = graded_collect(e, make_env=lambda: SingleTurnEnv(lambda task, reply: (0.0, {})))
     with pytest.raises(ConfigError, match="the episodes run in the sampler process, but the environment SingleTurnEnv "
                                           "cannot be sent there"):
-        train_rl(e, TASKS, collect, RLConfig(steps=3, tasks_per_step=2, group_size=4, max_staleness=1, tis_cap=2.0), PAD)
+        train(e, ahead(e, make_env=lambda: SingleTurnEnv(lambda task, reply: (0.0, {}))),
+              RLConfig(steps=3, tasks_per_step=2, group_size=4, tis_cap=2.0))
     assert gone(samplers[-1].pid)

@@ -43,7 +43,7 @@ from trajtune.runs.loop import Run
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.logprobs import aggregation_share
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.trajectory import collate
 
 from test_algorithms import RENDER, TASKS, TOK  # noqa: E402 - the same toy task as the single-process tests
@@ -78,7 +78,7 @@ def demos():
 
 
 def collect_for(engine, shard=None):
-    return make_collect(engine.sample, lambda: SingleTurnEnv(verifier), RENDER, shard=shard, episode_seeds=True,
+    return EpisodeSource(engine.sample, lambda: SingleTurnEnv(verifier), RENDER, shard=shard, episode_seeds=True,
                         max_turns=1, max_tokens=32, max_action_tokens=3)
 
 
@@ -129,7 +129,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     record["grpo_reward"] = [h["rollout/reward"] for h in hist]
     tensors.update({f"grpo/{k}": v for k, v in params(e.model).items()})
     # 4. one collect: which episodes this rank ran, and the advantages of the gathered batch
-    trajs = collect_for(e, e.shard)(TASKS[:3], 3, torch.Generator().manual_seed(11))
+    trajs = collect_for(e, e.shard).run(TASKS[:3], 3, torch.Generator().manual_seed(11))
     batch = collate(trajs, TOK.pad_id)
     adv, _ = advantages_for(batch, GRPO, None, None, None)
     record["adv"] = {"rows": e.shard.rows(9), "groups": batch.groups.tolist(), "rewards": batch.rewards.tolist(),
@@ -276,7 +276,7 @@ def test_group_split_across_ranks_gets_one_process_advantages(two_procs):
     assert adv["rows"] == [0, 1, 2, 3, 4]  # rank 0 ran episodes 0-4: group 1 (episodes 3, 4, 5) spans both ranks
     e = make_engine(new_model(), OPT)  # the policy the 2-process run sampled with (after its GRPO steps)
     e.model.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("grpo/")})
-    trajs = collect_for(e)(TASKS[:3], 3, torch.Generator().manual_seed(11))
+    trajs = collect_for(e).run(TASKS[:3], 3, torch.Generator().manual_seed(11))
     batch = collate(trajs, TOK.pad_id)
     ours, _ = advantages_for(batch, GRPO, None, None, None)
     assert [t.tokens_of(2) for t in trajs] == adv["actions"]

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from trajtune.sources.base import Episodes, Source
+
 from trajtune.evaluation import (
     distinct_answers,
     hack_rate,
@@ -17,7 +19,7 @@ from trajtune.evaluation import (
     score_policy,
     score_trajectories,
 )
-from trajtune.trajectory import Trajectory
+from trajtune.trajectory import Outcome, Trajectory
 
 
 def test_pass_at_k_hand_values_and_combinatorial_form():
@@ -80,14 +82,16 @@ def test_informative_group_share_and_hack_rate():
 
 
 def episodes(rewards_per_task, names=None, errors=()):
-    """Finished episodes in collect's layout: task i's episodes have group i and info['task']."""
+    """Finished episodes in a source's layout: task i's episodes have group i and info['task']; those in `errors`
+    failed in their environment (outcome ENV_ERROR)."""
     out = []
     for i, rewards in enumerate(rewards_per_task):
         for j, r in enumerate(rewards):
             info = {"task": names[i] if names else f"t{i}"}
+            outcome = Outcome.OK
             if (i, j) in errors:
-                info["env_error"] = "KeyError: x"
-            out.append(Trajectory(reward=r, group=i, info=info))
+                info["env_error"], outcome = "KeyError: x", Outcome.ENV_ERROR
+            out.append(Trajectory(reward=r, group=i, info=info, outcome=outcome))
     return out
 
 
@@ -129,15 +133,38 @@ def test_score_errors_are_clear():
         score_policy(lambda tasks, n, g: [], ["a"], n=2, ks=(4,))
 
 
+class Scripted:
+    """A source of its own (the Protocol's five methods, no base class): task "x" always right, "y" right on its
+    first episode; it records each draw's tasks, n and the first number of its generator."""
+
+    def __init__(self):
+        self.calls = []
+
+    def take(self, draw, ahead=None):
+        self.calls.append((list(draw.tasks), draw.n, int(torch.randint(0, 2**30, (1,), generator=draw.generator))))
+        n = draw.n
+        trajs = episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in draw.tasks], names=list(draw.tasks))
+        return Episodes(trajs, {}, draw.generator, draw.step)
+
+    def after_update(self, engine):
+        return {}
+
+    def pending(self):
+        return None
+
+    def restore(self, episodes):
+        pass
+
+    def close(self):
+        pass
+
+
 def test_score_policy_samples_n_per_task_with_its_seed():
-    calls = []
-
-    def collect(tasks, n, generator):  # a fake policy: task "x" always right, "y" right on its first episode
-        calls.append((list(tasks), n, int(torch.randint(0, 2**30, (1,), generator=generator))))
-        return episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in tasks], names=list(tasks))
-
-    score = score_policy(collect, ["x", "y"], n=4, ks=(1, 4), seed=3)
+    source = Scripted()
+    assert isinstance(source, Source)
+    score = score_policy(source, ["x", "y"], n=4, ks=(1, 4), seed=3)
     assert score.pass_at == {1: pytest.approx((1 + 0.25) / 2), 4: 1.0}
     assert score.mean_reward == pytest.approx(5 / 8)
-    score_policy(collect, ["x", "y"], n=4, seed=3)
+    score_policy(source, ["x", "y"], n=4, seed=3)
+    calls = source.calls
     assert calls[0] == calls[1] and calls[0][:2] == (["x", "y"], 4)  # same seed, same generator

@@ -72,7 +72,7 @@ def test_examples_refuse_a_bad_option_in_one_line(name, argv, message):
 def test_no_tasks_is_an_error_not_a_hang():
     import torch
 
-    from trajtune.algorithms.common import pick_tasks
+    from trajtune.sources.base import pick_tasks
 
     with pytest.raises(ValueError, match="no tasks to draw 8 from"):
         pick_tasks([], 8, torch.Generator().manual_seed(0))

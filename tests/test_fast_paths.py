@@ -141,7 +141,7 @@ def test_pairs_sharing_a_prompt_match_the_unpacked_rows(llama_dir, chunk):
 
 def test_a_reward_model_on_shared_prompts_scores_the_unpacked_rows(llama_dir):
     from trajtune.models.hf import load_policy
-    from trajtune.algorithms.reward_model import last_token_values
+    from trajtune.objectives.reward_model import last_token_values
 
     full = pair_batch(_pairs(), 0)
     scores = []

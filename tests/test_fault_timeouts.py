@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from trajtune.sources import faults
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.sources.faults import StepTimeout, TooManyFaults, time_limit
 from trajtune.sources.rollout import rollout_batch, scripted_rollout
@@ -123,13 +123,13 @@ def test_a_reset_that_raises_or_hangs_fails_its_episode_with_zero_turns(caplog):
 
 def test_too_many_timeouts_stop_the_run():
     tasks = [Task("good"), Task("hang-sleep")]
-    lenient = make_collect(Sampler(), lambda: SingleTurnEnv(reward), R, max_turns=1, max_tokens=32,
+    lenient = EpisodeSource(Sampler(), lambda: SingleTurnEnv(reward), R, max_turns=1, max_tokens=32,
                            max_action_tokens=3, step_timeout_s=0.1)
-    assert [t.reward for t in lenient(tasks, 2, None)] == [1.0, 1.0, 0.0, 0.0]  # 50% is not more than 50%
-    strict = make_collect(Sampler(), lambda: SingleTurnEnv(reward), R, max_turns=1, max_tokens=32,
+    assert [t.reward for t in lenient.run(tasks, 2, None)] == [1.0, 1.0, 0.0, 0.0]  # 50% is not more than 50%
+    strict = EpisodeSource(Sampler(), lambda: SingleTurnEnv(reward), R, max_turns=1, max_tokens=32,
                           max_action_tokens=3, step_timeout_s=0.1, max_fault_share=0.25)
     with pytest.raises(TooManyFaults, match=r"1 of 2 episodes failed.*hang-sleep: StepTimeout: env.step exceeded 0.1 s"):
-        strict(tasks, 1, None)
+        strict.run(tasks, 1, None)
 
 
 @pytest.fixture

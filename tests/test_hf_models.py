@@ -150,7 +150,7 @@ def test_a_reward_model_loads_as_a_sequence_classifier_with_its_head(model_dir, 
     random one) and scores rows as trajtune's last_token_values does; AutoModelForCausalLM still loads it."""
     from transformers import AutoModelForSequenceClassification
 
-    from trajtune.algorithms.reward_model import last_token_values
+    from trajtune.objectives.reward_model import last_token_values
 
     tok = load_tokenizer(model_dir)
     torch.manual_seed(1)

@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 import torch
 
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.envs import base
 from trajtune.envs.base import Env, SingleTurnEnv, StepResult, TaskError, check_tasks
 from trajtune.sources.faults import TooManyFaults, check_step
@@ -105,7 +105,7 @@ def test_an_env_declares_the_task_attributes_it_reads():
     with pytest.raises(TaskError, match=r"task 0 \(.*\) has no attribute 'prompt', which SingleTurnEnv reads"):
         rollout([NoPrompt()])
     with pytest.raises(TaskError, match="'prompt'"):
-        make_collect(Sampler(), lambda: SingleTurnEnv(None), R, max_turns=1)([NoPrompt()], 2, None)
+        EpisodeSource(Sampler(), lambda: SingleTurnEnv(None), R, max_turns=1).run([NoPrompt()], 2, None)
     with pytest.raises(TaskError, match="'prompt'"):
         scripted_rollout(None, SingleTurnEnv(None), NoPrompt(), R)
     check_tasks([NoPrompt()])  # without an env only the name is needed
@@ -164,10 +164,10 @@ def test_a_reward_that_is_not_a_finite_number_is_a_fault_naming_the_task(bad, ca
     assert f"verifier {verifier.__qualname__} ({__file__}:" in failed.info["env_error"]
     assert "task bad" in caplog.text and "finite number" in caplog.text
     # counted like any other fault: the run-level limit stops a run where most episodes fail
-    collect = make_collect(Sampler(), lambda: SingleTurnEnv(verifier), R, max_turns=1, max_tokens=32,
+    collect = EpisodeSource(Sampler(), lambda: SingleTurnEnv(verifier), R, max_turns=1, max_tokens=32,
                            max_action_tokens=3)
     with pytest.raises(TooManyFaults, match="bad: InvalidStep"):
-        collect([Task("bad")], 2, None)
+        collect.run([Task("bad")], 2, None)
 
 
 @pytest.mark.parametrize("bad, said", [(1.0, "returned 1.0 (float); a verifier returns (reward, checks)"),

@@ -14,7 +14,7 @@ from trajtune.engine import Loss, NonFiniteError, OptimConfig, make_engine
 from trajtune.runs.loop import Run
 from trajtune.metrics import MetricsLogger, read_metrics
 from trajtune.runs.resume import Checkpointer, RunInterrupted
-from trajtune.trajectory import Owner, Trajectory, collate
+from trajtune.trajectory import Outcome, Owner, Trajectory, collate
 
 
 def demos(n=12, seed=0):
@@ -29,7 +29,7 @@ def demos(n=12, seed=0):
 
 
 def rows_without_time(path):
-    return [{k: v for k, v in r.items() if k != "time"} for r in read_metrics(path)]
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in read_metrics(path)]
 
 
 def test_ctrl_c_saves_and_resume_is_exact(tiny_model, tmp_path):
@@ -138,7 +138,7 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     from functools import partial
 
     from trajtune.envs.base import SingleTurnEnv
-    from trajtune.sources.episodes import make_collect
+    from trajtune.sources.episodes import EpisodeSource
     from trajtune.sources.faults import TooManyFaults
     from trajtune.engine.decoding import sample
     from trajtune.text.render import Renderer
@@ -160,19 +160,20 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     from trajtune.models.tiny import TinyConfig, TinyTransformer
 
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=32)).eval()
-    collect = make_collect(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
+    collect = EpisodeSource(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
                            max_turns=1, max_tokens=32, max_action_tokens=3)
     with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
-        trajs = collect([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
+        trajs = collect.run([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
     bad = [t for t in trajs if t.info["task"] == "bad"]
     assert [t.reward for t in trajs if t.info["task"] == "good"] == [1.0, 1.0]
     assert all(t.reward == 0.0 and "ZeroDivisionError: user reward function bug" in t.info["env_error"] for t in bad)
-    assert all(t.info["stop_reason"] == "env_error" for t in bad)
+    assert all(t.info["stop_reason"] == "env_error" and t.outcome is Outcome.ENV_ERROR and not t.trainable for t in bad)
+    assert all(t.trainable for t in trajs if t.info["task"] == "good")
     assert "task bad" in caplog.text and "ZeroDivisionError" in caplog.text
-    strict = make_collect(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
+    strict = EpisodeSource(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
                           max_turns=1, max_tokens=32, max_action_tokens=3, max_fault_share=0.25)
     with pytest.raises(TooManyFaults, match=r"2 of 4 episodes failed.*bad: ZeroDivisionError"):
-        strict([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
+        strict.run([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
 
 
 def _log_rows(run_dir, stage, n):

@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from trajtune.sources.base import Episodes
+
 from trajtune.sources.data import PromptTask
 from trajtune.sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, check_columns,
                               combine, load_reward_function, source_metrics)
@@ -209,13 +211,38 @@ def work(tmp_path_factory):
     return d
 
 
+class Fixed:
+    """A source that hands out the same episodes (a source of its own: the Protocol's five methods)."""
+
+    def __init__(self, trajs):
+        self.trajs = trajs
+
+    def take(self, draw, ahead=None):
+        return Episodes(list(self.trajs), {}, draw.generator, draw.step)
+
+    def after_update(self, engine):
+        return {}
+
+    def pending(self):
+        return None
+
+    def restore(self, episodes):
+        pass
+
+    def close(self):
+        pass
+
+
 def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update(tmp_path):
-    """EpisodeRewards.apply: rewards and group ids set in order; an all-None row is unscorable (TRL) and a row
-    whose call overran failed: neither is trained on (a made-up 0 would be a training signal), both are counted."""
+    """Scored: rewards set in order, group ids kept; an all-None row is unscorable (TRL) and a row whose call
+    overran failed: neither is trained on (a made-up 0 would be a training signal), both are counted and marked."""
     import types
 
-    from trajtune.experiments.hf.sampling import EpisodeRewards
-    from trajtune.trajectory import Owner, Trajectory
+    import torch
+
+    from trajtune.sources.base import Draw
+    from trajtune.sources.scoring import Scored
+    from trajtune.trajectory import Outcome, Owner, Trajectory
 
     (tmp_path / "r.py").write_text("import time\n"
                                    "def a(completions, **kw):\n"
@@ -224,24 +251,23 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
                                    "    return [None if c in ('none', 'hang') else 1.0 for c in completions]\n"
                                    "def b(completions, **kw):\n"
                                    "    return [None if c in ('none', 'b0') else 2.0 for c in completions]\n")
-    config = types.SimpleNamespace(reward=[f"{tmp_path / 'r.py'}:a", f"{tmp_path / 'r.py'}:b"], reward_weights=[1.0, 0.5],
-                                   reward_timeout=0.5, reward_model="", model=None)
-    ctx = types.SimpleNamespace(counters={})
+    functions = RewardSet([RewardFunction(spec=f"{tmp_path / 'r.py'}:{f}") for f in "ab"], timeout=0.5)
     engine = types.SimpleNamespace(step=0, is_main=True)
     replies = ["ok", "none", "b0", "hang", "ok2"]
     trajs = [Trajectory([1, 2], [Owner.PROMPT, Owner.POLICY], [0, 0], group=i // 2, info={"actions": [r]})
              for i, r in enumerate(replies)]
-    rewards = EpisodeRewards(ctx, config, max_steps=1)
-    try:
-        kept = rewards.apply(trajs, _tasks(5), engine)
+    with Scored(Fixed(trajs), engine, functions, weights=[1.0, 0.5], max_steps=1) as source:
+        episodes = source.take(Draw(_tasks(5), 1, torch.Generator()))
+        kept = episodes.trainable
         assert [t.info["actions"][0] for t in kept] == ["ok", "b0", "ok2"] and [t.group for t in kept] == [0, 1, 2]
         assert [t.reward for t in kept] == [2.0, 1.0, 2.0]  # 1 + 0.5 * 2; b0: b is None, a alone
-        assert "ran past its time limit" in trajs[3].info["env_error"] and trajs[2].info["rewards"] == {"a": 1.0, "b": None}
-        assert rewards.metrics["reward/unscored"] == 1 and rewards.metrics["reward/failed"] == 1
+        assert [t.outcome for t in trajs] == [Outcome.OK, Outcome.UNSCORED, Outcome.OK, Outcome.REWARD_ERROR, Outcome.OK]
+        assert "ran past its time limit" in trajs[3].info["reward_error"] and trajs[2].info["rewards"] == {"a": 1.0, "b": None}
+        assert episodes.metrics["reward/unscored"] == 1 and episodes.metrics["reward/failed"] == 1
+        assert episodes.metrics["time/reward_s"] > 0
         with pytest.raises(RewardError, match="no reward source scored any of the batch's 2 completions"):
-            rewards.apply(trajs[1:2] * 2, _tasks(2), engine)
-    finally:
-        rewards.close()
+            none = [Trajectory([1, 2], [Owner.PROMPT, Owner.POLICY], [0, 0], info={"actions": ["none"]}) for _ in "ab"]
+            Scored(Fixed(none), engine, functions).take(Draw(_tasks(2), 1, torch.Generator()))
 
 
 def _grpo(work, out, *flags):
@@ -291,7 +317,7 @@ def test_a_trained_reward_model_is_a_reward(work, tmp_path, capsys):
     import torch
 
     from trajtune.cli import main
-    from trajtune.experiments.hf.sampling import RewardModel
+    from trajtune.experiments.hf.sampling import reward_model
     from trajtune.metrics import read_metrics
 
     assert main(["rm", "--model", str(work / "model"), "--data", str(work / "pairs.jsonl"), "--steps", "2",
@@ -308,7 +334,7 @@ def test_a_trained_reward_model_is_a_reward(work, tmp_path, capsys):
     from trajtune.experiments.hf.model import ModelConfig
 
     batch = _batch(["the answer is 5", "hello"], conversational=True)
-    ours = RewardModel(Ctx(), str(rm), ModelConfig(path=str(rm)))(batch)
+    ours = reward_model(Ctx(), str(rm), ModelConfig(path=str(rm)))(batch)
     tok = transformers.AutoTokenizer.from_pretrained(rm)
     clf = transformers.AutoModelForSequenceClassification.from_pretrained(rm)
     texts = [tok.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant", "content": c}],

@@ -12,7 +12,7 @@ from trajtune.envs.bugfix_tasks import make_tasks
 from trajtune.envs.scripted import ArithmeticOracle, bugfix_policy
 from trajtune.logprobs import sequence_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.sources.rollout import rollout_batch, scripted_rollout, task_groups
 from trajtune.engine.decoding import Samples, sample
 from trajtune.text.render import Renderer
@@ -162,12 +162,12 @@ def test_env_protocol_and_groups():
         env.step("too early")
 
 
-def test_make_collect_runs_every_task_n_times_with_one_group_per_task_instance():
+def test_an_episode_source_runs_every_task_n_times_with_one_group_per_task_instance():
     r = Renderer(TOK)
     tasks = [TASKS[0], TASKS[4], TASKS[0]]  # the same task twice: two groups
     sampler = ReplaySampler(r, {t.issue: ["read", "submit"] for t in tasks})
-    collect = make_collect(sampler, BugFixEnv, r, max_turns=3)
-    trajs = collect(tasks, 2, None)
+    collect = EpisodeSource(sampler, BugFixEnv, r, max_turns=3)
+    trajs = collect.run(tasks, 2, None)
     assert [t.info["task"] for t in trajs] == ["minmax/clamp"] * 2 + ["range/sum_to"] * 2 + ["minmax/clamp"] * 2
     assert [t.group for t in trajs] == [0, 0, 1, 1, 2, 2]
     assert sampler.calls == [6, 6]
@@ -209,7 +209,7 @@ def test_finished_trajectories_carry_no_renderer_bookkeeping(kind):
     for traj in (scripted, sampled):
         assert not {"messages", "_stopped"} & set(traj.info)
         assert {"task", "stop_reason", "n_turns", "n_unterminated"} <= set(traj.info)
-    collect = make_collect(CountingSampler(encode, scripted.info["actions"]), BugFixEnv, r, max_tokens=max_tokens,
+    collect = EpisodeSource(CountingSampler(encode, scripted.info["actions"]), BugFixEnv, r, max_tokens=max_tokens,
                            max_action_tokens=32)
-    (collected,) = collect([task], 1, None)
+    (collected,) = collect.run([task], 1, None)
     assert same_tokens(collected, sampled) and collected.info == sampled.info

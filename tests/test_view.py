@@ -16,7 +16,7 @@ import torch
 from trajtune.algorithms.rft import RFTConfig, train_rft
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.cli import main
-from trajtune.sources.episodes import make_collect
+from trajtune.sources.episodes import EpisodeSource
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.runs.recorder import EpisodeRecorder, read_episodes
@@ -54,7 +54,7 @@ def engine(seed=0):
 
 
 def collect_for(e):
-    return make_collect(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32,
+    return EpisodeSource(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32,
                         max_action_tokens=3)
 
 
@@ -64,7 +64,7 @@ TASKS = [Task(f"pick{i}") for i in range(4)]
 def rl_run(tmp_path, steps=4, **kw):
     e = engine()
     run = Run("rl", checkpointer=Checkpointer(tmp_path / "rl" / "resume"))
-    run.episodes.every = 2
+    run.hooks[0].every = 2  # the Run's episode recorder
     config = RLConfig(steps=steps, tasks_per_step=3, group_size=4, advantage="grpo", **kw)
     train_rl(e, TASKS, collect_for(e), config, TOK.pad_id, run)
     save_model(tmp_path / "rl" / "checkpoint", e.model, TOK)
@@ -93,7 +93,7 @@ def test_rl_records_a_few_episodes_of_the_due_steps_with_their_numbers(tmp_path)
 def test_recorded_advantage_is_the_group_advantage(tmp_path):
     rec = EpisodeRecorder(tmp_path / "e.jsonl", every=1, k=8, per_group=4)
     e = engine()
-    trajs = collect_for(e)(TASKS[:2], 4, torch.Generator().manual_seed(0))
+    trajs = collect_for(e).run(TASKS[:2], 4, torch.Generator().manual_seed(0))
     for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], strict=True):
         t.reward = r
     from trajtune.trajectory import collate

@@ -2,8 +2,8 @@
 and `score_policy`: a policy's mean reward, pass@k and per-task table on a list of tasks.
 
 Pure functions of counts, answers, trajectories and tensors; nothing here trains, and the one
-function that samples (`score_policy`) does it through the `collect` it is given
-(`trajtune.sources.episodes.make_collect`), so this module knows nothing about models or environments.
+function that samples (`score_policy`) does it through the source it is given (`trajtune.sources.base.Source`,
+e.g. an `EpisodeSource`), so this module knows nothing about models or environments.
 Sources: RLHF book ch.16 "Evaluation" (pass@k, checklist 16.2(c) [EXT]: Chen et al.
 2021's unbiased estimator), ch.13 (pass^k of tau-bench, checklist 13.6 [EXT]),
 post-training ch.13 (distinct answers per k samples, share of groups with signal),
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 import torch
 
 from .logprobs import entropy_from_logits, masked_mean
 from .objectives.advantages import group_reward_range
 from .objectives.kl import KLEstimator, sequence_kl
+from .sources.base import Draw, Source
 from .trajectory import Trajectory
 
 
@@ -149,7 +150,7 @@ class TaskScore:
     mean_reward: float
     n_correct: int
     n_failed: int = 0
-    """episodes whose environment raised (info["env_error"]; they count as reward 0, not correct)"""
+    """episodes whose environment or reward failed (`Trajectory.outcome`; they count as reward 0, not correct)"""
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ class PolicyScore:
 
 
 def score_trajectories(trajs: Sequence[Trajectory], ks: Sequence[int] = (1,), threshold: float = 1.0) -> PolicyScore:
-    """Score finished episodes grouped by `traj.group` (collect's layout: group i = tasks[i]).
+    """Score finished episodes grouped by `traj.group` (a source's layout: group i = tasks[i]).
 
     Each group is one task; its name is the first episode's info["task"]. Every group needs at
     least max(ks) episodes (pass@k draws k of them). Correct: reward >= threshold.
@@ -213,7 +214,7 @@ def score_trajectories(trajs: Sequence[Trajectory], ks: Sequence[int] = (1,), th
         rewards = [float(t.reward) for t in episodes]
         per_task.append(TaskScore(str(episodes[0].info.get("task", f"group {g}")), len(episodes),
                                   sum(rewards) / len(rewards), sum(r >= threshold for r in rewards),
-                                  sum("env_error" in t.info for t in episodes)))
+                                  sum(not t.trainable for t in episodes)))
     fewest = min(t.n for t in per_task)
     if not ks or min(ks) < 1 or max(ks) > fewest:
         raise ValueError(f"score_trajectories: every k of ks={list(ks)} must be in 1..{fewest} "
@@ -223,14 +224,11 @@ def score_trajectories(trajs: Sequence[Trajectory], ks: Sequence[int] = (1,), th
     return PolicyScore(mean, pass_at, tuple(per_task), threshold)
 
 
-Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
-
-
-def score_policy(collect: Collect, tasks: Sequence[Any], n: int = 8, ks: Sequence[int] = (1,), *, seed: int = 0,
+def score_policy(source: Source, tasks: Sequence[Any], n: int = 8, ks: Sequence[int] = (1,), *, seed: int = 0,
                  threshold: float = 1.0) -> PolicyScore:
-    """Run `n` episodes of every task with the policy behind `collect` and score them.
+    """Run `n` episodes of every task with the policy behind `source` and score them.
 
-    collect: `trajtune.sources.episodes.make_collect(engine.sample, make_env, renderer, ...)`; give it
+    source:  e.g. `trajtune.sources.episodes.EpisodeSource(engine.sample, make_env, renderer, ...)`; give it
              `greedy=True` for greedy decoding (then use n=1), a temperature otherwise.
     n:       episodes per task; pass@k for every k in `ks` (each <= n, unbiased estimator)
     seed:    the sampling seed (same seed, same episodes)
@@ -241,5 +239,5 @@ def score_policy(collect: Collect, tasks: Sequence[Any], n: int = 8, ks: Sequenc
     if n < 1 or max(ks, default=1) > n:
         raise ValueError(f"score_policy: n={n} episodes per task; it must be >= 1 and >= every k of ks={list(ks)}")
     with torch.no_grad():
-        trajs = collect(list(tasks), n, torch.Generator().manual_seed(seed))
+        trajs = source.take(Draw(list(tasks), n, torch.Generator().manual_seed(seed))).trajs
     return score_trajectories(trajs, ks, threshold)

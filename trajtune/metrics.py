@@ -65,6 +65,14 @@ METRICS: dict[str, str] = {
     "rollout/policy_tokens": "mean number of POLICY tokens per sampled episode",
     "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
     "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group baseline)",
+    "rollout/infra_failures": "episodes of the step whose environment or reward call failed (`trajectory.Outcome`): "
+                              "left out of the loss and of their group's baseline; reward and pass rate are over the others",
+    # --- time: wall seconds of the step's sources (added up per stage: results.json "time")
+    "time/sampling_s": "wall seconds the step's episodes took (sampling and environments; drawn ahead: in the background)",
+    "time/reward_s": "wall seconds the step's reward functions and reward models took",
+    # --- cost: what an experiment counts per draw (a `Measured` source)
+    "cost/sampled": "episodes sampled in the step (the agent experiment's cost table)",
+    "cost/verifier_calls": "verifier calls (submits) in the step's episodes (the agent experiment's cost table)",
     # --- sft (objectives.sft)
     "sft/nll": "unweighted mean NLL per POLICY token",
     "sft/weight_mean": "mean trajectory weight w_i (1 for plain SFT)",
@@ -78,7 +86,7 @@ METRICS: dict[str, str] = {
     "pg/clip_frac": "share of POLICY tokens whose ratio was clipped",
     "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler",
     "pg/tis_capped_frac": "share of tokens whose TIS weight hit the cap",
-    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the step the sampler loaded it (algorithms.rl, sampler process)",
+    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the step whose update waited for it (sources.process)",
     "policy/entropy": "mean entropy (nats) of the policy at POLICY tokens",
     # --- value head (PPO)
     "value/loss": "value-regression loss 0.5 (V - return)^2",

@@ -11,7 +11,7 @@ one-turn case of the same structure.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Any, Sequence
 
 import torch
@@ -26,6 +26,18 @@ class Owner(IntEnum):
     TOOL = 3  # environment / tool output
 
 
+class Outcome(StrEnum):
+    """How an episode ended, as far as training is concerned. Only OK episodes are trained on: the others
+    measure the infrastructure, not the policy, so they never enter a loss or a group baseline (a failed
+    environment is not a reward of 0). The loops drop them and count them (`rollout/infra_failures`,
+    `reward/unscored`)."""
+
+    OK = "ok"  # the environment ran and a reward was given (0 included: a real failure of the policy)
+    ENV_ERROR = "env_error"  # env.reset / env.step raised, overran its time limit or returned a bad step
+    REWARD_ERROR = "reward_error"  # a reward function's call on it ran past its time limit
+    UNSCORED = "unscored"  # no reward source applies to it (every one returned None: TRL's "unscorable")
+
+
 @dataclass
 class Trajectory:
     """One episode as a flat token sequence.
@@ -35,7 +47,8 @@ class Trajectory:
     token (0.0 for tokens the policy did not sample); RL uses them as
     pi_old / behaviour log-probs.
     Per episode: `reward`, `group` (episodes sampled for the same task share a
-    group id, used by group baselines), and `info` (task name, actions, counters).
+    group id, used by group baselines), `info` (task name, actions, counters) and
+    `outcome` (`Outcome`: OK, or why the episode cannot be trained on).
     """
 
     ids: list[int] = field(default_factory=list)
@@ -45,8 +58,10 @@ class Trajectory:
     reward: float = 0.0
     group: int = -1
     info: dict[str, Any] = field(default_factory=dict)
+    outcome: Outcome = Outcome.OK
 
     def __post_init__(self) -> None:
+        self.outcome = Outcome(self.outcome)  # a str from JSON or a pickle: checked
         n = len(self.ids)
         if len(self.owners) != n or len(self.turns) != n:
             raise ValueError(
@@ -58,6 +73,11 @@ class Trajectory:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def trainable(self) -> bool:
+        """False for an episode whose environment or reward failed (`outcome` not OK): kept out of losses."""
+        return self.outcome is Outcome.OK
 
     def append(
         self,

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..trajectory import Trajectory
-from .common import Collect
+from ..sources.base import Draw, Source
 
 
 def best_of_n_kl_bound(n: int) -> float:
@@ -25,7 +25,7 @@ def best_of_n_kl_bound(n: int) -> float:
 
 def best_of_n(
     tasks: Sequence,
-    collect: Collect,
+    source: Source,
     n: int,
     generator: torch.Generator,
     score: Callable[[list[Trajectory]], list[float]] | None = None,
@@ -33,12 +33,13 @@ def best_of_n(
     """Sample n episodes of every task and pick the highest-scoring one per task.
 
     score(trajs) -> one float each (a reward model); None uses each episode's own reward.
-    Ties go to the earliest sample. Returns (best per task, in task order; all samples).
+    Ties go to the earliest sample; an episode whose environment or reward failed is never picked
+    (a task whose every sample failed has none). Returns (best per task, in task order; all samples).
     The chosen episode's `info['best_of_n_score']` records its score.
     """
     if n < 1:
         raise ValueError(f"best_of_n: n must be >= 1, got {n}")
-    samples = collect(list(tasks), n, generator)
+    samples = source.take(Draw(list(tasks), n, generator)).trainable
     scores = score(samples) if score is not None else [t.reward for t in samples]
     best: dict[int, tuple[float, Trajectory]] = {}
     order: list[int] = []

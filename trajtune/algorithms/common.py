@@ -1,17 +1,15 @@
-"""Pieces the loops share: the `Collect` source, task picking, rollout statistics, selection, train rows.
+"""Pieces the loops share: rollout statistics, selection, train rows.
 
 The loop template itself (signature, numbered phases, the `Run` object for logging,
-evaluation and checkpoints) is in `trajtune.runs.loop`.
+evaluation, checkpoints and hooks) is in `trajtune.runs.loop`. A loop that trains on the
+policy's own samples gets them from a source (`trajtune.sources.base.Source`):
 
-A loop that trains on the policy's own samples gets them from a `Collect`:
+    episodes = source.take(draws(step), ahead=draws(step + 1))   # Episodes(trajs, metrics, generator)
 
-    collect(tasks, n_per_task, generator) -> list[Trajectory]
-
-which runs `n_per_task` episodes of every task with the *current* policy and
-returns finished trajectories with `reward`, `group` (one id per task
-instance) and `info` set. Experiments build it with `trajtune.sources.episodes.make_collect`
-from a sampler (`engine.sample`), an environment factory and a renderer; loops
-never see environments.
+whose trajectories come back with `reward`, `group` (one id per task instance), `info` and
+`outcome` set; the loops train on `episodes.trainable` only. Experiments build the source
+(`trajtune.sources`: an `EpisodeSource` of a policy, environments and a renderer, wrapped as
+they need); loops never see environments.
 """
 
 from __future__ import annotations
@@ -19,36 +17,27 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from typing import Any, Callable, Literal, Sequence
+from typing import Literal, Sequence
 
-import torch
-
-from ..trajectory import Owner, Trajectory
-
-Collect = Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]
-
-
-def pick_tasks(tasks: Sequence[Any], n: int, generator: torch.Generator) -> list[Any]:
-    """`n` tasks: a random permutation's prefix when n <= len(tasks), else whole passes plus a prefix."""
-    if n > 0 and not tasks:
-        raise ValueError(f"no tasks to draw {n} from: the task list is empty")
-    out: list[Any] = []
-    while len(out) < n:
-        perm = torch.randperm(len(tasks), generator=generator).tolist()
-        out += [tasks[i] for i in perm[: n - len(out)]]
-    return out
+from ..trajectory import Outcome, Owner, Trajectory
 
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
-    """Mean reward, pass rate (reward >= 1), POLICY tokens and invalid calls per episode."""
+    """Of the episodes whose environment and reward worked: mean reward, pass rate (reward >= 1), POLICY tokens and
+    invalid calls per episode; and how many failed in the infrastructure (environment or reward: `Outcome`)."""
     if not trajs:
         return {}
+    failed = sum(t.outcome in (Outcome.ENV_ERROR, Outcome.REWARD_ERROR) for t in trajs)
+    trajs = [t for t in trajs if t.trainable]
+    out = {f"{prefix}/infra_failures": float(failed)}
+    if not trajs:
+        return out
     n = len(trajs)
-    out = {
+    out.update({
         f"{prefix}/reward": sum(t.reward for t in trajs) / n,
         f"{prefix}/pass_rate": sum(t.reward >= 1.0 for t in trajs) / n,
         f"{prefix}/policy_tokens": sum(t.count(Owner.POLICY) for t in trajs) / n,
-    }
+    })
     if all("n_invalid" in t.info for t in trajs):
         out[f"{prefix}/invalid_per_episode"] = sum(t.info["n_invalid"] for t in trajs) / n
     return out

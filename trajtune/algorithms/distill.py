@@ -4,7 +4,7 @@ Source: the student's own samples. Weight: per token, the teacher's log-ratio
 log pi_T(a_t) - log pi_theta(a_t) (a per-token reverse-KL reward, "sampled"),
 or the exact reverse KL over the vocabulary at every visited state ("full").
 
-    1. sample   the student's episodes
+    1. sample   the student's episodes (`source.take`)
     2. grade    teacher log-probs (or logits) on exactly those tokens
     3. update   policy-gradient step with per-token advantages / reverse-KL loss
     4. log
@@ -22,8 +22,8 @@ from ..runs.loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, collate
-from .common import Collect, pick_tasks, rollout_metrics, train_row
-from ..seeding import generator
+from ..sources.base import Draws, Source
+from .common import rollout_metrics, train_row
 
 
 @dataclass
@@ -69,17 +69,18 @@ def distill_loss(config: DistillConfig) -> Loss:
     return Loss(full, normalizer=config.aggregation, logits=True)
 
 
-def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, collect: Collect, config: DistillConfig,
+def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, source: Source, config: DistillConfig,
                   pad_id: int, run: Run | None = None) -> list[dict]:
     """Distil the frozen `teacher` engine (built like the policy's, e.g. make_engine(model, frozen=True))
     into the policy on its own samples; resumable with a checkpointer on `run`."""
     run = run or Run("distill")
     loss = distill_loss(config)
-    start, _ = run.start(engine)
+    start, _ = run.start(engine, source=source)
+    draws = Draws(tasks, config.samples_per_task, config.seed, config.steps, per_step=config.tasks_per_step)
     for step in run.steps(start, config.steps):
-        g = generator(config.seed, step)
         # 1. sample
-        trajs = collect(pick_tasks(tasks, config.tasks_per_step, g), config.samples_per_task, g)
+        episodes = source.take(draws(step), ahead=draws(step + 1))
+        trajs = episodes.trainable
         batch = collate(trajs, pad_id)
         # 2. grade: the teacher on exactly those tokens
         t_out = teacher.forward(batch, logits=config.mode != "sampled")
@@ -92,6 +93,7 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, collect: Col
         m = engine.forward_backward(batch, loss)
         o = engine.optim_step()
         # 4. log, evaluate, checkpoint
-        run.end_step(engine, step + 1, {**rollout_metrics(trajs), **train_row(m, o)},
+        row = {**rollout_metrics(episodes.trajs), **episodes.metrics, **train_row(m, o), **source.after_update(engine)}
+        run.end_step(engine, step + 1, row,
                      eval_now=eval_due(step + 1, config.steps, config.eval_every))
     return run.history

@@ -5,9 +5,9 @@ Weight: q(tau) / pi_ref(tau) where pi_ref is the policy that generated the round
 data and q is a time-lagged copy of the policy being trained (refreshed every
 `q_update_every` steps), clipped per step or smoothed (objectives.importance).
 
-    1. sample   with the current policy (= pi_ref of this round), keep accepted episodes
+    1. sample   with the current policy (= pi_ref of this round, `source.take`), keep accepted episodes
     2. ref      log pi_ref of every kept token, once
-    3. train    steps of iw_sft_loss; q <- policy every q_update_every steps
+    3. train    steps of iw_sft_loss; q <- policy every q_update_every steps; `source.after_update`
     4. log
 """
 
@@ -23,10 +23,11 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..runs.loop import Run
 from ..objectives.importance import iw_sft_loss
 from ..trajectory import Batch, Trajectory, collate
-from .common import Collect, check_selection, rollout_metrics, select_episodes, train_row
+from ..sources.base import Draws, Source
+from .common import check_selection, rollout_metrics, select_episodes, train_row
 from .rft import kept_metrics
 from .sft import batch_indices
-from ..seeding import derive, generator
+from ..seeding import derive
 
 
 @dataclass
@@ -97,7 +98,7 @@ class IWSFTState:
     """[kept, T-1] log-probs of the round's data-generating policy pi_ref"""
 
 
-def train_iw_sft(engine: Engine, tasks: Sequence, collect: Collect, config: IWSFTConfig, pad_id: int,
+def train_iw_sft(engine: Engine, tasks: Sequence, source: Source, config: IWSFTConfig, pad_id: int,
                  run: Run | None = None) -> list[dict]:
     """Importance-weighted SFT rounds; returns one row per round, logged (and evaluated) at the optimizer step.
 
@@ -105,17 +106,18 @@ def train_iw_sft(engine: Engine, tasks: Sequence, collect: Collect, config: IWSF
     lagged q is about to be refreshed (every `q_update_every` steps), so q is the policy itself
     there and needs no saving; the kept episodes and log pi_ref are saved (`IWSFTState`)."""
     run = run or Run("iw_sft")
-    _, state = run.start(engine, IWSFTState())
+    _, state = run.start(engine, IWSFTState(), source)
     loss = iw_sft_loss_fn(config)
+    draws = Draws(tasks, config.samples_per_task, config.seed, config.rounds)
     for r in range(state.round, config.rounds):
         if r == state.round and state.row is not None:  # resumed inside round r
             row, done, kept, ref_logp = state.row, state.inner, state.kept, state.ref_logp
         else:
-            g = generator(config.seed, r)
             # 1. sample and filter
-            trajs = collect(list(tasks), config.samples_per_task, g)
+            episodes = source.take(draws(r))
+            trajs = episodes.trainable
             kept = select_episodes(trajs, "accepted", config.threshold)
-            row = {"train/round": float(r + 1), **rollout_metrics(trajs),
+            row = {"train/round": float(r + 1), **rollout_metrics(episodes.trajs), **episodes.metrics,
                    **kept_metrics(trajs, len(kept), kept, config.share_key)}
             done, ref_logp = 0, None
         if kept and config.steps_per_round:
@@ -136,6 +138,7 @@ def train_iw_sft(engine: Engine, tasks: Sequence, collect: Collect, config: IWSF
                     run.checkpoint(engine, engine.step, IWSFTState(r, s + 1, row, kept, ref_logp),
                                    allowed=(s + 1) % config.q_update_every == 0)
             row.update(train_row(m, o))
+            row.update(source.after_update(engine))
         # 4. log, evaluate, checkpoint
         run.end_step(engine, engine.step, row, eval_now=True, state=IWSFTState(r + 1))
     return run.history

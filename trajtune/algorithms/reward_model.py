@@ -1,7 +1,9 @@
 """Reward models: a scalar head trained on preference pairs (RLHF book ch.5, Bradley-Terry).
 
-The reward of an episode is the value head's output at its last real token. The
-trained model scores samples for best-of-N, rejection sampling and RL.
+The reward of an episode is the value head's output at its last real token
+(`objectives.reward_model.last_token_values`). The trained model scores samples for best-of-N,
+rejection sampling and RL as a source's scorer (`trajtune.sources.scoring`: `reward_model_scores`,
+`pair_accuracy`, `RewardModel`).
 
     1. step   a batch of pairs: forward chosen and rejected together, Bradley-Terry loss
     2. log    loss, pair accuracy on the batch (and held-out accuracy via `evaluate`)
@@ -16,8 +18,8 @@ import torch
 
 from ..engine import Engine, ForwardOutput, Loss
 from ..runs.loop import Run, eval_due
-from ..objectives.reward_model import bradley_terry_loss, pairwise_accuracy
-from ..trajectory import Batch, Trajectory, collate, pair_batch
+from ..objectives.reward_model import bradley_terry_loss, last_token_values
+from ..trajectory import Batch, pair_batch
 from .common import train_row
 from .dpo import Pair, pair_step
 from .sft import batch_indices
@@ -45,29 +47,6 @@ class RewardModelConfig:
             raise ValueError(f"RewardModelConfig: margin must be >= 0, got {self.margin}")
         if self.length_buckets < 1:
             raise ValueError(f"RewardModelConfig: length_buckets must be >= 1, got {self.length_buckets}")
-
-
-def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """values [B, T], attention_mask [B, T] -> [B]: the value at each row's last real token."""
-    last = attention_mask.long().sum(-1) - 1  # [B]
-    return values.gather(1, last[:, None]).squeeze(1)
-
-
-def score(engine: Engine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256) -> list[float]:
-    """Reward-model scores of episodes (no gradient)."""
-    out: list[float] = []
-    for i in range(0, len(trajs), batch_size):
-        batch = collate(trajs[i : i + batch_size], pad_id)
-        values = engine.forward(batch, values=True).values
-        out += last_token_values(values, batch.attention_mask).tolist()
-    return out
-
-
-def pair_accuracy(engine: Engine, pairs: Sequence[Pair], pad_id: int) -> float:
-    """Share of pairs whose chosen episode scores higher than the rejected one."""
-    s = score(engine, [c for c, _ in pairs] + [r for _, r in pairs], pad_id)
-    P = len(pairs)
-    return float(pairwise_accuracy(torch.tensor(s[:P]), torch.tensor(s[P:])))
 
 
 def bradley_terry_loss_fn(config: RewardModelConfig) -> Loss:

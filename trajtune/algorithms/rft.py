@@ -4,10 +4,11 @@ Source: the policy's own samples, kept if the verifier accepts them (or the best
 reward model). Weight: 1 on kept episodes -- in policy-gradient terms R_i / p-hat.
 One round, top to bottom:
 
-    1. sample   samples_per_task episodes of every task with the current policy
+    1. sample   samples_per_task episodes of every task with the current policy (`source.take`;
+                those whose environment or reward failed are never kept)
     2. select   accepted / top per prompt / top overall (or a random control of equal size),
                 then optional dedup by action sequence and a per-task cap
-    3. train    SFT on the kept episodes for steps_per_round steps
+    3. train    SFT on the kept episodes for steps_per_round steps; `source.after_update`
     4. log      pass rate, kept count, family shares and hack share of the kept set
 """
 
@@ -21,9 +22,10 @@ from ..config import check_choices
 from ..engine import Engine
 from ..runs.loop import Run
 from ..trajectory import Trajectory
-from .common import Collect, check_selection, dedup_and_cap, rollout_metrics, select_episodes, shares
+from ..sources.base import Draws, Source
+from .common import check_selection, dedup_and_cap, rollout_metrics, select_episodes, shares
 from .sft import SFTConfig, sft_loss_fn, sft_step
-from ..seeding import derive, generator
+from ..seeding import derive
 
 
 @dataclass
@@ -84,7 +86,7 @@ class RFTState:
     """the kept episodes SFT trains on (this round's, or all rounds' with accumulate)"""
 
 
-def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConfig, pad_id: int,
+def train_rft(engine: Engine, tasks: Sequence, source: Source, config: RFTConfig, pad_id: int,
               run: Run | None = None, score: Callable[[list[Trajectory]], list[float]] | None = None) -> list[dict]:
     """Expert iteration. `score`, if given, replaces each sample's reward (a reward model) before
     selection. Returns one row per round, logged (and evaluated) at the cumulative SFT step.
@@ -92,16 +94,17 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
     Resumes exactly with a checkpointer on `run`, mid-round included: a checkpoint holds the
     round, its SFT step, the kept episodes and the round's row so far (`RFTState`)."""
     run = run or Run("rft")
-    _, state = run.start(engine, RFTState())
+    _, state = run.start(engine, RFTState(), source)
     pool, loss = state.pool, sft_loss_fn(config.aggregation)
+    draws = Draws(tasks, config.samples_per_task, config.seed, config.rounds)
     for r in range(state.round, config.rounds):
         if r == state.round and state.row is not None:  # resumed inside round r: its samples are already selected
             row, done = state.row, state.inner
         else:
-            g = generator(config.seed, r)
             # 1. sample
-            trajs = collect(list(tasks), config.samples_per_task, g)
-            row = {"train/round": float(r + 1), **rollout_metrics(trajs)}
+            episodes = source.take(draws(r))
+            trajs = episodes.trainable
+            row = {"train/round": float(r + 1), **rollout_metrics(episodes.trajs), **episodes.metrics}
             if score is not None:
                 for t, s in zip(trajs, score(trajs), strict=True):
                     t.info["verifier_reward"], t.reward = t.reward, float(s)
@@ -124,6 +127,7 @@ def train_rft(engine: Engine, tasks: Sequence, collect: Collect, config: RFTConf
                 if k + 1 < config.steps_per_round:
                     run.checkpoint(engine, engine.step, RFTState(r, k + 1, row, pool))
             row.update({k: last[k] for k in ("train/loss", "train/grad_norm", "train/lr")})
+            row.update(source.after_update(engine))
         # 4. log, evaluate, checkpoint
         run.end_step(engine, engine.step, row, eval_now=True,
                      state=RFTState(r + 1, pool=pool if config.accumulate else []))

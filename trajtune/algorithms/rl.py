@@ -4,20 +4,20 @@ PPO (with a value head and GAE), GSPO, CISPO.
 Source: the policy's own samples, `group_size` per task. Weight: an advantage
 (DESIGN.md table). One step, top to bottom:
 
-    1. sample   tasks_per_step tasks x group_size episodes with the current policy
+    1. sample   tasks_per_step tasks x group_size episodes (`source.take`), the trainable ones kept
     2. score    rewards -> advantages (group baseline, or GAE with the value head)
-    3. update   epochs x minibatches of policy_gradient_loss (+ value loss)
+    3. update   epochs x minibatches of policy_gradient_loss (+ value loss); `source.after_update`
     4. log, evaluate every `eval_every` steps, checkpoint
 
-Overlapped (`max_staleness = 1`, one-step off-policy as in PipelineRL, prime-rl and verl's
-async trainers): steps 2-3 of step s run in a thread while the main thread collects step
-s+1, whose episodes (rendering, sampling, the environments) run in a sampler process
-holding its own copy of the weights, one update behind (trajtune.sources.process); the
-weights are synced and checked after every update, and the truncated importance weight
-against the sampler's log-probs (`tis_cap`) corrects the lag:
+The loop is synchronous whatever the source does. An overlapped source
+(`trajtune.sources.overlap.Overlapped`: step s+1 sampled in a sampler process one update
+behind while step s trains, as PipelineRL, prime-rl and verl's async trainers do) hands back
+episodes whose sampling policy lagged by one update (`Episodes.behind`); the truncated
+importance weight against the sampler's log-probs (`tis_cap`, required then) corrects the lag.
 
-    main thread:   collect s+1 (sampler: theta_s)   sync theta_s+1   collect s+2 (theta_s+1) ...
-    train thread:  score + update s (-> theta_s+1)                   score + update s+1 ...
+Episodes whose environment or reward failed (`Trajectory.outcome`) are counted
+(rollout/infra_failures) and left out of the update and of their group's baseline: a group
+of four with one failure has the advantages of the group of the three others.
 
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
 step's advantages, returns and old / reference log-probs travel on the batch
@@ -26,23 +26,21 @@ step's advantages, returns and old / reference log-probs travel on the batch
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from dataclasses import dataclass
+from typing import Literal, Sequence
 
 import torch
 
-from ..sources.process import SamplerProcess
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
+from ..evaluation import informative_group_share
 from ..runs.loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
 from ..objectives.kl import kl_penalized_rewards
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
-from ..trajectory import Batch, Owner, Trajectory, collate
-from .common import Collect, pick_tasks, rollout_metrics, train_row
-from ..seeding import generator
+from ..sources.base import Draws, Episodes, Source
+from ..trajectory import Batch, Trajectory, collate
+from .common import rollout_metrics, train_row
 
 
 @dataclass
@@ -92,28 +90,11 @@ class RLConfig:
     aggregation_constant: float = 0.0
     """C for aggregation='constant' (e.g. the longest generation)"""
     tis_cap: float = 0.0
-    """truncated importance sampling cap against the sampler's log-probs (0 disables)"""
+    """truncated importance sampling cap against the sampler's log-probs (0 disables); needed when the source samples
+    behind the policy (an overlapped source: trajtune.sources.overlap)"""
     length_buckets: int = 1
     """forward each minibatch in this many groups of similar length, each without the padding it does not
     need (the same gradient up to float rounding; faster when episode lengths vary)"""
-    max_staleness: int = 0
-    """how many updates the sampling policy may lag: 0 samples step s with the policy step s updates
-    (on-policy); 1 samples step s+1 while step s trains, in a sampler process holding its own copy of
-    the weights, one update behind (needs tis_cap > 0: the truncated importance weight against the
-    sampler's log-probs corrects the lag)"""
-    sampler_process: bool = False
-    """run the episodes in a separate process with its own copy of the weights, synced and checked after
-    every update (implied by max_staleness 1; with 0 a run equals the one-process run: bit for bit when
-    sampler_threads is the trainer's torch thread count, else up to float rounding)"""
-    sampler_threads: int = 1
-    """torch threads of the sampler process (1: the sampler on one core, the trainer on the others)"""
-    sampler_timeout: float = 600.0
-    """longest wait for the sampler process to answer (one step's episodes, a weight sync) before the run
-    stops with an error (0: no limit); a sampler process that dies stops the run at once, naming the cause"""
-    sync_tolerance: float = 1e-3
-    """after every weight sync the sampler's and the trainer's log-probs of the same tokens (the first rows
-    of the step's batch) must agree to this (max abs difference, nats; logged as sync/logprob_diff), and
-    the sampler's weights must equal the trainer's, or the run stops"""
     eval_every: int = 0
     """evaluate every this many steps (0: only after the last)"""
     seed: int = 0
@@ -135,17 +116,8 @@ class RLConfig:
             raise ValueError(f"RLConfig: {' and '.join(reuse)} updates the policy more than once per batch of samples, "
                              "and surrogate 'reinforce' has no importance ratio to correct for that (nor a trust "
                              "region): use surrogate ppo (or cispo), or one update per batch (epochs 1, minibatches 1)")
-        if self.max_staleness not in (0, 1):
-            raise ValueError(f"RLConfig: max_staleness must be 0 (on-policy) or 1 (sample the next step while this "
-                             f"one trains), got {self.max_staleness}")
-        if self.max_staleness and not self.tis_cap:
-            raise ValueError("RLConfig: max_staleness 1 samples with the policy one update behind; set tis_cap "
-                             "(e.g. 2.0) so the truncated importance weight against the sampler's log-probs "
-                             "corrects the lag")
-        check_ranges(self, "RLConfig", counts=("length_buckets", "sampler_threads"),
-                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
-                                   "sampler_timeout"),
-                     positive=("sync_tolerance",))
+        check_ranges(self, "RLConfig", counts=("length_buckets",),
+                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"))
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
@@ -215,156 +187,60 @@ def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, us
     return batch.with_extras(**{k: v for k, v in extras.items() if v is not None})
 
 
-@dataclass
-class RLState:
-    """What an overlapped run (max_staleness 1) carries over a checkpoint: the next step's rollouts, sampled
-    while the last step trained, and the state of that step's generator (it still shuffles its minibatches)."""
-
-    pending: list[Trajectory] = field(default_factory=list)
-    pending_step: int = -1
-    pending_rng: torch.Tensor | None = None
-
-
-def train_rl(engine: Engine, tasks: Sequence, collect: Collect, config: RLConfig, pad_id: int,
+def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, pad_id: int,
              run: Run | None = None) -> list[dict]:
-    """Run `config.steps` policy-gradient updates; returns the logged rows.
+    """Run `config.steps` policy-gradient updates on `source`'s episodes; returns the logged rows.
 
-    Resumes exactly with a checkpointer on `run` (step s samples with a generator seeded from
-    (seed, s); the KL reference is the stage's starting policy, saved once; an overlapped run saves
-    the rollouts of the step after the checkpoint, sampled one update behind, in `RLState`)."""
+    Resumes exactly with a checkpointer on `run` (step s draws with a generator seeded from (seed, s);
+    the KL reference is the stage's starting policy, saved once; episodes an overlapped source drew
+    ahead are saved with the checkpoint and trained on after the resume)."""
     run = run or Run("rl")
-    start, state = run.start(engine, RLState())
+    start, _ = run.start(engine, source=source)
     ref = run.reference(engine, start) if config.kl_coef else None  # the frozen starting policy
     use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
     loss = rl_loss(config, use_old)
-    with Rollouts(engine, tasks, collect, config, state) as rollouts:
-        for step in run.steps(start, config.steps):
-            eval_now = eval_due(step + 1, config.steps, config.eval_every)
-            # 1. sample (max_staleness 1: drawn by the sampler process while the last step trained)
-            trajs, g = rollouts.take(step)
-            row = rollout_metrics(trajs)
-            if config.skip_zero_variance:
-                trajs = drop_zero_variance_groups(trajs)
-
-            def update(trajs: list[Trajectory] = trajs, g: torch.Generator = g) -> tuple[Batch, dict]:
-                # 2. score: rewards -> advantages, on the batch
-                batch = score(engine, ref, collate(trajs, pad_id), config, use_old)
-                run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
-                # 3. update
-                for epoch in range(config.epochs):
-                    order = torch.randperm(batch.size, generator=g)
-                    for chunk in order.chunk(config.minibatches):
-                        m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
-                        o = engine.optim_step()
-                return batch, {**train_row(m, o), "train/kept_episodes": float(batch.size),
-                               "train/tokens": float(batch.action_mask.sum())}
-
-            # 2-3 (max_staleness 1: in a thread, while step + 1 is sampled); no trajectories: every group had
-            # equal rewards, nothing to learn from this step
-            row.update(rollouts.overlap(step, update if trajs else None))
-            # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
-            run.end_step(engine, step + 1, row, eval_now=eval_now, state=state)
+    draws = Draws(tasks, config.group_size, config.seed, config.steps, per_step=config.tasks_per_step)
+    for step in run.steps(start, config.steps):
+        # 1. sample: the step's episodes (a source that samples ahead starts the next step's now)
+        episodes = source.take(draws(step), ahead=draws(step + 1))
+        check_lag(episodes, config)
+        row = {**rollout_metrics(episodes.trajs), **episodes.metrics}
+        trajs = episodes.trainable
+        row["rollout/no_signal_share"] = no_signal_share(trajs)
+        if config.skip_zero_variance:
+            trajs = drop_zero_variance_groups(trajs)
+        row["train/kept_episodes"] = float(len(trajs))
+        if trajs:  # none: every group had equal rewards (or failed), nothing to learn from this step
+            # 2. score: rewards -> advantages, on the batch
+            batch = score(engine, ref, collate(trajs, pad_id), config, use_old)
+            run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
+            # 3. update
+            for epoch in range(config.epochs):
+                order = torch.randperm(batch.size, generator=episodes.generator)
+                for chunk in order.chunk(config.minibatches):
+                    m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
+                    o = engine.optim_step()
+            row.update({**train_row(m, o), "train/tokens": float(batch.action_mask.sum())})
+        row.update(source.after_update(engine))
+        # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
+        run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
     return run.history
 
 
-class Rollouts:
-    """Where each step's trajectories come from: `collect` in this process (the default), or `collect` with its
-    episodes run in a `SamplerProcess` (`sampler_process`; the first step's here, while it starts), sampled one
-    step ahead while the last step trains (`max_staleness` 1).
+def check_lag(episodes: Episodes, config: RLConfig) -> None:
+    """Episodes sampled behind the policy need the truncated importance weight against the sampler's log-probs."""
+    if episodes.behind and not config.tis_cap:
+        raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) behind the "
+                         "policy (an overlapped source, max_staleness 1); set tis_cap (e.g. 2.0) so the truncated "
+                         "importance weight against the sampler's log-probs corrects the lag")
 
-    take(step)            -> (the step's trajectories, its generator after sampling them)
-    overlap(step, update) -> update()'s row, plus sync/logprob_diff of the weight sync the sampler loaded in the step;
-                             with max_staleness 1, step + 1 is sampled while `update` runs in a thread
-    """
 
-    PROBE_ROWS = 2
-    """rows of the step's batch on which the sampler's and the trainer's log-probs are compared after a sync"""
-
-    def __init__(self, engine: Engine, tasks: Sequence, collect: Collect, config: RLConfig, state: RLState):
-        self.engine, self.tasks, self.collect, self.config, self.state = engine, tasks, collect, config, state
-        self.sampler: SamplerProcess | None = None
-        if config.sampler_process or config.max_staleness:
-            if engine.shard is not None:
-                raise ValueError("RLConfig: max_staleness 1 / sampler_process need a one-process engine "
-                                 "(not torchrun: every rank would need its own sampler process)")
-            self.sampler = SamplerProcess(engine, config.sampler_threads, config.sync_tolerance,
-                                          config.sampler_timeout)
-        self.first = True
-        self._pool: ThreadPoolExecutor | None = None  # the update thread (max_staleness 1), one for the whole loop
-
-    def take(self, step: int) -> tuple[list[Trajectory], torch.Generator]:
-        s, first, self.first = self.state, self.first, False
-        if s.pending_step == step:  # sampled while the last step trained (or saved with the checkpoint)
-            g = torch.Generator()
-            g.set_state(s.pending_rng)
-            trajs, s.pending, s.pending_step, s.pending_rng = s.pending, [], -1, None
-            return trajs, g
-        return self._sample(step, local=first)  # the first: here, while the sampler process boots (same weights)
-
-    def overlap(self, step: int, update: Callable[[], tuple[Batch, dict]] | None) -> dict:
-        ahead = self.config.max_staleness > 0 and step + 1 < self.config.steps
-        if update is None:
-            if ahead:
-                self._prefetch(step + 1)
-            return {"train/kept_episodes": 0.0}
-        sampler = self.sampler
-
-        def update_and_probe() -> tuple[dict, Any]:  # the trainer's side of the sync check, in the same thread
-            batch, row = update()
-            return row, None if sampler is None else sampler.probe(
-                batch.select(torch.arange(min(self.PROBE_ROWS, batch.size))))
-
-        needed = sampler is not None and step + 1 + self.config.max_staleness < self.config.steps  # sampled with
-        if ahead:
-            if self._pool is None:  # started once: a thread per step cost ~1 ms of the trainer's GIL a step
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-update")
-            job = self._pool.submit(update_and_probe)
-            try:
-                if needed:  # sent as soon as the update ends, even while step + 1's episodes are still sampled
-                    sampler.sync_when_done(job, lambda: sampler.sync(job.result()[1]))
-                self._prefetch(step + 1)  # the sampler holds the weights before `update`: one behind
-            except BaseException:
-                futures_wait([job])  # the update never outlives its step; the sampling error is the one raised
-                raise
-            row, probe = job.result()
-            if needed:
-                sampler.sync_if_not_done()
-        else:
-            row, probe = update_and_probe()
-            if needed:
-                sampler.sync(probe)  # checked when the episodes sampled with these weights arrive
-        if sampler is not None:
-            row.update(sampler.checked())  # the sync the sampler loaded this step (checked before its episodes)
-        return row
-
-    def _prefetch(self, step: int) -> None:
-        trajs, g = self._sample(step, local=False)
-        self.state.pending, self.state.pending_step, self.state.pending_rng = trajs, step, g.get_state()
-
-    def _sample(self, step: int, local: bool) -> tuple[list[Trajectory], torch.Generator]:
-        c = self.config
-        g = generator(c.seed, step)
-        picked = pick_tasks(self.tasks, c.tasks_per_step, g)
-        if self.sampler is None or local:
-            return self.collect(picked, c.group_size, g), g
-        calls = self.sampler.calls
-        with self.sampler.routing():  # make_collect runs engine.sample's episodes in the sampler process
-            trajs = self.collect(picked, c.group_size, g)
-        if self.sampler.calls == calls and any(t.count(Owner.POLICY) for t in trajs):
-            raise ValueError("RLConfig: max_staleness 1 / sampler_process: the collect sampled its episodes without "
-                             "the sampler process (a sampler other than engine.sample, e.g. Hugging Face generate, "
-                             "or a collect not built by trajtune.sources.episodes.make_collect); use "
-                             "make_collect(engine.sample, ...)")
-        return trajs, g
-
-    def __enter__(self) -> "Rollouts":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-        if self.sampler is not None:
-            self.sampler.close()
+def no_signal_share(trajs: list[Trajectory]) -> float:
+    """Share of the step's groups whose rewards are all equal: a group baseline gets no signal from them (the
+    share DAPO's dynamic sampling refills; REPRODUCE B6)."""
+    if not trajs:
+        return 0.0
+    return 1.0 - informative_group_share(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
 
 
 def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:

@@ -21,7 +21,7 @@ Rules every environment follows (DESIGN.md, "Contracts"; the `Env` docstring has
 What a task must provide (`check_tasks`, called by the rollout before any episode starts):
 a `.name` (a non-empty str: logs, info["task"], per-task tables, RFT dedup) and whatever its
 environment reads, declared in the environment's `task_attributes` (SingleTurnEnv: `.prompt`).
-Grouping: `make_collect` (what the training loops use) gives every task instance of a call
+Grouping: an `EpisodeSource` (what the training loops sample through) gives every task instance of a draw
 its own group, by position; `rollout_batch` without `groups` puts equal tasks in one group,
 by hash and equality, or by repr for a task that is not hashable (a frozen dataclass holding
 lists, like BugFixTask). A frozen dataclass of plain values is the easy choice.

@@ -5,9 +5,11 @@ iw-SFT comparison on BugFix (`experiments/iw_sft/bugfix.py`, REPRODUCE C4); neit
 imports the other. Measurements return plain floats and dicts so stages can hand them
 across processes and into the reports.
 
-    Gym                  tokenizer, renderer, train / held-out tasks, rollout limits, sampling clock
+    Gym                  tokenizer, renderer, train / held-out tasks, rollout limits, the stage's counters;
+                         `Gym.source(engine)`: the engine's episodes in the gym (a source for the loops)
+    costs                what a draw cost: sampled episodes, verifier calls (for `Measured`)
     scripted_play        episodes of a scripted policy (oracle / blind / random)
-    episodes             the engine's own episodes, n per task, seeded
+    episodes             the engine's own episodes, n per task, seeded (outside a loop: evaluation)
     evaluate             train / held-out pass, invalid calls, reads (every eval point)
     describe             evaluate + action entropy (seed §15.2 `describe`)
     probe                held-out pass, informative groups, entropy (A10)
@@ -30,7 +32,8 @@ import torch
 
 from ..algorithms.common import dedup_and_cap, select_episodes, shares
 from ..algorithms.sft import SFTConfig, train_sft
-from ..sources.episodes import make_collect, timed
+from ..sources.base import Draw
+from ..sources.episodes import EpisodeSource
 from ..engine import Engine, OptimConfig
 from ..envs.bugfix import BugFixEnv, build_tokenizer
 from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
@@ -49,13 +52,13 @@ from ..seeding import derive
 class Gym:
     """The BugFix gym with one tokenizer and one renderer (wrappers on, the rollout format).
 
-    counters: where rollouts add their wall seconds (`sampling_s`); a stage passes `ctx.counters`
-    so the runner reports each stage's sampling share."""
+    counters: where the evaluations' episodes add their wall seconds (`sampling_s`: `episodes`); a stage passes
+    `ctx.counters` so the runner reports each stage's sampling share (its loops' add up there through `ctx.run`)."""
 
     max_turns: int = 6
     max_action_tokens: int = 8
     episode_seeds: bool = False
-    """every episode samples from its own generator (implied under torchrun: `collect.make_collect`)"""
+    """every episode samples from its own generator (implied under torchrun: `sources.episodes.EpisodeSource`)"""
     counters: dict = field(default_factory=dict)
     tok: WordTokenizer = field(default_factory=build_tokenizer)
     train: list[BugFixTask] = field(default_factory=lambda: make_tasks("train"))
@@ -69,12 +72,23 @@ class Gym:
     def pad_id(self) -> int:
         return self.tok.pad_id
 
-    def collect(self, engine: Engine, reward: str = "hidden"):
-        """`collect(tasks, n_per_task, generator)` for the algorithm loops (trajtune.sources.episodes), timed.
-        Under torchrun every rank samples its shard of the episodes and all ranks get the whole list."""
-        return timed(make_collect(engine.sample, lambda: BugFixEnv(reward=reward), self.renderer, shard=engine.shard,
-                                  episode_seeds=self.episode_seeds, max_turns=self.max_turns,
-                                  max_action_tokens=self.max_action_tokens), self.counters)
+    def source(self, engine: Engine, reward: str = "hidden", policy=None) -> EpisodeSource:
+        """The engine's episodes in the gym, a source for the loops (`policy`: where they are sampled, default
+        `engine.sample`; a `SamplerProcess` for an overlapped run). Under torchrun every rank samples its shard
+        of the episodes and all ranks get the whole list."""
+        return EpisodeSource(engine.sample if policy is None else policy, BugFixEnvFactory(reward), self.renderer,
+                             shard=engine.shard, episode_seeds=self.episode_seeds, max_turns=self.max_turns,
+                             max_action_tokens=self.max_action_tokens)
+
+
+@dataclass(frozen=True)
+class BugFixEnvFactory:
+    """`make_env` of a BugFix source: a fresh `BugFixEnv(reward)` per episode (picklable, for a sampler process)."""
+
+    reward: str = "hidden"
+
+    def __call__(self) -> BugFixEnv:
+        return BugFixEnv(reward=self.reward)
 
 
 def stage_gym(ctx: StageContext, max_turns: int = 6, max_action_tokens: int = 8, episode_seeds: bool = False) -> Gym:
@@ -104,20 +118,24 @@ def scripted_play(gym: Gym, kind: str, seeds: Sequence[int], tasks: Sequence[Bug
 
 def episodes(engine: Engine, gym: Gym, tasks: Sequence[BugFixTask], n: int, seed: int,
              reward: str = "hidden") -> list[Trajectory]:
-    """n episodes of every task with the engine's current policy (temperature 1), seeded."""
-    return gym.collect(engine, reward)(list(tasks), n, torch.Generator().manual_seed(seed))
+    """n episodes of every task with the engine's current policy (temperature 1), seeded; their wall time is added
+    to the gym's counters."""
+    source = gym.source(engine, reward)
+    draw = source.take(Draw(list(tasks), n, torch.Generator().manual_seed(seed)))
+    gym.counters["sampling_s"] += draw.metrics["time/sampling_s"]
+    return draw.trajs
 
 
-def counting(collect, costs: dict):
-    """Wrap a collect to count sampled episodes and verifier calls (submits) for the cost table."""
+def costs(trajs: Sequence[Trajectory]) -> dict[str, int]:
+    """What a draw cost, for the cost table (a `Measured` source's metrics): sampled episodes, verifier calls
+    (submits)."""
+    return {"cost/sampled": len(trajs), "cost/verifier_calls": sum(t.info.get("submitted", 0) for t in trajs)}
 
-    def wrapped(tasks, n, g):
-        trajs = collect(tasks, n, g)
-        costs["sampled"] = costs.get("sampled", 0) + len(trajs)
-        costs["verifier_calls"] = costs.get("verifier_calls", 0) + sum(t.info["submitted"] for t in trajs)
-        return trajs
 
-    return wrapped
+def total_costs(rows: Sequence[dict]) -> dict[str, int]:
+    """The cost table's counts summed over a loop's rows (its `Measured` source's cost/* metrics)."""
+    return {"sampled": sum(r.get("cost/sampled", 0) for r in rows),
+            "verifier_calls": sum(r.get("cost/verifier_calls", 0) for r in rows)}
 
 
 def preference_pairs(trajs: Sequence[Trajectory], tasks: Sequence[BugFixTask], seed: int):

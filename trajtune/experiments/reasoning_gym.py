@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..algorithms.rl import RLConfig
-from ..sources.episodes import make_collect
+from ..sources.episodes import EpisodeSource
 from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -105,7 +105,7 @@ def stage_rl(ctx) -> dict:
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
                                        max_len=max_tokens + 1))
     result = train_and_score(
-        ctx, model, tok, lambda engine: make_collect(engine.sample, reasoning_gym_env, renderer, max_turns=1,
+        ctx, model, tok, lambda engine: EpisodeSource(engine.sample, reasoning_gym_env, renderer, max_turns=1,
                                                      max_tokens=max_tokens, max_action_tokens=config.max_answer_tokens),
         "reasoning_gym", train, held_out, f"reasoning-gym {config.dataset}")
     return {**result, "example": {"question": held_out[0].question, "answer": held_out[0].answer}}

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..algorithms.rl import RLConfig
-from ..sources.episodes import make_collect
+from ..sources.episodes import EpisodeSource
 from ..config import ConfigError, check_ranges, to_dict
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -130,7 +130,7 @@ def stage_rl(ctx) -> dict:
         return TextArenaEnv(config.action_template, **config.game_kwargs)
 
     return train_and_score(
-        ctx, model, tok, lambda engine: make_collect(engine.sample, make_env, renderer, max_turns=config.max_turns,
+        ctx, model, tok, lambda engine: EpisodeSource(engine.sample, make_env, renderer, max_turns=config.max_turns,
                                                      max_tokens=max_tokens, max_action_tokens=config.max_action_tokens),
         "textarena", train, held_out, f"textarena {config.env_id} ({tok.vocab_size} words)")
 

@@ -134,3 +134,10 @@ def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
     loss = F.cross_entropy(logits[sup].float(), labels[sup])
     acc = (logits[sup].detach().argmax(-1) == labels[sup]).float().mean()
     return loss, {"prm/accuracy": acc, "prm/steps": sup.sum().float()}
+
+
+def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """values [B, T], attention_mask [B, T] -> [B]: the value at each row's last real token (a reward model's
+    score of the episode)."""
+    last = attention_mask.long().sum(-1) - 1  # [B]
+    return values.gather(1, last[:, None]).squeeze(1)

@@ -5,52 +5,66 @@ algorithm laid out the same way"; CleanRL's region markers):
 
     def train_x(engine: Engine, <source>, config: XConfig, pad_id: int, run: Run | None = None) -> list[dict]:
         run = run or Run("x")
-        start, state = run.start(engine, XState())        # 0 and a fresh state, or where it stopped
-        for step in run.steps(start, config.steps):       # a progress bar
-            # 1. <source>: the step's trajectories (a batch of demonstrations, fresh samples, pairs)
+        start, state = run.start(engine, XState(), source)   # 0 and a fresh state, or where it stopped
+        for step in run.steps(start, config.steps):          # a progress bar
+            # 1. <source>: the step's trajectories (demonstrations, `source.take(draw)`, pairs)
             # 2. <weighting>: the step's weights (advantages, reference log-probs ...) onto the batch
-            # 3. update: engine.forward_backward(batch, loss); engine.optim_step()
+            # 3. update: engine.forward_backward(batch, loss); engine.optim_step(); source.after_update(engine)
             # 4. log, evaluate, checkpoint
             run.end_step(engine, step + 1, row, eval_now=..., state=state)
         return run.history
 
-<source> is what DESIGN.md calls the source (demonstrations, sampled rollouts, preference
-pairs) and <weighting> the loss from `trajtune.objectives`. Everything else -- metrics
-rows, evaluation, periodic and Ctrl-C checkpoints, exact resume -- is `Run`'s job, so
-what stays in a loop is the algorithm.
+<source> is what DESIGN.md calls the source (demonstrations, sampled episodes through a
+`trajtune.sources.base.Source`, preference pairs) and <weighting> the loss from
+`trajtune.objectives`. Everything else -- metrics rows, evaluation, periodic and Ctrl-C
+checkpoints, exact resume, hooks -- is `Run`'s job, so what stays in a loop is the algorithm.
 
 `Run` with nothing set (no logger, no evaluation, no checkpointer) just collects the
 rows; a stage runner (`trajtune.runs.stages`) hands each loop a `Run` wired to its stage's
-`metrics.jsonl`, evaluation and resume directory.
+`metrics.jsonl`, evaluation, resume directory and time counters.
 
 Resume state: step s of every loop is a pure function of (seed, s), so most loops
 need nothing but the engine and the history. A loop that carries more across steps
 (RFT's kept pool, DPO's reference sums) declares it as a small dataclass; `Run`
 saves it with the engine (JSON fields in the checkpoint; `Trajectory` lists as JSON;
-tensors in `loop.safetensors`) and `run.start` gives it back filled in.
+tensors in `loop.safetensors`) and `run.start` gives it back filled in. A source given to
+`run.start` is saved too: the episodes it drew ahead (`Source.pending`, an overlapped
+source's next step) are kept with every checkpoint and handed back on resume (`Source.restore`).
+
+Hooks (`runs.hooks.Hook`) see the loop's start, every step's episodes (`record_episodes`) and
+every save point: the episode recorder of `trajtune view` and the HF commands' snapshots are hooks.
+Time counters: a row's `time/<name>_s` metrics (a source's sampling and reward time) are added
+to `counters["<name>_s"]` (a stage's, reported with its wall time).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
 
 from ..engine.distributed import is_main
+from ..metrics import Console, MetricsLogger, progress
+from ..trajectory import Trajectory
+from .hooks import Hook
 from .recorder import FILE as EPISODES_FILE
 from .recorder import EpisodeRecorder
-from ..metrics import Console, MetricsLogger, progress
 from .resume import Checkpointer, trajectories_from_json, trajectories_to_json
-from ..trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..sources.base import Source
 
 S = TypeVar("S")
 
 _TRAJS = "__trajectories__"
+_SOURCE = "__source__"
+"""the checkpoint's key (and tensor prefix) of the source's episodes drawn ahead"""
 
 
 class Run:
-    """Logging, evaluation and checkpoints of one loop run (each optional).
+    """Logging, evaluation, checkpoints and hooks of one loop run (each optional).
 
     stage:        the name in every metrics row (and the progress bar)
     logger:       a `MetricsLogger` (None: rows are only returned)
@@ -58,40 +72,45 @@ class Run:
     checkpointer: a `Checkpointer` for periodic / Ctrl-C saves and exact resume
     console:      a `metrics.Console` that shows the rows to a person (a line every N steps, or a
                   progress bar with their values); None: a plain progress bar (terminals only)
-    episodes:     an `episodes.EpisodeRecorder` (`record_episodes`, what `trajtune view` shows); by default
-                  a Run with a checkpointer (every stage's loop) records into the stage's directory,
-                  <checkpointer dir>/../episodes.jsonl, and a bare Run records nothing
+    hooks:        `runs.hooks.Hook`s (module docstring); a Run with a checkpointer (every stage's loop) also
+                  records a few episodes per step into <checkpointer dir>/../episodes.jsonl for `trajtune view`
+                  (an `EpisodeRecorder`, unless `hooks` holds one)
+    counters:     where a row's time/<name>_s metrics add up (a stage's `ctx.counters`)
     """
 
     def __init__(self, stage: str = "train", logger: MetricsLogger | None = None,
                  evaluate: Callable[[int], dict] | None = None, checkpointer: Checkpointer | None = None,
-                 console: Console | None = None, episodes: EpisodeRecorder | None = None):
+                 console: Console | None = None, hooks: Sequence[Hook] = (), counters: dict | None = None):
         self.stage, self.logger, self.evaluate, self.checkpointer = stage, logger, evaluate, checkpointer
-        self.console = console
-        if episodes is None and checkpointer is not None:
-            episodes = EpisodeRecorder(checkpointer.directory.parent / EPISODES_FILE, write=is_main())
-        self.episodes = episodes
+        self.console, self.hooks, self.counters = console, list(hooks), counters
+        if checkpointer is not None and not any(isinstance(h, EpisodeRecorder) for h in self.hooks):
+            self.hooks.insert(0, EpisodeRecorder(checkpointer.directory.parent / EPISODES_FILE, write=is_main(),
+                                                 stage=stage))
         self.history: list[dict] = []
+        self.source: Source | None = None
 
     # --- 0. where the loop starts
-    def start(self, engine, state: S = None) -> tuple[int, S]:
+    def start(self, engine: Engine, state: S = None, source: Source | None = None) -> tuple[int, S]:
         """(completed steps, loop state): (0, `state` as given) on a fresh run; on a resume the engine is
         restored, `history` comes back from the checkpoint, the logger forgets the stage's rows after
-        it (they are logged again), and `state`'s fields are refilled from the checkpoint."""
-        ck = self.checkpointer
+        it (they are logged again), `state`'s fields are refilled from the checkpoint, and `source` gets back
+        the episodes it had drawn ahead (`Source.restore`). Every checkpoint keeps `source.pending()`."""
+        ck, self.source = self.checkpointer, source
         start = ck.resume(engine) if ck is not None else 0
         if self.console is not None:
             self.console.start(start)
+        for hook in self.hooks:
+            hook.on_start(engine, start)
         if not start:
             return 0, state
         if self.logger is not None:
             self.logger.drop_after(self.stage, start)
-        if self.episodes is not None:
-            self.episodes.drop_after(start)
         saved = dict(ck.state)
         self.history = list(saved.pop("history", []))
         if state is not None:
             state = _state_from(state, saved, ck.tensors)
+        if source is not None and saved.get(_SOURCE) is not None:
+            source.restore(_episodes_from(saved[_SOURCE], ck.tensors))
         return start, state
 
     def steps(self, start: int, total: int) -> Iterable[int]:
@@ -101,44 +120,66 @@ class Run:
             return range(start, total)
         return progress(range(start, total), desc=self.stage)
 
-    def reference(self, engine, start: int):
+    def reference(self, engine: Engine, start: int) -> Engine:
         """The stage's frozen reference engine (its starting policy, kept across resumes)."""
         if self.checkpointer is not None:
             return self.checkpointer.reference(engine, start)
         return engine.reference_engine()
 
-    def record_episodes(self, engine, step: int, trajs: list[Trajectory], batch=None, *, kept=None,
+    def record_episodes(self, engine: Engine, step: int, trajs: list[Trajectory], batch=None, *, kept=None,
                         every: int | None = None) -> None:
-        """Save a few of the step's episodes, token by token, for `trajtune view` (when the step is due:
-        step 1 and every `episodes.every` steps, or `every` given by the loop, e.g. 1 for RFT's rounds).
-        `batch`: the step's scored batch (advantages, old log-probs in extras); `kept`: RFT's selection.
-        See trajtune/runs/recorder.py; a no-op without a recorder."""
-        if self.episodes is not None:
-            self.episodes.record(engine, self.stage, step, trajs, batch, kept=kept, every=every)
+        """Hand step `step`'s episodes to the hooks (the recorder saves a few, token by token, for `trajtune view`,
+        when the step is due: step 1 and every `every` steps; `every` given by a loop, e.g. 1 for RFT's rounds).
+        `batch`: the step's scored batch (advantages, old log-probs in extras); `kept`: RFT's selection."""
+        for hook in self.hooks:
+            hook.on_episodes(engine, step, trajs, batch, kept=kept, every=every)
 
     # --- 4. the end of a step
-    def end_step(self, engine, step: int, row: dict, *, eval_now: bool = False, state: Any = None,
+    def end_step(self, engine: Engine, step: int, row: dict, *, eval_now: bool = False, state: Any = None,
                  save: bool = True) -> None:
         """Evaluate (if `eval_now`), log `row` at `step` (completed steps or the loop's own count),
-        append it to `history`, and checkpoint when due or interrupted (see `checkpoint`)."""
+        append it to `history`, add its time/*_s metrics to the counters, and checkpoint when due or
+        interrupted (see `checkpoint`)."""
         if eval_now and self.evaluate is not None:
             row.update(self.evaluate(step))
         if self.logger is not None:
             self.logger.log(step, row, stage=self.stage)
         self.history.append({"step": step, **row})
+        if self.counters is not None:
+            for k, v in row.items():
+                if k.startswith("time/") and k.endswith("_s"):
+                    self.counters[k[5:]] = self.counters.get(k[5:], 0.0) + float(v)
         if self.console is not None:
             self.console.update(step, row)
         if save:
             self.checkpoint(engine, step, state)
 
-    def checkpoint(self, engine, completed: int, state: Any = None, allowed: bool = True) -> None:
-        """A save point: checkpoint when due (every N) or interrupted (then raise `RunInterrupted`).
-        `allowed=False` where the loop's state cannot be saved consistently: a pending save waits.
-        `state` (a dataclass, or None) is serialized only when a save happens."""
+    def checkpoint(self, engine: Engine, completed: int, state: Any = None, allowed: bool = True) -> None:
+        """A save point: the hooks' `on_save_point`, then a checkpoint when due (every N) or interrupted (then raise
+        `RunInterrupted`). `allowed=False` where the loop's state cannot be saved consistently: a pending save
+        waits. `state` (a dataclass, or None) and the source's episodes drawn ahead are serialized only when a
+        save happens."""
+        for hook in self.hooks:
+            hook.on_save_point(engine, completed, allowed)
         if self.checkpointer is None:
             return
-        self.checkpointer.step_done(engine, completed, lambda: {"history": self.history, **_state_json(state)},
-                                    lambda: _state_tensors(state), allowed)
+        source = self.source
+
+        def json_state() -> dict:
+            out = {"history": self.history, **_state_json(state)}
+            ahead = source.pending() if source is not None else None
+            if ahead is not None:
+                out[_SOURCE] = _episodes_json(ahead)
+            return out
+
+        def tensors() -> dict[str, torch.Tensor]:
+            out = _state_tensors(state)
+            ahead = source.pending() if source is not None else None
+            if ahead is not None and ahead.generator is not None:
+                out[f"{_SOURCE}.generator"] = ahead.generator.get_state()
+            return out
+
+        self.checkpointer.step_done(engine, completed, json_state, tensors, allowed)
 
 
 def eval_due(step: int, total: int, every: int) -> bool:
@@ -183,3 +224,21 @@ def _state_from(state: S, saved: dict, tensors: dict[str, torch.Tensor]) -> S:
                 v = trajs if not n else [tuple(trajs[i : i + n]) for i in range(0, len(trajs), n)]
             values[f.name] = v
     return dataclasses.replace(state, **values)
+
+
+def _episodes_json(episodes) -> dict:
+    """A source's episodes drawn ahead, as JSON (their generator's state goes to the tensors)."""
+    return {"step": episodes.step, "behind": episodes.behind, "metrics": episodes.metrics,
+            _TRAJS: trajectories_to_json(episodes.trajs), "generator": episodes.generator is not None}
+
+
+def _episodes_from(saved: dict, tensors: dict[str, torch.Tensor]):
+    """Inverse of `_episodes_json`."""
+    from ..sources.base import Episodes
+
+    generator = None
+    if saved.get("generator"):
+        generator = torch.Generator()
+        generator.set_state(tensors[f"{_SOURCE}.generator"])
+    return Episodes(trajectories_from_json(saved[_TRAJS]), dict(saved["metrics"]), generator, int(saved["step"]),
+                    int(saved["behind"]))

@@ -1,11 +1,11 @@
 """A few of a run's episodes, token by token, saved while it trains (what `trajtune view` shows).
 
 At step 1 and every `every` steps, a loop hands its step's trajectories (and the batch it scored)
-to `Run.record_episodes`; the recorder keeps `k` of them (`per_group` from each of the first
+to `Run.record_episodes`, which hands them to its hooks; this one (a `runs.hooks.Hook`) keeps `k` of them (`per_group` from each of the first
 groups, so a group's contrast is visible) and appends one JSON line per episode to
 RUN_DIR/<stage>/episodes.jsonl:
 
-    stage, step, index (its row in the step), group, task, reward, info, kept (RFT: selected or not),
+    stage, step, index (its row in the step), group, task, reward, outcome, info, kept (RFT: selected or not),
     ids, owners, turns                      one entry per token
     sampler_logp   log-prob of the token under the policy that sampled it (0 where none)
     trainer_logp   log-prob under the trainer's weights at this step, before the update (0 on
@@ -31,14 +31,15 @@ from typing import Any, Sequence
 import torch
 
 from ..trajectory import Batch, Owner, Trajectory, collate
+from .hooks import Hook
 
 log = logging.getLogger("trajtune.runs.recorder")
 
 FILE = "episodes.jsonl"
 
 
-class EpisodeRecorder:
-    """Appends a few episodes of the due steps to `path` (see the module docstring).
+class EpisodeRecorder(Hook):
+    """Appends a few episodes of the due steps of stage `stage` to `path` (see the module docstring).
 
     every:     record at step 1 and at every multiple of `every`
     k:         episodes per recorded step
@@ -48,12 +49,21 @@ class EpisodeRecorder:
     """
 
     def __init__(self, path: str | os.PathLike, every: int = 10, k: int = 8, per_group: int = 2,
-                 max_bytes: int = 32 * 2**20, write: bool = True):
+                 max_bytes: int = 32 * 2**20, write: bool = True, stage: str = "train"):
         if every < 1 or k < 1 or per_group < 1:
             raise ValueError(f"EpisodeRecorder: every, k and per_group must be >= 1, got {every}, {k}, {per_group}")
         self.path, self.every, self.k, self.per_group = Path(path), every, k, per_group
-        self.max_bytes, self.write = max_bytes, write
+        self.max_bytes, self.write, self.stage = max_bytes, write, stage
         self._full = False
+
+    # --- the run's hook
+    def on_start(self, engine, start: int) -> None:
+        if start:
+            self.drop_after(start)
+
+    def on_episodes(self, engine, step: int, trajs: Sequence[Trajectory], batch: Batch | None = None,
+                    kept: Sequence[Trajectory] | None = None, every: int | None = None) -> None:
+        self.record(engine, self.stage, step, trajs, batch, kept=kept, every=every)
 
     def due(self, step: int, every: int | None = None) -> bool:
         every = every or self.every
@@ -126,7 +136,7 @@ def episode_row(stage: str, step: int, index: int, t: Trajectory, trainer_logp: 
     weight = [0.0] + [round(v, 4) if policy[i + 1] else 0.0 for i, v in enumerate(adv)]
     sampler = [round(v, 4) for v in t.logprobs] if t.logprobs is not None else [0.0] * n
     return {"stage": stage, "step": step, "index": index, "group": t.group, "task": str(t.info.get("task", "")),
-            "reward": t.reward if math.isfinite(t.reward) else str(t.reward), "info": t.info,
+            "reward": t.reward if math.isfinite(t.reward) else str(t.reward), "outcome": str(t.outcome), "info": t.info,
             "kept": kept, "ids": t.ids, "owners": t.owners, "turns": t.turns,
             "sampler_logp": sampler, "trainer_logp": trainer, "advantage": weight}
 

@@ -68,6 +68,7 @@ except ImportError:  # pragma: no cover - Windows: no run lock
 
 from ..engine import distributed
 from ..config import ConfigError, check_ranges
+from .hooks import Hook
 from .loop import Run
 from ..metrics import Console, MetricsLogger
 from ..processes import exit_with_parent
@@ -162,12 +163,13 @@ class StageContext:
         """Save `obj` (JSON-able) with every checkpoint; refilled in place when the loop resumes."""
         return self.checkpointer.keep(name, obj)
 
-    def run(self, evaluate: Callable[[int], dict] | None = None) -> Run:
-        """The `Run` a loop takes: rows to metrics.jsonl under this stage, `evaluate`, checkpoints."""
+    def run(self, evaluate: Callable[[int], dict] | None = None, hooks: Sequence[Hook] = ()) -> Run:
+        """The `Run` a loop takes: rows to metrics.jsonl under this stage, `evaluate`, checkpoints, `hooks` (besides
+        the episode recorder), and the rows' time/*_s metrics added to this stage's counters."""
         every = self.options.log_every
         console = Console(self.name, every=every) if every and self.logger is not None else None
         return Run(stage=self.name, logger=self.logger, evaluate=evaluate, checkpointer=self.checkpointer,
-                   console=console)
+                   console=console, hooks=hooks, counters=self.counters)
 
     def engine(self, model: torch.nn.Module, optim: OptimConfig | None = None, **kw) -> Engine:
         """`trajtune.engine.make_engine(model, optim, **kw)`: one process, or DDP / FSDP2 under torchrun."""

@@ -1,0 +1,22 @@
+"""Sources: everything that produces the trajectories a loop trains on, behind one small Protocol.
+
+    base.py        the contract: `Source` (take / after_update / pending / restore / close), `Draw`, `Draws`,
+                   `Episodes` (the trajectories with their metrics); the only module the algorithms import
+    rollout.py     the episode loop: lockstep model rollouts over environments, scripted rollouts
+    episodes.py    `EpisodeSource`: a policy in environments as a source (groups, seeds, shards, the fault limit);
+                   `Measured`: an experiment's counts added to a source's metrics
+    faults.py      a failing environment fails its episode, not the run: time limits, the run-level fault limit
+    process.py     `SamplerProcess`: the episode loop in a process of its own, with its own copy of the weights
+    sync.py        weight syncs and their checks (fingerprints, probe log-probs)
+    overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
+    rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
+    scoring.py     `Scored`: rewards from reward functions and reward models; `RewardModel`
+    data.py        datasets in TRL's formats: demonstrations, preference pairs, prompt tasks
+
+A loop's source is a composition, written out where it is built (the experiments):
+
+    source = EpisodeSource(engine.sample, make_env, renderer, max_turns=6)       # on-policy, in the trainer
+    source = Scored(EpisodeSource(...), engine, RewardSet(functions))           # + TRL reward functions
+    source = overlapped(engine, OverlapConfig(max_staleness=1),                  # one step ahead, in a process
+                        lambda policy: EpisodeSource(policy, make_env, renderer))
+"""

@@ -1,101 +1,154 @@
-"""Collecting a step's episodes: `collect(tasks, n_per_task, generator)` for the algorithm loops.
+"""A policy in environments as a source: `EpisodeSource(policy, make_env, renderer)`.
 
-`make_collect` packages a sampler, an environment factory and a renderer as the
-one callable the loops (algorithms/common.py `Collect`) sample through; they
-never see environments. Three concerns live here, on top of the episode loop
-(`trajtune.sources.rollout.rollout_batch`):
+`take(draw)` runs `draw.n` episodes of every task of the draw in one lockstep batch (the
+episode loop, `trajtune.sources.rollout.rollout_batch`), task-major (task 0's episodes
+first), with group id i for the episodes of `draw.tasks[i]` -- one group per task
+*instance*, so a task drawn twice makes two groups. Around the episode loop:
 
-  * grouping: `n_per_task` episodes of every task, task-major, one group per
-    task instance;
-  * seeding: with `episode_seeds` (or a shard), episode e of a call samples from
-    its own generator, seeded by `episode_seed(base, e)` from one draw `base` of
-    the call's generator, so its actions do not depend on the batch it runs in;
-  * sharding: with `shard` (`trajtune.engine.distributed.Shard`), each process runs only
-    its share of the episodes and all-gathers the finished trajectories;
+  * seeding: with `episode_seeds` (or a shard), episode e of a draw samples from its own
+    generator, seeded by `seeding.episode_seed(base, e)` from one draw `base` of the draw's
+    generator, so its actions do not depend on the batch or the process it runs in;
+  * sharding: with `shard` (`trajtune.engine.distributed.Shard`), each process runs only its
+    share of the episodes and all-gathers the finished trajectories;
+  * the run-level fault limit (`trajtune.sources.faults.check_faults`) on every draw;
+  * its wall time, returned as the metric `time/sampling_s`.
 
-and the run-level fault limit (`trajtune.sources.faults.check_faults`) on every call.
+Where the episode loop runs is the `policy`, passed explicitly:
+
+    EpisodeSource(engine.sample, ...)          here, with a sampler (`engine.sample`, or any callable with
+                                               the `rollout.Sampler` signature)
+    EpisodeSource(SamplerProcess(engine), ...) in a process holding its own copy of the weights, synced
+                                               and checked after every update (`after_update`)
+
+`Measured(source, fn)` adds `fn(trajectories)` to a source's metrics (an experiment's counts).
 """
 
 from __future__ import annotations
 
 import time
-
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from .process import routed
-from ..seeding import episode_seed
 from ..envs.base import Env
-from .faults import STEP_TIMEOUT_S, check_faults
-from .rollout import Sampler, rollout_batch
+from ..seeding import episode_seed
 from ..text.render import RendererProtocol
 from ..trajectory import Trajectory
+from .base import Draw, Episodes, Source, Wrapper
+from .faults import STEP_TIMEOUT_S, check_faults
+from .rollout import Sampler, rollout_batch
 
 
-def make_collect(
-    policy: Sampler, make_env: Callable[[], Env], renderer: RendererProtocol, *, episode_seeds: bool = False,
-    shard: Any = None, max_fault_share: float = 0.5, step_timeout_s: float | None = STEP_TIMEOUT_S,
-    **rollout_kwargs: Any
-) -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
-    """Package a sampler, an environment factory and a renderer as `collect(tasks, n_per_task, generator)`.
+class EpisodeRunner(Protocol):
+    """Where the episode loop runs: `rollout(envs, tasks, renderer, generator, **kw)` is
+    `rollout_batch(<its policy>, envs, tasks, renderer, generator, **kw)`, here or elsewhere."""
 
-    `collect` runs `n_per_task` episodes of every task in one lockstep batch, task-major
-    (task 0's episodes first), and gives the episodes of `tasks[i]` group id i — one
-    group per task *instance*, so a task listed twice makes two groups. The algorithm
-    loops (algorithms/common.py) sample through it and never see environments.
-    `rollout_kwargs` go to `rollout_batch` (max_turns, max_tokens, temperature, ...).
+    def rollout(self, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
+                generator: torch.Generator | None, **kw: Any) -> list[Trajectory]: ...
 
-    episode_seeds: episode e of a call samples from its own generator, seeded by one
-    draw of `generator` and e, so its actions do not depend on the batch it runs in.
-    shard: run only this process's share of the episodes and all-gather the finished
-    trajectories (`trajtune.engine.distributed.Shard`, e.g. `engine.shard`;
-    implies episode_seeds): every process returns the same whole list, in order.
-    max_fault_share: an episode whose environment raised gets reward 0 and info["env_error"];
-    if more than this share of a call's episodes fail, `faults.TooManyFaults` stops the run.
-    step_timeout_s: an `env.reset` / `env.step` call running longer than this (default 60 s;
-    0 or None: no limit) fails its episode the same way (`faults.StepTimeout`, main thread only).
+    def after_update(self, engine: Any) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+class Here:
+    """The episode loop in this process, sampling with `sampler` (e.g. `engine.sample`)."""
+
+    def __init__(self, sampler: Sampler):
+        self.sampler = sampler
+
+    def rollout(self, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
+                generator: torch.Generator | None, **kw: Any) -> list[Trajectory]:
+        return rollout_batch(self.sampler, envs, tasks, renderer, generator, **kw)
+
+    def after_update(self, engine: Any) -> dict[str, float]:
+        return {}  # the sampler reads the trainer's own weights
+
+    def close(self) -> None:
+        pass
+
+
+class EpisodeSource:
+    """Episodes of `policy` in fresh environments from `make_env`, rendered by `renderer` (module docstring).
+
+    policy:          a sampler (`engine.sample`: the episode loop runs here) or an `EpisodeRunner` (a
+                     `trajtune.sources.process.SamplerProcess`: it runs there)
+    episode_seeds:   episode e of a draw samples from its own generator (module docstring)
+    shard:           run this process's share of the episodes and all-gather them (`engine.shard`; implies
+                     episode_seeds): every process returns the same whole list, in order
+    max_fault_share: more failed environments than this share of a draw stop the run (`faults.TooManyFaults`)
+    step_timeout_s:  time limit of each `env.reset` / `env.step` call (default 60 s; 0 or None: none); an
+                     environment that raises or overruns fails its episode alone (outcome ENV_ERROR)
+    rollout_kwargs:  go to `rollout_batch` (max_turns, max_tokens, max_action_tokens, temperature, ...)
     """
-    rollout_kwargs["step_timeout_s"] = step_timeout_s
 
-    def collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
-        batch = [task for task in tasks for _ in range(n_per_task)]
-        groups = [i for i in range(len(tasks)) for _ in range(n_per_task)]
-        if not episode_seeds and shard is None:
-            envs = [make_env() for _ in batch]
-            trajs = rollout_for(policy)(policy, envs, batch, renderer, generator, groups=groups, **rollout_kwargs)
-            check_faults(trajs, max_fault_share)
-            return trajs
-        base = int(torch.randint(0, 2**62, (1,), generator=generator))
-        mine = list(range(len(batch))) if shard is None else shard.rows(len(batch))
-        trajs = rollout_for(policy)(policy, [make_env() for _ in mine], [batch[i] for i in mine], renderer, None,
-                              groups=[groups[i] for i in mine], row_seeds=[episode_seed(base, i) for i in mine],
-                              **rollout_kwargs) if mine else []
-        trajs = trajs if shard is None else shard.gather(len(batch), trajs)
-        check_faults(trajs, max_fault_share)
+    def __init__(self, policy: Sampler | EpisodeRunner, make_env: Callable[[], Env], renderer: RendererProtocol, *,
+                 episode_seeds: bool = False, shard: Any = None, max_fault_share: float = 0.5,
+                 step_timeout_s: float | None = STEP_TIMEOUT_S, **rollout_kwargs: Any):
+        self.runner: EpisodeRunner = policy if hasattr(policy, "rollout") else Here(policy)  # type: ignore[assignment]
+        self.make_env, self.renderer, self.shard = make_env, renderer, shard
+        self.episode_seeds, self.max_fault_share = episode_seeds, max_fault_share
+        self.rollout_kwargs = {**rollout_kwargs, "step_timeout_s": step_timeout_s}
+
+    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+        t0 = time.perf_counter()
+        trajs = self.run(draw.tasks, draw.n, draw.generator)
+        return Episodes(trajs, {"time/sampling_s": time.perf_counter() - t0}, draw.generator, draw.step)
+
+    def run(self, tasks: Sequence[Any], n: int, generator: torch.Generator) -> list[Trajectory]:
+        """`n` episodes of every task, task-major, group i for tasks[i] (advances `generator`)."""
+        batch = [task for task in tasks for _ in range(n)]
+        groups = [i for i in range(len(tasks)) for _ in range(n)]
+        if not self.episode_seeds and self.shard is None:
+            trajs = self.runner.rollout([self.make_env() for _ in batch], batch, self.renderer, generator,
+                                        groups=groups, **self.rollout_kwargs)
+        else:
+            base = int(torch.randint(0, 2**62, (1,), generator=generator))
+            mine = list(range(len(batch))) if self.shard is None else self.shard.rows(len(batch))
+            trajs = self.runner.rollout([self.make_env() for _ in mine], [batch[i] for i in mine], self.renderer, None,
+                                        groups=[groups[i] for i in mine],
+                                        row_seeds=[episode_seed(base, i) for i in mine],
+                                        **self.rollout_kwargs) if mine else []
+            trajs = trajs if self.shard is None else self.shard.gather(len(batch), trajs)
+        check_faults(trajs, self.max_fault_share)
         return trajs
 
-    return collect
+    def after_update(self, engine: Any) -> dict[str, float]:
+        return self.runner.after_update(engine)
+
+    def pending(self) -> Episodes | None:
+        return None
+
+    def restore(self, episodes: Episodes) -> None:
+        raise ValueError(f"EpisodeSource draws nothing ahead; a checkpoint's pending episodes of step {episodes.step} "
+                         "belong to an overlapped source (trajtune.sources.overlap.Overlapped)")
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def __enter__(self) -> "EpisodeSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def rollout_for(policy: Sampler) -> Callable[..., list[Trajectory]]:
-    """Where `policy`'s episodes run: `rollout_batch` here, or in the sampler process of an overlapped
-    RL loop that is collecting with it (`trajtune.sources.process.routed`)."""
-    sampler = routed(policy)
-    return rollout_batch if sampler is None else sampler.rollout
+class Measured(Wrapper):
+    """`inner`'s episodes, with `measure(trajectories) -> {metric: float}` added to their metrics (e.g. an
+    experiment's cost counters: sampled episodes, verifier calls)."""
+
+    def __init__(self, inner: Source, measure: Callable[[list[Trajectory]], dict[str, float]]):
+        super().__init__(inner)
+        self.measure = measure
+
+    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+        episodes = self.inner.take(draw, ahead)
+        episodes.metrics.update(self.measure(episodes.trajs))
+        return episodes
 
 
-def timed(collect: Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]], counters: dict,
-          key: str = "sampling_s") -> Callable[[Sequence[Any], int, torch.Generator], list[Trajectory]]:
-    """`collect` that adds its wall seconds (sampling and environments) to `counters[key]`
-    (a stage's `ctx.counters`: the runner reports each stage's sampling share)."""
-    counters.setdefault(key, 0.0)
-
-    def timed_collect(tasks: Sequence[Any], n_per_task: int, generator: torch.Generator) -> list[Trajectory]:
-        t0 = time.perf_counter()
-        try:
-            return collect(tasks, n_per_task, generator)
-        finally:
-            counters[key] += time.perf_counter() - t0
-
-    return timed_collect
+def sample_episodes(source: Source, tasks: Sequence[Any], n: int, seed: int | torch.Generator) -> list[Trajectory]:
+    """Every episode of one draw of `source` outside a loop (evaluation, a set of preference pairs): `n` of each
+    of `tasks`, from `seed` (an int, or a generator to advance)."""
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    return source.take(Draw(list(tasks), n, g)).trajs

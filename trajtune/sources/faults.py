@@ -4,11 +4,12 @@ An `env.reset` or `env.step` (or the reward function inside it) that raises,
 runs past its time limit (`step_timeout_s`, default `STEP_TIMEOUT_S` = 60 s;
 `StepTimeout`), or returns what the Env contract does not allow (`InvalidStep`:
 `check_step` / `check_reset`, e.g. a reward that is None, a string or NaN) gives
-that episode reward 0 and info["env_error"], logged with its task and the user's
-traceback (`describe_fault`; the rollout records it: `trajtune.sources.rollout`); the
-other episodes of the batch go on. `check_faults` is the run-level limit: `collect`
-(`trajtune.sources.episodes.make_collect`) stops the run with `TooManyFaults` when more
-than `max_fault_share` of a call's episodes fail.
+that episode the outcome ENV_ERROR (`trajectory.Outcome`: an infrastructure failure, which
+no loss and no group baseline sees) and info["env_error"], logged with its task and the
+user's traceback (`describe_fault`; the rollout records it: `trajtune.sources.rollout`);
+the other episodes of the batch go on. `check_faults` is the run-level limit: an
+`EpisodeSource` (`trajtune.sources.episodes`) stops the run with `TooManyFaults` when more
+than `max_fault_share` of a draw's episodes fail.
 
 The time limit is a SIGALRM timer (`time_limit`; see its docstring for what it
 can and cannot interrupt); it only works in the main thread.
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, ContextManager, Mapping, Sequence
 
 from ..envs.base import InvalidStep, _short, check_reward, check_verdict  # noqa: F401 (re-exported)
-from ..trajectory import Trajectory
+from ..trajectory import Outcome, Trajectory
 
 log = logging.getLogger("trajtune.sources.faults")
 
@@ -43,11 +44,10 @@ class TooManyFaults(RuntimeError):
 
 
 def check_faults(trajectories: Sequence[Trajectory], max_share: float = 0.5) -> int:
-    """Count episodes that ended with `env_error`; raise `TooManyFaults` if their share exceeds `max_share`.
-
-    Returns the count. The message names the first failing tasks and their exceptions.
+    """Count episodes whose environment failed (outcome ENV_ERROR); raise `TooManyFaults` if their share exceeds
+    `max_share`. Returns the count. The message names the first failing tasks and their exceptions.
     """
-    failed = [t for t in trajectories if "env_error" in t.info]
+    failed = [t for t in trajectories if t.outcome is Outcome.ENV_ERROR]
     if trajectories and len(failed) / len(trajectories) > max_share:
         examples = "; ".join(f"{t.info.get('task')}: {t.info['env_error']}" for t in failed[:3])
         raise TooManyFaults(f"{len(failed)} of {len(trajectories)} episodes failed in the environment "

@@ -42,8 +42,8 @@ max_tokens`) would end before acting with reward 0, so `rollout_batch` raises
 Faults: an `env.reset` / `env.step` that raises, runs past `step_timeout_s`, or
 returns something that is not a StepResult of the documented types (a reward
 that is None, a string or NaN: `faults.InvalidStep`) fails its episode alone
-(reward 0, info["env_error"], logged here with its task and the user's
-traceback); the time limit and the run-level fault limit are in trajtune/sources/faults.py.
+(outcome ENV_ERROR: the loops train on it never and leave it out of its group's
+baseline; info["env_error"], logged here with its task and the user's traceback); the time limit and the run-level fault limit are in trajtune/sources/faults.py.
 Collecting a step's episodes (seeding, sharding, the fault limit) is
 trajtune/sources/episodes.py.
 """
@@ -60,7 +60,7 @@ from ..envs.base import Env, check_tasks
 from .faults import STEP_TIMEOUT_S, check_reset, check_step, describe_fault, time_limit
 from ..engine.decoding import Samples
 from ..text.render import Message, RendererProtocol, Transcript
-from ..trajectory import Trajectory
+from ..trajectory import Outcome, Trajectory
 
 log = logging.getLogger("trajtune.sources.rollout")
 
@@ -95,7 +95,7 @@ class _Episode:
         `self.transcript` when a renderer is given, i.e. for model rollouts).
 
         If `env.reset` raises or runs past `timeout_s`, the episode fails before its first
-        turn: reward 0, info["env_error"], zero turns, and its conversation is one empty
+        turn: outcome ENV_ERROR, info["env_error"], zero turns, and its conversation is one empty
         user message (a valid trajectory without POLICY tokens, so it trains nothing).
         """
         try:
@@ -114,7 +114,7 @@ class _Episode:
 
         An exception in the environment (or the reward function inside it), or a step
         that runs past `timeout_s` seconds (`faults.StepTimeout`), ends this episode with
-        reward 0 and `info["env_error"]`, logged with its task; the other episodes of
+        outcome ENV_ERROR and `info["env_error"]`, logged with its task; the other episodes of
         the batch go on (see `faults.check_faults` for the run-level limit).
         """
         try:
@@ -133,10 +133,10 @@ class _Episode:
         return observation
 
     def _fail(self, call: str, exc: Exception) -> None:
-        """A failed user call fails this episode alone: reward 0, stop_reason "env_error",
+        """A failed user call fails this episode alone: outcome ENV_ERROR (set by `finish`), stop_reason "env_error",
         info["env_error"] = the exception, logged with its task (policy: trajtune/sources/faults.py)."""
         task = getattr(self.task, "name", str(self.task))
-        log.warning("env.%s failed on task %s: %s: %s (episode gets reward 0)\n%s", call, task, type(exc).__name__,
+        log.warning("env.%s failed on task %s: %s: %s (the episode is an infrastructure failure: no loss or baseline sees it)\n%s", call, task, type(exc).__name__,
                     exc, describe_fault(exc))
         self.reward, self.stop_reason = 0.0, "env_error"
         self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}
@@ -146,6 +146,7 @@ class _Episode:
         info = {"task": getattr(self.task, "name", str(self.task)), **self.info}
         info.update(stop_reason=self.stop_reason or "max_turns", n_turns=self.n_turns, n_unterminated=self.n_unterminated)
         traj.reward, traj.group, traj.info = self.reward, group, info
+        traj.outcome = Outcome.ENV_ERROR if self.stop_reason == "env_error" else Outcome.OK
         return traj
 
 

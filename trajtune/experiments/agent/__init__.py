@@ -107,6 +107,7 @@ from ...engine.distributed import is_main
 from ...engine import OptimConfig
 from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
+from ...sources.overlap import OverlapConfig, check_overlap
 from . import stages as st
 from .stages import GENERALIZATION
 
@@ -184,6 +185,9 @@ class Config:
     """REINFORCE with a group-mean baseline; RL only runs `rl.steps`, SFT -> RL runs `rl.steps - cold_start_step`"""
     rl_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
     """optimizer of the RL stages"""
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    """where the RL stages sample (max_staleness 1: the next step in a sampler process while this one trains, with
+    rl.tis_cap > 0; sampler_process: there, on-policy)"""
     eval_samples: int = 4
     """episodes per task at every evaluation point (80 train, 40 held-out)"""
     describe_samples: int = 8
@@ -196,6 +200,7 @@ class Config:
     busy), checkpoint_every (0: only on Ctrl-C / SIGTERM), rerun (stages to run again)"""
 
     def __post_init__(self) -> None:
+        check_overlap(self.overlap, self.rl, "agent")
         unknown = set(self.runner.rerun) - set(STAGE_NAMES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGE_NAMES)}")

@@ -3,8 +3,9 @@
 Each stage reads the checkpoints of the stages it waits for from `ctx.run_dir`, trains
 through `ctx.engine` / `ctx.run` (metrics, evaluation, resume: the stage runner's job),
 saves its policy with `ctx.save_model` and returns JSON-able results. What a stage keeps
-beside its loop (curves, probes, costs) goes through `ctx.keep`, so a stage cut short
-resumes with it. Every loop seed is `seeded(loop config, config.seed, offset)`.
+beside its loop (curves, probes) goes through `ctx.keep`, so a stage cut short resumes
+with it; what a draw cost comes with its episodes (a `Measured` source's cost/* metrics, in
+the loop's rows). Every loop seed is `seeded(loop config, config.seed, offset)`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
 from ...envs.bugfix_tasks import make_tasks
 from ...runs.stages import StageContext
-from ..bugfix import (Gym, counting, describe, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
-                      preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym, train_weak_base)
+from ...runs.hooks import Hook
+from ...sources.episodes import Measured
+from ...sources.overlap import overlapped
+from ..bugfix import (Gym, costs, describe, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
+                      preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym, total_costs,
+                      train_weak_base)
 from . import diagnostics as diag
 from ...seeding import derive
 
@@ -84,27 +89,31 @@ def oracle_sft(ctx: StageContext) -> dict:
     return {"curve": curve, "probes": probes, "demos": len(demos), "describe": _describe(engine, gym, c)}
 
 
+class RoundSummaries(Hook):
+    """What every round of expert iteration sampled and kept (A5, A12): `rft_round_summary` of its episodes."""
+
+    def __init__(self, summaries: list):
+        self.summaries = summaries
+
+    def on_episodes(self, engine, step, trajs, batch=None, kept=None, every=None) -> None:
+        self.summaries.append(rft_round_summary(trajs))
+
+
 def _expert_iteration(ctx: StageContext, gym: Gym, reward: str, rounds: int, evaluate_fn) -> tuple[dict, object]:
     """Expert iteration from the weak base; records what every round sampled and kept -> (results, engine)."""
     c = ctx.config
     engine = load_engine(ctx, "weak_base/checkpoint", c.sft_optim)
-    summaries, costs, curve = ctx.keep("summaries", []), ctx.keep("costs", {}), ctx.keep("curve", [])
-    collect = counting(gym.collect(engine, reward), costs)
-
-    def recording(tasks, n, g):
-        trajs = collect(tasks, n, g)
-        summaries.append(rft_round_summary(trajs))
-        return trajs
-
+    summaries, curve = ctx.keep("summaries", []), ctx.keep("curve", [])
     if not ctx.resuming:
         first = evaluate_fn(engine)
         ctx.log(0, first)
         curve.append({"step": 0, **first})
     cfg = seeded(dataclasses.replace(c.rft, rounds=rounds), c.seed, 3 if reward == "hidden" else 4)
-    rows = train_rft(engine, gym.train, recording, cfg, gym.pad_id, run=ctx.run(lambda step: evaluate_fn(engine)))
+    run = ctx.run(lambda step: evaluate_fn(engine), hooks=[RoundSummaries(summaries)])
+    rows = train_rft(engine, gym.train, Measured(gym.source(engine, reward), costs), cfg, gym.pad_id, run=run)
     curve += [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval/")}} for r in rows]
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
-    return {"curve": curve, "rounds": summaries, "costs": costs}, engine
+    return {"curve": curve, "rounds": summaries, "costs": total_costs(rows)}, engine
 
 
 def rft(ctx: StageContext) -> dict:
@@ -158,12 +167,14 @@ def _rl(ctx: StageContext, start: str, offset: int) -> dict:
     """A9: REINFORCE with a group-mean baseline; curve steps count the SFT steps before it (`offset`)."""
     c, gym = ctx.config, _gym(ctx)
     engine = load_engine(ctx, start, c.rl_optim)
-    costs, curve = ctx.keep("costs", {}), ctx.keep("curve", [])
+    curve = ctx.keep("curve", [])
     ev = evaluator(ctx, engine, gym, curve, offset)
     cfg = seeded(dataclasses.replace(c.rl, steps=c.rl.steps - offset), c.seed, 6 + offset)
-    train_rl(engine, gym.train, counting(gym.collect(engine), costs), cfg, gym.pad_id, run=ctx.run(ev))
+    source = Measured(overlapped(engine, c.overlap, lambda policy: gym.source(engine, policy=policy)), costs)
+    with source:
+        rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=ctx.run(ev))
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
-    return {"curve": curve, "costs": costs, "describe": _describe(engine, gym, c)}
+    return {"curve": curve, "costs": total_costs(rows), "describe": _describe(engine, gym, c)}
 
 
 def sft_rl(ctx: StageContext) -> dict:

@@ -24,7 +24,7 @@ from functools import lru_cache
 import torch
 
 from ...algorithms.sft import train_sft
-from ...sources.episodes import make_collect
+from ...sources.episodes import EpisodeSource, sample_episodes
 from ...engine import Engine
 from ...envs.instruct import (
     SEEN, UNSEEN, InstructTask, demo_sets, demonstrations, instruct_env, instruct_tokenizer, shakespeare_text,
@@ -87,16 +87,15 @@ def val_windows(config) -> list[Trajectory]:
     return text_windows(val, config.val_windows, config.block_size, seed=1234)
 
 
-def instruct_collect(engine: Engine, reward: str, max_reply: int):
-    """collect(tasks, n, generator) for the instruct gym with this engine's model."""
-    return make_collect(engine.sample, lambda: instruct_env(reward), renderer(), max_turns=1,
-                        max_tokens=MAX_LEN, max_action_tokens=max_reply)
+def instruct_source(engine: Engine, reward: str, max_reply: int) -> EpisodeSource:
+    """The instruct gym's episodes with this engine's model (one reply each), as a source."""
+    return EpisodeSource(engine.sample, lambda: instruct_env(reward), renderer(), max_turns=1,
+                         max_tokens=MAX_LEN, max_action_tokens=max_reply)
 
 
 def adherence(engine: Engine, words, n: int, seed: int, max_reply: int) -> dict:
     """Sample n replies per word: share starting with the word, with its first letter; examples."""
-    trajs = instruct_collect(engine, "format", max_reply)([InstructTask(w) for w in words], n,
-                                                          torch.Generator().manual_seed(seed))
+    trajs = sample_episodes(instruct_source(engine, "format", max_reply), [InstructTask(w) for w in words], n, seed)
     return {"word": sum(t.info["format_ok"] for t in trajs) / len(trajs),
             "letter": sum(t.info["first_letter_ok"] for t in trajs) / len(trajs),
             "examples": [f"{t.info['word']} -> {t.info['reply']!r}" for t in trajs[::n][:4]]}

@@ -24,12 +24,14 @@ import torch
 
 from ...algorithms.best_of_n import best_of_n, best_of_n_kl_bound
 from ...algorithms.dpo import train_dpo
-from ...algorithms.reward_model import pair_accuracy, score, train_reward_model
+from ...algorithms.reward_model import train_reward_model
+from ...sources.episodes import sample_episodes
+from ...sources.scoring import pair_accuracy, reward_model_scores
 from ...engine import Engine
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyTransformer, load_model
 from ...trajectory import collate
-from .instruct import corpus, demo, instruct_collect, renderer
+from .instruct import corpus, demo, instruct_source, renderer
 from ...seeding import derive
 
 
@@ -46,8 +48,8 @@ def sft_model(run_dir: Path) -> TinyTransformer:
 def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
     """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share."""
     pad = corpus()[0].pad_id
-    trajs = instruct_collect(policy, "preference", config.max_reply)(
-        [InstructTask(w) for w in SEEN], config.eval_per_word, torch.Generator().manual_seed(seed))
+    trajs = sample_episodes(instruct_source(policy, "preference", config.max_reply), [InstructTask(w) for w in SEEN],
+                            config.eval_per_word, seed)
     batch = collate(trajs, pad)
     mask = batch.action_mask  # [B, T-1] the reply's characters and its <|end|>
     log_ratio = (policy.forward(batch).logprobs - ref.forward(batch).logprobs) * mask  # [B, T-1]
@@ -84,11 +86,12 @@ def stage_reward_model(ctx) -> dict:
     base = evaluate_policy(policy, policy, config, seed=derive(config.seed, 3, stride=7919))
     result["sft"] = {k: base[k] for k in ("reward", "format")}
     tasks = [InstructTask(w) for w in SEEN] * config.bon_repeats
-    collect = instruct_collect(policy, "preference", config.max_reply)
-    rm_score = lambda trajs: score(rm_engine, trajs, tok.pad_id)  # noqa: E731
+    source = instruct_source(policy, "preference", config.max_reply)
+    rm_score = lambda trajs: reward_model_scores(rm_engine, trajs, tok.pad_id)  # noqa: E731
     result["best_of_n"] = {}
     for n in config.bon_ns:
-        chosen, _ = best_of_n(tasks, collect, n, torch.Generator().manual_seed(derive(config.seed, 100 + n, stride=7919)), rm_score)
+        g = torch.Generator().manual_seed(derive(config.seed, 100 + n, stride=7919))
+        chosen, _ = best_of_n(tasks, source, n, g, rm_score)
         result["best_of_n"][str(n)] = {
             "reward": sum(t.reward for t in chosen) / len(chosen),
             "format": sum(t.info["format_ok"] for t in chosen) / len(chosen),

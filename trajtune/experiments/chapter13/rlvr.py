@@ -19,10 +19,10 @@ import torch
 
 from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
-from ...sources.episodes import make_collect
+from ...sources.episodes import EpisodeSource, sample_episodes
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
-from ...evaluation import distinct_answers, informative_group_share, mean_pass_at_k
+from ...evaluation import distinct_answers, mean_pass_at_k
 from ...logprobs import entropy_from_logits
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...text.render import Renderer
@@ -37,18 +37,18 @@ def demos(r: Renderer, tasks) -> list[Trajectory]:
     return [r.render([{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.answer}]) for t in tasks]
 
 
-def collect_for(engine: Engine, r: Renderer):
-    return make_collect(engine.sample, arithmetic_env, r, max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER)
+def source_for(engine: Engine, r: Renderer, **kw) -> EpisodeSource:
+    """The arithmetic gym's episodes with this engine's model (one answer each), as a source."""
+    return EpisodeSource(engine.sample, arithmetic_env, r, max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER,
+                         **kw)
 
 
 @torch.no_grad()
 def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     """Greedy accuracy, pass@j (j <= k, from k samples per problem), distinct answers, first-token entropy."""
     tasks = list(heldout_tasks())
-    collect = collect_for(engine, r)
-    greedy = make_collect(engine.sample, arithmetic_env, r, max_turns=1, max_tokens=32,
-                          max_action_tokens=MAX_ANSWER, greedy=True)(tasks, 1, torch.Generator().manual_seed(0))
-    trajs = collect(tasks, k, torch.Generator().manual_seed(seed))  # task-major: k samples of task 0 first
+    greedy = sample_episodes(source_for(engine, r, greedy=True), tasks, 1, 0)
+    trajs = sample_episodes(source_for(engine, r), tasks, k, seed)  # task-major: k samples of task 0 first
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]
@@ -81,24 +81,16 @@ def stage_coldstart(ctx) -> dict:
 
 
 def stage_grpo(ctx) -> dict:
-    """B6, second half: GRPO from the cold start; per-step reward and share of groups without signal."""
+    """B6, second half: GRPO from the cold start; per-step reward and share of groups without signal
+    (rollout/no_signal_share, in every step's row)."""
     config = ctx.config
     model, tok = load_model(ctx.run_dir / "coldstart" / "model")
     r = Renderer(tok)
     engine = ctx.engine(model, config.rl_optim)
-    collect, no_signal = collect_for(engine, r), ctx.keep("no_signal", [])
     tasks = train_tasks(config.rl.steps * config.rl.tasks_per_step, seed=config.seed + 1)
-
-    def logged_collect(tasks, n, g, **kw):  # each step's share of groups whose rewards are all equal
-        trajs = collect(tasks, n, g, **kw)
-        no_signal.append(1.0 - informative_group_share(torch.tensor([t.reward for t in trajs]),
-                                                       torch.tensor([t.group for t in trajs])))
-        ctx.log(len(no_signal), {"rollout/no_signal_share": no_signal[-1]})
-        return trajs
-
-    history = train_rl(engine, tasks, logged_collect, config.rl, tok.pad_id, ctx.run())
+    history = train_rl(engine, tasks, source_for(engine, r), config.rl, tok.pad_id, ctx.run())
     return {**math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919)),
-            "curve": [(h["step"], h["rollout/reward"], share) for h, share in zip(history, no_signal, strict=True)]}
+            "curve": [(h["step"], h["rollout/reward"], h["rollout/no_signal_share"]) for h in history]}
 
 
 def stage_sft_control(ctx) -> dict:

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 from ...config import ConfigError, check_ranges, to_dict
 from ...engine import OptimConfig
 from ...metrics import TRACKERS
+from ...runs.hooks import Hook
 from .options import flag
 
 
@@ -67,21 +68,16 @@ def check_run(config, name: str) -> None:
         raise ValueError(f"{name}: --model and --data are required (model.path and data in a recipe)")
 
 
-class SnapshotEvery:
-    """The stage's checkpointer, plus an HF-format snapshot `checkpoints/step-N` of the policy at
-    every `every`-th completed step (what --save-every writes next to the resume state).
-    Everything else is the wrapped `trajtune.runs.resume.Checkpointer`'s."""
+class Snapshots(Hook):
+    """An HF-format snapshot `checkpoints/step-N` of the policy at every `every`-th completed step (what --save-every
+    writes next to the resume state): a hook of the stage's `Run`."""
 
-    def __init__(self, checkpointer, every: int, save: Callable[[int], Any]):
-        self._checkpointer, self.every, self._save = checkpointer, every, save
+    def __init__(self, every: int, save: Callable[[int], Any]):
+        self.every, self.save = every, save
 
-    def step_done(self, engine, completed: int, state=None, tensors=None, allowed: bool = True) -> None:
+    def on_save_point(self, engine, completed: int, allowed: bool) -> None:
         if allowed and self.every and completed % self.every == 0:
-            self._save(completed)
-        self._checkpointer.step_done(engine, completed, state, tensors, allowed)
-
-    def __getattr__(self, name: str):
-        return getattr(self._checkpointer, name)
+            self.save(completed)
 
 
 def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = "", config=None):
@@ -107,8 +103,8 @@ def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = "", c
             ctx.logger.add(make_tracker(name, ctx.run_dir, to_dict(config)))
         if output.logging_steps:
             console = Console(ctx.name, output.logging_steps, total_steps(config))
-    return Run(stage=ctx.name, logger=ctx.logger, checkpointer=SnapshotEvery(ctx.checkpointer, save_every, snapshot),
-               console=console)
+    return Run(stage=ctx.name, logger=ctx.logger, checkpointer=ctx.checkpointer, console=console,
+               hooks=[Snapshots(save_every, snapshot)], counters=ctx.counters)
 
 
 def prune_snapshots(root: Path, keep: int) -> list[Path]:

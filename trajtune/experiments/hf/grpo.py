@@ -30,7 +30,8 @@ from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
 from .model import load_engine
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, train_scored
+from ...sources.overlap import OverlapConfig, check_overlap
+from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
 from .prepare import Prepared, check_same_run, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
@@ -48,6 +49,9 @@ class GRPORun(PromptRewardRun):
     surrogate, epochs, kl_coef, seed ...)"""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """how completions are sampled"""
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    """where completions are sampled: here (default), in a sampler process (--sampler-process), or there one step
+    ahead while this one trains (--max-staleness 1, with --tis-cap)"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -56,10 +60,11 @@ class GRPORun(PromptRewardRun):
     def __post_init__(self) -> None:
         check_run(self, "grpo")
         check_sampling(self, "grpo")
-        if (self.rl.max_staleness or self.rl.sampler_process) and self.sampling.backend != "sampler":
-            raise ValueError(f"grpo: --max-staleness {self.rl.max_staleness} / --sampler-process sample in a separate "
-                             f"process with the built-in sampler; --backend {self.sampling.backend} samples from the "
-                             "trainer's own model: use --backend sampler")
+        check_overlap(self.overlap, self.rl, "grpo")
+        if self.overlap.in_process and self.sampling.backend != "sampler":
+            raise ValueError(f"grpo: --max-staleness {self.overlap.max_staleness} / --sampler-process sample in a "
+                             f"separate process with the built-in sampler; --backend {self.sampling.backend} samples "
+                             "from the trainer's own model: use --backend sampler")
 
 Config = GRPORun
 
@@ -78,8 +83,8 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
     policy, engine = load_engine(ctx, c.model, c.optim, value_head=c.rl.advantage == "gae", seed=c.rl.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
     run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
-    history = train_scored(ctx, c, data, engine, c.rl.steps,
-                           lambda collect, wrap: train_rl(engine, data.items, collect, c.rl, data.pad_id, wrap(run)))
+    with prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap) as source:
+        history = train_rl(engine, data.items, source, c.rl, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
 

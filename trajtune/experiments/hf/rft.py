@@ -18,7 +18,7 @@ from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
 from .model import load_engine
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, train_scored
+from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
 from .prepare import Prepared, check_same_run, prompt_data
 
 
@@ -60,8 +60,8 @@ def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.rft.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
     run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
-    history = train_scored(ctx, c, data, engine, c.rft.rounds * c.rft.steps_per_round,
-                           lambda collect, wrap: train_rft(engine, data.items, collect, c.rft, data.pad_id, wrap(run)))
+    with prompt_source(ctx, engine, data, c, c.rft.rounds * c.rft.steps_per_round) as source:
+        history = train_rft(engine, data.items, source, c.rft, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
 

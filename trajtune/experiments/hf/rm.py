@@ -68,7 +68,7 @@ def eval_pairs(engine, pairs: Sequence, pad_id: int, margin: float, batch_size: 
     """The reward model on held-out pairs (no gradient): eval/pair_accuracy, eval/rm_margin, eval/rm_loss."""
     import torch
 
-    from ...algorithms.reward_model import last_token_values
+    from ...objectives.reward_model import last_token_values
     from ...objectives.reward_model import bradley_terry_loss
     from ...trajectory import collate
 

@@ -1,15 +1,18 @@
-"""grpo / rft: how completions are sampled and scored (the sampling section, the rewards, the collect
-the loops take).
+"""grpo / rft: how completions are sampled and scored (the sampling section, the rewards), and the source the
+loops take (`prompt_source`).
 
-One step's collect, top to bottom:
+One step's source, top to bottom (`trajtune.sources`):
 
-    1. sample   the step's prompts x group size, one-turn episodes (sharded over ranks under torchrun,
-                all-gathered: every rank holds the whole batch, task-major, group ids kept)
-    2. score    every --reward function once on the whole batch, at the same time, in worker processes
-                under --reward-timeout (trajtune.sources.rewards; rank 0 calls them, the rewards are broadcast),
-                and the --reward-model on the rendered prompt + completion (sharded, gathered)
-    3. combine  reward = the --reward-weights sum over the sources that scored the row (None left out);
-                an episode no source scored, or whose reward call timed out, is left out of the update
+    EpisodeSource   the step's prompts x group size, one-turn episodes (sharded over ranks under torchrun,
+                    all-gathered: every rank holds the whole batch, task-major, group ids kept), sampled with
+                    the sampling section
+    Scored          every --reward function once on the whole batch, at the same time, in worker processes
+                    under --reward-timeout (rank 0 calls them, the rewards are broadcast), and the
+                    --reward-model on the rendered prompt + completion (sharded, gathered); reward = the
+                    --reward-weights sum over the sources that scored the episode (None left out); an episode
+                    no source scored, or whose reward call timed out, is left out of the update
+    Overlapped      (grpo --max-staleness 1) the next step's episodes sampled and scored while this one trains,
+                    in a sampler process one update behind (trajtune.sources.overlap)
 
 A reward function that raises or returns a non-reward stops the run with a message naming it, the
 rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<source>/mean and /std.
@@ -17,29 +20,24 @@ rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<s
 
 from __future__ import annotations
 
-import logging
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ...config import ConfigError, check_choices, check_ranges
 from ...metrics import register
-from ...sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, Scores, check_columns,
-                        combine, source_metrics)
+from ...sources.base import Source
+from ...sources.episodes import EpisodeSource
+from ...sources.overlap import OverlapConfig, overlapped
+from ...sources.rewards import RewardError, RewardFunction, RewardSet, check_columns
+from ...sources.scoring import RewardModel, Scored
 from .model import ModelConfig
 from .options import flag
-
-log = logging.getLogger("trajtune.sources.rewards")
 
 register("reward/*", "per reward source (a --reward function's name, or reward_model): reward/<name>/mean and "
          "/std over the completions it scored (None left out); reward/<function>/<name>: what the function "
          "logged with log_metric (mean); reward/failed: completions whose reward call ran past --reward-timeout; "
          "reward/unscored: completions no source scored (all None); both are left out of the update")
-
-RM_NAME = "reward_model"
-"""the --reward-model's name among the reward sources (its metrics: reward/reward_model/*)"""
-
 
 @dataclass
 class PromptRewardRun:
@@ -126,158 +124,49 @@ def check_rewards(config, tasks: list) -> None:
                               "value_head.safetensors next to its weights); train one with `trajtune rm`")
 
 
-# --- the stage --------------------------------------------------------------------------
-class RewardModel:
-    """A reward model saved by `trajtune rm` as a reward source: the value head at the last token of the
-    prompt + completion, rendered with the reward model's own chat template as `trajtune rm` trained it
-    (the last rendered sample of the conversation), scored in shares over the ranks."""
+# --- the source ---------------------------------------------------------------------------
+def reward_model(ctx, path: str, model: ModelConfig) -> RewardModel:
+    """A reward model saved by `trajtune rm` as a reward source: its value head on the prompt + completion,
+    rendered with the reward model's own chat template, on a frozen engine beside the policy's."""
+    from ...engine.distributed import launched_distributed
+    from ...models import hf
+    from ...text.chat import ChatRenderer
 
-    def __init__(self, ctx, path: str, model) -> None:
-        from ...engine.distributed import launched_distributed
-        from ...models import hf
-        from ...text.chat import ChatRenderer
-
-        self.renderer = ChatRenderer(hf.load_tokenizer(path))
-        policy = hf.load_policy(path, value_head=True)
-        device = None if model.device == "cuda" and launched_distributed() else model.device
-        self.engine = ctx.engine(policy, None, frozen=True, device=device,
-                                 autocast=None if model.precision == "fp32" else model.precision)
-
-    def __call__(self, batch: RewardBatch) -> list[float]:
-        from ...algorithms.reward_model import score
-        from ...engine.distributed import sharded_map
-
-        trajs = []
-        for prompt, i in zip(batch.prompts, range(len(batch)), strict=True):
-            opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            trajs.append(self.renderer.render_samples(opening + [{"role": "assistant", "content": batch.text(i)}])[-1])
-        return sharded_map(self.engine, trajs, lambda part: score(self.engine, part, self.renderer.pad_id))
+    renderer = ChatRenderer(hf.load_tokenizer(path))
+    policy = hf.load_policy(path, value_head=True)
+    device = None if model.device == "cuda" and launched_distributed() else model.device
+    engine = ctx.engine(policy, None, frozen=True, device=device,
+                        autocast=None if model.precision == "fp32" else model.precision)
+    return RewardModel(engine, renderer)
 
 
-class EpisodeRewards:
-    """Steps 2 and 3 of the collect (module docstring) for one stage; `metrics` are the last batch's."""
-
-    def __init__(self, ctx, config, max_steps: int):
-        functions = [RewardFunction(spec=spec) for spec in config.reward]
-        self.functions = RewardSet(functions, timeout=config.reward_timeout)
-        self.model = RewardModel(ctx, config.reward_model, config.model) if config.reward_model else None
-        self.names = [f.name for f in functions] + ([RM_NAME] if self.model else [])
-        self.weights = list(config.reward_weights) or [1.0] * len(self.names)
-        self.max_steps, self.counters, self.metrics = max_steps, ctx.counters, {}
-        self.counters.setdefault("reward_s", 0.0)
-
-    def apply(self, trajs: list, tasks: list, engine) -> list:
-        """Score `trajs` (episode i answers tasks[i]) and return those that got a reward, in order."""
-        from ...trajectory import Owner
-
-        t0 = time.perf_counter()
-        batch = RewardBatch.of(tasks, [(t.info.get("actions") or [""])[-1] for t in trajs],
-                               [t.tokens_of(Owner.POLICY) for t in trajs])
-        scores = self._call_functions(batch, RewardState(engine.step, self.max_steps), engine)
-        values = scores.values + ([self.model(batch)] if self.model else [])
-        totals = combine(values, self.weights)
-        kept, unscored = [], []
-        for i, (t, total) in enumerate(zip(trajs, totals, strict=True)):
-            t.info["rewards"] = {name: v[i] for name, v in zip(self.names, values, strict=True)}
-            if scores.extras[i]:
-                t.info["reward_extra"] = scores.extras[i]
-            if i in scores.failed:
-                t.info["env_error"] = scores.failed[i]
-            elif total is None:
-                unscored.append(i)
-            else:
-                t.reward = total
-                kept.append(t)
-        self._report(batch, scores, unscored, engine)
-        self.metrics = {**source_metrics(self.names, values), **scores.metrics,
-                        "reward/failed": float(len(scores.failed)), "reward/unscored": float(len(unscored))}
-        self.counters["reward_s"] += time.perf_counter() - t0
-        return kept
-
-    def _call_functions(self, batch: RewardBatch, state: RewardState, engine) -> Scores:
-        """The functions' Scores: called on rank 0 only, broadcast (every rank gets the same rewards)."""
-        from ...engine.distributed import broadcast_object
-
-        if not self.functions.functions:
-            return Scores([], {}, {}, [{} for _ in range(len(batch))])
-        out = None
-        if engine.is_main:
-            try:
-                out = self.functions.score(batch, state)
-            except RewardError as e:
-                out = e
-        out = broadcast_object(out)
-        if isinstance(out, RewardError):
-            raise out
-        return out
-
-    def _report(self, batch: RewardBatch, scores: Scores, unscored: list[int], engine) -> None:
-        n = len(batch)
-        if len(unscored) == n:
-            raise RewardError(f"no reward source scored any of the batch's {n} completions (every one returned "
-                              f"None, e.g. for {batch.where[0]}); None means 'does not apply to this row', and "
-                              f"every row needs at least one source that applies")
-        if not engine.is_main:
-            return
-        for i in sorted(scores.failed)[:3]:
-            log.warning("%s: the episode gets no reward and is left out of this update", scores.failed[i])
-        if unscored:
-            log.warning("every reward source returned None for %d of %d completions (%s ...): left out of this "
-                        "update (TRL: unscorable)", len(unscored), n, batch.where[unscored[0]])
-
-    def close(self) -> None:
-        self.functions.close()
-
-
-def prompt_collect(ctx, engine, data, config, rewards: EpisodeRewards):
-    """`collect(tasks, n, generator)` for grpo / rft: one-turn episodes of the prompt tasks, sampled
-    with the sampling section and scored as a batch by `rewards`. With the built-in sampler every
-    episode samples from its own seed (`episode_seeds`), so the samples are the same in one process
-    and sharded over N (`shard=engine.shard`). Sampling and reward times are counters."""
-    from ...sources.episodes import make_collect, timed
-    from ...envs.base import SingleTurnEnv
+def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapConfig | None = None) -> Source:
+    """grpo / rft's source (module docstring): one-turn episodes of the prompt tasks, sampled with the sampling
+    section and scored as a batch. With the built-in sampler every episode samples from its own seed
+    (`episode_seeds`), so the samples are the same in one process and sharded over N (`shard=engine.shard`).
+    `overlap`: where they are sampled (grpo). Close it when done (`with prompt_source(...) as source:`)."""
     from ...engine.generate import make_backend
+    from ...envs.base import SingleTurnEnv
 
     sampling = config.sampling
     own_seeds = sampling.backend == "sampler"  # HF generate draws one seed per call, not one per episode
     if engine.shard is not None and not own_seeds:
         raise ConfigError(f"--backend {sampling.backend} cannot sample sharded under torchrun (it has no "
                           "per-episode seeds); use --backend sampler")
-    sample = timed(make_collect(make_backend(sampling.backend, engine, data.pad_id), SingleTurnEnv, data.renderer,
-                                shard=engine.shard, episode_seeds=own_seeds, max_turns=1, max_tokens=data.limit,
-                                max_action_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                draw=sampling.draw if own_seeds else "race",
-                                share_prompts=sampling.share_prompts and own_seeds),
-                   ctx.counters)
-
-    def collect(tasks, n_per_task, generator):
-        trajs = sample(tasks, n_per_task, generator)  # task-major: episode i answers tasks[i // n_per_task]
-        return rewards.apply(trajs, [task for task in tasks for _ in range(n_per_task)], engine)
-
-    return collect
-
-
-class RewardMetricsRun:
-    """The stage's `Run`, with the reward metrics of the step's (or round's) batch added to its row."""
-
-    def __init__(self, run, rewards: EpisodeRewards):
-        self._run, self._rewards = run, rewards
-
-    def end_step(self, engine, step: int, row: dict, **kw) -> None:
-        row.update(self._rewards.metrics)
-        self._rewards.metrics = {}
-        self._run.end_step(engine, step, row, **kw)
-
-    def __getattr__(self, name: str):
-        return getattr(self._run, name)
-
-
-def train_scored(ctx, c, data, engine, max_steps: int, loop):
-    """Build the rewards and the collect, run `loop(collect, wrap)` (wrap: Run -> RewardMetricsRun),
-    and stop the reward workers however it ends."""
-    rewards = EpisodeRewards(ctx, c, max_steps)
+    functions = RewardSet([RewardFunction(spec=spec) for spec in config.reward], timeout=config.reward_timeout)
     try:
-        return loop(prompt_collect(ctx, engine, data, c, rewards), lambda run: RewardMetricsRun(run, rewards))
-    finally:
-        rewards.close()
+        models = [reward_model(ctx, config.reward_model, config.model)] if config.reward_model else []
+    except BaseException:
+        functions.close()
+        raise
 
+    def build(policy) -> Source:
+        episodes = EpisodeSource(policy, SingleTurnEnv, data.renderer, shard=engine.shard, episode_seeds=own_seeds,
+                                 max_turns=1, max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
+                                 temperature=sampling.temperature, draw=sampling.draw if own_seeds else "race",
+                                 share_prompts=sampling.share_prompts and own_seeds)
+        return Scored(episodes, engine, functions, models, config.reward_weights, max_steps)
+
+    if overlap is None or not overlap.in_process:
+        return build(make_backend(sampling.backend, engine, data.pad_id))
+    return overlapped(engine, overlap, build)

@@ -95,9 +95,9 @@ def stage_method(ctx: StageContext, method: str) -> dict:
         curve.append({"step": 0, **ev(0)})
     # the same sampling seed for both methods: round 1 samples the same episodes
     if method == "rft":
-        rows = train_rft(engine, gym.train, gym.collect(engine), seeded(c.rft, c.seed, 4), gym.pad_id, run=ctx.run(ev))
+        rows = train_rft(engine, gym.train, gym.source(engine), seeded(c.rft, c.seed, 4), gym.pad_id, run=ctx.run(ev))
     else:
-        rows = train_iw_sft(engine, gym.train, gym.collect(engine), seeded(c.iw, c.seed, 4), gym.pad_id, run=ctx.run(ev))
+        rows = train_iw_sft(engine, gym.train, gym.source(engine), seeded(c.iw, c.seed, 4), gym.pad_id, run=ctx.run(ev))
     curve += [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval/")}} for r in rows]
     kept = [r.get("rft/kept", 0.0) for r in rows]
     return {"curve": curve, "kept": kept, "sampled": sum(r.get("rft/sampled", 0.0) for r in rows),

@@ -1,0 +1,166 @@
+"""Rewards from scorers: `Scored(source, engine, functions, models)` gives a source's episodes the weighted
+sum of reward functions (TRL's, `trajtune.sources.rewards`) and reward models (`RewardModel`).
+
+One draw's scoring, top to bottom:
+
+    1. score    every reward function once on the whole batch of completions, at the same time, in worker
+                processes under their time limit (rank 0 calls them; the rewards are broadcast under
+                torchrun), and every reward model on the rendered prompt + completion (sharded, gathered)
+    2. combine  reward = the `weights` sum over the sources that scored the episode (None left out)
+    3. mark     an episode whose reward call timed out is REWARD_ERROR, one no source scored UNSCORED
+                (`trajectory.Outcome`): no loss or group baseline sees them
+
+A reward function that raises or returns a non-reward stops the run with a message naming it, the
+rows and its traceback (`RewardError`). The episodes come back with reward/<source>/mean and /std,
+what the functions logged (reward/<function>/<name>), reward/failed, reward/unscored and
+time/reward_s in their metrics. The episodes are one-turn answers to prompt tasks
+(`trajtune.sources.data.PromptTask`): episode i answers `draw.tasks[i // draw.n]`.
+
+Reward models as scorers also serve evaluation and best-of-N: `reward_model_scores(engine, trajs,
+pad_id)` (the value head at each episode's last token) and `pair_accuracy(engine, pairs, pad_id)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import torch
+
+from ..engine.distributed import broadcast_object, sharded_map
+from ..objectives.reward_model import last_token_values, pairwise_accuracy
+from ..trajectory import Outcome, Owner, Trajectory, collate
+from .base import Draw, Episodes, Source, Wrapper
+from .rewards import RewardBatch, RewardError, RewardSet, RewardState, Scores, combine, source_metrics
+
+log = logging.getLogger("trajtune.sources.scoring")
+
+RM_NAME = "reward_model"
+"""a reward model's name among the reward sources when there is one (its metrics: reward/reward_model/*)"""
+
+
+def reward_model_scores(engine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256) -> list[float]:
+    """A reward model's scores of episodes (no gradient): its value head at each one's last real token."""
+    out: list[float] = []
+    for i in range(0, len(trajs), batch_size):
+        batch = collate(trajs[i : i + batch_size], pad_id)
+        values = engine.forward(batch, values=True).values  # [b, T]
+        out += last_token_values(values, batch.attention_mask).tolist()
+    return out
+
+
+def pair_accuracy(engine, pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id: int) -> float:
+    """Share of (chosen, rejected) pairs whose chosen episode the reward model scores higher."""
+    s = reward_model_scores(engine, [c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+    P = len(pairs)
+    return float(pairwise_accuracy(torch.tensor(s[:P]), torch.tensor(s[P:])))
+
+
+class RewardModel:
+    """A trained reward model as a reward source: the value head at the last token of the prompt + completion,
+    rendered with the reward model's own chat template as it was trained (`renderer.render_samples`' last
+    sample), scored in shares over the ranks. `engine`: a frozen engine on the model (with its value head)."""
+
+    def __init__(self, engine, renderer, name: str = RM_NAME):
+        self.engine, self.renderer, self.name = engine, renderer, name
+
+    def __call__(self, batch: RewardBatch) -> list[float]:
+        trajs = []
+        for prompt, i in zip(batch.prompts, range(len(batch)), strict=True):
+            opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            trajs.append(self.renderer.render_samples(opening + [{"role": "assistant", "content": batch.text(i)}])[-1])
+        return sharded_map(self.engine, trajs,
+                           lambda part: reward_model_scores(self.engine, part, self.renderer.pad_id))
+
+
+class Scored(Wrapper):
+    """`inner`'s episodes with rewards from `functions` and `models`, weighted (module docstring).
+
+    engine:    the policy's engine (its step is the functions' `trainer_state.global_step`; under torchrun
+               rank 0 calls the functions)
+    functions: a `RewardSet` (closed with the source)
+    models:    `RewardModel`s, after the functions in `weights`' order
+    weights:   one per source (functions, then models); empty: 1 each
+    max_steps: the run's optimizer steps (`trainer_state.max_steps`)
+    """
+
+    def __init__(self, inner: Source, engine, functions: RewardSet, models: Sequence[RewardModel] = (),
+                 weights: Sequence[float] = (), max_steps: int = 0):
+        super().__init__(inner)
+        self.engine, self.functions, self.models = engine, functions, list(models)
+        self.names = [f.name for f in functions.functions] + [m.name for m in self.models]
+        self.weights = list(weights) or [1.0] * len(self.names)
+        if len(self.weights) != len(self.names):
+            raise ValueError(f"Scored: {len(self.weights)} weights for {len(self.names)} reward sources {self.names}")
+        self.max_steps = max_steps
+
+    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+        episodes = self.inner.take(draw, ahead)
+        t0 = time.perf_counter()
+        tasks = [task for task in draw.tasks for _ in range(draw.n)]  # episode i answers tasks[i]
+        episodes.metrics.update(self.score(episodes.trajs, tasks))
+        episodes.metrics["time/reward_s"] = time.perf_counter() - t0
+        return episodes
+
+    def score(self, trajs: list[Trajectory], tasks: Sequence[Any]) -> dict[str, float]:
+        """Give every episode its reward (or its failed outcome) -> the batch's reward metrics."""
+        batch = RewardBatch.of(tasks, [(t.info.get("actions") or [""])[-1] for t in trajs],
+                               [t.tokens_of(Owner.POLICY) for t in trajs])
+        scores = self._call_functions(batch)
+        values = scores.values + [m(batch) for m in self.models]
+        totals = combine(values, self.weights)
+        unscored = []
+        for i, (t, total) in enumerate(zip(trajs, totals, strict=True)):
+            t.info["rewards"] = {name: v[i] for name, v in zip(self.names, values, strict=True)}
+            if scores.extras[i]:
+                t.info["reward_extra"] = scores.extras[i]
+            if not t.trainable:  # its environment failed: no reward to give
+                continue
+            if i in scores.failed:
+                t.info["reward_error"] = scores.failed[i]
+                t.outcome = Outcome.REWARD_ERROR
+            elif total is None:
+                unscored.append(i)
+                t.outcome = Outcome.UNSCORED
+            else:
+                t.reward = total
+        self._report(batch, scores, unscored)
+        return {**source_metrics(self.names, values), **scores.metrics,
+                "reward/failed": float(len(scores.failed)), "reward/unscored": float(len(unscored))}
+
+    def _call_functions(self, batch: RewardBatch) -> Scores:
+        """The functions' Scores: called on rank 0 only, broadcast (every rank gets the same rewards)."""
+        if not self.functions.functions:
+            return Scores([], {}, {}, [{} for _ in range(len(batch))])
+        out: Scores | RewardError | None = None
+        if self.engine.is_main:
+            try:
+                out = self.functions.score(batch, RewardState(self.engine.step, self.max_steps))
+            except RewardError as e:
+                out = e
+        out = broadcast_object(out)
+        if isinstance(out, RewardError):
+            raise out
+        assert out is not None
+        return out
+
+    def _report(self, batch: RewardBatch, scores: Scores, unscored: list[int]) -> None:
+        n = len(batch)
+        if len(unscored) == n:
+            raise RewardError(f"no reward source scored any of the batch's {n} completions (every one returned "
+                              f"None, e.g. for {batch.where[0]}); None means 'does not apply to this row', and "
+                              f"every row needs at least one source that applies")
+        if not self.engine.is_main:
+            return
+        for i in sorted(scores.failed)[:3]:
+            log.warning("%s: the episode gets no reward and is left out of this update", scores.failed[i])
+        if unscored:
+            log.warning("every reward source returned None for %d of %d completions (%s ...): left out of this "
+                        "update (TRL: unscorable)", len(unscored), n, batch.where[unscored[0]])
+
+    def close(self) -> None:
+        try:
+            self.functions.close()
+        finally:
+            self.inner.close()
