@@ -20,6 +20,7 @@ backend of trajtune.engine.generate (generate + the behaviour log-probs RL needs
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 import time
 
@@ -61,7 +62,7 @@ def tiny_table(args) -> None:
 
 
 def hf_table(args) -> None:
-    from trajtune.engine.generate import HFGenerate
+    from trajtune.engine.generate import generate as hf_generate
     from trajtune.models.hf import load_policy
     from trajtune.models.hf_random import make_random_model
 
@@ -80,7 +81,7 @@ def hf_table(args) -> None:
             P = max(len(p) for p in prompts)
             ids = torch.tensor([[0] * (P - len(p)) + p for p in prompts])
             mask = (torch.arange(P)[None] >= torch.tensor([P - len(p) for p in prompts])[:, None]).long()
-            backend = HFGenerate(policy, pad_id=0)
+            backend = functools.partial(hf_generate, policy, pad_id=0)
 
             def generate(n):
                 torch.manual_seed(1)

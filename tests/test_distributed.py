@@ -2,7 +2,7 @@
 
 One `torch.multiprocessing` job of 2 CPU processes runs every scenario below
 (DDP engine with the three aggregations and micro-batches, SFT, GRPO with a group
-split across the ranks, FSDP2); rank 0 writes what it saw and the tests compare
+split across the ranks, FSDP2, iw-SFT with its lagged q under DDP and FSDP2); rank 0 writes what it saw and the tests compare
 it with a one-process engine run in this process with the same global batch and seed.
 A second job kills one rank mid-run and checks the last checkpoint loads.
 
@@ -36,6 +36,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from trajtune.algorithms.iw_sft import IWSFTConfig, train_iw_sft
 from trajtune.algorithms.rl import RLConfig, advantages_for, train_rl
 from trajtune.algorithms.sft import SFTConfig, sft_loss_fn, train_sft
 from trajtune.engine import OptimConfig, make_engine
@@ -51,6 +52,8 @@ from test_reliability import NanOnToken  # noqa: E402 - the same poisoned model
 OPT = OptimConfig(lr=1e-2)
 SFT = SFTConfig(steps=4, batch_size=6, seed=3)
 GRPO = RLConfig(steps=3, tasks_per_step=3, group_size=3, advantage="grpo", seed=5)  # 9 episodes: 5 | 4 split group 1
+IW = IWSFTConfig(rounds=2, samples_per_task=3, steps_per_round=2, batch_size=6, q_update_every=1, threshold=0.0,
+                seed=7)  # a q per round, refreshed before its step 1: 2 refreshes
 AGGREGATIONS = [("token", 0), ("sequence", 0), ("constant", 0), ("token", 1), ("sequence", 2)]  # (mode, micro_batch_size)
 TOL = 1e-5
 PARAM_TOL = 2e-2 * OPT.lr  # see the module docstring: Adam on zero-gradient coordinates
@@ -87,7 +90,43 @@ def grads(engine) -> dict[str, torch.Tensor]:
 
 
 def params(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone().contiguous() for n, p in model.named_parameters()}
+    """The full parameters (FSDP2's shards gathered: every rank must call it)."""
+    full = lambda p: p.full_tensor() if hasattr(p, "full_tensor") else p  # noqa: E731
+    return {n: full(p).detach().clone().contiguous() for n, p in model.named_parameters()}
+
+
+def local_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    """Max |a - b| over this process's part of every parameter (FSDP2: its shards, no communication)."""
+    for m in [*a.modules(), *b.modules()]:  # FSDP2 leaves the root's parameters gathered after a forward
+        if hasattr(m, "reshard"):
+            m.reshard()
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p  # noqa: E731
+    pairs = zip(a.parameters(), b.parameters(), strict=True)
+    return max(float((local(p) - local(q)).detach().abs().max()) if local(p).numel() else 0.0 for p, q in pairs)
+
+
+def iw_sft_checking_q(engine) -> tuple[list[dict], list[list]]:
+    """iw-SFT with its lagged q watched: at every refresh, (max |q - policy| before, after, q sharded?) on
+    this rank's part of the weights."""
+    refreshes: list[list] = []
+    make_reference = engine.reference_engine
+
+    def reference_engine(**kw):
+        q = make_reference(**kw)
+        copy = q.copy_weights_from
+
+        def watched(other):
+            before = local_diff(q.model, other.model)
+            copy(other)
+            sharded = all(type(p).__name__ == "DTensor" for p in q.model.parameters())
+            refreshes.append([before, local_diff(q.model, other.model), sharded])
+
+        q.copy_weights_from = watched
+        return q
+
+    engine.reference_engine = reference_engine
+    history = train_iw_sft(engine, TASKS, collect_for(engine, engine.shard), IW, TOK.pad_id)
+    return history, refreshes
 
 
 NAN_TOKEN = 2  # the token test_reliability.NanOnToken turns into NaN logits
@@ -119,7 +158,7 @@ def _worker(rank: int, port: int, out: str) -> None:
             record[f"agg/{mode}/{mbs}/{n}"] = m
     # 2. SFT through the unchanged loop
     e = make_engine(new_model(), OPT)
-    assert e.collective.world_size == 2 and type(e.collective).__name__ == "DDP"
+    assert e.collective.ranks.world_size == 2 and type(e.collective).__name__ == "DDP"
     record["sft"] = [h["train/loss"] for h in train_sft(e, demos(), SFT, TOK.pad_id)]
     tensors.update({f"sft/{k}": v for k, v in params(e.model).items()})
     # 3. GRPO: rollouts sharded by episode, gathered before the group baselines
@@ -189,7 +228,13 @@ def _worker(rank: int, port: int, out: str) -> None:
         record[f"nan_message_{rank}"] = None
     except NonFiniteError as err:
         record[f"nan_message_{rank}"] = str(err)
-    mine = {k: v for k, v in record.items() if k.startswith("nan_")}
+    # 8. iw-SFT under DDP and FSDP2: q <- policy by `copy_weights_from`, each rank its own part
+    for strategy in ("ddp", "fsdp"):
+        e = make_engine(new_model(), OPT, strategy=strategy)
+        hist, record[f"iw_{strategy}_refreshes_{rank}"] = iw_sft_checking_q(e)
+        record[f"iw_{strategy}"] = [h["train/loss"] for h in hist]
+        tensors.update({f"iw_{strategy}/{k}": v for k, v in params(e.model).items()})
+    mine = {k: v for k, v in record.items() if k.startswith(("nan_", "iw_"))}
     everyone = [None, None]
     torch.distributed.all_gather_object(everyone, mine)
     for part in everyone:
@@ -282,6 +327,36 @@ def test_group_split_across_ranks_gets_one_process_advantages(two_procs):
     assert [t.tokens_of(2) for t in trajs] == adv["actions"]
     assert batch.groups.tolist() == adv["groups"] and batch.rewards.tolist() == adv["rewards"]
     assert torch.allclose(ours, torch.tensor(adv["advantages"]), atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_iw_sft_two_processes_match_one_and_q_is_the_policy_after_each_refresh(two_procs, strategy):
+    record, tensors = two_procs
+    e = make_engine(new_model(), OPT)
+    hist, refreshes = iw_sft_checking_q(e)
+    losses = [h["train/loss"] for h in hist]
+    loss_diff = max(abs(a - b) for a, b in zip(losses, record[f"iw_{strategy}"], strict=True))
+    print(f"iw-SFT ({strategy}) 1 vs 2 processes: max |loss diff| {loss_diff:.2e}")
+    assert loss_diff < TOL
+    theirs = {k.removeprefix(f"iw_{strategy}/"): v for k, v in tensors.items() if k.startswith(f"iw_{strategy}/")}
+    assert_params_close(params(e.model), theirs, f"iw-SFT ({strategy})")
+    sharded = strategy == "fsdp"
+    for part in (refreshes, record[f"iw_{strategy}_refreshes_0"], record[f"iw_{strategy}_refreshes_1"]):
+        assert len(part) == 2  # every refresh happened: q lagged behind the policy, then equals it, bit for bit
+        assert all(before > 0 and after == 0.0 for before, after, _ in part), part
+    assert all(s == sharded for _, _, s in record[f"iw_{strategy}_refreshes_0"] + record[f"iw_{strategy}_refreshes_1"])
+
+
+def test_copy_weights_from_copies_values_not_tensors_and_refuses_another_architecture():
+    a, b = make_engine(new_model(seed=1), OPT), make_engine(new_model(seed=2), OPT)
+    a.copy_weights_from(b)
+    assert _max_diff(params(a.model), params(b.model)) == 0.0
+    b.forward_backward(collate(demos(), TOK.pad_id), sft_loss_fn())
+    b.optim_step()
+    assert _max_diff(params(a.model), params(b.model)) > 0  # a copy, not the same tensors
+    wide = make_engine(TinyTransformer(TinyConfig(TOK.vocab_size, dim=16, n_layers=2, n_heads=2, max_len=32)), OPT)
+    with pytest.raises(ValueError, match="copy_weights: tok_emb.weight is"):
+        a.copy_weights_from(wide)
 
 
 def test_fsdp2_matches_one_process_and_checkpoints(two_procs):

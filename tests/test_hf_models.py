@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from trajtune.algorithms.sft import sft_loss_fn  # noqa: E402
 from trajtune.engine import make_engine  # noqa: E402
-from trajtune.engine.generate import make_backend  # noqa: E402
 from trajtune.models.hf import AdaptersOff, LoraSettings, ModelPathError, load_policy, load_tokenizer  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
 from trajtune.engine.decoding import sample  # noqa: E402
@@ -56,13 +55,13 @@ def test_sampler_and_generate_backends_return_the_same_data(model_dir):
     engine = make_engine(load_policy(model_dir))
     prompts = [[1, 30, 40, 50], [1, 60]]
     kw = dict(greedy=True, stop_ids=(tok.eos_token_id,))
-    s = make_backend("sampler", engine)(prompts, 5, torch.Generator().manual_seed(0), **kw)
-    g = make_backend("generate", engine, tok.pad_token_id)(prompts, 5, torch.Generator().manual_seed(0), **kw)
+    s = engine.sample(prompts, 5, torch.Generator().manual_seed(0), **kw)
+    g = engine.sample(prompts, 5, torch.Generator().manual_seed(0), backend="generate", pad_id=tok.pad_token_id, **kw)
     assert s.tokens == g.tokens and s.stopped == g.stopped
     assert max(abs(x - y) for u, v in zip(s.logprobs, g.logprobs) for x, y in zip(u, v)) < 1e-4
-    g1 = make_backend("generate", engine, 0)(prompts, 5, torch.Generator().manual_seed(3))
-    g2 = make_backend("generate", engine, 0)(prompts, 5, torch.Generator().manual_seed(3))
-    assert g1.tokens == g2.tokens  # seeded
+    g1 = engine.sample(prompts, 5, torch.Generator().manual_seed(3), backend="generate")
+    g2 = engine.sample(prompts, 5, torch.Generator().manual_seed(3), backend="generate")
+    assert g1.tokens == g2.tokens and engine.model.training  # seeded; the engine's train mode is restored
 
 
 def test_lora_reference_is_the_base_without_a_copy_and_save_loads(model_dir, tmp_path):

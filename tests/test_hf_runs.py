@@ -237,7 +237,7 @@ def test_saved_model_and_checkpoints_are_readable_by_others_and_only_the_newest_
 
 
 def test_disk_full_during_a_periodic_save_keeps_the_previous_checkpoint(work, tmp_path, monkeypatch, capsys):
-    import trajtune.engine as engine_module
+    import trajtune.engine.torch_engine as engine_module
 
     calls, save = [], engine_module.save_model_weights
 

@@ -44,7 +44,7 @@ RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 FORBIDDEN = {
     "objectives": {"engine", "sources", "models", "envs", "algorithms", "runs"},
     "algorithms": {"models", "envs", "sources", "engine.distributed", "engine.collectives", "engine.decoding",
-                   "engine.generate"},
+                   "engine.generate", "engine.torch_engine"},  # the engine through its Protocol (`trajtune.engine`)
     "envs": {"models", "engine", "sources", "algorithms", "runs"},
 }
 EXCEPT = {"algorithms": {"sources.base"}}

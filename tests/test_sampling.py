@@ -164,3 +164,28 @@ def test_sample_with_cdf_draw(tiny_model):
         assert sample(tiny_model, [p], 12, stop_ids=[7], generators=[gen(20 + b)], draw="cdf").tokens[0] == together.tokens[b]
     with pytest.raises(ValueError, match="draw must be one of"):
         sample(tiny_model, PROMPTS, 3, gen(0), draw="gumbel")
+
+
+def test_engine_sample_is_the_sampler_in_eval_mode_and_restores_the_mode(tiny_model):
+    from trajtune.engine import make_engine
+
+    engine = make_engine(tiny_model.train())
+    prompts = [[1, 2, 3], [4, 5]]
+    seen = []
+    engine.model.blocks[0].register_forward_hook(lambda m, i, o: seen.append(m.training))
+    ours = engine.sample(prompts, 4, torch.Generator().manual_seed(3), temperature=0.8, pad_id=7)
+    assert seen and not any(seen) and engine.model.training  # sampled in eval mode, left in train mode
+    theirs = sample(tiny_model.eval(), prompts, 4, torch.Generator().manual_seed(3), temperature=0.8, pad_id=7)
+    assert ours == theirs
+    assert engine.sample(prompts, 4, torch.Generator().manual_seed(3), backend="sampler", temperature=0.8,
+                         pad_id=7) == theirs
+
+
+def test_engine_sample_names_the_backends_it_has(tiny_model):
+    from trajtune.engine import make_engine
+
+    engine = make_engine(tiny_model)
+    with pytest.raises(ValueError, match=r"backend='vllm'; choose one of \['sampler', 'generate'\]"):
+        engine.sample([[1, 2]], 2, backend="vllm")
+    with pytest.raises(ValueError, match='backend="generate" needs a Hugging Face model .* not a TinyTransformer'):
+        engine.sample([[1, 2]], 2, backend="generate")

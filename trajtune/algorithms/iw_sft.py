@@ -129,7 +129,7 @@ def train_iw_sft(engine: Engine, tasks: Sequence, source: Source, config: IWSFTC
             # 3. weighted training with a lagged q
             for s in range(done, config.steps_per_round):
                 if s and s % config.q_update_every == 0:
-                    q.model.load_state_dict(engine.model.state_dict())
+                    q.copy_weights_from(engine)  # q <- the policy, each rank its own part
                 batch = full.select(batch_indices(full.size, config.batch_size, derive(config.seed, r), s))
                 batch = batch.with_extras(q_logp=q.forward(batch).logprobs, ref_logp=ref_logp[batch.index])
                 m = engine.forward_backward(batch, loss)

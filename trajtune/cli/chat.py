@@ -23,6 +23,7 @@ object per prompt instead).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class Chat:
 
     renderer: object
     sample: Callable
+    """`sample(prompts, max_new_tokens, generator, **kw) -> Samples`: the engine's, with the backend chosen"""
     settings: Settings
     context: int
     generator: object = field(default=None)
@@ -138,10 +140,9 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
         raise ConfigError(f"{model_dir}: cannot load the model's weights ({', '.join(weights)}): "
                           f"{type(e).__name__}: {e}") from e
     from ..engine import make_engine
-    from ..engine.generate import make_backend
 
     engine = make_engine(policy, device=device)
-    return Chat(renderer, make_backend(settings.backend, engine, renderer.pad_id), settings, policy.max_len)
+    return Chat(renderer, functools.partial(engine.sample, backend=settings.backend), settings, policy.max_len)
 
 
 def check_device(name: str):

@@ -266,7 +266,8 @@ def _prefill(model, ids: torch.Tensor, real: torch.Tensor, prompts: Sequence[Seq
     B = ids.shape[0]
     if share:
         slot_of: dict[tuple, int] = {}
-        first, slot = [], []  # row of each distinct prompt's first occurrence; each row's distinct prompt
+        first: list[int] = []  # row of each distinct prompt's first occurrence
+        slot: list[int] = []  # each row's distinct prompt
         for b, p in enumerate(prompts):
             key = tuple(p)
             if key not in slot_of:

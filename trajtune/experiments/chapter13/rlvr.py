@@ -26,7 +26,7 @@ from ...evaluation import distinct_answers, mean_pass_at_k
 from ...logprobs import entropy_from_logits
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...text.render import Renderer
-from ...trajectory import Trajectory, collate
+from ...trajectory import Owner, Trajectory, collate
 from ...seeding import derive
 
 KS = (1, 2, 4, 8, 16)
@@ -52,10 +52,13 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]
-    prompts = collate([r.render([{"role": "user", "content": t.prompt}]) for t in tasks], r.tokenizer.pad_id)
     # the next-token distribution right after the assistant header: the first answer digit
-    first = torch.full((prompts.size, 1), r.header_ids["assistant"])
-    logits = engine.model.eval()(torch.cat([prompts.ids, first], 1))[:, -1:]  # [B, 1, V]
+    headed = [r.render([{"role": "user", "content": t.prompt}]) for t in tasks]
+    for traj in headed:
+        traj.append([r.header_ids["assistant"]], Owner.TEMPLATE, 0)
+    batch = collate(headed, r.tokenizer.pad_id)
+    last = batch.attention_mask.sum(-1) - 1  # [B] each row's header
+    logits = engine.forward(batch, logits=True).logits[torch.arange(batch.size), last][:, None]  # [B, 1, V]
     return {"greedy": sum(t.reward for t in greedy) / len(greedy),
             "pass_at": {str(j): mean_pass_at_k(correct, j) for j in KS if j <= k},
             "distinct": distinct_answers(answers, k),
