@@ -176,6 +176,29 @@ def test_an_update_that_ends_while_the_last_sync_is_being_loaded_waits_for_it(mo
     assert without_sync(got) == without_sync(expected) and same_weights(e, ref)
 
 
+def test_a_draw_ahead_that_is_slow_to_ask_is_still_sampled_one_update_behind(monkeypatch):
+    """The background thread takes 0.2 s before it asks the process for the next step's episodes, longer than an
+    update: the sync of the new weights must still go after that request, or the episodes would be sampled with the
+    newer weights (on-policy, and a run that depends on thread timing)."""
+    import threading
+
+    cfg = RLConfig(steps=4, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=5)
+    ref = engine()
+    expected = train(ref, ahead(ref), cfg)
+    run = EpisodeSource.run
+
+    def late(self, *args):
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)
+        return run(self, *args)
+
+    monkeypatch.setattr(EpisodeSource, "run", late)
+    e = engine()
+    got = train(e, ahead(e), cfg)
+    assert without_sync(got) == without_sync(expected) and same_weights(e, ref)
+    assert [h["pg/tis_weight_mean"] != 1.0 for h in got] == [False, True, True, True]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     """The episodes drawn ahead at the checkpoint (sampled one update behind) are saved with it. The

@@ -18,6 +18,16 @@ from trajtune.envs.adapters.textarena import TextArenaEnv
 from trajtune.envs.base import Env, SingleTurnEnv
 from trajtune.envs.bugfix import BugFixEnv
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.runs.hooks import Hook
+from trajtune.runs.recorder import EpisodeRecorder
+from trajtune.sources.base import Source
+from trajtune.sources.episodes import EpisodeRunner, EpisodeSource, Here, Measured
+from trajtune.sources.overlap import Overlapped
+from trajtune.sources.process import SamplerProcess
+from trajtune.sources.rewards import RewardSet
+from trajtune.sources.scoring import Scored
+from trajtune.text.render import Renderer
+from trajtune.text.tokenizers import CharTokenizer
 
 
 def members(proto: type) -> dict[str, Any]:
@@ -115,6 +125,22 @@ def test_each_environment_is_an_env():
     envs: list[Env] = [SingleTurnEnv(), BugFixEnv(), TextArenaEnv()]
     for env in envs:
         assert isinstance(env, Env) and mismatches(env, Env) == [], type(env).__name__
+
+
+def test_each_source_is_a_source_and_each_runner_a_runner():
+    engine = make_engine(tiny())
+    renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
+    base = EpisodeSource(engine.sample, SingleTurnEnv, renderer)
+    process = SamplerProcess(engine)  # not started: nothing runs
+    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, RewardSet([])), Overlapped(base, process),
+                             EpisodeSource(process, SingleTurnEnv, renderer)]
+    for source in sources:
+        assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__
+    runners: list[EpisodeRunner] = [Here(engine.sample), process]
+    for runner in runners:
+        assert mismatches(runner, EpisodeRunner) == [], type(runner).__name__
+    hooks: list[Hook] = [EpisodeRecorder("episodes.jsonl")]
+    assert all(isinstance(h, Hook) for h in hooks)
 
 
 def test_the_runtime_check_catches_a_broken_implementation():

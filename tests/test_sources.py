@@ -141,7 +141,7 @@ def test_every_source_meets_the_protocol():
     """At runtime (the method names; tests/test_protocols.py's type check verifies the signatures too)."""
     e = engine()
     base = collect_for(e)
-    for source in (base, Measured(base, len), Scored(base, e, RewardSet([])), Overlapped(base, SamplerProcess(e)),
+    for source in (base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, e, RewardSet([])), Overlapped(base, SamplerProcess(e)),
                    Replay([], [], [])):
         assert isinstance(source, Source), type(source).__name__
 

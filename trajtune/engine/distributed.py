@@ -11,7 +11,7 @@ launched; this module is what the strategies, the loops and the experiments shar
 split of a list of items over the ranks (`contiguous_rows`, `Shard`, `sharded_map`), and `Ranks`: a
 strategy's rank and its collectives on what is not a parameter (output rows, metrics, non-finite reports).
 
-Sharded rollouts: `collect.make_collect(..., shard=engine.shard)` runs only this
+Sharded rollouts: `sources.episodes.EpisodeSource(..., shard=engine.shard)` runs only this
 rank's contiguous share of the (task, episode) pairs, each episode with its own
 generator seeded from (the step's generator, global episode index), then all-gathers
 the trajectories, so group baselines see whole groups and the result does not depend
@@ -94,7 +94,7 @@ def contiguous_rows(n: int, rank: int, world_size: int) -> list[int]:
 
 
 class Shard:
-    """This process's share of a list of items and the all-gather that undoes it (`collect.make_collect(shard=)`)."""
+    """This process's share of a list of items and the all-gather that undoes it (`EpisodeSource(shard=)`)."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size

@@ -14,7 +14,6 @@ entry with the same signature.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import torch
@@ -69,9 +68,3 @@ def generate(policy: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_
         logprobs.append(lp[b, :n].tolist())
         stopped.append(n > 0 and row[n - 1] in stop)
     return Samples(tokens, logprobs, stopped)
-
-
-def make_backend(name: str, engine: Any, pad_id: int = 0):
-    """Deprecated: `functools.partial(engine.sample, backend=name, pad_id=pad_id)`, which it returns. Kept only
-    while trajtune/experiments/hf/sampling.py calls it; delete it when that module samples through the engine."""
-    return functools.partial(engine.sample, backend=name, pad_id=pad_id)

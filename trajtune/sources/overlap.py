@@ -108,6 +108,7 @@ class Overlapped(Wrapper):
         self.process = process
         self._pool: ThreadPoolExecutor | None = None  # one background thread, started after the process
         self._ahead: tuple[Draw, Future, int] | None = None  # the draw in flight, its future, process calls before
+        self._sent_before = 0  # rollouts the process had been sent when the draw in flight started
         self._restored: Episodes | None = None
 
     def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
@@ -119,8 +120,16 @@ class Overlapped(Wrapper):
             if self._pool is None:  # the process first (a fork of a trainer without this thread), then the thread
                 self.process.start()
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-overlap")
+            self._sent_before = self.process.rollouts_sent
             self._ahead = (ahead, self._pool.submit(self.inner.take, ahead), self.process.calls)
         return episodes
+
+    def after_update(self, engine) -> dict[str, float]:
+        """The new weights go to the process only after the draw in flight asked for its episodes: those are then
+        sampled with the weights before the update (exactly one behind), whatever the background thread's timing."""
+        if self._ahead is not None:
+            self.process.wait_rollout_sent(self._sent_before, self._ahead[1])
+        return self.inner.after_update(engine)
 
     def _drawn_ahead(self, draw: Draw) -> Episodes | None:
         """The episodes drawn ahead for `draw` (restored from a checkpoint, or in flight), or None."""

@@ -70,6 +70,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.multiprocessing as mp
+from multiprocessing.connection import Connection
 
 from ..config import ConfigError
 from ..engine.decoding import sample
@@ -112,6 +113,7 @@ class SamplerProcess:
         self._renderers: dict[int, Any] = {}  # sent once, by id (kept alive here, so the id stays theirs)
         self._dead: BaseException | None = None
         self._closed = False
+        self._rollouts_sent = 0
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
@@ -243,8 +245,26 @@ class SamplerProcess:
                 raise self._died(kind) from None
             request.since = time.monotonic()
             self._waiting.append(request)
+            self._rollouts_sent += kind == "rollout"
             self._cv.notify_all()
         return request
+
+    @property
+    def rollouts_sent(self) -> int:
+        """Rollout requests sent so far (their order in the pipe against the syncs decides which weights sample them)."""
+        return self._rollouts_sent
+
+    def wait_rollout_sent(self, count: int, future: Future) -> None:
+        """Wait until more than `count` rollouts were sent, or `future` (the draw that would send the next) is done:
+        an overlapped source calls it before the sync of new weights, so the episodes drawn ahead are sampled with
+        the weights before them, whatever the threads' timing."""
+        future.add_done_callback(lambda _: self._notify())
+        with self._cv:
+            self._cv.wait_for(lambda: self._rollouts_sent > count or future.done())
+
+    def _notify(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
     def _wait(self, request: "_Request"):
         """The answer to `request` (its log records re-emitted and its error raised here)."""
@@ -331,6 +351,7 @@ class SamplerProcess:
         levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}
         fork = start_method(engine, self.threads) == "fork"
         ctx = mp.get_context("fork") if fork else _forkserver()
+        self._conn: Connection
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
             target=_serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared,
@@ -358,7 +379,8 @@ class _Request:
     """One message sent to the process, and the future its answer goes into."""
 
     def __init__(self, kind: str):
-        self.kind, self.future, self.since = kind, Future(), time.monotonic()
+        self.kind, self.since = kind, time.monotonic()
+        self.future: Future = Future()
 
 
 def start_method(engine, threads: int) -> str:
@@ -415,6 +437,8 @@ def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threa
         except EOFError:
             return
         records.records = []
+        reply: Any
+        message: tuple
         try:
             if kind == "close":
                 return

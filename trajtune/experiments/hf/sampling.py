@@ -20,6 +20,7 @@ rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<s
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -145,7 +146,6 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
     section and scored as a batch. With the built-in sampler every episode samples from its own seed
     (`episode_seeds`), so the samples are the same in one process and sharded over N (`shard=engine.shard`).
     `overlap`: where they are sampled (grpo). Close it when done (`with prompt_source(...) as source:`)."""
-    from ...engine.generate import make_backend
     from ...envs.base import SingleTurnEnv
 
     sampling = config.sampling
@@ -168,5 +168,5 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
         return Scored(episodes, engine, functions, models, config.reward_weights, max_steps)
 
     if overlap is None or not overlap.in_process:
-        return build(make_backend(sampling.backend, engine, data.pad_id))
+        return build(functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id))
     return overlapped(engine, overlap, build)
