@@ -28,10 +28,10 @@ from typing import ClassVar, get_type_hints
 
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, train_scored
-from .prepare import Prepared, check_same_run, prompt_data
+from .prepare import Prepared, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
 
@@ -65,7 +65,6 @@ Config = GRPORun
 
 
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
-    check_same_run(config, run_dir, GRPORun.METHOD)
     prepared = prompt_data(config)
     check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
     return prepared
@@ -81,6 +80,11 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
     history = train_scored(ctx, c, data, engine, c.rl.steps,
                            lambda collect, wrap: train_rl(engine, data.items, collect, c.rl, data.pad_id, wrap(run)))
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def dry_run(config: GRPORun, run_dir: Path) -> str:
+    """Every check `run` makes before the model loads, nothing written (`--dry-run`, `trajtune run --dry-run`)."""
+    return preflight(config, run_dir, prepare)
 
 
 def run(config: GRPORun, run_dir: Path) -> Path:
