@@ -106,6 +106,46 @@ def test_rerunning_one_stage(small_run, tmp_path):
     assert res["dpo"]["curve"] == before["curve"]  # same seed, same numbers
 
 
+def _small_sets(**more) -> list[str]:
+    """`--set`s that make the default recipe SMALL (and `more`, dotted keys)."""
+    from trajtune.config import to_dict
+    from trajtune.runs.rundir import flatten
+
+    small, default = flatten(to_dict(SMALL)), flatten(to_dict(agent.Config()))
+    small.update(more)
+    return [x for k, v in small.items() if default.get(k) != v for x in ("--set", f"config.{k}={json.dumps(v)}")]
+
+
+def test_a_changed_config_on_a_finished_run_is_refused_then_reruns_exactly_the_stages_it_affects(small_run, tmp_path,
+                                                                                                   capsys):
+    """As a user would: `trajtune run agent --run-dir X --set config.rl.steps=8` on a finished X is refused, naming
+    rl.steps, the stages that read it and the one after them, and the option; with that option exactly those run
+    again (from their checkpoints' inputs), and config.json says the new config."""
+    import shutil
+
+    run_dir = tmp_path / "x"
+    shutil.copytree(small_run[0], run_dir)
+    results = {p.parent.name: p.read_bytes() for p in run_dir.glob("*/results.json")}
+    config = (run_dir / "config.json").read_bytes()
+    argv = ["run", "agent", "--run-dir", str(run_dir), *_small_sets(**{"rl.steps": 8})]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    option = """--set 'config.runner.rerun=["rl_only","sft_rl","generalization"]'"""
+    assert err.count("\n") == 1 and "rl.steps 6 -> 8" in err and option in err, err
+    assert "rl_only (it read rl), sft_rl (it read rl), generalization (after " in err
+    assert {p.parent.name: p.read_bytes() for p in run_dir.glob("*/results.json")} == results  # nothing changed
+    assert (run_dir / "config.json").read_bytes() == config
+
+    assert main([*argv, "--set", 'config.runner.rerun=["rl_only","sft_rl","generalization"]']) == 0
+    out = capsys.readouterr().out
+    ran = sorted(line.split()[1] for line in out.splitlines() if line.startswith("  stage "))
+    assert ran == ["generalization", "rl_only", "sft_rl"], out
+    assert {n: b for n, b in results.items() if n not in ran} == {p.parent.name: p.read_bytes() for p in
+                                                                  run_dir.glob("*/results.json") if p.parent.name not in ran}
+    rl = [r["step"] for r in read_metrics(run_dir) if r["stage"] == "rl_only" and "eval/pass_rate" in r]
+    assert rl == [0, 3, 6, 8] and json.loads((run_dir / "config.json").read_text())["rl"]["steps"] == 8
+
+
 def test_seeds_report_and_cli_wiring(small_run, tmp_path, capsys):
     summary = json.loads((small_run[0] / "summary.json").read_text())
     report = write_seeds_report(tmp_path, {0: summary, 1: summary})

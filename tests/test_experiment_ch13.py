@@ -11,8 +11,9 @@ from dataclasses import replace
 
 from trajtune.cli import builtin_recipes, load_recipe
 from trajtune.experiments import get_experiment
-from trajtune.experiments.chapter13 import Config, run, run_seeds, stages
+from trajtune.experiments.chapter13 import Config, run, seeds_report, stages
 from trajtune.metrics import is_documented, read_metrics
+from trajtune.runs.rundir import run_seeds
 
 
 def tiny(**kw) -> Config:
@@ -39,7 +40,7 @@ def test_loop_seeds_come_from_the_one_seed():
     c = Config(seed=3)
     assert {c.pretrain.seed, c.sft.seed, c.reward_model.seed, c.dpo.seed, c.coldstart.seed, c.rl.seed} == {3}
     assert c.control.seed == 4
-    assert replace(c, seed=5).rl.seed == 5 and c.rl.seed == 3  # run_seeds' replace re-derives, shares nothing
+    assert replace(c, seed=5).rl.seed == 5 and c.rl.seed == 3  # the seeds loop's replace re-derives, shares nothing
     assert (c.rl.advantage, c.rl.aggregation, c.rl.group_size) == ("grpo", "token", 8)
 
 
@@ -47,7 +48,7 @@ def test_recipes_validate():
     for name in ("chapter13", "chapter13_rlvr"):
         module, config, raw = load_recipe(builtin_recipes()[name])
         assert module is get_experiment("chapter13") and isinstance(config, Config) and raw["description"]
-        assert hasattr(module, "run_seeds")
+        assert hasattr(module, "seeds_report")
         assert config == replace(Config(), parts=config.parts)  # the recipes restate the defaults: same numbers
 
 
@@ -75,7 +76,10 @@ def test_chapter13_end_to_end_and_resume(tmp_path, capsys):
 
 
 def test_run_seeds_writes_the_three_seed_table(tmp_path):
-    report = run_seeds(tiny(parts=["rlvr"]), tmp_path, [0, 1])
+    config = tiny(parts=["rlvr"])
+    per_seed = run_seeds(run, config, tmp_path, [0, 1])  # what `trajtune run chapter13 --seeds 0,1` runs
+    assert [json.loads((d / "config.json").read_text())["rl"]["seed"] for d in per_seed.values()] == [0, 1]
+    report = seeds_report(config, tmp_path, per_seed)
     table = (tmp_path / "seed_table.md").read_text()
     assert "Before RL: pass@1" in table and "±" in table and "Best-of-8" not in table
     assert report == tmp_path / "report.md" and (tmp_path / "seed-1" / "report.md").exists()

@@ -34,7 +34,7 @@ from trajtune.cli import main  # noqa: E402
 from trajtune.metrics import Console, MetricsLogger, check_tracker, make_tracker, read_metrics  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
 from trajtune.runs.report import write_run_report  # noqa: E402
-from trajtune.runs.stages import RunDirBusy, run_lock  # noqa: E402
+from trajtune.runs.rundir import RunDir, RunDirBusy, run_lock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,18 +72,18 @@ def steps_of(run_dir, stage="sft"):
 
 # --- defaults never collide ------------------------------------------------------------------
 def test_without_out_every_run_gets_a_fresh_directory_printed_at_start(work, tmp_path, monkeypatch, capsys):
-    from trajtune.cli import hf as hf_front
+    from trajtune.runs import rundir
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(hf_front.time, "strftime", lambda fmt, *a: "20260101-120000")
+    monkeypatch.setattr(rundir.time, "strftime", lambda fmt, *a: "20260101-120000")
     no_out = [a for a in sft(work, "x", "--steps", "1") if a not in ("--out", "x")]
     code, out, _ = cli(no_out, capsys)
     assert code == 0
     assert "run directory runs/sft-20260101-120000 " in out.splitlines()[0]
     assert (tmp_path / "runs/sft-20260101-120000/model/config.json").exists()
-    assert hf_front.fresh_run_dir("sft") == Path("runs/sft-20260101-120000-2")  # the same second: -2, -3 ...
-    assert hf_front.fresh_run_dir("sft", create=False) == Path("runs/sft-20260101-120000-3")
-    assert hf_front.fresh_run_dir("sft") == Path("runs/sft-20260101-120000-3")
+    assert RunDir.fresh("sft").path == Path("runs/sft-20260101-120000-2")  # the same second: -2, -3 ...
+    assert RunDir.fresh("sft", create=False).path == Path("runs/sft-20260101-120000-3")
+    assert RunDir.fresh("sft").path == Path("runs/sft-20260101-120000-3")
     refused = [a if a != str(work / "model") else "nope" for a in no_out]
     assert cli(refused, capsys)[0] == 2
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [  # the refused run left no directory behind
@@ -96,7 +96,7 @@ def test_without_out_every_run_gets_a_fresh_directory_printed_at_start(work, tmp
 # --- one run per directory -----------------------------------------------------------------
 HOLD = """
 import sys, time
-from trajtune.runs.stages import run_lock
+from trajtune.runs.rundir import run_lock
 with run_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(60)
@@ -543,9 +543,67 @@ def _recipe_key(command: str, flag: str, value: str) -> str:
 def test_dry_run_checks_paths_and_rows_and_stops(work, tmp_path, capsys):
     code, out, _ = cli(sft(work, tmp_path / "dry", "--dry-run"), capsys)
     assert code == 0 and "dry run: the 8 training items from" in out and "nothing trained" in out
-    assert not (tmp_path / "dry").exists()
+    assert f"{tmp_path / 'dry'}: a new run" in out and not (tmp_path / "dry").exists()
     code, _, err = cli(["sft", "--model", tmp_path / "nope", "--data", work / "chats.jsonl", "--dry-run"], capsys)
     assert code == 2 and "nope: no such directory" in err
+
+
+def test_dry_run_and_overwrite_of_a_finished_run(work, tmp_path, capsys):
+    """--dry-run says a finished run would be refused, and what --overwrite would do, touching nothing;
+    --overwrite removes the earlier run only once the new run's checks pass."""
+    run_dir = tmp_path / "done"
+    assert cli(sft(work, run_dir, "--steps", "2"), capsys)[0] == 0
+    files = lambda: {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}  # noqa: E731
+    before = files()
+    code, _, err = cli(sft(work, run_dir, "--steps", "2", "--dry-run"), capsys)
+    assert code == 2 and f"{run_dir} holds a finished sft run (2 optimizer steps" in err
+    code, out, _ = cli(sft(work, run_dir, "--steps", "3", "--dry-run", "--overwrite"), capsys)
+    assert code == 0 and "--overwrite: the earlier run's outputs are removed" in out and "3 optimizer steps would run" in out
+    bad = [a if a != str(work / "chats.jsonl") else str(tmp_path / "missing.jsonl") for a in sft(work, run_dir, "--steps", "3")]
+    code, out, err = cli([*bad, "--overwrite"], capsys)
+    assert code == 2 and "missing.jsonl" in err and "removed" not in out
+    assert files() == before  # a refused --overwrite deleted nothing
+
+
+def _recipe(tmp_path, experiment, **config):
+    """A recipe file: experiment = ..., [config] with `config` (strings and lists of strings)."""
+    path, model = tmp_path / f"{experiment}.toml", config.pop("model")
+    path.write_text(f'experiment = "{experiment}"\n[config]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())
+                    + f'[config.model]\npath = "{model}"\n')
+    return path
+
+
+@pytest.mark.parametrize("case", ["sft-missing-data", "grpo-missing-data", "grpo-reward-does-not-import", "valid"])
+def test_trajtune_run_dry_run_checks_the_files_a_recipe_names(case, work, tmp_path, capsys):
+    """`trajtune run RECIPE --dry-run` on an HF recipe: its data file, model directory and reward functions exist
+    and parse (the method's `dry_run` hook: every check before the model loads), one line naming a bad file;
+    a valid recipe passes and writes nothing."""
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "what is 1+1?", "answer": "2"}\n')
+    (tmp_path / "broken_reward.py").write_text("import no_such_module_here\n\ndef f(prompts, completions, **kw):\n"
+                                               "    return [1.0] * len(prompts)\n")
+    (tmp_path / "ok_reward.py").write_text("def f(prompts, completions, **kw):\n    return [1.0] * len(prompts)\n")
+    model = str(work / "model")
+    experiment, config, named = {
+        "sft-missing-data": ("hf_sft", {"data": str(tmp_path / "nope.jsonl")}, "nope.jsonl"),
+        "grpo-missing-data": ("hf_grpo", {"data": str(tmp_path / "gone.jsonl"),
+                                          "reward": [f"{tmp_path / 'ok_reward.py'}:f"]}, "gone.jsonl"),
+        "grpo-reward-does-not-import": ("hf_grpo", {"data": str(tmp_path / "prompts.jsonl"),
+                                                    "reward": [f"{tmp_path / 'broken_reward.py'}:f"]}, "broken_reward.py"),
+        "valid": ("hf_grpo", {"data": str(tmp_path / "prompts.jsonl"), "reward": [f"{tmp_path / 'ok_reward.py'}:f"]}, None),
+    }[case]
+    recipe = _recipe(tmp_path, experiment, model=model, **config)
+    run_dir = tmp_path / "run"
+    code, out, err = cli(["run", recipe, "--run-dir", run_dir, "--dry-run"], capsys)
+    assert not run_dir.exists()  # nothing written, not even the directory
+    if named is None:
+        assert code == 0 and "dry run: the recipe is valid" in out and "the 1 training items" in out, (out, err)
+        run_dir.mkdir()
+        assert cli(["run", recipe, "--run-dir", run_dir, "--dry-run"], capsys)[0] == 0
+        assert list(run_dir.iterdir()) == []
+        return
+    first = err.splitlines()[0]
+    assert code == 2 and first.startswith("trajtune: error:") and named in first, err
+    assert err.count("error:") == 1 and str(ROOT / "trajtune") not in err, err  # (a reward file's own traceback may follow)
 
 
 def test_a_gpu_that_is_not_there_is_named(monkeypatch):

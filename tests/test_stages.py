@@ -4,7 +4,6 @@ The toy stage functions live at module level: spawned worker processes import th
 (pytest puts tests/ on sys.path, and spawn hands sys.path to its children).
 """
 
-import dataclasses
 import json
 import os
 import re
@@ -19,7 +18,7 @@ import torch
 from trajtune.metrics import read_metrics
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.runs.resume import RunInterrupted
-from trajtune.runs.stages import Stage, StageContext, StageOptions, run_per_seed, run_stages
+from trajtune.runs.stages import Stage, StageContext, StageOptions, run_stages
 
 # --- toy stages -------------------------------------------------------------------------
 def add_stage(ctx: StageContext, value: int, reads: tuple = (), meet: str | None = None) -> dict:
@@ -275,23 +274,6 @@ def test_context_engine_save_model_and_run(tmp_path):
     assert out["resume_dir"] == str(tmp_path / "save" / "resume")
 
 
-@dataclasses.dataclass
-class _Seeded:
-    seed: int = 0
-    size: int = 3
-
-
-def test_run_per_seed(tmp_path):
-    def run_one(config, run_dir):
-        run_dir.mkdir(parents=True)
-        (run_dir / "seed.txt").write_text(f"{config.seed} {config.size}")
-        return run_dir / "seed.txt"
-
-    out = run_per_seed(run_one, _Seeded(size=5), tmp_path, [3, 7])
-    assert out == {3: tmp_path / "seed-3" / "seed.txt", 7: tmp_path / "seed-7" / "seed.txt"}
-    assert [p.read_text() for p in out.values()] == ["3 5", "7 5"]
-
-
 def test_a_stage_killed_before_any_checkpoint_starts_again_says_so_and_drops_its_rows(tmp_path, capsys):
     """A kill -9 leaves rows of an unfinished stage and no resume state: the rerun starts from step 0, says so,
     and metrics.jsonl never holds a step twice; a forced rerun (`rerun`) drops them silently."""
@@ -311,11 +293,11 @@ def test_a_stage_killed_before_any_checkpoint_starts_again_says_so_and_drops_its
 
 def test_run_stages_holds_the_run_directory_for_its_whole_life(tmp_path):
     """While a stage runs, the directory's lock is held (by this process: another would be refused)."""
-    from trajtune.runs import stages
+    from trajtune.runs import rundir
 
     seen = run_stages([Stage("a", lock_holder_stage)], None, tmp_path, StageOptions(workers=1), log=lambda s: None)
     assert seen["a"]["pid"] == os.getpid()
-    assert not stages._held and (tmp_path / ".lock").read_text() == ""  # released, no holder left
+    assert not rundir._held and (tmp_path / ".lock").read_text() == ""  # released, no holder left
 
 
 def lock_holder_stage(ctx: StageContext) -> dict:

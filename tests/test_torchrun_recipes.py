@@ -49,12 +49,16 @@ def toml(table: dict, prefix: str = "") -> str:
     return "\n".join(out)
 
 
-def run_cli(args: list[str], run_dir: Path, processes: int, out_flag: str = "--run-dir") -> None:
+def launch(args: list[str], run_dir: Path, processes: int, out_flag: str = "--run-dir") -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"] \
         if processes > 1 else [sys.executable]
-    proc = subprocess.run([*launcher, "-m", "trajtune", *args, out_flag, str(run_dir)], cwd=ROOT, env=env,
+    return subprocess.run([*launcher, "-m", "trajtune", *args, out_flag, str(run_dir)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def run_cli(args: list[str], run_dir: Path, processes: int, out_flag: str = "--run-dir") -> None:
+    proc = launch(args, run_dir, processes, out_flag)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
@@ -182,3 +186,20 @@ def test_a_hugging_face_command_under_torchrun_equals_one_process(command, hf_wo
                  "--group-size", "3", "--max-new-tokens", "6", "--surrogate", "ppo", "--epochs", "2", "--kl-coef", "0.05"]
     one, two = both(tmp_path, args, out_flag="--out")
     check_same_run(one, two, lr)
+
+
+def test_the_run_directory_policy_under_torchrun(tmp_path):
+    """Rank 0 decides what an earlier run in the directory means and every rank hears it: a changed config on a
+    finished run is refused once, on every rank, changing nothing; with the rerun it names, the stage runs again
+    on both ranks and rank 0 alone rewrites config.json."""
+    run_dir = tmp_path / "run"
+    base = ["run", "addition", "--set", "config.sft.steps=2", "--set", "config.n_eval=16"]
+    run_cli(base, run_dir, 1)
+    results = (run_dir / "sft" / "results.json").read_bytes()
+    proc = launch([*base, "--set", "config.sft.steps=3"], run_dir, 2)
+    assert proc.returncode != 0 and proc.stderr.count("trajtune: error:") == 1, proc.stderr[-3000:]
+    assert "sft.steps 2 -> 3" in proc.stderr and """--set 'config.runner.rerun=["sft"]'""" in proc.stderr
+    assert (run_dir / "sft" / "results.json").read_bytes() == results
+    run_cli([*base, "--set", "config.sft.steps=3", "--set", 'config.runner.rerun=["sft"]'], run_dir, 2)
+    assert json.loads((run_dir / "config.json").read_text())["sft"]["steps"] == 3
+    assert json.loads((run_dir / "sft" / "results.json").read_text())["curve"][-1][0] == 3

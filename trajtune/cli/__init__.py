@@ -5,6 +5,7 @@
     trajtune run recipe.toml --set config.sft.steps=50 --run-dir runs/x
     trajtune run addition                 # a built-in recipe by name
     trajtune run --seeds 0,1,2            # the default recipe over three seeds, mean +- sd
+    trajtune run agent --dry-run          # every check a run makes before its first step; nothing written
     trajtune list                         # built-in recipes with one-line descriptions
     trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
 """
@@ -22,9 +23,10 @@ from pathlib import Path
 from ..sources.process import SyncError
 from ..checkpoint import CheckpointError
 from ..config import ConfigError, from_dict, load_toml, set_dotted
-from ..engine.distributed import broadcast_object, init_distributed, is_main
+from ..engine.distributed import init_distributed, is_main
 from ..experiments import get_experiment
-from ..runs.stages import RunFailed, run_lock
+from ..runs.rundir import RunDir, run_seeds
+from ..runs.stages import RunFailed
 
 DEFAULT_RECIPE = "agent"
 RECIPE_KEYS = ("experiment", "description", "config")
@@ -74,29 +76,51 @@ def load_recipe(path: Path, overrides: list[str] = ()):
 
 
 def cmd_run(args) -> int:
+    """Run a recipe in its run directory (`trajtune.runs.rundir.RunDir`: a fresh runs/<recipe>-TIME or
+    --run-dir, held for the whole run; what an earlier run there means is the RunDir's policy, which the
+    experiment's stage runner applies before any stage runs)."""
     path = resolve_recipe(args.recipe)
     module, config, raw = load_recipe(path, args.set or [])
     name = raw["experiment"]
-    if args.seeds and not hasattr(module, "run_seeds"):
-        raise ConfigError(f"experiment {name!r} does not support --seeds (no run_seeds)")
+    if args.seeds and not hasattr(module, "seeds_report"):
+        raise ConfigError(f"experiment {name!r} does not support --seeds (no seeds_report)")
     seeds = parse_seeds(args.seeds) if args.seeds else None  # before the run directory exists
     rank, world = init_distributed()  # under torchrun (WORLD_SIZE > 1) join the process group; else (0, 1)
     print = builtins.print if rank == 0 else (lambda *a, **k: None)  # only rank 0 talks  # noqa: A001
-    stamp = broadcast_object(time.strftime('%Y%m%d-%H%M%S'))  # every rank uses rank 0's run directory
-    run_dir = Path(args.run_dir or Path("runs") / f"{path.stem}-{stamp}")
-    print(f"trajtune: running {path} (experiment {name}) in {run_dir}" + (f" on {world} processes" if world > 1 else ""), flush=True)
+    run_dir = RunDir(Path(args.run_dir)) if args.run_dir else RunDir.fresh(path.stem, create=not args.dry_run)
+    print(f"trajtune: running {path} (experiment {name}) in {run_dir.path}" + (f" on {world} processes" if world > 1 else ""), flush=True)
     if args.dry_run:
-        print("recipe is valid (dry run: nothing trained)")
+        print(dry_run(module, config, run_dir, seeds))
         return 0
     t0 = time.time()
-    with run_lock(run_dir):  # one run per directory: a second one is refused, naming this one
+    with run_dir.hold():  # one run per directory: a second one is refused, naming this one
         if seeds:
-            report = module.run_seeds(config, run_dir, seeds)
+            per_seed = run_seeds(module.run, config, run_dir.path, seeds)
+            report = module.seeds_report(config, run_dir.path, per_seed) if is_main() else None
         else:
-            report = module.run(config, run_dir)
+            report = module.run(config, run_dir.path)
     print(f"done in {time.time() - t0:.0f}s")
     print(report)
     return 0
+
+
+def dry_run(module, config, run_dir: RunDir, seeds: list[int] | None) -> str:
+    """`trajtune run --dry-run`: every check a run makes before its first step, nothing written -> what a run
+    would do. The run directory's policy (in use? refused? what is read back, what runs again), for each
+    seed's directory with --seeds; then the experiment's own `dry_run(config, run_dir)` hook where it has
+    one: the files the recipe names (data, model directories, reward functions) exist and parse."""
+    import dataclasses
+
+    run_dir.check_free()
+    dirs = [(RunDir(run_dir.path / f"seed-{s}"), dataclasses.replace(config, seed=s)) for s in seeds or ()]
+    lines = []
+    for d, c in dirs or [(run_dir, config)]:
+        d.check_free()
+        lines.append(d.check(c).describe())
+    hook = getattr(module, "dry_run", None)
+    if hook is not None:
+        lines.append(hook(config, run_dir.path))
+    return "\n".join(["dry run: the recipe is valid", *lines, "nothing trained, nothing written"])
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -128,8 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("recipe", nargs="?", help="a recipe .toml file or the name of a built-in recipe")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe value, e.g. config.sft.steps=50")
     r.add_argument("--run-dir", help="where to write metrics, checkpoints and the report (default runs/NAME-TIME)")
-    r.add_argument("--dry-run", action="store_true", help="validate the recipe and stop")
-    r.add_argument("--seeds", metavar="S,S,...", help="run once per seed (e.g. 0,1,2) and report mean +- sd (experiments with run_seeds)")
+    r.add_argument("--dry-run", action="store_true", help="make every check a run makes before its first step (the "
+                   "recipe, the run directory, the files it names) and stop; nothing is written")
+    r.add_argument("--seeds", metavar="S,S,...", help="run once per seed (e.g. 0,1,2) into RUN_DIR/seed-S and report "
+                   "mean +- sd (experiments with seeds_report)")
     r.set_defaults(func=cmd_run)
     ls = sub.add_parser("list", help="list the built-in recipes")
     ls.set_defaults(func=cmd_list)

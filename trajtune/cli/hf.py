@@ -19,25 +19,26 @@ Aliases, kept from the earlier command line (listed in each command's --help):
     grpo  --prompts-per-step   = --tasks-per-step   (rl.tasks_per_step)
     rft   --steps              = --steps-per-round  (rft.steps_per_round)
     rft   --group-size         = --samples-per-task (rft.samples_per_task)
-The run directory (`run_lifecycle`): `--out DIR`, or a fresh `runs/<command>-<YYYYmmdd-HHMMSS>`
-(printed at start) so that no two runs ever share one by default. A run holds a lock on it; a
-second run there is refused, naming the first. The same command with the same --out again:
+The run directory (`trajtune.runs.rundir.RunDir`, the owner `trajtune run` and the stage runner use
+too): `--out DIR`, or a fresh `runs/<command>-<YYYYmmdd-HHMMSS>` (printed at start) so that no two runs
+ever share one by default. A run holds a lock on it; a second run there is refused, naming the first.
+The same command with the same --out again:
     a run cut short (Ctrl-C, SIGTERM, a periodic checkpoint)   resumes: "resuming from step N of M"
+                                                                (changed options: only the command's
+                                                                RESUMABLE ones, else refused naming them)
     a run killed before any checkpoint                          starts again from step 0 (says so;
                                                                 its metric rows are dropped)
     a finished run                                              refused, unless --overwrite (which
-                                                                deletes its outputs and starts afresh)
-`--dry-run` makes every check that comes before the model loads, and stops.
+                                                                deletes its outputs, once every check
+                                                                passed, and starts afresh)
+`--dry-run` makes every check that comes before the model loads, and stops; it writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import re
-import shutil
-import time
 import types
 import typing
 from pathlib import Path
@@ -45,8 +46,9 @@ from typing import Literal, get_args, get_origin
 
 from ..config import ConfigError, from_dict
 from ..experiments.hf import METHODS
-from ..experiments.hf.options import name_options, options, trl_names, trl_refusal
+from ..experiments.hf.options import flag, name_options, options, trl_names, trl_refusal
 from ..experiments.hf.schedule import check_given
+from ..runs.rundir import RUNS, RunDir
 
 COMMANDS = {
     "sft": "supervised fine-tuning on conversations or prompt/completion rows",
@@ -61,10 +63,9 @@ ALIASES = {
 }
 """command -> config path -> extra flags for it (today's spellings)"""
 REQUIRED = ("model.path", "data")
-RUNS = Path("runs")
-"""where a run without --out gets its fresh directory, runs/<command>-<YYYYmmdd-HHMMSS>"""
-OUTPUTS = ("model", "checkpoints", "metrics.jsonl", "config.json", "report.md", "report.html", "tb", "wandb")
-"""what a run writes in its directory besides its stage directory and report-*.png (--overwrite removes them)"""
+OUTPUTS = ("model", "checkpoints", "report.md", "report.html", "report-*.png", "tb", "wandb")
+"""what a run writes in its directory besides config.json, metrics.jsonl and its stage directory (--overwrite
+removes them all)"""
 
 
 def add_hf_parsers(subparsers) -> None:
@@ -160,117 +161,44 @@ def build(cls, table: dict):
 
 
 def cmd_hf(args) -> int:
-    """Build the command's config from its flags and run the experiment (the recipe path) in its run
-    directory (`run_lifecycle`)."""
+    """Build the command's config from its flags and run the experiment's recipe path (`run_method`) in
+    its run directory, under the commands' policy (`hf_run_dir`)."""
     from ..engine.distributed import init_distributed, is_main
-    from ..experiments.hf.common import dry_run, stage_name
+    from ..experiments.hf.common import run_method
 
     module = importlib.import_module(METHODS[args.hf_command])
     config = config_from_args(args, module.Config)
     _quiet_transformers()
     init_distributed()  # under torchrun: join the process group (every rank runs the same stage)
+    run_dir = hf_run_dir(args, config)
     if args.dry_run:
-        out = Path(args.out) if args.out else fresh_run_dir(args.hf_command, create=False)
-        if not args.overwrite:
-            refuse_finished(out, stage_name(config), args.hf_command)
-        print(dry_run(config, out, module.prepare))
+        run_dir.check_free()
+        plan = run_dir.check(config, [module.Config.METHOD])
+        line = module.dry_run(config, run_dir.path)  # every rank checks (and fails) alike
+        if is_main():
+            print(f"dry run: {plan.describe()}\n{line}")
         return 0
-    out = Path(args.out) if args.out else fresh_run_dir(args.hf_command)
     if not args.out and is_main():
-        print(f"trajtune {args.hf_command}: run directory {out} (--out DIR to choose one)", flush=True)
+        print(f"trajtune {args.hf_command}: run directory {run_dir.path} (--out DIR to choose one)", flush=True)
     try:
-        run_lifecycle(module, config, out, args.hf_command, args.overwrite)
-    except BaseException as e:
-        if isinstance(e, KeyboardInterrupt) and not args.out:
-            e.resume_hint = f"run the same command with --out {out} to resume"
-        if not args.out and is_main():
-            remove_if_unused(out)  # a run refused before it wrote anything leaves no empty directory behind
+        with run_dir.hold():
+            run_method(config, run_dir, module.train, module.prepare)
+    except KeyboardInterrupt as e:
+        if not args.out:
+            e.resume_hint = f"run the same command with --out {run_dir.path} to resume"
         raise
     return 0
 
 
-def remove_if_unused(out: Path) -> None:
-    """Remove the fresh run directory `out` if the run wrote nothing in it but its locks."""
-    if out.is_dir() and all(p.name in (".lock", ".metrics.lock") for p in out.iterdir()):
-        shutil.rmtree(out, ignore_errors=True)
-
-
-def run_lifecycle(module, config, out: Path, command: str, overwrite: bool) -> None:
-    """Lock `out`; refuse a finished run there unless `overwrite` (then clear it); run."""
-    from ..engine.distributed import broadcast_object, is_main
-    from ..experiments.hf.common import stage_name
-    from ..runs.stages import run_lock
-
-    stage = stage_name(config)
-    with run_lock(out):
-        refusal = None
-        if is_main():  # rank 0 decides; every rank hears it (under torchrun)
-            try:
-                if overwrite:
-                    gone = clear_run(out, stage)
-                    if gone:
-                        print(f"trajtune {command}: --overwrite: removed the earlier run's {', '.join(gone)} in {out}",
-                              flush=True)
-                else:
-                    refuse_finished(out, stage, command)
-            except ConfigError as e:
-                refusal = str(e)
-        refusal = broadcast_object(refusal)
-        if refusal is not None:
-            raise ConfigError(refusal)
-        module.run(config, out)
-
-
-def fresh_run_dir(command: str, create: bool = True) -> Path:
-    """runs/<command>-<YYYYmmdd-HHMMSS>, or with -2, -3 ... where that exists; made at once (rank 0's
-    choice on every rank), so two runs started in the same second get two directories."""
-    from ..engine.distributed import broadcast_object, is_main
-
-    path = None
-    if is_main():
-        base = RUNS / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
-        for n in range(1, 10_000):
-            path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-            if not create:
-                if not path.exists():
-                    break
-                continue
-            try:
-                path.mkdir(parents=True)
-                break
-            except FileExistsError:
-                continue
-    return Path(broadcast_object(str(path)))
-
-
-def refuse_finished(out: Path, stage: str, command: str) -> None:
-    """A ConfigError when `out` holds a finished run of this stage: what is there and how to go on."""
-    results = out / stage / "results.json"
-    if not results.exists():
-        return
-    try:
-        done = json.loads(results.read_text())
-        what = f"{done.get('steps', '?')} optimizer steps, model in {done.get('model', out / 'model')}"
-    except (OSError, ValueError, AttributeError):
-        what = f"see {results}"
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(results.stat().st_mtime))
-    raise ConfigError(f"{out} holds a finished {command} run ({what}; finished {when}). Pass --overwrite to delete "
-                      f"it and train again from step 0, choose another --out, or leave --out out for a fresh "
-                      f"{RUNS}/{command}-TIME directory")
-
-
-def clear_run(out: Path, stage: str) -> list[str]:
-    """Remove what a run wrote in `out` (OUTPUTS, its stage directory, report-*.png); the lock stays.
-    Returns the names removed."""
-    gone = []
-    for p in [*(out / n for n in (*OUTPUTS, stage)), *sorted(out.glob("report-*.png"))]:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-            gone.append(p.name + "/")
-        elif p.exists() or p.is_symlink():
-            p.unlink()
-            gone.append(p.name)
-    return gone
+def hf_run_dir(args: argparse.Namespace, config) -> RunDir:
+    """--out, or a fresh runs/<command>-TIME (made now unless --dry-run), under the commands' policy: a finished
+    run refused unless --overwrite; a run cut short resumed if only the command's RESUMABLE options changed;
+    the outputs --overwrite removes; the options spelled as flags."""
+    policy = dict(if_finished="refuse", overwrite=args.overwrite, outputs=(*OUTPUTS, config.METHOD),
+                  command=args.hf_command, option="--out", spell=flag)
+    if args.out:
+        return RunDir(Path(args.out), **policy)
+    return RunDir.fresh(args.hf_command, create=not args.dry_run, **policy)
 
 
 def _quiet_transformers() -> None:

@@ -12,7 +12,6 @@ rank 0 writes.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..algorithms.sft import SFTConfig, train_sft
-from ..config import check_ranges, to_dict
+from ..config import check_ranges
 from ..engine.distributed import init_distributed, is_main, sharded_map
 from ..engine import Engine, OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -119,9 +118,6 @@ def run(config: Config, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     report = run_dir / "report.md"
     init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
-    if is_main():  # under torchrun only rank 0 writes
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     result = run_stages([Stage("sft", stage_sft)], config, run_dir, config.runner)["sft"]
     if not is_main():
         return report

@@ -19,7 +19,6 @@ by step 50 and stays there; with 3-4 letter words and lr 2e-3, 0.022 -> 0.060 in
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 
 from ..algorithms.rl import RLConfig
 from ..sources.episodes import EpisodeSource
-from ..config import ConfigError, check_ranges, to_dict
+from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
 from ..runs.stages import Stage, StageOptions, run_stages
@@ -113,8 +112,6 @@ def stage_rl(ctx) -> dict:
 
 def run(config: Config, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
     return write_task_report(run_dir, f"reasoning-gym: GRPO on {config.dataset}",
                              f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per task)",

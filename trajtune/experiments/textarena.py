@@ -19,7 +19,6 @@ It first learns to answer with a number (an invalid move twice in a row ends the
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch
 
 from ..algorithms.rl import RLConfig
 from ..sources.episodes import EpisodeSource
-from ..config import ConfigError, check_ranges, to_dict
+from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
 from ..runs.stages import Stage, StageOptions, run_stages
@@ -137,8 +136,6 @@ def stage_rl(ctx) -> dict:
 
 def run(config: Config, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
     return write_task_report(run_dir, f"TextArena: GRPO on {config.env_id}",
                              f"Held-out mean reward (the game's, {config.eval_samples} episodes per held-out game)",

@@ -14,7 +14,9 @@ A stage is a name, a module-level function and the stages it needs:
 A stage reads what earlier stages left (their checkpoints) from `run_dir`. The layout:
 
     run_dir/metrics.jsonl          every stage's metric rows, each with its "stage"
-    run_dir/<stage>/results.json   what the function returned, plus "time" (below): the stage is finished
+    run_dir/config.json            the config of the run (`trajtune.runs.rundir.RunDir.begin`)
+    run_dir/<stage>/results.json   what the function returned, plus "time" (below) and "inputs": the config
+                                   fields it read and the stages it waited for; the stage is finished
     run_dir/<stage>/resume/        the checkpoint of a stage cut short (removed once it finishes)
     run_dir/<stage>/checkpoint/    `ctx.save_model(...)`, and whatever else the stage writes there
 
@@ -26,12 +28,16 @@ outside a loop lets the stage finish, then stops the run (a second Ctrl-C leaves
 results["time"] is {"wall_s", "cpu_s", **ctx.counters}, summed over every run the stage took
 (`StageClock`): keep `ctx.counters` current as the stage goes, it is saved when the stage is cut short.
 
-One run at a time: `run_stages` holds `run_dir/.lock` (`run_lock`, POSIX flock, rank 0) while it
-runs, and a second run on the same directory is refused at once (`RunDirBusy`, naming the holder:
-pid, host, command, since when). The lock goes with its process, so a run killed with kill -9
-never blocks the next one; `trajtune run` and the Hugging Face commands hold it around the whole
-run (reentrant within a process). A fresh stage that finds metric rows of an earlier unfinished
-run (killed before any checkpoint) says it starts again from step 0 and drops them.
+The run directory (`trajtune.runs.rundir`): `run_stages` holds its lock while it runs (a second run
+there is refused at once, naming the holder; `trajtune run` and the Hugging Face commands hold it
+around the whole run) and begins through `RunDir.begin` before any stage runs: a config that differs
+from the directory's config.json is refused where it changes a finished stage (naming the keys, the
+stages and the `rerun` to pass), and the stages named to run again are forgotten first; then
+config.json is written. What a stage read is recorded, not guessed: `StageContext.config` notes the
+top-level fields the stage function reads (also through a helper it passes the config to), and its
+results.json keeps them beside its `after` (results["inputs"]). A fresh stage that finds metric rows
+of an earlier unfinished run (killed before any checkpoint) says it starts again from step 0 and
+drops them.
 
 Processes: independent stages run in `workers` spawned processes with `threads` torch threads
 each; a stop signal sent to this process alone is passed on to them (`forward_to_children`).
@@ -48,41 +54,31 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
-import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import cached_property
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: no run lock
-    fcntl = None
-
 from ..engine import distributed
-from ..config import ConfigError, check_ranges
+from ..config import check_ranges
 from .hooks import Hook
 from .loop import Run
 from ..metrics import Console, MetricsLogger
 from ..processes import exit_with_parent
 from .resume import Checkpointer, RunInterrupted, StageClock, forward_to_children
+from .rundir import INPUTS, RESULTS, RunDir, run_lock, write_json
 
 if TYPE_CHECKING:
     from ..engine import Engine, OptimConfig
 
-RESULTS = "results.json"
-LOCK = ".lock"
-
-
-class RunDirBusy(ConfigError):
-    """Another live process runs in this run directory (the message names it)."""
+READS = "inputs.json"
+"""run_dir/<stage>/resume/inputs.json: the config fields a stage cut short had read (its record adds them)"""
 
 
 class RunFailed(RuntimeError):
@@ -94,6 +90,8 @@ class RunFailed(RuntimeError):
 class StageOptions:
     """How an experiment's stages are run (experiments nest it as `runner: StageOptions`)."""
 
+    NO_EFFECT: ClassVar[tuple[str, ...]] = ("workers", "rerun", "checkpoint_every", "log_every")
+    """fields that never change a stage's results: a changed one never makes a run directory's stages stale"""
     workers: int = 2
     """processes for independent stages (1: every stage in this process; always 1 under torchrun)"""
     threads: int = 1
@@ -137,7 +135,12 @@ class StageContext:
 
     def __init__(self, name: str, config: Any, run_dir: str | os.PathLike, options: StageOptions,
                  logger: MetricsLogger | None = None):
-        self.name, self.config, self.options, self.logger = name, config, options, logger
+        self.name, self.options, self.logger = name, options, logger
+        self.given = config
+        self.config, self.config_read = recording(config)
+        """the experiment's config, as a copy that notes which top-level fields the stage reads
+        (`config_read`; None where the config cannot be recorded): the record the run directory's
+        policy compares a changed config with (`trajtune.runs.rundir`)"""
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir / name
         """run_dir/<name>: where the stage writes its checkpoints and results"""
@@ -196,6 +199,45 @@ class StageContext:
         return path
 
 
+def recording(config: Any) -> tuple[Any, set[str] | None]:
+    """(a copy of `config` that notes which of its top-level fields are read, the set it notes them in).
+
+    The copy is an instance of a subclass made for it, holding the same field values (the nested
+    sections are shared, not copied), so whatever a stage does with its config still works:
+    attributes, `isinstance`, `type(c).X`, `dataclasses.fields` / `replace` / `asdict` (`to_dict`),
+    `copy.deepcopy`. Whatever reads a whole config notes every field (`replace`, `to_dict`; a pickle,
+    e.g. to another process, where reads could not be seen, notes them all and sends a plain copy).
+    Nested sections are plain: reading `c.rl.steps` notes `rl`. A config that is not a dataclass
+    instance with a __dict__ (None in the runner's tests) is given as it is, with no record (None)."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type) or not hasattr(config, "__dict__"):
+        return config, None
+    cls, read = type(config), set()
+    names = frozenset(f.name for f in dataclasses.fields(cls))
+
+    def __getattribute__(self, name: str):
+        if name in names:
+            read.add(name)
+        return cls.__getattribute__(self, name)
+
+    def __reduce_ex__(self, protocol):
+        read.update(names)
+        return _plain, (cls, dict(vars(self)))
+
+    sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__reduce_ex__": __reduce_ex__,
+                                      "__qualname__": cls.__qualname__, "__module__": cls.__module__,
+                                      "__doc__": cls.__doc__})
+    copy = object.__new__(sub)
+    copy.__dict__.update(vars(config))
+    return copy, read
+
+
+def _plain(cls: type, state: dict) -> Any:
+    """An instance of `cls` with these attributes (a recording config, unpickled)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
 # --- the runner ---------------------------------------------------------------------------
 def run_stages(stages: Sequence[Stage], config: Any, run_dir: str | os.PathLike, options: StageOptions,
                log: Callable[[str], None] = print, meanwhile: Callable[[], Any] | None = None) -> dict[str, dict]:
@@ -204,12 +246,16 @@ def run_stages(stages: Sequence[Stage], config: Any, run_dir: str | os.PathLike,
     Results are as read back from results.json, whether the stage ran now or before. `meanwhile`: work
     for this process while worker processes run the stages (e.g. importing the report's plotting), in
     a thread started once the workers exist (a worker forked beside a running thread could inherit a
-    lock it holds); with one worker, or under torchrun, it is not called."""
+    lock it holds); with one worker, or under torchrun, it is not called.
+
+    Before any stage runs, the run directory's policy (`RunDir.begin`): a changed config is refused
+    where it changes a finished stage, unless `options.rerun` names every such stage; config.json."""
     run_dir = Path(run_dir)
     _check_graph(stages, options.rerun)
     if distributed.launched_distributed():
         distributed.init_distributed()
     with run_lock(run_dir):
+        RunDir(run_dir).begin(config, [s.name for s in stages], options.rerun)
         return _run_all(stages, config, run_dir, options, log, meanwhile)
 
 
@@ -282,15 +328,6 @@ def _warm_up(fns: Sequence[Callable[..., dict]]) -> None:
     import torch._dynamo  # noqa: F401
 
 
-def run_per_seed(run_one: Callable[[Any, Path], Path], config: Any, run_dir: str | os.PathLike,
-                 seeds: Sequence[int]) -> dict[int, Path]:
-    """`run_one(config with seed=s, run_dir/seed-<s>)` for every seed -> {seed: what it returned}."""
-    out = {}
-    for s in seeds:
-        out[s] = run_one(dataclasses.replace(config, seed=s), Path(run_dir) / f"seed-{s}")
-    return out
-
-
 def _check_graph(stages: Sequence[Stage], rerun: Sequence[str]) -> None:
     """Unique names, known dependencies and rerun names, and no cycle -- before anything runs."""
     names = [s.name for s in stages]
@@ -311,6 +348,11 @@ def _check_graph(stages: Sequence[Stage], rerun: Sequence[str]) -> None:
             raise ValueError(f"stages wait on each other (a cycle): {[s.name for s in left]}")
         done |= {s.name for s in ready}
         left = [s for s in left if s.name not in done]
+
+
+def read_results(stages: Sequence[Stage], run_dir: str | os.PathLike) -> dict[str, dict]:
+    """{name: results} of the finished `stages` in `run_dir` (as `run_stages` returns them, unfinished left out)."""
+    return _finished(stages, Path(run_dir), ())
 
 
 def _finished(stages: Sequence[Stage], run_dir: Path, rerun: Sequence[str]) -> dict[str, dict]:
@@ -347,17 +389,21 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
                       f"starting again from step 0 (its {dropped} metric rows were discarded)", flush=True)
     distributed.barrier()
     clock = StageClock(ctx.dir / "resume")  # times add up over a stage cut short and resumed
+    earlier = _earlier_reads(ctx)  # what the stage read before it was cut short (None: unknown)
+    args = tuple(ctx.config if a is ctx.given and a is not None else a for a in stage.args)  # reads noted too
     try:
         with ctx.checkpointer:  # Ctrl-C / SIGTERM: the loop saves at its next step and stops
-            out = stage.fn(ctx, *stage.args)
+            out = stage.fn(ctx, *args)
         if not isinstance(out, dict):
             raise TypeError(f"a stage function returns a dict, got {type(out).__name__}")
-        out = {**out, "time": clock.totals(**_counters(ctx, clock))}
+        out = {**out, "time": clock.totals(**_counters(ctx, clock)), INPUTS: _inputs(stage, ctx, earlier)}
         text = json.dumps(out, indent=1)
     except BaseException as e:
         if main:
             with contextlib.suppress(OSError):  # a full disk must not hide the error that stopped the stage
                 clock.save(**_counters(ctx, clock))  # only where a checkpoint to resume from exists
+                if clock.file.parent.exists():
+                    write_json(ctx.dir / "resume" / READS, _inputs(stage, ctx, earlier)["config"])
         if not isinstance(e, KeyboardInterrupt):
             e.add_note(f"in stage {stage.name!r} ({ctx.dir})")
         raise
@@ -375,87 +421,27 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
     return out
 
 
-# --- one run per directory ----------------------------------------------------------------
-_held: dict[Path, list] = {}
-"""run directory (resolved) -> [its open lock file, depth]: the locks this process holds"""
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: str | os.PathLike) -> Iterator[None]:
-    """Hold `run_dir/.lock` for the body (rank 0; every rank hears a refusal): an exclusive POSIX
-    flock, released with the process however it ends, holding {pid, host, command, since}.
-
-    Another process holding it: `RunDirBusy` at once, naming it. Reentrant within a process (the
-    command line holds it around a whole run, `run_stages` inside). A directory that cannot be
-    created or written is a `ConfigError` naming it and the OS reason."""
-    message, key = None, None
-    if distributed.is_main() and fcntl is not None:
-        try:
-            key = _acquire(Path(run_dir))
-        except ConfigError as e:
-            message = (isinstance(e, RunDirBusy), str(e))
-    message = distributed.broadcast_object(message)
-    if message is not None:
-        raise (RunDirBusy if message[0] else ConfigError)(message[1])
+def _earlier_reads(ctx: StageContext) -> list[str] | None:
+    """The config fields a stage cut short had read before (resume/inputs.json; [] on a fresh run). A stage
+    resumed from a checkpoint with no such file (killed after a periodic checkpoint) read something unknown: None."""
+    if not ctx.resuming:
+        return []
     try:
-        yield
-    finally:
-        if key is not None:
-            _release(key)
+        earlier = json.loads((ctx.dir / "resume" / READS).read_text())
+    except (OSError, ValueError):
+        return None
+    return earlier if isinstance(earlier, list) else None
 
 
-def _acquire(run_dir: Path) -> Path:
-    key = run_dir.resolve()
-    if key in _held:
-        _held[key][1] += 1
-        return key
-    if key.exists() and not key.is_dir():
-        raise ConfigError(f"the run directory {run_dir} is a file, not a directory; choose another one")
-    try:
-        key.mkdir(parents=True, exist_ok=True)
-        fh = open(key / LOCK, "a+", encoding="utf-8")
-    except OSError as e:
-        where = f" ({e.filename})" if e.filename and Path(e.filename) != run_dir else ""
-        raise ConfigError(f"cannot write to the run directory {run_dir}: {e.strerror or e}{where}; "
-                          "choose a writable directory") from None
-    try:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.seek(0)
-        holder = fh.read()
-        fh.close()
-        raise RunDirBusy(_busy(run_dir, holder)) from None
-    fh.seek(0)
-    fh.truncate()
-    command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
-    fh.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "command": command,
-                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
-    fh.flush()
-    _held[key] = [fh, 1]
-    return key
-
-
-def _release(key: Path) -> None:
-    held = _held[key]
-    held[1] -= 1
-    if held[1] == 0:
-        del _held[key]
-        fh = held[0]
-        with contextlib.suppress(OSError):
-            fh.truncate(0)  # no holder any more
-        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-        fh.close()
-
-
-def _busy(run_dir: Path, holder: str) -> str:
-    """The refusal of a second run: who holds the directory, and what to do."""
-    try:
-        h = json.loads(holder)
-        who = f"pid {h['pid']} on {h['host']} (`{h['command']}`, since {h['since']})"
-    except (ValueError, KeyError, TypeError):
-        who = "another process (it has not written its details yet)"
-    return (f"{run_dir} is in use by another run: {who}. Two runs in one directory would mix their metrics "
-            f"and checkpoints; wait for it to finish, stop it, or choose another run directory")
+def _inputs(stage: Stage, ctx: StageContext, earlier: list[str] | None) -> dict:
+    """results["inputs"]: the top-level config fields the stage read (None: not known), and its `after`.
+    The config's field holding the runner's options counts as read by every stage: its threads are
+    every stage's (and the fields of it that change no result are `StageOptions.NO_EFFECT`)."""
+    reads = None
+    if ctx.config_read is not None and earlier is not None:
+        runner = {f.name for f in dataclasses.fields(ctx.given) if getattr(ctx.given, f.name) is ctx.options}
+        reads = sorted(ctx.config_read | runner | set(earlier))
+    return {"config": reads, "stages": list(stage.after)}
 
 
 def _counters(ctx: StageContext, clock: StageClock) -> dict[str, float]:

@@ -89,7 +89,6 @@ the seed's numbers, learning curves, cost table.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import json
@@ -102,7 +101,7 @@ from ...algorithms.dpo import DPOConfig
 from ...algorithms.rft import RFTConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
-from ...config import check_ranges, to_dict
+from ...config import check_ranges
 from ...engine.distributed import is_main
 from ...engine import OptimConfig
 from ...models.tiny import TinyConfig
@@ -243,9 +242,6 @@ def run(config: Config, run_dir: Path) -> Path:
     from .report import write_agent_report
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if is_main():
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     print(f"agent comparison (seed {config.seed}): {len(STAGES)} stages, {config.runner.workers} worker(s)", flush=True)
     t0 = time.perf_counter()
     # this process only waits on its workers: it imports the plotting meanwhile
@@ -255,13 +251,10 @@ def run(config: Config, run_dir: Path) -> Path:
     return write_agent_report(config, run_dir, results, time.perf_counter() - t0)
 
 
-def run_seeds(config: Config, run_dir: Path, seeds: list[int]) -> Path:
-    """The comparison once per seed (run_dir/seed-<s>/), then a mean +- sd report in run_dir."""
+def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
+    """`trajtune run --seeds`: the mean +- sd report in run_dir of the per-seed runs (`trajtune.runs.rundir.run_seeds`:
+    seed -> its run directory)."""
     from .report import write_seeds_report
 
-    run_dir = Path(run_dir)
-    per_seed = {}
-    for s in seeds:
-        per_seed[s] = run(dataclasses.replace(config, seed=s), run_dir / f"seed-{s}")
-        print(per_seed[s], flush=True)
-    return write_seeds_report(run_dir, {s: json.loads((p.parent / "summary.json").read_text()) for s, p in per_seed.items()})
+    return write_seeds_report(Path(run_dir), {s: json.loads((Path(d) / "summary.json").read_text())
+                                              for s, d in per_seed.items()})

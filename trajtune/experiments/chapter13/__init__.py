@@ -25,8 +25,9 @@ report puts beside ours (`report.py` holds the claim checks):
     sft_control   rlvr.py        B7 200 more SFT steps instead of RL                 pass@1 75%, pass@16 99%
 
 `run` writes `report.md` / `claims.md` (a claim that does not hold is reported, not tuned
-away); `run_seeds` reruns everything per seed into `seed-<s>/` and writes the three-seed
-table (B8, the seed's mean ± sd beside ours).
+away); `trajtune run chapter13 --seeds 0,1,2` reruns everything per seed into `seed-<s>/`
+(`trajtune.runs.rundir.run_seeds`) and `seeds_report` writes the three-seed table (B8, the seed's
+mean ± sd beside ours).
 
 How this departs from the seed (seeds/post-training-ch13.md), and why:
 
@@ -53,7 +54,6 @@ How this departs from the seed (seeds/post-training-ch13.md), and why:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -62,10 +62,10 @@ from ...algorithms.dpo import DPOConfig
 from ...algorithms.reward_model import RewardModelConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
-from ...config import check_choices, check_ranges, to_dict
+from ...config import check_choices, check_ranges
 from ...engine.distributed import init_distributed, is_main
 from ...engine import OptimConfig
-from ...runs.stages import Stage, StageOptions, run_stages
+from ...runs.stages import Stage, StageOptions, read_results, run_stages
 from .instruct import stage_pretrain, stage_sft
 from .preference import stage_dpo, stage_reward_model
 from .report import write_chapter13_report, write_seed_table
@@ -229,8 +229,6 @@ def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dic
     init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
     main = is_main()  # under torchrun only rank 0 writes and talks
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
         print(f"chapter13 (seed {config.seed}): parts {', '.join(config.parts)}, "
               f"{config.runner.workers} worker(s)", flush=True)
     results = run_stages(stages(config), config, run_dir, config.runner)
@@ -245,10 +243,7 @@ def run(config: Config, run_dir: Path) -> Path:
     return run_with_results(config, run_dir)[0]
 
 
-def run_seeds(config: Config, run_dir: Path, seeds: list[int]) -> Path:
-    """B8: the whole recipe once per seed (into seed-<s>/), then the mean ± sd table."""
-    run_dir = Path(run_dir)
-    per_seed = {s: run_with_results(replace(config, seed=s), run_dir / f"seed-{s}")[1] for s in seeds}
-    if not is_main():
-        return run_dir / "report.md"
-    return write_seed_table(run_dir, per_seed)
+def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
+    """B8: the mean ± sd table of the per-seed runs (`trajtune.runs.rundir.run_seeds`: seed -> its run directory)."""
+    return write_seed_table(Path(run_dir), {s: read_results(stages(replace(config, seed=s)), d)
+                                            for s, d in per_seed.items()})

@@ -25,9 +25,10 @@ and from the command line, `trajtune grpo --model runs/sft/model --data prompts.
 --reward my_rewards.py:exact --kl-coef 0.05` (trajtune/cli/hf.py generates one flag per
 leaf field, `options.py`): the same config, the same run.
 
-The recipe path (`common.run_method`): every check before the model loads (`prepare.py`:
+The recipe path (`common.run_method`): the run directory's policy (`trajtune.runs.rundir`: a
+changed option on resume refused, naming it), every check before the model loads (`prepare.py`:
 the rows with file:line:field, every length against --max-length and the model's context,
---drop-long, a changed option on resume refused), config.json, then one stage through
+--drop-long; each method's `dry_run` makes them alone), config.json, then one stage through
 `trajtune.runs.stages.run_stages` (engines through `ctx.engine`: DDP under torchrun, samples
 sharded). The run directory:
 

@@ -4,8 +4,9 @@ plumbing of its one stage (load the model behind `ctx.engine`, periodic snapshot
 A method module (sft.py, rm.py, dpo.py, grpo.py, rft.py) is its config -- this
 `ModelConfig`, the data file, the loop's own dataclass, `OptimConfig`, `OutputConfig`
 -- plus one stage function that calls the loop. `run_method` is the recipe path they
-all take: lock the run directory, check everything before the model loads (the device,
-the trackers, `prepare`), write config.json, run the stage through
+all take: lock the run directory and check what an earlier run there means (its
+`trajtune.runs.rundir.RunDir` policy), check everything before the model loads (the device,
+the trackers, `prepare`), then begin the run there (--overwrite's clearing, config.json), run the stage through
 `trajtune.runs.stages.run_stages` (progress lines every --logging-steps, snapshots every
 --save-every, the newest --save-total-limit kept), refuse a run whose every step was
 skipped, write report.md / report.html with its curves (`trajtune.runs.report.write_run_report`).
@@ -15,13 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import re
 import shutil
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from ...config import ConfigError, check_ranges, to_dict
 from ...engine import OptimConfig
@@ -40,6 +40,9 @@ def hf_optim() -> OptimConfig:
 class OutputConfig:
     """What a Hugging Face run writes besides its model, and when; what it shows while it trains."""
 
+    NO_EFFECT: ClassVar[tuple[str, ...]] = ("logging_steps", "report_to", "save_total_limit")
+    """options that change what a run shows and keeps, never what it computes: a changed one never makes a
+    run stale (a run cut short resumes with it; `trajtune.runs.rundir`)"""
     save_every: int = 0
     """write a checkpoint every this many steps: an HF-format snapshot (checkpoints/step-N) and the resume
     state (0: only the final model, and the resume state only on Ctrl-C / SIGTERM); a rerun resumes it"""
@@ -197,34 +200,37 @@ def check_trained(engine, history: list[dict], main: bool = True) -> None:
 
 
 # --- the recipe path ----------------------------------------------------------------------
-def run_method(config, run_dir: str | Path, stage_fn, prepare: Callable[[Any, Path], Any]) -> Path:
+def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -> Path:
     """Check, then train as one stage named after the method, `stage_fn(ctx, config, prepared)`;
     returns the report's path.
 
-    `prepare(config, run_dir)` checks the data, lengths and the resume compatibility before
-    any model loads and returns what the stage takes. A user's mistake (a bad row, a missing
-    file or model, an unusable device, a changed option on resume) is a `ConfigError` naming it.
-    The run directory is locked for the whole run (`trajtune.runs.stages.run_lock`)."""
-    from ...engine.distributed import barrier, is_main
-    from ...runs.stages import Stage, StageOptions, run_lock, run_stages
+    `run_dir`: a path (`trajtune run`'s policy: a finished run is read back) or a `RunDir` with its own
+    policy (the HF commands': a finished run refused unless --overwrite). Holding its lock: what an earlier
+    run there means (`RunDir.check`: a changed option on resume refused, naming it), then `prepare(config,
+    run_dir)`, which checks the data and lengths before any model loads and returns what the stage takes,
+    and only then `RunDir.begin` (--overwrite's clearing, config.json): a run refused by a check changes
+    nothing. A user's mistake (a bad row, a missing file or model, an unusable device) is a `ConfigError`
+    naming it."""
+    from ...engine.distributed import is_main
+    from ...runs.rundir import RunDir
+    from ...runs.stages import Stage, StageOptions, run_stages
 
-    run_dir = Path(run_dir)
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     name = stage_name(config)
-    with run_lock(run_dir):
-        prepared = check(config, run_dir, prepare)
-        if is_main():
-            (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
-        barrier()
+    with run_dir.lock():
+        run_dir.check(config, [name])
+        prepared = check(config, run_dir.path, prepare)
+        run_dir.begin(config, [name])
         with user_errors():
-            results = run_stages([Stage(name, stage_fn, args=(config, prepared))], config, run_dir,
+            results = run_stages([Stage(name, stage_fn, args=(config, prepared))], config, run_dir.path,
                                  StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
-        report = run_dir / "report.md"
+        report = run_dir.path / "report.md"
         if is_main():
             from ...runs.report import write_run_report
 
             intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from "
                      f"`{config.model.path}` on `{config.data}`\n\nlast logged row: `{results['last']}`")
-            report = write_run_report(run_dir, f"{name} on {config.model.path}", intro)
+            report = write_run_report(run_dir.path, f"{name} on {config.model.path}", intro)
             print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
                   f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
                   flush=True)
@@ -249,9 +255,11 @@ def check(config, run_dir: Path, prepare: Callable[[Any, Path], Any]):
     return prepared
 
 
-def dry_run(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) -> str:
-    """`--dry-run`: every check `run_method` makes before the model loads (device, trackers, the model's
-    config and tokenizer, every row and length, a resume), and a line saying what would run."""
+def preflight(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) -> str:
+    """A method's `dry_run` hook (`--dry-run`, `trajtune run --dry-run`): every check `run_method` makes
+    before the model loads (device, trackers, the model's config and tokenizer, every row and length, the
+    reward functions), nothing written, and a line saying what would run. (The run directory's policy is
+    the caller's: `RunDir.check`.)"""
     prepared = check(config, Path(run_dir), prepare)
     total = total_steps(dataclasses.replace(config, **getattr(prepared, "overrides", {})))
     return (f"dry run: the {len(prepared.items)} training items from {config.data} are valid, the model "

@@ -21,9 +21,9 @@ from typing import ClassVar, Sequence
 from ...algorithms.dpo import DPOConfig, train_dpo
 from ...engine import OptimConfig
 from ...metrics import register
-from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .prepare import Prepared, check_same_run, pair_data, planned
+from .prepare import Prepared, pair_data, planned
 from .schedule import ScheduleConfig, check_schedule
 
 register("eval/dpo_loss", "the preference loss (--loss: dpo, ipo, simpo or orpo) on held-out pairs (--eval-data)")
@@ -66,7 +66,6 @@ Config = DPORun
 
 
 def prepare(config: DPORun, run_dir: Path) -> Prepared:
-    check_same_run(config, run_dir, DPORun.METHOD)
     return planned(config, pair_data(config), "dpo", config.dpo.batch_size, "pairs")
 
 
@@ -131,6 +130,11 @@ def train(ctx, c: DPORun, data: Prepared, home: str = "") -> dict:
         run.evaluate = lambda step: eval_pairs(engine, data.eval_items, ref, c.dpo, data.pad_id, size)
     history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def dry_run(config: DPORun, run_dir: Path) -> str:
+    """Every check `run` makes before the model loads, nothing written (`--dry-run`, `trajtune run --dry-run`)."""
+    return preflight(config, run_dir, prepare)
 
 
 def run(config: DPORun, run_dir: Path) -> Path:

@@ -28,11 +28,11 @@ from typing import ClassVar, get_type_hints
 
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
 from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
-from .prepare import Prepared, check_same_run, prompt_data
+from .prepare import Prepared, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
 
@@ -70,7 +70,6 @@ Config = GRPORun
 
 
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
-    check_same_run(config, run_dir, GRPORun.METHOD)
     prepared = prompt_data(config)
     check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
     return prepared
@@ -86,6 +85,11 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
     with prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap) as source:
         history = train_rl(engine, data.items, source, c.rl, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def dry_run(config: GRPORun, run_dir: Path) -> str:
+    """Every check `run` makes before the model loads, nothing written (`--dry-run`, `trajtune run --dry-run`)."""
+    return preflight(config, run_dir, prepare)
 
 
 def run(config: GRPORun, run_dir: Path) -> Path:

@@ -6,8 +6,6 @@
                        --max-new-tokens exceed it (grpo/rft), is an error naming file, line, field and
                        lengths; --drop-long skips such rows instead (counted on stderr). --max-length is
                        capped at the model's context (`max_position_embeddings` of its config.json).
-    a resume           a run directory holding a checkpoint (or a finished run) of other settings is
-                       refused, naming the options that differ
     --eval-data        the held-out rows (sft/rm/dpo), checked like the training rows
     LoRA targets       without --lora-target-modules, peft must know the architecture's default
     the schedule       --num-train-epochs / --warmup-ratio / --lr-scheduler-type resolved against the
@@ -27,9 +25,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...sources import data as D
-from ...config import ConfigError, to_dict
+from ...config import ConfigError
 from ...engine.distributed import is_main
-from .options import flag, flatten
+from .options import flag
 
 
 @dataclass
@@ -218,40 +216,3 @@ def fit(items: list, budget: str, drop_long: bool, too_long: Callable, noun: str
     if not kept:
         raise D.DataError(f"no {noun[:-1]} fits {budget}")
     return kept
-
-
-# --- resume -----------------------------------------------------------------------------------
-def check_same_run(config, run_dir: Path, stage: str) -> None:
-    """Refuse a run directory whose stage holds a checkpoint (or a finished run) of other settings.
-
-    A checkpoint may be resumed with a changed `config.RESUMABLE` option (more steps, where it
-    runs) or a changed `SHOWN_ONLY` one (what is shown and kept: --logging-steps, --report-to,
-    --save-total-limit); a finished stage with no change at all (the stage runner skips it; the
-    command line refuses it unless --overwrite). The message names every option that differs, as
-    the user spells it (`--kl-coef 0.1 -> 0.2 (rl.kl_coef)`)."""
-    from ...runs.resume import Checkpointer
-
-    stage_dir = run_dir / stage
-    resuming = Checkpointer(stage_dir / "resume").has_checkpoint
-    finished = (stage_dir / "results.json").exists()
-    if not (resuming or finished):
-        return
-    saved = run_dir / "config.json"
-    what = "a checkpoint of a run" if resuming else "a finished run"
-    try:
-        before = flatten(json.loads(saved.read_text()))
-    except (OSError, ValueError):
-        raise ConfigError(f"{run_dir}: holds {what} but no readable config.json; use another --out, or "
-                          f"--overwrite (a recipe: delete {stage_dir}) to start over") from None
-    now = flatten(to_dict(config))
-    allowed = {*type(config).RESUMABLE, *SHOWN_ONLY} if resuming else set()
-    changed = sorted(k for k in set(before) | set(now) if k not in allowed and before.get(k) != now.get(k))
-    if changed:
-        diff = ", ".join(f"{flag(k)} {before.get(k)!r} -> {now.get(k)!r} ({k})" for k in changed)
-        raise ConfigError(f"{run_dir} holds {what} with other settings ({diff}); "
-                          f"{'resume' if resuming else 'rerun'} with the same options, or use another --out, "
-                          f"or --overwrite (a recipe: delete {stage_dir}) to start over")
-
-
-SHOWN_ONLY = ("output.logging_steps", "output.report_to", "output.save_total_limit")
-"""options that change what a run shows and keeps, never what it computes: a resume may change them"""

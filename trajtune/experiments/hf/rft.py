@@ -16,10 +16,10 @@ from typing import ClassVar
 
 from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
-from .prepare import Prepared, check_same_run, prompt_data
+from .prepare import Prepared, prompt_data
 
 
 @dataclass
@@ -47,7 +47,6 @@ Config = RFTRun
 
 
 def prepare(config: RFTRun, run_dir: Path) -> Prepared:
-    check_same_run(config, run_dir, RFTRun.METHOD)
     prepared = prompt_data(config)
     check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
     return prepared
@@ -63,6 +62,11 @@ def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
     with prompt_source(ctx, engine, data, c, c.rft.rounds * c.rft.steps_per_round) as source:
         history = train_rft(engine, data.items, source, c.rft, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def dry_run(config: RFTRun, run_dir: Path) -> str:
+    """Every check `run` makes before the model loads, nothing written (`--dry-run`, `trajtune run --dry-run`)."""
+    return preflight(config, run_dir, prepare)
 
 
 def run(config: RFTRun, run_dir: Path) -> Path:

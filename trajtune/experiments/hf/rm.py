@@ -20,9 +20,9 @@ from typing import ClassVar, Sequence
 from ...algorithms.reward_model import RewardModelConfig, train_reward_model
 from ...engine import OptimConfig
 from ...metrics import register
-from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .prepare import Prepared, check_same_run, pair_data, planned
+from .prepare import Prepared, pair_data, planned
 from .schedule import ScheduleConfig, check_schedule
 
 register("eval/rm_margin", "mean r_chosen - r_rejected of the reward model on held-out pairs (--eval-data)")
@@ -60,7 +60,6 @@ Config = RewardModelRun
 
 
 def prepare(config: RewardModelRun, run_dir: Path) -> Prepared:
-    check_same_run(config, run_dir, RewardModelRun.METHOD)
     return planned(config, pair_data(config), "rm", config.rm.batch_size, "pairs")
 
 
@@ -95,6 +94,11 @@ def train(ctx, c: RewardModelRun, data: Prepared, home: str = "") -> dict:
         run.evaluate = lambda step: eval_pairs(engine, data.eval_items, data.pad_id, c.rm.margin, c.rm.batch_size)
     history = train_reward_model(engine, data.items, c.rm, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def dry_run(config: RewardModelRun, run_dir: Path) -> str:
+    """Every check `run` makes before the model loads, nothing written (`--dry-run`, `trajtune run --dry-run`)."""
+    return preflight(config, run_dir, prepare)
 
 
 def run(config: RewardModelRun, run_dir: Path) -> Path:

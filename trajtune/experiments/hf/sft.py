@@ -19,9 +19,9 @@ from typing import ClassVar, Sequence
 
 from ...algorithms.sft import SFTConfig, train_sft
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .prepare import Prepared, check_same_run, planned, sft_data
+from .prepare import Prepared, planned, sft_data
 from .schedule import ScheduleConfig, check_schedule
 
 
@@ -56,7 +56,6 @@ Config = SFTRun
 
 
 def prepare(config: SFTRun, run_dir: Path) -> Prepared:
-    check_same_run(config, run_dir, SFTRun.METHOD)
     return planned(config, sft_data(config), "sft", config.sft.batch_size, "samples")
 
 
@@ -88,6 +87,11 @@ def train(ctx, c: SFTRun, data: Prepared, home: str = "") -> dict:
         run.evaluate = lambda step: eval_loss(engine, data.eval_items, data.pad_id, c.sft.batch_size)
     history = train_sft(engine, data.items, c.sft, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def dry_run(config: SFTRun, run_dir: Path) -> str:
+    """Every check `run` makes before the model loads, nothing written (`--dry-run`, `trajtune run --dry-run`)."""
+    return preflight(config, run_dir, prepare)
 
 
 def run(config: SFTRun, run_dir: Path) -> Path:

@@ -56,7 +56,7 @@ from pathlib import Path
 from ...algorithms.dpo import DPOConfig
 from ...algorithms.rl import RLConfig
 from ...algorithms.sft import SFTConfig
-from ...config import check_ranges, to_dict
+from ...config import check_ranges
 from ...engine import OptimConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ..hf.common import OutputConfig
@@ -493,9 +493,6 @@ def run(config: Config, run_dir: Path) -> Path:
 
     run_dir = Path(run_dir)
     init_distributed()
-    if is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     results = run_stages(stages(), config, run_dir, config.runner)
     if not is_main():
         return run_dir / "report.md"

@@ -32,6 +32,7 @@ from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
 from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, write_report
+from ...runs.rundir import RunDir, run_lock
 
 
 @dataclass
@@ -127,8 +128,15 @@ def variants(config: Config) -> dict[str, tuple[str, float]]:
 
 
 def run(config: Config, run_dir: Path) -> Path:
+    """C1-C3 -> report.md. No stages: every run computes afresh (seconds); the run directory is held and its
+    config.json written as every run's (`trajtune.runs.rundir.RunDir.begin`)."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(run_dir):
+        RunDir(run_dir).begin(config)
+        return _run(config, run_dir)
+
+
+def _run(config: Config, run_dir: Path) -> Path:
     torch.set_num_threads(config.threads)
     env = TwoArmBandit((config.p_left, config.p_right))
     print(f"iw-SFT bandit: {config.rounds} rounds x {config.n_per_round} samples; "

@@ -18,7 +18,6 @@ Stages: weak_base -> rft, iw_sft (side by side in `runner.workers` processes).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import ClassVar
 from ...algorithms.iw_sft import IWSFTConfig, train_iw_sft
 from ...algorithms.rft import RFTConfig, train_rft
 from ...algorithms.sft import SFTConfig
-from ...config import check_ranges, to_dict
+from ...config import check_ranges
 from ...engine.distributed import is_main
 from ...engine import OptimConfig
 from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
@@ -110,9 +109,6 @@ STAGES = [Stage("weak_base", stage_weak_base), Stage("rft", stage_method, after=
 
 def run(config: Config, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if is_main():
-        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1))
     print(f"iw-SFT vs expert iteration on BugFix (seed {config.seed}), {config.runner.workers} worker(s)", flush=True)
     results = run_stages(STAGES, config, run_dir, config.runner)
     if not is_main():
@@ -165,11 +161,11 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
         image(run_dir / "pass_train.png", "train") + " " + image(run_dir / "pass_held-out.png", "held-out")])
 
 
-def run_seeds(config: Config, run_dir: Path, seeds: list[int]) -> Path:
-    """C4 over seeds: mean ± sd of the final pass rates of both methods."""
-    run_dir = Path(run_dir)
-    per = {s: json.loads(run(dataclasses.replace(config, seed=s), run_dir / f"seed-{s}").with_name("summary.json").read_text())
-           for s in seeds}
+def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
+    """C4 over seeds: mean ± sd of the final pass rates of both methods, from the per-seed runs
+    (`trajtune.runs.rundir.run_seeds`: seed -> its run directory)."""
+    run_dir, seeds = Path(run_dir), list(per_seed)
+    per = {s: json.loads((Path(d) / "summary.json").read_text()) for s, d in per_seed.items()}
     rows = [(m, k.split("/")[1], mean_sd([per[s][m][k] for s in seeds]), " / ".join(fmt(per[s][m][k]) for s in seeds))
             for m in ("rft", "iw_sft") for k in ("eval/pass_rate", "eval/heldout_pass_rate")]
     gaps = [per[s]["iw_sft"]["eval/pass_rate"] - per[s]["rft"]["eval/pass_rate"] for s in seeds]
