@@ -167,10 +167,9 @@ def test_an_update_that_ends_while_the_last_sync_is_being_loaded_waits_for_it(mo
         time.sleep(0.1)
         return logprobs(*args)
 
-    monkeypatch.setattr(sync, "sampler_logprobs", slow_logprobs)
-    from trajtune.sources import process
+    from trajtune.sources import serve
 
-    monkeypatch.setattr(process, "sampler_logprobs", slow_logprobs)
+    monkeypatch.setattr(serve, "sampler_logprobs", slow_logprobs)
     e = engine()
     got = train(e, ahead(e), cfg)
     assert without_sync(got) == without_sync(expected) and same_weights(e, ref)

@@ -18,6 +18,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from trajtune.config import from_dict, load_toml, to_dict  # noqa: E402
 from trajtune.envs.arithmetic import heldout_tasks  # noqa: E402
 from trajtune.experiments import hf_pipeline as P  # noqa: E402
+from trajtune.experiments.hf_pipeline.config import MODEL_STAGES  # noqa: E402
+from trajtune.experiments.hf_pipeline.report import TRAINED_ON  # noqa: E402
+from trajtune.experiments.hf_pipeline.task import completion_prompt, question  # noqa: E402
 from trajtune.metrics import read_metrics  # noqa: E402
 from trajtune.recipes import __file__ as recipes_init  # noqa: E402
 
@@ -33,7 +36,7 @@ def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("pipeline")
     config = from_dict(P.Config, REDUCED)
     report = P.run(config, run_dir)
-    results = {s: json.loads((run_dir / s / "results.json").read_text()) for s in P.MODEL_STAGES + ("pairs",)}
+    results = {s: json.loads((run_dir / s / "results.json").read_text()) for s in MODEL_STAGES + ("pairs",)}
     return run_dir, config, report, results
 
 
@@ -45,7 +48,7 @@ def test_every_stage_ran_through_its_command_and_its_model_loads(run):
         assert [r["step"] for r in rows if r["stage"] == stage] == list(range(1, steps + 1))
     assert results["dpo"]["steps"] >= 1 and any(r["stage"] == "dpo" and "dpo/margin" in r for r in rows)
     assert any(r["stage"] == "grpo" and "rollout/reward" in r for r in rows)
-    for stage in P.MODEL_STAGES:
+    for stage in MODEL_STAGES:
         model = AutoModelForCausalLM.from_pretrained(run_dir / stage / "model", local_files_only=True)
         assert model.config.num_hidden_layers == config.llama.num_hidden_layers
     pairs = [json.loads(x) for x in (run_dir / "data" / "pairs.jsonl").read_text().splitlines()]
@@ -55,7 +58,7 @@ def test_every_stage_ran_through_its_command_and_its_model_loads(run):
 
 def test_no_held_out_problem_is_in_any_training_file(run):
     run_dir = run[0]
-    held = {P.question(t) for t in heldout_tasks()} | {P.completion_prompt(t) for t in heldout_tasks()}
+    held = {question(t) for t in heldout_tasks()} | {completion_prompt(t) for t in heldout_tasks()}
     for name in ("pretrain", "sft", "prompts", "pairs"):
         text = (run_dir / "data" / f"{name}.jsonl").read_text()
         assert not [q for q in held if q in text], name
@@ -65,8 +68,8 @@ def test_the_report_has_the_table_and_the_plots(run):
     run_dir, config, report, results = run
     text = report.read_text()
     assert "| stage | trained on | steps | completion pass@1 (greedy) | chat pass@1 (greedy) |" in text
-    for stage in P.MODEL_STAGES:
-        assert f"| {stage} | {P.TRAINED_ON[stage]} |" in text
+    for stage in MODEL_STAGES:
+        assert f"| {stage} | {TRAINED_ON[stage]} |" in text
     assert text.count("(rises)") + text.count("(does NOT rise)") == 9  # pretrain 3 metrics, sft/dpo/grpo 2 each
     for png in ("pipeline_pass_at_1.png", "pipeline_loss.png", "pipeline_reward.png"):
         assert (run_dir / png).stat().st_size > 1000 and png in text
@@ -77,7 +80,7 @@ def test_the_pipeline_learns(run):
     """Held-out answer NLL (the sums of problems never trained on, asked through the chat template) falls:
     pretraining takes it far below the random model's, and SFT lowers it further."""
     results = run[3]
-    nll = {s: results[s]["eval"]["chat_answer_nll"] for s in P.MODEL_STAGES}
+    nll = {s: results[s]["eval"]["chat_answer_nll"] for s in MODEL_STAGES}
     print(nll)
     assert nll["pretrain"] < nll["base"] - 1.0, nll
     assert nll["sft"] < 0.98 * nll["pretrain"], nll

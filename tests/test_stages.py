@@ -293,11 +293,11 @@ def test_a_stage_killed_before_any_checkpoint_starts_again_says_so_and_drops_its
 
 def test_run_stages_holds_the_run_directory_for_its_whole_life(tmp_path):
     """While a stage runs, the directory's lock is held (by this process: another would be refused)."""
-    from trajtune.runs import rundir
+    from trajtune.runs import lock
 
     seen = run_stages([Stage("a", lock_holder_stage)], None, tmp_path, StageOptions(workers=1), log=lambda s: None)
     assert seen["a"]["pid"] == os.getpid()
-    assert not rundir._held and (tmp_path / ".lock").read_text() == ""  # released, no holder left
+    assert not lock._held and (tmp_path / ".lock").read_text() == ""  # released, no holder left
 
 
 def lock_holder_stage(ctx: StageContext) -> dict:

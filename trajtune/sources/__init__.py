@@ -7,6 +7,7 @@
                    `Measured`: an experiment's counts added to a source's metrics
     faults.py      a failing environment fails its episode, not the run: time limits, the run-level fault limit
     process.py     `SamplerProcess`: the episode loop in a process of its own, with its own copy of the weights
+    serve.py       that process's own side: its loop, its log records and errors sent to the trainer
     sync.py        weight syncs and their checks (fingerprints, probe log-probs)
     overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)

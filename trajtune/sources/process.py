@@ -57,14 +57,12 @@ stops it (killed if it is in the middle of a rollout); the source closes it howe
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import pickle
 import signal
 import sys
 import threading
 import time
-import traceback
 from concurrent.futures import Future
 from typing import Any, Sequence
 
@@ -73,11 +71,10 @@ import torch.multiprocessing as mp
 from multiprocessing.connection import Connection
 
 from ..config import ConfigError
-from ..engine.decoding import sample
-from ..processes import exit_with_parent
 from ..trajectory import Owner, Trajectory, collate
 from .rollout import rollout_batch
-from .sync import SamplerDied, SyncError, SyncProbe, check_sync, probe, sampler_logprobs, weight_fingerprints
+from .serve import emit, reraised, serve, state_bytes, state_tensor
+from .sync import SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
 
 __all__ = ["SamplerProcess", "SamplerDied", "SyncError", "start_method"]
 
@@ -210,7 +207,7 @@ class SamplerProcess:
         fresh = rid not in self._renderers
         try:
             payload = pickle.dumps((list(envs), list(tasks), rid, renderer if fresh else None,
-                                    _state_bytes(generator) if generator is not None else None, kw))
+                                    state_bytes(generator) if generator is not None else None, kw))
         except Exception as e:  # noqa: BLE001 - named below
             raise ConfigError(f"overlap.max_staleness 1 / overlap.sampler_process: the episodes run in the sampler "
                               f"process, but {_unpicklable(envs, tasks, renderer)} cannot be sent there "
@@ -220,10 +217,10 @@ class SamplerProcess:
         if fresh:
             self._renderers[rid] = renderer
         trajs, state, records = self._wait(self._send("rollout", payload))
-        _emit(records)
+        emit(records)
         self._check_syncs()  # every sync sent before these episodes was loaded before them: checked first
         if generator is not None:
-            generator.set_state(_state_tensor(state))
+            generator.set_state(state_tensor(state))
         self.calls += 1
         return trajs
 
@@ -271,8 +268,8 @@ class SamplerProcess:
         status, *reply = request.future.result()
         if status == "error":
             exc_bytes, tb, records = reply
-            _emit(records)
-            raise _reraised(exc_bytes, tb, request.kind)
+            emit(records)
+            raise reraised(exc_bytes, tb, request.kind)
         return reply[0]
 
     def _check_syncs(self) -> None:
@@ -354,7 +351,7 @@ class SamplerProcess:
         self._conn: Connection
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
-            target=_serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared,
+            target=serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared,
                                  self.threads, getattr(engine, "autocast", None), str(engine.device), levels),
             daemon=True, name="trajtune-sampler")
         self._booted = threading.Event()
@@ -410,134 +407,3 @@ def _unpicklable(envs: Sequence, tasks: Sequence, renderer: Any) -> str:
         except Exception:  # noqa: BLE001 - this is the one
             return what
     return "the call"
-
-
-# --- the sampler process ------------------------------------------------------------------------
-def _serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threads: int, autocast: str | None,
-           device: str, levels: dict[str, int]) -> None:
-    """The sampler process: answer rollout / sync / close messages until close or EOF. Ctrl-C in a terminal
-    (or a scheduler's SIGTERM) signals the whole process group: the trainer saves and stops the run (closing
-    this process), so the
-    signals are ignored here (it is killed if need be). `model`: the trainer's (a fork's copy) or its pickle
-    (a fork server's child)."""
-    trainer_end.close()  # a fork's copy of it: held here, the trainer's death would never close the pipe
-    for sig in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's checkpointing handlers)
-        signal.signal(sig, signal.SIG_IGN)
-    exit_with_parent()
-    torch.set_num_threads(threads)
-    records = _log_to_trainer(levels)
-    model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
-    own = model.state_dict()  # views of the model's tensors: copying into them updates the model
-    held = weight_fingerprints(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
-    policy = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
-    renderers: dict[int, Any] = {}
-    while True:
-        try:
-            kind, *args = pickle.loads(conn.recv_bytes())
-        except EOFError:
-            return
-        records.records = []
-        reply: Any
-        message: tuple
-        try:
-            if kind == "close":
-                return
-            if kind == "rollout":
-                envs, tasks, rid, renderer, state, kw = pickle.loads(args[0])
-                if renderer is not None:
-                    renderers[rid] = renderer
-                g = _generator(state)
-                trajs = rollout_batch(policy, envs, tasks, renderers[rid], g, **kw)
-                reply = (trajs, _state_bytes(g) if g is not None else None, records.records)
-            elif kind == "sync":
-                ids, mask = args
-                with torch.no_grad():
-                    for k, v in own.items():
-                        v.copy_(shared[k])
-                after = weight_fingerprints(model)
-                logp = sampler_logprobs(model, torch.from_numpy(ids), torch.from_numpy(mask), autocast)
-                reply, held = (held != after, after, logp.numpy()), after
-            else:
-                raise ValueError(f"unknown message {kind!r}")
-            message = ("ok", reply)
-        except Exception as e:  # noqa: BLE001 - sent back to the trainer, which raises it there
-            message = ("error", _picklable(e), traceback.format_exc(), records.records)
-        try:
-            conn.send_bytes(pickle.dumps(message))
-        except (BrokenPipeError, OSError):  # the trainer is gone
-            return
-
-
-def _log_to_trainer(levels: dict[str, int]) -> "_Records":
-    """Every record of this process goes to one `_Records` handler (the trainer re-emits them): a fork's
-    copies of the trainer's handlers are removed, and its loggers' levels are the trainer's."""
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger)]
-    for lg in loggers:
-        lg.handlers, lg.propagate = [], True
-    records = _Records()
-    logging.getLogger().addHandler(records)
-    for name, level in levels.items():
-        logging.getLogger(name).setLevel(level)
-    return records
-
-
-class _Records(logging.Handler):
-    """This process's log records of the current call, made picklable (message and traceback as text),
-    for the trainer to re-emit with its own handlers."""
-
-    def __init__(self):
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        record.msg, record.args = record.getMessage(), None
-        if record.exc_info:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-            record.exc_info = None
-        self.records.append(record)
-
-
-def _emit(records: Sequence[logging.LogRecord]) -> None:
-    """Log the sampler process's records here, by their loggers (the trainer's handlers and levels)."""
-    for r in records:
-        logger = logging.getLogger(r.name)
-        if logger.isEnabledFor(r.levelno):
-            logger.handle(r)
-
-
-def _picklable(exc: BaseException) -> bytes | None:
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-        return data
-    except Exception:  # noqa: BLE001 - the traceback text still travels
-        return None
-
-
-def _reraised(exc_bytes: bytes | None, tb: str, kind: str) -> BaseException:
-    """The sampler's exception, to raise in the trainer: the same type and message (a user error stays a
-    one-line error), its traceback in the sampler process as a note."""
-    exc = pickle.loads(exc_bytes) if exc_bytes is not None else None
-    if exc is None:
-        return RuntimeError(f"the sampler process failed on {kind!r}:\n{tb}")
-    exc.add_note(f"raised in the sampler process ({kind!r}):\n{tb}")
-    return exc
-
-
-def _generator(state: bytes | None) -> torch.Generator | None:
-    if state is None:
-        return None
-    g = torch.Generator()
-    g.set_state(_state_tensor(state))
-    return g
-
-
-# Messages are pickled with the standard pickler and sent as bytes, never through torch's pickler,
-# which would move each tensor into a new shared-memory segment and pass its file descriptor.
-def _state_bytes(g: torch.Generator) -> bytes:
-    return g.get_state().numpy().tobytes()
-
-
-def _state_tensor(b: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(b), dtype=torch.uint8)
