@@ -3,9 +3,17 @@
 One package (or module) per experiment; each registered module defines a config
 dataclass `Config` (nesting the loop dataclasses it uses and `runner: StageOptions`)
 and `run(config, run_dir) -> Path` (the path of its report), and runs its stages
-through `trajtune.runs.stages.run_stages`. Recipes (TOML files in `trajtune/recipes/`) name
-an experiment and set fields of its `Config`. The library (everything outside
-`experiments/` and the command line) never imports them.
+through `trajtune.runs.stages.run_stages`; it builds the sources its loops take
+(`trajtune.sources`). Two hooks are optional:
+
+    seeds_report(config, run_dir, per_seed) -> Path   `trajtune run --seeds 0,1,2`: the mean +- sd report
+                                                      over the per-seed runs (run_dir/seed-<s>)
+    dry_run(config, run_dir) -> str                   `trajtune run --dry-run`: the checks a run makes before
+                                                      its first step (the files it names exist and parse)
+
+Recipes (TOML files in `trajtune/recipes/`) name an experiment and set fields of its
+`Config`. The library (everything outside `experiments/` and the command line) never
+imports them.
 
     agent           seed agent-rl ch.15 on the BugFix gym (the main job)          agent/
     chapter13       seed post-training ch.13: instruction tuning -> preferences -> RLVR  chapter13/
@@ -13,7 +21,7 @@ an experiment and set fields of its `Config`. The library (everything outside
     iw_sft_bugfix   iw-SFT vs plain expert iteration on the BugFix gym              iw_sft/bugfix.py
     addition_sft    the smallest end-to-end run: SFT on 2-digit addition           addition.py
     hf_sft, hf_rm, hf_dpo, hf_grpo, hf_rft   Hugging Face models (`trajtune sft|rm|dpo|grpo|rft`)  hf/
-    hf_pipeline     a small HF Llama learns addition: pretrain -> SFT -> DPO -> GRPO        hf_pipeline.py
+    hf_pipeline     a small HF Llama learns addition: pretrain -> SFT -> DPO -> GRPO        hf_pipeline/
 """
 
 from __future__ import annotations
