@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trajtune.sources.base import Episodes, Source
+from trajtune.sources.base import Source
 
 from trajtune.evaluation import (
     distinct_answers,
@@ -133,38 +133,20 @@ def test_score_errors_are_clear():
         score_policy(lambda tasks, n, g: [], ["a"], n=2, ks=(4,))
 
 
-class Scripted:
-    """A source of its own (the Protocol's five methods, no base class): task "x" always right, "y" right on its
-    first episode; it records each draw's tasks, n and the first number of its generator."""
-
-    def __init__(self):
-        self.calls = []
-
-    def take(self, draw, ahead=None):
-        self.calls.append((list(draw.tasks), draw.n, int(torch.randint(0, 2**30, (1,), generator=draw.generator))))
-        n = draw.n
-        trajs = episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in draw.tasks], names=list(draw.tasks))
-        return Episodes(trajs, {}, draw.generator, draw.step)
-
-    def after_update(self, engine):
-        return {}
-
-    def pending(self):
-        return None
-
-    def restore(self, episodes):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_score_policy_samples_n_per_task_with_its_seed():
-    source = Scripted()
+    from test_sources import Scripted
+
+    calls = []
+
+    def make(draw):  # a fake policy: task "x" always right, "y" right on its first episode
+        calls.append((list(draw.tasks), draw.n, int(torch.randint(0, 2**30, (1,), generator=draw.generator))))
+        n = draw.n
+        return episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in draw.tasks], names=list(draw.tasks))
+
+    source = Scripted(make)
     assert isinstance(source, Source)
     score = score_policy(source, ["x", "y"], n=4, ks=(1, 4), seed=3)
     assert score.pass_at == {1: pytest.approx((1 + 0.25) / 2), 4: 1.0}
     assert score.mean_reward == pytest.approx(5 / 8)
     score_policy(source, ["x", "y"], n=4, seed=3)
-    calls = source.calls
     assert calls[0] == calls[1] and calls[0][:2] == (["x", "y"], 4)  # same seed, same generator

@@ -109,7 +109,7 @@ def test_rerunning_one_stage(small_run, tmp_path):
 def _small_sets(**more) -> list[str]:
     """`--set`s that make the default recipe SMALL (and `more`, dotted keys)."""
     from trajtune.config import to_dict
-    from trajtune.runs.rundir import flatten
+    from trajtune.config import flatten
 
     small, default = flatten(to_dict(SMALL)), flatten(to_dict(agent.Config()))
     small.update(more)

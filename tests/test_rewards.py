@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from trajtune.sources.base import Episodes
-
 from trajtune.sources.data import PromptTask
 from trajtune.sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, check_columns,
                               combine, load_reward_function, source_metrics)
@@ -211,28 +209,6 @@ def work(tmp_path_factory):
     return d
 
 
-class Fixed:
-    """A source that hands out the same episodes (a source of its own: the Protocol's five methods)."""
-
-    def __init__(self, trajs):
-        self.trajs = trajs
-
-    def take(self, draw, ahead=None):
-        return Episodes(list(self.trajs), {}, draw.generator, draw.step)
-
-    def after_update(self, engine):
-        return {}
-
-    def pending(self):
-        return None
-
-    def restore(self, episodes):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update(tmp_path):
     """Scored: rewards set in order, group ids kept; an all-None row is unscorable (TRL) and a row whose call
     overran failed: neither is trained on (a made-up 0 would be a training signal), both are counted and marked."""
@@ -242,6 +218,12 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
 
     from trajtune.sources.base import Draw
     from trajtune.sources.scoring import Scored
+
+    from test_sources import Scripted
+
+    def Fixed(trajs):
+        return Scripted(lambda draw: list(trajs))
+
     from trajtune.trajectory import Outcome, Owner, Trajectory
 
     (tmp_path / "r.py").write_text("import time\n"

@@ -225,18 +225,7 @@ def test_unreadable_config_json_beside_finished_stages_is_refused(tmp_path):
 
 
 # --- a stage cut short ----------------------------------------------------------------------------
-class FakeEngine:
-    def __init__(self):
-        self.step = 0
-
-    def save_state(self, path, extra=None, tensors=None):
-        Path(path).mkdir(parents=True, exist_ok=True)
-        (Path(path) / "engine.json").write_text(json.dumps({"step": self.step, "extra": extra}))
-
-    def load_state(self, path):
-        saved = json.loads((Path(path) / "engine.json").read_text())
-        self.step = saved["step"]
-        return saved["extra"]
+from test_stages import FakeEngine  # noqa: E402  (what a Checkpointer needs of an engine)
 
 
 def looping_stage(ctx: StageContext) -> dict:

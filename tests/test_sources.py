@@ -25,22 +25,16 @@ from test_algorithms import TASKS, TOK, collect_for, demo, engine
 PAD = TOK.pad_id
 
 
-class Replay:
-    """A source of its own (no base class) that hands out fixed episodes for every draw: each demo of `replies`
-    is one episode of group `groups[i]`, with reward `rewards[i]` and outcome `outcomes[i]`."""
+class Scripted:
+    """A source of its own: the Protocol's five methods and no base class. Every draw's episodes are `make(draw)`;
+    it keeps the draws it was asked for and counts the updates it was told of."""
 
-    def __init__(self, replies, groups, rewards, outcomes=None):
-        self.replies, self.groups, self.rewards = replies, groups, rewards
-        self.outcomes = outcomes or [Outcome.OK] * len(replies)
-        self.updates = 0
+    def __init__(self, make):
+        self.make, self.draws, self.updates = make, [], 0
 
     def take(self, draw, ahead=None):
-        trajs = []
-        for reply, group, reward, outcome in zip(self.replies, self.groups, self.rewards, self.outcomes, strict=True):
-            t = demo(reply)
-            t.group, t.reward, t.outcome, t.info = group, reward, outcome, {"task": f"pick{group}"}
-            trajs.append(t)
-        return Episodes(trajs, {"time/sampling_s": 0.5}, draw.generator, draw.step)
+        self.draws.append(draw)
+        return Episodes(self.make(draw), {"time/sampling_s": 0.5}, draw.generator, draw.step)
 
     def after_update(self, engine):
         self.updates += 1
@@ -54,6 +48,22 @@ class Replay:
 
     def close(self):
         pass
+
+
+def Replay(replies, groups, rewards, outcomes=None) -> Scripted:
+    """Fixed episodes for every draw: each demo of `replies` one episode of group `groups[i]`, with reward
+    `rewards[i]` and outcome `outcomes[i]`."""
+    outcomes = outcomes or [Outcome.OK] * len(replies)
+
+    def make(draw):
+        trajs = []
+        for reply, group, reward, outcome in zip(replies, groups, rewards, outcomes, strict=True):
+            t = demo(reply)
+            t.group, t.reward, t.outcome, t.info = group, reward, outcome, {"task": f"pick{group}"}
+            trajs.append(t)
+        return trajs
+
+    return Scripted(make)
 
 
 class Advantages(Hook):

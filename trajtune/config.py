@@ -149,6 +149,18 @@ def to_dict(config) -> dict:
     return dataclasses.asdict(config)
 
 
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """{'rl': {'steps': 6}} -> {'rl.steps': 6}: a nested config table (`to_dict`, a saved config.json) as dotted
+    leaf paths (lists are leaves)."""
+    out = {}
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
 def set_dotted(data: dict, assignment: str, where: str = "--set") -> None:
     """Apply a command-line override `a.b=value` (value parsed as TOML, else a string)."""
     if "=" not in assignment:

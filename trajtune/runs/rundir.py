@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
-from ..config import ConfigError, to_dict
+from ..config import ConfigError, flatten, to_dict
 from ..engine import distributed
 from .lock import LOCK, RunDirBusy, holder, run_lock  # noqa: F401 (run_lock: the lock is part of RunDir's API)
 
@@ -421,17 +421,6 @@ def no_effect(config: Any, prefix: str = "") -> set[str]:
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             out |= no_effect(value, f"{prefix}{f.name}.")
-    return out
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    """{'rl': {'steps': 6}} -> {'rl.steps': 6} (lists are leaves)."""
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
     return out
 
 

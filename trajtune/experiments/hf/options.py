@@ -130,17 +130,6 @@ def _leaves(cls, prefix: str, defaults: Any) -> list[Option]:
     return out
 
 
-def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    """{'rl': {'kl_coef': 0.1}} -> {'rl.kl_coef': 0.1} (a saved config.json as leaf paths)."""
-    out = {}
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
 def name_options(message: str, cls, section: str) -> str:
     """Rewrite the field names of section `section` of `cls` in a validation message as flags
     ('RLConfig: advantage='grpo' needs group_size >= 2' -> '... --advantage='grpo' needs --group-size >= 2'),
