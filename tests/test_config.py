@@ -47,3 +47,24 @@ def test_a_renamed_key_names_where_it_went():
             obj = cls()
             for part in new.split(" and ")[0].split("."):
                 obj = getattr(obj, part)
+
+
+def test_the_rl_loops_old_overlap_keys_name_their_new_section_in_every_experiment_with_an_rl_loop():
+    """RLConfig's sampler keys moved to the source's `overlap` section: an old recipe is told where, and every
+    experiment that nests an RL loop has that section (the message never names a place that does not exist)."""
+    import typing
+
+    from trajtune.algorithms.rl import RLConfig
+    from trajtune.experiments import EXPERIMENTS, get_experiment
+    from trajtune.sources.overlap import OverlapConfig
+
+    with_rl = []
+    for name in EXPERIMENTS:
+        cls = get_experiment(name).Config
+        hints = typing.get_type_hints(cls)
+        if hints.get("rl") is RLConfig:
+            with_rl.append(name)
+            assert hints.get("overlap") is OverlapConfig, name
+            with pytest.raises(ConfigError, match=r"\.rl: key 'max_staleness' is now 'overlap.max_staleness'"):
+                from_dict(cls, {"rl": {"max_staleness": 1}}, where="[config]")
+    assert {"agent", "chapter13", "textarena", "reasoning_gym", "hf_grpo"} <= set(with_rl)

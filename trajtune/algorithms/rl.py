@@ -27,7 +27,7 @@ step's advantages, returns and old / reference log-probs travel on the batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import ClassVar, Literal, Sequence
 
 import torch
 
@@ -45,6 +45,10 @@ from .common import rollout_metrics, train_row
 
 @dataclass
 class RLConfig:
+    RENAMED: ClassVar[dict[str, str]] = {k: f"overlap.{k}" for k in (
+        "max_staleness", "sampler_process", "sampler_threads", "sampler_timeout", "sync_tolerance")}
+    """where a recipe's old keys went: where episodes are sampled is the source's business (sources.overlap)"""
+
     steps: int = 40
     """policy updates (one batch of fresh samples each)"""
     tasks_per_step: int = 8

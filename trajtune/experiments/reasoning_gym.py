@@ -27,6 +27,7 @@ import torch
 
 from ..algorithms.rl import RLConfig
 from ..sources.episodes import EpisodeSource
+from ..sources.overlap import OverlapConfig, check_overlap
 from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -61,12 +62,16 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=200, tasks_per_step=8, group_size=8,
                                                           advantage="grpo", eval_every=50))
     """the RL loop's settings"""
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    """where the RL loop samples (max_staleness 1: the next step in a sampler process while this one trains, with
+    rl.tis_cap > 0)"""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=4e-3))
     """optimizer settings"""
     runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
     """the stage runner (one stage)"""
 
     def __post_init__(self) -> None:
+        check_overlap(self.overlap, self.rl, "reasoning_gym")
         check_ranges(self, "reasoning_gym", counts=("n_train", "n_eval", "eval_samples", "max_answer_tokens",
                                                     "dim", "n_layers", "n_heads"))
         if self.dim % self.n_heads:
@@ -104,7 +109,7 @@ def stage_rl(ctx) -> dict:
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
                                        max_len=max_tokens + 1))
     result = train_and_score(
-        ctx, model, tok, lambda engine: EpisodeSource(engine.sample, reasoning_gym_env, renderer, max_turns=1,
+        ctx, model, tok, lambda policy: EpisodeSource(policy, reasoning_gym_env, renderer, max_turns=1,
                                                      max_tokens=max_tokens, max_action_tokens=config.max_answer_tokens),
         "reasoning_gym", train, held_out, f"reasoning-gym {config.dataset}")
     return {**result, "example": {"question": held_out[0].question, "answer": held_out[0].answer}}

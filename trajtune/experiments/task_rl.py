@@ -8,33 +8,34 @@ tasks and scores the policy on the held-out ones (`evaluation.score_policy`) bef
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..algorithms.rl import train_rl
 from ..evaluation import score_policy
-from ..engine import Engine
 from ..runs.stages import StageContext
 from ..sources.base import Source
+from ..sources.overlap import overlapped
 
 
-def train_and_score(ctx: StageContext, model, tok, source_for: Callable[[Engine], Source], experiment: str,
+def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Source], experiment: str,
                     train: Sequence, held_out: Sequence, describe: str) -> dict:
-    """The stage's RL run on `source_for(engine)`'s episodes; `experiment` goes into the checkpoint's meta,
+    """The stage's RL run on `episodes(policy)` (a source of the task's episodes sampled by `policy`: the engine's
+    sampler, or a sampler process when the recipe's `overlap` asks for one); `experiment` goes into the checkpoint's meta,
     `describe` heads the printed line.
     -> {"before", "after": held-out eval/reward and eval/pass@1, "curve": [(step, train reward, held-out
     reward, held-out pass@1), ...]}. The policy is saved as the stage's checkpoint."""
     config = ctx.config
     engine = ctx.engine(model, config.optim)
-    source = source_for(engine)
+    evaluation = episodes(engine.sample)  # the current weights, here
 
     def evaluate(step: int) -> dict:
-        return score_policy(source, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
+        return score_policy(evaluation, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
 
     before = evaluate(0)
     if engine.is_main:
         print(f"{describe}: {model.num_parameters():,} parameters, {len(train)} train / {len(held_out)} held-out "
               f"tasks; held-out reward {before['eval/reward']:.3f} before")
-    with source:
+    with overlapped(engine, config.overlap, episodes) as source:
         history = train_rl(engine, train, source, config.rl, tok.pad_id, ctx.run(evaluate))
     ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})
     curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]

@@ -28,6 +28,7 @@ import torch
 
 from ..algorithms.rl import RLConfig
 from ..sources.episodes import EpisodeSource
+from ..sources.overlap import OverlapConfig, check_overlap
 from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -70,12 +71,16 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, tasks_per_step=8, group_size=8,
                                                           advantage="grpo", eval_every=20))
     """the RL loop's settings"""
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    """where the RL loop samples (max_staleness 1: the next step in a sampler process while this one trains, with
+    rl.tis_cap > 0)"""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3))
     """optimizer settings"""
     runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
     """the stage runner (one stage)"""
 
     def __post_init__(self) -> None:
+        check_overlap(self.overlap, self.rl, "textarena")
         check_ranges(self, "textarena", counts=("n_train", "n_eval", "eval_samples", "max_turns",
                                                 "max_action_tokens", "dim", "n_layers", "n_heads"))
         if self.dim % self.n_heads:
@@ -129,7 +134,7 @@ def stage_rl(ctx) -> dict:
         return TextArenaEnv(config.action_template, **config.game_kwargs)
 
     return train_and_score(
-        ctx, model, tok, lambda engine: EpisodeSource(engine.sample, make_env, renderer, max_turns=config.max_turns,
+        ctx, model, tok, lambda policy: EpisodeSource(policy, make_env, renderer, max_turns=config.max_turns,
                                                      max_tokens=max_tokens, max_action_tokens=config.max_action_tokens),
         "textarena", train, held_out, f"textarena {config.env_id} ({tok.vocab_size} words)")
 

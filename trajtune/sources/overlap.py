@@ -78,8 +78,8 @@ def check_overlap(overlap: OverlapConfig, rl: Any, where: str = "") -> None:
     """An experiment config's cross-check: max_staleness 1 needs the RL loop's truncated importance weight."""
     if overlap.max_staleness and not rl.tis_cap:
         raise ValueError(f"{where or 'overlap'}: max_staleness 1 samples with the policy one update behind; set "
-                         "tis_cap (e.g. 2.0) so the truncated importance weight against the sampler's log-probs "
-                         "corrects the lag")
+                         "the RL loop's tis_cap (recipes: [config.rl] tis_cap; the command line: --tis-cap), e.g. "
+                         "2.0, so the truncated importance weight against the sampler's log-probs corrects the lag")
 
 
 def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source]) -> Source:

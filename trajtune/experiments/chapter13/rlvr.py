@@ -20,6 +20,7 @@ import torch
 from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
 from ...sources.episodes import EpisodeSource, sample_episodes
+from ...sources.overlap import overlapped
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
 from ...evaluation import distinct_answers, mean_pass_at_k
@@ -37,18 +38,18 @@ def demos(r: Renderer, tasks) -> list[Trajectory]:
     return [r.render([{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.answer}]) for t in tasks]
 
 
-def source_for(engine: Engine, r: Renderer, **kw) -> EpisodeSource:
-    """The arithmetic gym's episodes with this engine's model (one answer each), as a source."""
-    return EpisodeSource(engine.sample, arithmetic_env, r, max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER,
-                         **kw)
+def source_for(policy, r: Renderer, **kw) -> EpisodeSource:
+    """The arithmetic gym's episodes sampled by `policy` (one answer each: `engine.sample`, or a sampler process),
+    as a source."""
+    return EpisodeSource(policy, arithmetic_env, r, max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER, **kw)
 
 
 @torch.no_grad()
 def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     """Greedy accuracy, pass@j (j <= k, from k samples per problem), distinct answers, first-token entropy."""
     tasks = list(heldout_tasks())
-    greedy = sample_episodes(source_for(engine, r, greedy=True), tasks, 1, 0)
-    trajs = sample_episodes(source_for(engine, r), tasks, k, seed)  # task-major: k samples of task 0 first
+    greedy = sample_episodes(source_for(engine.sample, r, greedy=True), tasks, 1, 0)
+    trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major: k samples of task 0 first
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]
@@ -91,7 +92,8 @@ def stage_grpo(ctx) -> dict:
     r = Renderer(tok)
     engine = ctx.engine(model, config.rl_optim)
     tasks = train_tasks(config.rl.steps * config.rl.tasks_per_step, seed=config.seed + 1)
-    history = train_rl(engine, tasks, source_for(engine, r), config.rl, tok.pad_id, ctx.run())
+    with overlapped(engine, config.overlap, lambda policy: source_for(policy, r)) as source:
+        history = train_rl(engine, tasks, source, config.rl, tok.pad_id, ctx.run())
     return {**math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919)),
             "curve": [(h["step"], h["rollout/reward"], h["rollout/no_signal_share"]) for h in history]}
 
