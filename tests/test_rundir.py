@@ -381,4 +381,7 @@ def test_trajtune_run_dry_run_writes_nothing_and_says_what_a_run_would_do(tmp_pa
     before, _ = snapshot(run_dir), capsys.readouterr()
     assert main([*base, "--dry-run", "--set", "config.runner.workers=1"]) == 0
     assert "finished stages read back: sft" in capsys.readouterr().out
+    assert main([*base, "--dry-run", "--set", 'config.runner.rerun=["sft"]']) == 0
+    out = capsys.readouterr().out
+    assert "run again, as runner.rerun asks: sft" in out and "read back: sft" not in out
     assert snapshot(run_dir) == before

@@ -1,5 +1,5 @@
 """Command line: `trajtune run [RECIPE]`, `trajtune list`, `trajtune gym ...`,
-`trajtune sft|rm|dpo|grpo|rft --model DIR --data FILE` (Hugging Face models, hf_front.py).
+`trajtune sft|rm|dpo|grpo|rft --model DIR --data FILE` (Hugging Face models, cli/hf.py).
 
     trajtune run                          # the built-in default recipe
     trajtune run recipe.toml --set config.sft.steps=50 --run-dir runs/x
@@ -116,7 +116,7 @@ def dry_run(module, config, run_dir: RunDir, seeds: list[int] | None) -> str:
     lines = []
     for d, c in dirs or [(run_dir, config)]:
         d.check_free()
-        lines.append(d.check(c).describe())
+        lines.append(d.check(c, rerun=getattr(getattr(c, "runner", None), "rerun", None)).describe())
     hook = getattr(module, "dry_run", None)
     if hook is not None:
         lines.append(hook(config, run_dir.path))

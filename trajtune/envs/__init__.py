@@ -2,7 +2,7 @@
 
     base.py            Env protocol (its docstring: a complete example and the rules), StepResult,
                        SingleTurnEnv (a verifier as a one-step episode), check_tasks / TaskError
-    bugfix_tasks.py    the BugFix gym's 30 buggy functions (5 families, 20 train + 10 held-out)
+    bugfix_tasks.py    the BugFix gym's 40 buggy functions (5 families: 20 train, 10 held-out, 10 novel; renamed probes)
     bugfix.py          BugFixEnv: read / edit <op> / hardcode_tests / submit; its word tokenizer
     sandbox.py         runs submitted code in a persistent, restricted worker (+ _sandbox_worker.py)
     scripted.py        scripted policies: oracle, blind, random (BugFix) and single-turn oracles

@@ -110,6 +110,8 @@ class Plan:
         if self.changed:
             parts.append(f"the config changed ({_diff(self.changed)})" + (
                 f": {', '.join(self.rerun)} run again" if self.rerun else ": nothing read back depends on it"))
+        elif self.rerun:
+            parts.append(f"run again, as runner.rerun asks: {', '.join(self.rerun)}")
         kept = [s for s in self.finished if s not in self.rerun]
         if kept:
             parts.append(f"finished stages read back: {', '.join(kept)}")
@@ -298,10 +300,11 @@ class RunDir:
         plan.write_config = bool(differ)
         quiet = no_effect(config)
         plan.changed = {k: (saved.get(k), now.get(k)) for k in differ if k not in quiet}
+        asked = list(rerun if rerun is not None else getattr(getattr(config, "runner", None), "rerun", ()) or ())
         if not plan.changed:
+            plan.rerun = [name for name in on_disk if name in asked]  # asked for by name: they run again
             return plan
         affected = self._affected(plan.changed, on_disk, set(getattr(type(config), "RESUMABLE", ())))
-        asked = list(rerun if rerun is not None else getattr(getattr(config, "runner", None), "rerun", ()) or ())
         if any(s not in asked for s in affected):
             raise ConfigError(self._changed_message(plan.changed, affected, asked, config))
         plan.rerun = list(affected)

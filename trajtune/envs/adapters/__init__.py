@@ -8,7 +8,7 @@ importing an adapter without its library is fine, using it says what to install.
 beside `trajtune.envs` in the layering: they know nothing about models, only text.
 
 verifiers (prime-rl's environment standard) has no adapter: its rollouts run the agent as a
-separate program that reaches the model over HTTP; see the README section "Task libraries".
+separate program that reaches the model over HTTP; see docs/adapters.md.
 """
 
 from __future__ import annotations

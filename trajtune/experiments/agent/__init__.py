@@ -141,7 +141,7 @@ class Config:
     positions: str = "learned"
     """how the model sees token positions: "learned" (absolute, GPT-2), "rope" or "none"
     (`models.tiny.TinyConfig.positions`). The weak base keys its next action partly on the absolute
-    position (README, issue 15's cold start); rope or none removes that cue but does not give a
+    position (docs/experiments.md, issue 15's cold start); rope or none removes that cue but does not give a
     stronger cold start: SFT@20 train/held-out on seeds 0/1/2, learned 0.91/0.72, 0.93/0.90,
     0.94/0.82; rope 0.90/0.75, 0.88/0.82, 0.57/0.53; none 0.79/0.70, 0.75/0.65, 0.76/0.68. Over 3 seeds rope holds
     fewer claims (A3 2/3, A5 0/3, A9 1/3, A10 2/3, A11 1/3, A12 2/3; the rest 3/3)"""

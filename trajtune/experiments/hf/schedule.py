@@ -11,7 +11,7 @@ plain --steps, how many epochs that is:
 
     trajtune sft: 3 epochs of 120 samples at --batch-size 8 = 45 steps; lr 2e-05: warm-up 5 steps, then cosine
 
-How this differs from TRL / transformers (the README's table has them all):
+How this differs from TRL / transformers (docs/hf.md has them all):
 1. An epoch is a count, not a pass: each step draws its batch afresh, a pure function of (seed, step)
    (exact resume), so over N epochs a row is seen N times on average, not exactly N times.
 2. --lr-scheduler-type linear / cosine end at 0 as transformers' do; a recipe's own `optim.decay_steps`
