@@ -302,7 +302,8 @@ class RunDir:
         plan.changed = {k: (saved.get(k), now.get(k)) for k in differ if k not in quiet}
         asked = list(rerun if rerun is not None else getattr(getattr(config, "runner", None), "rerun", ()) or ())
         if not plan.changed:
-            plan.rerun = [name for name in on_disk if name in asked]  # asked for by name: they run again
+            # asked for by name: a finished one runs again; one cut short (a rerun interrupted) resumes
+            plan.rerun = [name for name, stage in on_disk.items() if name in asked and stage.finished]
             return plan
         affected = self._affected(plan.changed, on_disk, set(getattr(type(config), "RESUMABLE", ())))
         if any(s not in asked for s in affected):
