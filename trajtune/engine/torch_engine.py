@@ -304,7 +304,7 @@ class TorchEngine:
         parameters (FSDP2: gathered once for the whole call). backend: "sampler" -- the batched KV-cached sampler
         (`trajtune.engine.decoding.sample` for the options `kw`); "generate" -- Hugging Face `model.generate`
         (`trajtune.engine.generate.generate`; HF models only). Spread prompts over processes with
-        `collect(..., shard=engine.shard)` or `sharded_map`."""
+        `EpisodeSource(..., shard=engine.shard)` or `sharded_map`."""
         decode = DECODERS.get(backend)
         if decode is None:
             raise ValueError(f"engine.sample: backend={backend!r}; choose one of {list(DECODERS)}")

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
+from ..checkpoint import write_json
 from ..config import ConfigError, flatten, to_dict
 from ..engine import distributed
 from .lock import LOCK, RunDirBusy, holder, run_lock  # noqa: F401 (run_lock: the lock is part of RunDir's API)
@@ -439,10 +440,3 @@ def _diff(changed: dict[str, tuple], spell: Callable[[str], str] | None = None) 
     """'rl.steps 6 -> 8, seed 0 -> 1' (the HF commands: '--kl-coef 0.1 -> 0.2 (rl.kl_coef)')."""
     return ", ".join(f"{spell(k)} {a!r} -> {b!r} ({k})" if spell else f"{k} {a!r} -> {b!r}"
                      for k, (a, b) in changed.items())
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write `data` as JSON atomically (a reader sees the old file or the new one, never half of one)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)

@@ -72,7 +72,8 @@ from .loop import Run
 from ..metrics import Console, MetricsLogger
 from ..processes import exit_with_parent
 from .resume import Checkpointer, RunInterrupted, StageClock, forward_to_children
-from .rundir import INPUTS, RESULTS, RunDir, run_lock, write_json
+from ..checkpoint import write_json
+from .rundir import INPUTS, RESULTS, RunDir, run_lock
 
 if TYPE_CHECKING:
     from ..engine import Engine, OptimConfig
@@ -411,9 +412,7 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
     distributed.barrier()
     if main:
         ctx.dir.mkdir(parents=True, exist_ok=True)
-        tmp = ctx.dir / (RESULTS + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, ctx.dir / RESULTS)
+        write_json(ctx.dir / RESULTS, out)
         shutil.rmtree(ctx.dir / "resume", ignore_errors=True)  # finished: a forced rerun starts afresh
     out = distributed.broadcast_object(json.loads(text) if main else None)
     if stop:

@@ -82,14 +82,15 @@ def check_overlap(overlap: OverlapConfig, rl: Any, where: str = "") -> None:
                          "2.0, so the truncated importance weight against the sampler's log-probs corrects the lag")
 
 
-def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source]) -> Source:
-    """The source `overlap` describes: `build(policy)` with `policy` = `engine.sample` (on-policy, here), or a
-    `SamplerProcess` on `engine` (`sampler_process`), wrapped in `Overlapped` for max_staleness 1.
+def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], here: Any = None) -> Source:
+    """The source `overlap` describes: `build(policy)` with `policy` = `here` (on-policy, in the trainer; default
+    `engine.sample`), or a `SamplerProcess` on `engine` (`sampler_process`), wrapped in `Overlapped` for
+    max_staleness 1.
 
         source = overlapped(engine, config.overlap,
                             lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards))"""
     if not overlap.in_process:
-        return build(engine.sample)
+        return build(engine.sample if here is None else here)
     process = SamplerProcess(engine, overlap.sampler_threads, overlap.sync_tolerance, overlap.sampler_timeout)
     try:
         source = build(process)
@@ -107,8 +108,7 @@ class Overlapped(Wrapper):
         super().__init__(inner)
         self.process = process
         self._pool: ThreadPoolExecutor | None = None  # one background thread, started after the process
-        self._ahead: tuple[Draw, Future, int] | None = None  # the draw in flight, its future, process calls before
-        self._sent_before = 0  # rollouts the process had been sent when the draw in flight started
+        self._ahead: tuple[Draw, Future, int] | None = None  # the draw in flight, its future, rollouts sent before
         self._restored: Episodes | None = None
 
     def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
@@ -120,15 +120,16 @@ class Overlapped(Wrapper):
             if self._pool is None:  # the process first (a fork of a trainer without this thread), then the thread
                 self.process.start()
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-overlap")
-            self._sent_before = self.process.rollouts_sent
-            self._ahead = (ahead, self._pool.submit(self.inner.take, ahead), self.process.calls)
+            sent = self.process.rollouts_sent  # read before the thread may send
+            self._ahead = (ahead, self._pool.submit(self.inner.take, ahead), sent)
         return episodes
 
     def after_update(self, engine) -> dict[str, float]:
         """The new weights go to the process only after the draw in flight asked for its episodes: those are then
         sampled with the weights before the update (exactly one behind), whatever the background thread's timing."""
         if self._ahead is not None:
-            self.process.wait_rollout_sent(self._sent_before, self._ahead[1])
+            _, future, sent = self._ahead
+            self.process.wait_rollout_sent(sent, future)
         return self.inner.after_update(engine)
 
     def _drawn_ahead(self, draw: Draw) -> Episodes | None:
@@ -150,15 +151,14 @@ class Overlapped(Wrapper):
     def _finish(self) -> Episodes:
         """Wait for the draw in flight -> its episodes, one update behind."""
         assert self._ahead is not None
-        drawn, future, calls = self._ahead
+        _, future, sent = self._ahead
         self._ahead = None
         episodes = future.result()
-        if self.process.calls == calls and any(t.count(Owner.POLICY) for t in episodes.trajs):
+        if self.process.rollouts_sent == sent and any(t.count(Owner.POLICY) for t in episodes.trajs):
             raise ValueError("Overlapped: the inner source sampled its episodes without the sampler process, from the "
                              "trainer's live weights while they trained; build it with the process as its policy: "
                              "EpisodeSource(process, ...) (or use trajtune.sources.overlap.overlapped)")
         episodes.behind = 1
-        episodes.step = drawn.step
         return episodes
 
     def pending(self) -> Episodes | None:

@@ -64,6 +64,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from typing import Any, Sequence
 
 import torch
@@ -139,8 +140,8 @@ class SamplerProcess:
         if self._process is None or not self._probe_rows:  # nothing sampled yet: it starts from the current weights
             return {}
         p = probe(engine, collate(self._probe_rows, 0))  # in the training thread, on the weights just written
-        for request, _ in list(self._syncs):  # the shared copy is free once the last sync was loaded
-            self._wait(request)
+        if self._syncs:  # the shared copy is free once the last sync was loaded (answers come in order)
+            futures_wait([self._syncs[-1][0].future])
         self._check_syncs()
         self._publish(engine)
         request = self._send("sync", p.ids.numpy(), p.mask.numpy())
@@ -234,13 +235,12 @@ class SamplerProcess:
                 raise self._dead
             if self._closed:
                 raise SamplerDied("the sampler process is closed")
-            request = _Request(kind)
             try:
                 self._conn.send_bytes(message)
             except OSError:
                 self._process.join(timeout=5)
                 raise self._died(kind) from None
-            request.since = time.monotonic()
+            request = _Request(kind)
             self._waiting.append(request)
             self._rollouts_sent += kind == "rollout"
             self._cv.notify_all()

@@ -167,6 +167,5 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
                                  share_prompts=sampling.share_prompts and own_seeds)
         return Scored(episodes, engine, functions, models, config.reward_weights, max_steps)
 
-    if overlap is None or not overlap.in_process:
-        return build(functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id))
-    return overlapped(engine, overlap, build)
+    here = functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id)
+    return overlapped(engine, overlap or OverlapConfig(), build, here)
