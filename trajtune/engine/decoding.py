@@ -26,9 +26,11 @@ class Samples:
     """What the sampler returns, one entry per prompt.
 
     tokens:   the new token ids (a stop token, if one was produced, is included last)
-    logprobs: log-prob of each new token under the temperature-scaled model
-              distribution (before top-k/top-p truncation; at temperature 1 this is
-              log pi(token), the behaviour log-prob RL needs)
+    logprobs: log-prob of each new token under the distribution it was drawn from: the model's
+              logits / temperature, truncated by top-k / top-p and renormalised (without a filter,
+              log softmax(logits / T); greedy: log softmax(logits), at temperature 1). The trainer's
+              policy is softmax(logits / T) at the batch's temperature (`Trajectory.temperature`), so
+              the importance weight pi_T / mu corrects for the truncation, a sampling-only choice
     stopped:  True if the row ended with a stop token, False if it ran out of budget
     """
 
@@ -89,11 +91,13 @@ def pick_next(
         raise ValueError(f"pick_next: {len(generators)} generators for {logits.shape[0]} rows")
     if draw == "cdf" and not greedy:
         return _pick_cdf(scaled, top_k, top_p, generator, generators)
-    logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
     if greedy:
+        logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
         tok = logits.argmax(-1)
     else:
-        probs = torch.softmax(filter_logits(scaled, top_k, top_p), dim=-1)  # [B, V]
+        filtered = filter_logits(scaled, top_k, top_p) if top_k or top_p < 1.0 else scaled  # [B, V]
+        logp = torch.log_softmax(filtered, dim=-1)  # [B, V] the distribution drawn from (-inf where cut)
+        probs = torch.softmax(filtered, dim=-1)  # [B, V]
         if generators is None:
             tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         else:
@@ -113,9 +117,9 @@ def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.G
     """`pick_next(draw="cdf")`: scaled logits [B, V] -> (tokens [B] long, logprobs [B] float).
 
     One pass of exp over the row (no softmax and log_softmax, no [B, V] float64 tensor):
-    w = exp(scaled - max) are the unnormalised probabilities; the log-prob is scaled[token] - max - log(sum w)
-    (the untruncated distribution, as "race" reports it); top-k / top-p zero the cut entries of w before
-    the draw. The draw is two-level: u ~ U[0, 1) (float64, one per row, from `generators[b]` for row b
+    w = exp(scaled - max) are the unnormalised probabilities; top-k / top-p zero the cut entries of w before
+    the draw, and the log-prob is scaled[token] - max - log(sum w), the sum after the cut (the truncated,
+    renormalised distribution drawn from, as "race" reports it). The draw is two-level: u ~ U[0, 1) (float64, one per row, from `generators[b]` for row b
     when given), a block of `CDF_BLOCK` entries by the blocks' masses (float32 sums, accumulated in
     float64), then the entry within the block by its float64 cumulative sum: the first entry whose
     cumulative mass exceeds u x total, so an entry of mass 0 (cut by top-k / top-p) is never drawn.
@@ -131,10 +135,10 @@ def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.G
         u = torch.cat([torch.rand(1, dtype=torch.float64, generator=g) for g in generators])[:, None]
     below = lambda x: torch.nextafter(x, torch.zeros_like(x))  # noqa: E731  the largest float64 under x
     if V <= CDF_BLOCK:
-        cum = w.double().cumsum(-1)  # [B, V]
-        log_z = top.squeeze(-1).double() + cum[:, -1].log()  # [B] log of the untruncated normaliser
         if top_k or top_p < 1.0:
-            cum = w.masked_fill(filter_logits(scaled, top_k, top_p) == float("-inf"), 0.0).double().cumsum(-1)
+            w = w.masked_fill(filter_logits(scaled, top_k, top_p) == float("-inf"), 0.0)
+        cum = w.double().cumsum(-1)  # [B, V]
+        log_z = top.squeeze(-1).double() + cum[:, -1].log()  # [B] log of the (truncated) normaliser
         total = cum[:, -1:]  # [B, 1]
         tok = torch.searchsorted(cum, torch.minimum(u.to(cum.device) * total, below(total)), right=True).squeeze(-1)
         return tok, (scaled.gather(-1, tok[:, None]).squeeze(-1).double() - log_z).float()
@@ -147,11 +151,10 @@ def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.G
         if V % K:
             masses[:, n_full] = x[:, n_full * K:].sum(-1)
 
-    fill_masses(w)
-    log_z = top.squeeze(-1).double() + masses.sum(-1).log()  # [B] log of the untruncated normaliser
     if top_k or top_p < 1.0:
         w = w.masked_fill(filter_logits(scaled, top_k, top_p) == float("-inf"), 0.0)
-        fill_masses(w)
+    fill_masses(w)
+    log_z = top.squeeze(-1).double() + masses.sum(-1).log()  # [B] log of the (truncated) normaliser
     cum = masses.cumsum(-1)  # [B, NB]
     total = cum[:, -1:]  # [B, 1]
     target = torch.minimum(u.to(cum.device) * total, below(total))  # [B, 1], < total

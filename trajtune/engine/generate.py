@@ -2,7 +2,8 @@
 
 `generate(policy, prompts, max_new_tokens, generator, ...)` has the signature of the built-in sampler
 (`decoding.sample(model, prompts, ...)`) and returns the same data: new token ids (a stop token, if produced,
-last), the log-prob of each under the temperature-scaled model distribution, and whether the row stopped. So
+last), the log-prob of each under the distribution it was drawn from (logits / temperature, truncated by top-k /
+top-p and renormalised: `decoding.Samples`), and whether the row stopped. So
 rollouts, RL and rejection sampling do not care which one ran:
 
     engine.sample(prompts, n, g, backend="sampler")    trajtune's batched KV-cached sampler (the default)
@@ -26,8 +27,13 @@ def generate(policy: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_
              generator: torch.Generator | None = None, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              greedy: bool = False, stop_ids: Sequence[int] = (), pad_id: int = 0) -> Samples:
     """Sample continuations of `prompts` with `policy.model.generate` (a `trajtune.models.hf.HFPolicy`): the
-    prompts left-padded with `pad_id` into ids [B, P], sampling (or greedy), and the raw logits [B, n, V] turned
-    into the same temperature-scaled log-probs as the built-in sampler's.
+    prompts left-padded with `pad_id` into ids [B, P], sampling (or greedy), and the log-probs of the tokens
+    drawn, as the built-in sampler's (`decoding.Samples`): when sampling, the log-softmax of `generate`'s scores
+    (`output_scores`: the logits after its processors -- temperature, top-k, top-p and whatever the model's
+    generation config adds -- the distribution `generate` drew from; -inf where cut). Without a filter that is
+    log_softmax(logits / temperature), the same floats as before (HF divides as we do; at temperature 1 the
+    scores are the raw logits). Greedy records log_softmax of the raw logits, as the sampler does (its scores
+    could hold processors' -inf, and no distribution was drawn from).
 
     Seeding: one seed is drawn from `generator` per call and `generate` runs under `torch.random.fork_rng`
     seeded with it, so the same generator state gives the same samples (`generate` draws from the global RNG).
@@ -53,12 +59,12 @@ def generate(policy: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_
             input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=0,
             do_sample=not greedy, temperature=None if greedy else temperature, top_k=top_k or None,
             top_p=top_p if top_p < 1.0 else None, eos_token_id=list(stop_ids) or None, pad_token_id=pad_id,
-            output_logits=True, return_dict_in_generate=True, use_cache=True,
+            output_logits=greedy, output_scores=not greedy, return_dict_in_generate=True, use_cache=True,
         )
     new = out.sequences[:, P:]  # [B, n]
-    logits = torch.stack(out.logits, 1).float()  # [B, n, V] raw (before processors)
-    scaled = logits if greedy or temperature == 1.0 else logits / temperature
-    lp = torch.log_softmax(scaled, -1).gather(-1, new[..., None]).squeeze(-1)  # [B, n]
+    # greedy: the raw logits (before processors); sampling: the scores drawn from (after them)
+    scores = torch.stack(out.logits if greedy else out.scores, 1).float()  # [B, n, V]
+    lp = torch.log_softmax(scores, -1).gather(-1, new[..., None]).squeeze(-1)  # [B, n]
     stop = set(int(s) for s in stop_ids)
     tokens, logprobs, stopped = [], [], []
     for b in range(B):
