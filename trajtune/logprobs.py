@@ -7,6 +7,7 @@ per-token tensor here has length T-1 and lines up with `Batch.action_mask`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -36,7 +37,8 @@ come from the heap, which glibc still hands back to the kernel at times, so the 
 class HeadOutput:
     """What a model's output layer returns for a `TokenHead`.
 
-    logprobs [B, T-1]         log pi(ids[:, t+1] | ids[:, :t+1]) at the positions asked for (`TokenHead.keep`;
+    logprobs [B, T-1]         log pi(ids[:, t+1] | ids[:, :t+1]) (pi = softmax(logits / `TokenHead.temperature`))
+                              at the positions asked for (`TokenHead.keep`;
                               every position without it), exactly 0.0 at the others (no gradient there)
     entropy  [B, T-1] | None  entropy (nats) of the next-token distribution at t, if asked for (0.0 where
                               not kept, like the log-probs)
@@ -74,6 +76,10 @@ class TokenHead:
       other positions, with no gradient through them: the same values and gradients at the kept positions
       up to float rounding (a matmul over fewer rows may round differently). None: every position.
       Not with `logits` (whole logits are every position's).
+    temperature: the policy is softmax(logits / temperature), the distribution the batch was sampled at
+      (`Batch.temperature`): every log-prob, entropy and logits returned is of logits / temperature (the
+      chunked path scales the output layer's weight and bias, differentiably). 1.0: the logits as they are
+      (no division: the same floats as without the option).
     """
 
     ids: torch.Tensor
@@ -81,8 +87,11 @@ class TokenHead:
     entropy: bool = False
     logits: bool = False
     keep: torch.Tensor | None = None
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"TokenHead: temperature must be a finite number > 0, got {self.temperature!r}")
         if self.keep is None:
             return
         B, T = self.ids.shape
@@ -116,13 +125,23 @@ class TokenHead:
 
     def of_logits(self, logits: torch.Tensor) -> HeadOutput:
         """The answer from whole logits [B, T, V] (the unchunked path; models without a `head` argument).
-        With `keep`, the kept positions' rows of them (the same floats as without; 0.0 elsewhere)."""
+        With `keep`, the kept positions' rows of them (the same floats as without; 0.0 elsewhere). Divided by
+        `temperature` here (unless 1.0)."""
+        logits = self._scaled(logits)
         rows = self.kept()
         if rows is not None:
             z = logits.reshape(-1, logits.shape[-1]).index_select(0, rows)  # [K, V]
             return self._placed(rows, *_row_stats(z, self._targets(rows), self.entropy))
         ent = entropy_from_logits(logits[:, :-1]) if self.entropy else None
         return HeadOutput(token_log_probs(logits, self.ids), ent, logits if self.logits else None)
+
+    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
+        """logits (or an output layer's weight / bias) / temperature; x itself at temperature 1."""
+        return x if self.temperature == 1.0 else x / self.temperature
+
+    def _scaled_layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output layer of logits / temperature: (weight / T, bias / T | None); differentiable."""
+        return self._scaled(weight), None if bias is None else self._scaled(bias)
 
     def _targets(self, rows: torch.Tensor) -> torch.Tensor:
         """rows [K] (indices b * T + t) -> the predicted tokens ids[b, t + 1] [K]."""
@@ -149,15 +168,15 @@ class TokenHead:
             targets = self._targets(rows)  # [K]
             chunk = self.positions(*weight.shape, n=rows.shape[0])
             if not chunk:
-                return self._placed(rows, *_row_stats(project(h), targets, self.entropy))
-            lp, ent = _ChunkedHead.apply(h, weight, bias, targets, chunk, self.entropy)
+                return self._placed(rows, *_row_stats(self._scaled(project(h)), targets, self.entropy))
+            lp, ent = _ChunkedHead.apply(h, *self._scaled_layer(weight, bias), targets, chunk, self.entropy)
             return self._placed(rows, lp, ent if self.entropy else None)
         chunk = self.positions(*weight.shape)
         if not chunk:
-            return self.of_logits(project(hidden))
+            return self.of_logits(project(hidden))  # divided by the temperature there
         h = hidden[:, :-1].reshape(B * (T - 1), hidden.shape[-1])  # [N, D]
         targets = self.ids[:, 1:].reshape(-1)  # [N]
-        lp, ent = _ChunkedHead.apply(h, weight, bias, targets, chunk, self.entropy)
+        lp, ent = _ChunkedHead.apply(h, *self._scaled_layer(weight, bias), targets, chunk, self.entropy)
         return HeadOutput(lp.view(B, T - 1), ent.view(B, T - 1) if self.entropy else None)
 
 

@@ -10,6 +10,7 @@ one-turn case of the same structure.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, Sequence
@@ -48,7 +49,11 @@ class Trajectory:
     pi_old / behaviour log-probs.
     Per episode: `reward`, `group` (episodes sampled for the same task share a
     group id, used by group baselines), `info` (task name, actions, counters) and
-    `outcome` (`Outcome`: OK, or why the episode cannot be trained on).
+    `outcome` (`Outcome`: OK, or why the episode cannot be trained on) and
+    `temperature`, the temperature its POLICY tokens were sampled at (1.0 for greedy or
+    unsampled tokens): the trainer's policy for the episode is softmax(logits / temperature),
+    and `logprobs` are those of the distribution the tokens were drawn from (that policy,
+    truncated by top-k / top-p when asked: `trajtune.engine.decoding.Samples`).
     """
 
     ids: list[int] = field(default_factory=list)
@@ -59,9 +64,12 @@ class Trajectory:
     group: int = -1
     info: dict[str, Any] = field(default_factory=dict)
     outcome: Outcome = Outcome.OK
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # a str from JSON or a pickle: checked
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"Trajectory: temperature must be a finite number > 0, got {self.temperature!r}")
         n = len(self.ids)
         if len(self.owners) != n or len(self.turns) != n:
             raise ValueError(
@@ -126,6 +134,8 @@ class Batch:
     index          [B]       long   row of each episode in the batch it was selected from (names rows in warnings)
     together       [B]       long   rows with the same key are never split apart (a DPO pair: chosen and
                                     rejected share a key); see `row_units` and the splitters below
+    temperature    float    the temperature the episodes' POLICY tokens were sampled at (`Trajectory.temperature`):
+                                    the engine's log-probs, entropy and logits are of logits / temperature
     extras         name -> [B] or [B, T-1, ...]  per-row step tensors a loss reads (advantages, old / reference
                                     log-probs, reference sums): sliced with the rows by `select`, cut with
                                     the columns by `trim`, so a loss is a pure function of (output, batch)
@@ -143,6 +153,7 @@ class Batch:
     infos: list[dict[str, Any]] = field(default_factory=list)
     together: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         if self.together is None:
@@ -169,7 +180,8 @@ class Batch:
         """Sub-batch of rows `index` (keeps T; use for minibatches); extras are sliced with the rows."""
         index = torch.as_tensor(index, dtype=torch.long)
         out = {k: (v[index] if isinstance(v, torch.Tensor) else [v[i] for i in index.tolist()])
-               for k, v in self.__dict__.items() if k != "extras"}
+               for k, v in self.__dict__.items() if k not in ("extras", "temperature")}
+        out["temperature"] = self.temperature
         out["extras"] = {k: v[index.to(v.device)] for k, v in self.extras.items()}
         return Batch(**out)
 
@@ -291,6 +303,10 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         i = lengths.index(T)
         raise ValueError(f"collate: trajectory {i} has {T} tokens, more than max_len={max_len}")
     B = len(trajectories)
+    temps = sorted({float(t.temperature) for t in trajectories})
+    if len(temps) > 1:
+        raise ValueError(f"collate: the trajectories were sampled at different temperatures ({temps[0]:g} and "
+                         f"{temps[-1]:g}); the trainer reads one temperature per batch: collate them apart")
 
     def padded(field: str, fill, dtype) -> torch.Tensor:  # one tensor per field, not one per row
         rows = [getattr(t, field) for t in trajectories]
@@ -312,6 +328,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         old_logprobs=old_lp[:, 1:].contiguous(),
         index=torch.arange(B),
         infos=[t.info for t in trajectories],
+        temperature=temps[0],
     )
 
 

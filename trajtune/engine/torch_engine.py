@@ -135,7 +135,8 @@ class TorchEngine:
         amp = AUTOCAST_DTYPES[self.autocast]
         actions_only = self.head_positions == "actions" and positions == "actions" and not logits
         keep = batch.action_mask != 0 if actions_only else None  # [B, T-1] the positions the reader reads
-        head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits, keep=keep)
+        head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits, keep=keep,
+                         temperature=batch.temperature)  # the policy the batch was sampled from
         kw: dict[str, Any] = {"head": head} if self._takes_head else {}
         if self._packs:  # rows that share a prompt (a DPO pair, a GRPO group): the prompt once
             units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, row_units(batch))

@@ -179,6 +179,8 @@ def rollout_batch(
                sampler only when not "race", so a sampler without the option (HF `generate`) still works
     share_prompts: the sampler prefills each distinct prompt of a turn once (`trajtune.engine.decoding.sample`; the
                same samples to float rounding); passed only when True, as `draw`
+    temperature, top_k, top_p, greedy: how tokens are drawn; each Trajectory records `temperature` (1.0 when
+               greedy), and its log-probs are those of the truncated distribution drawn from (`decoding.Samples`)
     groups:    group id per episode; default: equal tasks share an id (for group baselines)
     row_seeds: optional seed per episode: each episode samples from its own generator
                (replaces `generator`), so its actions do not depend on the other
@@ -230,7 +232,10 @@ def rollout_batch(
             if observation:
                 renderer.append_message(ep.transcript, _tool(observation), turn)
     group_ids = list(groups) if groups is not None else task_groups(tasks)
-    return [ep.finish(ep.transcript.traj, g) for ep, g in zip(episodes, group_ids, strict=True)]
+    trajs = [ep.finish(ep.transcript.traj, g) for ep, g in zip(episodes, group_ids, strict=True)]
+    for t in trajs:  # the policy the trainer reads for them: softmax(logits / temperature) (greedy: the logits)
+        t.temperature = 1.0 if greedy else float(temperature)
+    return trajs
 
 
 def scripted_rollout(

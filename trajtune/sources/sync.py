@@ -16,6 +16,7 @@ what differs; a sampler process that dies or stops answering raises its subclass
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -50,8 +51,9 @@ class SyncProbe:
 
 def probe(engine, batch: Batch) -> SyncProbe:
     """What the trainer knows after an optimizer step (call it in the thread that trains): its weights'
-    fingerprints and its log-probs of `batch`'s rows (ids [b, T]), to check a sampler's copy against."""
-    logp = engine.forward(batch).logprobs.detach().float().cpu()  # [b, T-1]
+    fingerprints and its log-probs of `batch`'s rows (ids [b, T]), to check a sampler's copy against. Both sides
+    read the model's own distribution, temperature 1 (`sampler_logprobs`), whatever the rows were sampled at."""
+    logp = engine.forward(dataclasses.replace(batch, temperature=1.0)).logprobs.detach().float().cpu()  # [b, T-1]
     return SyncProbe(batch.ids.cpu(), batch.attention_mask.cpu(), batch.action_mask.bool().cpu(), logp,
                      weight_fingerprints(engine.model), engine.step)
 
