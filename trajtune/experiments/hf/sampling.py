@@ -72,6 +72,13 @@ class SamplingConfig:
     """generation budget per completion"""
     temperature: float = 1.0
     """sampling temperature"""
+    top_k: int = 0
+    """sample from the k most likely tokens only (0: off). A sampling-only choice: the trainer's policy stays
+    softmax(logits / temperature); the sampler records the log-probs of the truncated distribution it drew from,
+    and grpo's --tis-cap importance weight (policy / sampler) corrects for the cut (trajtune.engine.decoding.Samples)"""
+    top_p: float = 1.0
+    """sample from the smallest set of most likely tokens whose probability reaches top_p (nucleus; 1.0: off);
+    after --top-k, sampling-only as it"""
     backend: Literal["sampler", "generate"] = "sampler"
     """generation backend: trajtune's KV-cached sampler or HF model.generate"""
     draw: Literal["cdf", "race"] = "cdf"
@@ -87,7 +94,9 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         check_ranges(self, "sampling", label=lambda n: flag(f"sampling.{n}"), counts=("max_new_tokens",),
-                     positive=("temperature",))
+                     non_negative=("top_k",), positive=("temperature", "top_p"))
+        if not self.top_p <= 1.0:
+            raise ValueError(f"sampling: {flag('sampling.top_p')} must be in (0, 1], got {self.top_p!r}")
 
 
 def check_sampling(config, name: str) -> None:
@@ -163,7 +172,8 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
     def build(policy) -> Source:
         episodes = EpisodeSource(policy, SingleTurnEnv, data.renderer, shard=engine.shard, episode_seeds=own_seeds,
                                  max_turns=1, max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
-                                 temperature=sampling.temperature, draw=sampling.draw if own_seeds else "race",
+                                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                 draw=sampling.draw if own_seeds else "race",
                                  share_prompts=sampling.share_prompts and own_seeds)
         return Scored(episodes, engine, functions, models, config.reward_weights, max_steps)
 
