@@ -127,7 +127,7 @@ def test_each_environment_is_an_env():
         assert isinstance(env, Env) and mismatches(env, Env) == [], type(env).__name__
 
 
-def test_each_source_is_a_source_and_each_runner_a_runner():
+def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
     engine = make_engine(tiny())
     renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
     base = EpisodeSource(engine.sample, SingleTurnEnv, renderer)
@@ -136,7 +136,9 @@ def test_each_source_is_a_source_and_each_runner_a_runner():
                              EpisodeSource(process, SingleTurnEnv, renderer)]
     for source in sources:
         assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__
-    runners: list[EpisodeRunner] = [Here(engine.sample), process]
+    from trajtune.sources.vllm import VLLMRunner
+
+    runners: list[EpisodeRunner] = [Here(engine.sample), process, VLLMRunner(engine, None, 1e-3, tmp_path)]  # type: ignore[arg-type]
     for runner in runners:
         assert mismatches(runner, EpisodeRunner) == [], type(runner).__name__
     hooks: list[Hook] = [EpisodeRecorder("episodes.jsonl")]

@@ -287,11 +287,15 @@ def _padding_cuts(rows: torch.Tensor, widths: torch.Tensor, parts: int) -> torch
     return torch.tensor(ends[::-1], dtype=torch.long)
 
 
-def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:
+def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None = None,
+            temperature: float | None = None) -> Batch:
     """Right-pad trajectories into a `Batch` (shapes documented on `Batch`).
 
     `max_len`, if given, is an upper bound: a longer trajectory is an error (never
     silently truncated, which would drop the reward-carrying end of an episode).
+    `temperature`: the batch's (`Batch.temperature`); default the trajectories' own, which must agree.
+    Imitation (SFT, RFT's rounds) passes 1.0: it fits the model itself to the tokens, whatever they were
+    sampled at.
     """
     if not trajectories:
         raise ValueError("collate: no trajectories")
@@ -303,7 +307,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         i = lengths.index(T)
         raise ValueError(f"collate: trajectory {i} has {T} tokens, more than max_len={max_len}")
     B = len(trajectories)
-    temps = sorted({float(t.temperature) for t in trajectories})
+    temps = sorted({float(t.temperature) for t in trajectories}) if temperature is None else [float(temperature)]
     if len(temps) > 1:
         raise ValueError(f"collate: the trajectories were sampled at different temperatures ({temps[0]:g} and "
                          f"{temps[-1]:g}); the trainer reads one temperature per batch: collate them apart")

@@ -70,7 +70,8 @@ def batch_indices(n: int, batch_size: int, seed: int, step: int) -> torch.Tensor
 def sft_step(engine: Engine, data: Sequence[Trajectory], config: SFTConfig, pad_id: int, step: int,
              loss: Loss) -> dict:
     """One optimizer step on step `step`'s batch (a function of (config.seed, step)); returns its train row."""
-    batch = collate([data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)], pad_id)
+    rows = [data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)]
+    batch = collate(rows, pad_id, temperature=1.0)  # imitation fits the model itself, whatever the rows' sampling
     m = engine.forward_backward(batch, loss, buckets=config.length_buckets)
     o = engine.optim_step()
     return {"train/loss": m["loss"], "train/tokens": float(batch.action_mask.sum()), "train/grad_norm": o["grad_norm"],

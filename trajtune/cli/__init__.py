@@ -177,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .chat import add_chat_parser  # `trajtune chat --model DIR` (imports torch / transformers only when run)
 
     add_chat_parser(sub)
+    from .vllm_serve import add_vllm_serve_parser  # `trajtune vllm-serve --model DIR` (imports vLLM only when run)
+
+    add_vllm_serve_parser(sub)
     return p
 
 

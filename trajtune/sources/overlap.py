@@ -82,13 +82,24 @@ def check_overlap(overlap: OverlapConfig, rl: Any, where: str = "") -> None:
                          "2.0, so the truncated importance weight against the sampler's log-probs corrects the lag")
 
 
-def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], here: Any = None) -> Source:
+def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], here: Any = None,
+               runner: Any = None) -> Source:
     """The source `overlap` describes: `build(policy)` with `policy` = `here` (on-policy, in the trainer; default
     `engine.sample`), or a `SamplerProcess` on `engine` (`sampler_process`), wrapped in `Overlapped` for
     max_staleness 1.
 
         source = overlapped(engine, config.overlap,
-                            lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards))"""
+                            lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards))
+
+    `runner`: a sampler that holds its own weights instead of the sampler process (`trajtune.sources.vllm.VLLMRunner`):
+    every draw goes through it, synced after every update, and for max_staleness 1 it is what `Overlapped` overlaps."""
+    if runner is not None:
+        try:
+            source = build(runner)
+        except BaseException:
+            runner.close()
+            raise
+        return Overlapped(source, runner) if overlap.max_staleness else source
     if not overlap.in_process:
         return build(engine.sample if here is None else here)
     process = SamplerProcess(engine, overlap.sampler_threads, overlap.sync_tolerance, overlap.sampler_timeout)
@@ -104,7 +115,7 @@ class Overlapped(Wrapper):
     """`inner`'s episodes, each step's drawn while the previous one trained (module docstring). `process`: the
     `SamplerProcess` the inner `EpisodeSource` samples through."""
 
-    def __init__(self, inner: Source, process: SamplerProcess):
+    def __init__(self, inner: Source, process: SamplerProcess | Any):
         super().__init__(inner)
         self.process = process
         self._pool: ThreadPoolExecutor | None = None  # one background thread, started after the process

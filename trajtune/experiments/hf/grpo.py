@@ -61,10 +61,13 @@ class GRPORun(PromptRewardRun):
         check_run(self, "grpo")
         check_sampling(self, "grpo")
         check_overlap(self.overlap, self.rl, "grpo")
-        if self.overlap.in_process and self.sampling.backend != "sampler":
+        if self.sampling.backend == "vllm" and self.overlap.sampler_process:
+            raise ValueError("grpo: --sampler-process runs the built-in sampler in a process of its own; --backend "
+                             "vllm samples in vLLM (drop --sampler-process; --max-staleness 1 overlaps vLLM too)")
+        if self.overlap.in_process and self.sampling.backend == "generate":
             raise ValueError(f"grpo: --max-staleness {self.overlap.max_staleness} / --sampler-process sample in a "
                              f"separate process with the built-in sampler; --backend {self.sampling.backend} samples "
-                             "from the trainer's own model: use --backend sampler")
+                             "from the trainer's own model: use --backend sampler (or vllm)")
 
 Config = GRPORun
 

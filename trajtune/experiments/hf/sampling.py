@@ -32,6 +32,7 @@ from ...sources.episodes import EpisodeSource
 from ...sources.overlap import OverlapConfig, overlapped
 from ...sources.rewards import RewardError, RewardFunction, RewardSet, check_columns
 from ...sources.scoring import RewardModel, Scored
+from ...sources.vllm import VLLMConfig
 from .model import ModelConfig
 from .options import flag
 
@@ -62,6 +63,8 @@ class PromptRewardRun:
     reward_model: str = ""
     """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
     head's score of the prompt + completion"""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """where vLLM runs with --backend vllm (colocated, or --vllm-server URLs) and how its syncs are checked"""
 
 
 @dataclass
@@ -79,8 +82,9 @@ class SamplingConfig:
     top_p: float = 1.0
     """sample from the smallest set of most likely tokens whose probability reaches top_p (nucleus; 1.0: off);
     after --top-k, sampling-only as it"""
-    backend: Literal["sampler", "generate"] = "sampler"
-    """generation backend: trajtune's KV-cached sampler or HF model.generate"""
+    backend: Literal["sampler", "generate", "vllm"] = "sampler"
+    """generation backend: trajtune's KV-cached sampler, HF model.generate, or vLLM (colocated, or the
+    --vllm-server servers; its weights synced and checked after every update: trajtune.sources.vllm)"""
     draw: Literal["cdf", "race"] = "cdf"
     """how the sampler draws a token: cdf (inverse CDF, one random number per completion and token) or race
     (torch.multinomial's draw, as HF generate: one per vocabulary entry, ~300 ms per token for 64 completions
@@ -158,7 +162,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
     from ...envs.base import SingleTurnEnv
 
     sampling = config.sampling
-    own_seeds = sampling.backend == "sampler"  # HF generate draws one seed per call, not one per episode
+    own_seeds = sampling.backend in ("sampler", "vllm")  # HF generate draws one seed per call, not one per episode
     if engine.shard is not None and not own_seeds:
         raise ConfigError(f"--backend {sampling.backend} cannot sample sharded under torchrun (it has no "
                           "per-episode seeds); use --backend sampler")
@@ -173,9 +177,20 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
         episodes = EpisodeSource(policy, SingleTurnEnv, data.renderer, shard=engine.shard, episode_seeds=own_seeds,
                                  max_turns=1, max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
                                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 draw=sampling.draw if own_seeds else "race",
-                                 share_prompts=sampling.share_prompts and own_seeds)
+                                 draw=sampling.draw if sampling.backend == "sampler" else "race",
+                                 share_prompts=sampling.share_prompts and sampling.backend == "sampler")
         return Scored(episodes, engine, functions, models, config.reward_weights, max_steps)
 
+    if sampling.backend == "vllm":  # vLLM holds its own weights: synced after every update, overlapped or not
+        from ...sources.vllm import vllm_runner
+
+        try:
+            runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
+                                 max_model_len=config.model.max_length, seed=getattr(getattr(config, "rl", None),
+                                                                                      "seed", 0))
+        except BaseException:
+            functions.close()
+            raise
+        return overlapped(engine, overlap or OverlapConfig(), build, runner=runner)
     here = functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id)
     return overlapped(engine, overlap or OverlapConfig(), build, here)

