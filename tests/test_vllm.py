@@ -78,7 +78,7 @@ def server(work):
     log = open(work / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(work / "model"),
                              "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.15",
-                             "--max-model-len", "512"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             "--max-model-len", "512", "--max-lora-rank", "8"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -222,6 +222,64 @@ def test_grpo_through_vllm_learns_the_toy_task_and_overlaps_one_update_behind(wo
     assert ahead[0]["pg/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)  # the first step: sampled now
     assert all(r["pg/tis_weight_mean"] < 1.0 for r in ahead[1:])  # then one update behind, corrected
     assert all(r["sync/logprob_diff"] < 1e-4 for r in ahead)
+
+
+def test_lora_vllm_serves_the_base_model_and_reloads_the_adapter_after_every_update(work, server, tmp_path,
+                                                                                  monkeypatch, capsys):
+    url, _ = server
+    rows = _grpo(work, "lora", "--backend", "vllm", "--vllm-server", url, "--lora-r", "8", lr="3e-3")
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows)
+    # an adapter that was never loaded (the server keeps the last one) is caught by the log-probs
+    import trajtune.sources.vllm as V
+
+    monkeypatch.setattr(V.Servers, "load_adapter", lambda self, path: None)
+    assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--reward",
+              f"{work / 'rewards.py'}:has_digit", "--steps", "3", "--prompts-per-step", "2", "--group-size", "4",
+              "--max-new-tokens", "8", "--lr", "3e-3", "--lora-r", "8", "--backend", "vllm", "--vllm-server", url,
+              "--out", str(tmp_path / "stale")]) == 1
+    assert "log-probs of the same tokens differ" in capsys.readouterr().err
+
+
+SLOW_RL = """
+import sys, time
+import trajtune.algorithms.rl as R
+score = R.score
+def slow(*a, **k):
+    time.sleep(0.4)
+    return score(*a, **k)
+R.score = slow
+from trajtune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_trainer_killed_mid_run_resumes_exactly_while_the_server_stays_up(work, server):
+    url, _ = server
+    args = ["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--reward",
+            f"{work / 'rewards.py'}:has_digit", "--steps", "5", "--prompts-per-step", "2", "--group-size", "4",
+            "--max-new-tokens", "8", "--lr", "3e-3", "--backend", "vllm", "--vllm-server", url, "--save-every", "2",
+            "--logging-steps", "1"]
+    straight = _grpo_rows(work, "straight", args)
+    p = subprocess.Popen([sys.executable, "-c", SLOW_RL, *args, "--out", str(work / "killed")], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith("grpo  step 3/"):  # after the save at step 2; the server got step 3's weights
+            p.send_signal(signal.SIGKILL)
+            break
+    p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGKILL, "".join(seen)
+    resumed = _grpo_rows(work, "killed", args)  # the same command: resumes at step 2, sends those weights first
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
+    for a, b in zip(straight, resumed):
+        assert a["rollout/reward"] == b["rollout/reward"], (a["step"], a["rollout/reward"], b["rollout/reward"])
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6)
+
+
+def _grpo_rows(work, out, args):
+    assert main([*args, "--out", str(work / out)]) == 0
+    return read_metrics(work / out)
 
 
 def test_a_server_that_dies_is_one_clear_error(work, server, capsys, tmp_path):

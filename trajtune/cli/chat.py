@@ -10,8 +10,8 @@ What the model sees is what training rendered: the model directory's own tokeniz
 through `trajtune.text.chat.ChatRenderer` (the renderer every HF command trains and samples with), the
 generation prompt after the conversation so far, and sampling stops at the renderer's stop tokens (eos and
 the token the template puts after an assistant turn, e.g. `<|im_end|>`). Sampling is the engine's
-KV-cached sampler (`--backend sampler`, what grpo / rft sample with) or `model.generate` (`--backend
-generate`); `--temperature 0` is greedy.
+KV-cached sampler (`--backend sampler`, what grpo / rft sample with), `model.generate` (`--backend
+generate`) or vLLM (`--backend vllm`, `trajtune.sources.vllm`); `--temperature 0` is greedy.
 
 In the REPL the conversation is kept (each reply becomes an assistant turn of the next prompt) until
 /reset; /quit, /exit or Ctrl-D leave; Ctrl-C while the model writes drops that reply. Non-interactive
@@ -47,8 +47,9 @@ def add_chat_parser(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1.0)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--backend", choices=("sampler", "generate"), default="sampler",
-                   help="trajtune's KV-cached sampler (as grpo / rft sample) or HF model.generate (default sampler)")
+    p.add_argument("--backend", choices=("sampler", "generate", "vllm"), default="sampler",
+                   help="trajtune's KV-cached sampler (as grpo / rft sample), HF model.generate, or vLLM (installed: "
+                        "README) on the saved weights (default sampler)")
     p.add_argument("--device", default="cpu", help='torch device ("cpu", "cuda", "cuda:1", "mps"; default cpu)')
     p.add_argument("--jsonl", action="store_true", help='non-interactive: print {"prompt": ..., "reply": ...} lines')
     p.set_defaults(func=cmd_chat)
@@ -139,6 +140,11 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
         weights = sorted(p.name for p in Path(model_dir).glob("*.safetensors")) or ["no *.safetensors file"]
         raise ConfigError(f"{model_dir}: cannot load the model's weights ({', '.join(weights)}): "
                           f"{type(e).__name__}: {e}") from e
+    if settings.backend == "vllm":  # vLLM's engine on the saved weights (the trainer's sampler: sources.vllm)
+        from ..sources.vllm import Colocated, VLLMRunner
+
+        runner = VLLMRunner(None, Colocated(model_dir, dtype="auto", max_model_len=policy.max_len), 0.0)
+        return Chat(renderer, runner.sample, settings, policy.max_len)
     from ..engine import make_engine
 
     engine = make_engine(policy, device=device)

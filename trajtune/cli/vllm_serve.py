@@ -41,6 +41,9 @@ def add_vllm_serve_parser(subparsers) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.0,
                    help="share of the device's memory vLLM may take (default 0.9 on a GPU, 0.3 on a CPU build: of the "
                         "memory it sees)")
+    p.add_argument("--max-lora-rank", type=int, default=0,
+                   help="serve LoRA adapters up to this rank, loaded by the trainer after every update (a trainer "
+                        "with --lora-r R needs R <= this; default 0: no LoRA)")
     p.add_argument("vllm_args", nargs="*", help="after --: more `vllm serve` options, passed unchanged")
     p.set_defaults(func=run_vllm_serve)
 
@@ -64,6 +67,10 @@ def serve_command(args) -> list[str]:
         cmd.append("--enforce-eager")
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
+    if args.max_lora_rank:
+        from ..sources.vllm import _lora_slot
+
+        cmd += ["--enable-lora", "--max-lora-rank", str(_lora_slot(args.max_lora_rank)), "--max-loras", "1"]
     return cmd + list(args.vllm_args)
 
 
@@ -90,6 +97,8 @@ def run_vllm_serve(args) -> int:
                   f"holds the port? pick another with --port", file=sys.stderr)
             return 2
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc and /reset_prefix_cache
+    if args.max_lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # /v1/load_lora_adapter
     cmd = serve_command(args)
     print(f"trajtune vllm-serve: vllm serve {' '.join(cmd[3:])} (http://{args.host}:{args.port}; "
           "VLLM_SERVER_DEV_MODE=1)",

@@ -143,6 +143,10 @@ class VLLMEngine(Protocol):
         the tensors it loaded."""
         ...
 
+    def load_adapter(self, path: str) -> None:
+        """Serve the LoRA adapter saved in directory `path` (peft's format) on the base model from now on."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -156,9 +160,14 @@ class Colocated:
     process), loaded from `model_dir`. `dtype`: "float32", "bfloat16" or "float16"."""
 
     def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32", max_model_len: int = 2048,
-                 gpu_memory_utilization: float = 0.3, seed: int = 0):
+                 gpu_memory_utilization: float = 0.3, seed: int = 0, lora_rank: int = 0):
         vllm = import_vllm()
         kwargs: dict[str, Any] = {}
+        if lora_rank:  # the base model, and one adapter at a time (reloaded after every update)
+            kwargs.update(enable_lora=True, max_lora_rank=_lora_slot(lora_rank), max_loras=1)
+        self.lora: Any = None  # the LoRARequest every call carries, once an adapter was loaded
+        self._lora_enabled = bool(lora_rank)
+        self._loras = 0
         if not torch.cuda.is_available():
             kwargs["enforce_eager"] = True  # the CPU build: no torch.compile warm-up (minutes on 2 cores)
         try:
@@ -180,7 +189,7 @@ class Colocated:
                                seed=r.seed, logprobs=0, stop_token_ids=list(r.stop_ids), ignore_eos=True,
                                skip_special_tokens=False, detokenize=False) for r in requests]
         outs = self.llm.generate([self._prompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
-                                 use_tqdm=False)
+                                 use_tqdm=False, lora_request=self.lora)
         rows = []
         for r, out in zip(requests, outs, strict=True):
             c = out.outputs[0]
@@ -189,7 +198,11 @@ class Colocated:
 
     def prompt_logprobs(self, rows: Sequence[Sequence[int]]) -> list[list[float]]:
         params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
-        outs = self.llm.generate([self._prompt(prompt_token_ids=list(r)) for r in rows], params, use_tqdm=False)
+        prompts = [self._prompt(prompt_token_ids=list(r)) for r in rows]
+        if not self._lora_enabled:
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
+        else:  # one at a time: vLLM 0.32's CPU build, LoRA enabled, fails batched prompt log-probs (an einsum)
+            outs = [self.llm.generate([p], params, use_tqdm=False, lora_request=self.lora)[0] for p in prompts]
         return [[float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], row[1:])] for out, row in
                 zip(outs, rows, strict=True)]
 
@@ -197,6 +210,12 @@ class Colocated:
         answers = self.llm.collective_rpc("trajtune_load_weights", args=(path,))
         self.llm.reset_prefix_cache()
         return answers
+
+    def load_adapter(self, path: str) -> None:
+        from vllm.lora.request import LoRARequest
+
+        self._loras += 1  # a new id: vLLM loads it at the next call (and its prefix cache is keyed by it)
+        self.lora = LoRARequest(f"trajtune-{self._loras}", self._loras, str(path))
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
@@ -217,6 +236,7 @@ class Servers:
         if not urls:
             raise ValueError("Servers: no URL")
         self.urls, self.timeout = [u.rstrip("/") for u in urls], timeout or None
+        self.model = SERVED_NAME  # the base model, or the LoRA adapter loaded last (`load_adapter`)
         self._pool = ThreadPoolExecutor(max(connections, len(self.urls)), thread_name_prefix="trajtune-vllm")
         for url in self.urls:
             try:
@@ -242,7 +262,10 @@ class Servers:
                               "still running there? The run stops here; restart the server and resume the run "
                               "(the same command: it loads the run's last checkpoint and sends its weights first)"
                               ) from None
-        return json.loads(raw) if raw else None
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:  # /v1/load_lora_adapter answers in plain text
+            return raw.decode(errors="replace")
 
     def _share(self, n: int) -> list[tuple[str, range]]:
         """Contiguous shares of n requests over the servers."""
@@ -258,7 +281,7 @@ class Servers:
     def sample(self, requests: Sequence[Request]) -> Samples:
         def one(url: str, i: int):
             r = requests[i]
-            body = {"model": SERVED_NAME, "prompt": list(r.prompt), "max_tokens": r.max_tokens, "temperature": r.temperature,
+            body = {"model": self.model, "prompt": list(r.prompt), "max_tokens": r.max_tokens, "temperature": r.temperature,
                     "top_k": r.top_k or -1, "top_p": r.top_p, "seed": r.seed, "logprobs": 0, "return_token_ids": True,
                     "stop_token_ids": list(r.stop_ids), "ignore_eos": True, "skip_special_tokens": False}
             choice = self._call(url, "POST", "/v1/completions", body)["choices"][0]
@@ -269,12 +292,16 @@ class Servers:
 
     def prompt_logprobs(self, rows: Sequence[Sequence[int]]) -> list[list[float]]:
         def one(url: str, i: int):
-            body = {"model": SERVED_NAME, "prompt": list(rows[i]), "max_tokens": 1, "temperature": 1.0,
+            body = {"model": self.model, "prompt": list(rows[i]), "max_tokens": 1, "temperature": 1.0,
                     "prompt_logprobs": 0, "return_token_ids": True}
             lps = self._call(url, "POST", "/v1/completions", body)["choices"][0]["prompt_logprobs"]
             return [float(d[str(t)]["logprob"]) for d, t in zip(lps[1:], rows[i][1:])]
 
-        return self._each(len(rows), one)
+        # one at a time per server (the probe's few rows): a server started with --max-lora-rank, on vLLM 0.32's
+        # CPU build, fails batched prompt log-probs (`Colocated.prompt_logprobs`) and cannot recover
+        shares = self._share(len(rows))
+        answers = self._pool.map(lambda share: [one(share[0], i) for i in share[1]], shares)
+        return [row for answer in answers for row in answer]
 
     def load_weights(self, path: str) -> list[dict[str, list[int]]]:
         def one(url: str) -> list:
@@ -283,6 +310,17 @@ class Servers:
             return answer["results"] if isinstance(answer, dict) and "results" in answer else answer
 
         return [worker for answers in self._pool.map(one, self.urls) for worker in answers]
+
+    def load_adapter(self, path: str) -> None:
+        old, name = self.model, f"trajtune-{time.time_ns()}"
+
+        def one(url: str) -> None:
+            self._call(url, "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+            if old != SERVED_NAME:
+                self._call(url, "POST", "/v1/unload_lora_adapter", {"lora_name": old})
+
+        list(self._pool.map(one, self.urls))
+        self.model = name
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -381,6 +419,8 @@ class VLLMRunner:
                               f"{type(engine.model).__name__}")
         rows = self._probe_rows
         batch = collate(rows, 0, temperature=1.0) if rows else None  # the check reads the raw model (T=1)
+        if getattr(engine.model, "is_lora", False):
+            return self._sync_adapter(engine, model, rows, batch)
         with engine.collective.layout.full_parameters(engine.model):
             state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
             mine = engine.forward(batch).logprobs.float().cpu() if batch is not None else None  # [b, T-1]
@@ -401,6 +441,25 @@ class VLLMRunner:
                 raise SyncError(f"vLLM weight sync check failed after optimizer step {engine.step}: vLLM engine {i} "
                                 f"did not load {len(missing)} of the trainer's tensors ({', '.join(missing[:3])}) "
                                 f"and loaded {len(wrong)} that differ ({', '.join(wrong[:3])})")
+        return self._check_logprobs(engine, rows, batch, mine)
+
+    def _sync_adapter(self, engine, model, rows: list[Trajectory], batch) -> dict[str, float]:
+        """LoRA: vLLM serves the base model and the trainer's adapter, saved (peft's format) and loaded anew after
+        every update -- the base weights never move. Checked by the log-probs alone (vLLM keeps no fingerprint of
+        an adapter it loaded)."""
+        self.syncs += 1
+        path = self.weights_dir / f"adapter-{self.syncs}"
+        with engine.collective.layout.full_parameters(engine.model):
+            model.save_pretrained(str(path))
+            mine = engine.forward(batch).logprobs.float().cpu() if batch is not None else None
+        self.vllm.load_adapter(str(path))
+        for old in self.weights_dir.glob("adapter-*"):  # the one before stays until this one is in use
+            if old.name not in (path.name, f"adapter-{self.syncs - 1}"):
+                shutil.rmtree(old, ignore_errors=True)
+        return self._check_logprobs(engine, rows, batch, mine)
+
+    def _check_logprobs(self, engine, rows: list[Trajectory], batch, mine) -> dict[str, float]:
+        """vLLM's log-probs of the probe rows against the trainer's `mine` [b, T-1] (None: nothing to probe yet)."""
         if batch is None or mine is None:
             return {}
         theirs = torch.zeros_like(mine)  # [b, T-1]
@@ -411,8 +470,9 @@ class VLLMRunner:
         if not worst <= self.tolerance:
             raise SyncError(f"vLLM weight sync check failed after optimizer step {engine.step}: vLLM's and the "
                             f"trainer's log-probs of the same tokens differ by {worst:.3g} nats (mean {mean:.3g}; "
-                            f"tolerance {self.tolerance:g}, --vllm-sync-tolerance): vLLM received the trainer's "
-                            "weights, but it does not compute the trainer's policy with them")
+                            f"tolerance {self.tolerance:g}, --vllm-sync-tolerance): vLLM was sent the trainer's "
+                            f"{'adapter' if getattr(engine.model, 'is_lora', False) else 'weights'}, but it does not "
+                            "compute the trainer's policy with them (a load that did not take)")
         return {"sync/logprob_diff": worst, "sync/logprob_diff_mean": mean}
 
     # --- what Overlapped asks of the sampler it overlaps ----------------------------------------
@@ -439,6 +499,21 @@ class VLLMRunner:
         finally:
             if self._own_dir:
                 shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+def _lora_rank(policy) -> int:
+    """The LoRA rank of an `HFPolicy` with adapters (0 without)."""
+    if not getattr(policy, "is_lora", False):
+        return 0
+    return max(int(c.r) for c in policy.model.peft_config.values())
+
+
+def _lora_slot(rank: int) -> int:
+    """vLLM's max_lora_rank takes one of its slot sizes: the smallest that holds `rank`."""
+    for slot in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    raise ConfigError(f"--backend vllm: vLLM serves LoRA ranks up to 512; --lora-r is {rank}")
 
 
 class _Tensors(torch.nn.Module):
@@ -472,5 +547,6 @@ def vllm_runner(engine, policy_dir: str | os.PathLike, config: VLLMConfig, *, pr
         client = Servers(config.vllm_server, config.vllm_timeout)
     else:
         client = Colocated(policy_dir, dtype=dtype, max_model_len=max_model_len,
-                           gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed)
+                           gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed,
+                           lora_rank=_lora_rank(engine.model))
     return VLLMRunner(engine, client, config.tolerance(precision), config.vllm_weights_dir)
