@@ -202,7 +202,7 @@ def _grpo(work, out, *extra, steps=3, lr="1e-3"):
 
 def test_grpo_colocated_and_through_a_server_sample_the_same_episodes(work, server):
     url, _ = server
-    here = _grpo(work, "colocated", "--backend", "vllm")
+    here = _grpo(work, "colocated", "--backend", "vllm", "--vllm-gpu-memory-utilization", "0.15")
     there = _grpo(work, "served", "--backend", "vllm", "--vllm-server", url)
     for a, b in zip(here, there):
         assert a["rollout/reward"] == b["rollout/reward"] and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
@@ -238,6 +238,25 @@ def test_lora_vllm_serves_the_base_model_and_reloads_the_adapter_after_every_upd
               "--max-new-tokens", "8", "--lr", "3e-3", "--lora-r", "8", "--backend", "vllm", "--vllm-server", url,
               "--out", str(tmp_path / "stale")]) == 1
     assert "log-probs of the same tokens differ" in capsys.readouterr().err
+
+
+def test_torchrun_ranks_share_a_server_and_train_as_one_process(work, server):
+    """Two ranks sample their shares of each step from one server (rank 0 pushes the weights, the others wait):
+    the same episodes and losses as one process."""
+    url, _ = server
+    one = _grpo(work, "one-process", "--backend", "vllm", "--vllm-server", url)
+    out = work / "two-ranks"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(_free_port()), "-m", "trajtune", "grpo", "--model", str(work / "model"), "--data",
+                        str(work / "prompts.jsonl"), "--reward", f"{work / 'rewards.py'}:has_digit", "--steps", "3",
+                        "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--lr", "1e-3",
+                        "--backend", "vllm", "--vllm-server", url, "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    two = read_metrics(out)
+    for a, b in zip(one, two, strict=True):
+        assert a["rollout/reward"] == b["rollout/reward"] and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+        assert b["sync/logprob_diff"] < 1e-4
 
 
 SLOW_RL = """

@@ -59,6 +59,9 @@ METRICS: dict[str, str] = {
     "eval/public_pass_rate": "share of evaluation episodes whose submit passes the public tests (A13's filter)",
     "eval/hidden_pass_rate": "share of evaluation episodes that submitted and pass the hidden tests (A13)",
     "eval/pair_accuracy": "share of held-out preference pairs the reward model orders correctly",
+    "eval/reward": "mean reward of the held-out evaluation episodes (evaluation.score_policy)",
+    "eval/pass@*": "pass@k of the held-out evaluation: the unbiased estimate over its n samples per task (evaluation.score_policy)",
+    "eval/env_errors": "held-out evaluation episodes whose environment failed (left out of the scores; evaluation.score_policy)",
     # --- rollout: statistics of the step's sampled episodes (algorithms.common.rollout_metrics)
     "rollout/pass_rate": "share of sampled episodes with reward >= 1",
     "rollout/reward": "mean reward of sampled episodes",

@@ -22,6 +22,7 @@ imports them.
     addition_sft    the smallest end-to-end run: SFT on 2-digit addition           addition.py
     hf_sft, hf_rm, hf_dpo, hf_grpo, hf_rft   Hugging Face models (`trajtune sft|rm|dpo|grpo|rft`)  hf/
     hf_pipeline     a small HF Llama learns addition: pretrain -> SFT -> DPO -> GRPO        hf_pipeline/
+    hf_gym          RL of an HF model in a multi-turn gym (BugFix, TextArena); sampler, generate or vLLM  hf_gym.py
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ EXPERIMENTS: dict[str, str] = {
     "hf_rft": "trajtune.experiments.hf.rft",
     "hf_pipeline": "trajtune.experiments.hf_pipeline",
     "reasoning_gym": "trajtune.experiments.reasoning_gym", "textarena": "trajtune.experiments.textarena",
+    "hf_gym": "trajtune.experiments.hf_gym",
 }
 
 

@@ -18,14 +18,18 @@ from ..sources.overlap import overlapped
 
 
 def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Source], experiment: str,
-                    train: Sequence, held_out: Sequence, describe: str) -> dict:
+                    train: Sequence, held_out: Sequence, describe: str, *, engine=None, here=None,
+                    runner=None) -> dict:
     """The stage's RL run on `episodes(policy)` (a source of the task's episodes sampled by `policy`: the engine's
     sampler, or a sampler process when the recipe's `overlap` asks for one); `experiment` goes into the checkpoint's meta,
-    `describe` heads the printed line.
+    `describe` heads the printed line. Optional: `engine`, the engine already built on `model` (default
+    `ctx.engine(model, config.optim)`); `here`, the training episodes' sampler (default `engine.sample`); `runner`, a
+    sampler holding its own weights (a `sources.vllm.VLLMRunner`) the training episodes go through instead, closed
+    with the source (`overlap.overlapped`). The held-out evaluation always samples with `engine.sample`.
     -> {"before", "after": held-out eval/reward and eval/pass@1, "curve": [(step, train reward, held-out
     reward, held-out pass@1), ...]}. The policy is saved as the stage's checkpoint."""
     config = ctx.config
-    engine = ctx.engine(model, config.optim)
+    engine = engine if engine is not None else ctx.engine(model, config.optim)
     evaluation = episodes(engine.sample)  # the current weights, here
 
     def evaluate(step: int) -> dict:
@@ -35,7 +39,7 @@ def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Sou
     if engine.is_main:
         print(f"{describe}: {model.num_parameters():,} parameters, {len(train)} train / {len(held_out)} held-out "
               f"tasks; held-out reward {before['eval/reward']:.3f} before")
-    with overlapped(engine, config.overlap, episodes) as source:
+    with overlapped(engine, config.overlap, episodes, here, runner=runner) as source:
         history = train_rl(engine, train, source, config.rl, tok.pad_id, ctx.run(evaluate))
     ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})
     curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]

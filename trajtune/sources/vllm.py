@@ -55,7 +55,7 @@ from ..engine.decoding import Samples
 from ..metrics import register
 from ..trajectory import Owner, Trajectory, collate
 from .rollout import rollout_batch
-from .sync import SamplerDied, SyncError, weight_fingerprints
+from .sync import SamplerDied, SyncError, sampler_logprobs, weight_fingerprints
 
 register("sync/logprob_diff_mean", "mean |vLLM - trainer| log-prob of the probe rows' POLICY tokens after the "
          "step's weight sync (sources.vllm; sync/logprob_diff is the max)")
@@ -350,6 +350,7 @@ class VLLMRunner:
         self._probe_rows: list[Trajectory] = []
         self.syncs = 0  # weight syncs sent (rank 0)
         self._started = False  # the first rollout's sync done
+        self._base_sent = False  # LoRA: the base weights went to vLLM (at the first sync)
         self.sabotage: str | None = None  # tests: the name of one tensor a sync leaves out
 
     # --- the sampler ------------------------------------------------------------------------------
@@ -379,9 +380,8 @@ class VLLMRunner:
         if not self._started:
             from ..engine.distributed import barrier
 
-            if self.engine.is_main:
-                with self._lock:
-                    self._sync(self.engine)
+            with self._lock:
+                self._sync(self.engine)
             barrier()
             self._started = True
         with self._lock:
@@ -404,26 +404,51 @@ class VLLMRunner:
         from ..engine.distributed import barrier
 
         t0 = time.perf_counter()
-        out: dict[str, float] = {}
-        if engine.is_main:
-            with self._lock:
-                out = self._sync(engine)
+        with self._lock:
+            out = self._sync(engine)
         barrier()
         return {**out, "time/sync_s": time.perf_counter() - t0}
 
     def _sync(self, engine) -> dict[str, float]:
-        """Write, load, check (module docstring); under the lock, on rank 0."""
+        """Write, load, check (module docstring), under the lock. Every rank calls it: the full weights are
+        collective under FSDP; rank 0 alone computes the check's log-probs and talks to vLLM. LoRA: the base
+        weights at the first sync (a server may hold another run's), then the adapter alone at every sync."""
         model = getattr(engine.model, "model", None)
         if model is None or not hasattr(model, "state_dict"):
             raise ConfigError(f"--backend vllm samples a Hugging Face model; the engine trains a "
                               f"{type(engine.model).__name__}")
         rows = self._probe_rows
         batch = collate(rows, 0, temperature=1.0) if rows else None  # the check reads the raw model (T=1)
-        if getattr(engine.model, "is_lora", False):
-            return self._sync_adapter(engine, model, rows, batch)
+        lora = getattr(engine.model, "is_lora", False)
+        send_weights = not lora or not self._base_sent
+        self.syncs += 1
+        adapter = self.weights_dir / f"adapter-{self.syncs}"
+        mine = None  # [b, T-1] the trainer's log-probs of the probe rows (rank 0: the rows are its own episodes)
+        state: dict[str, torch.Tensor] = {}
         with engine.collective.layout.full_parameters(engine.model):
-            state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-            mine = engine.forward(batch).logprobs.float().cpu() if batch is not None else None  # [b, T-1]
+            if engine.is_main and batch is not None:  # the local module, no collective (other ranks hold other rows)
+                was = engine.model.training
+                engine.model.eval()
+                try:
+                    mine = sampler_logprobs(engine.model, batch.ids, batch.attention_mask, engine.autocast)
+                finally:
+                    engine.model.train(was)
+            if engine.is_main and send_weights:
+                state = _checkpoint_state(model, lora)
+            if engine.is_main and lora:
+                model.save_pretrained(str(adapter))  # the adapter alone (peft's format)
+        if not engine.is_main:
+            return {}
+        if send_weights:
+            self._load_weights(engine, state)
+            self._base_sent = True
+        if lora:
+            self._sync_adapter(adapter)
+        return self._check_logprobs(engine, rows, batch, mine)
+
+    def _load_weights(self, engine, state: dict[str, torch.Tensor]) -> None:
+        """Write `state` (checkpoint names) to the weights file, have every engine load it, compare the fingerprints
+        of what each loaded with the trainer's."""
         wanted = weight_fingerprints(_Tensors(state))
         if self.sabotage is not None:  # tests: a sync that leaves one tensor out
             state.pop(self.sabotage)
@@ -433,7 +458,6 @@ class VLLMRunner:
         save_file(state, str(tmp))  # every tensor its own copy: a tied output layer is sent as well
         os.replace(tmp, path)
         answers = self.vllm.load_weights(str(path))
-        self.syncs += 1
         for i, got in enumerate(answers):
             missing = [k for k in wanted if k not in got]
             wrong = [k for k in wanted if k in got and tuple(got[k]) != tuple(wanted[k])]
@@ -441,22 +465,15 @@ class VLLMRunner:
                 raise SyncError(f"vLLM weight sync check failed after optimizer step {engine.step}: vLLM engine {i} "
                                 f"did not load {len(missing)} of the trainer's tensors ({', '.join(missing[:3])}) "
                                 f"and loaded {len(wrong)} that differ ({', '.join(wrong[:3])})")
-        return self._check_logprobs(engine, rows, batch, mine)
 
-    def _sync_adapter(self, engine, model, rows: list[Trajectory], batch) -> dict[str, float]:
-        """LoRA: vLLM serves the base model and the trainer's adapter, saved (peft's format) and loaded anew after
-        every update -- the base weights never move. Checked by the log-probs alone (vLLM keeps no fingerprint of
-        an adapter it loaded)."""
-        self.syncs += 1
-        path = self.weights_dir / f"adapter-{self.syncs}"
-        with engine.collective.layout.full_parameters(engine.model):
-            model.save_pretrained(str(path))
-            mine = engine.forward(batch).logprobs.float().cpu() if batch is not None else None
+    def _sync_adapter(self, path: Path) -> None:
+        """LoRA: vLLM serves the base model and the trainer's adapter saved at `path`, loaded anew after every
+        update -- the base weights never move. vLLM keeps no fingerprint of an adapter it loaded: the log-prob
+        check is the sync's check."""
         self.vllm.load_adapter(str(path))
         for old in self.weights_dir.glob("adapter-*"):  # the one before stays until this one is in use
             if old.name not in (path.name, f"adapter-{self.syncs - 1}"):
                 shutil.rmtree(old, ignore_errors=True)
-        return self._check_logprobs(engine, rows, batch, mine)
 
     def _check_logprobs(self, engine, rows: list[Trajectory], batch, mine) -> dict[str, float]:
         """vLLM's log-probs of the probe rows against the trainer's `mine` [b, T-1] (None: nothing to probe yet)."""
@@ -499,6 +516,17 @@ class VLLMRunner:
         finally:
             if self._own_dir:
                 shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+
+def _checkpoint_state(model, lora: bool) -> dict[str, torch.Tensor]:
+    """The Hugging Face model's weights under their checkpoint names, each its own CPU copy; for a peft model its
+    base model's (the adapters left out, `.base_layer.` dropped from the wrapped layers' names)."""
+    if not lora:
+        items = model.state_dict().items()
+    else:
+        items = ((k.replace(".base_layer.", "."), v) for k, v in model.get_base_model().state_dict().items()
+                 if "lora_" not in k)
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in items}
 
 
 def _lora_rank(policy) -> int:
