@@ -316,3 +316,13 @@ def test_a_server_that_dies_is_one_clear_error(work, server, capsys, tmp_path):
                  str(work / "nobody")]) == 2
     assert f"--vllm-server {url}: no vLLM server answers there; start one with `trajtune vllm-serve" in \
         capsys.readouterr().err
+
+
+def test_vllm_serve_on_a_port_in_use_is_one_line(work, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["vllm-serve", "--model", str(work / "model"), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"trajtune vllm-serve: cannot listen on 127.0.0.1:{port}" in err and "pick another with --port" in err

@@ -50,6 +50,9 @@ TRL_NAMES = {
     "--max-grad-norm": ("grad_clip", ""),
     "--loss-type": ("loss", ""),
     "--eval-strategy": ("eval_every", "--eval-steps N evaluates every N steps (0: after the last step only)"),
+    "--use-vllm": ("backend", "--backend vllm"),
+    "--vllm-mode": (None, "--backend vllm is colocated; --vllm-server URL samples on `trajtune vllm-serve` servers"),
+    "--vllm-server-base-url": ("vllm_server", ""),
 }
 """TRL argument -> (the leaf name that does it here, or None; a note): refused, with the flag to use"""
 
