@@ -9,6 +9,9 @@
     process.py     `SamplerProcess`: the episode loop in a process of its own, with its own copy of the weights
     serve.py       that process's own side: its loop, its log records and errors sent to the trainer
     sync.py        weight syncs and their checks (fingerprints, probe log-probs)
+    vllm.py        vLLM as the sampler: `VLLMRunner` over a colocated engine or `trajtune vllm-serve` servers,
+                   the weights synced and checked after every update (`VLLMConfig`, `vllm_runner`)
+    vllm_worker.py what vLLM's workers load: the trainer's weights from a file (a worker extension)
     overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     scoring.py     `Scored`: rewards from reward functions and reward models; `RewardModel`
