@@ -111,13 +111,7 @@ def test_greedy_is_the_built_in_samplers_and_the_log_probs_are_the_trainers(work
     theirs = runner.sample(PROMPTS, 16, torch.Generator().manual_seed(0), greedy=True)
     assert theirs.tokens == ours.tokens  # token for token
     # sampled at temperature 1: vLLM's recorded log-probs are the trainer's to 1e-4 (float32)
-    got = runner.sample(PROMPTS, 12, torch.Generator().manual_seed(1), temperature=1.0)
-    trajs = []
-    for prompt, tokens, lps in zip(PROMPTS, got.tokens, got.logprobs):
-        t = Trajectory()
-        t.append(prompt, Owner.PROMPT, 0)
-        t.append(tokens, Owner.POLICY, 0, lps)
-        trajs.append(t)
+    trajs = _rows(runner, 12, seed=1)
     batch = collate(trajs, 0)
     mine = engine.forward(batch).logprobs
     mask = batch.action_mask.bool()
@@ -146,8 +140,9 @@ def _one_step(engine, runner, rows):
     runner.keep_probe_rows(rows)
 
 
-def _rows(runner):
-    got = runner.sample(PROMPTS, 8, torch.Generator().manual_seed(2))
+def _rows(runner, n=8, seed=2):
+    """One sample of each prompt (n new tokens at temperature 1) as trajectories with vLLM's log-probs."""
+    got = runner.sample(PROMPTS, n, torch.Generator().manual_seed(seed))
     rows = []
     for prompt, tokens, lps in zip(PROMPTS, got.tokens, got.logprobs):
         t = Trajectory()

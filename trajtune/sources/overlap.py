@@ -93,22 +93,16 @@ def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], h
 
     `runner`: a sampler that holds its own weights instead of the sampler process (`trajtune.sources.vllm.VLLMRunner`):
     every draw goes through it, synced after every update, and for max_staleness 1 it is what `Overlapped` overlaps."""
-    if runner is not None:
-        try:
-            source = build(runner)
-        except BaseException:
-            runner.close()
-            raise
-        return Overlapped(source, runner) if overlap.max_staleness else source
-    if not overlap.in_process:
+    if runner is None and not overlap.in_process:
         return build(engine.sample if here is None else here)
-    process = SamplerProcess(engine, overlap.sampler_threads, overlap.sync_tolerance, overlap.sampler_timeout)
+    if runner is None:
+        runner = SamplerProcess(engine, overlap.sampler_threads, overlap.sync_tolerance, overlap.sampler_timeout)
     try:
-        source = build(process)
+        source = build(runner)
     except BaseException:
-        process.close()
+        runner.close()
         raise
-    return Overlapped(source, process) if overlap.max_staleness else source
+    return Overlapped(source, runner) if overlap.max_staleness else source
 
 
 class Overlapped(Wrapper):

@@ -75,12 +75,12 @@ from ..config import ConfigError
 from ..trajectory import Owner, Trajectory, collate
 from .rollout import rollout_batch
 from .serve import emit, reraised, serve, state_bytes, state_tensor
-from .sync import SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
+from .sync import RolloutsSent, SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
 
 __all__ = ["SamplerProcess", "SamplerDied", "SyncError", "start_method"]
 
 
-class SamplerProcess:
+class SamplerProcess(RolloutsSent):
     """An `EpisodeRunner` whose episode loop runs in a process holding its own copy of `engine.model`, brought up
     to date (and checked) by `after_update` (module docstring).
 
@@ -245,23 +245,6 @@ class SamplerProcess:
             self._rollouts_sent += kind == "rollout"
             self._cv.notify_all()
         return request
-
-    @property
-    def rollouts_sent(self) -> int:
-        """Rollout requests sent so far (their order in the pipe against the syncs decides which weights sample them)."""
-        return self._rollouts_sent
-
-    def wait_rollout_sent(self, count: int, future: Future) -> None:
-        """Wait until more than `count` rollouts were sent, or `future` (the draw that would send the next) is done:
-        an overlapped source calls it before the sync of new weights, so the episodes drawn ahead are sampled with
-        the weights before them, whatever the threads' timing."""
-        future.add_done_callback(lambda _: self._notify())
-        with self._cv:
-            self._cv.wait_for(lambda: self._rollouts_sent > count or future.done())
-
-    def _notify(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
 
     def _wait(self, request: "_Request"):
         """The answer to `request` (its log records re-emitted and its error raised here)."""

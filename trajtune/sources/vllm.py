@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -55,7 +55,7 @@ from ..engine.decoding import Samples
 from ..metrics import register
 from ..trajectory import Owner, Trajectory, collate
 from .rollout import rollout_batch
-from .sync import SamplerDied, SyncError, sampler_logprobs, weight_fingerprints
+from .sync import RolloutsSent, SamplerDied, SyncError, sampler_logprobs, weight_fingerprints
 
 register("sync/logprob_diff_mean", "mean |vLLM - trainer| log-prob of the probe rows' POLICY tokens after the "
          "step's weight sync (sources.vllm; sync/logprob_diff is the max)")
@@ -327,7 +327,7 @@ class Servers:
 
 
 # --- the runner: the episode loop here, samples from vLLM, syncs after every update ----------------
-class VLLMRunner:
+class VLLMRunner(RolloutsSent):
     """An `EpisodeRunner` sampling with `vllm` (module docstring): `rollout` runs the episode loop here with vLLM
     as the sampler; `after_update(engine)` sends the trainer's new weights and checks them.
 
@@ -495,20 +495,6 @@ class VLLMRunner:
     # --- what Overlapped asks of the sampler it overlaps ----------------------------------------
     def start(self) -> None:
         """vLLM is running already (nothing to start)."""
-
-    @property
-    def rollouts_sent(self) -> int:
-        return self._rollouts_sent
-
-    def wait_rollout_sent(self, count: int, future: Future) -> None:
-        """Wait until more than `count` rollouts took the lock, or `future` is done (`SamplerProcess`'s)."""
-        future.add_done_callback(lambda _: self._notify())
-        with self._cv:
-            self._cv.wait_for(lambda: self._rollouts_sent > count or future.done())
-
-    def _notify(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
 
     def close(self) -> None:
         try:
