@@ -199,7 +199,10 @@ def test_grpo_colocated_and_through_a_server_sample_the_same_episodes(work, serv
     url, _ = server
     here = _grpo(work, "colocated", "--backend", "vllm", "--vllm-gpu-memory-utilization", "0.15")
     there = _grpo(work, "served", "--backend", "vllm", "--vllm-server", url)
-    for a, b in zip(here, there):
+    # two servers share each step's prompts (here one server listed twice: each gets half, and every sync)
+    shared = _grpo(work, "two-servers", "--backend", "vllm", "--vllm-server", url, "--vllm-server", url)
+    for a, b, c in zip(here, there, shared, strict=True):
+        assert b["rollout/reward"] == c["rollout/reward"] and b["train/loss"] == pytest.approx(c["train/loss"], abs=1e-5)
         assert a["rollout/reward"] == b["rollout/reward"] and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
         assert a["sync/logprob_diff"] < 1e-4 and b["sync/logprob_diff"] < 1e-4
     assert all(is_documented(k) for r in there for k in r if k not in ("step", "time", "stage"))
@@ -267,14 +270,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_trainer_killed_mid_run_resumes_exactly_while_the_server_stays_up(work, server):
+@pytest.mark.parametrize("overlap", [[], ["--max-staleness", "1", "--tis-cap", "2"]], ids=["on-policy", "overlapped"])
+def test_a_trainer_killed_mid_run_resumes_exactly_while_the_server_stays_up(work, server, overlap):
+    """Overlapped, the episodes drawn ahead are saved with the checkpoint and trained on after the resume."""
     url, _ = server
     args = ["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--reward",
             f"{work / 'rewards.py'}:has_digit", "--steps", "5", "--prompts-per-step", "2", "--group-size", "4",
             "--max-new-tokens", "8", "--lr", "3e-3", "--backend", "vllm", "--vllm-server", url, "--save-every", "2",
-            "--logging-steps", "1"]
-    straight = _grpo_rows(work, "straight", args)
-    p = subprocess.Popen([sys.executable, "-c", SLOW_RL, *args, "--out", str(work / "killed")], stdout=subprocess.PIPE,
+            "--logging-steps", "1", *overlap]
+    name = f"killed{len(overlap)}"
+    straight = _grpo_rows(work, f"straight{len(overlap)}", args)
+    p = subprocess.Popen([sys.executable, "-c", SLOW_RL, *args, "--out", str(work / name)], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in p.stdout:
@@ -284,7 +290,7 @@ def test_a_trainer_killed_mid_run_resumes_exactly_while_the_server_stays_up(work
             break
     p.communicate(timeout=120)
     assert p.returncode == -signal.SIGKILL, "".join(seen)
-    resumed = _grpo_rows(work, "killed", args)  # the same command: resumes at step 2, sends those weights first
+    resumed = _grpo_rows(work, name, args)  # the same command: resumes at step 2, sends those weights first
     assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5]
     for a, b in zip(straight, resumed):
         assert a["rollout/reward"] == b["rollout/reward"], (a["step"], a["rollout/reward"], b["rollout/reward"])
