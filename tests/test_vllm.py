@@ -95,7 +95,11 @@ def server(work):
     yield url, proc
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(15)
 
 
 def _engine(work):

@@ -22,14 +22,16 @@ A weight sync (`after_update`, after every optimizer step; rank 0 under torchrun
      prefix cache (those keys and values belong to the old weights);
   3. checks (`trajtune.sources.sync`): the fingerprints of the tensors each engine loaded equal the trainer's,
      tensor by tensor, and vLLM's log-probs of a few rows of the last episodes equal the trainer's within
-     `sync_tolerance` (max over the rows' POLICY tokens; logged as sync/logprob_diff and
+     `--vllm-sync-tolerance` (max over the rows' POLICY tokens; logged as sync/logprob_diff and
      sync/logprob_diff_mean). The log-prob check is the one that sees a load that did not take: vLLM's CPU
      build repacks its linear layers after loading, and a reload that skipped the tied output layer left
      log-probs 0.3 nats off while every received tensor was right. Either failure stops the run
      (`SyncError`, one line naming what differed).
 
 Both compare at temperature 1 without truncation (vLLM's prompt log-probs are the raw model's): a check of the
-weights, whatever the sampling settings.
+weights, whatever the sampling settings. The first rollout syncs first (a resumed run's weights, a server that
+holds another run's). LoRA (`--lora-r`): vLLM serves the base model (sent at the first sync) and the trainer's
+adapter, saved and loaded as a new LoRA request at every sync; the log-prob check is its check.
 """
 
 from __future__ import annotations
