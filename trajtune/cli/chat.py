@@ -131,7 +131,7 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
     try:
         tokenizer = load_tokenizer(model_dir)
         renderer = ChatRenderer(tokenizer)
-        policy = load_policy(model_dir)
+        policy = None if settings.backend == "vllm" else load_policy(model_dir)  # vLLM loads its own copy
     except (ModelPathError, TemplateError) as e:
         raise ConfigError(f"{model_dir}: {e}" if str(model_dir) not in str(e) else str(e)) from e
     except Exception as e:  # a damaged file the loaders do not name (weights, tokenizer files)
@@ -141,10 +141,13 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
         raise ConfigError(f"{model_dir}: cannot load the model's weights ({', '.join(weights)}): "
                           f"{type(e).__name__}: {e}") from e
     if settings.backend == "vllm":  # vLLM's engine on the saved weights (the trainer's sampler: sources.vllm)
+        from ..experiments.hf.prepare import model_context
         from ..sources.vllm import Colocated, VLLMRunner
 
-        runner = VLLMRunner(None, Colocated(model_dir, dtype="auto", max_model_len=policy.max_len), 0.0)
-        return Chat(renderer, runner.sample, settings, policy.max_len)
+        context = model_context(model_dir)
+        runner = VLLMRunner(None, Colocated(model_dir, dtype="auto", max_model_len=context), 0.0)
+        return Chat(renderer, runner.sample, settings, context or 1 << 30)
+    assert policy is not None
     from ..engine import make_engine
 
     engine = make_engine(policy, device=device)

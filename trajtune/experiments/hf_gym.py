@@ -30,7 +30,6 @@ machinery, not of learning.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -193,12 +192,9 @@ def gym_tasks(config: Config) -> tuple[list, list, list[str]]:
 def token_budget(config: Config, renderer, texts: Sequence[str]) -> int:
     """An episode's max_tokens: model.max_length within the model's positions, less room for the environment's
     longest answer after the last turn (so a whole episode fits the trainer's and vLLM's context)."""
-    limit = config.model.max_length
-    try:
-        positions = json.loads((Path(config.model.path) / "config.json").read_text()).get("max_position_embeddings")
-        limit = min(limit, int(positions)) if positions else limit
-    except (OSError, ValueError, TypeError):
-        pass
+    from .hf.prepare import budget
+
+    limit, _ = budget(config.model)  # --max-length within the model's context
     tok = renderer.tokenizer
     longest = max((len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]), default=0)
     wrapper = len(tok(renderer.text([{"role": "user", "content": "x"}, {"role": "tool", "content": ""}]),
@@ -228,6 +224,7 @@ def stage_rl(ctx) -> dict:
     from ..text.chat import ChatRenderer
     from .hf.common import user_errors
     from .hf.model import load_engine
+    from .hf.prepare import budget
 
     config = ctx.config
     s = config.sampling
@@ -256,7 +253,7 @@ def stage_rl(ctx) -> dict:
         from ..sources.vllm import vllm_runner
 
         runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
-                             max_model_len=config.model.max_length, seed=config.rl.seed)
+                             max_model_len=budget(config.model)[0], seed=config.rl.seed)
     elif s.backend == "generate":
         here = functools.partial(engine.sample, backend="generate", pad_id=renderer.pad_id)
     where = f"{config.env_id}" if config.gym == "textarena" else "BugFix"

@@ -124,7 +124,11 @@ def weight_fingerprints(model: torch.nn.Module) -> dict[str, tuple[int, int, int
     behaviour). On one CPU core: 2.3-4.0 ms for the small Llama's 3.1M fp32 weights in 39 tensors (blake2b of
     their bytes: 11.5-14 ms), 0.5-0.7 ms for the tiny one's 21 small tensors (blake2b 0.6).
     -> {name: (three int64 sums)}"""
-    state = model.state_dict()
+    return tensor_fingerprints(model.state_dict())
+
+
+def tensor_fingerprints(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, int, int]]:
+    """`weight_fingerprints` of a state dict (name -> tensor): what a sync sends, what a sampler loaded."""
     sums = [_fingerprint(v.detach()) for v in state.values()]
     if not sums:
         return {}

@@ -57,7 +57,7 @@ from ..engine.decoding import Samples
 from ..metrics import register
 from ..trajectory import Owner, Trajectory, collate
 from .rollout import rollout_batch
-from .sync import RolloutsSent, SamplerDied, SyncError, sampler_logprobs, weight_fingerprints
+from .sync import RolloutsSent, SamplerDied, SyncError, sampler_logprobs, tensor_fingerprints
 
 register("sync/logprob_diff_mean", "mean |vLLM - trainer| log-prob of the probe rows' POLICY tokens after the "
          "step's weight sync (sources.vllm; sync/logprob_diff is the max)")
@@ -159,12 +159,13 @@ def _row(token_ids: Sequence[int], logprobs: Sequence[float], stop_ids: Sequence
 
 class Colocated:
     """A vLLM engine in this machine's memory beside the trainer (`vllm.LLM`: its engine core runs in a child
-    process), loaded from `model_dir`. `dtype`: "float32", "bfloat16" or "float16"."""
+    process), loaded from `model_dir`. `dtype`: "float32", "bfloat16" or "float16" ("auto": the checkpoint's);
+    `max_model_len` None: the model's own."""
 
-    def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32", max_model_len: int = 2048,
+    def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32", max_model_len: int | None = 2048,
                  gpu_memory_utilization: float = 0.3, seed: int = 0, lora_rank: int = 0):
         vllm = import_vllm()
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {} if max_model_len is None else {"max_model_len": max_model_len}
         if lora_rank:  # the base model, and one adapter at a time (reloaded after every update)
             kwargs.update(enable_lora=True, max_lora_rank=_lora_slot(lora_rank), max_loras=1)
         self.lora: Any = None  # the LoRARequest every call carries, once an adapter was loaded
@@ -173,7 +174,7 @@ class Colocated:
         if not torch.cuda.is_available():
             kwargs["enforce_eager"] = True  # the CPU build: no torch.compile warm-up (minutes on 2 cores)
         try:
-            self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, max_model_len=max_model_len, seed=seed,
+            self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=seed,
                                 gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
                                 logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
                                 generation_config="vllm", **kwargs)
@@ -343,9 +344,7 @@ class VLLMRunner(RolloutsSent):
     def __init__(self, engine, vllm: VLLMEngine, tolerance: float, weights_dir: str | os.PathLike = ""):
         self.engine, self.vllm, self.tolerance = engine, vllm, tolerance
         self._own_dir = not weights_dir
-        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="trajtune-vllm-", dir=base))
-        self.weights_dir.mkdir(parents=True, exist_ok=True)
+        self._weights_dir = Path(weights_dir) if weights_dir else None  # made at the first sync
         self._lock = threading.Lock()  # a rollout or a sync at a time, in the order they took it
         self._cv = threading.Condition()
         self._rollouts_sent = 0
@@ -354,6 +353,17 @@ class VLLMRunner(RolloutsSent):
         self._started = False  # the first rollout's sync done
         self._base_sent = False  # LoRA: the base weights went to vLLM (at the first sync)
         self.sabotage: str | None = None  # tests: the name of one tensor a sync leaves out
+
+    @property
+    def weights_dir(self) -> Path:
+        """Where the syncs write (`--vllm-weights-dir`, or a temporary directory in /dev/shm where there is one),
+        made when first asked for: a runner that only samples (`trajtune chat`) writes nothing."""
+        if self._weights_dir is None:
+            base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            self._weights_dir = Path(tempfile.mkdtemp(prefix=f"trajtune-vllm-{os.getpid()}-", dir=base))
+            _remove_orphans(self._weights_dir.parent)
+        self._weights_dir.mkdir(parents=True, exist_ok=True)
+        return self._weights_dir
 
     # --- the sampler ------------------------------------------------------------------------------
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,
@@ -451,7 +461,7 @@ class VLLMRunner(RolloutsSent):
     def _load_weights(self, engine, state: dict[str, torch.Tensor]) -> None:
         """Write `state` (checkpoint names) to the weights file, have every engine load it, compare the fingerprints
         of what each loaded with the trainer's."""
-        wanted = weight_fingerprints(_Tensors(state))
+        wanted = tensor_fingerprints(state)
         if self.sabotage is not None:  # tests: a sync that leaves one tensor out
             state.pop(self.sabotage)
         from safetensors.torch import save_file
@@ -502,8 +512,23 @@ class VLLMRunner(RolloutsSent):
         try:
             self.vllm.close()
         finally:
-            if self._own_dir:
-                shutil.rmtree(self.weights_dir, ignore_errors=True)
+            if self._own_dir and self._weights_dir is not None:
+                shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+def _remove_orphans(base: Path) -> None:
+    """Remove the weights directories of trainers that died without closing (a `kill -9` leaves its copy of the
+    weights in /dev/shm, memory until the machine restarts): those whose process no longer exists."""
+    for d in base.glob("trajtune-vllm-*-*"):
+        pid = d.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # another user's, alive
+            pass
 
 
 def _checkpoint_state(model, lora: bool) -> dict[str, torch.Tensor]:
@@ -532,32 +557,17 @@ def _lora_slot(rank: int) -> int:
     raise ConfigError(f"--backend vllm: vLLM serves LoRA ranks up to 512; --lora-r is {rank}")
 
 
-class _Tensors(torch.nn.Module):
-    """A state dict seen as a module (`weight_fingerprints` reads `state_dict()`)."""
-
-    def __init__(self, tensors: dict[str, torch.Tensor]):
-        super().__init__()
-        self._t = tensors
-
-    def state_dict(self, *args, **kwargs):  # type: ignore[override]
-        return self._t
-
-
 def vllm_runner(engine, policy_dir: str | os.PathLike, config: VLLMConfig, *, precision: str = "fp32",
                 max_model_len: int = 2048, seed: int = 0) -> VLLMRunner:
     """The runner a run's options ask for: servers when `config.vllm_server` lists some (they must serve the
     model the trainer starts from: the first sync sends the trainer's weights anyway), else a colocated engine
     loaded from `policy_dir` (the model the trainer starts from), its weights then set to the trainer's (a
-    resumed run's: the first sync happens before any sample)."""
+    resumed run's: the first sync happens before any sample). `max_model_len`: the run's length budget, within the
+    model's context (`experiments.hf.prepare.budget`; vLLM refuses a longer one)."""
     if engine.collective.ranks.world_size > 1 and not config.vllm_server:
         raise ConfigError("--backend vllm under torchrun needs --vllm-server URL (a `trajtune vllm-serve` the ranks "
                           "share); a colocated vLLM engine per rank is not supported")
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
-    try:  # the trainer's length budget, within the model's positions (vLLM refuses a longer one)
-        positions = json.loads((Path(policy_dir) / "config.json").read_text()).get("max_position_embeddings")
-        max_model_len = min(max_model_len, int(positions)) if positions else max_model_len
-    except (OSError, ValueError, TypeError):
-        pass
     client: VLLMEngine
     if config.vllm_server:
         client = Servers(config.vllm_server, config.vllm_timeout)

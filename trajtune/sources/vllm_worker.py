@@ -20,12 +20,10 @@ class TrajtuneWorker:
         repacking a CPU or quantized layer does after loading) -> the fingerprint of every tensor it loaded
         (`trajtune.sources.sync.weight_fingerprints`' three sums per tensor, as lists), for the trainer to
         compare with its own."""
-        import torch
         from safetensors.torch import load_file
 
-        from .sync import _fingerprint
+        from .sync import tensor_fingerprints
 
         tensors = load_file(path)
         self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))  # type: ignore[attr-defined]
-        return {name: [int(x) for x in _fingerprint(t.detach()).tolist()] for name, t in tensors.items()
-                if isinstance(t, torch.Tensor)}
+        return {name: list(sums) for name, sums in tensor_fingerprints(tensors).items()}

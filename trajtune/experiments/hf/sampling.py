@@ -185,9 +185,9 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
         from ...sources.vllm import vllm_runner
 
         try:
+            loop = getattr(config, "rl", None) or config.rft  # grpo's loop or rft's: its seed
             runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
-                                 max_model_len=config.model.max_length, seed=getattr(getattr(config, "rl", None),
-                                                                                      "seed", 0))
+                                 max_model_len=data.limit, seed=loop.seed)
         except BaseException:
             functions.close()
             raise
