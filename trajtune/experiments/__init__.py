@@ -23,6 +23,7 @@ imports them.
     hf_sft, hf_rm, hf_dpo, hf_grpo, hf_rft   Hugging Face models (`trajtune sft|rm|dpo|grpo|rft`)  hf/
     hf_pipeline     a small HF Llama learns addition: pretrain -> SFT -> DPO -> GRPO        hf_pipeline/
     hf_gym          RL of an HF model in a multi-turn gym (BugFix, TextArena); sampler, generate or vLLM  hf_gym.py
+    graders         the RLHF book, part 1: judges, rubrics, AI feedback, ORM/PRM, over-optimization, evals  graders/
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ EXPERIMENTS: dict[str, str] = {
     "hf_pipeline": "trajtune.experiments.hf_pipeline",
     "reasoning_gym": "trajtune.experiments.reasoning_gym", "textarena": "trajtune.experiments.textarena",
     "hf_gym": "trajtune.experiments.hf_gym",
+    "graders": "trajtune.experiments.graders",
 }
 
 

@@ -1,0 +1,146 @@
+"""The RLHF book, part 1, as one recipe: models as graders on the built-in gyms (`trajtune run graders`).
+
+The book's chapters 5 (reward models: Bradley-Terry, margins, K-wise, ORM, PRM, evaluation), 11-12 (preference
+data from ratings, AI feedback, Constitutional AI, rubrics), 14 (over-optimization) and 16 (evaluation) use a
+model to grade another. Tiny models cannot judge like GPT-4, so every grader here is trained on a property the
+gyms can verify (the chapter-13 instruct gym's `format_ok`, `first_letter_ok`, `ends_with_period`; the
+calculator's exact answers; BugFix's tests) and reported beside that verifier: the mechanics are the point,
+and the same code runs with a real judge or reward model (the HF commands' `--reward-judge`, `--reward-model`).
+
+The upstream stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
+
+    pretrain -> sft_narrow     the char-level instruct policy every instruct demo starts from
+    coldstart                  the calculator every arithmetic demo starts from
+
+and four parts, each a module with its settings (`Demo`), its stages, its claims and its report section:
+
+    judges         judges.py         LLM-as-a-judge (pairwise MT-Bench form, pointwise 1-10), position-swap
+                                     consistency, rubrics as rewards, RLAIF and Constitutional-AI labels,
+                                     DPO on AI labels vs on verifier labels (ch.5.9, 12.11-12.14, 16.3)
+    reward_models  reward_models.py  ORM on the calculator's samples reranking best-of-N, PRM on BugFix
+                                     actions, margins, K-wise Plackett-Luce, held-out RM eval (ch.5, S5.1-S5.3)
+    overopt        overopt.py        RL against a proxy RM with the verifier as gold; an ensemble (min)
+                                     (ch.14.1-14.4)
+    evals          evals.py          maj@k beside pass@k, conditional log-likelihood scoring, decontamination,
+                                     the random-reward control, Elo / Bradley-Terry ratings (ch.16)
+
+`demos` picks the parts. A claim is as strict as the book's sentence; one that does not hold is reported with
+its numbers, not tuned away. `trajtune run graders --seeds 0,1,2` reruns everything per seed and writes the
+verdict of every claim on every seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ...engine.distributed import init_distributed, is_main
+from ...runs.report import Claim, claims_table, markdown_table, write_report
+from ...runs.stages import Stage, read_results, run_stages
+from ..chapter13 import Config as Chapter13Config
+from ..chapter13.instruct import stage_pretrain, stage_sft
+from ..chapter13.rlvr import stage_coldstart
+from . import evals, judges, overopt, reward_models
+
+PARTS = {"judges": judges, "reward_models": reward_models, "overopt": overopt, "evals": evals}
+"""part name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
+UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
+            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
+            "coldstart": Stage("coldstart", stage_coldstart)}
+"""chapter 13's stages the parts start from"""
+
+
+@dataclass
+class Config(Chapter13Config):
+    """Chapter 13's settings for the upstream stages (pretrain, sft_narrow, coldstart and their loops), plus
+    the parts. chapter13's `parts` is not read here: `demos` picks what runs."""
+
+    demos: list[str] = field(default_factory=lambda: list(PARTS))
+    """which parts run: judges, reward_models, overopt, evals"""
+    judges: judges.Demo = field(default_factory=judges.Demo)
+    """LLM-as-a-judge, rubrics, AI feedback (judges.py)"""
+    reward_models: reward_models.Demo = field(default_factory=reward_models.Demo)
+    """ORM, PRM, reward-model tooling (reward_models.py)"""
+    overopt: overopt.Demo = field(default_factory=overopt.Demo)
+    """over-optimization (overopt.py)"""
+    evals: evals.Demo = field(default_factory=evals.Demo)
+    """evaluation tools (evals.py)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = [d for d in self.demos if d not in PARTS]
+        if unknown or not self.demos:
+            raise ValueError(f"graders: demos must be a non-empty list of {list(PARTS)}, got {self.demos}")
+
+
+def stages(config: Config) -> list[Stage]:
+    """The upstream stages the chosen parts need, then the parts' stages (longest chains first)."""
+    own = [s for name in config.demos for s in PARTS[name].stages(config)]
+    needed: set[str] = set()
+    todo = [a for s in own for a in s.after]
+    while todo:
+        name = todo.pop()
+        if name in UPSTREAM and name not in needed:
+            needed.add(name)
+            todo += list(UPSTREAM[name].after)
+    upstream = [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed]
+    return upstream + own
+
+
+def all_claims(results: dict, config: Config) -> list[Claim]:
+    return [c for name in config.demos for c in PARTS[name].claims(results, config)]
+
+
+def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
+    """claims.md and report.md (+ .html, plots): N of M claims hold on the first screen, then each part."""
+    claims = all_claims(results, config)
+    judged = [c for c in claims if c.holds is not None]
+    held = sum(bool(c.holds) for c in judged)
+    sections = [PARTS[name].section(run_dir, results, config) for name in config.demos]
+    timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
+    (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
+    intro = (f"Seed {config.seed}. **{held} of {len(judged)} claims hold** "
+             f"({len(claims) - len(judged)} not judged). Each claim is the book's sentence (RLHF book, "
+             "seeds/rlhf-book.md; the checklist's section in brackets); the graders are tiny models trained on "
+             "what the gyms verify, and every number comes from this run. A claim that does not hold is "
+             "reported with its numbers, not tuned away.")
+    return write_report(run_dir, "The RLHF book, part 1: models as graders",
+                        [intro, "## Claims\n\n" + claims_table(claims), *sections,
+                         "## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing)])
+
+
+def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
+    run_dir = Path(run_dir)
+    init_distributed()
+    main = is_main()
+    if main:
+        print(f"graders (seed {config.seed}): {', '.join(config.demos)}, {config.runner.workers} worker(s)", flush=True)
+    results = run_stages(stages(config), config, run_dir, config.runner)
+    report = run_dir / "report.md"
+    if main:
+        report = write_graders_report(run_dir, config, results)
+        print((run_dir / "claims.md").read_text())
+    return report, results
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    return run_with_results(config, run_dir)[0]
+
+
+def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
+    """Every claim's verdict and numbers on every seed (`trajtune run graders --seeds 0,1,2`)."""
+    run_dir = Path(run_dir)
+    rows: dict[str, list] = {}
+    for s, d in per_seed.items():
+        c = replace(config, seed=s)
+        for claim in all_claims(read_results(stages(c), d), c):
+            rows.setdefault(claim.id, [claim.id, claim.claim]).append(f"{claim.verdict}: {claim.ours}")
+    seeds = list(per_seed)
+    holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
+    table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on"],
+                           [[*r, f"{holds[cid]} of {len(seeds)}"] for cid, r in rows.items()])
+    links = ", ".join(f"[seed {s}](seed-{s}/report.html)" for s in seeds)
+    always = sum(h == len(seeds) for h in holds.values())
+    return write_report(run_dir, "The RLHF book, part 1: models as graders, over seeds",
+                        [f"**{always} of {len(rows)} claims hold on every seed** ({', '.join(map(str, seeds))}). "
+                         f"Per-seed reports: {links}.", "## Verdicts per seed\n\n" + table])
