@@ -3,7 +3,7 @@
 Layers, lowest first; a module may import its own layer and those below, never one above. A
 module's layer is that of the longest prefix listed (`runs.loop` is layer 2, `runs.stages` 5):
 
-    0 core         data model, log-probs, configs, seeds, metrics, checkpoint files, losses, text, reports
+    0 core         data model, log-probs, configs, seeds, metrics, checkpoint files, losses, text, reports, audits
     1 models, envs the models (TinyTransformer, the HF adapter) and the environments, side by side
     2 engine       the engine (decoding, collectives), resume, the run's hooks (the episode recorder)
     3 sources      where trajectories come from: the episode loop, faults, sampler process, overlap,
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent / "trajtune"
 
 LAYERS = [
     ["trajectory", "logprobs", "config", "seeding", "metrics", "checkpoint", "processes", "objectives", "text",
-     "recipes", "runs.report"],
+     "recipes", "runs.report", "audits"],
     ["models", "envs"],
     ["engine", "runs.resume", "runs.recorder", "runs.hooks"],
     ["sources", "evaluation", "runs.loop"],
