@@ -61,31 +61,39 @@ def select_episodes(
     top_fraction: float = 0.25,
     random_control: bool = False,
     seed: int = 0,
+    top_k: int = 0,
 ) -> list[Trajectory]:
-    """Which sampled episodes rejection sampling keeps (RLHF book ch.9).
+    """Which sampled episodes rejection sampling keeps (RLHF book ch.9.3), in sampling order.
 
     accepted:        reward >= threshold (a verifier's yes)
-    top_per_prompt:  the best-scoring episode of each group (ties: the first)
-    top_overall:     the best `top_fraction` of all episodes
-    random_control:  keep the same *number* of episodes, chosen uniformly at random --
-                     the control that shows how much the selection itself matters
+    top_per_prompt:  the best-scoring episode of each group, S(R)_i = argmax_j r_ij (ties: the first)
+    top_overall:     the K best of all episodes, S_K(R_flat) = argsort(R_flat)[-K:] (ties: the first sampled);
+                     K = `top_k`, or round(top_fraction x episodes) when top_k is 0
+    random_control:  the matched control of ch.9.6: top_per_prompt -> one episode per group, uniformly at
+                     random (random-per-prompt); otherwise as many episodes as the selection keeps, uniformly at
+                     random over all (random-K-overall) -- it shows how much the scorer's choice matters
     """
     trajs = list(trajs)
+    rng = random.Random(seed)
     if mode == "accepted":
         kept = [t for t in trajs if t.reward >= threshold]
     elif mode == "top_per_prompt":
-        best: dict[int, Trajectory] = {}
+        groups: dict[int, list[Trajectory]] = {}
         for t in trajs:
-            if t.group not in best or t.reward > best[t.group].reward:
-                best[t.group] = t
-        kept = list(best.values())
+            groups.setdefault(t.group, []).append(t)
+        if random_control:
+            return sorted((rng.choice(g) for g in groups.values()), key=trajs.index)
+        kept = [max(g, key=lambda t: t.reward) for g in groups.values()]  # max keeps the first of equal rewards
     elif mode == "top_overall":
-        k = max(1, round(top_fraction * len(trajs)))
-        kept = sorted(trajs, key=lambda t: -t.reward)[:k]
+        if top_k < 0:
+            raise ValueError(f"select_episodes: top_k must be >= 0 (0: use top_fraction), got {top_k}")
+        k = min(len(trajs), top_k) if top_k else max(1, round(top_fraction * len(trajs)))
+        order = sorted(range(len(trajs)), key=lambda i: -trajs[i].reward)[:k]  # stable: ties to the first sampled
+        kept = [trajs[i] for i in sorted(order)]
     else:
         raise ValueError(f"unknown selection {mode!r}; choose accepted, top_per_prompt or top_overall")
     if random_control:
-        kept = random.Random(seed).sample(trajs, len(kept))
+        kept = [trajs[i] for i in sorted(rng.sample(range(len(trajs)), len(kept)))]
     return kept
 
 

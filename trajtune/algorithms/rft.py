@@ -43,7 +43,9 @@ class RFTConfig:
     threshold: float = 1.0
     """reward needed for select='accepted'"""
     top_fraction: float = 0.25
-    """share kept by select='top_overall'"""
+    """share kept by select='top_overall' (when select_k is 0)"""
+    select_k: int = 0
+    """keep the K best episodes over all tasks with select='top_overall' (the book's top-K overall; 0: top_fraction)"""
     random_control: bool = False
     """keep as many episodes as the selection would, uniformly at random (the control)"""
     dedup: bool = False
@@ -68,6 +70,8 @@ class RFTConfig:
         check_selection(self, "RFTConfig")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"RFTConfig: top_fraction must be in (0, 1], got {self.top_fraction}")
+        if self.select_k < 0:
+            raise ValueError(f"RFTConfig: select_k must be >= 0 (0: use top_fraction), got {self.select_k}")
         if self.per_task_cap < 0:
             raise ValueError(f"RFTConfig: per_task_cap must be >= 0 (0: no cap), got {self.per_task_cap}")
 
@@ -110,7 +114,7 @@ def train_rft(engine: Engine, tasks: Sequence, source: Source, config: RFTConfig
                     t.info["verifier_reward"], t.reward = t.reward, float(s)
             # 2. select: weight 1 on the kept episodes
             kept = select_episodes(trajs, config.select, config.threshold, config.top_fraction,
-                                   config.random_control, seed=derive(config.seed, r))
+                                   config.random_control, seed=derive(config.seed, r), top_k=config.select_k)
             raw = len(kept)
             kept = dedup_and_cap(kept, config.dedup, config.per_task_cap)
             run.record_episodes(engine, r + 1, trajs, kept=kept, every=1)  # a few episodes for `trajtune view`
