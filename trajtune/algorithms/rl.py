@@ -36,7 +36,7 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
 from ..runs.loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
-from ..objectives.kl import kl_penalized_rewards
+from ..objectives.kl import kl_penalized_rewards, sequence_kl
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..sources.base import Draws, Episodes, Source
 from ..trajectory import Batch, Trajectory, collate
@@ -74,7 +74,8 @@ class RLConfig:
     kl_coef: float = 0.0
     """weight of KL(pi || ref); > 0 keeps a frozen copy of the starting policy as ref"""
     kl_in_reward: bool = False
-    """put the KL penalty into per-token rewards (PPO/GAE style) instead of the loss"""
+    """put the KL penalty into the rewards instead of the loss: per token for GAE (PPO style), the sequence KL
+    subtracted from each episode's reward before the group baseline for the others (the book's RLOO)"""
     entropy_coef: float = 0.0
     """entropy bonus weight"""
     vf_coef: float = 0.5
@@ -132,10 +133,18 @@ BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "gr
 
 def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, ref_logp: torch.Tensor | None,
                    old_logp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Advantages [B] (group baselines) or [B, T-1] (GAE), and GAE returns [B, T-1] or None."""
+    """Advantages [B] (group baselines) or [B, T-1] (GAE), and GAE returns [B, T-1] or None.
+
+    With kl_in_reward, a group advantage's rewards are R_i - kl_coef * KL_i, KL_i the sequence KL (k1 summed over
+    the completion's POLICY tokens, pi_old against the reference) folded in *before* the baseline, as the book's
+    RLOO (ch.6.3, 6.15: "aggregates" the per-token KL; a sum, erratum E12); GAE gets it per token."""
     if config.advantage != "gae":
         baseline, std = BASELINES[config.advantage]
-        return group_advantages(batch.rewards, batch.groups, baseline=baseline, std_normalize=std), None
+        rewards = batch.rewards  # [B]
+        if config.kl_coef and config.kl_in_reward:
+            assert old_logp is not None and ref_logp is not None
+            rewards = rewards - config.kl_coef * sequence_kl(old_logp, ref_logp, batch.action_mask, "k1", "sum")
+        return group_advantages(rewards, batch.groups, baseline=baseline, std_normalize=std), None
     mask = batch.action_mask
     if config.kl_coef and config.kl_in_reward:
         token_rewards = kl_penalized_rewards(batch.rewards, old_logp, ref_logp, mask, config.kl_coef)
