@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .vllm_serve import add_vllm_serve_parser  # `trajtune vllm-serve --model DIR` (imports vLLM only when run)
 
     add_vllm_serve_parser(sub)
+    from .merge import add_merge_parser  # `trajtune merge A B --out DIR`: weight interpolation, task arithmetic
+
+    add_merge_parser(sub)
     return p
 
 
