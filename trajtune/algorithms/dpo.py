@@ -51,8 +51,9 @@ class DPOConfig:
     """optimizer steps"""
     batch_size: int = 0
     """pairs per step (0: all pairs, full-batch as in the seed)"""
-    loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
-    """which preference loss"""
+    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo"] = "dpo"
+    """which preference loss (dpo_norm: DPO on per-token average log-probs, Tülu 3's length-normalised DPO; the
+    book's companion code uses beta 2.0 with it)"""
     beta: float = 0.1
     """KL strength (DPO/IPO) or reward scale (SimPO)"""
     label_smoothing: float = 0.0
@@ -103,7 +104,7 @@ def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def preference_loss_fn(config: DPOConfig) -> Loss:
-    """The preference loss of a `pair_batch` part (chosen rows, then rejected rows); DPO and IPO read
+    """The preference loss of a `pair_batch` part (chosen rows, then rejected rows); DPO, dpo_norm and IPO read
     the reference sums [2p] from `batch.extras["ref_sums"]`."""
 
     def preference(out: ForwardOutput, batch: Batch):
@@ -117,6 +118,11 @@ def preference_loss_fn(config: DPOConfig) -> Loss:
                             label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
                             chosen_lengths=counts[:P] if config.nll_weight else None)
         avg = sums / counts.clamp(min=1)
+        if config.loss == "dpo_norm":
+            ref_avg = batch.extras["ref_sums"] / counts.clamp(min=1)
+            return dpo_loss(avg[:P], avg[P:], ref_avg[:P], ref_avg[P:], config.beta,
+                            label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
+                            chosen_lengths=counts[:P] if config.nll_weight else None)
         if config.loss == "simpo":
             return simpo_loss(avg[:P], avg[P:], config.beta, config.simpo_gamma_ratio)
         return orpo_loss(avg[:P], avg[P:], config.orpo_lambda)

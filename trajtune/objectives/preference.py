@@ -13,6 +13,9 @@ agent episodes. With h = (log pi(y_c) - log ref(y_c)) - (log pi(y_r) - log ref(y
 | SimPO               | -log sigma(beta (avg_c - avg_r) - gamma)                     | checklist 8.2 [EXT/CC]  |
 | ORPO                | -avg_c - lambda log sigma(log_odds(avg_c) - log_odds(avg_r)) | checklist 8.2 [EXT/CC]  |
 | KTO (unpaired)      | lambda_y (1 - sigma(+-beta (log pi/ref - z0)))               | checklist 8.2 [EXT/CC]  |
+| dpo_norm            | DPO on per-token average log-probs (length-normalised)      | checklist 8.2 [CC]      |
+| ODPO                | -log sigma(beta h - Delta), Delta = alpha f(s_c - s_r)       | checklist 8.2 [EXT]     |
+| REBEL               | (h / eta - (r_c - r_r))^2                                    | checklist 8.2 [EXT]     |
 
 In the "one idea" table the DPO gradient is a weighted log-likelihood: chosen gets
 weight +beta sigma(-beta h), rejected -beta sigma(-beta h) (book eq. for grad L_DPO).
@@ -49,6 +52,7 @@ def dpo_loss(
     label_smoothing: float = 0.0,
     nll_weight: float = 0.0,
     chosen_lengths: torch.Tensor | None = None,
+    offset: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """DPO and its pairwise variants (RLHF book ch.8 "Direct Alignment Algorithms",
     eq. for L_DPO and the "Implementation Details" code; checklist 8.1-8.2).
@@ -60,6 +64,9 @@ def dpo_loss(
                      "ipo"     (h - 1/(2 beta))^2, a regression to a target margin
     nll_weight       alpha of DPO+NLL (Pang et al. "Iterative RPO", book eq. dpo_nll):
                      adds -alpha log pi(y_c) / |y_c|; needs chosen_lengths [B] (token counts)
+    offset           [B] or None: ODPO's Delta (Amini et al. 2024; `odpo_offset`), -log sigma(beta h - Delta):
+                     the margin must exceed an offset that grows with how much better the chosen one is
+                     (sigmoid only). Length-normalised DPO (dpo_norm) is this loss on average log-probs.
     returns (loss [] mean over pairs, metrics):
         dpo/chosen_reward, dpo/rejected_reward  beta (log pi - log ref), batch means
         dpo/margin (chosen - rejected reward), dpo/accuracy (share with margin > 0),
@@ -76,8 +83,13 @@ def dpo_loss(
     d_chosen = policy_chosen_logps - ref_chosen_logps.detach()  # [B]
     d_rejected = policy_rejected_logps - ref_rejected_logps.detach()  # [B]
     h = d_chosen - d_rejected  # [B]
+    if offset is not None and loss_type != "sigmoid":
+        raise ValueError(f"dpo_loss: an ODPO offset needs loss_type 'sigmoid', got {loss_type!r}")
     if loss_type == "sigmoid":
-        losses = -(1.0 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+        z = beta * h if offset is None else beta * h - offset.to(h.dtype)
+        if offset is not None:
+            expect_like("offset", offset, "policy_chosen_logps", policy_chosen_logps)
+        losses = -(1.0 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)
     elif loss_type == "ipo":
         losses = (h - 1.0 / (2.0 * beta)).pow(2)
     else:
@@ -93,6 +105,48 @@ def dpo_loss(
         losses = losses + nll_weight * nll
         metrics["dpo/nll"] = nll.detach().mean()
     return losses.mean(), metrics
+
+
+def odpo_offset(score_chosen: torch.Tensor, score_rejected: torch.Tensor, alpha: float = 1.0,
+                scale: Literal["log", "identity"] = "log") -> torch.Tensor:
+    """ODPO's offset Delta = alpha * f(s_c - s_r) [B] from the pair's scores (ratings, reward-model scores) [B]:
+    f = log (Amini et al.'s log-scaled difference; a difference <= 0 gets offset 0: no pair is pushed the other
+    way) or the identity."""
+    _pairs(("score_chosen", score_chosen), ("score_rejected", score_rejected))
+    diff = score_chosen - score_rejected  # [B]
+    if scale == "identity":
+        return alpha * diff
+    if scale != "log":
+        raise ValueError(f"odpo_offset: scale must be 'log' or 'identity', got {scale!r}")
+    return torch.where(diff > 0, alpha * torch.log(diff.clamp(min=1e-12)), torch.zeros_like(diff))
+
+
+def rebel_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    reward_diff: torch.Tensor,
+    eta: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """REBEL (Gao et al. 2024; checklist 8.2 [EXT]): regress the policy's log-ratio margin onto the reward margin,
+
+        L = ( (1/eta) [log pi(y)/pi_t(y) - log pi(y')/pi_t(y')] - (r(y) - r(y')) )^2
+
+    logps [B] summed over POLICY tokens (the *_ref ones under pi_t, the policy at the iteration's start);
+    reward_diff [B] = r(y) - r(y'); eta > 0. returns (loss [] mean over pairs, metrics rebel/margin (h / eta),
+    rebel/target (reward_diff), rebel/accuracy (margin has the reward's sign))."""
+    _pairs(("policy_chosen_logps", policy_chosen_logps), ("policy_rejected_logps", policy_rejected_logps),
+           ("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps),
+           ("reward_diff", reward_diff))
+    if not eta > 0:
+        raise ValueError(f"rebel_loss: eta must be > 0, got {eta}")
+    h = (policy_chosen_logps - ref_chosen_logps.detach()) - (policy_rejected_logps - ref_rejected_logps.detach())
+    margin = h / eta  # [B]
+    target = reward_diff.to(margin.dtype)
+    loss = (margin - target).pow(2).mean()
+    return loss, {"rebel/margin": margin.detach().mean(), "rebel/target": target.detach().mean(),
+                  "rebel/accuracy": (torch.sign(margin.detach()) == torch.sign(target)).float().mean()}
 
 
 def _reward_metrics(prefix: str, chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, torch.Tensor]:

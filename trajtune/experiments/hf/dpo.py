@@ -104,7 +104,7 @@ def eval_pairs(engine, pairs: Sequence, ref_sums: list[float], config: DPOConfig
 
     loss_fn, P = preference_loss_fn(config), len(pairs)
     full = pair_batch(list(pairs), pad_id).with_extras(ref_sums=torch.tensor(ref_sums))
-    ns = {"dpo": "dpo", "ipo": "dpo", "simpo": "simpo", "orpo": "orpo"}[config.loss]
+    ns = {"dpo": "dpo", "dpo_norm": "dpo", "ipo": "dpo", "simpo": "simpo", "orpo": "orpo"}[config.loss]
     keys = {"loss": "eval/dpo_loss", f"{ns}/accuracy": "eval/dpo_accuracy",
             ("orpo/log_odds_ratio" if ns == "orpo" else f"{ns}/margin"): "eval/dpo_margin"}
     out = dict.fromkeys(keys.values(), 0.0)
