@@ -2,26 +2,34 @@
 
 Source: the student's own samples. Weight: per token, the teacher's log-ratio
 log pi_T(a_t) - log pi_theta(a_t) (a per-token reverse-KL reward, "sampled"),
-or the exact reverse KL over the vocabulary at every visited state ("full").
+the exact reverse KL over the vocabulary at every visited state ("full"), or the reverse KL over
+the student's top-K tokens and a tail bucket ("top_k", SDPO's `kl_top_k`).
 
     1. sample   the student's episodes (`source.take`)
     2. grade    teacher log-probs (or logits) on exactly those tokens
     3. update   policy-gradient step with per-token advantages / reverse-KL loss
     4. log
+
+On-policy self-distillation (`train_self_distill`: SDPO / OPSD, checklist 12.9) has no second model: the
+teacher is the policy itself, forwarded on the same sampled completion but conditioned on privileged
+information -- a correct sibling's completion from the same group -- with a stop-gradient. Groups with no
+correct rollout have no demonstration and are skipped (`distill/skipped`, counted per step).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
+
+import torch
 
 
 from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
 from ..runs.loop import Run, eval_due
-from ..objectives.distill import distill_advantages, reverse_kl_loss
+from ..objectives.distill import distill_advantages, reverse_kl_loss, top_k_reverse_kl_loss, top_k_with_tail
 from ..objectives.policy_gradient import policy_gradient_loss
-from ..trajectory import Batch, collate
+from ..trajectory import Batch, Owner, Trajectory, collate
 from ..sources.base import Draws, Source
 from .common import rollout_metrics, train_row
 
@@ -34,8 +42,11 @@ class DistillConfig:
     """tasks per step"""
     samples_per_task: int = 4
     """student episodes per task"""
-    mode: Literal["sampled", "full"] = "sampled"
-    """sampled: teacher log-ratio of the sampled token as advantage; full: exact reverse KL"""
+    mode: Literal["sampled", "full", "top_k"] = "sampled"
+    """sampled: teacher log-ratio of the sampled token as advantage; full: exact reverse KL; top_k: reverse KL over
+    the student's kl_top_k most likely tokens and a tail bucket"""
+    kl_top_k: int = 20
+    """mode top_k: tokens per position (SDPO's default 20)"""
     aggregation: Literal["token", "sequence", "constant"] = "token"
     """loss aggregation"""
     eval_every: int = 0
@@ -50,6 +61,8 @@ class DistillConfig:
                              f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.eval_every})")
         if self.aggregation == "constant":
             raise ValueError("DistillConfig: aggregation='constant' needs a constant, which DistillConfig has not")
+        if self.kl_top_k < 1:
+            raise ValueError(f"DistillConfig: kl_top_k must be >= 1, got {self.kl_top_k}")
 
 
 def distill_loss(config: DistillConfig) -> Loss:
@@ -64,9 +77,32 @@ def distill_loss(config: DistillConfig) -> Loss:
     def full(out: ForwardOutput, batch: Batch):
         return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask, config.aggregation)
 
+    def top_k(out: ForwardOutput, batch: Batch):
+        return top_k_reverse_kl_loss(out.logits[:, :-1], batch.extras["top_ids"], batch.extras["teacher_top"],
+                                     batch.action_mask, config.aggregation)
+
     if config.mode == "sampled":
         return Loss(sampled, normalizer=config.aggregation)
-    return Loss(full, normalizer=config.aggregation, logits=True)
+    return Loss(full if config.mode == "full" else top_k, normalizer=config.aggregation, logits=True)
+
+
+@torch.no_grad()
+def teacher_top(engine: Engine, teacher: Engine, batch: Batch, teacher_batch: Batch, k: int) -> Batch:
+    """`batch` with the student's top-k ids [B, T-1, k] and the teacher's top-k-plus-tail log-probs at them
+    [B, T-1, k+1] in `extras` (top_ids, teacher_top). Row b of `teacher_batch` holds the same POLICY tokens as
+    row b of `batch` in another context (the teacher's); the two are matched action token by action token."""
+    s_logits = engine.forward(batch, logits=True).logits[:, :-1]  # [B, T-1, V]
+    ids = s_logits.topk(min(k, s_logits.shape[-1]), dim=-1).indices  # [B, T-1, k]
+    t_logits = teacher.forward(teacher_batch, logits=True).logits[:, :-1]  # [B', T'-1, V]
+    out = torch.zeros(*ids.shape[:2], ids.shape[-1] + 1)
+    for b in range(batch.size):
+        s_pos = batch.action_mask[b].nonzero().squeeze(-1)
+        t_pos = teacher_batch.action_mask[b].nonzero().squeeze(-1)
+        if len(s_pos) != len(t_pos):
+            raise ValueError(f"teacher_top: row {b} has {len(s_pos)} action tokens for the student and "
+                             f"{len(t_pos)} for the teacher")
+        out[b, s_pos] = top_k_with_tail(t_logits[b, t_pos], ids[b, s_pos])
+    return batch.with_extras(top_ids=ids, teacher_top=out)
 
 
 def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, source: Source, config: DistillConfig,
@@ -83,12 +119,14 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, source: Sour
         trajs = episodes.trainable
         batch = collate(trajs, pad_id)
         # 2. grade: the teacher on exactly those tokens
-        t_out = teacher.forward(batch, logits=config.mode != "sampled")
-        if config.mode == "sampled":
-            batch = batch.with_extras(advantages=distill_advantages(engine.forward(batch).logprobs, t_out.logprobs,
+        if config.mode == "top_k":
+            batch = teacher_top(engine, teacher, batch, batch, config.kl_top_k)
+        elif config.mode == "sampled":
+            t_logp = teacher.forward(batch).logprobs
+            batch = batch.with_extras(advantages=distill_advantages(engine.forward(batch).logprobs, t_logp,
                                                                     batch.action_mask))  # [B, T-1]
         else:
-            batch = batch.with_extras(teacher_logits=t_out.logits[:, :-1])  # [B, T-1, V]
+            batch = batch.with_extras(teacher_logits=teacher.forward(batch, logits=True).logits[:, :-1])  # [B, T-1, V]
         # 3. update
         m = engine.forward_backward(batch, loss)
         o = engine.optim_step()
@@ -96,4 +134,92 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, source: Sour
         row = {**rollout_metrics(episodes.trajs), **episodes.metrics, **train_row(m, o), **source.after_update(engine)}
         run.end_step(engine, step + 1, row,
                      eval_now=eval_due(step + 1, config.steps, config.eval_every))
+    return run.history
+
+
+@dataclass
+class SelfDistillConfig:
+    """On-policy self-distillation (SDPO / OPSD; the book's companion settings in brackets)."""
+
+    steps: int = 200
+    """student updates [200]"""
+    tasks_per_step: int = 16
+    """prompts per step [prompts_per_step 16]"""
+    samples_per_task: int = 8
+    """rollouts per prompt, the group a correct sibling comes from [num_rollouts 8]"""
+    kl_top_k: int = 20
+    """tokens per position in the top-K reverse KL, plus a tail bucket [kl_top_k 20]"""
+    success_threshold: float = 1.0
+    """reward of a correct rollout (a demonstration for its siblings) [1.0]"""
+    aggregation: Literal["token", "sequence"] = "token"
+    """loss aggregation (token: normalised by the action tokens, as the companion code)"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: only after the last)"""
+    seed: int = 0
+    """step s samples with a generator seeded from (seed, s)"""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1 or self.kl_top_k < 1:
+            raise ValueError(f"SelfDistillConfig: steps >= 0, tasks_per_step, samples_per_task and kl_top_k >= 1 (got "
+                             f"{self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.kl_top_k})")
+
+
+def with_context(prompt_ids: Sequence[int], episode: Trajectory) -> Trajectory:
+    """The teacher's row: `prompt_ids` (PROMPT) followed by `episode`'s tokens from its first POLICY token on, with
+    their owners and turns (so the action tokens are the same, in the same order)."""
+    first = next((i for i, o in enumerate(episode.owners) if o == Owner.POLICY), None)
+    if first is None:
+        raise ValueError("with_context: the episode has no POLICY token")
+    t = Trajectory(reward=episode.reward, group=episode.group)
+    t.append(list(prompt_ids), Owner.PROMPT, 0)
+    t.ids += episode.ids[first:]
+    t.owners += episode.owners[first:]
+    t.turns += episode.turns[first:]
+    if t.logprobs is not None:
+        t.logprobs += [0.0] * (len(t.ids) - len(t.logprobs))
+    return t
+
+
+def train_self_distill(engine: Engine, tasks: Sequence, source: Source, config: SelfDistillConfig, pad_id: int,
+                       teacher_prompt: Callable[[Any, Trajectory], Sequence[int]], run: Run | None = None
+                       ) -> list[dict]:
+    """SDPO: per step, sample groups; in each group with a correct rollout, every rollout is distilled towards the
+    policy's own distribution under `teacher_prompt(task, demo)` -- the token ids the teacher reads before the
+    completion (the task's prompt with a correct sibling `demo`'s answer) -- by the top-K reverse KL with a
+    stop-gradient on the teacher. Logs distill/skipped (prompts whose group had no correct rollout) and its share."""
+    run = run or Run("self_distill")
+    loss = distill_loss(DistillConfig(mode="top_k", kl_top_k=config.kl_top_k, aggregation=config.aggregation))
+    start, _ = run.start(engine, source=source)
+    draws = Draws(tasks, config.samples_per_task, config.seed, config.steps, per_step=config.tasks_per_step)
+    for step in run.steps(start, config.steps):
+        # 1. sample
+        draw = draws(step)
+        episodes = source.take(draw, ahead=draws(step + 1))
+        groups: dict[int, tuple[Any, list[Trajectory]]] = {}
+        for i, t in enumerate(episodes.trajs):  # episode i answers draw.tasks[i // n]
+            groups.setdefault(t.group, (draw.tasks[i // draw.n], []))[1].append(t)
+        # 2. grade: each rollout against the policy conditioned on a correct sibling
+        kept, teacher_rows, skipped = [], [], 0
+        for task, members in groups.values():
+            members = [t for t in members if t.trainable]
+            correct = [t for t in members if t.reward >= config.success_threshold]
+            if not correct:
+                skipped += 1
+                continue
+            for t in members:
+                demo = next((c for c in correct if c is not t), correct[0])
+                kept.append(t)
+                teacher_rows.append(with_context(teacher_prompt(task, demo), t))
+        row = {**rollout_metrics(episodes.trajs), **episodes.metrics, "distill/skipped": float(skipped),
+               "distill/skipped_share": skipped / max(1, len(groups))}
+        # 3. update
+        if kept:
+            batch = teacher_top(engine, engine, collate(kept, pad_id), collate(teacher_rows, pad_id), config.kl_top_k)
+            m = engine.forward_backward(batch, loss)
+            o = engine.optim_step()
+            row.update(train_row(m, o))
+        row.update(source.after_update(engine))
+        # 4. log, evaluate, checkpoint
+        run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
     return run.history
