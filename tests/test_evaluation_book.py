@@ -199,3 +199,17 @@ def test_token_budget_counts_generated_policy_tokens():
     assert score.pass_at[1] == pytest.approx((0.5 + 1.0) / 2)  # the other numbers as before
     batch = collate(trajs, 0)
     assert int(batch.action_mask.sum()) == 12  # the same tokens the loss would train on
+
+
+def test_chapter13_math_eval_reports_its_token_budget():
+    from trajtune.envs.arithmetic import N_TEST, arithmetic_tokenizer
+    from trajtune.experiments.chapter13.rlvr import MAX_ANSWER, math_eval
+
+    tok = arithmetic_tokenizer()
+    torch.manual_seed(0)
+    engine = make_engine(TinyTransformer(TinyConfig(tok.vocab_size, 16, 1, 2, max_len=32)))
+    out = math_eval(engine, Renderer(tok), 2, seed=0)
+    assert set(out) == {"greedy", "pass_at", "distinct", "entropy", "tokens"}
+    for name, n in (("greedy", N_TEST), ("sampled", 2 * N_TEST)):
+        t = out["tokens"][name]
+        assert t["per_sample"] == pytest.approx(t["total"] / n) and 1 <= t["per_sample"] <= MAX_ANSWER
