@@ -134,6 +134,10 @@ def test_multiple_choice_letter_vs_answer_string_on_a_model_we_control():
     assert acc == {"letter": 1.0, "answer_sum": 0.5, "answer_per_token": 0.5, "answer_per_char": 0.5}
     with pytest.raises(ValueError, match="answer index 2"):
         MultipleChoice("q", ("a", "b"), answer=2)
+    assert item.prompt() == "xyz?\n(A) ab\n(B) c" and item.prompt(list_choices=False) == "xyz?"
+    assert MultipleChoice("q", ("7", "8"), 0, labels="12", line="{label}: {choice}").prompt() == "q\n1: 7\n2: 8"
+    with pytest.raises(ValueError, match="repeat"):
+        MultipleChoice("q", ("7", "8"), 0, labels="11")
 
 
 def test_continuation_logprobs_sum_the_content_tokens_of_a_real_model():

@@ -63,7 +63,8 @@ def fake_results(random_after: list[float]) -> dict:
     def policy(per_problem, tokens=3.0):
         p1 = sum(per_problem) / len(per_problem)
         return {"pass_at": {"1": p1, "4": min(1.0, 2 * p1)}, "maj_at": {"1": p1, "4": p1},
-                "tokens": {"per_sample": tokens, "total": 0}, "per_problem": per_problem}
+                "tokens": {"per_sample": tokens, "total": 0}, "per_problem": per_problem,
+                "mc": {"letter": 0.5, "answer_sum": 0.75, "answer_per_token": 0.6, "answer_per_char": 0.6}}
 
     before = [0.25, 0.5, 0.25, 0.0] * 8
     return {"evals": {"policies": {"coldstart": policy(before), "evals_grpo": policy([p + 0.25 for p in before]),
@@ -79,7 +80,7 @@ def test_claims_are_as_strict_as_the_sentences():
     config = Config(demos=["evals"])
     before = [0.25, 0.5, 0.25, 0.0] * 8
     ok = {c.id: c.holds for c in claims(fake_results([p - 0.0625 for p in before]), config)}
-    assert ok == {"E1": True, "E2": True, "E3": True, "E4": True, "E5": True, "E6": True}
+    assert ok == {"E1": True, "E2": True, "E3": True, "E4": True, "E5": True, "E6": True, "E7": True}  # 0.5 at chance; 0.75 > 0.5 + 2 x 0.088
     # the random run rises by 0.125 on every problem: far beyond 2 SE -> the red flag is raised
     risen = {c.id: c.holds for c in claims(fake_results([p + 0.125 for p in before]), config)}
     assert risen["E1"] is False and risen["E6"] is False  # and its rating no longer matches the pass@1 order
@@ -100,7 +101,7 @@ def test_evals_part_end_to_end(tmp_path):
     assert [s.name for s in stages(config)] == ["coldstart", "evals_grpo", "evals_random", "evals"]
     report, results = run_with_results(config, tmp_path)
     text = report.read_text()
-    for cid in ("E1", "E2", "E3", "E4", "E5", "E6"):
+    for cid in ("E1", "E2", "E3", "E4", "E5", "E6", "E7"):
         assert f"| {cid} |" in text, cid
     for png in ("evals_pass1", "evals_training", "evals_ratings"):
         assert (tmp_path / f"{png}.png").exists() and f"({png}.png)" in text
@@ -108,6 +109,7 @@ def test_evals_part_end_to_end(tmp_path):
     assert set(ev["policies"]) == {"coldstart", "evals_grpo", "evals_random"}
     for p in ev["policies"].values():
         assert set(p["pass_at"]) == set(p["maj_at"]) == {"1", "4"} and len(p["per_problem"]) == 16
+        assert set(p["mc"]) == {"letter", "answer_sum", "answer_per_token", "answer_per_char"}
         assert p["tokens"]["total"] == pytest.approx(p["tokens"]["per_sample"] * 16 * 4)
     d = ev["decontamination"]
     assert d["clean_flagged"] == [] and d["planted_flagged"] == d["expected"] and len(d["expected"]) >= 2

@@ -327,23 +327,30 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 @dataclass(frozen=True)
 class MultipleChoice:
-    """One multiple-choice question: `question`, its `choices` (2..26 answer strings) and the index of the
-    correct one (`answer`)."""
+    """One multiple-choice question: `question`, its `choices` (2..len(labels) answer strings) and the index of
+    the correct one (`answer`). `labels` name the choices (choice i is labels[i]: A, B, C ... by default) and
+    `line` is how a choice is listed ('(A) Paris', the book's MMLU example); a model whose tokenizer lacks
+    letters or parentheses can be given others."""
 
     question: str
     choices: tuple[str, ...]
     answer: int
+    labels: str = LETTERS
+    line: str = "({label}) {choice}"
 
     def __post_init__(self) -> None:
-        if not 2 <= len(self.choices) <= len(LETTERS) or not 0 <= self.answer < len(self.choices):
-            raise ValueError(f"MultipleChoice: {len(self.choices)} choices (needs 2..26) and answer index "
-                             f"{self.answer} (needs 0..{len(self.choices) - 1}) for {self.question!r}")
+        if not 2 <= len(self.choices) <= len(self.labels) or not 0 <= self.answer < len(self.choices):
+            raise ValueError(f"MultipleChoice: {len(self.choices)} choices (needs 2..{len(self.labels)}, one per "
+                             f"label) and answer index {self.answer} (needs 0..{len(self.choices) - 1}) for "
+                             f"{self.question!r}")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"MultipleChoice: labels {self.labels!r} repeat a label")
 
     def prompt(self, list_choices: bool = True) -> str:
-        """The question, then (list_choices) one line per choice, '(A) ...', as the book's MMLU example."""
+        """The question, then (list_choices) one line per choice, '(A) ...' by default."""
         lines = [self.question]
         if list_choices:
-            lines += [f"({LETTERS[i]}) {c}" for i, c in enumerate(self.choices)]
+            lines += [self.line.format(label=self.labels[i], choice=c) for i, c in enumerate(self.choices)]
         return "\n".join(lines)
 
 
@@ -387,10 +394,11 @@ characters (length normalized: a long answer is not penalized for its length)"""
 def multiple_choice_scores(engine, renderer, item: MultipleChoice) -> dict[str, torch.Tensor]:
     """Every choice's score under every method of `MC_METHODS` -> {method: scores [C]}; the pick is the argmax.
 
-    The letter is scored as the book's example writes it, with the choices listed in the prompt; the answer
-    string after the question alone (as the log-likelihood harnesses do for cloze-style scoring).
+    The letter (the choice's label) is scored as the book's example writes it, with the choices listed in the
+    prompt; the answer string after the question alone (as the log-likelihood harnesses do for cloze-style
+    scoring).
     """
-    letters = [LETTERS[i] for i in range(len(item.choices))]
+    letters = [item.labels[i] for i in range(len(item.choices))]
     letter_logp, _ = continuation_logprobs(engine, renderer, item.prompt(list_choices=True), letters)
     answer_logp, n_tok = continuation_logprobs(engine, renderer, item.prompt(list_choices=False), item.choices)
     n_char = torch.tensor([max(len(c), 1) for c in item.choices], dtype=answer_logp.dtype)

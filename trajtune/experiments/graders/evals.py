@@ -8,7 +8,8 @@ From the calculator's cold start (`coldstart`, chapter 13's stage) three stages:
     evals          the three policies (cold start, GRPO, random-reward GRPO) on the held-out problems,
                    `Demo.samples` samples each: pass@1 and pass@k beside maj@k (evaluation.maj_at_k), the
                    token budget of every evaluation, Elo and Bradley-Terry ratings from the verifier's pairwise
-                   verdicts on the same problems and samples; and the decontamination check of the calculator's
+                   verdicts on the same problems and samples, multiple choice by conditional log-likelihood
+                   (the choice's label vs the answer string); and the decontamination check of the calculator's
                    training problems against its held-out set, clean and with planted held-out problems
 
 What differs from the book, and why: the judge of the pairwise verdicts is the verifier (exact match), not a
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,7 +30,8 @@ import torch
 from ...algorithms.rl import RLConfig, train_rl
 from ...decontamination import find_contamination
 from ...envs.arithmetic import heldout_tasks, train_tasks
-from ...evaluation import bradley_terry_ratings, elo_ratings, generated_tokens, maj_at_k, mean_pass_at_k
+from ...evaluation import (MultipleChoice, bradley_terry_ratings, elo_ratings, generated_tokens, maj_at_k,
+                           mean_pass_at_k, score_multiple_choice)
 from ...metrics import register
 from ...models.tiny import load_model
 from ...runs.report import Claim, bar_plot, fmt, image, line_plot, markdown_table
@@ -138,11 +141,30 @@ def stage_evals(ctx) -> dict:
                              "maj_at": {str(j): maj_at_k(s["answers"], refs, j) for j in ks},
                              "tokens": s["tokens"],
                              "per_problem": [sum(c) / len(c) for c in s["correct"]]}
+    for stage in POLICIES:  # multiple choice by conditional log-likelihood: label vs answer string
+        model, tok = load_model(ctx.run_dir / stage / "model")
+        per_policy[stage]["mc"] = score_multiple_choice(ctx.engine(model), Renderer(tok), choice_items(tasks, seed))
     verdicts = pairwise_verdicts({st: s["correct"] for st, s in samples.items()})
     ratings = {"elo": elo_ratings(verdicts, k_factor=demo.elo_k, seed=config.seed),
                "bt": bradley_terry_ratings(verdicts, prior=demo.bt_prior)}
     return {"policies": per_policy, "ratings": ratings, "verdicts": verdict_counts(verdicts),
             "decontamination": decontamination(ctx, config, demo)}
+
+
+def choice_items(tasks, seed: int) -> list[MultipleChoice]:
+    """Each held-out problem as a two-way multiple choice: the sum and one distractor (sum+1, sum-1, sum+10 or
+    sum-10, drawn from Random(seed + i), as is the order). The question is the calculator's own prompt
+    'Q: 23+45\nA: ' (the answer string is scored where the calculator answers); the choices are listed as
+    '1:68' with digit labels (its tokenizer has no B or parentheses), a format it never saw. Two choices, not
+    four: the listed prompt must fit the calculator's 32-token context."""
+    items = []
+    for i, t in enumerate(tasks):
+        rng, s = random.Random(seed + i), t.a + t.b
+        pair = [str(s), str(s + rng.choice((1, -1, 10, -10)))]
+        first = rng.randrange(2)
+        choices = (pair[first], pair[1 - first])
+        items.append(MultipleChoice(t.prompt, choices, choices.index(str(s)), labels="12", line="{label}:{choice}"))
+    return items
 
 
 def pairwise_verdicts(correct: dict[str, list[list[bool]]]) -> list[tuple[str, str, float]]:
@@ -256,6 +278,20 @@ def claims(results: dict, config) -> list[Claim]:
                      "ch.16 Internal use: pairwise evaluation \"yields Elo rankings\" (16.4; [EXT] a Bradley-Terry "
                      "fit): both ratings put the policies in their pass@1 order",
                      sorted(POLICIES, key=lambda s: -elo[s]) == order and sorted(POLICIES, key=lambda s: -bt[s]) == order))
+    mc = {s: pol[s]["mc"] for s in POLICIES}
+    n = len(pol["coldstart"]["per_problem"])
+    chance_se = math.sqrt(0.25 / n)  # a two-way choice guessed: accuracy 1/2, binomial SE sqrt(1/4 / n)
+    out.append(Claim("E7", "multiple choice by conditional log-likelihood: the label vs the answer string",
+                     "60% -> near 0 from a format change",
+                     "accuracy label / answer string summed / per token: " + "; ".join(
+                         f"{POLICIES[s]} {fmt(mc[s]['letter'])} / {fmt(mc[s]['answer_sum'])} / "
+                         f"{fmt(mc[s]['answer_per_token'])}" for s in POLICIES) + f" (chance 0.50, SE {chance_se:.3f})",
+                     "ch.16 Few-Shot Prompting: \"If the evaluation format does not match how the model generates, "
+                     "scores can plummet\": scored by the label of a listed choice (a format the calculator never "
+                     f"saw) it is at chance (within {z:g} SE of 1/2), scored by the answer string where it answers "
+                     f"it is above chance by more than {z:g} SE, on every policy",
+                     all(abs(mc[s]["letter"] - 0.5) <= z * chance_se and mc[s]["answer_sum"] > 0.5 + z * chance_se
+                         for s in POLICIES)))
     return out
 
 
@@ -270,6 +306,10 @@ def section(run_dir: Path, results: dict, config) -> str:
              f"{ev['ratings']['elo'][s]:.0f}", f"{ev['ratings']['bt'][s]:.0f}") for s in POLICIES]
     table = markdown_table(["policy", *(f"pass@{j}" for j in ks), *(f"maj@{j}" for j in ks), "tokens per sample",
                             "tokens in all", "Elo", "Bradley-Terry"], rows)
+    mc = markdown_table(["policy", "label", "answer string (sum)", "answer string (per token)",
+                         "answer string (per character)"],
+                        [(POLICIES[s], *(fmt(pol[s]["mc"][m]) for m in ("letter", "answer_sum", "answer_per_token",
+                                                                          "answer_per_char"))) for s in POLICIES])
     curves = {("GRPO (verifier reward)" if results[s]["reward"] == "verifier" else "random-reward GRPO"):
               ([c[0] for c in results[s]["curve"]], [c[1] for c in results[s]["curve"]])
               for s in ("evals_grpo", "evals_random") if s in results}
@@ -297,6 +337,9 @@ def section(run_dir: Path, results: dict, config) -> str:
         "of k samples (evaluation.maj_at_k); tokens are the generated tokens, the stop token included.",
         table, image(run_dir / "evals_pass1.png", "held-out pass@1 of the three policies"),
         image(run_dir / "evals_training.png", "verifier pass rate during the two GRPO runs"),
+        "Multiple choice by conditional log-likelihood (each held-out problem against one distractor, sum +-1 or "
+        "+-10; accuracy of the argmax; chance 0.50): the label's log-prob after the listed choices vs the "
+        "answer string's after the calculator's own prompt, summed or per token / character:", mc,
         "Pairwise verdicts (the verifier as judge: one sample of each policy on the same problem):", counts,
         image(run_dir / "evals_ratings.png", "Elo and Bradley-Terry ratings"),
         f"Decontamination (8-grams of words, 50-character substrings; the prompts are shorter, so the whole-row "
