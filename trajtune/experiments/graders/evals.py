@@ -132,18 +132,18 @@ def stage_evals(ctx) -> dict:
     refs = [t.answer for t in tasks]
     seed = config.seed * 7919 + 5
     per_policy, samples = {}, {}
+    ks = sorted({1, *(j for j in (4, demo.samples) if j <= demo.samples)})
     for stage in POLICIES:
         model, tok = load_model(ctx.run_dir / stage / "model")
-        s = sample_policy(ctx.engine(model), Renderer(tok), tasks, demo.samples, seed)  # the same seed for all
+        engine, r = ctx.engine(model), Renderer(tok)
+        s = sample_policy(engine, r, tasks, demo.samples, seed)  # the same seed for every policy
         samples[stage] = s
-        ks = sorted({1, *(j for j in (4, demo.samples) if j <= demo.samples)})
         per_policy[stage] = {"pass_at": {str(j): mean_pass_at_k(s["correct"], j) for j in ks},
                              "maj_at": {str(j): maj_at_k(s["answers"], refs, j) for j in ks},
                              "tokens": s["tokens"],
-                             "per_problem": [sum(c) / len(c) for c in s["correct"]]}
-    for stage in POLICIES:  # multiple choice by conditional log-likelihood: label vs answer string
-        model, tok = load_model(ctx.run_dir / stage / "model")
-        per_policy[stage]["mc"] = score_multiple_choice(ctx.engine(model), Renderer(tok), choice_items(tasks, seed))
+                             "per_problem": [sum(c) / len(c) for c in s["correct"]],
+                             # multiple choice by conditional log-likelihood: the label vs the answer string
+                             "mc": score_multiple_choice(engine, r, choice_items(tasks, seed))}
     verdicts = pairwise_verdicts({st: s["correct"] for st, s in samples.items()})
     ratings = {"elo": elo_ratings(verdicts, k_factor=demo.elo_k, seed=config.seed),
                "bt": bradley_terry_ratings(verdicts, prior=demo.bt_prior)}
