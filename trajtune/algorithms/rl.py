@@ -19,6 +19,10 @@ Episodes whose environment or reward failed (`Trajectory.outcome`) are counted
 (rollout/infra_failures) and left out of the update and of their group's baseline: a group
 of four with one failure has the advantages of the group of the three others.
 
+The KL to the reference (kl/k3 per token, kl/sequence per episode) is logged whenever a reference
+exists -- kl_coef > 0, or kl_coef 0 with a free one (a LoRA base) or `log_kl="copy"` (RLHF
+checklist 0.7: always log KL-to-reference); the extra forward draws no random numbers.
+
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
 step's advantages, returns and old / reference log-probs travel on the batch
 (`Batch.extras`), so the loss is a pure function of (forward output, batch).
