@@ -119,7 +119,7 @@ def test_score_table_and_metrics():
     assert lines[-1].startswith("| **all 3 tasks** | 6 | **0.500** | 3/6 |")
     assert score.n_failed == 1
     assert score.metrics() == {"eval/reward": 0.5, "eval/pass@1": 0.5, "eval/pass@2": pytest.approx(2 / 3),
-                               "eval/env_errors": 1.0}
+                               "eval/env_errors": 1.0, "eval/tokens_per_sample": 0.0, "eval/tokens_total": 0.0}
     short = score.table(max_rows=1).splitlines()
     assert len(short) == 5 and "2 more tasks" in short[3]
 

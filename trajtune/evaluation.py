@@ -1,28 +1,38 @@
-"""Evaluation statistics: pass@k, pass^k, distinct answers, entropy, KL, informative groups, hacks,
-and `score_policy`: a policy's mean reward, pass@k and per-task table on a list of tasks.
+"""Evaluation statistics: pass@k, maj@k, pass^k, distinct answers, entropy, KL, informative groups, hacks,
+multiple-choice scoring by conditional log-likelihood, Elo / Bradley-Terry ratings from pairwise verdicts,
+and `score_policy`: a policy's mean reward, pass@k, token budget and per-task table on a list of tasks.
 
-Pure functions of counts, answers, trajectories and tensors; nothing here trains, and the one
-function that samples (`score_policy`) does it through the source it is given (`trajtune.sources.base.Source`,
-e.g. an `EpisodeSource`), so this module knows nothing about models or environments.
-Sources: RLHF book ch.16 "Evaluation" (pass@k, checklist 16.2(c) [EXT]: Chen et al.
-2021's unbiased estimator), ch.13 (pass^k of tau-bench, checklist 13.6 [EXT]),
-post-training ch.13 (distinct answers per k samples, share of groups with signal),
-agent-rl ch.15 / REPRODUCE A10, A13 (informative groups, reward hacking).
+Pure functions of counts, answers, verdicts, trajectories and tensors; nothing here trains. The function
+that samples (`score_policy`) does it through the source it is given (`trajtune.sources.base.Source`,
+e.g. an `EpisodeSource`), and the one that reads log-probs (`multiple_choice_logprobs`) through an
+engine's `forward` and a renderer, so this module knows nothing about model classes or environments.
+Sources: RLHF book ch.16 "Evaluation" (checklist 16.2: (b) maj@k, (c) pass@k [EXT]: Chen et al.
+2021's unbiased estimator, (d) conditional log-likelihood scoring of the letter vs the answer string;
+16.4 Elo rankings and [EXT] a Bradley-Terry fit; 16.5 the inference token budget), ch.13 (pass^k of
+tau-bench, checklist 13.6 [EXT]), post-training ch.13 (distinct answers per k samples, share of groups
+with signal), agent-rl ch.15 / REPRODUCE A10, A13 (informative groups, reward hacking).
 """
 
 from __future__ import annotations
 
 import math
+import random
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Iterable, Sequence
 
 import torch
 
 from .logprobs import entropy_from_logits, masked_mean
+from .metrics import register
 from .objectives.advantages import group_reward_range
 from .objectives.kl import KLEstimator, sequence_kl
 from .sources.base import Draw, Source
-from .trajectory import Trajectory
+from .trajectory import Owner, Trajectory, collate
+
+register("eval/tokens_per_sample", "generated (POLICY) tokens per evaluation episode: the inference token budget "
+         "(RLHF book ch.16; evaluation.score_policy)")
+register("eval/tokens_total", "generated (POLICY) tokens over all evaluation episodes (evaluation.score_policy)")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -79,6 +89,51 @@ def distinct_answers(answers_per_task: Sequence[Sequence[Hashable]], k: int | No
             raise ValueError(f"distinct_answers: a task has {len(picked)} samples, fewer than k={k}")
         counts.append(len(set(picked)))
     return sum(counts) / len(counts)
+
+
+def majority_answer(answers: Sequence[Hashable]) -> Hashable:
+    """The most frequent answer of a list of samples (RLHF book ch.16, "majority voting when aggregating
+    multiple samples"; checklist 16.2(b)). None stands for an unparsable answer and never wins while any
+    sample has an answer (all None: None). Tie rule, deterministic: among the answers with the top count,
+    the one whose first occurrence comes first in `answers`.
+
+    ["7", "5", "5", "7"] -> "7" (2 votes each; "7" came first);  [None, None, "3"] -> "3"
+    """
+    if not answers:
+        raise ValueError("majority_answer: no answers")
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None
+    top = max(counts.values())
+    return next(a for a in answers if a is not None and counts[a] == top)
+
+
+def maj_at_k(answers_per_task: Sequence[Sequence[Hashable]], references: Sequence[Hashable], k: int) -> float:
+    """maj@k: the share of tasks whose majority answer over k samples (`majority_answer`) is the reference.
+
+    Estimator: task i's n_i >= k samples are cut into floor(n_i / k) disjoint blocks of k consecutive
+    samples (the first k, the next k, ...; a remainder < k is not used), and the task scores the share of
+    its blocks whose majority answer equals references[i]; the result is the mean over tasks. Samples drawn
+    independently make every block k fresh samples, so each block's verdict -- and their mean -- is an
+    unbiased estimate of the probability that a vote over k samples is right (the in-block tie rule, first
+    come, is then a uniformly random tie-break); with n_i = k it is maj@k over the k samples.
+
+    answers_per_task: one sequence per task of hashable answers in sampling order (None: unparsable);
+    references: the correct answer per task.
+    """
+    if not answers_per_task or len(answers_per_task) != len(references):
+        raise ValueError(f"maj_at_k: {len(answers_per_task)} tasks of answers vs {len(references)} references "
+                         "(needs one reference per task, at least one task)")
+    if k < 1:
+        raise ValueError(f"maj_at_k: k must be >= 1, got {k}")
+    scores = []
+    for i, (answers, ref) in enumerate(zip(answers_per_task, references, strict=True)):
+        answers = list(answers)
+        if len(answers) < k:
+            raise ValueError(f"maj_at_k: task {i} has {len(answers)} samples, fewer than k={k}")
+        blocks = [answers[j:j + k] for j in range(0, len(answers) - k + 1, k)]
+        scores.append(sum(majority_answer(b) == ref for b in blocks) / len(blocks))
+    return sum(scores) / len(scores)
 
 
 def mean_action_entropy(logits: torch.Tensor, mask: torch.Tensor) -> float:
@@ -161,12 +216,25 @@ class PolicyScore:
     pass_at:     {k: pass@k averaged over tasks}, unbiased estimator (`pass_at_k`) from the n episodes
     per_task:    one `TaskScore` per task, in the order of the tasks
     threshold:   an episode is correct when its reward >= threshold
+    tokens:      the inference token budget (RLHF book ch.16 "controlling evaluation scores by the total
+                 number of tokens for inference is important"): POLICY tokens the policy generated over all
+                 episodes (stop tokens included); `tokens_per_sample` is its mean per episode
     """
 
     mean_reward: float
     pass_at: dict[int, float]
     per_task: tuple[TaskScore, ...]
     threshold: float = 1.0
+    tokens: int = 0
+
+    @property
+    def n_episodes(self) -> int:
+        return sum(t.n for t in self.per_task)
+
+    @property
+    def tokens_per_sample(self) -> float:
+        """Generated (POLICY) tokens per episode."""
+        return self.tokens / max(self.n_episodes, 1)
 
     @property
     def n_failed(self) -> int:
@@ -174,9 +242,12 @@ class PolicyScore:
         return sum(t.n_failed for t in self.per_task)
 
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
-        """Flat metrics for a log row: {prefix}/reward, {prefix}/pass@k for each k, {prefix}/env_errors."""
+        """Flat metrics for a log row: {prefix}/reward, {prefix}/pass@k for each k, {prefix}/env_errors, and the
+        token budget {prefix}/tokens_per_sample, {prefix}/tokens_total."""
         out = {f"{prefix}/reward": self.mean_reward, **{f"{prefix}/pass@{k}": v for k, v in self.pass_at.items()}}
         out[f"{prefix}/env_errors"] = float(self.n_failed)
+        out[f"{prefix}/tokens_per_sample"] = self.tokens_per_sample
+        out[f"{prefix}/tokens_total"] = float(self.tokens)
         return out
 
     def table(self, max_rows: int | None = 20) -> str:
@@ -221,7 +292,13 @@ def score_trajectories(trajs: Sequence[Trajectory], ks: Sequence[int] = (1,), th
                          f"(the fewest episodes of a task)")
     pass_at = {k: sum(pass_at_k(t.n, t.n_correct, k) for t in per_task) / len(per_task) for k in sorted(set(ks))}
     mean = sum(float(t.reward) for t in trajs) / len(trajs)
-    return PolicyScore(mean, pass_at, tuple(per_task), threshold)
+    return PolicyScore(mean, pass_at, tuple(per_task), threshold, generated_tokens(trajs))
+
+
+def generated_tokens(trajs: Iterable[Trajectory]) -> int:
+    """POLICY tokens over the episodes: what the policy generated (its stop tokens included), the inference
+    token budget of an evaluation (RLHF book ch.16; checklist 16.5)."""
+    return sum(sum(1 for o in t.owners if o == Owner.POLICY) for t in trajs)
 
 
 def score_policy(source: Source, tasks: Sequence[Any], n: int = 8, ks: Sequence[int] = (1,), *, seed: int = 0,
@@ -241,3 +318,182 @@ def score_policy(source: Source, tasks: Sequence[Any], n: int = 8, ks: Sequence[
     with torch.no_grad():
         trajs = source.take(Draw(list(tasks), n, torch.Generator().manual_seed(seed))).trajs
     return score_trajectories(trajs, ks, threshold)
+
+
+# --- multiple choice by conditional log-likelihood (RLHF book ch.16 "Few-Shot Prompting and Log-Likelihood
+# Scoring"; checklist 16.2(d)) ----------------------------------------------------------------------------------
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+@dataclass(frozen=True)
+class MultipleChoice:
+    """One multiple-choice question: `question`, its `choices` (2..len(labels) answer strings) and the index of
+    the correct one (`answer`). `labels` name the choices (choice i is labels[i]: A, B, C ... by default) and
+    `line` is how a choice is listed ('(A) Paris', the book's MMLU example); a model whose tokenizer lacks
+    letters or parentheses can be given others."""
+
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    labels: str = LETTERS
+    line: str = "({label}) {choice}"
+
+    def __post_init__(self) -> None:
+        if not 2 <= len(self.choices) <= len(self.labels) or not 0 <= self.answer < len(self.choices):
+            raise ValueError(f"MultipleChoice: {len(self.choices)} choices (needs 2..{len(self.labels)}, one per "
+                             f"label) and answer index {self.answer} (needs 0..{len(self.choices) - 1}) for "
+                             f"{self.question!r}")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"MultipleChoice: labels {self.labels!r} repeat a label")
+
+    def prompt(self, list_choices: bool = True) -> str:
+        """The question, then (list_choices) one line per choice, '(A) ...' by default."""
+        lines = [self.question]
+        if list_choices:
+            lines += [self.line.format(label=self.labels[i], choice=c) for i, c in enumerate(self.choices)]
+        return "\n".join(lines)
+
+
+def continuation_logprobs(engine, renderer, prompt: str, continuations: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(continuation | prompt) for each continuation, conditioned on a user turn `prompt`.
+
+    Each conversation [user: prompt, assistant: continuation] is rendered by `renderer` (the model's own
+    template, the one rendering path) and read in one `engine.forward`; the log-prob sums over the
+    assistant's content tokens only: the turn's stop tokens (`renderer.stop_ids`) and what follows them
+    are not part of the answer, so they are left out.
+    returns (logp [C] summed log-probs in nats, n_tokens [C] content tokens of each continuation).
+    """
+    if not continuations:
+        raise ValueError("continuation_logprobs: no continuations")
+    stop = set(renderer.stop_ids)
+    trajs = []
+    for text in continuations:
+        traj = renderer.render([{"role": "user", "content": prompt}, {"role": "assistant", "content": text}])
+        policy = [i for i, o in enumerate(traj.owners) if o == Owner.POLICY]
+        cut = next((i for i in policy if traj.ids[i] in stop), None)
+        if cut is not None:  # the stop token and anything after it: not the answer's
+            traj.owners = [Owner.TEMPLATE if (i >= cut and o == Owner.POLICY) else o for i, o in enumerate(traj.owners)]
+        trajs.append(traj)
+    batch = collate(trajs, 0)  # padding sits off the mask and off the attention: its id is never read
+    with torch.no_grad():
+        logp = engine.forward(batch, positions="actions").logprobs  # [C, T-1]
+    mask = batch.action_mask.to(logp.dtype)  # [C, T-1]
+    n_tokens = mask.sum(-1)  # [C]
+    if (n_tokens == 0).any():
+        empty = [continuations[i] for i in (n_tokens == 0).nonzero().flatten().tolist()]
+        raise ValueError(f"continuation_logprobs: continuation(s) {empty} render to no answer tokens")
+    return (logp * mask).sum(-1), n_tokens
+
+
+MC_METHODS = ("letter", "answer_sum", "answer_per_token", "answer_per_char")
+"""letter: log pi('A') after the question with its lettered choices; answer_sum: log pi(answer string) after
+the bare question, summed; answer_per_token / answer_per_char: that sum divided by the answer's tokens /
+characters (length normalized: a long answer is not penalized for its length)"""
+
+
+def multiple_choice_scores(engine, renderer, item: MultipleChoice) -> dict[str, torch.Tensor]:
+    """Every choice's score under every method of `MC_METHODS` -> {method: scores [C]}; the pick is the argmax.
+
+    The letter (the choice's label) is scored as the book's example writes it, with the choices listed in the
+    prompt; the answer string after the question alone (as the log-likelihood harnesses do for cloze-style
+    scoring).
+    """
+    letters = [item.labels[i] for i in range(len(item.choices))]
+    letter_logp, _ = continuation_logprobs(engine, renderer, item.prompt(list_choices=True), letters)
+    answer_logp, n_tok = continuation_logprobs(engine, renderer, item.prompt(list_choices=False), item.choices)
+    n_char = torch.tensor([max(len(c), 1) for c in item.choices], dtype=answer_logp.dtype)
+    return {"letter": letter_logp, "answer_sum": answer_logp, "answer_per_token": answer_logp / n_tok,
+            "answer_per_char": answer_logp / n_char}
+
+
+def score_multiple_choice(engine, renderer, items: Sequence[MultipleChoice]) -> dict[str, float]:
+    """Accuracy of each scoring method over `items` -> {method: share of items whose argmax is the answer}.
+    A tie goes to the earliest choice (torch.argmax's first maximum)."""
+    if not items:
+        raise ValueError("score_multiple_choice: no items")
+    right = dict.fromkeys(MC_METHODS, 0)
+    for item in items:
+        for method, scores in multiple_choice_scores(engine, renderer, item).items():
+            right[method] += int(int(torch.argmax(scores)) == item.answer)
+    return {m: right[m] / len(items) for m in MC_METHODS}
+
+
+# --- ratings from pairwise verdicts (RLHF book ch.16 "Human evaluation for generative language models yields
+# Elo rankings"; checklist 16.4, [EXT] a Bradley-Terry fit as Chatbot Arena does) -------------------------------
+Verdict = tuple[Hashable, Hashable, float]
+"""(a, b, score of a): 1 a won, 0 b won, 0.5 a tie"""
+
+
+def _check_verdicts(verdicts: Sequence[Verdict]) -> list[Hashable]:
+    """The players in order of first appearance; a bad verdict is a ValueError naming it."""
+    players: dict[Hashable, None] = {}
+    for i, v in enumerate(verdicts):
+        if len(v) != 3 or v[2] not in (0, 0.5, 1) or v[0] == v[1]:
+            raise ValueError(f"verdict {i} {v!r}: expected (a, b, score of a) with a != b and score 1, 0.5 or 0")
+        players.setdefault(v[0])
+        players.setdefault(v[1])
+    if not players:
+        raise ValueError("no verdicts")
+    return list(players)
+
+
+def elo_ratings(verdicts: Sequence[Verdict], k_factor: float = 32.0, initial: float = 1000.0, scale: float = 400.0,
+                seed: int | None = None) -> dict[Hashable, float]:
+    """Online Elo over the verdicts: for a game of a vs b with score s (1, 0.5, 0),
+
+        E_a = 1 / (1 + 10^((R_b - R_a) / scale)),   R_a += K (s - E_a),   R_b -= K (s - E_a)
+
+    Elo depends on the order of the games: they are played in the given order, or (seed given) in the order
+    of a `random.Random(seed)` shuffle, so a rerun gives the same ratings. returns {player: rating}.
+    """
+    players = _check_verdicts(verdicts)
+    order = list(verdicts)
+    if seed is not None:
+        random.Random(seed).shuffle(order)
+    rating = dict.fromkeys(players, float(initial))
+    for a, b, s in order:
+        expected = 1.0 / (1.0 + 10.0 ** ((rating[b] - rating[a]) / scale))
+        rating[a] += k_factor * (s - expected)
+        rating[b] -= k_factor * (s - expected)
+    return rating
+
+
+def bradley_terry_ratings(verdicts: Sequence[Verdict], prior: float = 0.0, scale: float = 400.0,
+                          initial: float = 1000.0, tol: float = 1e-10, max_iter: int = 10_000) -> dict[Hashable, float]:
+    """Bradley-Terry strengths by maximum likelihood, on the Elo scale: P(a beats b) = p_a / (p_a + p_b), and
+    player a's rating is initial + scale * log10(p_a / geometric mean of all p), so a 400-point gap is 10:1 odds.
+
+    Ties count as half a win for each side. Fit by the MM algorithm (Hunter 2004, "MM algorithms for
+    generalized Bradley-Terry models", eq. 3): p_i <- W_i / sum_j n_ij / (p_i + p_j), W_i = wins of i, n_ij =
+    games of i and j, renormalized to geometric mean 1 each sweep, until no log-strength moves by more than
+    `tol`. Order-free: unlike Elo, the result does not depend on the order of the games.
+    The maximum-likelihood estimate is finite only if, however the players are split in two, each side has
+    won a game against the other (Hunter's condition); `prior` > 0 adds that many tied games between every
+    pair of players (a symmetric prior that makes it hold). Without a prior, a player with no win or no loss
+    (the common way to break it) is a ValueError naming it.
+    """
+    players = _check_verdicts(verdicts)
+    idx = {p: i for i, p in enumerate(players)}
+    n = len(players)
+    wins = torch.zeros(n, n, dtype=torch.float64)  # wins[i, j]: (half) wins of i over j
+    for a, b, s in verdicts:
+        wins[idx[a], idx[b]] += s
+        wins[idx[b], idx[a]] += 1.0 - s
+    off = 1.0 - torch.eye(n, dtype=torch.float64)
+    wins = wins + 0.5 * prior * off
+    total = wins.sum(1)  # W_i
+    games = (wins + wins.T) * off  # n_ij
+    lost = wins.sum(0)
+    bad = [players[i] for i in range(n) if total[i] <= 0 or lost[i] <= 0]
+    if bad:
+        raise ValueError(f"bradley_terry_ratings: {bad} never won or never lost a game: the maximum-likelihood "
+                         "strength is infinite; give prior > 0 (tied pseudo-games between every pair)")
+    p = torch.ones(n, dtype=torch.float64)
+    for _ in range(max_iter):
+        new = total / (games / (p[:, None] + p[None, :])).sum(1)
+        new = new / new.log().mean().exp()  # geometric mean 1
+        done = float((new.log() - p.log()).abs().max()) < tol
+        p = new
+        if done:
+            break
+    return {pl: initial + scale * float(torch.log10(p[i])) for pl, i in idx.items()}

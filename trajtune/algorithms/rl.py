@@ -19,6 +19,10 @@ Episodes whose environment or reward failed (`Trajectory.outcome`) are counted
 (rollout/infra_failures) and left out of the update and of their group's baseline: a group
 of four with one failure has the advantages of the group of the three others.
 
+The KL to the reference (kl/k3 per token, kl/sequence per episode) is logged whenever a reference
+exists -- kl_coef > 0, or kl_coef 0 with a free one (a LoRA base) or `log_kl="copy"` (RLHF
+checklist 0.7: always log KL-to-reference); the extra forward draws no random numbers.
+
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
 step's advantages, returns and old / reference log-probs travel on the batch
 (`Batch.extras`), so the loss is a pure function of (forward output, batch).
@@ -34,6 +38,7 @@ import torch
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
+from ..metrics import register
 from ..runs.loop import Run, eval_due
 from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
 from ..objectives.kl import kl_penalized_rewards, sequence_kl
@@ -73,6 +78,12 @@ class RLConfig:
     """clip range above 1"""
     kl_coef: float = 0.0
     """weight of KL(pi || ref); > 0 keeps a frozen copy of the starting policy as ref"""
+    log_kl: Literal["free", "copy", "off"] = "free"
+    """the KL to the reference is logged (kl/k3 per token, kl/sequence per episode) whenever a reference exists:
+    always with kl_coef > 0. With kl_coef 0 -- free: a reference that needs no second copy of the weights (a LoRA
+    model: its base, adapters off; the starting policy when the adapters start at 0) is made for the log, one
+    more forward per step; copy: a frozen copy of the starting policy is kept for it whatever the model (the
+    memory of the weights once more, and a forward per step); off: no reference only for logging"""
     kl_in_reward: bool = False
     """put the KL penalty into the rewards instead of the loss: per token for GAE (PPO style), the sequence KL
     subtracted from each episode's reward before the group baseline for the others (the book's RLOO)"""
@@ -127,6 +138,9 @@ class RLConfig:
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
 
+register("kl/sequence", "KL(pi || ref) per episode: the per-token estimate (kl/<estimator>) summed over the episode's "
+         "POLICY tokens, mean over episodes (logged whenever a reference exists, kl_coef 0 included)")
+
 BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
              "dr_grpo": ("mean", False), "none": ("none", False)}
 
@@ -156,7 +170,7 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
 def rl_loss(config: RLConfig, use_old: bool) -> Loss:
     """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.extras`:
     advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1]."""
-    kl_loss_coef = config.kl_coef if not config.kl_in_reward else 0.0
+    kl_loss_coef = config.kl_coef if not config.kl_in_reward else 0.0  # the KL is logged whenever ref_logp is there
     constant = config.aggregation_constant or None
 
     def pg(out: ForwardOutput, batch: Batch):
@@ -166,7 +180,7 @@ def rl_loss(config: RLConfig, use_old: bool) -> Loss:
             out.logprobs, x["advantages"], mask, x["old_logp"] if use_old else None,
             surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
             sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
-            ref_logp=x["ref_logp"] if kl_loss_coef else None, kl_coef=kl_loss_coef,
+            ref_logp=x.get("ref_logp"), kl_coef=kl_loss_coef,
             entropy=entropy, entropy_coef=config.entropy_coef,
             aggregation=config.aggregation, constant=constant,
         )
@@ -209,7 +223,7 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
     ahead are saved with the checkpoint and trained on after the resume)."""
     run = run or Run("rl")
     start, _ = run.start(engine, source=source)
-    ref = run.reference(engine, start) if config.kl_coef else None  # the frozen starting policy
+    ref = reference_for(engine, run, start, config)  # the frozen starting policy, or None
     use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
     loss = rl_loss(config, use_old)
     draws = Draws(tasks, config.group_size, config.seed, config.steps, per_step=config.tasks_per_step)
@@ -238,6 +252,17 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
         # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
         run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
     return run.history
+
+
+def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | None:
+    """The KL reference: the stage's starting policy when the loss needs it (kl_coef > 0) or `log_kl` is
+    "copy"; with kl_coef 0 and log_kl "free", a LoRA model's base (adapters off: no copy of the weights) for
+    the log only; else None (no KL is logged: a copy was not asked for)."""
+    if config.kl_coef or config.log_kl == "copy":
+        return run.reference(engine, start)
+    if config.log_kl == "free" and getattr(getattr(engine, "model", None), "is_lora", False):
+        return engine.reference_engine(adapters_off=True)
+    return None
 
 
 def check_lag(episodes: Episodes, config: RLConfig) -> None:

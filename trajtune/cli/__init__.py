@@ -8,6 +8,7 @@
     trajtune run agent --dry-run          # every check a run makes before its first step; nothing written
     trajtune list                         # built-in recipes with one-line descriptions
     trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
+    trajtune decontaminate --train F --eval F   # evaluation rows sharing 8 words / 50 characters with training data
 """
 
 from __future__ import annotations
@@ -162,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .view import add_view_parser  # `trajtune view RUN_DIR`: the recorded episodes as an HTML page
 
     add_view_parser(sub)
+    from .decontaminate import add_decontaminate_parser  # `trajtune decontaminate --train F --eval F`
+
+    add_decontaminate_parser(sub)
     try:
         from .gym import add_gym_parser
     except ImportError:  # gyms not installed in this build

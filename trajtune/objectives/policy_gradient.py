@@ -140,12 +140,14 @@ def policy_gradient_loss(
     ratio_level  "token" or "sequence" (GSPO's length-normalised sequence ratio)
     sampler_logp [B, T-1], tis_cap C  truncated IS weight min(pi_old/pi_sampler, C) on the
                  PG term (on-policy: min(pi/pi_sampler, C)); both or neither
-    ref_logp     [B, T-1], kl_coef, kl_estimator  GRPO-style KL(pi||pi_ref) loss term
+    ref_logp     [B, T-1], kl_coef, kl_estimator  GRPO-style KL(pi||pi_ref) loss term; given ref_logp, the KL
+                 is logged whatever kl_coef (RLHF checklist 0.7: always log KL-to-reference), and enters
+                 the loss only when kl_coef > 0
     entropy      [B, T-1], entropy_coef  entropy bonus (subtracted from the loss)
     aggregation, constant  how per-token losses become a scalar (logprobs.aggregate)
     returns (loss [], metrics): pg/loss, pg/advantage_mean, pg/ratio_mean, pg/ratio_max,
         pg/approx_kl (k2 against pi_old), pg/clip_frac, [pg/tis_weight_mean,
-        pg/tis_capped_frac], [kl/<estimator>], [policy/entropy]
+        pg/tis_capped_frac], [kl/<estimator>, kl/sequence: with ref_logp], [policy/entropy]
     """
     expect_dim("logp", logp, 2)
     expect_like("mask", mask, "logp", logp)
@@ -183,13 +185,18 @@ def _add_regularizers(
     entropy_coef: float,
     metrics: dict[str, torch.Tensor],
 ) -> torch.Tensor:
-    """per_tok + kl_coef * KL_t - entropy_coef * H_t (all [B, T-1]); logs into `metrics`."""
-    if kl_coef:
-        if ref_logp is None:
-            raise ValueError("kl_coef > 0 needs ref_logp")
-        kl_tok = kl_estimate(masked_log_ratio(logp, ref_logp, mask), kl_estimator)  # [B, T-1]
-        per_tok = per_tok + kl_coef * kl_tok
+    """per_tok + kl_coef * KL_t - entropy_coef * H_t (all [B, T-1]); logs into `metrics`: the KL whenever
+    ref_logp is given (kl/<estimator> per POLICY token, kl/sequence summed per episode, mean over episodes),
+    added to the loss only when kl_coef > 0 (with kl_coef 0 it is computed without gradient)."""
+    if kl_coef and ref_logp is None:
+        raise ValueError("kl_coef > 0 needs ref_logp")
+    if ref_logp is not None:
+        kl_tok = kl_estimate(masked_log_ratio(logp if kl_coef else logp.detach(), ref_logp, mask), kl_estimator)
+        if kl_coef:  # [B, T-1]
+            per_tok = per_tok + kl_coef * kl_tok
+        kl_det = kl_tok.detach() * mask.to(kl_tok.dtype)
         metrics[f"kl/{kl_estimator}"] = masked_mean(kl_tok.detach(), mask)
+        metrics["kl/sequence"] = kl_det.sum(-1).mean()
     if entropy is not None:
         expect_like("entropy", entropy, "logp", logp)
         per_tok = per_tok - entropy_coef * entropy

@@ -7,8 +7,10 @@
 
 Evaluation (`math_eval`, the seed's): on the 256 held-out problems, greedy accuracy;
 pass@1..16 from 16 samples per problem (unbiased estimator); distinct answers among
-the 16 samples; the entropy of the first answer token. GRPO also logs, per step, the
-share of groups whose 8 rewards are all equal (no signal for a group baseline).
+the 16 samples; the entropy of the first answer token; and the inference token budget
+of the greedy and the sampled passes (RLHF book ch.16: generated tokens, in all and per
+sample). GRPO also logs, per step, the share of groups whose 8 rewards are all equal (no
+signal for a group baseline).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ...sources.episodes import EpisodeSource, sample_episodes
 from ...sources.overlap import overlapped
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
-from ...evaluation import distinct_answers, mean_pass_at_k
+from ...evaluation import distinct_answers, generated_tokens, mean_pass_at_k
 from ...logprobs import entropy_from_logits
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...text.render import Renderer
@@ -46,7 +48,9 @@ def source_for(policy, r: Renderer, **kw) -> EpisodeSource:
 
 @torch.no_grad()
 def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
-    """Greedy accuracy, pass@j (j <= k, from k samples per problem), distinct answers, first-token entropy."""
+    """Greedy accuracy, pass@j (j <= k, from k samples per problem), distinct answers, first-token entropy, and
+    "tokens": the generated (POLICY) tokens of the greedy pass and of the k samples per problem, in all and per
+    sample (the stop token included)."""
     tasks = list(heldout_tasks())
     greedy = sample_episodes(source_for(engine.sample, r, greedy=True), tasks, 1, 0)
     trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major: k samples of task 0 first
@@ -63,7 +67,9 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     return {"greedy": sum(t.reward for t in greedy) / len(greedy),
             "pass_at": {str(j): mean_pass_at_k(correct, j) for j in KS if j <= k},
             "distinct": distinct_answers(answers, k),
-            "entropy": float(entropy_from_logits(logits).mean())}
+            "entropy": float(entropy_from_logits(logits).mean()),
+            "tokens": {name: {"total": generated_tokens(ts), "per_sample": generated_tokens(ts) / len(ts)}
+                       for name, ts in (("greedy", greedy), ("sampled", trajs))}}
 
 
 def calc_model(config, tok) -> TinyTransformer:
