@@ -17,19 +17,29 @@ time/reward_s in their metrics. The episodes are one-turn answers to prompt task
 (`trajtune.sources.data.PromptTask`): episode i answers `draw.tasks[i // draw.n]`.
 
 Reward models as scorers also serve evaluation and best-of-N: `reward_model_scores(engine, trajs,
-pad_id)` (the value head at each episode's last token) and `pair_accuracy(engine, pairs, pad_id)`.
+pad_id)` (the value head at each episode's last token: a Bradley-Terry model), `token_reward_scores` (an
+outcome or process reward model: the head's per-token probabilities aggregated over the completion's tokens
+or the step ends), `scorer(engine, kind, pad_id)` (the one a saved model's `RewardKind` says) and
+`pair_accuracy(engine, pairs, pad_id)`.
+
+The book's convention (ch.6 "Implementation", checklist 0.4): a reward model scores only finished
+completions. `Scored(..., unfinished=...)` gives an unfinished one (no stop token: cut at the token budget)
+a penalty instead of the model's score: by default 1 below the lowest score a reward model gave a finished
+completion of the same batch, so a truncated answer is worse than every finished one whatever the model's
+scale (TRL's `missing_eos_penalty` subtracts a fixed number from the score instead).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from ..engine.distributed import broadcast_object, sharded_map
-from ..objectives.reward_model import last_token_values, pairwise_accuracy
+from ..objectives.reward_model import AGGREGATES, aggregate_scores, last_token_values, pairwise_accuracy
 from ..trajectory import Outcome, Owner, Trajectory, collate
 from .base import Draw, Episodes, Source, Wrapper
 from .rewards import RewardBatch, RewardError, RewardSet, RewardState, Scores, combine, source_metrics
@@ -48,6 +58,72 @@ def reward_model_scores(engine, trajs: Sequence[Trajectory], pad_id: int, batch_
         values = engine.forward(batch, values=True).values  # [b, T]
         out += last_token_values(values, batch.attention_mask).tolist()
     return out
+
+
+@dataclass(frozen=True)
+class RewardKind:
+    """What a saved reward model is and how it scores (`reward_model.json` beside an HF model's weights)."""
+
+    objective: str = "bt"
+    """bt or plackett-luce: the head at the last token; orm / prm: the head per token or per step"""
+    aggregate: str = "mean"
+    """orm / prm: mean, min, product or last (objectives.reward_model.aggregate_scores)"""
+    step_separator: str = "\n"
+    """prm on text: the string that ends each step of a completion"""
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("bt", "plackett-luce", "orm", "prm"):
+            raise ValueError(f"RewardKind: objective must be bt, plackett-luce, orm or prm, got {self.objective!r}")
+        if self.aggregate not in AGGREGATES:
+            raise ValueError(f"RewardKind: aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
+
+    @property
+    def per_token(self) -> bool:
+        return self.objective in ("orm", "prm")
+
+
+def step_ends(traj: Trajectory) -> list[int]:
+    """Positions of the last token of each step: `traj.info['step_ends']` where the data put them (steps
+    inside one message, `trajtune.sources.data.stepwise_examples`), else the last POLICY token of each policy
+    turn (an agent's actions)."""
+    if "step_ends" in traj.info:
+        return list(traj.info["step_ends"])
+    last: dict[int, int] = {}
+    for i, (o, turn) in enumerate(zip(traj.owners, traj.turns, strict=True)):
+        if o == Owner.POLICY:
+            last[turn] = i
+    return [last[t] for t in sorted(last)]
+
+
+def scored_positions(traj: Trajectory, objective: str) -> list[int]:
+    """Where a token-level reward model reads its head: every completion (POLICY) token (orm), or the last
+    token of each step (prm, `step_ends`)."""
+    if objective == "orm":
+        return [i for i, o in enumerate(traj.owners) if o == Owner.POLICY]
+    return step_ends(traj)
+
+
+def token_reward_scores(engine, trajs: Sequence[Trajectory], pad_id: int, objective: str = "orm",
+                        aggregate: str = "mean", batch_size: int = 256) -> list[float]:
+    """An outcome (orm) or process (prm) reward model's scores of episodes (no gradient): sigma of its head at
+    `scored_positions`, aggregated (`aggregate_scores`: mean, min, product = sum of log p, last)."""
+    out: list[float] = []
+    for i in range(0, len(trajs), batch_size):
+        part = trajs[i : i + batch_size]
+        batch = collate(part, pad_id)
+        values = engine.forward(batch, values=True).values.float().cpu()  # [b, T]
+        mask = torch.zeros_like(values)
+        for row, t in enumerate(part):
+            mask[row, scored_positions(t, objective)] = 1.0
+        out += aggregate_scores(values, mask, aggregate).tolist()
+    return out
+
+
+def scorer(engine, kind: RewardKind, pad_id: int):
+    """trajs -> scores, as `kind` says (a `best_of_n` score, an evaluation's)."""
+    if kind.per_token:
+        return lambda trajs: token_reward_scores(engine, trajs, pad_id, kind.objective, kind.aggregate)
+    return lambda trajs: reward_model_scores(engine, trajs, pad_id)
 
 
 def pair_accuracy(engine, pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id: int) -> float:
