@@ -156,3 +156,82 @@ def test_pair_margins_reach_the_loop():
                               RewardModelConfig(steps=2, batch_size=2), TOK.pad_id)
     # at step 1 an untrained head has r_c ~ r_r: the pair with margin 2 has loss ~ softplus(2) > ln 2
     assert hist[0]["train/loss"] > (math.log1p(math.exp(2)) + math.log(2)) / 2 - 0.2
+
+
+# --- data formats (a trained HF tokenizer, its chat template) ---------------------------------------
+@pytest.fixture(scope="module")
+def chat():
+    pytest.importorskip("transformers")
+    from trajtune.models.hf_random import train_tokenizer
+    from trajtune.text.chat import ChatRenderer
+
+    return ChatRenderer(train_tokenizer())
+
+
+def _rows(tmp_path, rows):
+    import json
+
+    from trajtune.sources import data as D
+
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return D.read_rows(p)
+
+
+def test_margin_and_category_columns(chat, tmp_path):
+    from trajtune.sources import data as D
+
+    rows = _rows(tmp_path, [{"prompt": "2+3?", "chosen": "5", "rejected": "6", "margin": 3, "category": "math"},
+                            {"prompt": "2+3?", "chosen": "5", "rejected": "7"}])
+    (c1, _), (c2, _) = D.preference_pairs(rows, chat)
+    assert c1.info["margin"] == 3.0 and c1.info["category"] == "math" and "margin" not in c2.info
+    for bad, msg in [({"margin": -1}, "'margin' must be >= 0"), ({"margin": "big"}, "'margin' must be a finite"),
+                     ({"category": 3}, "'category' must be a non-empty string")]:
+        rows = _rows(tmp_path, [{"prompt": "2+3?", "chosen": "5", "rejected": "6", **bad}])
+        with pytest.raises(D.DataError, match=f"d.jsonl:1: field {msg}"):
+            D.preference_pairs(rows, chat)
+
+
+def test_ranked_rows_best_first_or_by_scores(chat, tmp_path):
+    from trajtune.sources import data as D
+
+    rows = _rows(tmp_path, [{"prompt": "2+3?", "completions": ["5", "6", "7"]},
+                            {"prompt": "2+3?", "completions": ["7", "5", "6"], "scores": [1, 9, 4]},
+                            {"prompt": "2+3?", "chosen": "5", "rejected": "6"}])
+    a, b, c = D.ranked_lists(rows, chat)
+    assert [t.ids for t in a] == [t.ids for t in b] and len(c) == 2 and c[0].ids == a[0].ids
+    for bad, msg in [({"completions": ["5"]}, "at least 2 completions"),
+                     ({"completions": ["5", "6"], "scores": [1]}, "'scores' must be a list of 2 numbers"),
+                     ({"completions": ["5", "6"], "scores": [1, None]}, r"'scores'\[1\] must be a finite number")]:
+        with pytest.raises(D.DataError, match=msg):
+            D.ranked_lists(_rows(tmp_path, [{"prompt": "2+3?", **bad}]), chat)
+
+
+def test_labelled_rows_for_an_orm(chat, tmp_path):
+    from trajtune.sources import data as D
+
+    (t, y), (_, n) = D.labelled_examples(_rows(tmp_path, [{"prompt": "2+3?", "completion": "5", "label": True},
+                                                          {"prompt": "2+3?", "completion": "6", "label": 0}]), chat)
+    assert (y, n) == (1, 0) and t.tokens_of(2)
+    for bad, msg in [({}, "missing field 'label'"), ({"label": 2}, "'label' must be 0, 1, true or false")]:
+        with pytest.raises(D.DataError, match=f"d.jsonl:1: .*{msg}"):
+            D.labelled_examples(_rows(tmp_path, [{"prompt": "2+3?", "completion": "5", **bad}]), chat)
+
+
+def test_stepwise_rows_put_each_label_on_its_steps_last_token(chat, tmp_path):
+    from trajtune.sources import data as D
+
+    rows = _rows(tmp_path, [{"prompt": "2+3+4?", "completions": ["2+3=5", "5+4=9"], "labels": [True, False]}])
+    [(t, y)] = D.stepwise_examples(rows, chat, "\n")
+    assert y == [1, 0]
+    first, last = t.info["step_ends"]
+    policy = [i for i, o in enumerate(t.owners) if o == 2]
+    assert last == policy[-1]  # the last step ends with the turn
+    # the first step ends on the separator after "2+3=5": everything up to it decodes to that text
+    assert chat.tokenizer.decode(t.ids[policy[0] : first + 1]) == "2+3=5\n"
+    for bad, msg in [({"labels": [1]}, "'labels' must be a list of 2 labels"),
+                     ({"labels": [1, "yes"]}, r"'labels'\[1\] must be 0, 1"),
+                     ({"completions": ["2+3=5\n", "x"], "labels": [1, 1]}, "contains the step separator")]:
+        row = {"prompt": "2+3+4?", "completions": ["2+3=5", "5+4=9"], "labels": [1, 0], **bad}
+        with pytest.raises(D.DataError, match=msg):
+            D.stepwise_examples(_rows(tmp_path, [row]), chat, "\n")
