@@ -5,6 +5,7 @@
     trajtune grpo --model runs/sft/model --data prompts.jsonl --reward my_rewards.py:exact --out runs/grpo
     trajtune rm   --model ./my-model --data pairs.jsonl --out runs/rm
     trajtune rft  --model ./my-model --data prompts.jsonl --reward my_rewards:exact --rounds 4
+    trajtune rm-eval --model runs/rm/model --data heldout.jsonl     (no training: accuracy, margin, per category)
 
 A thin front: each command's flags are generated from its config dataclass
 (`trajtune.experiments.hf`: SFTRun, RewardModelRun, DPORun, GRPORun, RFTRun) -- one flag
@@ -69,7 +70,8 @@ removes them all)"""
 
 
 def add_hf_parsers(subparsers) -> None:
-    """Add `sft rm dpo grpo rft` to an argparse subparsers object; each runs its experiment (`cmd_hf`)."""
+    """Add `sft rm dpo grpo rft` to an argparse subparsers object; each runs its experiment (`cmd_hf`); and
+    `rm-eval` (a saved reward model on held-out pairs: `trajtune.experiments.hf.rm_eval`)."""
     for command, help_text in COMMANDS.items():
         module = importlib.import_module(METHODS[command])
         p = subparsers.add_parser(command, help=f"HF model: {help_text}", description=module.__doc__,
@@ -84,6 +86,9 @@ def add_hf_parsers(subparsers) -> None:
                        "length, the device and the options; then stop before the model loads")
         add_options(p, module.Config, ALIASES.get(command, {}))
         p.set_defaults(func=cmd_hf, hf_command=command)
+    from ..experiments.hf.rm_eval import add_rm_eval_parser  # `trajtune rm-eval`: no training, no run directory
+
+    add_rm_eval_parser(subparsers)
 
 
 def add_options(parser: argparse.ArgumentParser, cls, aliases: dict[str, tuple[str, ...]] | None = None) -> None:
