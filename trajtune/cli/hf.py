@@ -132,6 +132,8 @@ def _kind(tp) -> dict:
         return {"choices": list(args), "type": type(args[0])}
     if origin in (typing.Union, types.UnionType) and type(None) in args:
         return _kind(next(a for a in args if a is not type(None)))
+    if origin in (typing.Union, types.UnionType) and any(get_origin(a) in (list, tuple) for a in args):
+        return _kind(next(a for a in args if get_origin(a) in (list, tuple)))  # list[str] | str: a recipe's one string
     if origin in (list, tuple):  # --reward a.py:f --reward b.py:g and --reward a.py:f b.py:g alike (flags default to SUPPRESS)
         return {"nargs": "*", "action": "extend",
                 **{k: v for k, v in _kind(args[0] if args else str).items() if k != "action"}}

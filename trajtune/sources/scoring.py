@@ -39,12 +39,18 @@ from typing import Any, Sequence
 import torch
 
 from ..engine.distributed import broadcast_object, sharded_map
+from ..metrics import register
 from ..objectives.reward_model import AGGREGATES, aggregate_scores, last_token_values, pairwise_accuracy
 from ..trajectory import Outcome, Owner, Trajectory, collate
 from .base import Draw, Episodes, Source, Wrapper
 from .rewards import RewardBatch, RewardError, RewardSet, RewardState, Scores, combine, source_metrics
 
 log = logging.getLogger("trajtune.sources.scoring")
+
+register("reward/unfinished", "completions a reward model did not score because they are unfinished (no stop "
+         "token: cut at --max-new-tokens); each got --unfinished-reward instead (RLHF book ch.6)")
+register("reward/*/member_std", "a reward-model ensemble's disagreement: the mean over completions of the std of "
+         "its members' scores (trajtune.sources.ensemble)")
 
 RM_NAME = "reward_model"
 """a reward model's name among the reward sources when there is one (its metrics: reward/reward_model/*)"""
@@ -134,20 +140,53 @@ def pair_accuracy(engine, pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id
 
 
 class RewardModel:
-    """A trained reward model as a reward source: the value head at the last token of the prompt + completion,
-    rendered with the reward model's own chat template as it was trained (`renderer.render_samples`' last
-    sample), scored in shares over the ranks. `engine`: a frozen engine on the model (with its value head)."""
+    """A trained reward model as a reward source: its score of the prompt + completion, rendered with the reward
+    model's own chat template as it was trained (`renderer.render_samples`' last sample), scored in shares over
+    the ranks. `engine`: a frozen engine on the model (with its value head); `kind`: how it scores (a
+    Bradley-Terry model: the head at the last token; orm / prm: `token_reward_scores` with its aggregation, a
+    PRM's steps cut at `kind.step_separator`)."""
 
-    def __init__(self, engine, renderer, name: str = RM_NAME):
-        self.engine, self.renderer, self.name = engine, renderer, name
+    def __init__(self, engine, renderer, name: str = RM_NAME, kind: RewardKind | None = None):
+        self.engine, self.renderer, self.name, self.kind = engine, renderer, name, kind or RewardKind()
 
     def __call__(self, batch: RewardBatch) -> list[float]:
-        trajs = []
-        for prompt, i in zip(batch.prompts, range(len(batch)), strict=True):
-            opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            trajs.append(self.renderer.render_samples(opening + [{"role": "assistant", "content": batch.text(i)}])[-1])
-        return sharded_map(self.engine, trajs,
-                           lambda part: reward_model_scores(self.engine, part, self.renderer.pad_id))
+        trajs = [self.render(prompt, batch.text(i), batch.where[i])
+                 for prompt, i in zip(batch.prompts, range(len(batch)), strict=True)]
+        return sharded_map(self.engine, trajs, self.scores)
+
+    def render(self, prompt, text: str, where: str = "") -> Trajectory:
+        """The prompt + completion as the model was trained on it (a PRM: the completion's steps marked)."""
+        opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.kind.objective == "prm":
+            from .data import DataError, split_steps, step_trajectory
+
+            try:
+                return step_trajectory(self.renderer, opening, split_steps(text, self.kind.step_separator),
+                                       self.kind.step_separator, where)
+            except DataError:  # a separator the tokenizer merged with the next step: the completion is one step
+                pass
+        return self.renderer.render_samples(opening + [{"role": "assistant", "content": text}])[-1]
+
+    def scores(self, trajs: Sequence[Trajectory]) -> list[float]:
+        pad = self.renderer.pad_id
+        if self.kind.per_token:
+            return token_reward_scores(self.engine, trajs, pad, self.kind.objective, self.kind.aggregate)
+        return reward_model_scores(self.engine, trajs, pad)
+
+
+def unfinished_scores(scores: Sequence[float | None], unfinished: Sequence[bool],
+                      penalty: float | None = None) -> list[float | None]:
+    """A reward model's scores with every unfinished completion's replaced (the book's convention: a reward model
+    scores finished sequences only; ch.6 Implementation, checklist 0.4).
+
+    scores [N] (None: not scored), unfinished [N] -> [N]: an unfinished completion gets `penalty`, or with None
+    1 below the lowest score of a finished completion (0.0 when none finished: all equal, no signal)."""
+    if len(scores) != len(unfinished):
+        raise ValueError(f"unfinished_scores: {len(scores)} scores for {len(unfinished)} completions")
+    if penalty is None:
+        finished = [s for s, u in zip(scores, unfinished, strict=True) if not u and s is not None]
+        penalty = min(finished) - 1.0 if finished else 0.0
+    return [penalty if u and s is not None else s for s, u in zip(scores, unfinished, strict=True)]
 
 
 class Scored(Wrapper):
@@ -159,10 +198,14 @@ class Scored(Wrapper):
     models:    `RewardModel`s, after the functions in `weights`' order
     weights:   one per source (functions, then models); empty: 1 each
     max_steps: the run's optimizer steps (`trainer_state.max_steps`)
+    unfinished, score_unfinished: a reward model's score of an unfinished episode (no stop token: cut at the token
+               budget, info['n_unterminated'] > 0) is replaced by `unfinished_scores(..., unfinished)` (None: 1
+               below the batch's lowest finished score), unless `score_unfinished`
     """
 
     def __init__(self, inner: Source, engine, functions: RewardSet, models: Sequence[RewardModel] = (),
-                 weights: Sequence[float] = (), max_steps: int = 0):
+                 weights: Sequence[float] = (), max_steps: int = 0, unfinished: float | None = None,
+                 score_unfinished: bool = False):
         super().__init__(inner)
         self.engine, self.functions, self.models = engine, functions, list(models)
         self.names = [f.name for f in functions.functions] + [m.name for m in self.models]
@@ -170,6 +213,7 @@ class Scored(Wrapper):
         if len(self.weights) != len(self.names):
             raise ValueError(f"Scored: {len(self.weights)} weights for {len(self.names)} reward sources {self.names}")
         self.max_steps = max_steps
+        self.unfinished, self.score_unfinished = unfinished, score_unfinished
 
     def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
         episodes = self.inner.take(draw, ahead)
@@ -184,7 +228,11 @@ class Scored(Wrapper):
         batch = RewardBatch.of(tasks, [(t.info.get("actions") or [""])[-1] for t in trajs],
                                [t.tokens_of(Owner.POLICY) for t in trajs])
         scores = self._call_functions(batch)
-        values = scores.values + [m(batch) for m in self.models]
+        modelled = [m(batch) for m in self.models]
+        cut = [bool(t.info.get("n_unterminated", 0)) for t in trajs]
+        if not self.score_unfinished:
+            modelled = [unfinished_scores(v, cut, self.unfinished) for v in modelled]
+        values = scores.values + modelled
         totals = combine(values, self.weights)
         unscored = []
         for i, (t, total) in enumerate(zip(trajs, totals, strict=True)):
@@ -202,7 +250,10 @@ class Scored(Wrapper):
             else:
                 t.reward = total
         self._report(batch, scores, unscored)
-        return {**source_metrics(self.names, values), **scores.metrics,
+        model_metrics = {k: v for m in self.models for k, v in getattr(m, "metrics", {}).items()}
+        if self.models:
+            model_metrics["reward/unfinished"] = float(sum(cut))
+        return {**source_metrics(self.names, values), **scores.metrics, **model_metrics,
                 "reward/failed": float(len(scores.failed)), "reward/unscored": float(len(unscored))}
 
     def _call_functions(self, batch: RewardBatch) -> Scores:
