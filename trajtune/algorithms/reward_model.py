@@ -35,9 +35,8 @@ import torch
 
 from ..engine import Engine, ForwardOutput, Loss
 from ..objectives.reward_model import (IGNORE_INDEX, all_pairs_loss, bradley_terry_loss, last_token_values, orm_loss,
-                                       plackett_luce_loss, prm_loss)
+                                       plackett_luce_loss, prm_loss, step_ends)
 from ..runs.loop import Run, eval_due
-from ..sources.scoring import step_ends
 from ..trajectory import Batch, Owner, Trajectory, collate, pair_batch
 from .common import train_row
 from .dpo import Pair, pair_step
@@ -211,8 +210,9 @@ def outcome_labels(traj: Trajectory, correct: bool | int) -> list[int]:
 
 def process_labels(traj: Trajectory, labels: Sequence[bool | int]) -> list[int]:
     """A PRM's labels (book "Process Reward Models"; TRL's packaging): each step's 0/1 label on its last
-    token (`step_ends`), IGNORE_INDEX elsewhere."""
-    ends = step_ends(traj)
+    token (`objectives.reward_model.step_ends`: info['step_ends'], else each policy turn's last token),
+    IGNORE_INDEX elsewhere."""
+    ends = step_ends(traj.owners, traj.turns, Owner.POLICY, traj.info.get("step_ends"))
     if len(ends) != len(labels):
         raise ValueError(f"process_labels: {len(labels)} labels for {len(ends)} steps ({traj.info.get('source', '')})")
     out = [IGNORE_INDEX] * len(traj)

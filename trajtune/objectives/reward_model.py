@@ -9,6 +9,8 @@ Models" (per-token BCE, labels copied onto completion tokens, -100 elsewhere) an
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -134,6 +136,19 @@ def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
     loss = F.cross_entropy(logits[sup].float(), labels[sup])
     acc = (logits[sup].detach().argmax(-1) == labels[sup]).float().mean()
     return loss, {"prm/accuracy": acc, "prm/steps": sup.sum().float()}
+
+
+def step_ends(owners: Sequence[int], turns: Sequence[int], policy: int, marked: Sequence[int] | None = None) -> list[int]:
+    """Positions of the last token of each step of one episode (where a PRM's labels sit, TRL's packaging):
+    `marked` where the data put them (steps inside one message), else the last token owned by `policy` in each
+    turn (an agent's actions). owners, turns: [T] per token."""
+    if marked is not None:
+        return list(marked)
+    last: dict[int, int] = {}
+    for i, (o, turn) in enumerate(zip(owners, turns, strict=True)):
+        if o == policy:
+            last[turn] = i
+    return [last[t] for t in sorted(last)]
 
 
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

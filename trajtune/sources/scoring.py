@@ -41,6 +41,7 @@ import torch
 from ..engine.distributed import broadcast_object, sharded_map
 from ..metrics import register
 from ..objectives.reward_model import AGGREGATES, aggregate_scores, last_token_values, pairwise_accuracy
+from ..objectives.reward_model import step_ends as _step_ends
 from ..trajectory import Outcome, Owner, Trajectory, collate
 from .base import Draw, Episodes, Source, Wrapper
 from .rewards import RewardBatch, RewardError, RewardSet, RewardState, Scores, combine, source_metrics
@@ -89,16 +90,9 @@ class RewardKind:
 
 
 def step_ends(traj: Trajectory) -> list[int]:
-    """Positions of the last token of each step: `traj.info['step_ends']` where the data put them (steps
-    inside one message, `trajtune.sources.data.stepwise_examples`), else the last POLICY token of each policy
-    turn (an agent's actions)."""
-    if "step_ends" in traj.info:
-        return list(traj.info["step_ends"])
-    last: dict[int, int] = {}
-    for i, (o, turn) in enumerate(zip(traj.owners, traj.turns, strict=True)):
-        if o == Owner.POLICY:
-            last[turn] = i
-    return [last[t] for t in sorted(last)]
+    """Positions of the last token of each step: `traj.info['step_ends']` where the data put them (steps inside
+    one message, `trajtune.sources.data.step_trajectory`), else the last POLICY token of each policy turn."""
+    return _step_ends(traj.owners, traj.turns, Owner.POLICY, traj.info.get("step_ends"))
 
 
 def scored_positions(traj: Trajectory, objective: str) -> list[int]:
