@@ -28,6 +28,7 @@ How this departs from the book, and why:
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -370,8 +371,15 @@ def section(run_dir: Path, results: dict, config) -> str:
         b = orm["bon"]
         bar_plot(run_dir / "rm-orm-bon.png", {"random pick": b["random"], "ORM pick": b["orm"], "oracle pick": b["oracle"]},
                  f"Best-of-{orm['n']} on 256 held-out sums", "pass rate")
-        parts.append(f"**ORM** ({orm['train_samples']} calculator samples, {fmt(orm['train_correct'])} correct; labels "
-                     "copied onto every answer token). Held-out AUC by aggregation:\n\n"
+        q = orm["train_correct"]
+        floor = -(q * math.log(q) + (1 - q) * math.log(1 - q)) if 0 < q < 1 else 0.0
+        tail = orm["loss"][-10:]
+        parts.append(f"**ORM** ({orm['train_samples']} calculator samples, {fmt(q)} correct; labels "
+                     "copied onto every answer token). Its training loss ends at "
+                     f"{fmt(sum(tail) / len(tail), 3)} (mean of the last {len(tail)} steps) against {fmt(floor, 3)}, the "
+                     "loss of predicting the base rate everywhere: where the two meet, the ORM has learned how often the "
+                     "calculator is right, not which answers are (to check a sum the grader must compute it). "
+                     "Held-out AUC by aggregation:\n\n"
                      + markdown_table(["aggregation", "AUC"], [[k, fmt(v)] for k, v in orm["auc"].items()])
                      + "\n\n" + image(run_dir / "rm-orm-bon.png", "best-of-N pass rates"))
     if prm:
@@ -397,7 +405,9 @@ def section(run_dir: Path, results: dict, config) -> str:
         series = {f"{k} loss": (list(range(1, len(kw[k]["loss"]) + 1)), kw[k]["loss"]) for k in ("plackett-luce", "bt")}
         line_plot(run_dir / "rm-kwise-loss.png", series, "K-wise PL vs all-pairs BT (K = 4)", "optimizer step",
                   "training loss")
-        parts.append("**K-wise Plackett-Luce vs all-pairs Bradley-Terry** on the same ranked lists:\n\n"
+        parts.append("**K-wise Plackett-Luce vs all-pairs Bradley-Terry** on the same ranked lists (the order reads "
+                     "a line's last character, which both objectives can learn; a tie at the top shows the mechanics "
+                     "agree, not which objective is better):\n\n"
                      + markdown_table(["objective", "held-out pair accuracy", "held-out top-1"],
                                       [[k, fmt(kw[k]["pair_accuracy"]), fmt(kw[k]["top1"])]
                                        for k in ("plackett-luce", "bt")])
