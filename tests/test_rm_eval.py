@@ -75,6 +75,20 @@ def test_orm_and_prm_save_their_kind_and_score_as_saved(work, tmp_path, capsys):
     assert "orm/accuracy" in rows[-1] and "eval/token_accuracy" in rows[-1]
     assert _rm(work, tmp_path / "prm", "steps.jsonl", "--objective", "prm") == 0
     assert read_metrics(tmp_path / "prm")[-1]["prm/steps"] > 0
+    # as a reward source, the PRM cuts a sampled completion into steps at its separator and scores each step
+    from trajtune.engine import make_engine
+    from trajtune.experiments.hf.model import ModelConfig
+    from trajtune.experiments.hf.sampling import reward_model
+    from trajtune.sources.rewards import RewardBatch
+
+    class Ctx:
+        engine = staticmethod(lambda model, optim=None, **kw: make_engine(model, optim, **kw))
+
+    prm = reward_model(Ctx(), str(tmp_path / "prm" / "model"), ModelConfig(path=str(tmp_path / "prm" / "model")))
+    assert (prm.kind.objective, prm.kind.aggregate) == ("prm", "mean")
+    assert len(prm.render("what is 1+5+1?", "1+5=6\n6+1=7").info["step_ends"]) == 2
+    batch = RewardBatch(["what is 1+5+1?"] * 2, ["1+5=6\n6+1=7", "1+5=6"], [[1], [1]], {}, ["p:1", "p:2"])
+    assert all(0.0 < s < 1.0 for s in prm(batch))  # the mean of the steps' probabilities
     capsys.readouterr()
     assert main(["rm-eval", "--model", str(tmp_path / "orm" / "model"), "--data", str(work / "pairs.jsonl"),
                  "--json"]) == 0
