@@ -13,10 +13,7 @@ recipe on the built-in gyms too.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -86,35 +83,18 @@ def read_kind(model_dir: str | Path):
         raise ConfigError(f"{kind_file}: not a reward-model description ({e})") from None
 
 
-def add_rm_eval_parser(subparsers) -> None:
-    p = subparsers.add_parser("rm-eval", help="HF model: a reward model's pair accuracy and margin on held-out pairs",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="a reward model directory saved by `trajtune rm` (its model/)")
-    p.add_argument("--data", required=True, help="preference rows ('prompt'/'chosen'/'rejected', optional 'category' "
-                   "and 'margin'): .jsonl, .json, .parquet or a save_to_disk directory")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
-    p.add_argument("--max-length", type=int, default=1024, help="longest pair side in tokens; longer rows are an "
-                   "error naming them (default 1024)")
-    p.add_argument("--device", default="cpu", help="where the model runs (default cpu)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_rm_eval)
-
-
-def cmd_rm_eval(args) -> int:
-    """Check the model and the rows, score every pair, print the report."""
+def evaluate_dir(model_dir: str, data: str, batch_size: int = 16, max_length: int = 1024, device: str = "cpu") -> dict:
+    """`trajtune rm-eval`: check the model and the rows (a `ConfigError` naming the directory, file, line or field),
+    score every pair as the model's kind says, return `evaluate_pairs`' report."""
     from .common import check_device, user_errors
 
-    if args.batch_size < 1 or args.max_length < 1:
+    if batch_size < 1 or max_length < 1:
         raise ConfigError("rm-eval: --batch-size and --max-length must be >= 1")
     with user_errors():
-        kind = read_kind(args.model)
-        pairs, tokenizer = _pairs(args.model, args.data, args.max_length)
-        check_device(args.device)
-        report = _score(args.model, kind, pairs, tokenizer, args.batch_size, args.device)
-    print(json.dumps(report, indent=1) if args.json else format_report(report))
-    if any(math.isnan(v) for v in (report["accuracy"], report["margin"])):
-        print("trajtune: warning: some scores are NaN", file=sys.stderr)
-    return 0
+        kind = read_kind(model_dir)
+        pairs, tokenizer = _pairs(model_dir, data, max_length)
+        check_device(device)
+        return _score(model_dir, kind, pairs, tokenizer, batch_size, device)
 
 
 def _pairs(model_dir: str, data: str, max_length: int):
