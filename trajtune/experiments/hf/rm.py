@@ -3,7 +3,7 @@
     trajtune rm --model ./my-model --data pairs.jsonl --out runs/rm
     trajtune rm --model ./my-model --data ranked.jsonl --objective plackett-luce
     trajtune rm --model ./my-model --data labelled.jsonl --objective orm --aggregate min
-    trajtune rm --model ./my-model --data steps.jsonl --objective prm --step-separator '\n'
+    trajtune rm --model ./my-model --data steps.jsonl --objective prm --step-separator $'\\n'
 
 --objective and its data (trajtune.sources.data, trajtune.algorithms.reward_model):
 
