@@ -151,3 +151,13 @@ def test_several_reward_models_are_one_ensemble_source(work, tmp_path):
                  "--reward-model", str(tmp_path / "a" / "model")]) == 0
     (row,) = read_metrics(tmp_path / "h")
     assert row["reward/reward_model/mean"] == 0.0 and row["reward/reward_model/std"] == 0.0
+
+
+def test_margins_apply_to_pairs_only(work, tmp_path, capsys):
+    (tmp_path / "mixed.jsonl").write_text(
+        json.dumps({"prompt": "1+5?", "completions": ["6", "7"]}) + "\n"
+        + json.dumps({"prompt": "2+5?", "chosen": "7", "rejected": "8", "margin": 2}) + "\n")
+    assert _rm(work, tmp_path / "a", tmp_path / "mixed.jsonl") == 2
+    assert "mixed.jsonl:2: field 'margin': a per-pair margin applies to pairs" in capsys.readouterr().err
+    assert _rm(work, tmp_path / "b", "labelled.jsonl", "--objective", "orm", "--margin", "1") == 2
+    assert "--margin 1.0: the Bradley-Terry margin applies to pairs" in capsys.readouterr().err

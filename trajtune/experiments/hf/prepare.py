@@ -163,6 +163,14 @@ def reward_model_data(config) -> Prepared:
     else:
         held_rows = D.read_rows(config.eval_data) if config.eval_data else []
     ranked = objective == "plackett-luce" or (objective == "bt" and any("completions" in r.data for r in rows))
+    if (ranked or objective in ("orm", "prm")) and config.rm.margin:
+        raise ConfigError(f"--margin {config.rm.margin}: the Bradley-Terry margin applies to pairs (--objective bt on "
+                          f"preference rows), not to {'ranked lists' if ranked else objective + ' rows'}")
+    if ranked:
+        with_margin = next((r for r in rows + held_rows if r.data.get("margin") is not None), None)
+        if with_margin is not None:
+            raise D.DataError(f"{with_margin.where}: field 'margin': a per-pair margin applies to pairs trained as pairs, "
+                              "but this file has ranked rows (trained as lists); drop the column or the ranked rows")
 
     def convert(rows: list, noun: str) -> list:
         if objective == "orm":
