@@ -9,7 +9,7 @@ import torch
 from trajtune.algorithms.reward_model import (RewardModelConfig, bradley_terry_loss_fn, outcome_labels,
                                               process_labels, ranked_batch, ranked_loss_fn, token_batch,
                                               train_ranked_reward_model, train_reward_model,
-                                              train_token_reward_model)
+                                              train_token_reward_model, with_prompt_weights)
 from trajtune.engine import ForwardOutput, OptimConfig, make_engine
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.objectives.reward_model import IGNORE_INDEX, aggregate_scores, all_pairs_loss
@@ -68,8 +68,8 @@ def test_ranked_loss_averages_prompts_whatever_their_k():
     last = batch.attention_mask.sum(-1) - 1
     values = torch.zeros(batch.ids.shape)
     values[torch.arange(5), last] = torch.tensor([2.0, 1.0, 0.0, 0.0, 1.0])
-    K_b = torch.tensor([3.0, 3, 3, 2, 2])
-    batch.extras["weight"] = 5 / (2 * K_b)  # as ranked_step sets it: b / (p * K)
+    with_prompt_weights(batch)  # b / (p * K): 5 / (2 * 3) on the first list's rows, 5 / (2 * 2) on the second's
+    assert batch.extras["weight"].tolist() == pytest.approx([5 / 6] * 3 + [5 / 4] * 2)
     sp = lambda x: math.log1p(math.exp(x))  # noqa: E731
     bt = ranked_loss_fn(RewardModelConfig(objective="bt"))
     loss, m = bt(ForwardOutput(logprobs=torch.zeros(5, batch.ids.shape[1] - 1), values=values), batch)

@@ -172,10 +172,16 @@ def ranked_step(engine: Engine, full: Batch, prompts: torch.Tensor, loss: Loss) 
     """forward_backward on the ranked lists `prompts` [p] of a `ranked_batch`, each row weighted
     b / (p * K_prompt) so that any split of the rows still averages the p prompts' losses equally."""
     rows = torch.cat([(full.extras["group"] == g).nonzero().squeeze(1) for g in prompts.tolist()])
-    part = full.select(rows)
-    K_b = torch.stack([(part.extras["group"] == g).sum() for g in part.extras["group"]]).float()  # [b]
-    part.extras["weight"] = part.size / (len(prompts) * K_b)
-    return engine.forward_backward(part, loss)
+    return engine.forward_backward(with_prompt_weights(full.select(rows)), loss)
+
+
+def with_prompt_weights(batch: Batch) -> Batch:
+    """`batch` (whole ranked lists) with extras['weight'] [b] = b / (p * K_prompt): the weights under which
+    `ranked_loss_fn` is the mean of its p prompts' losses, however the engine splits the rows."""
+    group_b = batch.extras["group"]
+    K_b = (group_b[:, None] == group_b[None, :]).sum(-1).float()  # [b] each row's list length
+    batch.extras["weight"] = batch.size / (len(group_b.unique()) * K_b)
+    return batch
 
 
 def train_ranked_reward_model(engine: Engine, groups: Sequence[Sequence[Trajectory]], config: RewardModelConfig,

@@ -33,7 +33,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 
@@ -72,7 +72,7 @@ class Demo:
     """ORM optimizer steps"""
     orm_batch: int = 64
     """episodes per ORM step"""
-    orm_aggregate: str = "mean"
+    orm_aggregate: Literal["mean", "min", "product", "last"] = "mean"
     """how the ORM's per-token probabilities become the best-of-N score (mean, min, product, last)"""
     bon_n: int = 8
     """best-of-N: samples per held-out problem (the 256 of chapter 13)"""

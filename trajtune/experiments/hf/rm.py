@@ -132,13 +132,12 @@ def eval_items(engine, items: list, c: RewardModelRun, pad_id: int) -> dict:
     eval/token_accuracy), no gradient."""
     import torch
 
-    from ...algorithms.reward_model import ranked_batch, ranked_loss_fn, token_batch, token_loss_fn
+    from ...algorithms.reward_model import (ranked_batch, ranked_loss_fn, token_batch, token_loss_fn,
+                                            with_prompt_weights)
 
     with torch.no_grad():
         if isinstance(items[0], list):  # ranked lists
-            batch = ranked_batch(items, pad_id)
-            batch.extras["weight"] = torch.tensor([batch.size / (len(items) * len(g)) for g in items for _ in g])
-            loss_fn = ranked_loss_fn(c.rm)
+            batch, loss_fn = with_prompt_weights(ranked_batch(items, pad_id)), ranked_loss_fn(c.rm)
         else:
             batch, loss_fn = token_batch(items, pad_id), token_loss_fn(c.rm)
         out = engine.forward(batch, values=True)
