@@ -5,6 +5,7 @@
     trajtune grpo --model runs/sft/model --data prompts.jsonl --reward my_rewards.py:exact --out runs/grpo
     trajtune rm   --model ./my-model --data pairs.jsonl --out runs/rm
     trajtune rft  --model ./my-model --data prompts.jsonl --reward my_rewards:exact --rounds 4
+    trajtune rm-eval --model runs/rm/model --data heldout.jsonl     (no training: accuracy, margin, per category)
 
 A thin front: each command's flags are generated from its config dataclass
 (`trajtune.experiments.hf`: SFTRun, RewardModelRun, DPORun, GRPORun, RFTRun) -- one flag
@@ -69,7 +70,8 @@ removes them all)"""
 
 
 def add_hf_parsers(subparsers) -> None:
-    """Add `sft rm dpo grpo rft` to an argparse subparsers object; each runs its experiment (`cmd_hf`)."""
+    """Add `sft rm dpo grpo rft` to an argparse subparsers object; each runs its experiment (`cmd_hf`); and
+    `rm-eval` (a saved reward model on held-out pairs: `trajtune.experiments.hf.rm_eval`)."""
     for command, help_text in COMMANDS.items():
         module = importlib.import_module(METHODS[command])
         p = subparsers.add_parser(command, help=f"HF model: {help_text}", description=module.__doc__,
@@ -84,6 +86,36 @@ def add_hf_parsers(subparsers) -> None:
                        "length, the device and the options; then stop before the model loads")
         add_options(p, module.Config, ALIASES.get(command, {}))
         p.set_defaults(func=cmd_hf, hf_command=command)
+    add_rm_eval_parser(subparsers)
+
+
+def add_rm_eval_parser(subparsers) -> None:
+    """`trajtune rm-eval --model DIR --data FILE`: no training, no run directory (`trajtune.experiments.hf.rm_eval`)."""
+    from ..experiments.hf import rm_eval
+
+    p = subparsers.add_parser("rm-eval", help="HF model: a reward model's pair accuracy and margin on held-out pairs",
+                              description=rm_eval.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a reward model directory saved by `trajtune rm` (its model/)")
+    p.add_argument("--data", required=True, help="preference rows ('prompt'/'chosen'/'rejected', optional 'category' "
+                   "and 'margin'): .jsonl, .json, .parquet or a save_to_disk directory")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
+    p.add_argument("--max-length", type=int, default=1024, help="longest pair side in tokens; a longer row is an "
+                   "error naming it (default 1024)")
+    p.add_argument("--device", default="cpu", help="where the model runs (default cpu)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_rm_eval)
+
+
+def cmd_rm_eval(args) -> int:
+    """Score every held-out pair with the saved reward model and print the report (`rm_eval.evaluate_dir`)."""
+    import json
+
+    from ..experiments.hf import rm_eval
+
+    _quiet_transformers()
+    report = rm_eval.evaluate_dir(args.model, args.data, args.batch_size, args.max_length, args.device)
+    print(json.dumps(report, indent=1) if args.json else rm_eval.format_report(report))
+    return 0
 
 
 def add_options(parser: argparse.ArgumentParser, cls, aliases: dict[str, tuple[str, ...]] | None = None) -> None:
@@ -127,6 +159,8 @@ def _kind(tp) -> dict:
         return {"choices": list(args), "type": type(args[0])}
     if origin in (typing.Union, types.UnionType) and type(None) in args:
         return _kind(next(a for a in args if a is not type(None)))
+    if origin in (typing.Union, types.UnionType) and any(get_origin(a) in (list, tuple) for a in args):
+        return _kind(next(a for a in args if get_origin(a) in (list, tuple)))  # list[str] | str: a recipe's one string
     if origin in (list, tuple):  # --reward a.py:f --reward b.py:g and --reward a.py:f b.py:g alike (flags default to SUPPRESS)
         return {"nargs": "*", "action": "extend",
                 **{k: v for k, v in _kind(args[0] if args else str).items() if k != "action"}}

@@ -9,6 +9,8 @@ Models" (per-token BCE, labels copied onto completion tokens, -100 elsewhere) an
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -136,8 +138,78 @@ def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
     return loss, {"prm/accuracy": acc, "prm/steps": sup.sum().float()}
 
 
+def step_ends(owners: Sequence[int], turns: Sequence[int], policy: int, marked: Sequence[int] | None = None) -> list[int]:
+    """Positions of the last token of each step of one episode (where a PRM's labels sit, TRL's packaging):
+    `marked` where the data put them (steps inside one message), else the last token owned by `policy` in each
+    turn (an agent's actions). owners, turns: [T] per token."""
+    if marked is not None:
+        return list(marked)
+    last: dict[int, int] = {}
+    for i, (o, turn) in enumerate(zip(owners, turns, strict=True)):
+        if o == policy:
+            last[turn] = i
+    return [last[t] for t in sorted(last)]
+
+
 def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """values [B, T], attention_mask [B, T] -> [B]: the value at each row's last real token (a reward model's
     score of the episode)."""
     last = attention_mask.long().sum(-1) - 1  # [B]
     return values.gather(1, last[:, None]).squeeze(1)
+
+
+def all_pairs_loss(rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Bradley-Terry over every pair of one prompt's ranked completions (InstructGPT; book ch.5 "Other Reward
+    Model Variants", checklist 5.4): all C(K,2) pairs in one batch, averaged, so each prompt is one grouped term
+
+        L = (1 / C(K,2)) * sum_{i < j} softplus(r_j - r_i)      (i ranked above j)
+
+    rewards [K] (K >= 2) scores of one prompt's completions, best first.
+    returns (loss [], metrics rm/accuracy: share of the C(K,2) pairs ordered right (ties wrong),
+    rm/margin: mean r_i - r_j over them).
+    """
+    expect_dim("rewards", rewards, 1)
+    K = rewards.shape[0]
+    if K < 2:
+        raise ValueError(f"all_pairs_loss: a ranked list needs K >= 2 completions, got {K}")
+    i, j = torch.triu_indices(K, K, offset=1)  # [C(K,2)] each: i above j
+    diff = rewards[i] - rewards[j]  # [C(K,2)]
+    return F.softplus(-diff).mean(), {"rm/accuracy": (diff.detach() > 0).float().mean(),
+                                      "rm/margin": diff.detach().mean()}
+
+
+AGGREGATES = ("mean", "min", "product", "last")
+"""how per-token (ORM) or per-step (PRM) probabilities become one score (`aggregate_scores`)"""
+
+
+def aggregate_scores(logits: torch.Tensor, mask: torch.Tensor, how: str = "mean") -> torch.Tensor:
+    """One score per sequence from a per-position head (book "Outcome Reward Models" / "Process Reward Models",
+    checklist 5.6-5.7 inference aggregation). p_t = sigma(logit_t) at the positions `mask` marks (an ORM: the
+    completion's tokens; a PRM: the last token of each step):
+
+        mean     mean_t p_t                          (the expected correctness)
+        min      min_t p_t                           (fail-fast: the weakest token or step)
+        product  sum_t log p_t  = log prod_t p_t     (the chance every token / step is right, as a log)
+        last     p at the last marked position       (the verdict once everything is read)
+
+    logits [B, T], mask [B, T] (nonzero: scored) -> [B] (no gradient needed, but kept). A row with no marked
+    position scores NaN: there is nothing to aggregate.
+    """
+    expect_dim("logits", logits, 2)
+    expect_like("mask", mask, "logits", logits)
+    if how not in AGGREGATES:
+        raise ValueError(f"aggregate_scores: how must be one of {AGGREGATES}, got {how!r}")
+    on = mask > 0  # [B, T]
+    n = on.sum(-1)  # [B]
+    nan = torch.full_like(logits[:, 0], float("nan"))
+    if how == "mean":
+        out = (torch.sigmoid(logits) * on).sum(-1) / n.clamp(min=1)
+    elif how == "min":
+        out = torch.sigmoid(logits).masked_fill(~on, float("inf")).amin(-1)
+    elif how == "product":
+        out = (F.logsigmoid(logits) * on).sum(-1)
+    else:
+        position = torch.arange(logits.shape[1], device=logits.device).expand_as(on)
+        last = (position * on).amax(-1)  # [B] the last marked position
+        out = torch.sigmoid(logits.gather(1, last[:, None]).squeeze(1))
+    return torch.where(n > 0, out, nan)

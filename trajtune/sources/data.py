@@ -10,6 +10,19 @@ a `datasets.Dataset` (or any sequence of dicts). Four formats, told apart by the
     preference    [prompt,] chosen, rejected                (chosen, rejected) trajectory pairs
     prompt        prompt (+ any other columns)              `PromptTask`s for RL / rejection sampling
 
+and, for reward models (`trajtune rm --objective ...`; book ch.5), columns that the rows of a format carry:
+
+    a preference row's  margin: a number >= 0        Llama 2's rating-difference margin of that pair (BT loss)
+                        category: a string           the pair's group in `trajtune rm-eval`'s table
+    ranked              prompt, completions: [K >= 2 strings or assistant messages], best first, or with
+                        scores: [K numbers] (higher is better)   -> `ranked_lists` (plackett-luce; bt: all pairs)
+    labelled            prompt, completion, label: 0/1 or bool (TRL's unpaired format)
+                                                     -> (episode, label): an outcome reward model (orm)
+    stepwise            prompt, completions: [steps], labels: [one 0/1 or bool per step] (TRL's stepwise
+                        format)                       -> (episode, step labels): a process reward model (prm);
+                        the steps are joined by a separator into one assistant message and each step's label
+                        sits on its last token (the separator after it; the last step's: the turn's end)
+
 `prompt`, `completion`, `chosen` and `rejected` are either strings (the
 "standard" format: a string prompt is one user message, a string completion one
 assistant message) or lists of messages (the "conversational" format). A
@@ -34,13 +47,14 @@ and a user message with empty content.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..text.chat import ChatRenderer, TemplateError
-from ..trajectory import Trajectory
+from ..trajectory import Owner, Trajectory
 
 FORMATS = ("messages", "completion", "preference", "prompt")
 ROLES = ("system", "user", "assistant", "tool")
@@ -350,6 +364,7 @@ def preference_pairs(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[
             if not samples:
                 raise DataError(f"{row.where}: field {name!r} has no assistant message to score")
             sides.append(samples[-1])
+        sides[0].info.update(pair_columns(row))  # margin, category: read by the reward-model loop and rm-eval
         pairs.append((sides[0], sides[1]))
     return pairs
 
@@ -371,3 +386,153 @@ def prompt_tasks(rows: Sequence[Row]) -> list[PromptTask]:
         tasks.append(PromptTask(name=f"row{i}", prompt=prompt, columns=columns, where=row.where))
     return tasks
 
+
+
+# --- reward-model data: margins, ranked lists, outcome and step labels ----------------------------------
+def _number(row: Row, name: str, value: Any, index: int | None = None) -> float:
+    """A finite number (not a bool) from field `name` (its element `index`)."""
+    where = f"{name!r}" if index is None else f"{name!r}[{index}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{row.where}: field {where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _binary(row: Row, name: str, value: Any, index: int | None = None) -> int:
+    """A 0/1 label: true, false, 0 or 1."""
+    where = f"{name!r}" if index is None else f"{name!r}[{index}]"
+    if isinstance(value, bool) or value in (0, 1):
+        return int(value)
+    raise DataError(f"{row.where}: field {where} must be 0, 1, true or false, got {value!r}")
+
+
+def pair_columns(row: Row) -> dict[str, Any]:
+    """A preference row's optional reward-model columns: 'margin' (a number >= 0) and 'category' (a string)."""
+    out: dict[str, Any] = {}
+    if row.data.get("margin") is not None:
+        out["margin"] = _number(row, "margin", row.data["margin"])
+        if out["margin"] < 0:
+            raise DataError(f"{row.where}: field 'margin' must be >= 0 (how much better 'chosen' is), got "
+                            f"{row.data['margin']!r}")
+    if row.data.get("category") is not None:
+        if not isinstance(row.data["category"], str) or not row.data["category"].strip():
+            raise DataError(f"{row.where}: field 'category' must be a non-empty string, got {row.data['category']!r}")
+        out["category"] = row.data["category"]
+    return out
+
+
+def ranked_lists(rows: Sequence[Row], renderer: ChatRenderer) -> list[list[Trajectory]]:
+    """Ranked rows (and preference rows, as K = 2 lists) -> each prompt's completions rendered, best first.
+
+    A ranked row: 'prompt' and 'completions' (K >= 2), best first, or with 'scores' (K numbers, higher is
+    better; equal scores keep the row's order)."""
+    out = []
+    for row in rows:
+        if "chosen" in row.data or "rejected" in row.data:
+            out.append(list(preference_pairs([row], renderer)[0]))
+            continue
+        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
+        completions = _field(row, "completions")
+        if not isinstance(completions, list) or len(completions) < 2:
+            raise DataError(f"{row.where}: field 'completions' must be a list of at least 2 completions (a ranked "
+                            f"list, best first), got {type(completions).__name__}"
+                            + (f" of {len(completions)}" if isinstance(completions, list) else ""))
+        order = list(range(len(completions)))
+        if row.data.get("scores") is not None:
+            scores = row.data["scores"]
+            if not isinstance(scores, list) or len(scores) != len(completions):
+                raise DataError(f"{row.where}: field 'scores' must be a list of {len(completions)} numbers (one per "
+                                "completion)")
+            values = [_number(row, "scores", v, i) for i, v in enumerate(scores)]
+            order.sort(key=lambda i: -values[i])
+        ranked = []
+        for i in order:
+            samples = _render(renderer, row, prompt + _messages(row, f"completions[{i}]", completions[i], "assistant"),
+                              len(prompt))
+            if not samples:
+                raise DataError(f"{row.where}: field 'completions'[{i}] has no assistant message to score")
+            ranked.append(samples[-1])
+        out.append(ranked)
+    return out
+
+
+def labelled_examples(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[Trajectory, int]]:
+    """'prompt'/'completion' (or 'messages') rows with a 0/1 'label' -> (episode, label): an outcome reward
+    model's data (the label is the completion's correctness, copied onto its tokens by the loop)."""
+    out = []
+    for row in rows:
+        if "label" not in row.data or row.data["label"] is None:
+            raise DataError(f"{row.where}: missing field 'label' (0/1 or true/false: is the completion correct?)")
+        label = _binary(row, "label", row.data["label"])
+        samples = _render(renderer, row, *conversation(row))
+        if not samples:
+            raise DataError(f"{row.where}: no assistant message to score")
+        out.append((samples[-1], label))
+    return out
+
+
+def _encode(renderer, text: str) -> list[int]:
+    """`text`'s token ids without special tokens (a Hugging Face tokenizer, or a toy tokenizer's encode)."""
+    tok = renderer.tokenizer
+    if hasattr(tok, "encode") and not callable(getattr(tok, "apply_chat_template", None)):
+        return list(tok.encode(text))
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def step_trajectory(renderer, prompt: list[dict], steps: Sequence[str], separator: str, where: str = "") -> Trajectory:
+    """One assistant message of `steps` joined by `separator`, rendered after `prompt`, with
+    info['step_ends']: the position of the last token of each step (the separator that follows it; the last
+    step's: the turn's last POLICY token, its end). A DataError (naming `where`) when the tokenizer merges a
+    step's separator with the text after it, so that no token ends the step."""
+    content = separator.join(steps)
+    samples = renderer.render_samples(prompt + [{"role": "assistant", "content": content}],
+                                      info={"source": where}, context=len(prompt))
+    if not samples:
+        raise DataError(f"{where}: no assistant message to score")
+    traj = samples[-1]
+    policy = [i for i, o in enumerate(traj.owners) if o == Owner.POLICY]
+    ids = [traj.ids[i] for i in policy]
+    whole = _encode(renderer, content)
+    at = next((j for j in range(len(ids) - len(whole) + 1) if ids[j : j + len(whole)] == whole), None)
+    if at is None:
+        raise DataError(f"{where}: the steps' tokens differ inside the rendered conversation (the chat template "
+                        "changes the completion's text); cannot place the step labels")
+    ends = []
+    for k in range(len(steps) - 1):
+        prefix = _encode(renderer, separator.join(steps[: k + 1]) + separator)
+        if whole[: len(prefix)] != prefix:
+            raise DataError(f"{where}: step {k}'s last token is merged with the next step's text by the tokenizer "
+                            f"(separator {separator!r}); choose a separator the tokenizer ends a token on, e.g. '\\n'")
+        ends.append(policy[at + len(prefix) - 1])
+    ends.append(policy[-1])
+    traj.info["step_ends"] = ends
+    return traj
+
+
+def split_steps(text: str, separator: str) -> list[str]:
+    """A completion's steps: its text cut at `separator` (empty pieces dropped; at least the whole text)."""
+    steps = [s for s in text.split(separator) if s.strip()]
+    return steps or [text]
+
+
+def stepwise_examples(rows: Sequence[Row], renderer, separator: str = "\n") -> list[tuple[Trajectory, list[int]]]:
+    """Stepwise rows ('prompt', 'completions': steps, 'labels': one 0/1 per step) -> (episode with
+    info['step_ends'], step labels): a process reward model's data (`step_trajectory`)."""
+    if not separator:
+        raise DataError("the step separator must not be empty")
+    out = []
+    for row in rows:
+        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
+        steps, labels = _field(row, "completions"), _field(row, "labels")
+        if not isinstance(steps, list) or not steps:
+            raise DataError(f"{row.where}: field 'completions' must be a non-empty list of step strings")
+        for i, step in enumerate(steps):
+            if not isinstance(step, str) or not step.strip():
+                raise DataError(f"{row.where}: field 'completions'[{i}] must be a non-empty string (one step)")
+            if separator in step:
+                raise DataError(f"{row.where}: field 'completions'[{i}] contains the step separator {separator!r}")
+        if not isinstance(labels, list) or len(labels) != len(steps):
+            raise DataError(f"{row.where}: field 'labels' must be a list of {len(steps)} labels (one per step), got "
+                            f"{labels!r}")
+        y = [_binary(row, "labels", v, i) for i, v in enumerate(labels)]
+        out.append((step_trajectory(renderer, prompt, steps, separator, row.where), y))
+    return out

@@ -17,24 +17,41 @@ time/reward_s in their metrics. The episodes are one-turn answers to prompt task
 (`trajtune.sources.data.PromptTask`): episode i answers `draw.tasks[i // draw.n]`.
 
 Reward models as scorers also serve evaluation and best-of-N: `reward_model_scores(engine, trajs,
-pad_id)` (the value head at each episode's last token) and `pair_accuracy(engine, pairs, pad_id)`.
+pad_id)` (the value head at each episode's last token: a Bradley-Terry model), `token_reward_scores` (an
+outcome or process reward model: the head's per-token probabilities aggregated over the completion's tokens
+or the step ends), `scorer(engine, kind, pad_id)` (the one a saved model's `RewardKind` says) and
+`pair_accuracy(engine, pairs, pad_id)`.
+
+The book's convention (ch.6 "Implementation", checklist 0.4): a reward model scores only finished
+completions. `Scored(..., unfinished=...)` gives an unfinished one (no stop token: cut at the token budget)
+a penalty instead of the model's score: by default 1 below the lowest score a reward model gave a finished
+completion of the same batch, so a truncated answer is worse than every finished one whatever the model's
+scale (TRL's `missing_eos_penalty` subtracts a fixed number from the score instead).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from ..engine.distributed import broadcast_object, sharded_map
-from ..objectives.reward_model import last_token_values, pairwise_accuracy
+from ..metrics import register
+from ..objectives.reward_model import AGGREGATES, aggregate_scores, last_token_values, pairwise_accuracy
+from ..objectives.reward_model import step_ends as _step_ends
 from ..trajectory import Outcome, Owner, Trajectory, collate
 from .base import Draw, Episodes, Source, Wrapper
 from .rewards import RewardBatch, RewardError, RewardSet, RewardState, Scores, combine, source_metrics
 
 log = logging.getLogger("trajtune.sources.scoring")
+
+register("reward/unfinished", "completions a reward model did not score because they are unfinished (no stop "
+         "token: cut at --max-new-tokens); each got --unfinished-reward instead (RLHF book ch.6)")
+register("reward/*/member_std", "a reward-model ensemble's disagreement: the mean over completions of the std of "
+         "its members' scores (trajtune.sources.ensemble)")
 
 RM_NAME = "reward_model"
 """a reward model's name among the reward sources when there is one (its metrics: reward/reward_model/*)"""
@@ -50,6 +67,65 @@ def reward_model_scores(engine, trajs: Sequence[Trajectory], pad_id: int, batch_
     return out
 
 
+@dataclass(frozen=True)
+class RewardKind:
+    """What a saved reward model is and how it scores (`reward_model.json` beside an HF model's weights)."""
+
+    objective: str = "bt"
+    """bt or plackett-luce: the head at the last token; orm / prm: the head per token or per step"""
+    aggregate: str = "mean"
+    """orm / prm: mean, min, product or last (objectives.reward_model.aggregate_scores)"""
+    step_separator: str = "\n"
+    """prm on text: the string that ends each step of a completion"""
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("bt", "plackett-luce", "orm", "prm"):
+            raise ValueError(f"RewardKind: objective must be bt, plackett-luce, orm or prm, got {self.objective!r}")
+        if self.aggregate not in AGGREGATES:
+            raise ValueError(f"RewardKind: aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
+
+    @property
+    def per_token(self) -> bool:
+        return self.objective in ("orm", "prm")
+
+
+def step_ends(traj: Trajectory) -> list[int]:
+    """Positions of the last token of each step: `traj.info['step_ends']` where the data put them (steps inside
+    one message, `trajtune.sources.data.step_trajectory`), else the last POLICY token of each policy turn."""
+    return _step_ends(traj.owners, traj.turns, Owner.POLICY, traj.info.get("step_ends"))
+
+
+def scored_positions(traj: Trajectory, objective: str) -> list[int]:
+    """Where a token-level reward model reads its head: every completion (POLICY) token (orm), or the last
+    token of each step (prm, `step_ends`)."""
+    if objective == "orm":
+        return [i for i, o in enumerate(traj.owners) if o == Owner.POLICY]
+    return step_ends(traj)
+
+
+def token_reward_scores(engine, trajs: Sequence[Trajectory], pad_id: int, objective: str = "orm",
+                        aggregate: str = "mean", batch_size: int = 256) -> list[float]:
+    """An outcome (orm) or process (prm) reward model's scores of episodes (no gradient): sigma of its head at
+    `scored_positions`, aggregated (`aggregate_scores`: mean, min, product = sum of log p, last)."""
+    out: list[float] = []
+    for i in range(0, len(trajs), batch_size):
+        part = trajs[i : i + batch_size]
+        batch = collate(part, pad_id)
+        values = engine.forward(batch, values=True).values.float().cpu()  # [b, T]
+        mask = torch.zeros_like(values)
+        for row, t in enumerate(part):
+            mask[row, scored_positions(t, objective)] = 1.0
+        out += aggregate_scores(values, mask, aggregate).tolist()
+    return out
+
+
+def scorer(engine, kind: RewardKind, pad_id: int):
+    """trajs -> scores, as `kind` says (a `best_of_n` score, an evaluation's)."""
+    if kind.per_token:
+        return lambda trajs: token_reward_scores(engine, trajs, pad_id, kind.objective, kind.aggregate)
+    return lambda trajs: reward_model_scores(engine, trajs, pad_id)
+
+
 def pair_accuracy(engine, pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id: int) -> float:
     """Share of (chosen, rejected) pairs whose chosen episode the reward model scores higher."""
     s = reward_model_scores(engine, [c for c, _ in pairs] + [r for _, r in pairs], pad_id)
@@ -58,20 +134,53 @@ def pair_accuracy(engine, pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id
 
 
 class RewardModel:
-    """A trained reward model as a reward source: the value head at the last token of the prompt + completion,
-    rendered with the reward model's own chat template as it was trained (`renderer.render_samples`' last
-    sample), scored in shares over the ranks. `engine`: a frozen engine on the model (with its value head)."""
+    """A trained reward model as a reward source: its score of the prompt + completion, rendered with the reward
+    model's own chat template as it was trained (`renderer.render_samples`' last sample), scored in shares over
+    the ranks. `engine`: a frozen engine on the model (with its value head); `kind`: how it scores (a
+    Bradley-Terry model: the head at the last token; orm / prm: `token_reward_scores` with its aggregation, a
+    PRM's steps cut at `kind.step_separator`)."""
 
-    def __init__(self, engine, renderer, name: str = RM_NAME):
-        self.engine, self.renderer, self.name = engine, renderer, name
+    def __init__(self, engine, renderer, name: str = RM_NAME, kind: RewardKind | None = None):
+        self.engine, self.renderer, self.name, self.kind = engine, renderer, name, kind or RewardKind()
 
     def __call__(self, batch: RewardBatch) -> list[float]:
-        trajs = []
-        for prompt, i in zip(batch.prompts, range(len(batch)), strict=True):
-            opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            trajs.append(self.renderer.render_samples(opening + [{"role": "assistant", "content": batch.text(i)}])[-1])
-        return sharded_map(self.engine, trajs,
-                           lambda part: reward_model_scores(self.engine, part, self.renderer.pad_id))
+        trajs = [self.render(prompt, batch.text(i), batch.where[i])
+                 for prompt, i in zip(batch.prompts, range(len(batch)), strict=True)]
+        return sharded_map(self.engine, trajs, self.scores)
+
+    def render(self, prompt, text: str, where: str = "") -> Trajectory:
+        """The prompt + completion as the model was trained on it (a PRM: the completion's steps marked)."""
+        opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.kind.objective == "prm":
+            from .data import DataError, split_steps, step_trajectory
+
+            try:
+                return step_trajectory(self.renderer, opening, split_steps(text, self.kind.step_separator),
+                                       self.kind.step_separator, where)
+            except DataError:  # a separator the tokenizer merged with the next step: the completion is one step
+                pass
+        return self.renderer.render_samples(opening + [{"role": "assistant", "content": text}])[-1]
+
+    def scores(self, trajs: Sequence[Trajectory]) -> list[float]:
+        pad = self.renderer.pad_id
+        if self.kind.per_token:
+            return token_reward_scores(self.engine, trajs, pad, self.kind.objective, self.kind.aggregate)
+        return reward_model_scores(self.engine, trajs, pad)
+
+
+def unfinished_scores(scores: Sequence[float | None], unfinished: Sequence[bool],
+                      penalty: float | None = None) -> list[float | None]:
+    """A reward model's scores with every unfinished completion's replaced (the book's convention: a reward model
+    scores finished sequences only; ch.6 Implementation, checklist 0.4).
+
+    scores [N] (None: not scored), unfinished [N] -> [N]: an unfinished completion gets `penalty`, or with None
+    1 below the lowest score of a finished completion (0.0 when none finished: all equal, no signal)."""
+    if len(scores) != len(unfinished):
+        raise ValueError(f"unfinished_scores: {len(scores)} scores for {len(unfinished)} completions")
+    if penalty is None:
+        finished = [s for s, u in zip(scores, unfinished, strict=True) if not u and s is not None]
+        penalty = min(finished) - 1.0 if finished else 0.0
+    return [penalty if u and s is not None else s for s, u in zip(scores, unfinished, strict=True)]
 
 
 class Scored(Wrapper):
@@ -83,10 +192,14 @@ class Scored(Wrapper):
     models:    `RewardModel`s, after the functions in `weights`' order
     weights:   one per source (functions, then models); empty: 1 each
     max_steps: the run's optimizer steps (`trainer_state.max_steps`)
+    unfinished, score_unfinished: a reward model's score of an unfinished episode (no stop token: cut at the token
+               budget, info['n_unterminated'] > 0) is replaced by `unfinished_scores(..., unfinished)` (None: 1
+               below the batch's lowest finished score), unless `score_unfinished`
     """
 
     def __init__(self, inner: Source, engine, functions: RewardSet, models: Sequence[RewardModel] = (),
-                 weights: Sequence[float] = (), max_steps: int = 0):
+                 weights: Sequence[float] = (), max_steps: int = 0, unfinished: float | None = None,
+                 score_unfinished: bool = False):
         super().__init__(inner)
         self.engine, self.functions, self.models = engine, functions, list(models)
         self.names = [f.name for f in functions.functions] + [m.name for m in self.models]
@@ -94,6 +207,7 @@ class Scored(Wrapper):
         if len(self.weights) != len(self.names):
             raise ValueError(f"Scored: {len(self.weights)} weights for {len(self.names)} reward sources {self.names}")
         self.max_steps = max_steps
+        self.unfinished, self.score_unfinished = unfinished, score_unfinished
 
     def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
         episodes = self.inner.take(draw, ahead)
@@ -108,7 +222,11 @@ class Scored(Wrapper):
         batch = RewardBatch.of(tasks, [(t.info.get("actions") or [""])[-1] for t in trajs],
                                [t.tokens_of(Owner.POLICY) for t in trajs])
         scores = self._call_functions(batch)
-        values = scores.values + [m(batch) for m in self.models]
+        modelled = [m(batch) for m in self.models]
+        cut = [bool(t.info.get("n_unterminated", 0)) for t in trajs]
+        if not self.score_unfinished:
+            modelled = [unfinished_scores(v, cut, self.unfinished) for v in modelled]
+        values = scores.values + modelled
         totals = combine(values, self.weights)
         unscored = []
         for i, (t, total) in enumerate(zip(trajs, totals, strict=True)):
@@ -126,7 +244,10 @@ class Scored(Wrapper):
             else:
                 t.reward = total
         self._report(batch, scores, unscored)
-        return {**source_metrics(self.names, values), **scores.metrics,
+        model_metrics = {k: v for m in self.models for k, v in getattr(m, "metrics", {}).items()}
+        if self.models:
+            model_metrics["reward/unfinished"] = float(sum(cut))
+        return {**source_metrics(self.names, values), **scores.metrics, **model_metrics,
                 "reward/failed": float(len(scores.failed)), "reward/unscored": float(len(unscored))}
 
     def _call_functions(self, batch: RewardBatch) -> Scores:

@@ -2,10 +2,14 @@
 
     method  experiment  module   config           stage  loop
     sft     hf_sft      sft.py   SFTRun           sft    train_sft           (model/)
-    rm      hf_rm       rm.py    RewardModelRun   rm     train_reward_model  (model/ + value_head.safetensors)
+    rm      hf_rm       rm.py    RewardModelRun   rm     train_reward_model, train_ranked_reward_model,
+                                                         train_token_reward_model by --objective
+                                                         (model/ + value_head.safetensors + reward_model.json)
     dpo     hf_dpo      dpo.py   DPORun           dpo    train_dpo
     grpo    hf_grpo     grpo.py  GRPORun          grpo   train_rl            (a reward function)
     rft     hf_rft      rft.py   RFTRun           rft    train_rft           (a reward function)
+
+`trajtune rm-eval` (rm_eval.py) scores a saved reward model on held-out pairs without a run directory.
 
 Each config is a model section (`ModelConfig`: path, LoRA, precision, checkpointing,
 device, lengths), the data file, the loop's own dataclass nested whole (`sft: SFTConfig`,

@@ -128,6 +128,77 @@ def pair_data(config) -> Prepared:
     return Prepared(tokenizer, pairs(rows, "samples"), limit, held_out)
 
 
+def split_rows(rows: list, share: float, seed: int, swap: bool = False) -> tuple[list, list]:
+    """(train, held-out) rows: a `share` of the rows held out, chosen by a shuffle seeded with `seed` (the same
+    rows for the same seed); `swap` trains on the held-out share and holds out the rest (the other half of
+    --eval-split 0.5: a second, "gold" reward model on data the first never saw)."""
+    import random
+
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    k = round(share * len(rows))
+    if share and not 0 < k < len(rows):
+        raise D.DataError(f"--eval-split {share} of {len(rows)} rows leaves "
+                          f"{'no held-out' if k == 0 else 'no training'} rows")
+    held, train = sorted(order[:k]), sorted(order[k:])
+    train_rows, held_rows = [rows[i] for i in train], [rows[i] for i in held]
+    return (held_rows, train_rows) if swap else (train_rows, held_rows)
+
+
+def reward_model_data(config) -> Prepared:
+    """`trajtune rm`'s rows -> what its objective trains on, each fitting the budget (and the held-out rows of
+    --eval-data or --eval-split):
+
+        bt              preference rows -> (chosen, rejected) pairs; ranked rows ('completions') -> ranked lists
+        plackett-luce   ranked rows (and preference rows, as K = 2) -> ranked lists, best first
+        orm             labelled rows ('label') -> (episode, per-token labels: the label on every completion token)
+        prm             stepwise rows ('completions' steps, 'labels') -> (episode, a label on each step's last token)
+    """
+    from ...algorithms.reward_model import outcome_labels, process_labels
+
+    tokenizer, renderer, rows, limit, said = _start(config)
+    objective = config.rm.objective
+    if config.eval_split:
+        rows, held_rows = split_rows(rows, config.eval_split, config.split_seed, config.split_swap)
+    else:
+        held_rows = D.read_rows(config.eval_data) if config.eval_data else []
+    ranked = objective == "plackett-luce" or (objective == "bt" and any("completions" in r.data for r in rows))
+    if (ranked or objective in ("orm", "prm")) and config.rm.margin:
+        raise ConfigError(f"--margin {config.rm.margin}: the Bradley-Terry margin applies to pairs (--objective bt on "
+                          f"preference rows), not to {'ranked lists' if ranked else objective + ' rows'}")
+    if ranked:
+        with_margin = next((r for r in rows + held_rows if r.data.get("margin") is not None), None)
+        if with_margin is not None:
+            raise D.DataError(f"{with_margin.where}: field 'margin': a per-pair margin applies to pairs trained as pairs, "
+                              "but this file has ranked rows (trained as lists); drop the column or the ranked rows")
+
+    def convert(rows: list, noun: str) -> list:
+        if objective == "orm":
+            items = [(t, outcome_labels(t, y)) for t, y in D.labelled_examples(rows, renderer)]
+            length = lambda x: (len(x[0]), x[0].info["source"], "completion")  # noqa: E731
+        elif objective == "prm":
+            items = [(t, process_labels(t, y)) for t, y in D.stepwise_examples(rows, renderer, config.step_separator)]
+            length = lambda x: (len(x[0]), x[0].info["source"], "completions")  # noqa: E731
+        elif ranked:
+            items = D.ranked_lists(rows, renderer)
+            length = lambda x: (max(len(t) for t in x), x[0].info["source"], "completions")  # noqa: E731
+        else:
+            items = D.preference_pairs(rows, renderer)
+            length = lambda x: (max(len(x[0]), len(x[1])), x[0].info["source"], "chosen/rejected")  # noqa: E731
+
+        def too_long(item):
+            n, where, name = length(item)
+            return f"{where}: field {name!r}: {n} tokens (prompt included)" if n > limit else None
+
+        kept = fit(items, said, config.model.drop_long, too_long, noun)
+        if objective == "bt" and not ranked:
+            warn_identical(kept, "pairs" if noun == "samples" else noun)
+        return kept
+
+    held_out = convert(held_rows, "evaluation samples") if held_rows else []
+    return Prepared(tokenizer, convert(rows, "samples"), limit, held_out)
+
+
 def warn_identical(pairs: list, noun: str = "pairs", show: int = 3) -> None:
     """Say on stderr (rank 0) how many pairs have the same tokens on both sides: a pair whose chosen and
     rejected are one sequence has no preference, so its preference term gives no gradient (DPO, IPO, SimPO,

@@ -8,9 +8,14 @@ One step's source, top to bottom (`trajtune.sources`):
                     the sampling section
     Scored          every --reward function once on the whole batch, at the same time, in worker processes
                     under --reward-timeout (rank 0 calls them, the rewards are broadcast), and the
-                    --reward-model on the rendered prompt + completion (sharded, gathered); reward = the
-                    --reward-weights sum over the sources that scored the episode (None left out); an episode
-                    no source scored, or whose reward call timed out, is left out of the update
+                    --reward-model on the rendered prompt + completion (sharded, gathered); several
+                    --reward-model directories are one source, `reward_ensemble`, their scores combined by
+                    --reward-model-combine (mean, min, mean_minus_std with --reward-model-k;
+                    trajtune.sources.ensemble). A reward model scores finished completions only: one cut at
+                    --max-new-tokens gets --unfinished-reward instead (the book's convention, ch.6; TRL's
+                    missing_eos_penalty). Reward = the --reward-weights sum over the sources that scored the
+                    episode (None left out); an episode no source scored, or whose reward call timed out, is
+                    left out of the update
     Overlapped      (grpo --max-staleness 1) the next step's episodes sampled and scored while this one trains,
                     in a sampler process one update behind (trajtune.sources.overlap)
 
@@ -31,12 +36,14 @@ from ...sources.base import Source
 from ...sources.episodes import EpisodeSource
 from ...sources.overlap import OverlapConfig, overlapped
 from ...sources.rewards import RewardError, RewardFunction, RewardSet, check_columns
-from ...sources.scoring import RewardModel, Scored
+from ...sources.ensemble import RewardEnsemble
+from ...sources.scoring import RM_NAME, RewardModel, Scored
 from ...sources.vllm import VLLMConfig
 from .model import ModelConfig
 from .options import flag
 
-register("reward/*", "per reward source (a --reward function's name, or reward_model): reward/<name>/mean and "
+register("reward/*", "per reward source (a --reward function's name, reward_model, or reward_ensemble for several "
+         "--reward-model): reward/<name>/mean and "
          "/std over the completions it scored (None left out); reward/<function>/<name>: what the function "
          "logged with log_metric (mean); reward/failed: completions whose reward call ran past --reward-timeout; "
          "reward/unscored: completions no source scored (all None); both are left out of the update")
@@ -60,9 +67,22 @@ class PromptRewardRun:
     reward_timeout: float = 60.0
     """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
     process killed) and the completions it hung on get no reward (left out of the update)"""
-    reward_model: str = ""
-    """a reward model saved by `trajtune rm` (its model/ directory) as one more reward source: its value
-    head's score of the prompt + completion"""
+    reward_model: list[str] | str = field(default_factory=list)
+    """reward models saved by `trajtune rm` (their model/ directories) as one more reward source: a model's score
+    of the prompt + completion as it was trained (Bradley-Terry: its head at the last token; orm / prm: its
+    --aggregate over tokens or steps); several are one source, combined by --reward-model-combine"""
+    reward_model_combine: Literal["mean", "min", "mean_minus_std"] = "mean"
+    """several --reward-model: the reward is their mean, their min (worst case), or mean - k * std over them
+    (an uncertainty penalty; RLHF book ch.14.4, trajtune.sources.ensemble)"""
+    reward_model_k: float = 1.0
+    """--reward-model-combine mean_minus_std: the k of mean - k * std"""
+    unfinished_reward: float | None = None
+    """the reward-model score of a completion cut at --max-new-tokens (no stop token): a reward model scores
+    finished text only (RLHF book ch.6 Implementation). Default: 1 below the lowest score a reward model gave a
+    finished completion of the same batch (worse than every finished answer whatever the model's scale; 0
+    when none finished); a number: that score"""
+    score_unfinished: bool = False
+    """let the reward models score unfinished completions as if they had ended (no --unfinished-reward)"""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """where vLLM runs with --backend vllm (colocated, or --vllm-server URLs) and how its syncs are checked"""
 
@@ -104,14 +124,23 @@ class SamplingConfig:
 
 
 def check_sampling(config, name: str) -> None:
-    """grpo / rft: a reward source, one weight per source, and room for a prompt within the length budget."""
+    """grpo / rft: a reward source, one weight per source, and room for a prompt within the length budget.
+    A single `reward_model` string (a recipe's) becomes a list of one."""
+    if isinstance(config.reward_model, str):
+        config.reward_model = [config.reward_model] if config.reward_model else []
     if not config.reward and not config.reward_model:
         raise ValueError(f"{name}: needs --reward module:function or --reward-model DIR (reward / reward_model "
                          "in a recipe)")
+    if len(set(config.reward_model)) != len(config.reward_model):
+        raise ValueError(f"{name}: --reward-model names a directory twice ({config.reward_model})")
+    if not (config.reward_model_k >= 0 and math.isfinite(config.reward_model_k)):
+        raise ValueError(f"{name}: --reward-model-k must be a finite number >= 0, got {config.reward_model_k}")
+    if config.unfinished_reward is not None and not math.isfinite(config.unfinished_reward):
+        raise ValueError(f"{name}: --unfinished-reward must be a finite number, got {config.unfinished_reward}")
     n = len(config.reward) + bool(config.reward_model)
     if config.reward_weights and len(config.reward_weights) != n:
-        sources = [f"--reward {r}" for r in config.reward] + ([f"--reward-model {config.reward_model}"]
-                                                             if config.reward_model else [])
+        models = " ".join(config.reward_model)
+        sources = [f"--reward {r}" for r in config.reward] + ([f"--reward-model {models}"] if models else [])
         raise ValueError(f"{name}: --reward-weights has {len(config.reward_weights)} numbers for {n} reward sources "
                          f"({', '.join(sources)}); give one weight per source, in this order")
     check_ranges(config, name, label=flag, non_negative=("reward_timeout",))
@@ -129,29 +158,43 @@ def check_rewards(config, tasks: list) -> None:
     functions = [RewardFunction(spec=s) for s in config.reward]
     RewardSet(functions)  # names and duplicates
     check_columns(functions, tasks)
-    if config.reward_model:
-        from ...models.hf import check_model_dir
+    from ...config import ConfigError
+    from .rm_eval import read_kind
 
-        path = check_model_dir(config.reward_model)
-        if not (path / "value_head.safetensors").exists():
-            raise RewardError(f"--reward-model {path}: not a reward model saved by `trajtune rm` (no "
-                              "value_head.safetensors next to its weights); train one with `trajtune rm`")
+    for path in config.reward_model:
+        try:
+            read_kind(path)  # a value head, and a readable reward_model.json where there is one
+        except ConfigError as e:
+            raise RewardError(f"--reward-model {e}") from None
 
 
 # --- the source ---------------------------------------------------------------------------
-def reward_model(ctx, path: str, model: ModelConfig) -> RewardModel:
-    """A reward model saved by `trajtune rm` as a reward source: its value head on the prompt + completion,
-    rendered with the reward model's own chat template, on a frozen engine beside the policy's."""
+def reward_model(ctx, path: str, model: ModelConfig, name: str = RM_NAME) -> RewardModel:
+    """A reward model saved by `trajtune rm` as a reward source: its score of the prompt + completion (as its
+    `reward_model.json` says: the head at the last token, or an ORM / PRM's aggregate), rendered with the reward
+    model's own chat template, on a frozen engine beside the policy's."""
     from ...engine.distributed import launched_distributed
     from ...models import hf
     from ...text.chat import ChatRenderer
+    from .rm_eval import read_kind
 
+    kind = read_kind(path)
     renderer = ChatRenderer(hf.load_tokenizer(path))
     policy = hf.load_policy(path, value_head=True)
     device = None if model.device == "cuda" and launched_distributed() else model.device
     engine = ctx.engine(policy, None, frozen=True, device=device,
                         autocast=None if model.precision == "fp32" else model.precision)
-    return RewardModel(engine, renderer)
+    return RewardModel(engine, renderer, name, kind)
+
+
+def reward_models(ctx, config) -> list:
+    """The reward-model source of grpo / rft: none, one `RewardModel`, or several as one `RewardEnsemble`
+    (--reward-model-combine, --reward-model-k)."""
+    paths = config.reward_model
+    if len(paths) <= 1:
+        return [reward_model(ctx, p, config.model) for p in paths]
+    members = [reward_model(ctx, p, config.model, name=f"{RM_NAME}{i}") for i, p in enumerate(paths)]
+    return [RewardEnsemble(members, config.reward_model_combine, config.reward_model_k)]
 
 
 def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapConfig | None = None) -> Source:
@@ -168,7 +211,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
                           "per-episode seeds); use --backend sampler")
     functions = RewardSet([RewardFunction(spec=spec) for spec in config.reward], timeout=config.reward_timeout)
     try:
-        models = [reward_model(ctx, config.reward_model, config.model)] if config.reward_model else []
+        models = reward_models(ctx, config)
     except BaseException:
         functions.close()
         raise
@@ -179,7 +222,9 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
                                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                                  draw=sampling.draw if sampling.backend == "sampler" else "race",
                                  share_prompts=sampling.share_prompts and sampling.backend == "sampler")
-        return Scored(episodes, engine, functions, models, config.reward_weights, max_steps)
+        return Scored(episodes, engine, functions, models, config.reward_weights, max_steps,
+                      unfinished=None if config.score_unfinished else config.unfinished_reward,
+                      score_unfinished=config.score_unfinished)
 
     if sampling.backend == "vllm":  # vLLM holds its own weights: synced after every update, overlapped or not
         from ...sources.vllm import vllm_runner
