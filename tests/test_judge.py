@@ -178,7 +178,7 @@ def test_load_judge_on_a_tiny_hf_model(tmp_path):
     pytest.importorskip("transformers")
     from trajtune.models.hf_random import make_random_model
 
-    path = make_random_model(tmp_path / "judge", arch="llama", size="tiny")
+    path = make_random_model(tmp_path / "judge", arch="llama", size="tiny", max_positions=2048)
     judge = load_judge(path, "mt_bench_pair", max_new_tokens=4, reference="ref")
     out = judge(batch_of(["What is 2 + 3?"] * 2, ["5", "6"], ref=["5", "5"]))
     # a random model writes no verdict: None for both (not 0), every reply counted unparseable
