@@ -2,6 +2,7 @@
 
 import re
 import string
+from pathlib import Path
 
 import pytest
 
@@ -15,14 +16,11 @@ from trajtune.text.tokenizers import CharTokenizer
 
 
 def test_the_mt_bench_prompt_is_the_books():
-    book = open("/work/shared/seeds/rlhf-book.md").read() if __import__("os").path.exists(
-        "/work/shared/seeds/rlhf-book.md") else None
-    if book is None:
+    book = Path("/work/shared/seeds/rlhf-book.md")
+    if not book.exists():
         pytest.skip("the book is not on this machine")
-    block = book.split("```text\n[System]\n", 1)[1].split("```", 1)[0]
-    t = TEMPLATES["mt_bench_pair"]
-    assert block.startswith(MT_BENCH_PAIR_SYSTEM + "\n[User Question]\n")
-    assert block.rstrip("\n").endswith(t.user.replace("{question}", "{question}"))
+    block = book.read_text().split("```text\n[System]\n", 1)[1].split("```", 1)[0]
+    assert block == MT_BENCH_PAIR_SYSTEM + "\n" + TEMPLATES["mt_bench_pair"].user + "\n"
 
 
 @pytest.mark.parametrize("name, reply, want", [
