@@ -112,6 +112,14 @@ def test_unparseable_is_none_and_counted_not_zero():
     assert j.metrics["reward/judge/inconsistent"] == 0.0
 
 
+def test_text_the_judge_cannot_encode_is_unparseable():
+    engine = ScriptedEngine(prefers_period)
+    j = Judge(engine, Renderer(TOK), "compact_pair", max_new_tokens=2)
+    assert j.compare(["q", "q"], ["caf\u00e9.", "x."], ["y", "y"]) == [None, "A"]  # 'é' is not in TOK
+    assert j.metrics["reward/judge/unreadable"] == 2 / 4 and j.metrics["reward/judge/unparseable"] == 2 / 4
+    assert len(engine.prompts) == 2  # only the readable prompts reach the model
+
+
 def test_pointwise_reward_batches_caches_and_goes_through_scored():
     rule = lambda t: "Rating: [[9]]" if "Fine." in t else "Rating: [[3]]" if "meh" in t else "no idea"  # noqa: E731
     engine = ScriptedEngine(rule)

@@ -16,7 +16,8 @@ variance of ratings"). Templates (`TEMPLATES`):
 
 Parsing (`parse_verdict`): the last match of the template's pattern in the reply is the verdict; a reply
 without one is **unparseable** -- not a reward of 0 -- and the scorer returns None for that completion (the
-episode is UNSCORED and no loss or baseline sees it) and counts it (reward/<name>/unparseable).
+episode is UNSCORED and no loss or baseline sees it) and counts it (reward/<name>/unparseable). A judge prompt
+its tokenizer cannot encode (a toy vocabulary) gets no reply: unparseable too, and counted as unreadable.
 
 Position swap (`Judge.compare`): every pair is judged as (a, b) and as (b, a). Two verdicts that agree give
 the label; verdicts that disagree are a tie, counted (reward/<name>/inconsistent: their share of the pairs).
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from ..metrics import register
+from ..text.tokenizers import UnknownSymbolError
 from .rewards import RewardBatch
 
 Kind = Literal["pairwise", "pointwise", "yes_no"]
@@ -131,6 +133,8 @@ for _key, _doc in [("unparseable", "share of the judge's replies in the last cal
                    ("inconsistent", "share of the pairs in the last call whose two position-swapped verdicts "
                                     "disagreed (counted as ties)"),
                    ("cache_hits", "share of the judge prompts in the last call answered from the cache"),
+                   ("unreadable", "share of the judge prompts in the last call the judge's tokenizer cannot encode "
+                                  "(a character outside a toy vocabulary): no reply, so unparseable"),
                    ("ask_unparseable", "share of the judge's yes/no replies (rubric items) in the last call with no "
                                        "verdict in them")]:
     register(f"reward/judge/{_key}", f"LLM-as-a-judge (sources.judge): {_doc}; reward/<name>/{_key} for a judge "
@@ -221,16 +225,22 @@ class Judge:
         keys = [tuple((m["role"], m["content"]) for m in c) for c in conversations]
         todo = list(dict.fromkeys(k for k in keys if not (self.use_cache and k in self.cache)))
         fresh: dict[tuple, str] = {}
-        for i in range(0, len(todo), self.batch_size):
-            part = todo[i : i + self.batch_size]
-            prompts = [self.renderer.generation_prompt([{"role": r, "content": c} for r, c in k]) for k in part]
-            out = self.engine.sample(prompts, self.max_new_tokens, greedy=True, stop_ids=self.renderer.stop_ids,
-                                     pad_id=self.pad_id)
-            fresh.update(zip(part, (self.renderer.action_text(t) for t in out.tokens), strict=True))
+        readable: list[tuple[tuple, list[int]]] = []
+        for k in todo:
+            try:
+                readable.append((k, self.renderer.generation_prompt([{"role": r, "content": c} for r, c in k])))
+            except UnknownSymbolError:  # text the judge's tokenizer cannot encode: no verdict (unparseable)
+                fresh[k] = ""
+        for i in range(0, len(readable), self.batch_size):
+            part = readable[i : i + self.batch_size]
+            out = self.engine.sample([p for _, p in part], self.max_new_tokens, greedy=True,
+                                     stop_ids=self.renderer.stop_ids, pad_id=self.pad_id)
+            fresh.update(zip([k for k, _ in part], (self.renderer.action_text(t) for t in out.tokens), strict=True))
         hits = sum(1 for k in keys if k not in fresh)
         if self.use_cache:
             self.cache.update(fresh)
         self._note("cache_hits", hits / max(1, len(keys)))
+        self._note("unreadable", (len(todo) - len(readable)) / max(1, len(keys)))
         return [fresh[k] if k in fresh else self.cache[k] for k in keys]
 
     def _note(self, key: str, value: float) -> None:

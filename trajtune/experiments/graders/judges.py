@@ -274,8 +274,8 @@ def stage_judge_dpo(ctx, labels: str) -> dict:
     else:
         pairs = [(t, x, y) if ends_with_period(x) else (t, y, x) for t, x, y in items]
         result.update(n_pairs=len(pairs), ties=0, unparseable=0, label_agreement=1.0)
-    if not pairs:
-        raise RuntimeError(f"judges: the {labels} labels kept no pair of {len(items)} (every one a tie or unparseable)")
+    if not pairs:  # a judge that is all position bias: every pair a tie. Reported, not an error of the run
+        return {**result, "reward": None, "kl": None, "format": None, "end_share": None, "examples": []}
     sft = sft_model(ctx.run_dir)
     ref = ctx.engine(copy.deepcopy(sft))
     eval_seed = derive(config.seed, 4, stride=7919)  # chapter 13's B5 evaluation seed
@@ -294,6 +294,10 @@ def _mean(xs) -> float:
 
 
 # --- claims and report ----------------------------------------------------------------------------
+LABELS = {"ai": "AI (the judge's)", "verifier": "verifier"}
+"""who labelled a DPO run's pairs, as the report says it"""
+
+
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -301,16 +305,20 @@ def pct(x: float | None) -> str:
 def claims(results: dict, config) -> list[Claim]:
     j, ai, ver = results["judge_train"], results["judge_dpo_ai"], results["judge_dpo_verifier"]
     sft = ver["sft"]
-    gain_ai, gain_ver = ai["reward"] - sft["reward"], ver["reward"] - sft["reward"]
+    gain_ver = ver["reward"] - sft["reward"]
+    gain_ai = None if ai["reward"] is None else ai["reward"] - sft["reward"]
     cai = j["cai"]
     return [
         Claim("J1", "DPO on AI labels vs on verifier labels (reward @ KL, B5 harness)",
               "[12.11] AI feedback can completely replace human data (Lee et al.); here the verifier plays the human",
-              f"AI {pct(ai['reward'])}@{fmt(ai['kl'], 1)} ({ai['n_pairs']} pairs, {ai['ties']} ties dropped); "
+              (f"AI {pct(ai['reward'])}@{fmt(ai['kl'], 1)} ({ai['n_pairs']} pairs, {ai['ties']} ties dropped, "
+               f"{pct(ai['label_agreement'])} of them labelled as the verifier does); " if ai["reward"] is not None else
+               f"AI: no pair kept of {ai['n_pool']} ({ai['ties']} ties, {ai['unparseable']} unparseable), no DPO; ")
+              + 
               f"verifier {pct(ver['reward'])}@{fmt(ver['kl'], 1)} ({ver['n_pairs']} pairs); SFT {pct(sft['reward'])}",
               "Some early work in RLAIF shows that AI feedback can completely replace human data: DPO on the judge's "
               "labels gains at least 80% of the reward DPO on the verifier's labels gains over the SFT policy",
-              gain_ver > 0 and gain_ai >= 0.8 * gain_ver),
+              gain_ai is not None and gain_ver > 0 and gain_ai >= 0.8 * gain_ver),
         Claim("J2", "the judge's disagreements with the verifier: systematic or position noise",
               "[12.11] synthetic preference data is low-noise and high-bias",
               f"swap-consistent but wrong {pct(j['consistent_wrong'])}, swap-inconsistent {pct(j['inconsistent'])}; "
@@ -353,9 +361,10 @@ def section(run_dir: Path, results: dict, config) -> str:
     j, ai, ver = results["judge_train"], results["judge_dpo_ai"], results["judge_dpo_verifier"]
     sft, cai, rub = ver["sft"], j["cai"], j["rubric"]
     run_dir = Path(run_dir)
-    line_plot(run_dir / "judges_frontier.png",
-              {"SFT": ([0.0], [sft["reward"]]), "DPO, verifier labels": ([ver["kl"]], [ver["reward"]]),
-               "DPO, AI labels (tiny judge)": ([ai["kl"]], [ai["reward"]])},
+    points = {"SFT": ([0.0], [sft["reward"]]), "DPO, verifier labels": ([ver["kl"]], [ver["reward"]])}
+    if ai["reward"] is not None:
+        points["DPO, AI labels (tiny judge)"] = ([ai["kl"]], [ai["reward"]])
+    line_plot(run_dir / "judges_frontier.png", points,
               f"DPO (beta {config.judges.dpo_beta:g}) on AI vs verifier labels", "KL from the SFT model (nats per reply)",
               "replies ending with a period", (0, 1.05),
               styles={"SFT": "*", "DPO, verifier labels": "s", "DPO, AI labels (tiny judge)": "o"})
@@ -376,7 +385,7 @@ def section(run_dir: Path, results: dict, config) -> str:
                   ("CAI P(A) vs P(B) label agreement", pct(cai["agreement"])),
                   ("training examples / final loss", f"{j['n_train_examples']} / {fmt(j['train_loss'], 3)}")]
     dpo_rows = [("SFT", pct(sft["reward"]), "0", pct(sft["format"]), "-", "-")]
-    dpo_rows += [(f"DPO, {r['labels']} labels", pct(r["reward"]), fmt(r["kl"]), pct(r["format"]),
+    dpo_rows += [(f"DPO, {LABELS[r['labels']]} labels", pct(r["reward"]), fmt(r["kl"]), pct(r["format"]),
                   f"{r['n_pairs']} of {r['n_pool']} ({r['ties']} ties, {r['unparseable']} unparseable)",
                   pct(r["label_agreement"])) for r in (ver, ai)]
     rubric_rows = [(title, pct(rate)) for title, rate in rub["pass"].items()]
