@@ -207,7 +207,14 @@ def stage_judge_train(ctx) -> dict:
               "unparseable": (sum(f is None for f in first) + sum(s is None for s in swapped)) / (2 * n),
               "inconsistent": sum(inconsistent) / n,
               "consistent_wrong": sum(lab is not None and not bad and lab != t for lab, bad, t
-                                      in zip(labels, inconsistent, truth, strict=True)) / n}
+                                      in zip(labels, inconsistent, truth, strict=True)) / n,
+              "position_bias": sum(f == s and f in ("A", "B") for f, s in zip(first, swapped, strict=True)) / n}
+    # an error is systematic when it is reproducible and has a direction: the same wrong label in both orders, or
+    # the same position (A, A or B, B) whatever the order
+    errors = [i for i in range(n) if labels[i] != truth[i]]
+    result["errors"] = len(errors) / n
+    result["systematic_errors"] = sum((not inconsistent[i] and labels[i] is not None)
+                                      or (first[i] == swapped[i] and first[i] in ("A", "B")) for i in errors) / n
 
     # 2. greedy vs temperature 1: how often two judgments of the same prompt disagree (book ch.5.9)
     convs = [PAIR.messages(w, x, y) for w, x, y in zip(words, a, b)]
@@ -319,13 +326,15 @@ def claims(results: dict, config) -> list[Claim]:
               "Some early work in RLAIF shows that AI feedback can completely replace human data: DPO on the judge's "
               "labels gains at least 80% of the reward DPO on the verifier's labels gains over the SFT policy",
               gain_ai is not None and gain_ver > 0 and gain_ai >= 0.8 * gain_ver),
-        Claim("J2", "the judge's disagreements with the verifier: systematic or position noise",
+        Claim("J2", "the judge's labels: repeat disagreement (noise) vs reproducible, directional errors (bias)",
               "[12.11] synthetic preference data is low-noise and high-bias",
-              f"swap-consistent but wrong {pct(j['consistent_wrong'])}, swap-inconsistent {pct(j['inconsistent'])}; "
-              f"greedy repeats disagree {pct(j['repeat_disagreement_t0'])}",
-              "Synthetic preference data is low-noise and high-bias: repeats agree (greedy), and the judge's errors "
-              "are mostly consistent in both positions (a bias), not position-dependent",
-              j["repeat_disagreement_t0"] == 0 and j["consistent_wrong"] > j["inconsistent"]),
+              f"greedy repeats disagree on {pct(j['repeat_disagreement_t0'])}; labels differ from the verifier on "
+              f"{pct(j['errors'])} of {j['n_eval']} pairs, {pct(j['systematic_errors'])} systematically (the same "
+              f"wrong label in both orders {pct(j['consistent_wrong'])}; the same position in both orders "
+              f"{pct(j['position_bias'])} of all pairs)",
+              "Synthetic preference data is low-noise and high-bias: two greedy labellings of a pair never disagree, "
+              "and at least half of the judge's errors are systematic (reproducible, with a direction)",
+              j["repeat_disagreement_t0"] == 0 and j["errors"] > 0 and j["systematic_errors"] >= 0.5 * j["errors"]),
         Claim("J3", "position-swap consistency on held-out pairs",
               "[12.11] LLMs are inconsistent evaluators (Wang et al.)",
               f"{pct(j['inconsistent'])} of {j['n_eval']} pairs get opposite verdicts when A and B swap; "
@@ -380,6 +389,9 @@ def section(run_dir: Path, results: dict, config) -> str:
                   ("unparseable replies", pct(j["unparseable"])),
                   ("swap-inconsistent pairs (counted as ties)", pct(j["inconsistent"])),
                   ("swap-consistent but wrong", pct(j["consistent_wrong"])),
+                  ("same position in both orders (A, A or B, B)", pct(j["position_bias"])),
+                  ("labels unlike the verifier's / of them systematic", f"{pct(j['errors'])} / "
+                                                                       f"{pct(j['systematic_errors'])}"),
                   ("repeat disagreement, greedy / temperature 1",
                    f"{pct(j['repeat_disagreement_t0'])} / {pct(j['repeat_disagreement_t1'])}"),
                   ("CAI P(A) vs P(B) label agreement", pct(cai["agreement"])),
