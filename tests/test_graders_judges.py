@@ -10,6 +10,7 @@ import pytest
 from trajtune.experiments.graders import Config, run_with_results, stages
 from trajtune.experiments.graders import judges as J
 from trajtune.algorithms.sft import SFTConfig
+from trajtune.metrics import is_documented, read_metrics
 from trajtune.trajectory import Owner
 
 
@@ -60,3 +61,6 @@ def test_the_judges_part_runs_end_to_end(tmp_path):
     assert "| J1 |" in text and "judges_frontier.png" in text and "judges_cai.png" in text
     assert (tmp_path / "judges_frontier.png").exists() and (tmp_path / "judge_train" / "judge").is_dir()
     assert "<" not in J.section(tmp_path, results, config).replace("<=", "")  # no raw HTML in the markdown
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert {r["stage"] for r in rows} >= {"judge_train", "judge_dpo_verifier"}
+    assert all(is_documented(k) for r in rows for k in r if "/" in k)

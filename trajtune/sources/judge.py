@@ -31,7 +31,8 @@ As a reward (`Judge.__call__`, the `RewardModel` duck type: `RewardBatch` -> lis
                inconsistent 0.5, loss 0, averaged over its comparisons (None when every comparison was
                unparseable)
 
-Calls are batched (`batch_size` judge prompts per `engine.sample` call) and cached per judge prompt -- i.e. per
+Calls are batched (`batch_size` judge prompts per `engine.sample` call; under torchrun each rank answers its share,
+gathered: `sharded_map`) and cached per judge prompt -- i.e. per
 (prompt, completion), or (prompt, a, b) for pairs -- when `cache=True`. Cache only a FROZEN judge: the policy
 judging itself changes with every update, and a cached verdict would be one from an older policy.
 """
@@ -42,6 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+from ..engine.distributed import sharded_map
 from ..metrics import register
 from ..text.tokenizers import UnknownSymbolError
 from .rewards import RewardBatch
@@ -231,17 +233,23 @@ class Judge:
                 readable.append((k, self.renderer.generation_prompt([{"role": r, "content": c} for r, c in k])))
             except UnknownSymbolError:  # text the judge's tokenizer cannot encode: no verdict (unparseable)
                 fresh[k] = ""
-        for i in range(0, len(readable), self.batch_size):
-            part = readable[i : i + self.batch_size]
-            out = self.engine.sample([p for _, p in part], self.max_new_tokens, greedy=True,
-                                     stop_ids=self.renderer.stop_ids, pad_id=self.pad_id)
-            fresh.update(zip([k for k, _ in part], (self.renderer.action_text(t) for t in out.tokens), strict=True))
+        texts = sharded_map(self.engine, [p for _, p in readable], self._generate)  # in shares over the ranks
+        fresh.update(zip([k for k, _ in readable], texts, strict=True))
         hits = sum(1 for k in keys if k not in fresh)
         if self.use_cache:
             self.cache.update(fresh)
         self._note("cache_hits", hits / max(1, len(keys)))
         self._note("unreadable", (len(todo) - len(readable)) / max(1, len(keys)))
         return [fresh[k] if k in fresh else self.cache[k] for k in keys]
+
+    def _generate(self, prompts: list[list[int]]) -> list[str]:
+        """Greedy replies to token prompts, `batch_size` per sampler call."""
+        out: list[str] = []
+        for i in range(0, len(prompts), self.batch_size):
+            samples = self.engine.sample(prompts[i : i + self.batch_size], self.max_new_tokens, greedy=True,
+                                         stop_ids=self.renderer.stop_ids, pad_id=self.pad_id)
+            out += [self.renderer.action_text(t) for t in samples.tokens]
+        return out
 
     def _note(self, key: str, value: float) -> None:
         self.metrics[f"reward/{self.name}/{key}"] = value

@@ -190,75 +190,97 @@ def stage_judge_train(ctx) -> dict:
     history = train_sft(engine, data, replace(demo.judge_sft, seed=config.seed), tok.pad_id, ctx.run())
     ctx.save_model(model, tok, "judge", meta={"stage": ctx.name})
     judge = compact_judge(engine)
-
-    # 1. held-out agreement with the verifier, swap consistency
     items = oriented(test, derive(config.seed, 33, stride=7919)) + tie_pairs(demo.eval_ties,
                                                                              derive(config.seed, 34, stride=7919))
+    result = {"n_train_examples": len(data), "train_loss": history[-1]["train/loss"]}
+    result.update(held_out(judge, items))
+    result.update(repeats(engine, items, result.pop("first"), config.seed))
+    result["cai"] = cai_labels(engine, items)
+    result["rubric"] = rubric_on_samples(ctx, judge)
+    return result
+
+
+def held_out(judge: Judge, items) -> dict:
+    """1. Agreement with the verifier on (task, a, b) items, unparseable and swap-inconsistent shares, and the
+    judge's errors split into systematic ones (reproducible, with a direction: the same wrong label in both
+    orders, or the same position A, A / B, B whatever the order) and the rest."""
     words, a, b = [t.word for t, _, _ in items], [x for _, x, _ in items], [y for _, _, y in items]
     truth = [verifier_verdict(x, y) for x, y in zip(a, b, strict=True)]
     labels = judge.compare(words, a, b)
     first = [parse_verdict(PAIR, x) for x in judge.replies([PAIR.messages(w, x, y) for w, x, y in zip(words, a, b)])]
     swapped = [parse_verdict(PAIR, x) for x in judge.replies([PAIR.messages(w, y, x) for w, x, y in zip(words, a, b)])]
     inconsistent = [swap_consistent(f, s)[1] for f, s in zip(first, swapped, strict=True)]
+    same_place = [f == s and f in ("A", "B") for f, s in zip(first, swapped, strict=True)]
+    errors = [i for i in range(len(items)) if labels[i] != truth[i]]
     n = len(items)
-    result = {"n_train_examples": len(data), "n_eval": n, "train_loss": history[-1]["train/loss"],
-              "agreement": sum(lab == t for lab, t in zip(labels, truth, strict=True)) / n,
-              "first_order_agreement": sum(f == t for f, t in zip(first, truth, strict=True)) / n,
-              "unparseable": (sum(f is None for f in first) + sum(s is None for s in swapped)) / (2 * n),
-              "inconsistent": sum(inconsistent) / n,
-              "consistent_wrong": sum(lab is not None and not bad and lab != t for lab, bad, t
-                                      in zip(labels, inconsistent, truth, strict=True)) / n,
-              "position_bias": sum(f == s and f in ("A", "B") for f, s in zip(first, swapped, strict=True)) / n}
-    # an error is systematic when it is reproducible and has a direction: the same wrong label in both orders, or
-    # the same position (A, A or B, B) whatever the order
-    errors = [i for i in range(n) if labels[i] != truth[i]]
-    result["errors"] = len(errors) / n
-    result["systematic_errors"] = sum((not inconsistent[i] and labels[i] is not None)
-                                      or (first[i] == swapped[i] and first[i] in ("A", "B")) for i in errors) / n
+    return {"n_eval": n, "first": first,
+            "agreement": (n - len(errors)) / n,
+            "first_order_agreement": sum(f == t for f, t in zip(first, truth, strict=True)) / n,
+            "unparseable": (sum(f is None for f in first) + sum(s is None for s in swapped)) / (2 * n),
+            "inconsistent": sum(inconsistent) / n,
+            "consistent_wrong": sum(labels[i] is not None and not inconsistent[i] for i in errors) / n,
+            "position_bias": sum(same_place) / n,
+            "errors": len(errors) / n,
+            "systematic_errors": sum((labels[i] is not None and not inconsistent[i]) or same_place[i]
+                                     for i in errors) / n}
 
-    # 2. greedy vs temperature 1: how often two judgments of the same prompt disagree (book ch.5.9)
-    convs = [PAIR.messages(w, x, y) for w, x, y in zip(words, a, b)]
-    prompts = [renderer().generation_prompt(c) for c in convs]
+
+def repeats(engine, items, first, seed: int) -> dict:
+    """2. How often two judgments of the same prompt disagree: greedy (a second, uncached pass) vs two samples at
+    temperature 1 (book ch.5.9)."""
+    tok, r = corpus()[0], renderer()
+    convs = [PAIR.messages(t.word, a, b) for t, a, b in items]
+    prompts = [r.generation_prompt(c) for c in convs]
     draws = []
     for k in range(2):
-        g = torch.Generator().manual_seed(derive(config.seed, 40 + k, stride=7919))
-        out = engine.sample(prompts, 3, g, temperature=1.0, stop_ids=renderer().stop_ids, pad_id=tok.pad_id)
-        draws.append([parse_verdict(PAIR, renderer().action_text(t)) for t in out.tokens])
-    result["repeat_disagreement_t1"] = sum(x != y for x, y in zip(*draws, strict=True)) / n
-    again = [parse_verdict(PAIR, x) for x in Judge(engine, renderer(), PAIR, max_new_tokens=3, cache=False).replies(convs)]
-    result["repeat_disagreement_t0"] = sum(x != y for x, y in zip(first, again, strict=True)) / n
+        g = torch.Generator().manual_seed(derive(seed, 40 + k, stride=7919))
+        out = engine.sample(prompts, 3, g, temperature=1.0, stop_ids=r.stop_ids, pad_id=tok.pad_id)
+        draws.append([parse_verdict(PAIR, r.action_text(t)) for t in out.tokens])
+    again = [parse_verdict(PAIR, x) for x in Judge(engine, r, PAIR, max_new_tokens=3, cache=False).replies(convs)]
+    n = len(items)
+    return {"repeat_disagreement_t1": sum(x != y for x, y in zip(*draws, strict=True)) / n,
+            "repeat_disagreement_t0": sum(x != y for x, y in zip(first, again, strict=True)) / n}
 
-    # 3. Constitutional AI's label: P(A) vs P(B) as the first reply token after the feedback prompt
+
+def cai_labels(engine, items) -> dict:
+    """3. Constitutional AI's label: P(A) vs P(B) as the judge's first reply token after the (compact) feedback
+    prompt, on the items the verifier decides; beside the judge's generated verdict."""
+    tok, r = corpus()[0], renderer()
+    decided = [(t, a, b) for t, a, b in items if verifier_verdict(a, b) != "tie"]
+    truth = [verifier_verdict(a, b) for _, a, b in decided]
+    prompts = [r.generation_prompt(PAIR.messages(t.word, a, b)) for t, a, b in decided]
     logp = choice_logprobs(engine, prompts, [tok.encode("A")[0], tok.encode("B")[0]], tok.pad_id)  # [n, 2]
     p_a = soft_labels(logp).tolist()  # [n]
-    decided = [i for i, t in enumerate(truth) if t != "tie"]
-    result["cai"] = {
-        "agreement": sum((p_a[i] > 0.5) == (truth[i] == "A") for i in decided) / len(decided),
-        "greedy_agreement": sum(first[i] == truth[i] for i in decided) / len(decided),
-        "mean_p_right": sum(p_a[i] if truth[i] == "A" else 1 - p_a[i] for i in decided) / len(decided),
-        "p_a_when_a": sorted(p_a[i] for i in decided if truth[i] == "A"),
-        "p_a_when_b": sorted(p_a[i] for i in decided if truth[i] == "B")}
+    greedy = [parse_verdict(PAIR, x) for x in compact_judge(engine).replies(
+        [PAIR.messages(t.word, a, b) for t, a, b in decided])]
+    n = len(decided)
+    return {"agreement": sum((p > 0.5) == (t == "A") for p, t in zip(p_a, truth, strict=True)) / n,
+            "greedy_agreement": sum(g == t for g, t in zip(greedy, truth, strict=True)) / n,
+            "mean_p_right": sum(p if t == "A" else 1 - p for p, t in zip(p_a, truth, strict=True)) / n,
+            "p_a_when_a": sorted(p for p, t in zip(p_a, truth, strict=True) if t == "A"),
+            "p_a_when_b": sorted(p for p, t in zip(p_a, truth, strict=True) if t == "B")}
 
-    # 4. a rubric on samples of the SFT policy: verifier items and the judge's item
+
+def rubric_on_samples(ctx, judge: Judge) -> dict:
+    """4. The demo's rubric on samples of the SFT policy (verifier items and the judge's item): pass rates, and
+    the judge-graded item beside the verifier."""
+    config, demo = ctx.config, ctx.config.judges
     policy = ctx.engine(sft_model(ctx.run_dir))
     tasks = [InstructTask(w) for w in SEEN]
     trajs = sample_episodes(instruct_source(policy, "preference", config.max_reply), tasks, demo.rubric_samples,
                             derive(config.seed, 35, stride=7919))
     replies = [t.info["reply"] for t in trajs]
-    sampled_tasks = [tasks[i // demo.rubric_samples] for i in range(len(trajs))]
-    batch = reward_batch(sampled_tasks, replies)
+    asked = [tasks[i // demo.rubric_samples] for i in range(len(trajs))]  # episode i answers task i // n
     rubric = RubricReward(demo_rubric(), judge)
-    scores = rubric(batch)
-    judged = judge.ask([t.word for t in sampled_tasks], replies, [PERIOD] * len(replies))
+    scores = rubric(reward_batch(asked, replies))
+    judged = judge.ask([t.word for t in asked], replies, [PERIOD] * len(replies))
     graded = [(j, ends_with_period(r)) for j, r in zip(judged, replies, strict=True) if j is not None]
-    result["rubric"] = {"pass": {i.title: rubric.metrics.get(f"reward/rubric/pass/{slug(i.title)}")
-                                 for i in demo_rubric().items},
-                        "verifier_period": sum(map(ends_with_period, replies)) / len(replies),
-                        "judge_item_agreement": sum(j == v for j, v in graded) / max(1, len(graded)),
-                        "ungraded": rubric.metrics["reward/rubric/ungraded"],
-                        "mean_score": _mean([s for s in scores if s is not None]), "n": len(replies),
-                        "examples": [(r, s) for r, s in list(zip(replies, scores, strict=True))[:: demo.rubric_samples][:3]]}
-    return result
+    return {"pass": {i.title: rubric.metrics.get(f"reward/rubric/pass/{slug(i.title)}") for i in rubric.rubric.items},
+            "verifier_period": sum(map(ends_with_period, replies)) / len(replies),
+            "judge_item_agreement": sum(j == v for j, v in graded) / max(1, len(graded)),
+            "ungraded": rubric.metrics["reward/rubric/ungraded"],
+            "mean_score": _mean([s for s in scores if s is not None]), "n": len(replies),
+            "examples": list(zip(replies, scores, strict=True))[:: demo.rubric_samples][:3]}
 
 
 def stage_judge_dpo(ctx, labels: str) -> dict:
@@ -312,6 +334,7 @@ def pct(x: float | None) -> str:
 def claims(results: dict, config) -> list[Claim]:
     j, ai, ver = results["judge_train"], results["judge_dpo_ai"], results["judge_dpo_verifier"]
     sft = ver["sft"]
+    count = lambda share: round(share * j["n_eval"])  # noqa: E731 - a share of the held-out pairs, as a count
     gain_ver = ver["reward"] - sft["reward"]
     gain_ai = None if ai["reward"] is None else ai["reward"] - sft["reward"]
     cai = j["cai"]
@@ -329,9 +352,9 @@ def claims(results: dict, config) -> list[Claim]:
         Claim("J2", "the judge's labels: repeat disagreement (noise) vs reproducible, directional errors (bias)",
               "[12.11] synthetic preference data is low-noise and high-bias",
               f"greedy repeats disagree on {pct(j['repeat_disagreement_t0'])}; labels differ from the verifier on "
-              f"{pct(j['errors'])} of {j['n_eval']} pairs, {pct(j['systematic_errors'])} systematically (the same "
-              f"wrong label in both orders {pct(j['consistent_wrong'])}; the same position in both orders "
-              f"{pct(j['position_bias'])} of all pairs)",
+              f"{count(j['errors'])} of {j['n_eval']} pairs, {count(j['systematic_errors'])} of them systematically "
+              f"(the same wrong label in both orders: {count(j['consistent_wrong'])}); the same position in both "
+              f"orders on {count(j['position_bias'])} pairs",
               "Synthetic preference data is low-noise and high-bias: two greedy labellings of a pair never disagree, "
               "and at least half of the judge's errors are systematic (reproducible, with a direction)",
               j["repeat_disagreement_t0"] == 0 and j["errors"] > 0 and j["systematic_errors"] >= 0.5 * j["errors"]),
