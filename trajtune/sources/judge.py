@@ -218,6 +218,7 @@ class Judge:
         self.max_new_tokens, self.batch_size, self.use_cache = max_new_tokens, batch_size, cache
         self.cache: dict[tuple, str] = {}
         self.metrics: dict[str, float] = {}
+        """the last call's reward/<name>/* (rate, compare or ask: each starts afresh)"""
         pad = getattr(renderer, "pad_id", None)
         self.pad_id = renderer.tokenizer.pad_id if pad is None else pad
 
@@ -257,7 +258,7 @@ class Judge:
     # --- three ways to ask ------------------------------------------------------------------
     def rate(self, questions: Sequence[str], answers: Sequence[str]) -> list[float | None]:
         """Pointwise ratings (None: unparseable), with the template's scale (or [0, 1] with `scale01`)."""
-        t = self._needs("pointwise")
+        t, self.metrics = self._needs("pointwise"), {}
         verdicts = [parse_verdict(t, r) for r in self.replies(
             [t.messages(q, a) for q, a in zip(questions, answers, strict=True)])]
         self._note("unparseable", _share(v is None for v in verdicts))
@@ -269,7 +270,7 @@ class Judge:
         """Swap-consistent pairwise labels: each pair judged as (a, b) and (b, a) in one batch (`swap_consistent`);
         None where a verdict was unparseable. Logs the unparseable share of the replies and the inconsistent
         share of the pairs."""
-        t = self._needs("pairwise")
+        t, self.metrics = self._needs("pairwise"), {}
         n = len(questions)
         convs = [t.messages(q, a, b) for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
         convs += [t.messages(q, b, a) for q, a, b in zip(questions, answers_a, answers_b, strict=True)]
@@ -281,7 +282,7 @@ class Judge:
 
     def ask(self, questions: Sequence[str], answers: Sequence[str], criteria: Sequence[str]) -> list[bool | None]:
         """Does each answer meet its criterion? (the yes_no `ask_template`; None: unparseable)"""
-        t = self.ask_template
+        t, self.metrics = self.ask_template, {}
         verdicts = [parse_verdict(t, r) for r in self.replies(
             [t.messages(q, a, criterion=c) for q, a, c in zip(questions, answers, criteria, strict=True)])]
         self._note("ask_unparseable", _share(v is None for v in verdicts))
