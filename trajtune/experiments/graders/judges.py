@@ -30,6 +30,10 @@ How this departs from the book, and why:
 3. "Human" labels are the gym's verifier: what the book contrasts with AI labels (human data) is played by a
    noiseless, unbiased labeller, so "AI labels replace human labels" reads here as "the trained judge's labels
    buy what the verifier's labels buy".
+4. Constitutional AI's feedback prompt is the compact pairwise template, read at the judge's first reply token
+   (where its verdict letter goes, as after CAI's "The answer is: "); its one principle, "ends with a period",
+   is what the judge was trained on, not text in the prompt (`ai_feedback.feedback_messages` writes the
+   principles out for a real model).
 """
 
 from __future__ import annotations
