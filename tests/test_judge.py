@@ -103,13 +103,15 @@ def test_compare_is_swap_consistent_and_counts_inconsistency():
     assert first.metrics["reward/judge/inconsistent"] == 1.0
 
 
-def test_metrics_are_the_last_calls():
+def test_metrics_are_the_last_compare_and_the_asks_after_it():
     j = Judge(ScriptedEngine(lambda t: "Yes" if "Check:" in t else "A"), Renderer(TOK), "compact_pair",
               ask_template="compact_yes_no", max_new_tokens=3)
     j.compare(["q"], ["a"], ["b"])
     assert j.metrics["reward/judge/inconsistent"] == 1.0  # A both ways
-    assert j.ask(["q"], ["a"], ["is short"]) == [True]
-    assert "reward/judge/inconsistent" not in j.metrics and j.metrics["reward/judge/ask_unparseable"] == 0.0
+    assert j.ask(["q"], ["a"], ["is short"]) == [True]  # a rubric asking after the judge rated: both logged
+    assert j.metrics["reward/judge/inconsistent"] == 1.0 and j.metrics["reward/judge/ask_unparseable"] == 0.0
+    j.compare(["q"], ["a"], ["b"])
+    assert "reward/judge/ask_unparseable" not in j.metrics  # the next compare starts afresh
 
 
 def test_unparseable_is_none_and_counted_not_zero():

@@ -218,7 +218,7 @@ class Judge:
         self.max_new_tokens, self.batch_size, self.use_cache = max_new_tokens, batch_size, cache
         self.cache: dict[tuple, str] = {}
         self.metrics: dict[str, float] = {}
-        """the last call's reward/<name>/* (rate, compare or ask: each starts afresh)"""
+        """reward/<name>/* of the last rate or compare (each starts afresh) and of the asks after it"""
         pad = getattr(renderer, "pad_id", None)
         self.pad_id = renderer.tokenizer.pad_id if pad is None else pad
 
@@ -282,7 +282,7 @@ class Judge:
 
     def ask(self, questions: Sequence[str], answers: Sequence[str], criteria: Sequence[str]) -> list[bool | None]:
         """Does each answer meet its criterion? (the yes_no `ask_template`; None: unparseable)"""
-        t, self.metrics = self.ask_template, {}
+        t = self.ask_template  # the metrics are kept: a rubric asks after the judge rated (both are logged)
         verdicts = [parse_verdict(t, r) for r in self.replies(
             [t.messages(q, a, criterion=c) for q, a, c in zip(questions, answers, criteria, strict=True)])]
         self._note("ask_unparseable", _share(v is None for v in verdicts))
@@ -342,10 +342,11 @@ def _share(flags) -> float:
     return sum(map(bool, flags)) / len(flags) if flags else 0.0
 
 
-def load_judge(path, template: str | JudgeTemplate = "mt_bench_single", *, device: str = "cpu",
+def load_judge(path, template: str | JudgeTemplate = "mt_bench_single", *, device: str | None = "cpu",
                precision: str = "fp32", max_new_tokens: int = 512, batch_size: int = 16, name: str = "judge",
                reference: str | None = None, scale01: bool = False) -> Judge:
-    """A local Hugging Face model directory as a frozen judge: its weights on a frozen engine (`device`,
+    """A local Hugging Face model directory as a frozen judge: its weights on a frozen engine (`device`; None: the
+    rank's GPU under torchrun,
     `precision` "fp32" / "bf16" / "fp16" autocast), its own chat template (`ChatRenderer`), greedy replies,
     cached (frozen). `--reward-judge MODEL_DIR` of grpo / rft."""
     from ..engine import make_engine

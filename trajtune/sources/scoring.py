@@ -270,8 +270,8 @@ class Scored(Wrapper):
         n = len(batch)
         if len(unscored) == n:
             raise RewardError(f"no reward source scored any of the batch's {n} completions (every one returned "
-                              f"None, e.g. for {batch.where[0]}); None means 'does not apply to this row', and "
-                              f"every row needs at least one source that applies")
+                              f"None, e.g. for {batch.where[0]}); None means 'does not apply to this row' (or a "
+                              "judge's verdict that did not parse), and every row needs at least one source that applies")
         if not self.engine.is_main:
             return
         for i in sorted(scores.failed)[:3]:

@@ -83,6 +83,21 @@ class PromptRewardRun:
     when none finished); a number: that score"""
     score_unfinished: bool = False
     """let the reward models score unfinished completions as if they had ended (no --unfinished-reward)"""
+    reward_judge: str = ""
+    """a local Hugging Face model directory as a judge (LLM-as-a-judge, RLHF book ch.5.9): one more reward source,
+    asked with --judge-template by greedy decoding, its verdicts cached per (prompt, completion); an unparseable
+    verdict is no reward (the completion is left out of the update) and counted (reward/judge/unparseable)"""
+    judge_template: Literal["mt_bench_single", "mt_bench_pair"] = "mt_bench_single"
+    """mt_bench_single: a 1-10 rating ('Rating: [[5]]'); mt_bench_pair: the book's MT-Bench pairwise prompt, each
+    completion against the row's `reference` column when the data has one, else against the other completions of
+    its prompt (win 1, tie 0.5, loss 0; every pair judged in both orders, disagreeing verdicts are ties and their
+    share is logged: reward/judge/inconsistent)"""
+    judge_max_new_tokens: int = 512
+    """tokens a judge may write before its verdict (its explanation comes first)"""
+    rubric: str = ""
+    """a rubric JSON file (RLHF book ch.12.14: weighted items, pitfalls negative) as one more reward source: the sum
+    of the met items' weights over the sum of the positive weights; an item with a 'check' (file.py:fn) is graded
+    by it, one without by --reward-judge's yes/no; per-item pass rates logged (reward/rubric/...)"""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """where vLLM runs with --backend vllm (colocated, or --vllm-server URLs) and how its syncs are checked"""
 
@@ -128,19 +143,22 @@ def check_sampling(config, name: str) -> None:
     A single `reward_model` string (a recipe's) becomes a list of one."""
     if isinstance(config.reward_model, str):
         config.reward_model = [config.reward_model] if config.reward_model else []
-    if not config.reward and not config.reward_model:
-        raise ValueError(f"{name}: needs --reward module:function or --reward-model DIR (reward / reward_model "
-                         "in a recipe)")
+    if not (config.reward or config.reward_model or config.reward_judge or config.rubric):
+        raise ValueError(f"{name}: needs a reward source: --reward module:function, --reward-model DIR, "
+                         "--reward-judge DIR or --rubric FILE (reward / reward_model / reward_judge / rubric in a recipe)")
     if len(set(config.reward_model)) != len(config.reward_model):
         raise ValueError(f"{name}: --reward-model names a directory twice ({config.reward_model})")
     if not (config.reward_model_k >= 0 and math.isfinite(config.reward_model_k)):
         raise ValueError(f"{name}: --reward-model-k must be a finite number >= 0, got {config.reward_model_k}")
     if config.unfinished_reward is not None and not math.isfinite(config.unfinished_reward):
         raise ValueError(f"{name}: --unfinished-reward must be a finite number, got {config.unfinished_reward}")
-    n = len(config.reward) + bool(config.reward_model)
+    check_ranges(config, name, label=flag, counts=("judge_max_new_tokens",))
+    n = len(config.reward) + bool(config.reward_model) + bool(config.reward_judge) + bool(config.rubric)
     if config.reward_weights and len(config.reward_weights) != n:
         models = " ".join(config.reward_model)
         sources = [f"--reward {r}" for r in config.reward] + ([f"--reward-model {models}"] if models else [])
+        sources += ([f"--reward-judge {config.reward_judge}"] if config.reward_judge else [])
+        sources += [f"--rubric {config.rubric}"] if config.rubric else []
         raise ValueError(f"{name}: --reward-weights has {len(config.reward_weights)} numbers for {n} reward sources "
                          f"({', '.join(sources)}); give one weight per source, in this order")
     check_ranges(config, name, label=flag, non_negative=("reward_timeout",))
@@ -166,6 +184,18 @@ def check_rewards(config, tasks: list) -> None:
             read_kind(path)  # a value head, and a readable reward_model.json where there is one
         except ConfigError as e:
             raise RewardError(f"--reward-model {e}") from None
+    if config.reward_judge:
+        from ...models.hf import check_model_dir
+
+        check_model_dir(config.reward_judge)
+    if config.rubric:
+        from ...sources.rewards.rubric import load_rubric
+
+        rubric = load_rubric(config.rubric)
+        unchecked = [i.title for i in rubric.items if i.check is None]
+        if unchecked and not config.reward_judge:
+            raise RewardError(f"--rubric {config.rubric}: items {unchecked} have no 'check' verifier, so a judge must "
+                              "grade them: give --reward-judge MODEL_DIR, or a 'check' (file.py:fn) to each item")
 
 
 # --- the source ---------------------------------------------------------------------------
@@ -187,14 +217,33 @@ def reward_model(ctx, path: str, model: ModelConfig, name: str = RM_NAME) -> Rew
     return RewardModel(engine, renderer, name, kind)
 
 
-def reward_models(ctx, config) -> list:
-    """The reward-model source of grpo / rft: none, one `RewardModel`, or several as one `RewardEnsemble`
-    (--reward-model-combine, --reward-model-k)."""
+def reward_models(ctx, config, columns=frozenset()) -> list:
+    """The model-graded reward sources of grpo / rft, in --reward-weights order after the functions: the reward
+    models (none, one `RewardModel`, or several as one `RewardEnsemble`: --reward-model-combine, --reward-model-k),
+    then --reward-judge (`trajtune.sources.judge.Judge`), then --rubric (`RubricReward`, its unchecked items asked
+    of the judge). `columns`: the prompt rows' columns (a pairwise judge compares with `reference` when they have it)."""
+    from ...sources.judge import load_judge
+
     paths = config.reward_model
     if len(paths) <= 1:
-        return [reward_model(ctx, p, config.model) for p in paths]
-    members = [reward_model(ctx, p, config.model, name=f"{RM_NAME}{i}") for i, p in enumerate(paths)]
-    return [RewardEnsemble(members, config.reward_model_combine, config.reward_model_k)]
+        out: list = [reward_model(ctx, p, config.model) for p in paths]
+    else:
+        members = [reward_model(ctx, p, config.model, name=f"{RM_NAME}{i}") for i, p in enumerate(paths)]
+        out = [RewardEnsemble(members, config.reward_model_combine, config.reward_model_k)]
+    judge = None
+    if config.reward_judge:
+        from ...engine.distributed import launched_distributed
+
+        device = None if config.model.device == "cuda" and launched_distributed() else config.model.device  # rank's GPU
+        judge = load_judge(config.reward_judge, config.judge_template, device=device, precision=config.model.precision,
+                           max_new_tokens=config.judge_max_new_tokens,
+                           reference="reference" if "reference" in columns else None)
+        out.append(judge)
+    if config.rubric:
+        from ...sources.rewards.rubric import RubricReward
+
+        out.append(RubricReward(config.rubric, judge=judge))
+    return out
 
 
 def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapConfig | None = None) -> Source:
@@ -211,7 +260,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
                           "per-episode seeds); use --backend sampler")
     functions = RewardSet([RewardFunction(spec=spec) for spec in config.reward], timeout=config.reward_timeout)
     try:
-        models = reward_models(ctx, config)
+        models = reward_models(ctx, config, {k for task in data.items for k in task.columns})
     except BaseException:
         functions.close()
         raise
