@@ -146,3 +146,62 @@ def test_sampled_kl_matches_sequence_sums():
     # the k1 estimate: per episode sum_t (log pi - log pi_ref) over POLICY tokens, mean over episodes
     trajs = [episode("x", 0.0, 2), episode("y", 0.0, 5)]
     assert sampled_kl(ConstantLogprob(-1.0), ConstantLogprob(-1.25), trajs, 0) == pytest.approx((0.5 + 1.25) / 2)
+
+
+# --- `trajtune grpo --gold-reward ...` on a tiny random Hugging Face model ----------------------------------
+
+@pytest.fixture(scope="module")
+def hf_work(tmp_path_factory):
+    pytest.importorskip("transformers")
+    import json
+
+    from trajtune.models.hf_random import make_random_model
+
+    d = tmp_path_factory.mktemp("overopt_hf")
+    make_random_model(d / "model", arch="llama", size="tiny")
+    with open(d / "prompts.jsonl", "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+    (d / "rewards.py").write_text(
+        "def has_digit(prompts, completions, **kw):\n"
+        "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n"
+        "def exact(completions, answer, **kw):\n"
+        "    return [float(c[-1]['content'].strip() == a) for c, a in zip(completions, answer)]\n"
+        "def short(completions, **kw):\n"
+        "    return [-len(c[-1]['content']) / 10 for c in completions]\n"
+        "def needs_label(completions, label, **kw):\n"
+        "    return [0.0 for _ in completions]\n")
+    return d
+
+
+def test_grpo_logs_the_probe_every_n_steps(hf_work):
+    from trajtune.cli import main
+    from trajtune.metrics import read_metrics
+
+    out, rewards = hf_work / "grpo", hf_work / "rewards.py"
+    assert main(["grpo", "--model", str(hf_work / "model"), "--data", str(hf_work / "prompts.jsonl"),
+                 "--reward", f"{rewards}:has_digit", "--gold-reward", f"{rewards}:exact", "--gold-reward",
+                 f"{rewards}:short", "--eval-every", "2", "--eval-prompts", "2", "--eval-samples", "3", "--steps", "4",
+                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "6", "--lr", "1e-2",
+                 "--out", str(out)]) == 0
+    rows = [r for r in read_metrics(out) if "overopt/kl" in r]
+    assert [r["step"] for r in rows] == [0, 2, 4]  # before the first step, every 2 steps, after the last
+    assert rows[0]["overopt/kl"] == 0.0 and rows[-1]["overopt/kl"] != 0.0  # the starting policy is the reference
+    assert all(r["overopt/graded"] == 6 and r["overopt/gold"] == r["overopt/gold/exact"] for r in rows)
+    assert all(0 <= r["overopt/proxy"] <= 1 and r["overopt/gold/short"] <= 0 for r in rows)
+    for key in rows[0]:
+        assert key in ("step", "time", "stage") or is_documented(key), key
+
+
+def test_grpo_gold_reward_is_checked_before_the_model_loads(hf_work, capsys):
+    from trajtune.cli import main
+
+    rewards = hf_work / "rewards.py"
+    base = ["grpo", "--model", str(hf_work / "model"), "--data", str(hf_work / "prompts.jsonl"), "--reward",
+            f"{rewards}:has_digit", "--out", str(hf_work / "bad")]
+    assert main([*base, "--gold-reward", f"{rewards}:needs_label"]) == 2
+    assert "needs column 'label'" in capsys.readouterr().err
+    assert main([*base, "--gold-reward", f"{rewards}:nope"]) == 2
+    assert "has no callable 'nope'" in capsys.readouterr().err
+    assert main([*base, "--gold-reward", f"{rewards}:exact", "--eval-samples", "0"]) == 2
+    assert "--eval-samples must be >= 1" in capsys.readouterr().err

@@ -21,6 +21,7 @@ A grader maps the episodes (and the tasks they answer) to one score each, or Non
                              reward sources, an environment's verifier)
     batch_grader(scorer)     a `RewardBatch` scorer: a `sources.scoring.RewardModel`, a
                              `sources.ensemble.RewardEnsemble`, a judge, any `RewardBatch -> [N]` callable
+    reward_set_graders(set)  each TRL-style reward function of a `sources.rewards.RewardSet`, by name
     verifier_grader(verify)  a per-row verifier `verify(task, reply) -> reward` (or `(reward, checks)`)
 
 Metrics (registered below): overopt/proxy, overopt/gold (the first gold grader), overopt/gold/<name> (every
@@ -92,6 +93,24 @@ def verifier_grader(verify: Callable[[Any, str], Any]) -> Grader:
         return [v[0] if isinstance(v, tuple) else v for v in out]
 
     return grade
+
+
+def reward_set_graders(functions) -> dict[str, Grader]:
+    """Every function of a `sources.rewards.RewardSet` (TRL-style reward functions) as a grader, by its name.
+    The set is called once per batch of episodes: the first grader's call scores every function, the others read
+    it. A row whose call ran past the time limit scores None."""
+    last: dict = {}
+
+    def grader(k: int) -> Grader:
+        def grade(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> list:
+            if last.get("trajs") is not trajs:
+                last.update(trajs=trajs, scores=functions.score(reward_batch(tasks, trajs)))
+            scores = last["scores"]
+            return [None if i in scores.failed else v for i, v in enumerate(scores.values[k])]
+
+        return grade
+
+    return {f.name: grader(k) for k, f in enumerate(functions.functions)}
 
 
 def mean_score(scores: Sequence) -> float:
