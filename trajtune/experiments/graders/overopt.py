@@ -24,7 +24,14 @@ The demo, its design fixed up front (not tuned to make a claim hold):
                  samples 4 replies per seen word from one fixed seed and logs overopt/proxy (what the run
                  optimizes), overopt/gold (the verifier `ends_with_period`), overopt/gold/test_rm (the
                  held-out-half RM), overopt/gold/format (the reply starts with the word: chapter 13's format,
-                 which the proxy never rewarded) and overopt/kl (sampled KL to the `sft_narrow` policy)
+                 which the pairs never vary: chosen and rejected both start with the word), overopt/gold/
+                 instruction (format and period: the whole instruction) and overopt/kl (sampled KL to the
+                 `sft_narrow` policy)
+
+All of this was written before the first run except the instruction gold and its claims O5-O6, added after
+the first run showed the format collapsing while the period held (the claims table says so). On seed 0 the
+reward models order 99-100% of the other half's pairs and the period never falls (O1-O3 do not hold or cannot
+be judged); the format, which no pair taught, collapses (docs/overoptimization.md has the numbers).
 
 What differs from the book's setting: the "human" preference is a rule the gym can check, so the gold reward
 is exact; the reward models are 355k-parameter character models; the policy is never KL-penalised (the
@@ -79,7 +86,8 @@ class Demo:
     """reward-model optimizer (chapter 13's)"""
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=40, tasks_per_step=8, group_size=8,
                                                           advantage="grpo", eval_every=5))
-    """GRPO against the proxy: steps, words per step, replies per word, the probe's cadence (eval_every)"""
+    """GRPO against the proxy: steps, words per step, replies per word, the probe's cadence (eval_every); its seed
+    is derived from the recipe's `seed`"""
     rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
     """the policy's optimizer (chapter 13's GRPO learning rate)"""
     eval_samples: int = 4
