@@ -1,26 +1,367 @@
-"""Graders recipe, part 'overopt' (see the package docstring). Being written."""
+"""Graders recipe, part 'overopt': RL against a proxy reward model, with the verifier as gold (RLHF book ch.14).
+
+The book: over-optimization is "when optimizing the proxy objective causes the true objective to get better,
+then get worse"; "the training reward keeps climbing, but downstream quality eventually peaks and declines",
+seen against training steps or "with the KL distance of the optimization on the x-axis"; Bai et al. split the
+preference data in half into a train RM and a test RM; reward-model ensembles are a mitigation (Coste et al.).
+
+The demo, its design fixed up front (not tuned to make a claim hold):
+
+    pairs        chapter 13's pairs of the instruct gym (`preference_pairs`: its train and test lists
+                 together, 640 pairs of real lines for the 16 seen words, chosen ends with '.'), split in
+                 half by a seeded shuffle: half A trains the proxy reward models, half B the test RM
+    overopt_rm*  Bradley-Terry reward models from chapter 13's `sft_narrow` network with a fresh scalar
+                 head (chapter 13's reward model, `train_reward_model`), each for ONE epoch over its half
+                 (`rm_epochs`; chapter 13's trains 60 steps x 32 pairs on 512 pairs, 3.75 epochs, and orders
+                 100% of held-out pairs): overopt_rm0 .. overopt_rm{k-1} on half A with seeds 0 .. k-1 (head
+                 init and batch order; Coste et al. train their members on the same data with other seeds),
+                 overopt_rm_test on half B
+    overopt_*    GRPO (`train_rl`, chapter 13's advantage, no KL penalty) of the `sft_narrow` policy on the 16
+                 seen words; the reward is the proxy, through `sources.scoring.Scored`:
+                   overopt_single    overopt_rm0 alone
+                   overopt_ensemble  the min over overopt_rm0 .. rm{k-1} (`sources.ensemble.RewardEnsemble`)
+                 every `eval_every` steps (and before the first) the probe (`trajtune.overoptimization`)
+                 samples 4 replies per seen word from one fixed seed and logs overopt/proxy (what the run
+                 optimizes), overopt/gold (the verifier `ends_with_period`), overopt/gold/test_rm (the
+                 held-out-half RM), overopt/gold/format (the reply starts with the word: chapter 13's format,
+                 which the pairs never vary: chosen and rejected both start with the word), overopt/gold/
+                 instruction (format and period: the whole instruction) and overopt/kl (sampled KL to the
+                 `sft_narrow` policy)
+
+All of this was written before the first run except the instruction gold and its claims O5-O6, added after
+the first run showed the format collapsing while the period held (the claims table says so). On seed 0 the
+reward models order 99-100% of the other half's pairs and the period never falls (O1-O3 do not hold or cannot
+be judged); the format, which no pair taught, collapses (docs/overoptimization.md has the numbers).
+
+What differs from the book's setting: the "human" preference is a rule the gym can check, so the gold reward
+is exact; the reward models are 355k-parameter character models; the policy is never KL-penalised (the
+book's curve is the unregularised one; a KL penalty would slow it, ch.14.3).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import dataclasses
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...runs.report import Claim
+import matplotlib.pyplot as plt
+import torch
+
+from ...algorithms.reward_model import RewardModelConfig, train_reward_model
+from ...algorithms.rl import RLConfig, train_rl
+from ...config import check_ranges
+from ...engine import OptimConfig
+from ...envs.instruct import SEEN, InstructTask, ends_with_period, format_ok, preference_pairs
+from ...models.tiny import TinyTransformer, load_model
+from ...overoptimization import OverOptProbe, episode_rewards, peak, verifier_grader, batch_grader
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.stages import Stage
+from ...seeding import derive
+from ...sources.ensemble import RewardEnsemble
+from ...sources.rewards import RewardSet
+from ...sources.episodes import sample_episodes
+from ...sources.scoring import Scored, pair_accuracy, reward_model_scores
+from ...trajectory import Owner, Trajectory
+from ..chapter13 import adam
+from ..chapter13.instruct import corpus, instruct_source, renderer
+from ..chapter13.preference import rendered_pairs, sft_model
+
+RUNS = ("single", "ensemble")
 
 
 @dataclass
 class Demo:
-    """this part's settings"""
+    """Over-optimization (ch.14): RL against a proxy reward model, the verifier as gold; one RM vs a min-ensemble."""
+
+    members: int = 3
+    """reward models trained on half A (seeds 0 .. members-1); overopt_single uses the first, overopt_ensemble the
+    min over all"""
+    rm_epochs: float = 1.0
+    """passes of each reward model over its half of the pairs (batches of `rm_batch`)"""
+    rm_batch: int = 32
+    """pairs per reward-model step"""
+    rm_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """reward-model optimizer (chapter 13's)"""
+    rl: RLConfig = field(default_factory=lambda: RLConfig(steps=40, tasks_per_step=8, group_size=8,
+                                                          advantage="grpo", eval_every=5))
+    """GRPO against the proxy: steps, words per step, replies per word, the probe's cadence (eval_every); its seed
+    is derived from the recipe's `seed`"""
+    rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """the policy's optimizer (chapter 13's GRPO learning rate)"""
+    eval_samples: int = 4
+    """replies per seen word the probe samples (16 words: 64 replies), from one fixed seed"""
+    drop: float = 0.1
+    """how far below its peak the gold reward must end to count as a fall (0.1: 10 points of a share; the
+    probe's 64 replies give a share a standard error of at most 0.0625)"""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, "graders.overopt", counts=("members", "rm_batch", "eval_samples"),
+                     positive=("rm_epochs", "drop"))
+
+
+def demo(config) -> Demo:
+    return config.overopt
 
 
 def stages(config) -> list[Stage]:
-    return []
+    d = demo(config)
+    rms = [Stage(f"overopt_rm{k}", stage_rm, after=("sft_narrow",), args=(k,)) for k in range(d.members)]
+    rms.append(Stage("overopt_rm_test", stage_rm, after=("sft_narrow",), args=("test",)))
+    after = tuple(s.name for s in rms)
+    return [*(Stage(f"overopt_{which}", stage_rl, after=after, args=(which,)) for which in RUNS), *rms]
+
+
+# --- the pairs, the reward models -----------------------------------------------------------------
+
+def halves(seed: int) -> tuple[list, list]:
+    """Chapter 13's pairs (train and test lists together) split in half by a seeded shuffle: (A, B)."""
+    train, test = preference_pairs(corpus()[3], seed=seed)
+    pairs = train + test
+    random.Random(derive(seed, 14, stride=7919)).shuffle(pairs)
+    return pairs[: len(pairs) // 2], pairs[len(pairs) // 2 :]
+
+
+@dataclass(frozen=True)
+class RatedTask(InstructTask):
+    """An instruct task as a prompt row (`columns`, `where`): what `Scored` hands its reward models."""
+
+    columns: dict = field(default_factory=dict, hash=False, compare=False)
+    where: str = field(default="", hash=False, compare=False)
+
+
+class TinyRewardModel:
+    """A chapter-13 reward model as a `RewardBatch` scorer: the value head at the last token of the prompt + reply.
+    The reply goes in as the tokens the policy sampled (`completion_ids`, its <|end|> included when it stopped),
+    after the prompt as the one renderer writes it: token for token what the pairs were (`chapter13.instruct.demo`)."""
+
+    def __init__(self, engine, name: str):
+        self.engine, self.name, self.renderer = engine, name, renderer()
+
+    def __call__(self, batch) -> list[float]:
+        trajs = []
+        for prompt, ids in zip(batch.prompts, batch.completion_ids, strict=True):
+            t = Trajectory()
+            t.append(self.renderer.generation_prompt([{"role": "user", "content": prompt}]), Owner.PROMPT, 0)
+            t.append(ids, Owner.POLICY, 0)
+            trajs.append(t)
+        return reward_model_scores(self.engine, trajs, self.renderer.tokenizer.pad_id)
+
+
+def stage_rm(ctx, which) -> dict:
+    """One reward model: member `which` (0, 1, ...) on half A with seed `which`, or 'test' on half B; its
+    accuracy on the other half's pairs."""
+    config, d = ctx.config, demo(ctx.config)
+    a, b = halves(config.seed)
+    train, held_out = (b, a) if which == "test" else (a, b)
+    seed = derive(config.seed, 1000 + (0 if which == "test" else int(which) + 1), stride=7919)
+    tok = corpus()[0]
+    sft = sft_model(ctx.run_dir)
+    torch.manual_seed(seed)
+    rm = TinyTransformer(dataclasses.replace(sft.config, value_head=True))
+    rm.load_state_dict(sft.state_dict(), strict=False)  # the SFT network plus a fresh scalar head
+    engine = ctx.engine(rm, d.rm_optim)
+    steps = max(1, round(d.rm_epochs * len(train) / d.rm_batch))
+    rm_config = RewardModelConfig(steps=steps, batch_size=d.rm_batch, seed=seed)
+    held_r = rendered_pairs(held_out)
+    history = train_reward_model(engine, rendered_pairs(train), rm_config, tok.pad_id,
+                                 ctx.run(lambda s: {"eval/pair_accuracy": pair_accuracy(engine, held_r, tok.pad_id)}))
+    ctx.save_model(rm, tok, "model", meta={"stage": ctx.name})
+    return {"accuracy": history[-1]["eval/pair_accuracy"], "train_loss": history[-1]["train/loss"],
+            "steps": steps, "n_train_pairs": len(train), "n_held_out_pairs": len(held_out)}
+
+
+def load_rm(ctx, stage: str) -> TinyRewardModel:
+    model, _ = load_model(ctx.run_dir / stage / "model")
+    return TinyRewardModel(ctx.engine(model, None, frozen=True), stage.removeprefix("overopt_"))
+
+
+# --- RL against the proxy ---------------------------------------------------------------------------
+
+def stage_rl(ctx, which: str) -> dict:
+    """GRPO of the sft_narrow policy against the proxy (one RM, or the min-ensemble), probed every eval_every steps."""
+    config, d = ctx.config, demo(ctx.config)
+    tok = corpus()[0]
+    members = [load_rm(ctx, f"overopt_rm{k}") for k in range(d.members)]
+    proxy = members[0] if which == "single" else RewardEnsemble(members, how="min", name="ensemble_min")
+    test_rm = load_rm(ctx, "overopt_rm_test")
+    sft = sft_model(ctx.run_dir)
+    reference = ctx.engine(copy.deepcopy(sft), None, frozen=True)  # the starting policy
+    torch.manual_seed(config.seed)
+    engine = ctx.engine(sft, d.rl_optim)
+    rl = dataclasses.replace(d.rl, seed=derive(config.seed, 1400, stride=7919))
+    source = Scored(instruct_source(engine, "preference", config.max_reply), engine, RewardSet([]), [proxy])
+    gold = {"ends_with_period": verifier_grader(lambda task, reply: float(ends_with_period(reply))),
+            "test_rm": batch_grader(test_rm),
+            "format": verifier_grader(lambda task, reply: float(format_ok(task.word, reply))),
+            "instruction": verifier_grader(lambda task, reply: float(format_ok(task.word, reply)
+                                                                     and ends_with_period(reply)))}
+    tasks = [RatedTask(w) for w in SEEN]
+    probe = OverOptProbe(engine, reference, source, tasks, d.eval_samples, episode_rewards(), gold, tok.pad_id,
+                         seed=derive(config.seed, 1401, stride=7919))
+    start = probe(0)  # the starting point of the curve (the engine holds the SFT weights until train_rl resumes)
+    if not ctx.resuming:
+        ctx.log(0, start)
+    history = train_rl(engine, tasks, source, rl, tok.pad_id, ctx.run(probe))
+    curve = [{"step": 0, **start}]
+    curve += [{k: r[k] for k in r if k == "step" or k.startswith("overopt/")} for r in history if "overopt/kl" in r]
+    examples = sample_episodes(source, tasks[:4], 1, derive(config.seed, 1402, stride=7919))
+    return {"proxy": proxy.name, "curve": curve,
+            "examples": [f"{t.info['word']} -> {t.info['reply']!r} (proxy {t.reward:.2f})" for t in examples]}
+
+
+
+# --- claims ---------------------------------------------------------------------------------------
+
+PROXY, GOLD, TEST, INSTR, FORMAT, KL = ("overopt/proxy", "overopt/gold", "overopt/gold/test_rm",
+                                       "overopt/gold/instruction", "overopt/gold/format", "overopt/kl")
+
+
+def series(curve: list[dict], key: str) -> tuple[list[int], list[float]]:
+    return [c["step"] for c in curve], [c[key] for c in curve]
+
+
+def fall_step(curve: list[dict], key: str, drop: float) -> int | None:
+    """The first evaluation step at which `key` is `drop` or more below its highest value so far (None: never)."""
+    best = -float("inf")
+    for c in curve:
+        best = max(best, c[key])
+        if c[key] <= best - drop:
+            return c["step"]
+    return None
+
+
+def peak_and_fall(curve: list[dict], key: str, drop: float) -> dict:
+    """`key`'s peak (step, value), its final value, whether it fell (peaked before the last evaluation and ended
+    `drop` or more below the peak), and the proxy at its peak and at the end."""
+    steps, values = series(curve, key)
+    at, high = peak(steps, values)
+    proxy = dict(zip(*series(curve, PROXY), strict=True))
+    return {"peak_step": at, "peak": high, "final": values[-1], "fell": at < steps[-1] and values[-1] <= high - drop,
+            "proxy_at_peak": proxy[at], "proxy_final": proxy[steps[-1]], "last_step": steps[-1]}
+
+
+def _curve(results: dict, which: str) -> list[dict] | None:
+    r = results.get(f"overopt_{which}")
+    return r["curve"] if r and r.get("curve") else None
+
+
+def _rise_and_fall(curve: list[dict], key: str, drop: float, name: str) -> tuple[str, bool]:
+    p = peak_and_fall(curve, key, drop)
+    ours = (f"{name} {fmt(curve[0][key])} at step 0, peak {fmt(p['peak'])} at step {p['peak_step']}, "
+            f"{fmt(p['final'])} at step {p['last_step']}; proxy {fmt(p['proxy_at_peak'])} at that peak, "
+            f"{fmt(p['proxy_final'])} at the end")
+    return ours, p["fell"] and p["proxy_final"] > p["proxy_at_peak"]
+
+
+def _delay(single: list[dict], ensemble: list[dict], key: str, drop: float) -> tuple[str, bool | None]:
+    s, e = fall_step(single, key, drop), fall_step(ensemble, key, drop)
+    ours = (f"fell {drop:g} below its peak at step {s if s is not None else '- (never)'} with one RM, "
+            f"{e if e is not None else '- (never)'} with the min-ensemble; final {fmt(single[-1][key])} vs "
+            f"{fmt(ensemble[-1][key])}")
+    if s is None:
+        return ours + " (no fall with one RM: nothing to delay)", None
+    return ours, e is None or e > s
 
 
 def claims(results: dict, config) -> list[Claim]:
-    return []
+    d = demo(config)
+    single, ensemble = _curve(results, "single"), _curve(results, "ensemble")
+    if single is None or ensemble is None:
+        return []
+    out = []
+    ours, holds = _rise_and_fall(single, GOLD, d.drop, "gold (ends with '.')")
+    out.append(Claim("O1", "RL vs one proxy RM", "proxy rises, gold peaks then falls", ours,
+                     '"the training reward keeps climbing, but downstream quality eventually peaks and declines" '
+                     f"(ch.14; checklist 14.1): gold = the verifier ends_with_period; a fall: {d.drop:g} below "
+                     "its peak at the end, the proxy higher at the end than at gold's peak", holds))
+    half = single[len(single) // 2]
+    gain_proxy, gain_test = single[-1][PROXY] - half[PROXY], single[-1][TEST] - half[TEST]
+    out.append(Claim("O2", "train RM vs test RM (halves)", "train-RM gains stop transferring to the test RM",
+                     f"from step {half['step']} to {single[-1]['step']}: proxy (train RM) {gain_proxy:+.2f}, "
+                     f"test RM {gain_test:+.2f} (test RM {fmt(single[0][TEST])} at step 0)",
+                     '"improvements on the training RM eventually fail to transfer to the test PM" (ch.14, Bai et '
+                     "al.; checklist 14.2): over the second half of the run the proxy still rises and the test RM "
+                     "does not", gain_proxy > 0 and gain_test <= 0))
+    ours, holds = _delay(single, ensemble, GOLD, d.drop)
+    out.append(Claim("O3", "min-ensemble of RMs", "an ensemble delays the fall", "gold (ends with '.') " + ours,
+                     '"reward model ensembles" mitigate over-optimization (ch.14; checklist 14.4, Coste et al.): '
+                     "with the min over the members, gold falls later than with one RM (or not at all)", holds))
+    kl_up = all(b[KL] > a[KL] for curve in (single, ensemble) for a, b in zip(curve, curve[1:]))
+    out.append(Claim("O4", "KL as the x-axis", "KL from the reference grows with steps",
+                     f"KL (nats per reply) {fmt(single[0][KL])} -> {fmt(single[-1][KL])} (one RM), "
+                     f"{fmt(ensemble[0][KL])} -> {fmt(ensemble[-1][KL])} (ensemble)",
+                     '"the relationship ... can also be seen with the KL distance of the optimization on the '
+                     'x-axis rather than training steps" (ch.14; checklist 14.1, 0.7): the sampled KL to the '
+                     "reference rises at every evaluation of both runs", kl_up))
+    ours, holds = _rise_and_fall(single, INSTR, d.drop, "instruction (starts with the word and ends with '.')")
+    out.append(Claim("O5", "RL vs one proxy RM, gold = the whole instruction", "proxy rises, gold peaks then falls",
+                     ours, "as O1 with gold = the whole instruction, format_ok and ends_with_period (added after the "
+                     "first run showed the format collapse; the pairs never vary the format, so the RM never "
+                     "learnt it)", holds))
+    ours, holds = _delay(single, ensemble, INSTR, d.drop)
+    out.append(Claim("O6", "min-ensemble, gold = the whole instruction", "an ensemble delays the fall",
+                     "instruction " + ours, "as O3 with O5's gold (added after the first run)", holds))
+    return out
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+def plot_curves(path: Path, single: list[dict], ensemble: list[dict]) -> Path:
+    """2 x 2: reward-model scores (top) and verifier shares (bottom) against steps (left) and KL (right); one RM
+    solid, the min-ensemble dashed; the legend outside the axes."""
+    fig, axes = plt.subplots(2, 2, figsize=(10.5, 6.4), dpi=110)
+    rows = [[(PROXY, "proxy (the reward optimized)", "C0"), (TEST, "test RM (held-out half)", "C1")],
+            [(GOLD, "gold: ends with '.'", "C2"), (INSTR, "starts with the word and ends with '.'", "C3"),
+             (FORMAT, "starts with the word", "C4")]]
+    for r, keys in enumerate(rows):
+        for c, x in enumerate(("step", KL)):
+            ax = axes[r][c]
+            for run, curve, style in (("one RM", single, "-o"), ("min-ensemble", ensemble, "--s")):
+                xs = [p[x] for p in curve]
+                for key, label, color in keys:
+                    ax.plot(xs, [p[key] for p in curve], style, color=color, markersize=3, label=f"{label}, {run}")
+            ax.set_xlabel("RL step" if x == "step" else "KL(policy || sft_narrow), nats per reply")
+            ax.set_ylabel("reward-model score" if r == 0 else "share of 64 replies")
+            ax.grid(alpha=0.3)
+        axes[r][1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    fig.suptitle("Over-optimization: GRPO against a proxy reward model (graders / overopt)")
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def section(run_dir: Path, results: dict, config) -> str:
-    return ""
+    d = demo(config)
+    single, ensemble = _curve(results, "single"), _curve(results, "ensemble")
+    if single is None or ensemble is None:
+        return "## Over-optimization (ch.14)\n\nThe RL stages did not finish."
+    rms = [(name, fmt(results[f"overopt_{name}"]["accuracy"]), results[f"overopt_{name}"]["n_train_pairs"],
+            results[f"overopt_{name}"]["steps"]) for name in [f"rm{k}" for k in range(d.members)] + ["rm_test"]
+           if f"overopt_{name}" in results]
+    keys = [("proxy", PROXY), ("gold: ends with '.'", GOLD), ("test RM", TEST), ("format", FORMAT),
+            ("instruction", INSTR), ("KL", KL)]
+    table = [[run, c["step"], *(fmt(c[k]) for _, k in keys)] for run, curve in (("one RM", single),
+                                                                             ("min-ensemble", ensemble))
+             for c in curve]
+    plot_curves(Path(run_dir) / "overopt.png", single, ensemble)
+    examples = "\n".join(f"- {run}: " + "; ".join("`" + e.replace("`", "'") + "`" for e in results[f"overopt_{run}"]["examples"])
+                         for run in RUNS)
+    return "\n\n".join([
+        "## Over-optimization (ch.14)",
+        f"GRPO of the `sft_narrow` policy ({d.rl.steps} steps x {d.rl.tasks_per_step} words x {d.rl.group_size} "
+        f"replies, lr {d.rl_optim.lr:g}, no KL penalty) against a proxy reward model: one RM (`overopt_rm0`) or "
+        f"the min over {d.members} RMs trained on the same half of the pairs with other seeds. Every "
+        f"{d.rl.eval_every} steps the probe (`trajtune.overoptimization`) samples {d.eval_samples} replies per seen "
+        "word from one fixed seed and scores them with the proxy, the verifier (gold: ends with '.'), the test RM "
+        "(trained on the other half) and the format check; KL is sampled from the same replies. The pairs never "
+        "vary the format (chosen and rejected are both real lines that start with the word), so no reward model "
+        "here was taught it.",
+        "Reward models (Bradley-Terry, one epoch over their half of chapter 13's pairs; accuracy on the other "
+        "half):\n\n" + markdown_table(["RM", "held-out pair accuracy", "pairs", "steps"], rms),
+        image("overopt.png", "proxy, test RM and verifier shares against steps and KL, one RM and the ensemble"),
+        markdown_table(["run", "step", *(n for n, _ in keys)], table),
+        "Replies at the end (a fixed seed, with the proxy's score):\n\n" + examples,
+    ])

@@ -18,16 +18,32 @@ What differs from the GRPO paper: with one update per batch of samples (--epochs
 gradient, so the default surrogate is that (--surrogate reinforce, one forward fewer);
 reusing a batch needs --surrogate ppo (or cispo). The KL to the reference is off by
 default (--kl-coef 0; the paper uses 0.04).
+
+Over-optimization (RLHF book ch.14): with --gold-reward, the run's evaluation is the probe of
+`trajtune.overoptimization`, before the first step, every --eval-every steps and after the last:
+
+    trajtune grpo ... --reward-model runs/rm/model --gold-reward judge.py:strict --eval-every 10
+
+samples --eval-samples completions of each of the first --eval-prompts prompts from one fixed seed, and
+logs overopt/proxy (the run's own reward: its --reward functions and --reward-model, weighted),
+overopt/gold (the first --gold-reward; each one as overopt/gold/<name> when there are several) and
+overopt/kl (sampled KL to the starting policy, nats per completion). The gold functions are never
+trained on. The probe scores with its own copy of the run's reward sources (a --reward-model is loaded
+once more) and samples with the built-in sampler under --backend vllm.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, get_type_hints
 
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
+from ...seeding import derive
+from ...overoptimization import OverOptProbe, episode_rewards, reward_set_graders
+from ...sources.rewards import RewardFunction, RewardSet, check_columns
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
@@ -56,9 +72,20 @@ class GRPORun(PromptRewardRun):
     """AdamW (lr 1e-5)"""
     output: OutputConfig = field(default_factory=OutputConfig)
     """what the run writes and when (checkpoints every --save-every steps ...)"""
+    gold_reward: list[str] = field(default_factory=list)
+    """gold reward functions 'file.py:function' (one or more, as --reward), never trained on: with them the run's
+    evaluation is the over-optimization probe (before the first step, every --eval-every steps and after the last:
+    overopt/proxy, the run's reward; overopt/gold, the first of these; overopt/kl, to the starting policy)"""
+    eval_prompts: int = 16
+    """the over-optimization probe's prompts: the first this many prompt rows of --data, the same every evaluation"""
+    eval_samples: int = 4
+    """completions the over-optimization probe samples per prompt (from one fixed seed)"""
 
     def __post_init__(self) -> None:
         check_run(self, "grpo")
+        if self.eval_prompts < 1 or self.eval_samples < 1:
+            raise ValueError(f"grpo: --eval-prompts and --eval-samples must be >= 1, got {self.eval_prompts} and "
+                             f"{self.eval_samples}")
         check_sampling(self, "grpo")
         check_overlap(self.overlap, self.rl, "grpo")
         if self.sampling.backend == "vllm" and self.overlap.sampler_process:
@@ -75,6 +102,10 @@ Config = GRPORun
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
     prepared = prompt_data(config)
     check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    if config.gold_reward:  # the gold functions import and find their columns in the probe's prompts
+        gold = [RewardFunction(spec=spec) for spec in config.gold_reward]
+        RewardSet(gold)
+        check_columns(gold, prepared.items[: config.eval_prompts])
     return prepared
 
 
@@ -85,9 +116,27 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
     policy, engine = load_engine(ctx, c.model, c.optim, value_head=c.rl.advantage == "gae", seed=c.rl.seed)
     announce(ctx, c, policy, len(data.items), "prompts")
     run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
-    with prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap) as source:
+    with contextlib.ExitStack() as stack:
+        if c.gold_reward:
+            run.evaluate = overopt_probe(ctx, engine, data, c, stack)
+            if not ctx.resuming:
+                ctx.log(0, run.evaluate(0))  # the curve's starting point
+        source = stack.enter_context(prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap))
         history = train_rl(engine, data.items, source, c.rl, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def overopt_probe(ctx, engine, data: Prepared, c: GRPORun, stack: contextlib.ExitStack) -> OverOptProbe:
+    """The over-optimization probe (module docstring): the run's reward sources as the proxy, --gold-reward as gold,
+    the starting policy as the reference (kept across a resume with the stage's checkpoint, as --kl-coef's). Its
+    source and gold functions close with `stack`."""
+    reference = ctx.checkpointer.reference(engine, 1 if ctx.resuming else 0)
+    sampler = c if c.sampling.backend != "vllm" else replace(c, sampling=replace(c.sampling, backend="sampler"))
+    source = stack.enter_context(prompt_source(ctx, engine, data, sampler, c.rl.steps))
+    gold = stack.enter_context(RewardSet([RewardFunction(spec=spec) for spec in c.gold_reward],
+                                         timeout=c.reward_timeout))
+    return OverOptProbe(engine, reference, source, data.items[: c.eval_prompts], c.eval_samples, episode_rewards(),
+                        reward_set_graders(gold), data.pad_id, seed=derive(c.rl.seed, 14))
 
 
 def dry_run(config: GRPORun, run_dir: Path) -> str:
