@@ -32,7 +32,7 @@ LAYERS = [
      "recipes", "runs.report", "audits", "decontamination"],
     ["models", "envs"],
     ["engine", "runs.resume", "runs.recorder", "runs.hooks"],
-    ["sources", "evaluation", "runs.loop"],
+    ["sources", "evaluation", "overoptimization", "runs.loop"],
     ["algorithms"],
     ["runs.stages", "runs.rundir", "runs"],
     ["experiments"],

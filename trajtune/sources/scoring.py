@@ -53,6 +53,12 @@ register("reward/unfinished", "completions a reward model did not score because 
 register("reward/*/member_std", "a reward-model ensemble's disagreement: the mean over completions of the std of "
          "its members' scores (trajtune.sources.ensemble)")
 
+register("reward/*", "per reward source (a reward function's name, reward_model, reward_ensemble for several "
+         "reward models, judge, rubric): reward/<name>/mean and "
+         "/std over the completions it scored (None left out); reward/<function>/<name>: what the function "
+         "logged with log_metric (mean); reward/failed: completions whose reward call ran past --reward-timeout; "
+         "reward/unscored: completions no source scored (all None); both are left out of the update")
+
 RM_NAME = "reward_model"
 """a reward model's name among the reward sources when there is one (its metrics: reward/reward_model/*)"""
 

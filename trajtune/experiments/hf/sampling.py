@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ...config import ConfigError, check_choices, check_ranges
-from ...metrics import register
 from ...sources.base import Source
 from ...sources.episodes import EpisodeSource
 from ...sources.overlap import OverlapConfig, overlapped
@@ -42,11 +41,6 @@ from ...sources.vllm import VLLMConfig
 from .model import ModelConfig
 from .options import flag
 
-register("reward/*", "per reward source (a --reward function's name, reward_model, or reward_ensemble for several "
-         "--reward-model): reward/<name>/mean and "
-         "/std over the completions it scored (None left out); reward/<function>/<name>: what the function "
-         "logged with log_metric (mean); reward/failed: completions whose reward call ran past --reward-timeout; "
-         "reward/unscored: completions no source scored (all None); both are left out of the update")
 
 @dataclass
 class PromptRewardRun:
