@@ -31,7 +31,7 @@ def test_the_loss_logs_the_kl_when_kl_coef_is_zero_and_leaves_the_loss_alone():
     assert float(m1["kl/k3"]) == pytest.approx(k3 / 2)
 
 
-def rows(log_kl="free", seed=0, **kw):
+def rows(log_kl="auto", seed=0, **kw):
     e = engine(seed=seed)
     cfg = RLConfig(steps=6, tasks_per_step=4, group_size=8, log_kl=log_kl, **kw)
     hist = train_rl(e, TASKS, collect_for(e), cfg, TOK.pad_id)
@@ -60,11 +60,13 @@ def test_copy_logs_the_kl_with_kl_coef_zero_and_changes_no_trained_number():
         assert torch.equal(p, q), n
 
 
-def test_free_makes_no_copy_of_a_full_model():
-    """The decision: with kl_coef 0 a model without a free reference (a full model) gets no copy by default."""
-    _, hist = rows()  # log_kl="free" is the default
-    assert RLConfig().log_kl == "free"
-    assert all("kl/k3" not in h for h in hist)
+def test_the_kl_is_logged_by_default_and_off_turns_it_off():
+    """The decision: with kl_coef 0 the KL is still logged by default (a copy of a full model), as the book asks."""
+    assert RLConfig().log_kl == "auto"
+    _, hist = rows()
+    assert all("kl/k3" in h and "kl/sequence" in h for h in hist)
+    _, off = rows("off")
+    assert all("kl/k3" not in h for h in off)
 
 
 def test_a_lora_model_logs_the_kl_to_its_base_for_free(tmp_path):

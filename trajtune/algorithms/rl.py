@@ -78,12 +78,11 @@ class RLConfig:
     """clip range above 1"""
     kl_coef: float = 0.0
     """weight of KL(pi || ref); > 0 keeps a frozen copy of the starting policy as ref"""
-    log_kl: Literal["free", "copy", "off"] = "free"
-    """the KL to the reference is logged (kl/k3 per token, kl/sequence per episode) whenever a reference exists:
-    always with kl_coef > 0. With kl_coef 0 -- free: a reference that needs no second copy of the weights (a LoRA
-    model: its base, adapters off; the starting policy when the adapters start at 0) is made for the log, one
-    more forward per step; copy: a frozen copy of the starting policy is kept for it whatever the model (the
-    memory of the weights once more, and a forward per step); off: no reference only for logging"""
+    log_kl: Literal["auto", "copy", "off"] = "auto"
+    """the KL to the reference is always logged (kl/k3 per token, kl/sequence per episode; RLHF book checklist 0.7),
+    also with kl_coef 0, against -- auto: a LoRA model's base (adapters off: no copy), any other model a frozen copy of
+    its starting policy (the weights once more in memory, one forward per step); copy: a frozen copy whatever the
+    model; off: nothing when kl_coef is 0 (saves the copy's memory)"""
     kl_in_reward: bool = False
     """put the KL penalty into the rewards instead of the loss: per token for GAE (PPO style), the sequence KL
     subtracted from each episode's reward before the group baseline for the others (the book's RLOO)"""
@@ -255,14 +254,16 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
 
 
 def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | None:
-    """The KL reference: the stage's starting policy when the loss needs it (kl_coef > 0) or `log_kl` is
-    "copy"; with kl_coef 0 and log_kl "free", a LoRA model's base (adapters off: no copy of the weights) for
-    the log only; else None (no KL is logged: a copy was not asked for)."""
+    """The KL reference: the stage's starting policy, frozen (`run.reference`: saved with the stage's checkpoint) --
+    for the loss (kl_coef > 0), or only for the log (`log_kl`: auto / copy); with log_kl "auto" a LoRA model's
+    base with its adapters off instead (no copy of the weights); None with kl_coef 0 and log_kl "off"."""
     if config.kl_coef or config.log_kl == "copy":
         return run.reference(engine, start)
-    if config.log_kl == "free" and getattr(getattr(engine, "model", None), "is_lora", False):
+    if config.log_kl == "off":
+        return None
+    if getattr(getattr(engine, "model", None), "is_lora", False):
         return engine.reference_engine(adapters_off=True)
-    return None
+    return run.reference(engine, start)
 
 
 def check_lag(episodes: Episodes, config: RLConfig) -> None:
