@@ -497,3 +497,35 @@ def bradley_terry_ratings(verdicts: Sequence[Verdict], prior: float = 0.0, scale
         if done:
             break
     return {pl: initial + scale * float(torch.log10(p[i])) for pl, i in idx.items()}
+
+
+def length_controlled_win_rate(wins: Sequence[float], length_diffs: Sequence[float], iters: int = 100) -> dict[str, float]:
+    """A judge's win rate with the length bias taken out (RLHF book ch.16 / appendix B: AlpacaEval and WildBench
+    "apply linear length correction"; AlpacaEval 2's length-controlled win rate, without its per-instruction term):
+    fit P(win) = sigma(theta + phi * tanh(dl / sd(dl))) by maximum likelihood (Newton, soft targets), where dl is
+    the length of the model's answer minus the baseline's; the length-controlled win rate is sigma(theta), the
+    win rate the fit predicts at equal length.
+
+    wins [n] in [0, 1] (a win 1, a tie 0.5, a loss 0), length_diffs [n] (tokens or characters)
+    -> {"win_rate": the raw mean, "lc_win_rate", "theta", "phi"}."""
+    if len(wins) != len(length_diffs) or len(wins) < 2:
+        raise ValueError(f"length_controlled_win_rate: {len(wins)} verdicts for {len(length_diffs)} length differences "
+                         "(equal, at least 2)")
+    y = torch.tensor([float(w) for w in wins], dtype=torch.float64)
+    if bool(((y < 0) | (y > 1)).any()):
+        raise ValueError("length_controlled_win_rate: verdicts must be in [0, 1] (win 1, tie 0.5, loss 0)")
+    dl = torch.tensor([float(d) for d in length_diffs], dtype=torch.float64)
+    sd = float(dl.std(unbiased=False))
+    t = torch.tanh(dl / sd) if sd > 0 else torch.zeros_like(dl)
+    X = torch.stack([torch.ones_like(t), t], 1)  # [n, 2]
+    w = torch.zeros(2, dtype=torch.float64)
+    for _ in range(iters):
+        p = torch.sigmoid(X @ w)
+        grad = X.T @ (y - p)
+        hess = X.T @ (X * (p * (1 - p))[:, None]) + 1e-9 * torch.eye(2, dtype=torch.float64)
+        step = torch.linalg.solve(hess, grad)
+        w = w + step
+        if float(step.abs().max()) < 1e-12:
+            break
+    return {"win_rate": float(y.mean()), "lc_win_rate": float(torch.sigmoid(w[0])), "theta": float(w[0]),
+            "phi": float(w[1])}

@@ -188,3 +188,37 @@ def peak(steps: Sequence[float], values: Sequence[float]) -> tuple[float, float]
         raise ValueError(f"peak: {len(steps)} steps and {len(values)} values (equal, and at least one)")
     i = max(range(len(values)), key=lambda j: (values[j], -j))
     return steps[i], values[i]
+
+
+def fit_scaling_law(kl: Sequence[float], gold: Sequence[float], form: str = "rl") -> dict[str, float]:
+    """Gao et al.'s over-optimization forms (checklist 14.8 [EXT]) fitted by least squares to a gold curve, with
+    d = sqrt(KL) and R the gold score's gain over its value at KL 0:
+
+        best-of-n:  R(d) = d (alpha - beta d)          (linear in alpha, beta)
+        rl:         R(d) = d (alpha - beta log d)      (linear in alpha, beta; d > 0 only)
+
+    kl [n] >= 0 nats, gold [n] (the first point is the reference, KL 0) -> {"alpha", "beta", "d_peak" (where the
+    fitted gold peaks: alpha / (2 beta), or exp(alpha / beta - 1) for rl; inf when beta <= 0), "r2"}."""
+    if form not in ("bon", "rl"):
+        raise ValueError(f"fit_scaling_law: form must be 'bon' or 'rl', got {form!r}")
+    if len(kl) != len(gold) or len(kl) < 3:
+        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, {len(gold)}")
+    if min(kl) < 0:
+        raise ValueError("fit_scaling_law: a KL is negative")
+    base = gold[min(range(len(kl)), key=lambda i: kl[i])]
+    points = [(math.sqrt(k), g - base) for k, g in zip(kl, gold) if k > 0]
+    if len(points) < 2:
+        raise ValueError("fit_scaling_law: needs at least 2 points with KL > 0")
+    x1 = torch.tensor([d for d, _ in points], dtype=torch.float64)
+    x2 = -x1 * (x1 if form == "bon" else x1.log())
+    X = torch.stack([x1, x2], 1)  # [n, 2]
+    y = torch.tensor([r for _, r in points], dtype=torch.float64)
+    alpha, beta = torch.linalg.lstsq(X, y[:, None]).solution.squeeze(1).tolist()
+    resid = y - X @ torch.tensor([alpha, beta], dtype=torch.float64)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    if beta <= 0:
+        d_peak = float("inf")
+    else:
+        d_peak = alpha / (2 * beta) if form == "bon" else math.exp(alpha / beta - 1)
+    return {"alpha": alpha, "beta": beta, "d_peak": d_peak, "r2": r2}

@@ -55,7 +55,7 @@ from ...config import check_ranges
 from ...engine import OptimConfig
 from ...envs.instruct import SEEN, InstructTask, ends_with_period, format_ok, preference_pairs
 from ...models.tiny import TinyTransformer, load_model
-from ...overoptimization import OverOptProbe, episode_rewards, peak, verifier_grader, batch_grader
+from ...overoptimization import OverOptProbe, batch_grader, episode_rewards, fit_scaling_law, peak, verifier_grader
 from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.stages import Stage
 from ...seeding import derive
@@ -333,6 +333,23 @@ def plot_curves(path: Path, single: list[dict], ensemble: list[dict]) -> Path:
     return path
 
 
+def scaling_fits(single: list[dict], ensemble: list[dict]) -> str:
+    """Gao et al.'s RL form R(d) = d (alpha - beta log d), d = sqrt(KL), fitted to each run's instruction curve
+    (`trajtune.overoptimization.fit_scaling_law`; checklist 14.8): where the fitted gold peaks."""
+    rows = []
+    for run, curve in (("one RM", single), ("min-ensemble", ensemble)):
+        try:
+            f = fit_scaling_law([c[KL] for c in curve], [c[INSTR] for c in curve], "rl")
+        except ValueError as e:
+            rows.append([run, "-", "-", "-", str(e)])
+            continue
+        rows.append([run, fmt(f["alpha"]), fmt(f["beta"]), fmt(f["d_peak"] ** 2, 1) if f["d_peak"] < 1e6 else "none",
+                     fmt(f["r2"])])
+    return ("Gao et al.'s RL form (checklist 14.8 [EXT]) fitted to the instruction share against d = sqrt(KL): "
+            "R(d) = d (alpha - beta log d), R the gain over step 0; the KL where the fit peaks:\n\n"
+            + markdown_table(["run", "alpha", "beta", "fitted peak at KL (nats)", "R^2"], rows))
+
+
 def section(run_dir: Path, results: dict, config) -> str:
     d = demo(config)
     single, ensemble = _curve(results, "single"), _curve(results, "ensemble")
@@ -363,5 +380,6 @@ def section(run_dir: Path, results: dict, config) -> str:
         "half):\n\n" + markdown_table(["RM", "held-out pair accuracy", "pairs", "steps"], rms),
         image("overopt.png", "proxy, test RM and verifier shares against steps and KL, one RM and the ensemble"),
         markdown_table(["run", "step", *(n for n, _ in keys)], table),
+        scaling_fits(single, ensemble),
         "Replies at the end (a fixed seed, with the proxy's score):\n\n" + examples,
     ])
