@@ -81,3 +81,18 @@ def test_overopt_end_to_end(tmp_path):
     keys = {k for r in rows for k in r if "/" in k}
     assert {PROXY, GOLD, TEST, INSTR, KL, "overopt/gold/ends_with_period", "overopt/graded"} <= keys
     assert all(is_documented(k) for k in keys), [k for k in keys if not is_documented(k)]
+
+
+def test_a_gold_that_only_falls_is_not_over_optimization():
+    """The book's definition: the true objective gets better, then worse. A gold that never rose above its start
+    (peak at step 0, or by less than the threshold) does not show it, and an ensemble has nothing to delay."""
+    falling = curve([0, 1, 2, 3, 4], [0.3, 0.6, 0.8, 0.9, 0.9], [0.2, 0.1, 0.05, 0.0, 0.0], [0, 1, 1, 1, 1],
+                    [0, 1, 2, 3, 4])
+    barely = curve([0, 1, 2, 3, 4], [0.3, 0.6, 0.8, 0.9, 0.9], [0.20, 0.27, 0.1, 0.0, 0.0], [0, 1, 1, 1, 1],
+                   [0, 1, 2, 3, 4])
+    for single in (falling, barely):
+        p = peak_and_fall(single, INSTR, 0.1)
+        assert p["fell"] and not p["rose"]  # it fell, but it never got better first
+        results = {"overopt_single": {"curve": single}, "overopt_ensemble": {"curve": single}}
+        verdicts = {c.id: c.holds for c in claims(results, Config(demos=["overopt"]))}
+        assert verdicts["O5"] is False and verdicts["O6"] is None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...engine.distributed import init_distributed, is_main
-from ...runs.report import Claim, claims_table, markdown_table, write_report
+from ...runs.report import Claim, markdown_table, write_report
 from ...runs.stages import Stage, read_results, run_stages
 from ..chapter13 import Config as Chapter13Config
 from ..chapter13.instruct import stage_pretrain, stage_sft
@@ -98,14 +98,16 @@ def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
     held = sum(bool(c.holds) for c in judged)
     sections = [PARTS[name].section(run_dir, results, config) for name in config.demos]
     timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
-    (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
+    table = markdown_table(["#", "experiment", "the book", "ours", "claim", "verdict"],
+                           [(c.id, c.what, c.seed, c.ours, c.claim, c.verdict) for c in claims])
+    (run_dir / "claims.md").write_text(table + "\n")
     intro = (f"Seed {config.seed}. **{held} of {len(judged)} claims hold** "
              f"({len(claims) - len(judged)} not judged). Each claim is the book's sentence (RLHF book, "
              "seeds/rlhf-book.md; the checklist's section in brackets); the graders are tiny models trained on "
              "what the gyms verify, and every number comes from this run. A claim that does not hold is "
              "reported with its numbers, not tuned away.")
     return write_report(run_dir, "The RLHF book, part 1: models as graders",
-                        [intro, "## Claims\n\n" + claims_table(claims), *sections,
+                        [intro, "## Claims\n\n" + table, *sections,
                          "## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing)])
 
 

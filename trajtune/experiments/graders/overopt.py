@@ -239,6 +239,7 @@ def peak_and_fall(curve: list[dict], key: str, drop: float) -> dict:
     at, high = peak(steps, values)
     proxy = dict(zip(*series(curve, PROXY), strict=True))
     return {"peak_step": at, "peak": high, "final": values[-1], "fell": at < steps[-1] and values[-1] <= high - drop,
+            "rose": at > steps[0] and high >= values[0] + drop,
             "proxy_at_peak": proxy[at], "proxy_final": proxy[steps[-1]], "last_step": steps[-1]}
 
 
@@ -252,7 +253,7 @@ def _rise_and_fall(curve: list[dict], key: str, drop: float, name: str) -> tuple
     ours = (f"{name} {fmt(curve[0][key])} at step 0, peak {fmt(p['peak'])} at step {p['peak_step']}, "
             f"{fmt(p['final'])} at step {p['last_step']}; proxy {fmt(p['proxy_at_peak'])} at that peak, "
             f"{fmt(p['proxy_final'])} at the end")
-    return ours, p["fell"] and p["proxy_final"] > p["proxy_at_peak"]
+    return ours, p["rose"] and p["fell"] and p["proxy_final"] > p["proxy_at_peak"]
 
 
 def _delay(single: list[dict], ensemble: list[dict], key: str, drop: float) -> tuple[str, bool | None]:
@@ -260,8 +261,9 @@ def _delay(single: list[dict], ensemble: list[dict], key: str, drop: float) -> t
     ours = (f"fell {drop:g} below its peak at step {s if s is not None else '- (never)'} with one RM, "
             f"{e if e is not None else '- (never)'} with the min-ensemble; final {fmt(single[-1][key])} vs "
             f"{fmt(ensemble[-1][key])}")
-    if s is None:
-        return ours + " (no fall with one RM: nothing to delay)", None
+    p = peak_and_fall(single, key, drop)
+    if s is None or not (p["rose"] and p["fell"]):
+        return ours + " (no rise and fall with one RM: nothing to delay)", None
     return ours, e is None or e > s
 
 
@@ -274,8 +276,9 @@ def claims(results: dict, config) -> list[Claim]:
     ours, holds = _rise_and_fall(single, GOLD, d.drop, "gold (ends with '.')")
     out.append(Claim("O1", "RL vs one proxy RM", "proxy rises, gold peaks then falls", ours,
                      '"the training reward keeps climbing, but downstream quality eventually peaks and declines" '
-                     f"(ch.14; checklist 14.1): gold = the verifier ends_with_period; a fall: {d.drop:g} below "
-                     "its peak at the end, the proxy higher at the end than at gold's peak", holds))
+                     f"(ch.14; checklist 14.1): gold = the verifier ends_with_period; it gets better, then worse: "
+                     f"its peak after step 0 and {d.drop:g} above it, the end {d.drop:g} below the peak, the proxy "
+                     "higher at the end than at gold's peak", holds))
     half = single[len(single) // 2]
     gain_proxy, gain_test = single[-1][PROXY] - half[PROXY], single[-1][TEST] - half[TEST]
     out.append(Claim("O2", "train RM vs test RM (halves)", "train-RM gains stop transferring to the test RM",
