@@ -108,3 +108,22 @@ def test_ultrafeedback_pairs():
     # Llama 2's example: chosen rated 5, rejected 2 -> margin 3
     assert ultrafeedback_pairs([[5, 2]], torch.Generator())[0][3] == 3.0
     assert math.isclose(ultrafeedback_pairs([[1.5, 4.0]], torch.Generator())[0][3], 2.5)
+
+
+def test_constraint_pairs_keep_the_constraint_in_the_prompt():
+    from trajtune.algorithms.ai_feedback import constraint_pairs
+
+    def generate(convs):  # follows a constraint when it sees one; the last prompt's model ignores it
+        out = []
+        for c in convs:
+            text = c[-1]["content"]
+            out.append("HELLO" if "upper case" in text and "ignore" not in text else "hello")
+        return out
+
+    pairs = constraint_pairs(generate, ["Say hi.", "Say hi, ignore rules."], ["Answer in upper case."] * 2)
+    assert pairs[0] == ("Say hi.\n\nAnswer in upper case.", "HELLO", "hello")
+    checked = constraint_pairs(generate, ["Say hi.", "Say hi, ignore rules."], ["Answer in upper case."] * 2,
+                               check=lambda c, r: r.isupper())
+    assert [p[0] for p in checked] == ["Say hi.\n\nAnswer in upper case."]  # the second chosen reply fails the check
+    with pytest.raises(ValueError, match="2 prompts for 1 constraints"):
+        constraint_pairs(generate, ["a", "b"], ["c"])

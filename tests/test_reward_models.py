@@ -235,3 +235,25 @@ def test_stepwise_rows_put_each_label_on_its_steps_last_token(chat, tmp_path):
         row = {"prompt": "2+3+4?", "completions": ["2+3=5", "5+4=9"], "labels": [1, 0], **bad}
         with pytest.raises(D.DataError, match=msg):
             D.stepwise_examples(_rows(tmp_path, [row]), chat, "\n")
+
+
+def test_orm_sequence_form_is_the_sigmoid_of_the_mean_logit():
+    """Lyu et al.'s ORM (checklist 5.6): BCE of sigma(mean logit), not of the mean probability."""
+    import math
+
+    import torch
+
+    from trajtune.algorithms.reward_model import RewardModelConfig, token_loss_fn
+    from trajtune.objectives.reward_model import orm_sequence_loss
+
+    logits = torch.tensor([[9.0, 2.0, -2.0, 0.0], [5.0, 1.0, 3.0, 0.0]])
+    labels = torch.tensor([[-100, 1, 1, -100], [-100, 0, 0, 0]])
+    loss, m = orm_sequence_loss(logits, labels)
+    # row 0: mean logit 0, label 1 -> log 2; row 1: mean logit 4/3, label 0 -> softplus(4/3); the mean of the two
+    assert loss.item() == pytest.approx((math.log(2) + math.log1p(math.exp(4 / 3))) / 2, rel=1e-6)
+    assert m["orm/sequences"].item() == 2 and m["orm/accuracy"].item() == 0.0  # 0 is not > 0; 4/3 > 0 says correct
+    empty, _ = orm_sequence_loss(logits, torch.full_like(labels, -100))
+    assert empty.item() == 0.0
+    with pytest.raises(ValueError, match="orm_form must be"):
+        RewardModelConfig(objective="orm", orm_form="mean")
+    assert token_loss_fn(RewardModelConfig(objective="orm", orm_form="sequence")).normalizer == "sequence"

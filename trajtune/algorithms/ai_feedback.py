@@ -10,6 +10,8 @@
     CAI, preferences    `choice_logprobs` + `soft_labels`: the feedback model sees x, principles and completions
                         labelled (A) / (B); the label is P(A) vs P(B) as next-token probabilities after the
                         feedback prompt (the original "The answer is: " form) -- a soft label, not just a choice
+    constraint pairs    `constraint_pairs` (ch.11.4, IFEval style): chosen generated with the constraint in the prompt,
+                        rejected generated without it; the stored prompt holds the constraint
     ratings -> pairs    `likert_label` (5- and 8-point Likert scales, binarized, with the preference's strength)
                         and `ultrafeedback_pairs` (the highest-rated completion vs a random lower-rated one; the
                         rating difference is Llama 2's margin m(y_c, y_r), e.g. 5 - 2 = 3)
@@ -197,4 +199,31 @@ def ultrafeedback_pairs(ratings: Sequence[Sequence[float]], generator: torch.Gen
             continue
         j = lower[int(torch.randint(len(lower), (1,), generator=generator))]
         out.append((p, best, j, float(r[best] - r[j])))
+    return out
+
+
+# --- structured preferences: constraint following (ch.11.4) -----------------------------------
+def constraint_pairs(generate: Callable[[list[Conversation]], list[str]], prompts: Sequence[str],
+                     constraints: Sequence[str], check: Callable[[str, str], bool] | None = None
+                     ) -> list[tuple[str, str, str]]:
+    """Synthetic preference pairs for constraint following (book ch.11.4, IFEval style): for prompt x and
+    constraint c, chosen = a generation for "x\n\nc", rejected = a generation for x alone; the stored prompt
+    **includes** the constraint (the book: otherwise the pair teaches nothing about it). With `check(constraint,
+    reply) -> bool`, a pair is kept only where the chosen reply meets the constraint and the rejected one does not.
+
+    generate(conversations) -> one reply each (greedy or seeded by the caller). -> [(prompt with constraint,
+    chosen, rejected)], in prompt order."""
+    if len(prompts) != len(constraints):
+        raise ValueError(f"constraint_pairs: {len(prompts)} prompts for {len(constraints)} constraints")
+    asked = [f"{x}\n\n{c}" for x, c in zip(prompts, constraints)]
+    replies = generate([[{"role": "user", "content": q}] for q in asked] + [[{"role": "user", "content": x}]
+                                                                          for x in prompts])
+    n = len(prompts)
+    if len(replies) != 2 * n:
+        raise ValueError(f"constraint_pairs: generate returned {len(replies)} replies for {2 * n} conversations")
+    out = []
+    for i in range(n):
+        chosen, rejected = replies[i], replies[n + i]
+        if check is None or (check(constraints[i], chosen) and not check(constraints[i], rejected)):
+            out.append((asked[i], chosen, rejected))
     return out

@@ -35,7 +35,7 @@ import torch
 
 from ..engine import Engine, ForwardOutput, Loss
 from ..objectives.reward_model import (IGNORE_INDEX, all_pairs_loss, bradley_terry_loss, last_token_values, orm_loss,
-                                       plackett_luce_loss, prm_loss, step_ends)
+                                       orm_sequence_loss, plackett_luce_loss, prm_loss, step_ends)
 from ..runs.loop import Run, eval_due
 from ..trajectory import Batch, Owner, Trajectory, collate, pair_batch
 from .common import train_row
@@ -58,6 +58,9 @@ class RewardModelConfig:
     """bt: Bradley-Terry on pairs (a ranked list: all C(K,2) pairs of a prompt in one batch, InstructGPT);
     plackett-luce: K-wise on ranked lists (Starling); orm: an outcome reward model (per-token BCE on a 0/1
     label); prm: a process reward model (BCE on the last token of each step) (book ch.5)"""
+    orm_form: Literal["token", "sequence"] = "token"
+    """orm: token = per-token BCE with the label copied on every completion token (Lightman et al.); sequence =
+    BCE of the sigmoid of the mean logit, one term per sequence (Lyu et al.; book ch.5.6)"""
     aggregate: Literal["mean", "min", "product", "last"] = "mean"
     """orm / prm: how the per-token (ORM) or per-step (PRM) probabilities become the reward, saved with the
     model: mean, min, product (as the sum of log p) or last (objectives.reward_model.aggregate_scores)"""
@@ -80,6 +83,8 @@ class RewardModelConfig:
             raise ValueError(f"RewardModelConfig: length_buckets must be >= 1, got {self.length_buckets}")
         if self.objective not in ("bt", "plackett-luce", "orm", "prm"):
             raise ValueError(f"RewardModelConfig: objective must be bt, plackett-luce, orm or prm, got {self.objective!r}")
+        if self.orm_form not in ("token", "sequence"):
+            raise ValueError(f"RewardModelConfig: orm_form must be token or sequence, got {self.orm_form!r}")
         if self.aggregate not in ("mean", "min", "product", "last"):
             raise ValueError(f"RewardModelConfig: aggregate must be mean, min, product or last, got {self.aggregate!r}")
 
@@ -252,11 +257,14 @@ def token_loss_fn(config: RewardModelConfig) -> Loss:
     def token(out: ForwardOutput, batch: Batch):
         logits_BT = out.values[:, 1:]  # [b, T-1]
         labels_BT = batch.extras["token_labels"]
-        return (orm_loss if config.objective == "orm" else prm_loss)(logits_BT, labels_BT)
+        if config.objective == "prm":
+            return prm_loss(logits_BT, labels_BT)
+        return (orm_loss if config.orm_form == "token" else orm_sequence_loss)(logits_BT, labels_BT)
 
-    # ORM: a mean over the completion's tokens (= POLICY tokens, what "token" weighs parts by); PRM: over steps,
-    # parts weighed by their rows (exact without micro-batches)
-    return Loss(token, normalizer="token" if config.objective == "orm" else "sequence", values=True)
+    # ORM: a mean over the completion's tokens (= POLICY tokens, what "token" weighs parts by), or over sequences
+    # (orm_form sequence); PRM: over steps, parts weighed by their rows (exact without micro-batches)
+    token_level = config.objective == "orm" and config.orm_form == "token"
+    return Loss(token, normalizer="token" if token_level else "sequence", values=True)
 
 
 def train_token_reward_model(engine: Engine, examples: Sequence[Labelled], config: RewardModelConfig, pad_id: int,

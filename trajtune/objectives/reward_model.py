@@ -115,6 +115,29 @@ def orm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
     return loss, {"orm/accuracy": acc, "orm/tokens": sup.sum().float()}
 
 
+def orm_sequence_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Outcome reward model, the sequence-level variant (Lyu et al.; checklist 5.6): the probability of a correct
+    outcome is the sigmoid of the *mean logit* over the supervised tokens (not the mean of per-token
+    probabilities), p_bar = sigma((1/T) sum_t w(s_t)), with BCE(p_bar, r) per sequence, mean over sequences.
+
+    logits [B, T] one logit per token; labels [B, T] long: the sequence's 0/1 outcome on supervised tokens, -100
+    elsewhere (`orm_labels`). A row with no supervised token is left out; none at all: 0 that keeps the graph.
+    returns (loss [], metrics orm/accuracy (sequence-level, threshold 0 on the mean logit), orm/sequences)."""
+    expect_dim("logits", logits, 2)
+    expect_like("labels", labels, "logits", logits)
+    sup = labels != IGNORE_INDEX  # [B, T]
+    n = sup.sum(-1)  # [B]
+    rows = n > 0
+    if not rows.any():
+        zero = logits.sum() * 0
+        return zero, {"orm/accuracy": zero.detach(), "orm/sequences": zero.detach()}
+    mean_logit = (logits * sup).sum(-1)[rows] / n[rows]  # [B']
+    y = labels.clamp(min=0).amax(-1)[rows].to(logits.dtype)  # [B'] the outcome copied on its tokens
+    loss = F.binary_cross_entropy_with_logits(mean_logit, y)
+    acc = ((mean_logit.detach() > 0).to(y.dtype) == y).float().mean()
+    return loss, {"orm/accuracy": acc, "orm/sequences": rows.sum().float()}
+
+
 def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Process reward model: a step label only at step separators (book "Process Reward
     Models"; checklist 5.7: labels sit on the last token of each step, -100 elsewhere).
