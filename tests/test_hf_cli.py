@@ -94,7 +94,7 @@ def test_errors_are_clear(work, capsys):
     assert main(["dpo", "--model", str(work / "model"), "--data", str(work / "chats.jsonl"), "--out", str(work / "x")]) == 2
     assert "chats.jsonl:1: a 'messages' row, but this command needs 'preference'" in capsys.readouterr().err
     assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl")]) == 2
-    assert "needs --reward" in capsys.readouterr().err
+    assert "needs a reward source: --reward module:function" in capsys.readouterr().err
 
 
 def test_the_recipe_runs_the_same_config(work):
