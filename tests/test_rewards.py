@@ -345,7 +345,7 @@ def test_rft_takes_several_rewards(work, tmp_path):
     (["--reward", "r.py:f", "--reward-weights", "1", "2"], "--reward-weights has 2 numbers for 1 reward sources "
                                                            "(--reward r.py:f); give one weight per source"),
     (["--reward", "r.py:f", "--reward-timeout", "-1"], "--reward-timeout must be >= 0"),
-    (["--reward-weights", "1"], "needs --reward module:function or --reward-model DIR"),
+    (["--reward-weights", "1"], "needs a reward source: --reward module:function, --reward-model DIR, --reward-judge"),
 ])
 def test_reward_options_are_checked_before_anything_loads(tmp_path, capsys, flags, says):
     from trajtune.cli import main
