@@ -53,12 +53,7 @@ def reverse_kl_loss(
     The teacher is treated as frozen (no gradient).
     returns (loss [], metrics distill/reverse_kl: token mean in nats).
     """
-    expect_dim("student_logits", student_logits, 3)
-    expect_like("teacher_logits", teacher_logits, "student_logits", student_logits)
-    expect_like("mask", mask, "student_logits[..., 0]", student_logits[..., 0])
-    kl_tok = full_kl(student_logits, teacher_logits.detach())  # [B, T-1]
-    loss = aggregate(kl_tok, mask, aggregation, constant)
-    return loss, {"distill/reverse_kl": masked_mean(kl_tok.detach(), mask)}
+    return _kl_to_teacher(student_logits, teacher_logits, mask, "reverse", aggregation, constant)
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -119,11 +114,20 @@ def forward_kl_loss(
     sum_t KL(pi_T(.|s_t) || pi_theta(.|s_t)) = the cross-entropy against the teacher's soft labels minus the
     teacher's entropy (mode covering). student_logits, teacher_logits [B, T-1, V], mask [B, T-1].
     returns (loss [], metrics distill/forward_kl: token mean in nats)."""
+    return _kl_to_teacher(student_logits, teacher_logits, mask, "forward", aggregation, constant)
+
+
+def _kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: torch.Tensor, direction: str,
+                   aggregation: Aggregation, constant: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The exact per-position KL between student and (frozen) teacher, reverse KL(student || teacher) or forward
+    KL(teacher || student), aggregated over `mask`. logits [B, T-1, V], mask [B, T-1]."""
     expect_dim("student_logits", student_logits, 3)
     expect_like("teacher_logits", teacher_logits, "student_logits", student_logits)
-    kl_tok = full_kl(teacher_logits.detach(), student_logits)  # [B, T-1]
+    expect_like("mask", mask, "student_logits[..., 0]", student_logits[..., 0])
+    teacher = teacher_logits.detach()
+    kl_tok = full_kl(student_logits, teacher) if direction == "reverse" else full_kl(teacher, student_logits)  # [B, T-1]
     loss = aggregate(kl_tok, mask, aggregation, constant)
-    return loss, {"distill/forward_kl": masked_mean(kl_tok.detach(), mask)}
+    return loss, {f"distill/{direction}_kl": masked_mean(kl_tok.detach(), mask)}
 
 
 def multi_teacher_advantages(
