@@ -254,6 +254,6 @@ def test_orm_sequence_form_is_the_sigmoid_of_the_mean_logit():
     assert m["orm/sequences"].item() == 2 and m["orm/accuracy"].item() == 0.0  # 0 is not > 0; 4/3 > 0 says correct
     empty, _ = orm_sequence_loss(logits, torch.full_like(labels, -100))
     assert empty.item() == 0.0
-    with pytest.raises(ValueError, match="orm_form must be"):
+    with pytest.raises(ValueError, match="orm_form"):
         RewardModelConfig(objective="orm", orm_form="mean")
     assert token_loss_fn(RewardModelConfig(objective="orm", orm_form="sequence")).normalizer == "sequence"

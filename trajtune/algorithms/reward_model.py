@@ -33,6 +33,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
 from ..objectives.reward_model import (IGNORE_INDEX, all_pairs_loss, bradley_terry_loss, last_token_values, orm_loss,
                                        orm_sequence_loss, plackett_luce_loss, prm_loss, step_ends)
@@ -75,18 +76,13 @@ class RewardModelConfig:
     """batch of step s is a function of (seed, s)"""
 
     def __post_init__(self) -> None:
+        check_choices(self)  # objective, orm_form, aggregate
         if self.steps < 0 or self.batch_size < 1 or self.eval_every < 0:
             raise ValueError("RewardModelConfig: steps >= 0, batch_size >= 1 and eval_every >= 0")
         if not self.margin >= 0:
             raise ValueError(f"RewardModelConfig: margin must be >= 0, got {self.margin}")
         if self.length_buckets < 1:
             raise ValueError(f"RewardModelConfig: length_buckets must be >= 1, got {self.length_buckets}")
-        if self.objective not in ("bt", "plackett-luce", "orm", "prm"):
-            raise ValueError(f"RewardModelConfig: objective must be bt, plackett-luce, orm or prm, got {self.objective!r}")
-        if self.orm_form not in ("token", "sequence"):
-            raise ValueError(f"RewardModelConfig: orm_form must be token or sequence, got {self.orm_form!r}")
-        if self.aggregate not in ("mean", "min", "product", "last"):
-            raise ValueError(f"RewardModelConfig: aggregate must be mean, min, product or last, got {self.aggregate!r}")
 
 
 # --- pairs: Bradley-Terry, a margin per pair -----------------------------------------------------

@@ -228,7 +228,7 @@ class Scored(Wrapper):
         batch = RewardBatch.of(tasks, [(t.info.get("actions") or [""])[-1] for t in trajs],
                                [t.tokens_of(Owner.POLICY) for t in trajs])
         scores = self._call_functions(batch)
-        modelled = [m(batch) for m in self.models]
+        modelled: list[list[float | None]] = [list(m(batch)) for m in self.models]
         cut = [bool(t.info.get("n_unterminated", 0)) for t in trajs]
         if not self.score_unfinished:
             modelled = [unfinished_scores(v, cut, self.unfinished) for v in modelled]

@@ -46,6 +46,7 @@ from ...envs.bugfix import OPS, BugFixEnv
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...objectives.reward_model import AGGREGATES
+from ...config import check_choices
 from ...runs.report import Claim, bar_plot, fmt, image, line_plot, markdown_table
 from ...runs.stages import Stage
 from ...seeding import derive
@@ -92,8 +93,7 @@ class Demo:
     """learning rate of the ORM, the PRM and the K-wise models (the BT model uses chapter 13's)"""
 
     def __post_init__(self) -> None:
-        if self.orm_aggregate not in AGGREGATES:
-            raise ValueError(f"reward_models: orm_aggregate must be one of {AGGREGATES}, got {self.orm_aggregate!r}")
+        check_choices(self)  # orm_aggregate
         counts = ("orm_tasks", "orm_samples", "orm_steps", "orm_batch", "bon_n", "prm_steps", "prm_batch", "prm_dim",
                   "bt_steps", "kwise_lists", "kwise_steps")
         bad = [n for n in counts if getattr(self, n) < 1]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
-from ...config import ConfigError, check_ranges, to_dict
+from ...config import ConfigError, check_choices, check_ranges, to_dict
 from ...engine import OptimConfig
 from ...metrics import TRACKERS
 from ...runs.hooks import Hook
@@ -66,7 +66,9 @@ class OutputConfig:
 
 
 def check_run(config, name: str) -> None:
-    """The checks every method config makes: a model and a data file."""
+    """The checks every method config makes: its own choice fields (e.g. --reward-model-combine), a model and a data
+    file."""
+    check_choices(config)
     if not config.model.path or not config.data:
         raise ValueError(f"{name}: --model and --data are required (model.path and data in a recipe)")
 

@@ -95,6 +95,9 @@ class PromptRewardRun:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """where vLLM runs with --backend vllm (colocated, or --vllm-server URLs) and how its syncs are checked"""
 
+    def __post_init__(self) -> None:
+        check_choices(self)  # a method's config (GRPORun, RFTRun) checks them again in check_run, with the rest
+
 
 @dataclass
 class SamplingConfig:
