@@ -258,7 +258,7 @@ def _new_options_run(e, log, ck):
 
 def test_adaptive_kl_and_moving_baseline_resume_exactly(tmp_path):
     ref = engine()
-    with MetricsLogger(tmp_path / "ref") as log:
+    with MetricsLogger(tmp_path / "ref", strict=True) as log:  # strict: every logged key is documented
         expected = _new_options_run(ref, log, None)
     assert len({h["kl/coef"] for h in expected}) > 1 and len({h["rollout/baseline"] for h in expected}) > 1
     first = engine()
@@ -279,7 +279,7 @@ def test_dynamic_sampling_resumes_exactly(tmp_path):
         return train_rl(e, TASKS, coin_source(e), cfg, PAD, Run("loop", log, checkpointer=ck))
 
     ref = engine()
-    with MetricsLogger(tmp_path / "ref") as log:
+    with MetricsLogger(tmp_path / "ref", strict=True) as log:  # strict: every logged key is documented
         expected = run(ref, log, None)
     first = engine()
     assert sum(h["rollout/dynamic_draws"] > 1 for h in expected[2:]) >= 1  # a refill after the interruption
