@@ -169,6 +169,10 @@ def test_tool_call_tokens_are_the_policy_turns_a_tool_answered():
     owners, turns = batch.owners[0, 1:], batch.turns[0, 1:]
     assert bool(((owners == Owner.POLICY) & (turns == 0)).any()) and bool(((owners == Owner.POLICY) & (turns == 1)).any())
     assert torch.equal(calls > 0, policy & (turns == 0))  # turn 0's POLICY tokens exactly; the answer stays
+    scored, _ = score(engine(), None, batch, RLConfig(advantage="none", train_tool_calls=False), use_old=False)
+    assert torch.equal(scored.action_mask[0] > 0, policy & (turns == 1))  # only the answer is trained
+    scored, _ = score(engine(), None, batch, RLConfig(advantage="none"), use_old=False)
+    assert torch.equal(scored.action_mask[0] > 0, policy)  # the default trains the call too
 
 
 def test_rlconfig_names_bad_new_options():
@@ -235,6 +239,24 @@ def test_value_head_starts_as_the_reward_models_head():
     assert torch.allclose(last_token_values(values, batch.attention_mask), rm_scores, atol=1e-6)
     with pytest.raises(ValueError, match="value head"):
         init_value_head_from_reward_model(engine().model, rm)
+
+
+def test_an_hf_policy_value_head_starts_as_the_reward_models(tmp_path):
+    pytest.importorskip("transformers")
+    from trajtune.models.hf import load_policy
+    from trajtune.models.hf_random import make_random_model
+
+    path = make_random_model(tmp_path / "m", "llama", "tiny")
+    policy, rm = load_policy(path, value_head=True), load_policy(path, value_head=True)  # an RM on the same body
+    torch.nn.init.normal_(rm.value.weight, std=1.0)
+    t = Trajectory()
+    t.append([5, 6, 7], Owner.PROMPT, 0)
+    t.append([8, 9], Owner.POLICY, 0)
+    batch = collate([t], 0)
+    score_of = lambda model: last_token_values(make_engine(model).forward(batch, values=True).values,  # noqa: E731
+                                               batch.attention_mask)
+    init_value_head_from_reward_model(policy, rm)
+    assert torch.allclose(score_of(policy), score_of(rm), atol=1e-5)
 
 
 def test_rl_razor_sees_forgetting_and_kl_after_sft_on_a_new_task():

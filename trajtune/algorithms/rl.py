@@ -344,10 +344,13 @@ def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, us
         metrics["measured_kl"] = float(sequence_kl(old_logp, ref_logp, batch.action_mask, "k1", "sum").mean())
     advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp, kl_coef=kl_coef,
                                          baseline=baseline)
-    if config.overlong_filter:  # DAPO: truncated episodes leave the loss, after their rewards entered the baseline
+    # what leaves the loss (after the rewards, lengths and advantages saw every POLICY token)
+    if config.overlong_filter:  # DAPO: truncated episodes, whose rewards still entered their group's baseline
         cut = torch.tensor([info.get("n_unterminated", 0) > 0 for info in batch.infos], dtype=torch.bool)
         metrics["rollout/overlong_filtered"] = float(cut.sum())
         batch = dataclasses.replace(batch, action_mask=batch.action_mask * (~cut)[:, None].to(batch.action_mask.dtype))
+    if not config.train_tool_calls:  # erratum E8: the policy's tool calls too, not only the tool outputs
+        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
     if config.whiten_advantages:
         advantages = whiten(advantages if advantages.dim() == 2 else
                             advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
@@ -392,10 +395,7 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
             row["kl/coef"] = kl_coef
         if trajs:  # none: every group had equal rewards (or failed), nothing to learn from this step
             # 2. score: rewards -> advantages, on the batch
-            batch = collate(trajs, pad_id)
-            if not config.train_tool_calls:
-                batch = dataclasses.replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
-            batch, scored = score(engine, ref, batch, config, use_old, state)
+            batch, scored = score(engine, ref, collate(trajs, pad_id), config, use_old, state)
             run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
             # 3. update (PPO-ptx: + ptx_coef x the NLL of a pretraining batch, before each optimizer step)
             for epoch in range(config.epochs):
