@@ -1,13 +1,17 @@
-"""Reinforcement learning with the policy-gradient family: REINFORCE, RLOO, GRPO, Dr. GRPO,
-PPO (with a value head and GAE), GSPO, CISPO.
+"""Reinforcement learning with the policy-gradient family: REINFORCE (group, batch-mean or moving-average
+baseline), RLOO, GRPO, Dr. GRPO, PPO (with a value head and GAE), GSPO, CISPO, TOPR; DAPO's pieces
+(clip-higher, dynamic sampling that refills the batch, token-level loss, the overlong penalty and filter);
+InstructGPT's adaptive KL controller and PPO-ptx (docs/policy_gradients.md).
 
 Source: the policy's own samples, `group_size` per task. Weight: an advantage
 (DESIGN.md table). One step, top to bottom:
 
     1. sample   tasks_per_step tasks x group_size episodes (`source.take`), the trainable ones kept
-    2. score    rewards -> advantages (group baseline, or GAE with the value head)
-    3. update   epochs x minibatches of policy_gradient_loss (+ value loss); `source.after_update`
-    4. log, evaluate every `eval_every` steps, checkpoint
+                (dynamic sampling: more draws until tasks_per_step groups carry signal)
+    2. score    rewards (+ overlong penalty, scaled) -> advantages (a baseline, or GAE with the value head)
+    3. update   epochs x minibatches of policy_gradient_loss (+ value loss, + ptx_coef x pretraining NLL);
+                `source.after_update`; the adaptive KL controller's next coefficient
+    4. log, evaluate every `eval_every` steps, checkpoint (with the loop's state: `RLState`)
 
 The loop is synchronous whatever the source does. An overlapped source
 (`trajtune.sources.overlap.Overlapped`: step s+1 sampled in a sampler process one update
@@ -30,6 +34,7 @@ step's advantages, returns and old / reference log-probs travel on the batch
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Sequence
 
@@ -40,12 +45,15 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
 from ..metrics import register
 from ..runs.loop import Run, eval_due
-from ..objectives.advantages import gae, group_advantages, group_reward_range, place_at_last_action, whiten
-from ..objectives.kl import kl_penalized_rewards, sequence_kl
+from ..objectives.advantages import (gae, group_advantages, group_reward_range, minmax_scale, moving_average_baseline,
+                                     overlong_penalty, place_at_last_action, whiten)
+from ..objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl, kl_penalized_rewards, sequence_kl
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
-from ..sources.base import Draws, Episodes, Source
-from ..trajectory import Batch, Trajectory, collate
+from ..seeding import derive, generator
+from ..sources.base import Draw, Draws, Episodes, Source, pick_tasks
+from ..trajectory import Batch, Owner, Trajectory, collate
 from .common import rollout_metrics, train_row
+from .sft import batch_indices, sft_loss_fn
 
 
 @dataclass
@@ -60,12 +68,23 @@ class RLConfig:
     """tasks sampled per step (with replacement across steps, a function of (seed, step))"""
     group_size: int = 8
     """episodes per task; group baselines compare episodes of the same task"""
-    advantage: Literal["reinforce", "rloo", "grpo", "dr_grpo", "gae", "none"] = "reinforce"
+    advantage: Literal["reinforce", "rloo", "grpo", "dr_grpo", "gae", "none", "batch", "moving_average"] = "reinforce"
     """reinforce: R - group mean; rloo: leave-one-out mean; grpo: (R - mean)/std;
     dr_grpo: R - mean (use with aggregation='constant'); gae: value head + GAE (PPO);
-    none: raw reward (the 0/1 policy gradient)"""
-    surrogate: Literal["reinforce", "ppo", "cispo"] = "reinforce"
-    """per-token objective: plain PG, PPO clipped ratio, or CISPO clipped stop-gradient weight"""
+    none: raw reward (the 0/1 policy gradient); batch: R - the step's mean reward (REINFORCE's batch-mean
+    baseline, checklist 6.2); moving_average: R - b, b a moving average of past steps' mean rewards
+    (baseline_decay; saved with the checkpoint)"""
+    baseline_decay: float = 0.9
+    """advantage='moving_average': b <- decay b + (1 - decay) mean(R) after each step (the first step's b is its own
+    mean)"""
+    unbiased_std: bool = True
+    """advantage='grpo': divide by the group's unbiased std (torch's .std(), the book's code) or, False, the biased
+    one (the formula's std; erratum E7)"""
+    std_eps: float = 1e-4
+    """advantage='grpo': A = (R - mean) / (std + std_eps) (the book's code: 1e-4; erratum E7)"""
+    surrogate: Literal["reinforce", "ppo", "cispo", "topr"] = "reinforce"
+    """per-token objective: plain PG, PPO clipped ratio, CISPO clipped stop-gradient weight, or TOPR (REINFORCE with
+    the sequence ratio clipped to [0, 1] on negative-advantage episodes only; checklist 6.11)"""
     ratio_level: Literal["token", "sequence"] = "token"
     """'sequence' gives GSPO's length-normalised sequence-level ratio"""
     epochs: int = 1
@@ -77,7 +96,13 @@ class RLConfig:
     eps_high: float = 0.2
     """clip range above 1"""
     kl_coef: float = 0.0
-    """weight of KL(pi || ref); > 0 keeps a frozen copy of the starting policy as ref"""
+    """weight of KL(pi || ref); > 0 keeps a frozen copy of the starting policy as ref (the starting coefficient when
+    kl_target is set)"""
+    kl_target: float = 0.0
+    """adaptive KL controller (Ziegler et al. 2019, InstructGPT): each step moves kl_coef toward the coefficient
+    that holds the mean sequence KL (k1 summed over an episode) at this target; 0: a fixed kl_coef"""
+    kl_horizon: float = 10000.0
+    """the adaptive controller's horizon: kl_coef *= 1 + clip(KL / kl_target - 1, +-0.2) x episodes / kl_horizon"""
     log_kl: Literal["auto", "copy", "off"] = "auto"
     """the KL to the reference is always logged (kl/k3 per token, kl/sequence per episode; RLHF book checklist 0.7),
     also with kl_coef 0, against -- auto: a LoRA model's base (adapters off: no copy), any other model a frozen copy of
@@ -100,6 +125,31 @@ class RLConfig:
     """normalise advantages over the batch's POLICY tokens"""
     skip_zero_variance: bool = False
     """drop groups whose rewards are all equal (they carry no signal with a group baseline)"""
+    dynamic_sampling_tries: int = 0
+    """DAPO's dynamic sampling: up to this many further draws of tasks_per_step tasks (each a function of
+    (seed, step, try)) until the step has tasks_per_step groups whose rewards differ, the others dropped; the
+    step trains on what it has when the tries run out (0: off; the source then samples synchronously)"""
+    reward_scaling: Literal["none", "minmax", "whiten"] = "none"
+    """before the advantage, the step's rewards (after the overlong penalty) scaled to [0, 1] (minmax: over the
+    batch) or whitened (mean 0, std 1 over the batch); checklist 6.16"""
+    overlong_max: int = 0
+    """DAPO's overlong soft penalty: L_max in generated (POLICY) tokens; an episode longer than L_max - overlong_cache
+    gets a penalty ramping linearly to -1 at L_max added to its reward (0: off)"""
+    overlong_cache: int = 0
+    """the penalty's ramp L_cache in tokens (1 <= overlong_cache <= overlong_max)"""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: episodes cut off by the token budget (an action without its stop token,
+    info['n_unterminated'] > 0) are left out of the loss (their rewards still count in their group's baseline)"""
+    train_tool_calls: bool = True
+    """train on the policy's tool calls: the POLICY tokens of a turn the environment answered with a tool result
+    (TOOL tokens in the same turn). False leaves them out of the loss, so only answers (turns without a tool result)
+    are trained -- the book's figure masks calls and outputs, its text only outputs (erratum E8); tool outputs are
+    never trained"""
+    ptx_coef: float = 0.0
+    """PPO-ptx (InstructGPT; book ch.15): add ptx_coef x the NLL of a batch of pretraining text to every update
+    (the pretraining trajectories are given to train_rl; 0: off)"""
+    ptx_batch_size: int = 8
+    """pretraining sequences per update for ptx_coef > 0 (drawn with a generator seeded by (seed, step))"""
     aggregation: Literal["token", "sequence", "constant"] = "token"
     """loss aggregation (RLHF book, Loss Aggregation)"""
     aggregation_constant: float = 0.0
@@ -131,45 +181,116 @@ class RLConfig:
             raise ValueError(f"RLConfig: {' and '.join(reuse)} updates the policy more than once per batch of samples, "
                              "and surrogate 'reinforce' has no importance ratio to correct for that (nor a trust "
                              "region): use surrogate ppo (or cispo), or one update per batch (epochs 1, minibatches 1)")
-        check_ranges(self, "RLConfig", counts=("length_buckets",),
-                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every"))
+        check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size"), positive=("kl_horizon",),
+                     non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
+                                   "std_eps", "kl_target", "dynamic_sampling_tries", "overlong_max", "overlong_cache",
+                                   "ptx_coef"))
+        self._check_new_options()
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
+
+    def _check_new_options(self) -> None:
+        """Issue 31's options: baselines, the adaptive KL controller, DAPO's overlong pieces, TOPR."""
+        if not 0 <= self.baseline_decay < 1:
+            raise ValueError(f"RLConfig: baseline_decay must be in [0, 1), got {self.baseline_decay}")
+        if self.kl_target and not self.kl_coef:
+            raise ValueError("RLConfig: kl_target (the adaptive KL controller) needs kl_coef > 0 to start from")
+        if self.overlong_max and not 1 <= self.overlong_cache <= self.overlong_max:
+            raise ValueError(f"RLConfig: overlong_max {self.overlong_max} needs 1 <= overlong_cache <= overlong_max, "
+                             f"got overlong_cache {self.overlong_cache}")
+        if self.overlong_cache and not self.overlong_max:
+            raise ValueError("RLConfig: overlong_cache is the ramp of the overlong penalty; set overlong_max too")
+        if self.surrogate == "topr" and self.ratio_level != "token":
+            raise ValueError("RLConfig: surrogate 'topr' builds its own sequence ratio; use ratio_level 'token'")
+        if self.dynamic_sampling_tries and self.advantage in ("gae", "none", "batch", "moving_average"):
+            raise ValueError(f"RLConfig: dynamic_sampling_tries refills groups whose rewards differ, which only a group "
+                             f"baseline needs; advantage {self.advantage!r} has none")
 
 
 register("kl/sequence", "KL(pi || ref) per episode: the per-token estimate (kl/<estimator>) summed over the episode's "
          "POLICY tokens, mean over episodes (logged whenever a reference exists, kl_coef 0 included)")
+register("kl/coef", "the KL coefficient the step trained with: the adaptive controller's current value (kl_target)")
+register("rollout/baseline", "advantage='moving_average': the moving-average baseline the step's rewards were compared with")
+register("rollout/overlong_penalty", "mean of DAPO's overlong soft penalty added to the step's rewards (overlong_max)")
+register("rollout/overlong_filtered", "episodes cut off by the token budget and left out of the loss (overlong_filter)")
+register("rollout/dynamic_draws", "draws the step took to find tasks_per_step groups with differing rewards "
+         "(dynamic_sampling_tries; 1: the first was enough)")
+register("train/ptx_loss", "PPO-ptx: the NLL of the step's last batch of pretraining text (ptx_coef)")
 
 BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
-             "dr_grpo": ("mean", False), "none": ("none", False)}
+             "dr_grpo": ("mean", False), "none": ("none", False), "batch": ("mean", False)}
+PTX_STREAM = 999_999
+"""seeding.derive(seed, PTX_STREAM): the seed of the pretraining batches (PPO-ptx), apart from the sampling's"""
+
+
+@dataclass
+class RLState:
+    """What the loop carries from step to step besides the weights (saved with every checkpoint: exact resume)."""
+
+    kl_coef: float | None = None
+    """the adaptive KL controller's coefficient for the next step (None: RLConfig.kl_coef)"""
+    baseline: float | None = None
+    """the moving-average baseline for the next step (None: no step yet)"""
+
+
+def shaped_rewards(batch: Batch, config: RLConfig) -> torch.Tensor:
+    """The step's rewards [B] as the advantage sees them: + DAPO's overlong penalty on the episode's POLICY tokens
+    (overlong_max), then scaled to [0, 1] or whitened over the batch (reward_scaling)."""
+    rewards = batch.rewards.float()  # [B]
+    if config.overlong_max:
+        lengths = batch.action_mask.sum(-1)  # [B] generated tokens
+        rewards = rewards + overlong_penalty(lengths, config.overlong_max, config.overlong_cache)
+    if config.reward_scaling == "minmax":
+        rewards = minmax_scale(rewards)
+    elif config.reward_scaling == "whiten":
+        rewards = whiten(rewards)
+    return rewards
+
+
+def step_rewards(batch: Batch, config: RLConfig, ref_logp: torch.Tensor | None, old_logp: torch.Tensor | None,
+                 kl_coef: float) -> torch.Tensor:
+    """The rewards [B] a sequence-level baseline compares: `shaped_rewards`, minus kl_coef x the sequence KL with
+    kl_in_reward (k1 summed over the completion's POLICY tokens, pi_old against the reference: the book's RLOO,
+    ch.6.3 and 6.15 "aggregates" the per-token KL -- a sum, erratum E12)."""
+    rewards = shaped_rewards(batch, config)
+    if kl_coef and config.kl_in_reward:
+        assert old_logp is not None and ref_logp is not None
+        rewards = rewards - kl_coef * sequence_kl(old_logp, ref_logp, batch.action_mask, "k1", "sum")
+    return rewards
 
 
 def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, ref_logp: torch.Tensor | None,
-                   old_logp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Advantages [B] (group baselines) or [B, T-1] (GAE), and GAE returns [B, T-1] or None.
+                   old_logp: torch.Tensor | None, *, kl_coef: float | None = None,
+                   baseline: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Advantages [B] (sequence-level baselines) or [B, T-1] (GAE), and GAE returns [B, T-1] or None.
 
-    With kl_in_reward, a group advantage's rewards are R_i - kl_coef * KL_i, KL_i the sequence KL (k1 summed over
-    the completion's POLICY tokens, pi_old against the reference) folded in *before* the baseline, as the book's
-    RLOO (ch.6.3, 6.15: "aggregates" the per-token KL; a sum, erratum E12); GAE gets it per token."""
+    kl_coef: the step's coefficient (None: config.kl_coef). baseline: advantage='moving_average''s b (None: the
+    batch mean). With kl_in_reward a sequence-level advantage's rewards are `step_rewards` (the KL folded in
+    *before* the baseline); GAE gets it per token."""
+    kl_coef = config.kl_coef if kl_coef is None else kl_coef
     if config.advantage != "gae":
-        baseline, std = BASELINES[config.advantage]
-        rewards = batch.rewards  # [B]
-        if config.kl_coef and config.kl_in_reward:
-            assert old_logp is not None and ref_logp is not None
-            rewards = rewards - config.kl_coef * sequence_kl(old_logp, ref_logp, batch.action_mask, "k1", "sum")
-        return group_advantages(rewards, batch.groups, baseline=baseline, std_normalize=std), None
+        rewards = step_rewards(batch, config, ref_logp, old_logp, kl_coef)  # [B]
+        if config.advantage == "moving_average":
+            return (rewards - (rewards.mean() if baseline is None else baseline)).detach(), None
+        base, std = BASELINES[config.advantage]
+        groups = None if config.advantage == "batch" else batch.groups  # batch: the whole step is one group
+        return group_advantages(rewards, groups, baseline=base, std_normalize=std, eps=config.std_eps,
+                                unbiased_std=config.unbiased_std), None
     mask = batch.action_mask
-    if config.kl_coef and config.kl_in_reward:
-        token_rewards = kl_penalized_rewards(batch.rewards, old_logp, ref_logp, mask, config.kl_coef)
+    rewards = shaped_rewards(batch, config)
+    if kl_coef and config.kl_in_reward:
+        token_rewards = kl_penalized_rewards(rewards, old_logp, ref_logp, mask, kl_coef)
     else:
-        token_rewards = place_at_last_action(batch.rewards, mask)
+        token_rewards = place_at_last_action(rewards, mask)
     return gae(token_rewards, values, mask, config.gamma, config.lam)
 
 
-def rl_loss(config: RLConfig, use_old: bool) -> Loss:
+def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Loss:
     """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.extras`:
-    advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1]."""
-    kl_loss_coef = config.kl_coef if not config.kl_in_reward else 0.0  # the KL is logged whenever ref_logp is there
+    advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1].
+    kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its own)."""
+    kl_coef = config.kl_coef if kl_coef is None else kl_coef
+    kl_loss_coef = kl_coef if not config.kl_in_reward else 0.0  # the KL is logged whenever ref_logp is there
     constant = config.aggregation_constant or None
 
     def pg(out: ForwardOutput, batch: Batch):
@@ -193,64 +314,188 @@ def rl_loss(config: RLConfig, use_old: bool) -> Loss:
     return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae", entropy=bool(config.entropy_coef))
 
 
-def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, use_old: bool) -> Batch:
+def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, use_old: bool,
+          state: RLState | None = None) -> tuple[Batch, dict]:
     """Step 2: the batch with its advantages (and the old / reference log-probs and GAE returns the
-    loss reads) in `extras`. pi_old's forward runs only when something reads it: one on-policy
-    REINFORCE step never does, and skipping it saves a quarter of the step."""
+    loss reads) in `extras`, and the step's scoring metrics (the moving baseline, the measured KL the
+    adaptive controller reads, the overlong counts). pi_old's forward runs only when something reads it: one
+    on-policy REINFORCE step never does, and skipping it saves a quarter of the step."""
+    state = state or RLState()
+    kl_coef = config.kl_coef if state.kl_coef is None else state.kl_coef
     use_values = config.advantage == "gae"
     # both read only at the POLICY tokens (the loss, the KL reward): the output layer runs only there
-    reads_old = use_old or use_values or config.kl_in_reward
+    reads_old = use_old or use_values or config.kl_in_reward or bool(config.kl_target)
     old = engine.forward(batch, values=use_values, positions="actions") if reads_old else None
     old_logp = old.logprobs if old is not None else None
     ref_logp = ref.forward(batch, positions="actions").logprobs if ref is not None else None
     old_values = old.values[:, :-1] if use_values else None
-    advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp)
+    metrics: dict[str, float] = {}
+    baseline = None
+    if config.advantage == "moving_average":
+        baseline, metrics["next_baseline"] = moving_average_baseline(
+            state.baseline, step_rewards(batch, config, ref_logp, old_logp, kl_coef), config.baseline_decay)
+        metrics["rollout/baseline"] = baseline
+    if config.overlong_max:
+        lengths = batch.action_mask.sum(-1)
+        metrics["rollout/overlong_penalty"] = float(
+            overlong_penalty(lengths, config.overlong_max, config.overlong_cache).mean())
+    if config.kl_target:  # the KL the controller reads: k1 summed over each episode, pi_old against the reference
+        assert ref_logp is not None and old_logp is not None
+        metrics["measured_kl"] = float(sequence_kl(old_logp, ref_logp, batch.action_mask, "k1", "sum").mean())
+    advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp, kl_coef=kl_coef,
+                                         baseline=baseline)
+    # what leaves the loss (after the rewards, lengths and advantages saw every POLICY token)
+    if config.overlong_filter:  # DAPO: truncated episodes, whose rewards still entered their group's baseline
+        cut = torch.tensor([info.get("n_unterminated", 0) > 0 for info in batch.infos], dtype=torch.bool)
+        metrics["rollout/overlong_filtered"] = float(cut.sum())
+        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (~cut)[:, None].to(batch.action_mask.dtype))
+    if not config.train_tool_calls:  # erratum E8: the policy's tool calls too, not only the tool outputs
+        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
     if config.whiten_advantages:
         advantages = whiten(advantages if advantages.dim() == 2 else
                             advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
     extras = {"advantages": advantages, "old_logp": old_logp, "ref_logp": ref_logp, "returns": returns,
               "old_values": old_values}
-    return batch.with_extras(**{k: v for k, v in extras.items() if v is not None})
+    return batch.with_extras(**{k: v for k, v in extras.items() if v is not None}), metrics
 
 
 def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, pad_id: int,
-             run: Run | None = None) -> list[dict]:
+             run: Run | None = None, ptx: Sequence[Trajectory] | None = None) -> list[dict]:
     """Run `config.steps` policy-gradient updates on `source`'s episodes; returns the logged rows.
 
-    Resumes exactly with a checkpointer on `run` (step s draws with a generator seeded from (seed, s);
-    the KL reference is the stage's starting policy, saved once; episodes an overlapped source drew
-    ahead are saved with the checkpoint and trained on after the resume)."""
+    ptx: the pretraining text of PPO-ptx (config.ptx_coef > 0), as trajectories whose tokens to fit are POLICY.
+
+    Resumes exactly with a checkpointer on `run` (step s draws with a generator seeded from (seed, s), its
+    refills from (seed, s, try); the KL reference is the stage's starting policy, saved once; the adaptive KL
+    coefficient and the moving baseline are saved with each checkpoint (`RLState`); episodes an overlapped
+    source drew ahead are saved with the checkpoint and trained on after the resume)."""
+    if config.ptx_coef and not ptx:
+        raise ValueError("RLConfig: ptx_coef > 0 needs pretraining trajectories (train_rl's `ptx`)")
     run = run or Run("rl")
-    start, _ = run.start(engine, source=source)
+    start, state = run.start(engine, RLState(), source)
     ref = reference_for(engine, run, start, config)  # the frozen starting policy, or None
     use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
-    loss = rl_loss(config, use_old)
     draws = Draws(tasks, config.group_size, config.seed, config.steps, per_step=config.tasks_per_step)
     for step in run.steps(start, config.steps):
+        kl_coef = config.kl_coef if state.kl_coef is None else state.kl_coef
+        loss = rl_loss(config, use_old, kl_coef)
         # 1. sample: the step's episodes (a source that samples ahead starts the next step's now)
-        episodes = source.take(draws(step), ahead=draws(step + 1))
+        episodes, n_draws = take_step(source, draws, tasks, step, config)
         check_lag(episodes, config)
         row = {**rollout_metrics(episodes.trajs), **episodes.metrics}
         trajs = episodes.trainable
         row["rollout/no_signal_share"] = no_signal_share(trajs)
-        if config.skip_zero_variance:
+        if config.dynamic_sampling_tries:
+            trajs = informative_groups(trajs, config.tasks_per_step)
+            row["rollout/dynamic_draws"] = float(n_draws)
+        elif config.skip_zero_variance:
             trajs = drop_zero_variance_groups(trajs)
         row["train/kept_episodes"] = float(len(trajs))
+        if config.kl_target:
+            row["kl/coef"] = kl_coef
         if trajs:  # none: every group had equal rewards (or failed), nothing to learn from this step
             # 2. score: rewards -> advantages, on the batch
-            batch = score(engine, ref, collate(trajs, pad_id), config, use_old)
+            batch, scored = score(engine, ref, collate(trajs, pad_id), config, use_old, state)
             run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
-            # 3. update
+            # 3. update (PPO-ptx: + ptx_coef x the NLL of a pretraining batch, before each optimizer step)
             for epoch in range(config.epochs):
                 order = torch.randperm(batch.size, generator=episodes.generator)
-                for chunk in order.chunk(config.minibatches):
+                for k, chunk in enumerate(order.chunk(config.minibatches)):
                     m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
+                    if config.ptx_coef:
+                        update = (step * config.epochs + epoch) * config.minibatches + k
+                        row["train/ptx_loss"] = ptx_update(engine, ptx, config, pad_id, update)
                     o = engine.optim_step()
             row.update({**train_row(m, o), "train/tokens": float(batch.action_mask.sum())})
+            state = next_state(state, scored, config, kl_coef, len(trajs), row)
         row.update(source.after_update(engine))
         # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
-        run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
+        run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every), state=state)
     return run.history
+
+
+def next_state(state: RLState, scored: dict, config: RLConfig, kl_coef: float, n: int, row: dict) -> RLState:
+    """The loop state for the next step: the adaptive KL coefficient moved by the step's measured KL over its `n`
+    episodes (`objectives.kl.adaptive_kl_coef`), the moving baseline updated with the step's rewards; the step's
+    row gets the measured KL the controller read (kl/controller_kl)."""
+    if config.kl_target:
+        row["kl/controller_kl"] = scored["measured_kl"]
+        kl_coef = adaptive_kl_coef(kl_coef, scored["measured_kl"], config.kl_target, config.kl_horizon, n)
+    baseline = scored.get("next_baseline", state.baseline)
+    row.update({k: v for k, v in scored.items() if k.startswith("rollout/")})
+    return RLState(kl_coef=kl_coef if config.kl_target else None, baseline=baseline)
+
+
+register("kl/controller_kl", "the mean sequence KL (k1 summed over an episode, pi_old against the reference) the "
+         "adaptive KL controller moved kl/coef with (kl_target)")
+
+
+def tool_call_mask(batch: Batch) -> torch.Tensor:
+    """1.0 on the predicted tokens ids[:, 1:] that are the policy's tool calls: POLICY tokens of a turn that also
+    holds TOOL tokens (turn k is action k and the observation answering it: trajtune.text.render), i.e. actions the
+    environment executed and answered; an answer (a turn without a tool result) is not a call.
+
+    batch.owners, batch.turns [B, T] -> [B, T-1] float (the action mask's positions)."""
+    owners, turns = batch.owners, batch.turns.clamp(min=0)  # padding has turn -1
+    n_turns = int(turns.max()) + 1 if turns.numel() else 1
+    is_tool = (owners == int(Owner.TOOL)).float()  # [B, T]
+    tool_turn = torch.zeros(owners.shape[0], n_turns).scatter_add_(1, turns, is_tool) > 0  # [B, K]
+    answered = tool_turn.gather(1, turns)  # [B, T]: the token's turn got a tool result
+    return ((owners == int(Owner.POLICY)) & answered)[:, 1:].to(batch.action_mask.dtype)
+
+
+def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_id: int, update: int) -> float:
+    """PPO-ptx (InstructGPT, RLHF book ch.15 "pretraining gradients"; checklist 15.3): accumulate ptx_coef x the
+    token-mean NLL of `ptx_batch_size` pretraining trajectories (POLICY tokens are fitted), the batch a pure function
+    of (seed, update); the caller's optimizer step then takes the RL and pretraining gradients together.
+    -> the batch's NLL."""
+    rows = [ptx[i] for i in batch_indices(len(ptx), config.ptx_batch_size, derive(config.seed, PTX_STREAM), update)]
+    m = engine.forward_backward(collate(rows, pad_id, temperature=1.0), sft_loss_fn("token"), scale=config.ptx_coef)
+    return m["loss"]
+
+
+def take_step(source: Source, draws: Draws, tasks: Sequence, step: int, config: RLConfig) -> tuple[Episodes, int]:
+    """Step 1: the step's episodes and how many draws they took. Without dynamic sampling, one `take` (telling a
+    source that samples ahead the next step's draw). With it (DAPO, checklist 6.17), further draws of
+    tasks_per_step tasks -- draw k a function of (seed, step, k) -- until tasks_per_step groups have differing
+    rewards or dynamic_sampling_tries run out; group ids are renumbered so groups of different draws stay apart.
+    The source then samples synchronously (nothing is drawn ahead: the refills depend on this step's rewards)."""
+    if not config.dynamic_sampling_tries:
+        return source.take(draws(step), ahead=draws(step + 1)), 1
+    episodes = source.take(draws(step))
+    n = 1
+    while n <= config.dynamic_sampling_tries and informative_count(episodes.trainable) < config.tasks_per_step:
+        g = generator(derive(config.seed, step), n)
+        more = source.take(Draw(pick_tasks(tasks, config.tasks_per_step, g), config.group_size, g, step))
+        offset = 1 + max((t.group for t in episodes.trajs), default=-1)
+        for t in more.trajs:
+            t.group += offset
+        metrics = {k: v for k, v in episodes.metrics.items()}
+        for k, v in more.metrics.items():  # times add up; other statistics are the last draw's
+            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("time/") else v
+        episodes = dataclasses.replace(episodes, trajs=episodes.trajs + more.trajs, metrics=metrics,
+                                       generator=more.generator)
+        n += 1
+    return episodes, n
+
+
+def informative_count(trajs: list[Trajectory]) -> int:
+    """How many groups of `trajs` have rewards that differ."""
+    if not trajs:
+        return 0
+    spread, _ = group_reward_range(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
+    return int((spread > 0).sum())
+
+
+def informative_groups(trajs: list[Trajectory], keep: int) -> list[Trajectory]:
+    """The episodes of the first `keep` groups (in sampling order) whose rewards differ (DAPO's dynamic sampling)."""
+    trajs = drop_zero_variance_groups(trajs)
+    kept_groups: list[int] = []
+    for t in trajs:
+        if t.group not in kept_groups:
+            kept_groups.append(t.group)
+    chosen = set(kept_groups[:keep])
+    return [t for t in trajs if t.group in chosen]
 
 
 def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | None:
@@ -289,3 +534,38 @@ def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:
     spread, index = group_reward_range(rewards, groups)
     return [t for t, s in zip(trajs, spread[index].tolist(), strict=True) if s > 0]
 
+
+
+def init_value_head_from_reward_model(policy: torch.nn.Module, reward_model: torch.nn.Module) -> None:
+    """PPO's critic starts as the reward model (InstructGPT; Tulu 3; checklist 6.5 "initialization: from the reward
+    model"): copy the reward model's scalar head (`.value`, a Linear: a `TinyTransformer(value_head=True)` or an
+    `HFPolicy(value_head=True)`, trained by algorithms.reward_model) into the policy's, in place.
+
+    The head reads the policy's own hidden states, so the policy's values equal the reward model's scores exactly
+    where the two bodies agree (a reward model trained on top of this policy with its body frozen, or a policy that
+    starts from the reward model's body); otherwise the copy is a warm start, as the SFT-body-plus-RM-head variant."""
+    head, rm_head = getattr(policy, "value", None), getattr(reward_model, "value", None)
+    if head is None or rm_head is None:
+        raise ValueError("init_value_head_from_reward_model: both models need a value head (value_head=True)")
+    if head.weight.shape != rm_head.weight.shape:
+        raise ValueError(f"init_value_head_from_reward_model: the heads differ in shape ({tuple(head.weight.shape)} vs "
+                         f"{tuple(rm_head.weight.shape)}): the reward model must share the policy's hidden size")
+    with torch.no_grad():
+        head.load_state_dict({k: v.to(head.weight.device, head.weight.dtype) for k, v in rm_head.state_dict().items()})
+
+
+def rl_razor(start: Engine, policy: Engine, old_task: Sequence[Trajectory], new_task: Sequence[Trajectory],
+             pad_id: int) -> dict[str, float]:
+    """RL's Razor as a metric (Shenfeld et al.; RLHF book ch.15; checklist 15.5): forgetting on the old task and the
+    forward KL(pi_0 || pi) on the new task's inputs, by `objectives.kl.forgetting_and_forward_kl`.
+
+    start pi_0 (the policy before training on the new task), policy pi (now); old_task: episodes of the old task
+    (demonstrations or pi_0's own samples); new_task: episodes of the new task's prompts *sampled from pi_0* (the
+    caller samples them, e.g. a source built on `start`, so the metric itself draws no random numbers).
+    -> {razor/forgetting, razor/forward_kl} (nats per episode)."""
+    if not old_task or not new_task:
+        raise ValueError("rl_razor: needs old-task episodes and new-task episodes sampled from the starting policy")
+    old, new = collate(list(old_task), pad_id), collate(list(new_task), pad_id)
+    logp = [e.forward(b, positions="actions").logprobs for b in (old, new) for e in (start, policy)]
+    out = forgetting_and_forward_kl(logp[0], logp[1], old.action_mask, logp[2], logp[3], new.action_mask)
+    return {k: float(v) for k, v in out.items()}

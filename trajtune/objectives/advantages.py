@@ -9,7 +9,12 @@ Every advantage estimator of the policy-gradient family lives here once:
 | RLOO                | group_advantages(r, groups, baseline="leave_one_out")          |
 | GRPO                | group_advantages(r, groups, std_normalize=True)                |
 | Dr. GRPO            | group_advantages(r, groups)            (mean baseline, no std)  |
+| REINFORCE, moving   | r - b, b from moving_average_baseline(b, r, decay)              |
 | PPO (value head)    | gae(token_rewards, values, mask, gamma, lam)                   |
+
+Before the baseline, rewards may be shaped: `overlong_penalty` (DAPO's soft length
+penalty), `minmax_scale` to [0, 1] or `whiten` over the batch (book "Implementation":
+reward normalization and whitening; checklist 6.16).
 
 Sources: RLHF book "Policy Gradient Algorithms" (REINFORCE eq. REINFORCE_with_baseline,
 RLOO eqs. RLOO_baseline / RLOO_advantage, GRPO eq. GRPO_ADV, Dr. GRPO eq. DrGRPO_ADV
@@ -134,6 +139,58 @@ def whiten(
     var = ((values - mean).pow(2) * m).sum() / (n - 1).clamp(min=1)  # unbiased, like torch.std
     out = (values - mean) if shift_mean else values
     return out / (var.sqrt() + eps) * m
+
+
+def minmax_scale(values: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Rewards scaled to [0, 1] over the batch: (R - min) / (max - min) (checklist 6.16, "reward
+    normalization to [0, 1]"). values [B] -> [B] detached; a batch whose values are all equal
+    (max - min < eps) comes back as zeros.
+    """
+    expect_dim("values", values, 1)
+    v = values.detach().float() if not values.is_floating_point() else values.detach()
+    if v.numel() == 0:
+        return v
+    lo, hi = v.min(), v.max()
+    if hi - lo < eps:
+        return torch.zeros_like(v)
+    return (v - lo) / (hi - lo)
+
+
+def moving_average_baseline(previous: float | None, rewards: torch.Tensor, decay: float) -> tuple[float, float]:
+    """REINFORCE's moving-average baseline (Williams 1992; checklist 6.2 "baselines: batch-mean
+    reward or a moving average"): the baseline this batch is compared with, and the next one.
+
+        b_used = previous  (the first batch: its own mean, as there is no history yet)
+        b_next = decay * b_used + (1 - decay) * mean(R)
+
+    previous float or None, rewards [B], decay in [0, 1) -> (b_used, b_next) floats. The advantage
+    is R - b_used; the baseline is a state of the loop (saved with its checkpoint).
+    """
+    expect_dim("rewards", rewards, 1)
+    if not 0 <= decay < 1:
+        raise ValueError(f"moving_average_baseline: decay must be in [0, 1), got {decay}")
+    mean = float(rewards.detach().float().mean()) if rewards.numel() else 0.0
+    used = mean if previous is None else float(previous)
+    return used, decay * used + (1 - decay) * mean
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (checklist 6.17; book ch.6 DAPO), added to the reward:
+
+        safe = L_max - L_cache
+        0                        if len <= safe
+        (safe - len) / L_cache   if safe < len <= L_max     (a linear ramp from 0 to -1)
+        -1                       if len > L_max
+
+    lengths [B] (generated tokens per episode), max_len L_max >= cache L_cache >= 1 -> [B] float.
+    """
+    expect_dim("lengths", lengths, 1)
+    if not 1 <= cache <= max_len:
+        raise ValueError(f"overlong_penalty: need 1 <= cache ({cache}) <= max_len ({max_len})")
+    n = lengths.float()
+    safe = max_len - cache
+    ramp = (safe - n) / cache
+    return torch.where(n <= safe, torch.zeros_like(n), torch.where(n <= max_len, ramp, torch.full_like(n, -1.0)))
 
 
 def place_at_last_action(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -135,3 +135,44 @@ def full_kl(logits_p: torch.Tensor, logits_q: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits_p.float(), dim=-1)
     logq = torch.log_softmax(logits_q.float(), dim=-1)
     return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def adaptive_kl_coef(coef: float, kl: float, target: float, horizon: float, n: int, clip: float = 0.2) -> float:
+    """The adaptive KL controller of Ziegler et al. 2019 (the PPO-RLHF of InstructGPT; checklist 6.16
+    "KL controllers"): beta moves toward the value that holds the measured KL at a target.
+
+        e = clip(KL / KL_target - 1, -0.2, 0.2)        (proportional error, clipped)
+        beta' = beta * (1 + e * n / horizon)          (K_beta = n / horizon)
+
+    coef beta > 0, kl the step's measured KL (mean sequence KL of its episodes), target KL_target > 0,
+    horizon > 0, n the episodes the KL was measured on -> the next beta. A KL above target raises beta.
+    """
+    if coef <= 0 or target <= 0 or horizon <= 0:
+        raise ValueError(f"adaptive_kl_coef: coef, target and horizon must be > 0, got {coef}, {target}, {horizon}")
+    error = min(max(kl / target - 1.0, -clip), clip)
+    return coef * (1.0 + error * n / horizon)
+
+
+def forgetting_and_forward_kl(
+    old_logp0: torch.Tensor,
+    old_logp: torch.Tensor,
+    old_mask: torch.Tensor,
+    new_logp0: torch.Tensor,
+    new_logp: torch.Tensor,
+    new_mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """RL's Razor as a metric (Shenfeld et al.; RLHF book ch.15 "RL's Razor", checklist 15.5): forgetting on the
+    old task against the forward KL(pi_0 || pi) on the *new* task's inputs.
+
+    old_logp0, old_logp, old_mask [B_old, T-1]  log pi_0 and log pi of old-task episodes' POLICY tokens
+    new_logp0, new_logp, new_mask [B_new, T-1]  the same on new-task episodes sampled from pi_0
+    returns (all [] floats, detached):
+        razor/forgetting  mean over old-task episodes of log pi_0(y|x) - log pi(y|x) (summed over the
+                          episode's POLICY tokens): how much old-task likelihood was lost (> 0: forgot)
+        razor/forward_kl  mean over new-task episodes y ~ pi_0 of log pi_0(y|x) - log pi(y|x): the k1
+                          estimate of the sequence KL(pi_0 || pi) (samples from pi_0, so forward)
+    """
+    with torch.no_grad():
+        forgetting = sequence_kl(old_logp0, old_logp, old_mask, "k1", "sum").mean()
+        forward = sequence_kl(new_logp0, new_logp, new_mask, "k1", "sum").mean()
+    return {"razor/forgetting": forgetting, "razor/forward_kl": forward}

@@ -9,11 +9,13 @@
 | PPO               | gae(...) with a value head            | surrogate="ppo" (+ dual_clip), value_loss     |
 | GSPO              | group_advantages(...)                 | surrogate="ppo", ratio_level="sequence"       |
 | CISPO             | group_advantages(...)                 | surrogate="cispo", eps_high > eps_low         |
+| TOPR              | any (its sign splits the episodes)    | surrogate="topr"                              |
 | + stale sampler   | any                                   | sampler_logp=..., tis_cap=2.0 (TIS)           |
 | distillation      | distill.distill_advantages(...)       | surrogate="reinforce"                         |
 
 Sources: RLHF book "Policy Gradient Algorithms" (eqs. PPO_EQN_EXPANDED, GRPO_token,
-GSPO_ratio / GSPO_objective, CISPO_objective / CISPO_ratio), "Implementation"
+GSPO_ratio / GSPO_objective, CISPO_objective / CISPO_ratio, and the TOPR paragraph after CISPO:
+Le Roux et al. 2025, "Tapered Off-Policy REINFORCE"), "Implementation"
 (Example: PPO / GRPO code, Truncated Importance Sampling eqs. tis_backend,
 reinforce_tis, ppo_tis) and "Value Functions and PPO" (clipped value loss).
 Dual clip: Ye et al. 2020 ("Mastering Complex Control in MOBA Games"), not in the book.
@@ -30,7 +32,7 @@ from ._checks import expect_dim, expect_like, per_token
 from .kl import KLEstimator, kl_estimate, masked_log_ratio
 from .sft import weighted_nll
 
-Surrogate = Literal["reinforce", "ppo", "cispo"]
+Surrogate = Literal["reinforce", "ppo", "cispo", "topr"]
 RatioLevel = Literal["token", "sequence"]
 
 
@@ -102,7 +104,26 @@ def _surrogate(
         weight = ratio.detach().clamp(lo, hi) * adv
         clipped = (ratio.detach() < lo) | (ratio.detach() > hi)
         return weighted_nll(logp, weight, mask), clipped
-    raise ValueError(f"unknown surrogate {surrogate!r}; choose 'reinforce', 'ppo' or 'cispo'")
+    if surrogate == "topr":
+        return _topr(logp, adv, log_ratio, mask)
+    raise ValueError(f"unknown surrogate {surrogate!r}; choose 'reinforce', 'ppo', 'cispo' or 'topr'")
+
+
+def _topr(
+    logp: torch.Tensor, adv: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TOPR (book ch.6, after CISPO; checklist 6.11): REINFORCE with a *sequence* importance weight clipped
+    directly and by the sign of the advantage -- no correction where A >= 0 (weight 1), and
+    sg(clip(rho_i, 0, 1)) where A < 0, rho_i = pi(y_i|x) / pi_old(y_i|x) = exp(sum_t log rho_t) the
+    sequence ratio (the product of the token ratios, not GSPO's length-normalised one).
+
+    logp, adv, log_ratio (token level), mask [B, T-1] -> (per-token loss -w A log pi [B, T-1],
+    'clipped' [B, T-1]: the tokens of A < 0 episodes whose ratio exceeded 1 and was cut to 1)."""
+    seq_log_ratio = (log_ratio.detach() * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)  # [B, 1]
+    seq_ratio = seq_log_ratio.clamp(max=0.0).exp().expand_as(adv)  # clip(rho, 0, 1): [B, T-1]
+    weight = torch.where(adv < 0, seq_ratio, torch.ones_like(seq_ratio))
+    clipped = (adv < 0) & (seq_log_ratio > 0).expand_as(adv)
+    return weighted_nll(logp, weight * adv, mask), clipped
 
 
 def policy_gradient_loss(
@@ -137,6 +158,8 @@ def policy_gradient_loss(
                  "ppo":   max(-A rho, -A clip(rho, 1-eps_low, 1+eps_high)); dual_clip=c > 1
                           also caps the loss of A < 0 tokens at -c A
                  "cispo": -sg(clip(rho, 1-eps_low, 1+eps_high)) A log pi (no token is dropped)
+                 "topr":  -sg(w_i) A log pi, w_i = 1 where A >= 0, clip(rho_i, 0, 1) where A < 0 with
+                          rho_i the sequence ratio (needs ratio_level "token"; eps_* unused)
     ratio_level  "token" or "sequence" (GSPO's length-normalised sequence ratio)
     sampler_logp [B, T-1], tis_cap C  truncated IS weight min(pi_old/pi_sampler, C) on the
                  PG term (on-policy: min(pi/pi_sampler, C)); both or neither
@@ -152,6 +175,8 @@ def policy_gradient_loss(
     expect_dim("logp", logp, 2)
     expect_like("mask", mask, "logp", logp)
     adv = per_token("advantages", advantages, mask).detach().to(logp.dtype)  # [B, T-1]
+    if surrogate == "topr" and ratio_level != "token":
+        raise ValueError("surrogate 'topr' builds its own sequence ratio from the token ratios: use ratio_level 'token'")
     log_ratio = None
     if old_logp is not None:
         expect_like("old_logp", old_logp, "logp", logp)
