@@ -5,7 +5,8 @@ lines (.json), .parquet, a `Dataset.save_to_disk` directory (see `read_rows`) --
 a `datasets.Dataset` (or any sequence of dicts). Four formats, told apart by their fields:
 
     format        fields                                   becomes
-    messages      messages: [{role, content}, ...]          SFT trajectories (every assistant turn trained)
+    messages      messages: [{role, content}, ...]          SFT trajectories (every assistant turn trained, or the
+                                                            last, or one sample per turn: `train_on`)
     completion    prompt, completion                        SFT trajectories (the completion trained)
     preference    [prompt,] chosen, rejected                (chosen, rejected) trajectory pairs
     prompt        prompt (+ any other columns)              `PromptTask`s for RL / rejection sampling
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..text.chat import ChatRenderer, TemplateError
+from ..text.render import TrainOn, select_turns
 from ..trajectory import Owner, Trajectory
 
 FORMATS = ("messages", "completion", "preference", "prompt")
@@ -319,12 +321,14 @@ def conversation(row: Row) -> tuple[list[dict], int]:
     return msgs, context
 
 
-def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer) -> list[Trajectory]:
-    """'messages' / 'completion' rows -> trajectories (a row may give several; see ChatRenderer)."""
+def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer, train_on: TrainOn = "all") -> list[Trajectory]:
+    """'messages' / 'completion' rows -> trajectories (a row may give several; see ChatRenderer).
+    `train_on`: which of a row's trained assistant turns stay trained -- all, the last, or one sample per
+    turn ('unroll'; `trajtune.text.render.select_turns`, RLHF book ch.4.4)."""
     check_format(rows, ("messages", "completion"))
     out = []
     for row in rows:
-        out += _render(renderer, row, *conversation(row))
+        out += select_turns(_render(renderer, row, *conversation(row)), train_on)
     return out
 
 

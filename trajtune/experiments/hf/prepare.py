@@ -103,7 +103,7 @@ def sft_data(config) -> Prepared:
             where = t.info["source"]
             return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
 
-        return fit(D.sft_trajectories(rows, renderer), said, config.model.drop_long, too_long, noun)
+        return fit(D.sft_trajectories(rows, renderer, config.sft.train_on), said, config.model.drop_long, too_long, noun)
 
     held_out = trajectories(D.read_rows(config.eval_data), "evaluation samples") if config.eval_data else []
     return Prepared(tokenizer, trajectories(rows, "samples"), limit, held_out)
