@@ -147,6 +147,41 @@ def pair_data(config) -> Prepared:
     return Prepared(tokenizer, pairs(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
 
 
+def kto_data(config) -> Prepared:
+    """KTO's rows (`trajtune dpo --loss kto`): 'prompt'/'completion'/'label' rows, or preference rows unpaired
+    (chosen desirable, rejected undesirable) -> (episode, desirable) examples that fit the budget (and
+    --eval-data's)."""
+    tokenizer, renderer, rows, limit, said = _start(config)
+
+    def too_long(example):
+        t = example[0]
+        return f"{t.info['source']}: field 'completion': {len(t)} tokens (prompt included)" if len(t) > limit else None
+
+    def examples(rows, noun):
+        kept = fit(D.kto_examples(rows, renderer), said, config.model.drop_long, too_long, noun)
+        if len(kept) < 2:
+            raise D.DataError(f"KTO needs at least 2 {noun} (a completion is compared with another row's prompt: "
+                              f"the reference point), got {len(kept)}")
+        return kept
+
+    held_out = examples(D.read_rows(config.eval_data), "evaluation samples") if config.eval_data else []
+    return Prepared(tokenizer, examples(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
+
+
+def held_out_pairs(config, prepared: Prepared) -> list:
+    """--eval-data's preference pairs for a run whose --data is not pairs (online DPO), checked like pair_data's."""
+    limit, said = budget(config.model)
+
+    def too_long(pair):
+        n = max(len(pair[0]), len(pair[1]))
+        return f"{pair[0].info['source']}: field 'chosen'/'rejected': {n} tokens (prompt included)" if n > limit else None
+
+    pairs = fit(D.preference_pairs(D.read_rows(config.eval_data), prepared.renderer), said, config.model.drop_long,
+                too_long, "evaluation pairs")
+    warn_identical(pairs, "evaluation pairs")
+    return pairs
+
+
 def split_rows(rows: list, share: float, seed: int, swap: bool = False) -> tuple[list, list]:
     """(train, held-out) rows: a `share` of the rows held out, chosen by a shuffle seeded with `seed` (the same
     rows for the same seed); `swap` trains on the held-out share and holds out the rest (the other half of
