@@ -53,7 +53,8 @@ register("eval/dpo_accuracy", "share of held-out pairs whose chosen completion h
 class DPORun(PromptRewardRun):
     METHOD: ClassVar[str] = "dpo"
     RESUMABLE: ClassVar[tuple[str, ...]] = ("dpo.steps", "dpo.eval_every", "schedule.num_train_epochs",
-                                            "output.save_every", "model.device", "model.micro_batch_size")
+                                            "output.save_every", "model.device", "model.micro_batch_size",
+                                            "reward_timeout")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(disable_dropout=True))
