@@ -50,6 +50,13 @@ def test_first_step_loss_is_hand_worked_and_training_separates_the_labels():
     assert hist[0]["kto/kl"] == pytest.approx(0.0, abs=1e-6) and hist[0]["kto/z0"] == pytest.approx(0.0, abs=1e-6)
     assert hist[-1]["train/loss"] < hist[0]["train/loss"]
     assert hist[-1]["kto/desirable_reward"] > 0 > hist[-1]["kto/undesirable_reward"]
+    # in two length buckets (parts holding one kind of row only): the same numbers, no NaN
+    by_length = [(demo("Q: pick", "a"), True), (demo("Q: pick", "bbb"), False),
+                 (demo("Q: pickc", "a"), True), (demo("Q: pickc", "bbb"), False)]  # buckets: desirable | undesirable
+    split = train_kto(engine(), by_length, DPOConfig(loss="kto", steps=3, beta=0.5, length_buckets=2), TOK.pad_id)
+    whole = train_kto(engine(), by_length, DPOConfig(loss="kto", steps=3, beta=0.5), TOK.pad_id)
+    for key in ("train/loss", "kto/desirable_reward", "kto/undesirable_reward", "kto/z0"):
+        assert [r[key] for r in split] == pytest.approx([r[key] for r in whole], abs=1e-5), key
     with pytest.raises(ValueError, match="train_kto"):
         train_dpo(engine(), [(examples[0][0], examples[1][0])], cfg, TOK.pad_id)
     with pytest.raises(ValueError, match="config.loss must be 'kto'"):

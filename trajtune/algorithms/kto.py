@@ -66,13 +66,24 @@ def mismatched(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 
 def kto_loss_fn(config: DPOConfig) -> Loss:
     """The KTO loss of a batch whose extras hold ref_sums [B], desirable [B] (bool) and z0 [B] (the step's
-    reference point, the same number on every row, so a split of the batch keeps it)."""
+    reference point, the same number on every row, so a split of the batch keeps it). With the step's totals in
+    extras n_rows [B] and n_desirable [B] (the same number on every row), the implicit-reward metrics are scaled
+    so that the engine's share-weighted sum over a step's parts (micro-batches, length buckets) is the step's mean
+    over its desirable / undesirable rows -- a part holding only one kind adds 0 to the other, not NaN."""
 
     def kto(out: ForwardOutput, batch: Batch):
         sums_B = summed_logps(out.logprobs, batch.action_mask)  # [B]
         x = batch.extras
-        return kto_loss(sums_B, x["ref_sums"], x["desirable"], x["z0"], config.beta,
-                        config.desirable_weight, config.undesirable_weight)
+        loss, metrics = kto_loss(sums_B, x["ref_sums"], x["desirable"], x["z0"], config.beta,
+                                 config.desirable_weight, config.undesirable_weight)
+        if "n_rows" in x:
+            reward_B = config.beta * (sums_B - x["ref_sums"]).detach()  # [B]
+            good_B, scale = x["desirable"].bool(), x["n_rows"][0] / batch.size  # share of this part: size / n_rows
+            for name, rows_B, n in (("desirable", good_B, x["n_desirable"][0]),
+                                    ("undesirable", ~good_B, x["n_rows"][0] - x["n_desirable"][0])):
+                metrics[f"kto/{name}_reward"] = scale * reward_B[rows_B].sum() / n if n > 0 else reward_B.new_tensor(
+                    float("nan"))
+        return loss, metrics
 
     return Loss(kto, normalizer="sequence")  # a mean over episodes
 
@@ -133,7 +144,10 @@ def train_kto(engine: Engine, examples: Sequence[Example], config: DPOConfig, pa
         # 1. the reference point z0 from the step's mismatched pairs
         z0 = reference_point(engine, kl, rows)
         # 2. one step on the step's episodes
-        batch = full.select(rows).with_extras(z0=z0.expand(len(rows)).clone())
+        B = len(rows)
+        n_desirable = float(full.extras["desirable"][rows].sum())
+        batch = full.select(rows).with_extras(z0=z0.expand(B).clone(), n_rows=torch.full((B,), float(B)),
+                                              n_desirable=torch.full((B,), n_desirable))
         m = engine.forward_backward(batch, loss, buckets=config.length_buckets)
         o = engine.optim_step()
         # 3. log, evaluate, checkpoint
