@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, OnlinePairs, labelled_pairs, train_dpo
+from trajtune.algorithms.dpo import DPOConfig, NoPairs, OnlinePairs, labelled_pairs, train_dpo
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.models.tiny import TinyConfig, TinyTransformer
@@ -78,11 +78,11 @@ def test_a_round_of_ties_keeps_the_last_pairs_and_a_first_one_is_refused():
     e = tiny()
     never = EpisodeSource(e.sample, lambda: SingleTurnEnv(lambda t, r: (0.0, {})), RENDER, max_turns=1, max_tokens=32,
                           max_action_tokens=2)
-    with pytest.raises(ValueError, match="no pair to train on"):
+    with pytest.raises(NoPairs, match="no pair to train on"):
         OnlinePairs(never, [Task()], prompts=2)(e, torch.Generator().manual_seed(0))
 
 
-def test_the_dpo_command_with_a_reward_function(tmp_path):
+def test_the_dpo_command_with_a_reward_function(tmp_path, capsys):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
     from trajtune.cli import main
@@ -107,6 +107,13 @@ def test_the_dpo_command_with_a_reward_function(tmp_path):
     made = [r for r in m if r.get("online/pairs")]
     assert made and all(r["online/chosen_reward"] > r["online/rejected_reward"] for r in made)
     assert all(is_documented(k) for r in m for k in r if k not in ("step", "time", "stage"))
+    # a reward that ties every pair: one line for the user, exit 1, no traceback
+    (tmp_path / "flat.py").write_text("def flat(completions, **kw):\n    return [0.0] * len(completions)\n")
+    assert main(["dpo", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "prompts.jsonl"),
+                 "--reward", f"{tmp_path / 'flat.py'}:flat", "--regenerate-every", "1", "--steps", "1",
+                 "--max-new-tokens", "4", "--out", str(tmp_path / "flat")]) == 1
+    err = capsys.readouterr().err
+    assert "no pair to train on" in err and "Traceback" not in err
     with pytest.raises(ValueError, match="online DPO .* --regenerate-every"):
         DPORun(model=ModelConfig(path="m"), data="p.jsonl", reward=["r.py:f"])
     with pytest.raises(ValueError, match="needs a reward source"):

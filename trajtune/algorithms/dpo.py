@@ -185,6 +185,10 @@ def labelled_pairs(trajs: Sequence[Trajectory], n: int) -> tuple[list[Pair], dic
     return pairs, metrics
 
 
+class NoPairs(ValueError):
+    """Online DPO's first round gave no pair: every prompt's completions tied (or failed)."""
+
+
 class OnlinePairs:
     """Online DPO's pair maker (RLHF book ch.8.2: pairs sampled from the *current* model and labelled during
     training): each call draws `prompts` tasks (seeded by the generator train_dpo passes: a function of
@@ -210,7 +214,7 @@ class OnlinePairs:
         self.rounds += 1
         pairs, round_metrics = labelled_pairs(episodes.trajs, self.samples)
         if not pairs and not self.last:
-            raise ValueError(f"online DPO: every one of the {len(draw.tasks)} prompts' {self.samples} completions got "
+            raise NoPairs(f"online DPO: every one of the {len(draw.tasks)} prompts' {self.samples} completions got "
                              "the same reward (or failed), so there is no pair to train on; a reward that tells the "
                              "completions apart, more prompts per round or a higher temperature would give some")
         # DPO scores the model itself (temperature 1), whatever temperature the completions were sampled at

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Sequence
 
-from ...algorithms.dpo import DPOConfig, OnlinePairs, train_dpo
+from ...algorithms.dpo import DPOConfig, NoPairs, OnlinePairs, train_dpo
 from ...algorithms.kto import eval_kto, kto_batches, train_kto
 from ...engine import OptimConfig
 from ...metrics import register
@@ -194,9 +194,14 @@ def train(ctx, c: DPORun, data: Prepared, home: str = "") -> dict:
     if kto:
         history = train_kto(engine, data.items, c.dpo, data.pad_id, run)
     elif c.online:
+        from ...runs.stages import RunFailed
+
         with prompt_source(ctx, engine, data, c, c.dpo.steps) as source:
             pairs = OnlinePairs(source, data.items, c.pair_prompts)
-            history = train_dpo(engine, [], c.dpo, data.pad_id, run, make_pairs=pairs)
+            try:
+                history = train_dpo(engine, [], c.dpo, data.pad_id, run, make_pairs=pairs)
+            except NoPairs as e:
+                raise RunFailed(f"{e} (--pair-prompts, --temperature, --max-new-tokens)") from None
     else:
         history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
