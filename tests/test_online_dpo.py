@@ -116,7 +116,7 @@ def test_the_dpo_command_with_a_reward_function(tmp_path, capsys):
     assert "no pair to train on" in err and "Traceback" not in err
     with pytest.raises(ValueError, match="online DPO .* --regenerate-every"):
         DPORun(model=ModelConfig(path="m"), data="p.jsonl", reward=["r.py:f"])
-    with pytest.raises(ValueError, match="needs a reward source"):
+    with pytest.raises(ValueError, match="needs a pair generator: a reward source"):
         DPORun(model=ModelConfig(path="m"), data="p.jsonl", dpo=DPOConfig(regenerate_every=2))
     with pytest.raises(ValueError, match="--loss kto trains on labelled rows"):
         DPORun(model=ModelConfig(path="m"), data="p.jsonl", reward=["r.py:f"], dpo=DPOConfig(loss="kto"))

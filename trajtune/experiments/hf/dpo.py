@@ -92,9 +92,9 @@ class DPORun(PromptRewardRun):
         every = flag("dpo.regenerate_every")
         if not self.online:
             if self.dpo.regenerate_every:
-                raise ValueError(f"dpo: {every} re-makes pairs from the policy, which needs a reward source to label "
-                                 "them (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge DIR or "
-                                 "--rubric FILE with prompt rows in --data); without one, set it to 0")
+                raise ValueError(f"dpo: {every} needs a pair generator: a reward source that labels pairs sampled from "
+                                 "the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge DIR or "
+                                 "--rubric FILE, with prompt rows in --data); without one, set it to 0")
             return
         check_sampling(self, "dpo")
         if self.dpo.loss == "kto":
