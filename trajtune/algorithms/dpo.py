@@ -1,7 +1,9 @@
 """Direct preference optimisation and its relatives (RLHF book ch.8; seed agent-rl ch.15 §15.4).
 
 Source: a fixed set of (chosen, rejected) trajectory pairs -- or, with
-`regenerate_every`, pairs re-made from the current policy every K steps.
+`regenerate_every`, pairs re-made from the current policy every K steps: online DPO (`OnlinePairs` samples two
+completions per prompt from a source that scores them -- a reward function, reward model or judge -- and
+pairs the better with the worse, skipping ties).
 Weight: +-beta * sigmoid(-margin) on the chosen / rejected log-likelihood (DPO);
 IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
 
@@ -28,13 +30,15 @@ hardly cares). SimPO and ORPO use per-token averages in both.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
 import torch
 
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
+from ..metrics import register
+from ..sources.base import Draw, Source, pick_tasks
 from ..runs.loop import Run, eval_due
 from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
 from ..trajectory import Batch, Trajectory, pair_batch
@@ -44,6 +48,12 @@ from ..seeding import generator
 
 Pair = tuple[Trajectory, Trajectory]  # (chosen, rejected)
 
+register("online/pairs", "online DPO: pairs made in the step's round (sampled from the current policy, labelled by "
+                         "reward; ties skipped)")
+register("online/ties", "online DPO: prompts of the round whose two completions got the same reward (no pair)")
+register("online/chosen_reward", "online DPO: mean reward of the round's chosen completions")
+register("online/rejected_reward", "online DPO: mean reward of the round's rejected completions")
+
 
 @dataclass
 class DPOConfig:
@@ -51,9 +61,9 @@ class DPOConfig:
     """optimizer steps"""
     batch_size: int = 0
     """pairs per step (0: all pairs, full-batch as in the seed)"""
-    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo"] = "dpo"
+    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo", "kto"] = "dpo"
     """which preference loss (dpo_norm: DPO on per-token average log-probs, Tülu 3's length-normalised DPO; the
-    book's companion code uses beta 2.0 with it)"""
+    book's companion code uses beta 2.0 with it; kto: unpaired thumbs-up / down rows, trajtune.algorithms.kto)"""
     beta: float = 0.1
     """KL strength (DPO/IPO) or reward scale (SimPO)"""
     label_smoothing: float = 0.0
@@ -64,6 +74,11 @@ class DPOConfig:
     """SimPO target margin gamma / beta"""
     orpo_lambda: float = 0.1
     """ORPO odds-ratio weight"""
+    desirable_weight: float = 1.0
+    """KTO: weight lambda_D of the desirable (thumbs-up) rows' loss"""
+    undesirable_weight: float = 1.0
+    """KTO: weight lambda_U of the undesirable rows' loss (the KTO paper keeps lambda_D n_D / (lambda_U n_U) in
+    [1, 4/3]; the book's companion code suggests 1.33 with balanced data)"""
     regenerate_every: int = 0
     """re-make pairs from the current policy (and reset the reference) every this many steps (0: offline)"""
     length_buckets: int = 1
@@ -80,7 +95,10 @@ class DPOConfig:
             raise ValueError(f"DPOConfig: beta must be > 0, got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"DPOConfig: label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
-        check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda"))
+        check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda",
+                                                      "desirable_weight", "undesirable_weight"))
+        if self.loss == "kto" and self.regenerate_every:
+            raise ValueError("DPOConfig: loss='kto' trains on fixed labelled rows; regenerate_every must be 0")
         if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0 or self.eval_every < 0:
             raise ValueError("DPOConfig: steps, batch_size, regenerate_every and eval_every must be >= 0")
         if self.length_buckets < 1:
@@ -147,12 +165,73 @@ def with_reference(engine: Engine, pairs: Sequence[Pair], pad_id: int) -> Batch:
     return full.with_extras(ref_sums=summed_logps(reference.forward(full).logprobs, full.action_mask))
 
 
+def labelled_pairs(trajs: Sequence[Trajectory], n: int) -> tuple[list[Pair], dict[str, float]]:
+    """Episodes in groups of `n` (task-major, as a source returns them) -> per group (its highest-reward episode,
+    its lowest) as (chosen, rejected), and the round's metrics (online/*). A group is skipped when its best and
+    worst rewards tie or fewer than 2 of its episodes are trainable (an environment or reward failure)."""
+    if n < 2 or len(trajs) % n:
+        raise ValueError(f"labelled_pairs: {len(trajs)} episodes do not make groups of n = {n} >= 2")
+    pairs, ties = [], 0
+    for g in range(0, len(trajs), n):
+        group = sorted((t for t in trajs[g : g + n] if t.trainable), key=lambda t: -t.reward)  # stable: first wins
+        if len(group) < 2 or group[0].reward == group[-1].reward:
+            ties += len(group) >= 2
+            continue
+        pairs.append((group[0], group[-1]))
+    metrics = {"online/pairs": float(len(pairs)), "online/ties": float(ties)}
+    if pairs:
+        metrics["online/chosen_reward"] = sum(c.reward for c, _ in pairs) / len(pairs)
+        metrics["online/rejected_reward"] = sum(r.reward for _, r in pairs) / len(pairs)
+    return pairs, metrics
+
+
+class NoPairs(ValueError):
+    """Online DPO's first round gave no pair: every prompt's completions tied (or failed)."""
+
+
+class OnlinePairs:
+    """Online DPO's pair maker (RLHF book ch.8.2: pairs sampled from the *current* model and labelled during
+    training): each call draws `prompts` tasks (seeded by the generator train_dpo passes: a function of
+    (seed, step)), samples `samples` completions of each from `source` -- which scores them: a reward function,
+    a reward model or a judge (`trajtune.sources.scoring.Scored`; a pairwise judge compares the two) -- and pairs
+    the best with the worst (`labelled_pairs`; ties skipped). Pass it as train_dpo's `make_pairs`.
+
+    A round whose every prompt ties keeps the previous round's pairs (their reference is re-taken); the first
+    round must give at least one pair. `Draw.step` (a reward function's trainer_state.global_step) counts this
+    maker's rounds."""
+
+    def __init__(self, source: Source, tasks: Sequence, prompts: int, samples: int = 2):
+        if prompts < 1 or samples < 2:
+            raise ValueError(f"OnlinePairs: prompts must be >= 1 and samples >= 2, got {prompts}, {samples}")
+        self.source, self.tasks, self.prompts, self.samples = source, list(tasks), prompts, samples
+        self.last: list[Pair] = []
+        self.rounds = 0
+
+    def __call__(self, engine: Engine, generator: torch.Generator) -> tuple[list[Pair], dict[str, float]]:
+        metrics = self.source.after_update(engine)  # a sampler holding its own weights: bring it up to date
+        draw = Draw(pick_tasks(self.tasks, self.prompts, generator), self.samples, generator, self.rounds)
+        episodes = self.source.take(draw)
+        self.rounds += 1
+        pairs, round_metrics = labelled_pairs(episodes.trajs, self.samples)
+        if not pairs and not self.last:
+            raise NoPairs(f"online DPO: every one of the {len(draw.tasks)} prompts' {self.samples} completions got "
+                             "the same reward (or failed), so there is no pair to train on; a reward that tells the "
+                             "completions apart, more prompts per round or a higher temperature would give some")
+        # DPO scores the model itself (temperature 1), whatever temperature the completions were sampled at
+        self.last = [(replace(c, temperature=1.0), replace(r, temperature=1.0)) for c, r in pairs] or self.last
+        return self.last, {**metrics, **episodes.metrics, **round_metrics}
+
+
 def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: int, run: Run | None = None,
-              make_pairs: Callable[[Engine, torch.Generator], list[Pair]] | None = None) -> list[dict]:
-    """Train on preference pairs; `make_pairs(engine, generator)` is needed for regenerate_every > 0.
+              make_pairs: Callable[[Engine, torch.Generator], list[Pair] | tuple[list[Pair], dict]] | None = None
+              ) -> list[dict]:
+    """Train on preference pairs; `make_pairs(engine, generator)` is needed for regenerate_every > 0 (online DPO:
+    `OnlinePairs`); it returns the new pairs, or (pairs, metrics) whose metrics join that step's row.
 
     Resumes exactly with a checkpointer on `run`: the reference sums (and, with `regenerate_every`,
     the current pair set) are saved with each checkpoint (`DPOState`)."""
+    if config.loss == "kto":
+        raise ValueError("train_dpo: loss='kto' trains on labelled rows, not pairs: use trajtune.algorithms.kto.train_kto")
     if config.regenerate_every and make_pairs is None:
         raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
     if not pairs and make_pairs is None:
@@ -165,9 +244,12 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
         full = pair_batch(pairs, pad_id).with_extras(ref_sums=state.ref_sums)
     for step in run.steps(start, config.steps):
         # 1. (re)build the pair set and its reference log-probs
+        made: dict = {}
         if full is None or (config.regenerate_every and step % config.regenerate_every == 0):
             if config.regenerate_every and make_pairs is not None:
                 pairs = make_pairs(engine, generator(config.seed, step))
+                if isinstance(pairs, tuple):
+                    pairs, made = pairs
             full = with_reference(engine, pairs, pad_id)
         # 2. one step on a batch of pairs
         P = full.size // 2
@@ -176,6 +258,6 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
         o = engine.optim_step()
         # 3. log, evaluate, checkpoint
         state = DPOState(full.extras["ref_sums"], list(pairs) if config.regenerate_every else None)
-        run.end_step(engine, step + 1, train_row(m, o), eval_now=eval_due(step + 1, config.steps, config.eval_every),
+        run.end_step(engine, step + 1, {**train_row(m, o), **made}, eval_now=eval_due(step + 1, config.steps, config.eval_every),
                      state=state)
     return run.history

@@ -2,6 +2,9 @@
 
     loss = - sum_i log pi_theta(tau_i)   over POLICY tokens, aggregated (token / sequence / constant)
 
+Multi-turn conversations: `train_on` picks which assistant turns are trained (every one, the last, or
+one sample per turn: RLHF book ch.4.4).
+
 The loop (the template of `trajtune.runs.loop`), top to bottom: 1. pick the step's batch,
 2. weight 1 on every POLICY token, 3. forward/backward the NLL and step, 4. log,
 evaluate every `eval_every` steps, checkpoint.
@@ -18,6 +21,7 @@ from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
 from ..runs.loop import Run, eval_due
 from ..objectives.sft import sft_loss
+from ..text.render import TrainOn, select_turns
 from ..trajectory import Batch, Trajectory, collate
 from ..seeding import generator
 
@@ -37,6 +41,10 @@ class SFTConfig:
     length_buckets: int = 1
     """forward each batch in this many groups of similar length, each without the padding it does not need
     (the same gradient up to float rounding; faster when lengths vary)"""
+    train_on: TrainOn = "all"
+    """multi-turn masking (RLHF book ch.4.4): 'all' trains every assistant turn; 'last' only the final one (earlier
+    assistant turns become context, PROMPT-owned); 'unroll' makes one sample per assistant turn, each trained on
+    that turn with the earlier ones as context (trajtune.text.render.select_turns)"""
     seed: int = 0
     """the batch of step s is a function of (seed, s): resumes are exact"""
 
@@ -85,6 +93,8 @@ def train_sft(engine: Engine, data: Sequence[Trajectory], config: SFTConfig, pad
     Resumes exactly with a checkpointer on `run` (step s's batch is a function of (seed, s))."""
     if not data:
         raise ValueError("train_sft: no demonstrations")
+    if config.train_on != "all":  # each demonstration is one conversation (a no-op on data already selected)
+        data = [s for traj in data for s in select_turns([traj], config.train_on)]
     run = run or Run("sft")
     loss = sft_loss_fn(config.aggregation, config.aggregation_constant)
     start, _ = run.start(engine)

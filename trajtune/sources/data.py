@@ -5,7 +5,8 @@ lines (.json), .parquet, a `Dataset.save_to_disk` directory (see `read_rows`) --
 a `datasets.Dataset` (or any sequence of dicts). Four formats, told apart by their fields:
 
     format        fields                                   becomes
-    messages      messages: [{role, content}, ...]          SFT trajectories (every assistant turn trained)
+    messages      messages: [{role, content}, ...]          SFT trajectories (every assistant turn trained, or the
+                                                            last, or one sample per turn: `train_on`)
     completion    prompt, completion                        SFT trajectories (the completion trained)
     preference    [prompt,] chosen, rejected                (chosen, rejected) trajectory pairs
     prompt        prompt (+ any other columns)              `PromptTask`s for RL / rejection sampling
@@ -17,7 +18,8 @@ and, for reward models (`trajtune rm --objective ...`; book ch.5), columns that 
     ranked              prompt, completions: [K >= 2 strings or assistant messages], best first, or with
                         scores: [K numbers] (higher is better)   -> `ranked_lists` (plackett-luce; bt: all pairs)
     labelled            prompt, completion, label: 0/1 or bool (TRL's unpaired format)
-                                                     -> (episode, label): an outcome reward model (orm)
+                                                     -> (episode, label): an outcome reward model (orm), or
+                                                        KTO's thumbs up / down (`kto_examples`)
     stepwise            prompt, completions: [steps], labels: [one 0/1 or bool per step] (TRL's stepwise
                         format)                       -> (episode, step labels): a process reward model (prm);
                         the steps are joined by a separator into one assistant message and each step's label
@@ -54,6 +56,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..text.chat import ChatRenderer, TemplateError
+from ..text.render import TrainOn, select_turns
 from ..trajectory import Owner, Trajectory
 
 FORMATS = ("messages", "completion", "preference", "prompt")
@@ -319,12 +322,14 @@ def conversation(row: Row) -> tuple[list[dict], int]:
     return msgs, context
 
 
-def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer) -> list[Trajectory]:
-    """'messages' / 'completion' rows -> trajectories (a row may give several; see ChatRenderer)."""
+def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer, train_on: TrainOn = "all") -> list[Trajectory]:
+    """'messages' / 'completion' rows -> trajectories (a row may give several; see ChatRenderer).
+    `train_on`: which of a row's trained assistant turns stay trained -- all, the last, or one sample per
+    turn ('unroll'; `trajtune.text.render.select_turns`, RLHF book ch.4.4)."""
     check_format(rows, ("messages", "completion"))
     out = []
     for row in rows:
-        out += _render(renderer, row, *conversation(row))
+        out += select_turns(_render(renderer, row, *conversation(row)), train_on)
     return out
 
 
@@ -467,6 +472,23 @@ def labelled_examples(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple
         if not samples:
             raise DataError(f"{row.where}: no assistant message to score")
         out.append((samples[-1], label))
+    return out
+
+
+def kto_examples(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[Trajectory, bool]]:
+    """KTO's data (RLHF book ch.11.5, thumbs up / down; TRL's unpaired preference format) -> (episode, desirable):
+    'prompt' / 'completion' (or 'messages') rows with a 'label' (true / false, 1 / 0), each its own example; a
+    preference row gives two, its 'chosen' desirable and its 'rejected' undesirable (how TRL unpairs pairs)."""
+    out: list[tuple[Trajectory, bool]] = []
+    for row in rows:
+        if "chosen" in row.data or "rejected" in row.data:
+            chosen, rejected = preference_pairs([row], renderer)[0]
+            out += [(chosen, True), (rejected, False)]
+        elif "label" not in row.data or row.data["label"] is None:
+            raise DataError(f"{row.where}: missing field 'label' (true: a thumbs-up completion, false: thumbs-down); "
+                            "KTO reads 'prompt'/'completion'/'label' rows or 'prompt'/'chosen'/'rejected' pairs")
+        else:
+            out += [(t, bool(y)) for t, y in labelled_examples([row], renderer)]
     return out
 
 

@@ -70,14 +70,25 @@ class ChatRenderer:
     tools: tool schemas passed to the template (`apply_chat_template(tools=...)`).
     stop_ids: ids that end an assistant turn (default: eos plus the special token the
       template puts right after assistant content, e.g. `<|im_end|>` or `<|eot_id|>`).
+    template_kwargs: extra variables for the template, passed to every `apply_chat_template` call --
+      toggleable reasoning (RLHF book ch.7.3) where the template reads them, e.g. `{"enable_thinking": False}`
+      (Qwen3) or `{"reasoning_effort": "low"}` (gpt-oss). A variable the template never mentions is a
+      TemplateError: it would change nothing, silently.
     """
 
-    def __init__(self, tokenizer, tools: list[dict] | None = None, stop_ids: Sequence[int] | None = None):
+    def __init__(self, tokenizer, tools: list[dict] | None = None, stop_ids: Sequence[int] | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat_template; set tokenizer.chat_template (a Jinja string) "
                                 "or use a model directory whose tokenizer_config has one")
         self.tokenizer = tokenizer
         self.tools = tools
+        self.template_kwargs = dict(template_kwargs or {})
+        source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else str(tokenizer.chat_template)
+        unread = [k for k in self.template_kwargs if k not in source]
+        if unread:
+            raise TemplateError(f"the chat template never reads {', '.join(map(repr, unread))}: this model's template "
+                                "has no such switch (look for the variable in its tokenizer_config.json chat_template)")
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._texts: dict[tuple, str] = {}  # (`_message_key` of each message, generation prompt) -> rendering
         self._pieces: dict = {}  # tokenizations: _tokenize's (text, spans), _encode's text, start's messages
@@ -94,14 +105,14 @@ class ChatRenderer:
         out = self._texts.get(key)
         if out is None:
             out = self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=False,
-                                                     add_generation_prompt=generation_prompt)
+                                                     add_generation_prompt=generation_prompt, **self.template_kwargs)
             _remember(self._texts, key, out)
         return out
 
     def template_ids(self, messages: Sequence[Mapping[str, Any]], generation_prompt: bool = False) -> list[int]:
         """`apply_chat_template(..., tokenize=True)` as a plain list of ids (the reference the tests compare to)."""
         out = self.tokenizer.apply_chat_template(list(messages), tools=self.tools, tokenize=True,
-                                                 add_generation_prompt=generation_prompt)
+                                                 add_generation_prompt=generation_prompt, **self.template_kwargs)
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     def _detect_stop_ids(self) -> tuple[int, ...]:

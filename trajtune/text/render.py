@@ -41,8 +41,8 @@ action stopped), never in `Trajectory.info`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
 from ..trajectory import Owner, Trajectory
 from .tokenizers import ASSISTANT, BOS, END, SYSTEM, TOOL, USER, Tokenizer
@@ -266,3 +266,43 @@ def owner_counts(trajectories: Iterable[Trajectory], predicted_only: bool = True
         for owner in traj.owners[1 if predicted_only else 0 :]:
             counts[OWNER_NAMES[owner]] += 1
     return counts
+
+
+TrainOn = Literal["all", "last", "unroll"]
+"""Which assistant turns of a multi-turn conversation are trained (RLHF book ch.4.4; `select_turns`)."""
+
+
+def select_turns(samples: Sequence[Trajectory], mode: TrainOn = "all") -> list[Trajectory]:
+    """One conversation's rendered samples -> the samples to train on, by which assistant turns are trained
+    (RLHF book ch.4.4, multi-turn masking):
+
+        all      every assistant turn (the samples unchanged; the default)
+        last     the final assistant turn only: the POLICY tokens of every earlier turn become PROMPT
+                 (context the model reads, never trained); a sample without the final turn is dropped
+        unroll   one sample per assistant turn k: the conversation up to the end of turn k's POLICY tokens
+                 (later turns cut off), turn k trained and every earlier turn PROMPT
+
+    `samples` are what a renderer gave for ONE conversation (`Renderer.render` -> [traj];
+    `ChatRenderer.render_samples` -> one or several, with global turn numbers). A turn's POLICY tokens are
+    the assistant's content and its stop token; the template's header before them stays TEMPLATE. Applying
+    a mode to its own output changes nothing (each output sample trains one turn). Sampler log-probs are
+    kept on the tokens kept."""
+    if mode not in ("all", "last", "unroll"):
+        raise ValueError(f"select_turns: mode must be 'all', 'last' or 'unroll', got {mode!r}")
+    if mode == "all":
+        return list(samples)
+    trained = sorted({t for s in samples for t, o in zip(s.turns, s.owners, strict=True) if o == Owner.POLICY})
+    wanted = trained[-1:] if mode == "last" else trained
+    out = []
+    for k in wanted:
+        sample = next(s for s in samples if any(t == k and o == Owner.POLICY for t, o in zip(s.turns, s.owners, strict=True)))
+        end = len(sample)
+        if mode == "unroll":  # cut after turn k's last POLICY token
+            end = max(i for i, (t, o) in enumerate(zip(sample.turns, sample.owners, strict=True))
+                      if t == k and o == Owner.POLICY) + 1
+        owners = [int(Owner.PROMPT) if o == Owner.POLICY and t != k else o
+                  for t, o in zip(sample.turns[:end], sample.owners[:end], strict=True)]
+        out.append(replace(sample, ids=sample.ids[:end], owners=owners, turns=sample.turns[:end],
+                           logprobs=None if sample.logprobs is None else sample.logprobs[:end],
+                           info=dict(sample.info)))
+    return out

@@ -1,6 +1,8 @@
-"""`trajtune dpo` / experiment "hf_dpo": direct preference optimisation (and ipo / simpo / orpo).
+"""`trajtune dpo` / experiment "hf_dpo": direct preference optimisation (and ipo / simpo / orpo / kto, online DPO).
 
     trajtune dpo --model runs/sft/model --data pairs.jsonl --beta 0.1 --lora-r 16 --out runs/dpo
+    trajtune dpo --loss kto --model M --data thumbs.jsonl --undesirable-weight 1.33 --out runs/kto
+    trajtune dpo --model M --data prompts.jsonl --reward my_rewards.py:score --regenerate-every 1 --out runs/odpo
 
 Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.sources.data);
 only the completions are scored (assistant turns inside the prompt are context, as in TRL).
@@ -9,6 +11,18 @@ With --eval-data, held-out pairs give eval/dpo_loss, eval/dpo_margin and eval/dp
 --eval-steps steps, against the same reference (the starting policy's sums on the held-out
 pairs, taken before the loop starts). Dropout is off by default (--disable-dropout, TRL's DPOConfig
 default). --loss ipo uses summed log-probs (trajtune.algorithms.dpo), not TRL's per-token average.
+
+--loss kto (RLHF book ch.8.2, 11.5): unpaired thumbs-up / down rows, 'prompt'/'completion'/'label' (true / false;
+TRL's unpaired preference format; preference rows are unpaired, chosen true and rejected false), trained by
+`trajtune.algorithms.kto.train_kto` (--desirable-weight, --undesirable-weight); --eval-data gives eval/kto_loss
+and eval/kto_accuracy.
+
+Online DPO (RLHF book ch.8.2): with a reward source -- --reward file.py:fn (TRL's signature), --reward-model DIR,
+--reward-judge DIR (--judge-template mt_bench_pair compares the two completions), --rubric FILE, weighted as in
+grpo -- --data is prompt rows, and every --regenerate-every steps the current policy samples 2 completions of
+--pair-prompts prompts (the sampling section: --max-new-tokens, --temperature ...), the reward source scores them,
+the better becomes chosen and the worse rejected (ties skipped: online/ties), and the reference is reset to the
+policy of that moment (`trajtune.algorithms.dpo.OnlinePairs`). --eval-data may hold held-out preference pairs.
 """
 
 from __future__ import annotations
@@ -18,12 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Sequence
 
-from ...algorithms.dpo import DPOConfig, train_dpo
+from ...algorithms.dpo import DPOConfig, NoPairs, OnlinePairs, train_dpo
+from ...algorithms.kto import eval_kto, kto_batches, train_kto
 from ...engine import OptimConfig
 from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import ModelConfig, load_engine
-from .prepare import Prepared, pair_data, planned
+from .options import flag
+from .prepare import Prepared, held_out_pairs, kto_data, pair_data, planned, prompt_data
+from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
 from .schedule import ScheduleConfig, check_schedule
 
 register("eval/dpo_loss", "the preference loss (--loss: dpo, ipo, simpo or orpo) on held-out pairs (--eval-data)")
@@ -33,20 +50,28 @@ register("eval/dpo_accuracy", "share of held-out pairs whose chosen completion h
 
 
 @dataclass
-class DPORun:
+class DPORun(PromptRewardRun):
     METHOD: ClassVar[str] = "dpo"
     RESUMABLE: ClassVar[tuple[str, ...]] = ("dpo.steps", "dpo.eval_every", "schedule.num_train_epochs",
-                                            "output.save_every", "model.device", "model.micro_batch_size")
+                                            "output.save_every", "model.device", "model.micro_batch_size",
+                                            "reward_timeout")
     """options a resumed run may change (more steps, where it runs); any other change is a different run"""
 
     model: ModelConfig = field(default_factory=lambda: ModelConfig(disable_dropout=True))
     """the model and how it trains (LoRA, precision, lengths; dropout off as in TRL's DPOConfig)"""
     data: str = ""
-    """preference rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.sources.data)"""
+    """preference rows (--loss kto: labelled rows; online DPO: prompt rows): .jsonl, .json, .parquet or a
+    save_to_disk directory (trajtune.sources.data)"""
     eval_data: str = ""
-    """held-out preference rows: eval/dpo_loss, eval/dpo_margin, eval/dpo_accuracy every --eval-steps steps"""
+    """held-out preference rows (--loss kto: labelled rows): eval/dpo_loss, eval/dpo_margin, eval/dpo_accuracy
+    (eval/kto_loss, eval/kto_accuracy) every --eval-steps steps"""
     dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, batch_size=8))
     """the preference loop (steps, batch_size: pairs per step, loss, beta, seed ...)"""
+    pair_prompts: int = 8
+    """online DPO (a reward source given): prompts sampled each --regenerate-every steps, 2 completions each,
+    labelled into at most this many pairs"""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """online DPO: how the completions are sampled (--backend sampler or generate)"""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     """epochs instead of steps, warm-up ratio, learning-rate schedule (TRL's names)"""
     optim: OptimConfig = field(default_factory=hf_optim)
@@ -54,18 +79,52 @@ class DPORun:
     output: OutputConfig = field(default_factory=OutputConfig)
     """what the run writes and when (checkpoints every --save-every steps ...)"""
 
+    @property
+    def online(self) -> bool:
+        """Online DPO: a reward source labels pairs sampled from the policy during training."""
+        return bool(self.reward or self.reward_model or self.reward_judge or self.rubric)
+
     def __post_init__(self) -> None:
         check_run(self, "dpo")
         check_schedule(self, "dpo")
-        if self.dpo.regenerate_every:
-            raise ValueError("dpo: --regenerate-every needs a pair generator; the dpo command trains on the "
-                             "pairs of --data (set it to 0)")
+        if isinstance(self.reward_model, str):
+            self.reward_model = [self.reward_model] if self.reward_model else []
+        every = flag("dpo.regenerate_every")
+        if not self.online:
+            if self.dpo.regenerate_every:
+                raise ValueError(f"dpo: {every} needs a pair generator: a reward source that labels pairs sampled from "
+                                 "the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge DIR or "
+                                 "--rubric FILE, with prompt rows in --data); without one, set it to 0")
+            return
+        check_sampling(self, "dpo")
+        if self.dpo.loss == "kto":
+            raise ValueError("dpo: --loss kto trains on labelled rows; online DPO (a reward source) makes pairs: "
+                             "choose one")
+        if not self.dpo.regenerate_every:
+            raise ValueError(f"dpo: online DPO (a reward source: {self._sources()}) samples fresh pairs every "
+                             f"{every} steps; give it (1: new pairs every step, as TRL's OnlineDPOTrainer)")
+        if self.pair_prompts < 1:
+            raise ValueError(f"dpo: {flag('pair_prompts')} must be >= 1, got {self.pair_prompts}")
+        if self.sampling.backend == "vllm":
+            raise ValueError("dpo: online DPO samples with --backend sampler or generate (vllm is grpo / rft's)")
+
+    def _sources(self) -> str:
+        return " ".join([f"--reward {r}" for r in self.reward] + [f"--reward-model {m}" for m in self.reward_model]
+                        + ([f"--reward-judge {self.reward_judge}"] if self.reward_judge else [])
+                        + ([f"--rubric {self.rubric}"] if self.rubric else []))
 
 
 Config = DPORun
 
 
 def prepare(config: DPORun, run_dir: Path) -> Prepared:
+    if config.online:  # prompt rows, the reward sources checked; held-out pairs for evaluation
+        prepared = prompt_data(config)
+        check_rewards(config, prepared.items)
+        prepared.eval_items = held_out_pairs(config, prepared) if config.eval_data else []
+        return planned(config, prepared, "dpo", config.dpo.batch_size, "prompts")
+    if config.dpo.loss == "kto":
+        return planned(config, kto_data(config), "dpo", config.dpo.batch_size, "examples")
     return planned(config, pair_data(config), "dpo", config.dpo.batch_size, "pairs")
 
 
@@ -122,13 +181,29 @@ def train(ctx, c: DPORun, data: Prepared, home: str = "") -> dict:
     methods would give each stage its own)."""
     c = dataclasses.replace(c, **data.overrides)  # the steps and lr schedule the data resolved (prepare)
     policy, engine = load_engine(ctx, c.model, c.optim, seed=c.dpo.seed)
-    announce(ctx, c, policy, len(data.items), "pairs")
+    kto = c.dpo.loss == "kto"
+    announce(ctx, c, policy, len(data.items), "prompts" if c.online else "examples" if kto else "pairs")
     run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
-    if data.eval_items:
+    if data.eval_items and kto:
+        _, _, ref_kto = kto_batches(engine, data.eval_items, data.pad_id)  # before the loop: the starting policy
+        run.evaluate = lambda step: eval_kto(engine, data.eval_items, ref_kto, c.dpo, data.pad_id)
+    elif data.eval_items:
         size = c.dpo.batch_size or 8
         ref = eval_reference(engine, data.eval_items, data.pad_id, size)  # before the loop: the starting policy
         run.evaluate = lambda step: eval_pairs(engine, data.eval_items, ref, c.dpo, data.pad_id, size)
-    history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
+    if kto:
+        history = train_kto(engine, data.items, c.dpo, data.pad_id, run)
+    elif c.online:
+        from ...runs.stages import RunFailed
+
+        with prompt_source(ctx, engine, data, c, c.dpo.steps) as source:
+            pairs = OnlinePairs(source, data.items, c.pair_prompts)
+            try:
+                history = train_dpo(engine, [], c.dpo, data.pad_id, run, make_pairs=pairs)
+            except NoPairs as e:
+                raise RunFailed(f"{e} (--pair-prompts, --temperature, --max-new-tokens)") from None
+    else:
+        history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
 

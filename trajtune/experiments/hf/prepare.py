@@ -44,12 +44,14 @@ class Prepared:
     overrides: dict = field(default_factory=dict)
     """config sections the data resolved (`planned`: the loop section with its steps, optim with its
     warm-up and decay, the schedule section spent): the stage runs `dataclasses.replace(config, **overrides)`"""
+    template_kwargs: dict = field(default_factory=dict)
+    """extra chat-template variables (`template_kwargs`: reasoning on / off, effort), for rendering and sampling alike"""
 
     @cached_property
     def renderer(self):
         from ...text.chat import ChatRenderer
 
-        return ChatRenderer(self.tokenizer)
+        return ChatRenderer(self.tokenizer, template_kwargs=self.template_kwargs)
 
     @cached_property
     def pad_id(self) -> int:
@@ -65,14 +67,31 @@ def budget(model) -> tuple[int, str]:
     return model.max_length, f"--max-length {model.max_length}"
 
 
+def template_kwargs(model) -> dict:
+    """The chat-template variables a run sets (RLHF book ch.7.3, toggleable reasoning): `enable_thinking`
+    (true / false; Qwen3-style templates) and `reasoning_effort` ('low', 'medium', 'high'; gpt-oss-style) where
+    the model section has them and they are set. The renderer refuses a variable its template never reads."""
+    out: dict = {}
+    if getattr(model, "enable_thinking", None) is not None:
+        out["enable_thinking"] = bool(model.enable_thinking)
+    if getattr(model, "reasoning_effort", ""):
+        out["reasoning_effort"] = model.reasoning_effort
+    return out
+
+
 def _start(config):
     """The tokenizer, renderer, rows and length budget of a run (the first checks: paths, rows)."""
     from ...models.hf import load_tokenizer
-    from ...text.chat import ChatRenderer
+    from ...text.chat import ChatRenderer, TemplateError
 
     check_lora_targets(config.model)
     tokenizer = load_tokenizer(config.model.path)
-    return tokenizer, ChatRenderer(tokenizer), D.read_rows(config.data), *budget(config.model)
+    kwargs = template_kwargs(config.model)
+    try:
+        renderer = ChatRenderer(tokenizer, template_kwargs=kwargs)
+    except TemplateError as e:
+        raise ConfigError(f"{', '.join(flag('model.' + k) for k in kwargs)} ({config.model.path}): {e}") from None
+    return tokenizer, renderer, D.read_rows(config.data), *budget(config.model)
 
 
 def check_lora_targets(model) -> None:
@@ -103,10 +122,10 @@ def sft_data(config) -> Prepared:
             where = t.info["source"]
             return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
 
-        return fit(D.sft_trajectories(rows, renderer), said, config.model.drop_long, too_long, noun)
+        return fit(D.sft_trajectories(rows, renderer, config.sft.train_on), said, config.model.drop_long, too_long, noun)
 
     held_out = trajectories(D.read_rows(config.eval_data), "evaluation samples") if config.eval_data else []
-    return Prepared(tokenizer, trajectories(rows, "samples"), limit, held_out)
+    return Prepared(tokenizer, trajectories(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
 
 
 def pair_data(config) -> Prepared:
@@ -125,7 +144,42 @@ def pair_data(config) -> Prepared:
         return kept
 
     held_out = pairs(D.read_rows(config.eval_data), "evaluation pairs") if config.eval_data else []
-    return Prepared(tokenizer, pairs(rows, "samples"), limit, held_out)
+    return Prepared(tokenizer, pairs(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
+
+
+def kto_data(config) -> Prepared:
+    """KTO's rows (`trajtune dpo --loss kto`): 'prompt'/'completion'/'label' rows, or preference rows unpaired
+    (chosen desirable, rejected undesirable) -> (episode, desirable) examples that fit the budget (and
+    --eval-data's)."""
+    tokenizer, renderer, rows, limit, said = _start(config)
+
+    def too_long(example):
+        t = example[0]
+        return f"{t.info['source']}: field 'completion': {len(t)} tokens (prompt included)" if len(t) > limit else None
+
+    def examples(rows, noun):
+        kept = fit(D.kto_examples(rows, renderer), said, config.model.drop_long, too_long, noun)
+        if len(kept) < 2:
+            raise D.DataError(f"KTO needs at least 2 {noun} (a completion is compared with another row's prompt: "
+                              f"the reference point), got {len(kept)}")
+        return kept
+
+    held_out = examples(D.read_rows(config.eval_data), "evaluation samples") if config.eval_data else []
+    return Prepared(tokenizer, examples(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
+
+
+def held_out_pairs(config, prepared: Prepared) -> list:
+    """--eval-data's preference pairs for a run whose --data is not pairs (online DPO), checked like pair_data's."""
+    limit, said = budget(config.model)
+
+    def too_long(pair):
+        n = max(len(pair[0]), len(pair[1]))
+        return f"{pair[0].info['source']}: field 'chosen'/'rejected': {n} tokens (prompt included)" if n > limit else None
+
+    pairs = fit(D.preference_pairs(D.read_rows(config.eval_data), prepared.renderer), said, config.model.drop_long,
+                too_long, "evaluation pairs")
+    warn_identical(pairs, "evaluation pairs")
+    return pairs
 
 
 def split_rows(rows: list, share: float, seed: int, swap: bool = False) -> tuple[list, list]:
@@ -196,7 +250,7 @@ def reward_model_data(config) -> Prepared:
         return kept
 
     held_out = convert(held_rows, "evaluation samples") if held_rows else []
-    return Prepared(tokenizer, convert(rows, "samples"), limit, held_out)
+    return Prepared(tokenizer, convert(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
 
 
 def warn_identical(pairs: list, noun: str = "pairs", show: int = 3) -> None:
@@ -236,7 +290,8 @@ def prompt_data(config) -> Prepared:
             return None
         return f"{task.where}: field 'prompt': {lengths[task]} tokens + --max-new-tokens {new} = {n}"
 
-    return Prepared(tokenizer, fit(list(lengths), said, config.model.drop_long, too_long, noun="prompts"), limit)
+    return Prepared(tokenizer, fit(list(lengths), said, config.model.drop_long, too_long, noun="prompts"), limit,
+                    template_kwargs=renderer.template_kwargs)
 
 
 def model_context(model_dir: str | Path) -> int | None:
