@@ -23,7 +23,7 @@ def test_the_loss_logs_the_kl_when_kl_coef_is_zero_and_leaves_the_loss_alone():
     # log ratio [0.5, 0] (the masked third token is 0); k3 = expm1(-0.5) + 0.5 = 0.106531, then 0
     k3 = math.expm1(-0.5) + 0.5
     assert float(m["kl/k3"]) == pytest.approx(k3 / 2)        # per POLICY token: (0.106531 + 0) / 2
-    assert float(m["kl/sequence"]) == pytest.approx(k3)      # summed over the episode's tokens, one episode
+    assert "kl/sequence" not in m  # per episode: the loop's (kl/k3 x POLICY tokens per episode), exact under any split
     assert "kl/k3" not in m0
     # with kl_coef the same numbers, and the term is in the loss: token mean of -A logp + 0.1 k3
     loss1, m1 = policy_gradient_loss(logp, adv, mask, ref_logp=ref, kl_coef=0.1)
@@ -89,3 +89,17 @@ def test_a_lora_model_logs_the_kl_to_its_base_for_free(tmp_path):
     assert all("kl/k3" in h for h in hist)
     assert hist[0]["kl/k3"] == pytest.approx(0.0, abs=1e-6)  # the adapters start at 0: the base is the start
     assert hist[-1]["kl/k3"] > 0
+
+
+def test_kl_per_episode_does_not_depend_on_how_the_engine_splits_the_batch():
+    """kl/sequence is the token mean times the tokens per episode, so micro-batches (and torchrun's shards, which the
+    engine weighs by tokens too) give the number of the whole batch."""
+    from trajtune.engine import OptimConfig, make_engine
+
+    whole = rows("copy")[1]
+    e = engine(seed=0)
+    split = make_engine(e.model, OptimConfig(lr=1e-2), micro_batch_size=5)
+    cfg = RLConfig(steps=6, tasks_per_step=4, group_size=8, log_kl="copy")
+    parts = train_rl(split, TASKS, collect_for(split), cfg, TOK.pad_id)
+    for a, b in zip(whole, parts, strict=True):
+        assert b["kl/sequence"] == pytest.approx(a["kl/sequence"], rel=1e-4, abs=1e-6)

@@ -401,12 +401,15 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
             for epoch in range(config.epochs):
                 order = torch.randperm(batch.size, generator=episodes.generator)
                 for k, chunk in enumerate(order.chunk(config.minibatches)):
-                    m = engine.forward_backward(batch.select(chunk), loss, buckets=config.length_buckets)
+                    part = batch.select(chunk)
+                    m = engine.forward_backward(part, loss, buckets=config.length_buckets)
                     if config.ptx_coef:
                         update = (step * config.epochs + epoch) * config.minibatches + k
                         row["train/ptx_loss"] = ptx_update(engine, ptx, config, pad_id, update)
                     o = engine.optim_step()
             row.update({**train_row(m, o), "train/tokens": float(batch.action_mask.sum())})
+            if "kl/k3" in m:  # per episode: the token mean (exact however the engine split the rows) x tokens per episode
+                row["kl/sequence"] = m["kl/k3"] * float(part.action_mask.sum()) / part.size
             state = next_state(state, scored, config, kl_coef, len(trajs), row)
         row.update(source.after_update(engine))
         # 4. log (the last minibatch's loss statistics), evaluate, checkpoint

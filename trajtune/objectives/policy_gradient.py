@@ -170,7 +170,7 @@ def policy_gradient_loss(
     aggregation, constant  how per-token losses become a scalar (logprobs.aggregate)
     returns (loss [], metrics): pg/loss, pg/advantage_mean, pg/ratio_mean, pg/ratio_max,
         pg/approx_kl (k2 against pi_old), pg/clip_frac, [pg/tis_weight_mean,
-        pg/tis_capped_frac], [kl/<estimator>, kl/sequence: with ref_logp], [policy/entropy]
+        pg/tis_capped_frac], [kl/<estimator>: with ref_logp], [policy/entropy]
     """
     expect_dim("logp", logp, 2)
     expect_like("mask", mask, "logp", logp)
@@ -211,7 +211,7 @@ def _add_regularizers(
     metrics: dict[str, torch.Tensor],
 ) -> torch.Tensor:
     """per_tok + kl_coef * KL_t - entropy_coef * H_t (all [B, T-1]); logs into `metrics`: the KL whenever
-    ref_logp is given (kl/<estimator> per POLICY token, kl/sequence summed per episode, mean over episodes),
+    ref_logp is given (kl/<estimator> per POLICY token),
     added to the loss only when kl_coef > 0 (with kl_coef 0 it is computed without gradient)."""
     if kl_coef and ref_logp is None:
         raise ValueError("kl_coef > 0 needs ref_logp")
@@ -219,9 +219,7 @@ def _add_regularizers(
         kl_tok = kl_estimate(masked_log_ratio(logp if kl_coef else logp.detach(), ref_logp, mask), kl_estimator)
         if kl_coef:  # [B, T-1]
             per_tok = per_tok + kl_coef * kl_tok
-        kl_det = kl_tok.detach() * mask.to(kl_tok.dtype)
         metrics[f"kl/{kl_estimator}"] = masked_mean(kl_tok.detach(), mask)
-        metrics["kl/sequence"] = kl_det.sum(-1).mean()
     if entropy is not None:
         expect_like("entropy", entropy, "logp", logp)
         per_tok = per_tok - entropy_coef * entropy
