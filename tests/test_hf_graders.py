@@ -65,3 +65,19 @@ def test_wrong_combinations_are_one_message(work, tmp_path, capsys, args, messag
     rc = main(grpo(work, tmp_path / "run", *[a.format(d=work) for a in args], "--dry-run"))
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
+
+
+def test_grpo_with_ppo_ptx(work, tmp_path, capsys):
+    """PPO-ptx from the command line: --ptx-data's rows' NLL mixed into every update (--ptx-coef)."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {i}"},
+                                                      {"role": "assistant", "content": str(i)}]}) + "\n" for i in range(4)))
+    out = tmp_path / "run"
+    rc = main(grpo(work, out, "--reward", f"{work / 'checks.py'}:length", "--ptx-coef", "0.5", "--ptx-data", chats,
+                   "--ptx-batch-size", "2"))
+    assert rc == 0, capsys.readouterr().err
+    rows = [r for r in read_metrics(out) if r.get("stage") == "grpo"]
+    assert len(rows) == 2 and all(r["train/ptx_loss"] > 0 for r in rows)
+    rc = main(grpo(work, tmp_path / "r2", "--reward", f"{work / 'checks.py'}:length", "--ptx-coef", "0.5", "--dry-run"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "--ptx-coef and --ptx-data go together" in err

@@ -316,9 +316,13 @@ def expectations(config, n: int) -> list[str]:
     if total == 0:
         notes.append("0 optimizer steps asked for (--steps 0): nothing will be trained; model/ will be the "
                      "input model, unchanged")
+    online = bool(getattr(config, "online", False))  # online DPO: a step's pairs are --pair-prompts fresh ones
     for section, name, noun in BATCHES:
         size = getattr(getattr(config, section, None), name, 0)
-        if size and size > n:
+        if online and size and size > config.pair_prompts:
+            notes.append(f"{flag(f'{section}.{name}')} {size} is larger than the {config.pair_prompts} pairs "
+                         f"--pair-prompts makes each round: every step trains on all of them")
+        elif not online and size and size > n:
             notes.append(f"{flag(f'{section}.{name}')} {size} is larger than the {n} {noun} in {config.data}: "
                          f"every step trains on all {n} (a batch of {n}, not {size})")
     rl = getattr(config, "rl", None)

@@ -48,7 +48,7 @@ from .common import announce, check_run, finish, hf_optim, OutputConfig, preflig
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
 from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
-from .prepare import Prepared, prompt_data
+from .prepare import Prepared, fit, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
 
@@ -80,6 +80,9 @@ class GRPORun(PromptRewardRun):
     """the over-optimization probe's prompts: the first this many prompt rows of --data, the same every evaluation"""
     eval_samples: int = 4
     """completions the over-optimization probe samples per prompt (from one fixed seed)"""
+    ptx_data: str = ""
+    """PPO-ptx's pretraining rows (RLHF book ch.15): 'messages' or 'prompt'+'completion' rows whose NLL, weighted by
+    --ptx-coef, is added before every optimizer step (--ptx-batch-size rows each)"""
 
     def __post_init__(self) -> None:
         check_run(self, "grpo")
@@ -87,6 +90,10 @@ class GRPORun(PromptRewardRun):
             raise ValueError(f"grpo: --eval-prompts and --eval-samples must be >= 1, got {self.eval_prompts} and "
                              f"{self.eval_samples}")
         check_sampling(self, "grpo")
+        if bool(self.rl.ptx_coef) != bool(self.ptx_data):
+            raise ValueError("grpo: --ptx-coef and --ptx-data go together (PPO-ptx: the NLL of --ptx-data's rows, "
+                             f"weighted by --ptx-coef); got --ptx-coef {self.rl.ptx_coef} and --ptx-data "
+                             f"{self.ptx_data or 'none'}")
         check_overlap(self.overlap, self.rl, "grpo")
         if self.sampling.backend == "vllm" and self.overlap.sampler_process:
             raise ValueError("grpo: --sampler-process runs the built-in sampler in a process of its own; --backend "
@@ -102,6 +109,8 @@ Config = GRPORun
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
     prepared = prompt_data(config)
     check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    if config.ptx_data:
+        ptx_trajectories(config, prepared)  # its rows parse and fit, before the model loads
     if config.gold_reward:  # the gold functions import and find their columns in the probe's prompts
         gold = [RewardFunction(spec=spec) for spec in config.gold_reward]
         RewardSet(gold)
@@ -122,8 +131,20 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
             if not ctx.resuming:
                 ctx.log(0, run.evaluate(0))  # the curve's starting point
         source = stack.enter_context(prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap))
-        history = train_rl(engine, data.items, source, c.rl, data.pad_id, run)
+        ptx = ptx_trajectories(c, data) if c.ptx_data else None
+        history = train_rl(engine, data.items, source, c.rl, data.pad_id, run, ptx=ptx)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
+
+
+def ptx_trajectories(config: GRPORun, data: Prepared) -> list:
+    """--ptx-data's rows rendered as SFT samples (every assistant turn trained), each within the length budget."""
+    from ...sources import data as D
+
+    def too_long(t):
+        return f"{t.info['source']}: {len(t)} tokens" if len(t) > data.limit else None
+
+    trajs = D.sft_trajectories(D.read_rows(config.ptx_data), data.renderer, "all")
+    return fit(trajs, f"--max-length {data.limit} (--ptx-data)", config.model.drop_long, too_long, "ptx samples")
 
 
 def overopt_probe(ctx, engine, data: Prepared, c: GRPORun, stack: contextlib.ExitStack) -> OverOptProbe:

@@ -38,6 +38,11 @@ class ModelConfig:
     """sft/rm/dpo: longest sample in tokens; grpo/rft: prompt + completion budget (capped at the model's context)"""
     drop_long: bool = False
     """skip samples / prompts that do not fit --max-length (default: stop with an error listing them)"""
+    enable_thinking: bool | None = None
+    """pass enable_thinking to the chat template (toggleable reasoning, RLHF book ch.7; Qwen3-style templates), for
+    training and sampling alike; unset: the template's default. A template that never reads it is refused"""
+    reasoning_effort: Literal["", "low", "medium", "high"] = ""
+    """pass reasoning_effort to the chat template (gpt-oss-style); empty: not passed"""
 
     def __post_init__(self) -> None:
         check_choices(self)
