@@ -70,7 +70,7 @@ def _pairs(vocab=40, n=3):
 
 def _grpo_batch(batch: Batch, engine, config: RLConfig) -> Batch:
     """The batch as the RL loop scores it: GRPO advantages, old and reference log-probs (positions="actions")."""
-    return score(engine, engine.reference_engine(), batch, config, use_old=True)
+    return score(engine, engine.reference_engine(), batch, config, use_old=True)[0]  # (batch, the scoring metrics)
 
 
 # --- TokenHead.keep ------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def test_a_stage_cut_by_ctrl_c_resumes_to_the_same_model(run, tmp_path, monkeypa
     real, steps = grpo.train_rl, []
 
     def watched(stop_at):
-        def train_rl(engine, tasks, collect, rl, pad_id, run):
+        def train_rl(engine, tasks, collect, rl, pad_id, run, **kw):
             end_step = run.end_step
 
             def end(engine, step, row, **kw):
@@ -115,7 +115,7 @@ def test_a_stage_cut_by_ctrl_c_resumes_to_the_same_model(run, tmp_path, monkeypa
                 return end_step(engine, step, row, **kw)
 
             run.end_step = end
-            return real(engine, tasks, collect, rl, pad_id, run)
+            return real(engine, tasks, collect, rl, pad_id, run, **kw)
 
         return train_rl
 
