@@ -45,6 +45,7 @@ EXPERIMENTS: dict[str, str] = {
     "reasoning_gym": "trajtune.experiments.reasoning_gym", "textarena": "trajtune.experiments.textarena",
     "hf_gym": "trajtune.experiments.hf_gym",
     "graders": "trajtune.experiments.graders",
+    "rlhf_book": "trajtune.experiments.rlhf_book",
 }
 
 
