@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, rs, run, stages
+from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, pg, rs, run, stages
 from trajtune.experiments.rlhf_book.rs import RolloutCache, coverage
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.trajectory import Owner, Trajectory
@@ -22,9 +22,28 @@ def test_bad_settings_are_refused():
         daa.Demo(losses=["ipo"])
     with pytest.raises(ValueError, match="betas"):
         daa.Demo(betas={"dpo": 0.1})
+    with pytest.raises(ValueError, match="group sizes"):
+        pg.Demo(sweep_group=[1])
     with pytest.raises(ValueError, match="top_p"):
         rs.Demo(sweep_top_p=[1.5])
     assert len(EXPERIMENTS) == 19
+
+
+def test_calculator_reward_pieces():
+    assert pg.correctness("123", "124") == pytest.approx(2 / 3) and pg.correctness("45", "450") == pytest.approx(2 / 3)
+    assert pg.well_formed("45") and not pg.well_formed("045") and not pg.well_formed("4+5") and not pg.well_formed("")
+    reward, checks = pg.calculator_verifier(0.5)(pg.ArithmeticTask(20, 25), "45")
+    assert reward == 1.5 and checks["binary"] and checks["format_ok"]
+
+
+def test_diagnostics_count_groups_without_contrast():
+    trajs = [traj(1.0, 0), traj(1.0, 0), traj(1.0, 1), traj(0.0, 1)]
+    for t in trajs:
+        t.info.update(format_ok=True, binary=t.reward >= 1)
+    trajs[0].info["reply"] = "2"
+    m = pg.diagnostics(trajs)
+    assert m["book/binary_no_contrast"] == 0.5 and m["book/binary"] == 0.75
+    assert m["book/distinct_share"] == pytest.approx((2 / 2 + 1 / 2) / 2)
 
 
 def traj(reward: float, group: int) -> Trajectory:
@@ -55,18 +74,19 @@ def tiny(chapters) -> Config:
                   pretrain=replace(d.pretrain, steps=10), val_windows=16, sft=replace(d.sft, steps=4), calc_dim=32,
                   calc_layers=1, coldstart=replace(d.coldstart, steps=8), pass_k=2, eval_per_word=2,
                   daa=daa.Demo(steps=3, batch_size=8, pairs=[8]),
-                  rs=rs.Demo(tasks=8, n=2, sweep_n=[4], sft_steps=2, sft_batch=8, weak_fraction=0.5))
+                  rs=rs.Demo(tasks=8, n=2, sweep_n=[4], sft_steps=2, sft_batch=8, weak_fraction=0.5),
+                  pg=pg.Demo(steps=2, tasks_per_step=2, group_size=2, sweep_group=[], sweep_data=[4], instruct_steps=2))
 
 
 def test_recipe_end_to_end(tmp_path):
-    config = tiny(["daa", "rs"])
+    config = tiny(["pg", "daa", "rs"])
     names = [s.name for s in stages(config)]
     assert names[:3] == ["pretrain", "coldstart", "sft_narrow"] and "daa_orpo_lr1" in names and "rs_weak_top" in names
     text = run(config, tmp_path).read_text()
-    for cid in ("S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4"):
+    for cid in ("S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4"):
         assert f"| {cid} |" in text, cid
     assert "**not run**" in text and "covered by graders R5" in text
-    for png in ("book-s8-dpo", "book-s9-rs"):
+    for png in ("book-s6-binary", "book-s6-binary_no_contrast", "book-s6-instruct", "book-s8-dpo", "book-s9-rs"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     cache = json.loads((tmp_path / "rs_cache" / "results.json").read_text())
     assert cache["reread"]["hit"] and not cache["built"]["main"]["hit"] and len(list((tmp_path / "rs_cache" / "rollouts").glob("*.json"))) == 5  # 4 settings + the weak policy

@@ -10,11 +10,13 @@ stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions an
 
 and one module per chapter, each with its settings (`Demo`), stages, claims and report section:
 
+    pg    pg.py    S6.1-S6.4  GRPO with correctness / format / binary and group contrast, RLOO and REINFORCE,
+                              group size / temperature / data / format-weight sweeps, GRPO on the instruct gym
     daa   daa.py   S8.1-S8.4  DPO / IPO / dpo_norm / SimPO / ORPO on chapter 13's pairs, two LRs, fewer pairs
     rs    rs.py    S9.1-S9.4  a rollout cache, top vs random selections, N / temperature / top-p, a weaker policy
 
 S5.1-S5.3 are the graders recipe's (`trajtune run graders`, part reward_models: claims R1, R3, R5, R6); the
-report names them rather than running them twice. The experiments of the chapters not built yet (S4, S6, S12)
+report names them rather than running them twice. The experiments of the chapters not built yet (S4, S12)
 are listed in the report as not run. `chapters` picks the chapters; `trajtune run rlhf_book --seeds 0,1,2`
 reruns everything per seed and writes every verdict on every seed.
 """
@@ -30,9 +32,9 @@ from ...runs.stages import Stage, read_results, run_stages
 from ..chapter13 import Config as Chapter13Config
 from ..chapter13.instruct import stage_pretrain, stage_sft
 from ..chapter13.rlvr import stage_coldstart
-from . import daa, rs
+from . import daa, pg, rs
 
-CHAPTERS = {"daa": daa, "rs": rs}
+CHAPTERS = {"pg": pg, "daa": daa, "rs": rs}
 """chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
 UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
             "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
@@ -45,10 +47,10 @@ EXPERIMENTS = [
     ("S5.1", "BT reward model: margin grows", "graders R5 (`trajtune run graders`, rm_bt)"),
     ("S5.2", "ORM separates answers, PRM scores steps", "graders R1, R3 (rm_orm, rm_prm)"),
     ("S5.3", "a 50-200-pair held-out RM eval", "graders R6 (rm_bt's rm-eval)"),
-    ("S6.1", "GRPO: correctness, format, binary; group contrast", None),
-    ("S6.2", "REINFORCE vs RLOO vs GRPO", None),
-    ("S6.3", "GRPO sweeps: rollouts, temperature, data, format weight", None),
-    ("S6.4", "the same diagnostics on another task", None),
+    ("S6.1", "GRPO: correctness, format, binary; group contrast", "pg"),
+    ("S6.2", "REINFORCE vs RLOO vs GRPO", "pg"),
+    ("S6.3", "GRPO sweeps: rollouts, temperature, data, format weight", "pg"),
+    ("S6.4", "the same diagnostics on another task", "pg"),
     ("S8.1", "DPO's loss, accuracy, margins, rewards", "daa"),
     ("S8.2", "DPO vs IPO vs dpo_norm", "daa"),
     ("S8.3", "SimPO and ORPO", "daa"),
@@ -69,7 +71,9 @@ class Config(Chapter13Config):
     chapters. chapter13's `parts` is not read here: `chapters` picks what runs."""
 
     chapters: list[str] = field(default_factory=lambda: list(CHAPTERS))
-    """which chapters run: daa (S8), rs (S9)"""
+    """which chapters run: pg (S6), daa (S8), rs (S9)"""
+    pg: pg.Demo = field(default_factory=pg.Demo)
+    """ch.6 policy gradients (pg.py)"""
     daa: daa.Demo = field(default_factory=daa.Demo)
     """ch.8 direct alignment (daa.py)"""
     rs: rs.Demo = field(default_factory=rs.Demo)
