@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, pg, rs, run, stages
+from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, pg, rs, run, sft, stages
 from trajtune.experiments.rlhf_book.rs import RolloutCache, coverage
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.trajectory import Owner, Trajectory
@@ -22,6 +22,8 @@ def test_bad_settings_are_refused():
         daa.Demo(losses=["ipo"])
     with pytest.raises(ValueError, match="betas"):
         daa.Demo(betas={"dpo": 0.1})
+    with pytest.raises(ValueError, match="lrs"):
+        sft.Demo(lrs=[1e-3])
     with pytest.raises(ValueError, match="group sizes"):
         pg.Demo(sweep_group=[1])
     with pytest.raises(ValueError, match="top_p"):
@@ -75,22 +77,25 @@ def tiny(chapters) -> Config:
                   calc_layers=1, coldstart=replace(d.coldstart, steps=8), pass_k=2, eval_per_word=2,
                   daa=daa.Demo(steps=3, batch_size=8, pairs=[8]),
                   rs=rs.Demo(tasks=8, n=2, sweep_n=[4], sft_steps=2, sft_batch=8, weak_fraction=0.5),
+                  sft_book=sft.Demo(lrs=[1e-3, 1e-2], steps=2, every=1, samples=1),
                   pg=pg.Demo(steps=2, tasks_per_step=2, group_size=2, sweep_group=[], sweep_data=[4], instruct_steps=2))
 
 
 def test_recipe_end_to_end(tmp_path):
-    config = tiny(["pg", "daa", "rs"])
+    config = tiny(["sft", "pg", "daa", "rs"])
     names = [s.name for s in stages(config)]
     assert names[:3] == ["pretrain", "coldstart", "sft_narrow"] and "daa_orpo_lr1" in names and "rs_weak_top" in names
     text = run(config, tmp_path).read_text()
-    for cid in ("S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4"):
+    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4"):
         assert f"| {cid} |" in text, cid
     assert "**not run**" in text and "covered by graders R5" in text
-    for png in ("book-s6-binary", "book-s6-binary_no_contrast", "book-s6-instruct", "book-s8-dpo", "book-s9-rs"):
+    for png in ("book-s4-stop", "book-s4-heldout_nll", "book-s6-binary", "book-s6-binary_no_contrast", "book-s6-instruct", "book-s8-dpo", "book-s9-rs"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     cache = json.loads((tmp_path / "rs_cache" / "results.json").read_text())
     assert cache["reread"]["hit"] and not cache["built"]["main"]["hit"] and len(list((tmp_path / "rs_cache" / "rollouts").glob("*.json"))) == 5  # 4 settings + the weak policy
     top = json.loads((tmp_path / "rs_top_per_prompt" / "results.json").read_text())
     assert top["cache_hit"] and top["kept"] == 8
+    sft_run = json.loads((tmp_path / "sft_lr1" / "results.json").read_text())
+    assert [c["step"] for c in sft_run["curve"]] == [0, 1, 2] and sft_run["held_out_demos"] > 0
     rows = read_metrics(tmp_path)
     assert all(is_documented(k) for r in rows for k in r if "/" in k)

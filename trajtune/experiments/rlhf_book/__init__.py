@@ -5,18 +5,19 @@ Here each becomes a few stages on the built-in tiny models and gyms, and the rep
 book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence. The upstream
 stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
 
-    pretrain -> sft_narrow     the char-level instruct policy (ch.8 starts from it)
+    pretrain -> sft_narrow     the char-level base model (ch.4 starts from it) and instruct policy (ch.6.4, ch.8)
     coldstart                  the calculator (ch.9 starts from it)
 
 and one module per chapter, each with its settings (`Demo`), stages, claims and report section:
 
+    sft   sft.py   S4.1-S4.2  SFT of the base model watched every N steps (stop, format, held-out NLL), 3 LRs
     pg    pg.py    S6.1-S6.4  GRPO with correctness / format / binary and group contrast, RLOO and REINFORCE,
                               group size / temperature / data / format-weight sweeps, GRPO on the instruct gym
     daa   daa.py   S8.1-S8.4  DPO / IPO / dpo_norm / SimPO / ORPO on chapter 13's pairs, two LRs, fewer pairs
     rs    rs.py    S9.1-S9.4  a rollout cache, top vs random selections, N / temperature / top-p, a weaker policy
 
 S5.1-S5.3 are the graders recipe's (`trajtune run graders`, part reward_models: claims R1, R3, R5, R6); the
-report names them rather than running them twice. The experiments of the chapters not built yet (S4, S12)
+report names them rather than running them twice. The experiments of the chapters not built yet (S12)
 are listed in the report as not run. `chapters` picks the chapters; `trajtune run rlhf_book --seeds 0,1,2`
 reruns everything per seed and writes every verdict on every seed.
 """
@@ -32,9 +33,9 @@ from ...runs.stages import Stage, read_results, run_stages
 from ..chapter13 import Config as Chapter13Config
 from ..chapter13.instruct import stage_pretrain, stage_sft
 from ..chapter13.rlvr import stage_coldstart
-from . import daa, pg, rs
+from . import daa, pg, rs, sft
 
-CHAPTERS = {"pg": pg, "daa": daa, "rs": rs}
+CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs}
 """chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
 UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
             "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
@@ -42,8 +43,8 @@ UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
 """chapter 13's stages the chapters start from"""
 
 EXPERIMENTS = [
-    ("S4.1", "SFT a base model, fixed-prompt generations every N steps", None),
-    ("S4.2", "SFT learning-rate sweep", None),
+    ("S4.1", "SFT a base model, fixed-prompt generations every N steps", "sft"),
+    ("S4.2", "SFT learning-rate sweep", "sft"),
     ("S5.1", "BT reward model: margin grows", "graders R5 (`trajtune run graders`, rm_bt)"),
     ("S5.2", "ORM separates answers, PRM scores steps", "graders R1, R3 (rm_orm, rm_prm)"),
     ("S5.3", "a 50-200-pair held-out RM eval", "graders R6 (rm_bt's rm-eval)"),
@@ -71,7 +72,9 @@ class Config(Chapter13Config):
     chapters. chapter13's `parts` is not read here: `chapters` picks what runs."""
 
     chapters: list[str] = field(default_factory=lambda: list(CHAPTERS))
-    """which chapters run: pg (S6), daa (S8), rs (S9)"""
+    """which chapters run: sft (S4), pg (S6), daa (S8), rs (S9)"""
+    sft_book: sft.Demo = field(default_factory=sft.Demo)
+    """ch.4 instruction tuning (sft.py; `sft` is chapter 13's SFT loop settings, which it reuses)"""
     pg: pg.Demo = field(default_factory=pg.Demo)
     """ch.6 policy gradients (pg.py)"""
     daa: daa.Demo = field(default_factory=daa.Demo)
