@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, pg, rs, run, sft, stages
+from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, distill, index_table, pg, rs, run, sft, stages
 from trajtune.experiments.rlhf_book.rs import RolloutCache, coverage
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.trajectory import Owner, Trajectory
@@ -29,6 +29,22 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="top_p"):
         rs.Demo(sweep_top_p=[1.5])
     assert len(EXPERIMENTS) == 19
+
+
+def test_index_names_every_experiment():
+    table = index_table([], Config(chapters=["daa"]))
+    assert table.count("\n") == 2 + 18  # header, rule, 19 rows
+    assert "not run here (chapter `rs` not selected)" in table and "covered by graders R1, R3" in table
+    assert "run; not judged" in table  # daa selected, no results
+
+
+def test_reversal_task_and_words():
+    t = distill.ReverseTask("abcd")
+    assert t.prompt == "reverse abcd" and t.answer == "dcba" and distill.exact(t, "dcba")[0] == 1.0
+    assert distill.ReverseTask("abcd", "dcba").prompt == "reverse abcd hint dcba"
+    train, held = distill.word_sets(0, 50, 10)
+    assert len(set(train)) == 50 and not set(train) & set(held) and all(3 <= len(w) <= 6 for w in train + held)
+    assert distill.word_sets(0, 50, 10) == (train, held)
 
 
 def test_calculator_reward_pieces():
@@ -78,18 +94,23 @@ def tiny(chapters) -> Config:
                   daa=daa.Demo(steps=3, batch_size=8, pairs=[8]),
                   rs=rs.Demo(tasks=8, n=2, sweep_n=[4], sft_steps=2, sft_batch=8, weak_fraction=0.5),
                   sft_book=sft.Demo(lrs=[1e-3, 1e-2], steps=2, every=1, samples=1),
+                  distill=distill.Demo(train_words=40, heldout_words=4, dim=16, coldstart_steps=3, coldstart_batch=8,
+                                       steps=2, prompts_per_step=2, rollouts=2, sweep_rollouts=[1], sweep_top_k=[1],
+                                       sweep_prompts=[], eval_samples=1),
                   pg=pg.Demo(steps=2, tasks_per_step=2, group_size=2, sweep_group=[], sweep_data=[4], instruct_steps=2))
 
 
 def test_recipe_end_to_end(tmp_path):
-    config = tiny(["sft", "pg", "daa", "rs"])
+    config = tiny(["sft", "pg", "daa", "rs", "distill"])
     names = [s.name for s in stages(config)]
     assert names[:3] == ["pretrain", "coldstart", "sft_narrow"] and "daa_orpo_lr1" in names and "rs_weak_top" in names
     text = run(config, tmp_path).read_text()
-    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4"):
+    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4", "S12.1", "S12.2a",
+                "S12.2b"):
         assert f"| {cid} |" in text, cid
-    assert "**not run**" in text and "covered by graders R5" in text
-    for png in ("book-s4-stop", "book-s4-heldout_nll", "book-s6-binary", "book-s6-binary_no_contrast", "book-s6-instruct", "book-s8-dpo", "book-s9-rs"):
+    assert "not run" not in text.split("## Claims")[0] and "covered by graders R5" in text
+    for png in ("book-s4-stop", "book-s4-heldout_nll", "book-s6-binary", "book-s6-binary_no_contrast", "book-s6-instruct", "book-s8-dpo", "book-s9-rs",
+                "book-s12-reward", "book-s12-skipped_share"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     cache = json.loads((tmp_path / "rs_cache" / "results.json").read_text())
     assert cache["reread"]["hit"] and not cache["built"]["main"]["hit"] and len(list((tmp_path / "rs_cache" / "rollouts").glob("*.json"))) == 5  # 4 settings + the weak policy

@@ -15,10 +15,11 @@ and one module per chapter, each with its settings (`Demo`), stages, claims and 
                               group size / temperature / data / format-weight sweeps, GRPO on the instruct gym
     daa   daa.py   S8.1-S8.4  DPO / IPO / dpo_norm / SimPO / ORPO on chapter 13's pairs, two LRs, fewer pairs
     rs    rs.py    S9.1-S9.4  a rollout cache, top vs random selections, N / temperature / top-p, a weaker policy
+    distill distill.py S12.1-S12.2 SDPO on string reversal (its own tiny model), rollouts / kl_top_k / prompts
 
 S5.1-S5.3 are the graders recipe's (`trajtune run graders`, part reward_models: claims R1, R3, R5, R6); the
-report names them rather than running them twice. The experiments of the chapters not built yet (S12)
-are listed in the report as not run. `chapters` picks the chapters; `trajtune run rlhf_book --seeds 0,1,2`
+report names them rather than running them twice. An experiment whose chapter is not selected is listed in
+the report as not run. `chapters` picks the chapters; `trajtune run rlhf_book --seeds 0,1,2`
 reruns everything per seed and writes every verdict on every seed.
 """
 
@@ -33,9 +34,9 @@ from ...runs.stages import Stage, read_results, run_stages
 from ..chapter13 import Config as Chapter13Config
 from ..chapter13.instruct import stage_pretrain, stage_sft
 from ..chapter13.rlvr import stage_coldstart
-from . import daa, pg, rs, sft
+from . import daa, distill, pg, rs, sft
 
-CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs}
+CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs, "distill": distill}
 """chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
 UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
             "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
@@ -60,8 +61,8 @@ EXPERIMENTS = [
     ("S9.2", "top vs random matched pairs", "rs"),
     ("S9.3", "N, temperature, top-p", "rs"),
     ("S9.4", "a weaker policy", "rs"),
-    ("S12.1", "SDPO on string reversal", None),
-    ("S12.2", "SDPO sweeps: rollouts, kl_top_k", None),
+    ("S12.1", "SDPO on string reversal", "distill"),
+    ("S12.2", "SDPO sweeps: rollouts, kl_top_k", "distill"),
 ]
 """(id, what, where: a chapter of this recipe, another recipe's claims, or None: not built)"""
 
@@ -72,7 +73,7 @@ class Config(Chapter13Config):
     chapters. chapter13's `parts` is not read here: `chapters` picks what runs."""
 
     chapters: list[str] = field(default_factory=lambda: list(CHAPTERS))
-    """which chapters run: sft (S4), pg (S6), daa (S8), rs (S9)"""
+    """which chapters run: sft (S4), pg (S6), daa (S8), rs (S9), distill (S12)"""
     sft_book: sft.Demo = field(default_factory=sft.Demo)
     """ch.4 instruction tuning (sft.py; `sft` is chapter 13's SFT loop settings, which it reuses)"""
     pg: pg.Demo = field(default_factory=pg.Demo)
@@ -81,6 +82,8 @@ class Config(Chapter13Config):
     """ch.8 direct alignment (daa.py)"""
     rs: rs.Demo = field(default_factory=rs.Demo)
     """ch.9 rejection sampling (rs.py)"""
+    distill: distill.Demo = field(default_factory=distill.Demo)
+    """ch.12 self-distillation (distill.py)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
