@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, distill, index_table, pg, rs, run, sft, stages
+from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, distill, index_table, pg, rs, run, seeds_report, sft, stages
 from trajtune.experiments.rlhf_book.rs import RolloutCache, coverage
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.trajectory import Owner, Trajectory
@@ -100,6 +100,17 @@ def tiny(chapters) -> Config:
                   pg=pg.Demo(steps=2, tasks_per_step=2, group_size=2, sweep_group=[], sweep_data=[4], instruct_steps=2))
 
 
+def test_one_chapter_and_the_seeds_report(tmp_path):
+    """Plumbing at a budget of seconds: one chapter's stages, its claims in the report, the over-seeds table."""
+    config = tiny(["daa"])
+    assert [s.name for s in stages(config)][:2] == ["pretrain", "sft_narrow"]  # only what daa needs upstream
+    text = run(config, tmp_path).read_text()
+    assert "| S8.1 |" in text and "not run here (chapter `rs` not selected)" in text
+    over = seeds_report(config, tmp_path / "over", {0: tmp_path}).read_text()
+    assert "| S8.4 |" in over and "of 1" in over
+
+
+@pytest.mark.slow
 def test_recipe_end_to_end(tmp_path):
     config = tiny(["sft", "pg", "daa", "rs", "distill"])
     names = [s.name for s in stages(config)]
