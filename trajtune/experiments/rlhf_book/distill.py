@@ -218,7 +218,7 @@ def stage_sdpo(ctx, name: str) -> dict:
                                  teacher_prompt, ctx.run())
     cpu = time.process_time() - t0
     keys = ["rollout/reward", "distill/skipped", "distill/skipped_share", "train/loss", "distill/top_k_kl",
-            "distill/top_k_mass", "rollout/policy_tokens", "time/sampling_s"]
+            "distill/top_k_mass", "rollout/policy_tokens"]  # no wall times: the results repeat exactly
     return {"settings": s, "cpu_s": cpu, "curves": {k: [h.get(k, float("nan")) for h in history] for k in keys},
             "after": evaluate(engine, r, held, d, derive(config.seed, 1206))}
 
