@@ -116,7 +116,7 @@ def test_recipe_end_to_end(tmp_path):
     names = [s.name for s in stages(config)]
     assert names[:3] == ["pretrain", "coldstart", "sft_narrow"] and "daa_orpo_lr1" in names and "rs_weak_top" in names
     text = run(config, tmp_path).read_text()
-    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3", "S9.4", "S12.1", "S12.2a",
+    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3a", "S9.3b", "S9.4", "S12.1", "S12.2a",
                 "S12.2b"):
         assert f"| {cid} |" in text, cid
     assert "not run" not in text.split("## Claims")[0] and "covered by graders R5" in text

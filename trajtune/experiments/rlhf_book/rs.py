@@ -6,6 +6,7 @@
                               setting's cache, each SFT'd from the cold start and evaluated on the 256 held-out sums
     rs_n<N>, rs_t<T>,   S9.3  top_per_prompt with another number of completions, temperature or top-p (each its
     rs_p<P>                   own cache entry)
+    rs_n<N>_random      S9.3  a random pick per prompt at the other N: a scorer that cannot separate
     rs_weak             S9.4  a weaker calculator (fewer cold-start steps on fewer problems)
     rs_weak_top, rs_weak_random   the matched pair rerun from it
 
@@ -218,6 +219,8 @@ def stages(config) -> list[Stage]:
     out += [Stage(f"rs_{s}", stage_select, after=("rs_cache",), args=(s, "main", "coldstart")) for s in SELECTIONS]
     out += [Stage(f"rs_{name}", stage_select, after=("rs_cache",), args=("top_per_prompt", name, "coldstart"))
             for name in d.settings() if name != "main"]
+    out += [Stage(f"rs_n{n}_random", stage_select, after=("rs_cache",), args=("random_per_prompt", f"n{n}", "coldstart"))
+            for n in d.sweep_n]  # S9.3's other side: a scorer that cannot separate (a random pick)
     out += [Stage("rs_weak", stage_weak),
             Stage("rs_weak_top", stage_select, after=("rs_weak",), args=("top_per_prompt", "main", "rs_weak")),
             Stage("rs_weak_random", stage_select, after=("rs_weak",), args=("random_per_prompt", "main", "rs_weak"))]
@@ -262,13 +265,24 @@ def claims(results: dict, config) -> list[Claim]:
     ns = sorted((n, r) for n, r in ns if r)
     if len(ns) > 1:
         kept = [r["kept_correct"] for _, r in ns]
-        out.append(Claim("S9.3", "more completions, a scorer that separates", "ch.9",
+        out.append(Claim("S9.3a", "more completions, a scorer that separates", "ch.9",
                          "N: " + ", ".join(f"{n}: kept correct {fmt(r['kept_correct'])}, held-out {fmt(acc(r))}"
                                            for n, r in ns),
                          '"More completions help only if the RM can separate good from bad": with the verifier '
                          "(which separates), the kept set's correct share rises with N and held-out greedy accuracy at "
                          "the largest N beats the smallest", all(x < y for x, y in zip(kept, kept[1:]))
                          and acc(ns[-1][1]) > acc(ns[0][1])))
+    rnd = sorted((n, results.get(f"rs_n{n}_random") or (sel["random_per_prompt"] if n == d.n else None))
+                 for n in {d.n, *d.sweep_n})
+    if len(ns) > 1 and all(r for _, r in rnd):
+        g_top, g_rnd = acc(ns[-1][1]) - acc(ns[0][1]), acc(rnd[-1][1]) - acc(rnd[0][1])
+        out.append(Claim("S9.3b", "more completions, a scorer that cannot separate", "ch.9",
+                         f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, random pick "
+                         f"{fmt(g_rnd)} (random pick's kept correct: "
+                         + ", ".join(f"N {n} {fmt(r['kept_correct'])}" for n, r in rnd) + ")",
+                         '"More completions help only if the RM can separate good from bad": a random pick (a scorer '
+                         "that cannot separate) gains less from more completions than the verifier's pick",
+                         g_rnd < g_top))
     weak, wt, wr = results.get("rs_weak"), results.get("rs_weak_top"), results.get("rs_weak_random")
     strong = sel["top_per_prompt"]
     if weak and wt and wr and strong:
