@@ -31,11 +31,12 @@ from pathlib import Path
 import torch
 
 from ...algorithms.dpo import DPOConfig, preference_loss_fn, train_dpo, with_reference
-from ...envs.instruct import preference_pairs
+from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...runs.report import Claim, fmt, image, line_plot, markdown_table
 from ...runs.stages import Stage
 from ...seeding import derive
-from ..chapter13.instruct import corpus
+from ...sources.episodes import sample_episodes
+from ..chapter13.instruct import corpus, instruct_source
 from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
 
 LOSSES = ("dpo", "ipo", "dpo_norm", "simpo", "orpo")
@@ -116,10 +117,6 @@ def stage_daa(ctx, loss: str, lr: float, n_pairs: int) -> dict:
 
 def sample_replies(engine, config, seed: int) -> list[str]:
     """The replies `evaluate_policy` samples (the same draw), as text."""
-    from ...envs.instruct import SEEN, InstructTask
-    from ...sources.episodes import sample_episodes
-    from ..chapter13.instruct import instruct_source
-
     trajs = sample_episodes(instruct_source(engine, "preference", config.max_reply), [InstructTask(w) for w in SEEN],
                             config.eval_per_word, seed)
     return [t.info["reply"] for t in trajs]
