@@ -24,6 +24,7 @@ imports them.
     hf_pipeline     a small HF Llama learns addition: pretrain -> SFT -> DPO -> GRPO        hf_pipeline/
     hf_gym          RL of an HF model in a multi-turn gym (BugFix, TextArena); sampler, generate or vLLM  hf_gym.py
     graders         the RLHF book, part 1: judges, rubrics, AI feedback, ORM/PRM, over-optimization, evals  graders/
+    rlhf_book       the RLHF book's Suggested Experiments (S4, S6, S8, S9, S12) with verdicts      rlhf_book/
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ EXPERIMENTS: dict[str, str] = {
     "reasoning_gym": "trajtune.experiments.reasoning_gym", "textarena": "trajtune.experiments.textarena",
     "hf_gym": "trajtune.experiments.hf_gym",
     "graders": "trajtune.experiments.graders",
+    "rlhf_book": "trajtune.experiments.rlhf_book",
 }
 
 

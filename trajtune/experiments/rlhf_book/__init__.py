@@ -1,0 +1,183 @@
+"""The RLHF book's 19 Suggested Experiments as one CPU recipe (`trajtune run rlhf_book`), with verdicts.
+
+The book ends chapters 4, 5, 6, 8, 9 and 12 with experiments to run on its companion code (checklist section S).
+Here each becomes a few stages on the built-in tiny models and gyms, and the report gives, per experiment, the
+book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence. The upstream
+stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
+
+    pretrain -> sft_narrow     the char-level base model (ch.4 starts from it) and instruct policy (ch.6.4, ch.8)
+    coldstart                  the calculator (ch.9 starts from it)
+
+and one module per chapter, each with its settings (`Demo`), stages, claims and report section:
+
+    sft   sft.py   S4.1-S4.2  SFT of the base model watched every N steps (stop, format, held-out NLL), 3 LRs
+    pg    pg.py    S6.1-S6.4  GRPO with correctness / format / binary and group contrast, RLOO and REINFORCE,
+                              group size / temperature / data / format-weight sweeps, GRPO on the instruct gym
+    daa   daa.py   S8.1-S8.4  DPO / IPO / dpo_norm / SimPO / ORPO on chapter 13's pairs, two LRs, fewer pairs
+    rs    rs.py    S9.1-S9.4  a rollout cache, top vs random selections, N / temperature / top-p, a weaker policy
+    distill distill.py S12.1-S12.2 SDPO on string reversal (its own tiny model), rollouts / kl_top_k / prompts
+
+S5.1-S5.3 are the graders recipe's (`trajtune run graders`, part reward_models: claims R1, R3, R5, R6); the
+report names them rather than running them twice. An experiment whose chapter is not selected is listed in
+the report as not run. `chapters` picks the chapters; `trajtune run rlhf_book --seeds 0,1,2`
+reruns everything per seed and writes every verdict on every seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ...engine.distributed import init_distributed, is_main
+from ...runs.report import Claim, claims_table, markdown_table, write_report
+from ...runs.stages import Stage, read_results, run_stages
+from ..chapter13 import Config as Chapter13Config
+from ..chapter13.instruct import stage_pretrain, stage_sft
+from ..chapter13.rlvr import stage_coldstart
+from . import daa, distill, pg, rs, sft
+
+CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs, "distill": distill}
+"""chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
+UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
+            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
+            "coldstart": Stage("coldstart", stage_coldstart)}
+"""chapter 13's stages the chapters start from"""
+
+EXPERIMENTS = [
+    ("S4.1", "SFT a base model, fixed-prompt generations every N steps", "sft"),
+    ("S4.2", "SFT learning-rate sweep", "sft"),
+    ("S5.1", "BT reward model: margin grows", "graders R5 (`trajtune run graders`, rm_bt)"),
+    ("S5.2", "ORM separates answers, PRM scores steps", "graders R1, R3 (rm_orm, rm_prm)"),
+    ("S5.3", "a 50-200-pair held-out RM eval", "graders R6 (rm_bt's rm-eval)"),
+    ("S6.1", "GRPO: correctness, format, binary; group contrast", "pg"),
+    ("S6.2", "REINFORCE vs RLOO vs GRPO", "pg"),
+    ("S6.3", "GRPO sweeps: rollouts, temperature, data, format weight", "pg"),
+    ("S6.4", "the same diagnostics on another task", "pg"),
+    ("S8.1", "DPO's loss, accuracy, margins, rewards", "daa"),
+    ("S8.2", "DPO vs IPO vs dpo_norm", "daa"),
+    ("S8.3", "SimPO and ORPO", "daa"),
+    ("S8.4", "data changes vs loss changes", "daa"),
+    ("S9.1", "a reusable rollout cache", "rs"),
+    ("S9.2", "top vs random matched pairs", "rs"),
+    ("S9.3", "N, temperature, top-p", "rs"),
+    ("S9.4", "a weaker policy", "rs"),
+    ("S12.1", "SDPO on string reversal", "distill"),
+    ("S12.2", "SDPO sweeps: rollouts, kl_top_k", "distill"),
+]
+"""(id, what, where: a chapter of this recipe, another recipe's claims, or None: not built)"""
+
+
+@dataclass
+class Config(Chapter13Config):
+    """Chapter 13's settings for the upstream stages (pretrain, sft_narrow, coldstart and their loops), plus the
+    chapters. chapter13's `parts` is not read here: `chapters` picks what runs."""
+
+    chapters: list[str] = field(default_factory=lambda: list(CHAPTERS))
+    """which chapters run: sft (S4), pg (S6), daa (S8), rs (S9), distill (S12)"""
+    sft_book: sft.Demo = field(default_factory=sft.Demo)
+    """ch.4 instruction tuning (sft.py; `sft` is chapter 13's SFT loop settings, which it reuses)"""
+    pg: pg.Demo = field(default_factory=pg.Demo)
+    """ch.6 policy gradients (pg.py)"""
+    daa: daa.Demo = field(default_factory=daa.Demo)
+    """ch.8 direct alignment (daa.py)"""
+    rs: rs.Demo = field(default_factory=rs.Demo)
+    """ch.9 rejection sampling (rs.py)"""
+    distill: distill.Demo = field(default_factory=distill.Demo)
+    """ch.12 self-distillation (distill.py)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = [c for c in self.chapters if c not in CHAPTERS]
+        if unknown or not self.chapters:
+            raise ValueError(f"rlhf_book: chapters must be a non-empty list of {list(CHAPTERS)}, got {self.chapters}")
+
+
+def stages(config: Config) -> list[Stage]:
+    """The upstream stages the chosen chapters need, then the chapters' stages."""
+    own = [s for name in config.chapters for s in CHAPTERS[name].stages(config)]
+    needed: set[str] = set()
+    todo = [a for s in own for a in s.after]
+    while todo:
+        name = todo.pop()
+        if name in UPSTREAM and name not in needed:
+            needed.add(name)
+            todo += list(UPSTREAM[name].after)
+    upstream = [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed]
+    return upstream + own
+
+
+def all_claims(results: dict, config: Config) -> list[Claim]:
+    return [c for name in config.chapters for c in CHAPTERS[name].claims(results, config)]
+
+
+def index_table(claims: list[Claim], config: Config) -> str:
+    """All 19 experiments: where each is run, and its verdicts (or why none)."""
+    rows = []
+    for eid, what, where in EXPERIMENTS:
+        mine = [c for c in claims if c.id == eid or c.id.startswith(eid) and not c.id[len(eid):].isdigit()]
+        if where in CHAPTERS and where in config.chapters:
+            status = ", ".join(f"{c.id} {c.verdict}" for c in mine) or "run; not judged (a stage is missing)"
+        elif where in CHAPTERS:
+            status = f"not run here (chapter `{where}` not selected)"
+        elif where:
+            status = f"covered by {where}"
+        else:
+            status = "**not run**: not built yet"
+        rows.append([eid, what, status])
+    return markdown_table(["#", "experiment", "status / verdict"], rows)
+
+
+def write_book_report(run_dir: Path, config: Config, results: dict) -> Path:
+    """claims.md and report.md (+ .html, plots): N of M claims hold, the 19-experiment index, then each chapter."""
+    claims = all_claims(results, config)
+    judged = [c for c in claims if c.holds is not None]
+    held = sum(bool(c.holds) for c in judged)
+    sections = [CHAPTERS[name].section(run_dir, results, config) for name in config.chapters]
+    timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
+    (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
+    intro = (f"Seed {config.seed}. **{held} of {len(judged)} claims hold** ({len(claims) - len(judged)} not judged). "
+             "Each claim quotes the book's Suggested Experiments (seeds/rlhf-book.md; checklist section S); the "
+             "models are tiny and every number comes from this run. A claim that does not hold is reported with its "
+             "numbers, not tuned away.")
+    return write_report(run_dir, "The RLHF book's Suggested Experiments",
+                        [intro, "## The 19 experiments\n\n" + index_table(claims, config),
+                         "## Claims\n\n" + claims_table(claims), *sections,
+                         "## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing)])
+
+
+def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
+    run_dir = Path(run_dir)
+    init_distributed()
+    main = is_main()
+    if main:
+        print(f"rlhf_book (seed {config.seed}): {', '.join(config.chapters)}, {config.runner.workers} worker(s)",
+              flush=True)
+    results = run_stages(stages(config), config, run_dir, config.runner)
+    report = run_dir / "report.md"
+    if main:
+        report = write_book_report(run_dir, config, results)
+        print((run_dir / "claims.md").read_text())
+    return report, results
+
+
+def run(config: Config, run_dir: Path) -> Path:
+    return run_with_results(config, run_dir)[0]
+
+
+def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
+    """Every claim's verdict and numbers on every seed (`trajtune run rlhf_book --seeds 0,1,2`)."""
+    run_dir = Path(run_dir)
+    rows: dict[str, list] = {}
+    for s, d in per_seed.items():
+        c = replace(config, seed=s)
+        for claim in all_claims(read_results(stages(c), d), c):
+            rows.setdefault(claim.id, [claim.id, claim.claim]).append(f"{claim.verdict}: {claim.ours}")
+    seeds = list(per_seed)
+    holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
+    table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on"],
+                           [[*r, f"{holds[cid]} of {len(seeds)}"] for cid, r in rows.items()])
+    links = ", ".join(f"[seed {s}](seed-{s}/report.html)" for s in seeds)
+    always = sum(h == len(seeds) for h in holds.values())
+    return write_report(run_dir, "The RLHF book's Suggested Experiments, over seeds",
+                        [f"**{always} of {len(rows)} claims hold on every seed** ({', '.join(map(str, seeds))}). "
+                         f"Per-seed reports: {links}.", "## Verdicts per seed\n\n" + table])
