@@ -26,12 +26,20 @@ import torch
 
 from ..config import check_choices
 from ..engine import Engine, ForwardOutput, Loss
+from ..metrics import register
 from ..runs.loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss, top_k_reverse_kl_loss, top_k_with_tail
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, Owner, Trajectory, collate
 from ..sources.base import Draws, Source
 from .common import rollout_metrics, train_row
+
+
+register("distill/skipped", "SDPO: prompts of the step whose group had no correct rollout (no demonstration: skipped)")
+register("distill/skipped_share", "SDPO: distill/skipped / the step's prompts")
+register("distill/top_k_kl", "top-K reverse KL(student || teacher) with a tail bucket, per POLICY token (nats)")
+register("distill/top_k_mass", "the student's probability on its own top-K tokens, per POLICY token")
+register("distill/forward_kl", "forward KL(teacher || student) per POLICY token (GKD / WORD-KD, nats)")
 
 
 @dataclass

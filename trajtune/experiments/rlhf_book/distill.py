@@ -33,7 +33,6 @@ import torch
 from ...algorithms.distill import SelfDistillConfig, train_self_distill
 from ...algorithms.sft import SFTConfig, train_sft
 from ...engine import OptimConfig
-from ...metrics import register
 from ...envs.base import SingleTurnEnv
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...runs.report import Claim, fmt, image, line_plot, markdown_table
@@ -46,8 +45,6 @@ from ...text.tokenizers import CharTokenizer
 MAX_LEN = 48
 
 # the library's self-distillation loop logs these without documenting them (algorithms/distill.py): documented here
-register("distill/skipped", "SDPO: prompts of the step whose group had no correct rollout (no demonstration: skipped)")
-register("distill/skipped_share", "SDPO: distill/skipped / the step's prompts")
 
 
 @dataclass(frozen=True)
