@@ -102,14 +102,14 @@ def teacher_top(engine: Engine, teacher: Engine, batch: Batch, teacher_batch: Ba
     s_logits = engine.forward(batch, logits=True).logits[:, :-1]  # [B, T-1, V]
     ids = s_logits.topk(min(k, s_logits.shape[-1]), dim=-1).indices  # [B, T-1, k]
     t_logits = teacher.forward(teacher_batch, logits=True).logits[:, :-1]  # [B', T'-1, V]
+    s_mask, t_mask = batch.action_mask.bool(), teacher_batch.action_mask.bool()  # [B, T-1], [B, T'-1]
+    bad = (s_mask.sum(-1) != t_mask.sum(-1)).nonzero()
+    if len(bad):
+        b = int(bad[0])
+        raise ValueError(f"teacher_top: row {b} has {int(s_mask[b].sum())} action tokens for the student and "
+                         f"{int(t_mask[b].sum())} for the teacher")
     out = torch.zeros(*ids.shape[:2], ids.shape[-1] + 1)
-    for b in range(batch.size):
-        s_pos = batch.action_mask[b].nonzero().squeeze(-1)
-        t_pos = teacher_batch.action_mask[b].nonzero().squeeze(-1)
-        if len(s_pos) != len(t_pos):
-            raise ValueError(f"teacher_top: row {b} has {len(s_pos)} action tokens for the student and "
-                             f"{len(t_pos)} for the teacher")
-        out[b, s_pos] = top_k_with_tail(t_logits[b, t_pos], ids[b, s_pos])
+    out[s_mask] = top_k_with_tail(t_logits[t_mask], ids[s_mask])  # row-major order matches token by token
     return batch.with_extras(top_ids=ids, teacher_top=out)
 
 

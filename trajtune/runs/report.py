@@ -221,3 +221,21 @@ def _number(value: object) -> float | None:
         return float(value)  # non-finite values are stored as "nan" / "inf"
     except (TypeError, ValueError):
         return None
+
+
+def write_claims_over_seeds(run_dir: str | Path, title: str, per_seed: Mapping[int, Sequence[Claim]]) -> Path:
+    """report.md / .html of a recipe run per seed (`trajtune run R --seeds 0,1,2`): every claim's verdict and numbers
+    on every seed, how many seeds it holds on, and the per-seed reports linked (run_dir/seed-S/report.html)."""
+    rows: dict[str, list] = {}
+    for claims in per_seed.values():
+        for claim in claims:
+            rows.setdefault(claim.id, [claim.id, claim.claim]).append(f"{claim.verdict}: {claim.ours}")
+    seeds = list(per_seed)
+    holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
+    table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on"],
+                           [[*r, f"{holds[cid]} of {len(seeds)}"] for cid, r in rows.items()])
+    links = ", ".join(f"[seed {s}](seed-{s}/report.html)" for s in seeds)
+    always = sum(h == len(seeds) for h in holds.values())
+    return write_report(run_dir, title, [f"**{always} of {len(rows)} claims hold on every seed** "
+                                         f"({', '.join(map(str, seeds))}). Per-seed reports: {links}.",
+                                         "## Verdicts per seed\n\n" + table])

@@ -228,6 +228,25 @@ def stages(config: Config) -> list[Stage]:
     return out
 
 
+UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
+            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
+            "coldstart": Stage("coldstart", stage_coldstart)}
+"""chapter 13's stages the recipes built on it start from (graders, rlhf_book): the instruct policy and the calculator"""
+
+
+def with_upstream(own: list[Stage]) -> list[Stage]:
+    """`own` stages after the chapter-13 `UPSTREAM` stages they need (directly or through one another), longest
+    chain first."""
+    needed: set[str] = set()
+    todo = [a for s in own for a in s.after]
+    while todo:
+        name = todo.pop()
+        if name in UPSTREAM and name not in needed:
+            needed.add(name)
+            todo += list(UPSTREAM[name].after)
+    return [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed] + own
+
+
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
     """Run (or resume) every stage and write the report: (report path, {stage: results})."""
     run_dir = Path(run_dir)

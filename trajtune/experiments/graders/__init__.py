@@ -35,19 +35,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...engine.distributed import init_distributed, is_main
-from ...runs.report import Claim, markdown_table, write_report
+from ...runs.report import Claim, markdown_table, write_report, write_claims_over_seeds
 from ...runs.stages import Stage, read_results, run_stages
-from ..chapter13 import Config as Chapter13Config
-from ..chapter13.instruct import stage_pretrain, stage_sft
-from ..chapter13.rlvr import stage_coldstart
+from ..chapter13 import Config as Chapter13Config, with_upstream
 from . import evals, judges, overopt, reward_models
 
 PARTS = {"judges": judges, "reward_models": reward_models, "overopt": overopt, "evals": evals}
 """part name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
-UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
-            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
-            "coldstart": Stage("coldstart", stage_coldstart)}
-"""chapter 13's stages the parts start from"""
 
 
 @dataclass
@@ -75,16 +69,7 @@ class Config(Chapter13Config):
 
 def stages(config: Config) -> list[Stage]:
     """The upstream stages the chosen parts need, then the parts' stages (longest chains first)."""
-    own = [s for name in config.demos for s in PARTS[name].stages(config)]
-    needed: set[str] = set()
-    todo = [a for s in own for a in s.after]
-    while todo:
-        name = todo.pop()
-        if name in UPSTREAM and name not in needed:
-            needed.add(name)
-            todo += list(UPSTREAM[name].after)
-    upstream = [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed]
-    return upstream + own
+    return with_upstream([s for name in config.demos for s in PARTS[name].stages(config)])
 
 
 def all_claims(results: dict, config: Config) -> list[Claim]:
@@ -131,18 +116,8 @@ def run(config: Config, run_dir: Path) -> Path:
 
 def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
     """Every claim's verdict and numbers on every seed (`trajtune run graders --seeds 0,1,2`)."""
-    run_dir = Path(run_dir)
-    rows: dict[str, list] = {}
+    claims = {}
     for s, d in per_seed.items():
         c = replace(config, seed=s)
-        for claim in all_claims(read_results(stages(c), d), c):
-            rows.setdefault(claim.id, [claim.id, claim.claim]).append(f"{claim.verdict}: {claim.ours}")
-    seeds = list(per_seed)
-    holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
-    table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on"],
-                           [[*r, f"{holds[cid]} of {len(seeds)}"] for cid, r in rows.items()])
-    links = ", ".join(f"[seed {s}](seed-{s}/report.html)" for s in seeds)
-    always = sum(h == len(seeds) for h in holds.values())
-    return write_report(run_dir, "The RLHF book, part 1: models as graders, over seeds",
-                        [f"**{always} of {len(rows)} claims hold on every seed** ({', '.join(map(str, seeds))}). "
-                         f"Per-seed reports: {links}.", "## Verdicts per seed\n\n" + table])
+        claims[s] = all_claims(read_results(stages(c), d), c)
+    return write_claims_over_seeds(run_dir, 'The RLHF book, part 1: models as graders, over seeds', claims)
