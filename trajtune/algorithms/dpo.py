@@ -5,7 +5,10 @@ Source: a fixed set of (chosen, rejected) trajectory pairs -- or, with
 completions per prompt from a source that scores them -- a reward function, reward model or judge -- and
 pairs the better with the worse, skipping ties).
 Weight: +-beta * sigmoid(-margin) on the chosen / rejected log-likelihood (DPO);
-IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link.
+IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link. ODPO and REBEL also read how much better
+each pair's chosen side is (its score difference: the row's 'score_chosen' - 'score_rejected', or 'margin';
+`trajtune.sources.data.score_difference`; online, the reward difference): ODPO demands a log-ratio margin above an
+offset that grows with it, REBEL regresses beta times the log-ratio margin onto it.
 
     1. reference   summed log pi_ref of every pair, once per pair set (engine.reference_engine())
     2. step        a batch of pairs: forward chosen and rejected together (on Hugging Face models their
@@ -40,7 +43,8 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..metrics import register
 from ..sources.base import Draw, Source, pick_tasks
 from ..runs.loop import Run, eval_due
-from ..objectives.preference import dpo_loss, orpo_loss, simpo_loss
+from ..objectives.preference import dpo_loss, odpo_offset, orpo_loss, rebel_loss, simpo_loss
+from ..sources.data import DataError, score_difference
 from ..trajectory import Batch, Trajectory, pair_batch
 from .common import train_row
 from .sft import batch_indices
@@ -61,11 +65,13 @@ class DPOConfig:
     """optimizer steps"""
     batch_size: int = 0
     """pairs per step (0: all pairs, full-batch as in the seed)"""
-    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo", "kto"] = "dpo"
+    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo", "kto", "odpo", "rebel"] = "dpo"
     """which preference loss (dpo_norm: DPO on per-token average log-probs, Tülu 3's length-normalised DPO; the
-    book's companion code uses beta 2.0 with it; kto: unpaired thumbs-up / down rows, trajtune.algorithms.kto)"""
+    book's companion code uses beta 2.0 with it; kto: unpaired thumbs-up / down rows, trajtune.algorithms.kto;
+    odpo: DPO with an offset, -log sigma(beta h - odpo_alpha f(d)); rebel: (beta h - d)^2 -- both need each pair's
+    score difference d: 'score_chosen'/'score_rejected' or 'margin' columns, or online DPO's rewards)"""
     beta: float = 0.1
-    """KL strength (DPO/IPO) or reward scale (SimPO)"""
+    """KL strength (DPO/IPO/ODPO), reward scale (SimPO), or REBEL's 1/eta (the log-ratio margin's scale)"""
     label_smoothing: float = 0.0
     """conservative DPO: assumed probability that a label is flipped"""
     nll_weight: float = 0.0
@@ -74,6 +80,10 @@ class DPOConfig:
     """SimPO target margin gamma / beta"""
     orpo_lambda: float = 0.1
     """ORPO odds-ratio weight"""
+    odpo_alpha: float = 1.0
+    """ODPO: the offset's scale alpha in Delta = alpha f(score difference)"""
+    odpo_scale: Literal["log", "identity"] = "log"
+    """ODPO: f, log (Amini et al.'s default; a difference <= 0 gives offset 0) or identity"""
     desirable_weight: float = 1.0
     """KTO: weight lambda_D of the desirable (thumbs-up) rows' loss"""
     undesirable_weight: float = 1.0
@@ -96,7 +106,9 @@ class DPOConfig:
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"DPOConfig: label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
         check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda",
-                                                      "desirable_weight", "undesirable_weight"))
+                                                      "desirable_weight", "undesirable_weight", "odpo_alpha"))
+        if self.loss == "rebel" and (self.label_smoothing or self.nll_weight):
+            raise ValueError("DPOConfig: loss='rebel' is a regression; label_smoothing and nll_weight must be 0")
         if self.loss == "kto" and self.regenerate_every:
             raise ValueError("DPOConfig: loss='kto' trains on fixed labelled rows; regenerate_every must be 0")
         if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0 or self.eval_every < 0:
@@ -121,20 +133,58 @@ def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (logprobs * mask).sum(-1)
 
 
+SCORED_LOSSES = ("odpo", "rebel")
+"""the losses that read each pair's score difference (`batch.extras["score_diff"]`)"""
+
+
+def pair_score_diffs(pairs: Sequence[Pair], needs: str) -> torch.Tensor:
+    """[P] each pair's score difference (`trajtune.sources.data.score_difference` of its chosen episode's info);
+    a pair without one is a DataError naming its row (info['source']) and what needs it (`needs`: "loss 'odpo'",
+    "--loss odpo")."""
+    diffs = []
+    for i, (chosen, _) in enumerate(pairs):
+        d = score_difference(chosen.info)
+        if d is None:
+            where = chosen.info.get("source", f"pair {i}")
+            raise DataError(f"{where}: {needs} needs each pair's score difference: 'score_chosen' and "
+                            "'score_rejected' columns, or a 'margin' column (how much better 'chosen' is); this row "
+                            "has none of them")
+        diffs.append(d)
+    return torch.tensor(diffs, dtype=torch.float32)
+
+
+def pair_set(pairs: Sequence[Pair], pad_id: int, config: DPOConfig) -> Batch:
+    """The `pair_batch` of `pairs` [2P rows: chosen, then rejected] with the per-pair tensors `config.loss` reads
+    besides the reference: extras["score_diff"] [2P] (each pair's difference on both its rows) for odpo / rebel."""
+    full = pair_batch(pairs, pad_id)
+    if config.loss not in SCORED_LOSSES:
+        return full
+    return full.with_extras(score_diff=pair_score_diffs(pairs, f"loss {config.loss!r}").repeat(2))
+
+
 def preference_loss_fn(config: DPOConfig) -> Loss:
-    """The preference loss of a `pair_batch` part (chosen rows, then rejected rows); DPO, dpo_norm and IPO read
-    the reference sums [2p] from `batch.extras["ref_sums"]`."""
+    """The preference loss of a `pair_batch` part (chosen rows, then rejected rows); DPO, dpo_norm, IPO, ODPO and
+    REBEL read the reference sums [2p] from `batch.extras["ref_sums"]`, ODPO and REBEL the pairs' score
+    differences [2p] from `batch.extras["score_diff"]` (`pair_set`)."""
 
     def preference(out: ForwardOutput, batch: Batch):
         P = batch.size // 2
         mask = batch.action_mask
         sums, counts = summed_logps(out.logprobs, mask), mask.sum(-1)  # [2P]
-        if config.loss in ("dpo", "ipo"):
+        if config.loss in ("dpo", "ipo", "odpo"):
             ref = batch.extras["ref_sums"]
+            offset = None
+            if config.loss == "odpo":  # Delta = alpha f(d); odpo_offset takes two scores, d is their difference
+                diff_P = batch.extras["score_diff"][:P]
+                offset = odpo_offset(diff_P, torch.zeros_like(diff_P), config.odpo_alpha, config.odpo_scale)
             return dpo_loss(sums[:P], sums[P:], ref[:P], ref[P:], config.beta,
                             loss_type="ipo" if config.loss == "ipo" else "sigmoid",
                             label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
-                            chosen_lengths=counts[:P] if config.nll_weight else None)
+                            chosen_lengths=counts[:P] if config.nll_weight else None, offset=offset)
+        if config.loss == "rebel":
+            ref = batch.extras["ref_sums"]
+            return rebel_loss(sums[:P], sums[P:], ref[:P], ref[P:], batch.extras["score_diff"][:P],
+                              eta=1.0 / config.beta)
         avg = sums / counts.clamp(min=1)
         if config.loss == "dpo_norm":
             ref_avg = batch.extras["ref_sums"] / counts.clamp(min=1)
@@ -158,16 +208,18 @@ class DPOState:
     """the current pair set, when it is regenerated from the policy (regenerate_every > 0)"""
 
 
-def with_reference(engine: Engine, pairs: Sequence[Pair], pad_id: int) -> Batch:
-    """The pair batch with the reference sums (the current policy, frozen) in `extras["ref_sums"]` [2P]."""
-    full = pair_batch(pairs, pad_id)
+def with_reference(engine: Engine, pairs: Sequence[Pair], pad_id: int, config: DPOConfig | None = None) -> Batch:
+    """The pair batch (`pair_set`: with the score differences `config.loss` reads) with the reference sums (the
+    current policy, frozen) in `extras["ref_sums"]` [2P]."""
+    full = pair_set(pairs, pad_id, config) if config is not None else pair_batch(pairs, pad_id)
     reference = engine.reference_engine()
     return full.with_extras(ref_sums=summed_logps(reference.forward(full).logprobs, full.action_mask))
 
 
 def labelled_pairs(trajs: Sequence[Trajectory], n: int) -> tuple[list[Pair], dict[str, float]]:
     """Episodes in groups of `n` (task-major, as a source returns them) -> per group (its highest-reward episode,
-    its lowest) as (chosen, rejected), and the round's metrics (online/*). A group is skipped when its best and
+    its lowest) as (chosen, rejected), the chosen one's info carrying both rewards as 'score_chosen' /
+    'score_rejected' (what ODPO and REBEL read), and the round's metrics (online/*). A group is skipped when its best and
     worst rewards tie or fewer than 2 of its episodes are trainable (an environment or reward failure)."""
     if n < 2 or len(trajs) % n:
         raise ValueError(f"labelled_pairs: {len(trajs)} episodes do not make groups of n = {n} >= 2")
@@ -177,7 +229,9 @@ def labelled_pairs(trajs: Sequence[Trajectory], n: int) -> tuple[list[Pair], dic
         if len(group) < 2 or group[0].reward == group[-1].reward:
             ties += len(group) >= 2
             continue
-        pairs.append((group[0], group[-1]))
+        chosen, rejected = group[0], group[-1]  # the rewards are the pair's scores (ODPO, REBEL: score_difference)
+        scores = {"score_chosen": float(chosen.reward), "score_rejected": float(rejected.reward)}
+        pairs.append((replace(chosen, info={**chosen.info, **scores}), rejected))
     metrics = {"online/pairs": float(len(pairs)), "online/ties": float(ties)}
     if pairs:
         metrics["online/chosen_reward"] = sum(c.reward for c, _ in pairs) / len(pairs)
@@ -236,12 +290,14 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
         raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
     if not pairs and make_pairs is None:
         raise ValueError("train_dpo: no pairs")
+    if config.loss in SCORED_LOSSES and pairs:
+        pair_score_diffs(pairs, f"loss {config.loss!r}")  # a pair without its score difference fails before any step
     run = run or Run("dpo")
     start, state = run.start(engine, DPOState())
     loss, full = preference_loss_fn(config), None
     if start:  # the pair set and reference of the interrupted run
         pairs = state.pairs or pairs
-        full = pair_batch(pairs, pad_id).with_extras(ref_sums=state.ref_sums)
+        full = pair_set(pairs, pad_id, config).with_extras(ref_sums=state.ref_sums)
     for step in run.steps(start, config.steps):
         # 1. (re)build the pair set and its reference log-probs
         made: dict = {}
@@ -250,7 +306,7 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
                 pairs = make_pairs(engine, generator(config.seed, step))
                 if isinstance(pairs, tuple):
                     pairs, made = pairs
-            full = with_reference(engine, pairs, pad_id)
+            full = with_reference(engine, pairs, pad_id, config)
         # 2. one step on a batch of pairs
         P = full.size // 2
         rows = torch.arange(P) if not config.batch_size else batch_indices(P, config.batch_size, config.seed, step)

@@ -14,7 +14,12 @@ a `datasets.Dataset` (or any sequence of dicts). Four formats, told apart by the
 and, for reward models (`trajtune rm --objective ...`; book ch.5), columns that the rows of a format carry:
 
     a preference row's  margin: a number >= 0        Llama 2's rating-difference margin of that pair (BT loss)
+                        score_chosen, score_rejected: numbers (both or neither; UltraFeedback-binarized's
+                                                     names) the two sides' ratings or reward-model scores
                         category: a string           the pair's group in `trajtune rm-eval`'s table
+
+A pair's score difference (`score_difference`: score_chosen - score_rejected, else margin) is ODPO's offset
+and REBEL's regression target (`trajtune dpo --loss odpo|rebel`, book ch.8.2).
     ranked              prompt, completions: [K >= 2 strings or assistant messages], best first, or with
                         scores: [K numbers] (higher is better)   -> `ranked_lists` (plackett-luce; bt: all pairs)
     labelled            prompt, completion, label: 0/1 or bool (TRL's unpaired format)
@@ -411,18 +416,42 @@ def _binary(row: Row, name: str, value: Any, index: int | None = None) -> int:
 
 
 def pair_columns(row: Row) -> dict[str, Any]:
-    """A preference row's optional reward-model columns: 'margin' (a number >= 0) and 'category' (a string)."""
+    """A preference row's optional columns: 'margin' (a number >= 0), 'score_chosen' and 'score_rejected'
+    (numbers, both or neither; with a margin too, it must equal their difference) and 'category' (a string)."""
     out: dict[str, Any] = {}
     if row.data.get("margin") is not None:
         out["margin"] = _number(row, "margin", row.data["margin"])
         if out["margin"] < 0:
             raise DataError(f"{row.where}: field 'margin' must be >= 0 (how much better 'chosen' is), got "
                             f"{row.data['margin']!r}")
+    scores = [k for k in SCORE_COLUMNS if row.data.get(k) is not None]
+    if len(scores) == 1:
+        other = next(k for k in SCORE_COLUMNS if k not in scores)
+        raise DataError(f"{row.where}: field {scores[0]!r} without {other!r} (a pair's scores come in twos)")
+    if scores:
+        for k in SCORE_COLUMNS:
+            out[k] = _number(row, k, row.data[k])
+        diff = out["score_chosen"] - out["score_rejected"]
+        if "margin" in out and not math.isclose(out["margin"], diff, rel_tol=1e-6, abs_tol=1e-9):
+            raise DataError(f"{row.where}: field 'margin' ({out['margin']}) is not 'score_chosen' - 'score_rejected' "
+                            f"({diff}); give one of them, or make them agree")
     if row.data.get("category") is not None:
         if not isinstance(row.data["category"], str) or not row.data["category"].strip():
             raise DataError(f"{row.where}: field 'category' must be a non-empty string, got {row.data['category']!r}")
         out["category"] = row.data["category"]
     return out
+
+
+SCORE_COLUMNS = ("score_chosen", "score_rejected")
+"""a preference row's per-side scores (the names of UltraFeedback-binarized, TRL's usual DPO data)"""
+
+
+def score_difference(info: dict[str, Any]) -> float | None:
+    """How much better a pair's chosen side is, from its chosen episode's `info` (`pair_columns`):
+    score_chosen - score_rejected, else margin; None when the row had neither."""
+    if all(k in info for k in SCORE_COLUMNS):
+        return float(info["score_chosen"]) - float(info["score_rejected"])
+    return float(info["margin"]) if "margin" in info else None
 
 
 def ranked_lists(rows: Sequence[Row], renderer: ChatRenderer) -> list[list[Trajectory]]:

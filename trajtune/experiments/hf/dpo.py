@@ -1,8 +1,11 @@
-"""`trajtune dpo` / experiment "hf_dpo": direct preference optimisation (and ipo / simpo / orpo / kto, online DPO).
+"""`trajtune dpo` / experiment "hf_dpo": direct preference optimisation (and ipo / simpo / orpo / kto / odpo / rebel,
+online DPO).
 
     trajtune dpo --model runs/sft/model --data pairs.jsonl --beta 0.1 --lora-r 16 --out runs/dpo
     trajtune dpo --loss kto --model M --data thumbs.jsonl --undesirable-weight 1.33 --out runs/kto
-    trajtune dpo --model M --data prompts.jsonl --reward my_rewards.py:score --regenerate-every 1 --out runs/odpo
+    trajtune dpo --model M --data prompts.jsonl --reward my_rewards.py:score --regenerate-every 1 --out runs/online
+    trajtune dpo --loss odpo --model M --data scored_pairs.jsonl --odpo-alpha 1.0 --out runs/odpo
+    trajtune dpo --loss rebel --model M --data scored_pairs.jsonl --beta 0.1 --out runs/rebel
 
 Data: 'prompt'/'chosen'/'rejected' rows or implicit-prompt 'chosen'/'rejected' (trajtune.sources.data);
 only the completions are scored (assistant turns inside the prompt are context, as in TRL).
@@ -16,6 +19,11 @@ default). --loss ipo uses summed log-probs (trajtune.algorithms.dpo), not TRL's 
 TRL's unpaired preference format; preference rows are unpaired, chosen true and rejected false), trained by
 `trajtune.algorithms.kto.train_kto` (--desirable-weight, --undesirable-weight); --eval-data gives eval/kto_loss
 and eval/kto_accuracy.
+
+--loss odpo / rebel (RLHF book ch.8.2) read each pair's score difference d: 'score_chosen' - 'score_rejected'
+(UltraFeedback-binarized's columns), or a 'margin' column; a pair without either is an error naming its row.
+ODPO: -log sigma(beta h - Delta), Delta = --odpo-alpha f(d), f = --odpo-scale log or identity. REBEL: (beta h - d)^2
+(beta = 1/eta). Online, d is the two completions' reward difference.
 
 Online DPO (RLHF book ch.8.2): with a reward source -- --reward file.py:fn (TRL's signature), --reward-model DIR,
 --reward-judge DIR (--judge-template mt_bench_pair compares the two completions), --rubric FILE, weighted as in
@@ -32,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Sequence
 
-from ...algorithms.dpo import DPOConfig, NoPairs, OnlinePairs, train_dpo
+from ...algorithms.dpo import SCORED_LOSSES, DPOConfig, NoPairs, OnlinePairs, pair_score_diffs, train_dpo
 from ...algorithms.kto import eval_kto, kto_batches, train_kto
 from ...engine import OptimConfig
 from ...metrics import register
@@ -125,7 +133,11 @@ def prepare(config: DPORun, run_dir: Path) -> Prepared:
         return planned(config, prepared, "dpo", config.dpo.batch_size, "prompts")
     if config.dpo.loss == "kto":
         return planned(config, kto_data(config), "dpo", config.dpo.batch_size, "examples")
-    return planned(config, pair_data(config), "dpo", config.dpo.batch_size, "pairs")
+    prepared = pair_data(config)
+    if config.dpo.loss in SCORED_LOSSES:  # every pair (held-out ones too) has its score difference, named if not
+        for pairs in (prepared.items, prepared.eval_items):
+            pair_score_diffs(pairs, f"--loss {config.dpo.loss}")
+    return planned(config, prepared, "dpo", config.dpo.batch_size, "pairs")
 
 
 def _chunks(P: int, size: int):
@@ -158,12 +170,12 @@ def eval_pairs(engine, pairs: Sequence, ref_sums: list[float], config: DPOConfig
     """The preference loss and its implicit-reward margin and accuracy on held-out pairs (no gradient)."""
     import torch
 
-    from ...algorithms.dpo import preference_loss_fn
-    from ...trajectory import pair_batch
+    from ...algorithms.dpo import pair_set, preference_loss_fn
 
     loss_fn, P = preference_loss_fn(config), len(pairs)
-    full = pair_batch(list(pairs), pad_id).with_extras(ref_sums=torch.tensor(ref_sums))
-    ns = {"dpo": "dpo", "dpo_norm": "dpo", "ipo": "dpo", "simpo": "simpo", "orpo": "orpo"}[config.loss]
+    full = pair_set(list(pairs), pad_id, config).with_extras(ref_sums=torch.tensor(ref_sums))
+    ns = {"dpo": "dpo", "dpo_norm": "dpo", "ipo": "dpo", "odpo": "dpo", "simpo": "simpo", "orpo": "orpo",
+          "rebel": "rebel"}[config.loss]
     keys = {"loss": "eval/dpo_loss", f"{ns}/accuracy": "eval/dpo_accuracy",
             ("orpo/log_odds_ratio" if ns == "orpo" else f"{ns}/margin"): "eval/dpo_margin"}
     out = dict.fromkeys(keys.values(), 0.0)
