@@ -14,12 +14,19 @@ On-policy self-distillation (`train_self_distill`: SDPO / OPSD, checklist 12.9) 
 teacher is the policy itself, forwarded on the same sampled completion but conditioned on privileged
 information -- a correct sibling's completion from the same group -- with a stop-gradient. Groups with no
 correct rollout have no demonstration and are skipped (`distill/skipped`, counted per step).
+
+Sequence-level KD (`train_seq_kd`: SEQ-KD, checklist 12.3, the offline distillation of 12.1) is SFT on the
+teacher's own sequences, L = -log p(u_hat | s) with u_hat the teacher's decoding of s:
+
+    1. sample   the teacher's completions of every prompt (`teacher_completions`: greedy -- beam search of width
+                1 -- or sampled, as the teacher's source decodes; seeded), optionally kept by reward
+    2. train    `trajtune.algorithms.sft.train_sft` on them (the one SFT loop)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import torch
 
@@ -31,8 +38,10 @@ from ..runs.loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss, top_k_reverse_kl_loss, top_k_with_tail
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, Owner, Trajectory, collate
-from ..sources.base import Draws, Source
+from ..seeding import generator
+from ..sources.base import Draw, Draws, Source
 from .common import rollout_metrics, train_row
+from .sft import SFTConfig, train_sft
 
 
 register("distill/skipped", "SDPO: prompts of the step whose group had no correct rollout (no demonstration: skipped)")
@@ -231,3 +240,69 @@ def train_self_distill(engine: Engine, tasks: Sequence, source: Source, config: 
         # 4. log, evaluate, checkpoint
         run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
     return run.history
+
+
+@dataclass
+class SeqKDConfig:
+    """Sequence-level knowledge distillation (SEQ-KD, checklist 12.3): what is sampled from the teacher. How the
+    student trains on it is an `SFTConfig`; how the teacher decodes (greedy or sampled, temperature, length) is
+    its source's (e.g. `EpisodeSource(teacher.sample, make_env, renderer, greedy=True)`)."""
+
+    samples_per_task: int = 1
+    """teacher completions per prompt (greedy decoding gives the same one each time: keep 1)"""
+    min_reward: float | None = None
+    """keep only completions whose reward is >= this (the teacher's source scores them; None: keep every trainable
+    one) -- the "filter teacher responses" of the book's offline distillation (12.1)"""
+    chunk: int = 64
+    """prompts per draw from the teacher (draw c is seeded with (seed, c))"""
+    seed: int = 0
+    """the teacher's sampling: a function of (seed, chunk); the student's batches: the SFTConfig's seed"""
+
+    def __post_init__(self) -> None:
+        if self.samples_per_task < 1 or self.chunk < 1:
+            raise ValueError(f"SeqKDConfig: samples_per_task and chunk must be >= 1 (got {self.samples_per_task}, "
+                             f"{self.chunk})")
+
+
+def teacher_completions(teacher: Source, tasks: Sequence, config: SeqKDConfig) -> tuple[list[Trajectory], dict]:
+    """`config.samples_per_task` episodes of every task from the `teacher` source, `config.chunk` tasks per draw
+    (draw c seeded with `seeding.generator(config.seed, c)`) -> (the trainable ones with reward >= min_reward,
+    metrics seqkd/demos, seqkd/dropped, seqkd/teacher_reward)."""
+    kept, dropped, rewards = [], 0, []
+    for c, start in enumerate(range(0, len(tasks), config.chunk)):
+        part = list(tasks[start : start + config.chunk])
+        episodes = teacher.take(Draw(part, config.samples_per_task, generator(config.seed, c), c))
+        for t in episodes.trajs:
+            ok = t.trainable and (config.min_reward is None or t.reward >= config.min_reward)
+            kept += [t] if ok else []
+            dropped += not ok
+            rewards += [t.reward] if t.trainable else []
+    metrics = {"seqkd/demos": float(len(kept)), "seqkd/dropped": float(dropped),
+               "seqkd/teacher_reward": sum(rewards) / len(rewards) if rewards else float("nan")}
+    return kept, metrics
+
+
+class SeqKDResult(NamedTuple):
+    """What `train_seq_kd` returns."""
+
+    history: list[dict]
+    """the SFT loop's rows (train/loss ...)"""
+    demos: list[Trajectory]
+    """the teacher completions the student was trained on"""
+    metrics: dict[str, float]
+    """the sampling's seqkd/demos, seqkd/dropped, seqkd/teacher_reward"""
+
+
+def train_seq_kd(engine: Engine, teacher: Source, tasks: Sequence, config: SeqKDConfig, sft: SFTConfig, pad_id: int,
+                 run: Run | None = None) -> SeqKDResult:
+    """SEQ-KD: the student `engine` is fine-tuned (`train_sft`, configured by `sft`: steps, batch size, its seed)
+    on the completions the `teacher` source gives for `tasks` (`teacher_completions`). Student and teacher share
+    the tokenizer and renderer (the student trains on the teacher's tokens). Resumes exactly with a checkpointer on
+    `run`: the teacher is frozen and its sampling seeded, so the demonstrations are drawn again the same."""
+    # 1. sample the teacher's completions (kept by reward, when min_reward is set)
+    demos, metrics = teacher_completions(teacher, tasks, config)
+    if not demos:
+        raise ValueError(f"train_seq_kd: no teacher completion was kept ({metrics['seqkd/dropped']:.0f} dropped: "
+                         f"failed episodes or reward < min_reward={config.min_reward})")
+    # 2. SFT on them
+    return SeqKDResult(train_sft(engine, demos, sft, pad_id, run), demos, metrics)
