@@ -30,11 +30,20 @@ overopt/gold (the first --gold-reward; each one as overopt/gold/<name> when ther
 overopt/kl (sampled KL to the starting policy, nats per completion). The gold functions are never
 trained on. The probe scores with its own copy of the run's reward sources (a --reward-model is loaded
 once more) and samples with the built-in sampler under --backend vllm.
+
+Offline difficulty filter (RLHF book ch.7.3): with --difficulty-filter LOW HIGH, before the first step the starting
+policy samples --difficulty-samples completions of every prompt (the sampling section; the built-in sampler under
+--backend vllm), the run's rewards score them, and only the prompts whose solve rate (reward >= --difficulty-solved-at)
+lies in [LOW, HIGH] are trained on -- the book's 20-80%, `--difficulty-filter 0.2 0.8 --difficulty-samples 16`
+(`trajtune.sources.difficulty.filter_by_difficulty`, seeded from --seed). The counts are printed, logged at step 0
+(difficulty/kept, difficulty/dropped, difficulty/unscored, difficulty/mean_rate) and written with every prompt's
+rate to grpo/difficulty.json. A resumed run filters again, the same way (the starting policy, the same seed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, get_type_hints
@@ -44,6 +53,7 @@ from ...engine import OptimConfig
 from ...seeding import derive
 from ...overoptimization import OverOptProbe, episode_rewards, reward_set_graders
 from ...sources.rewards import RewardFunction, RewardSet, check_columns
+from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
@@ -51,6 +61,11 @@ from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_samp
 from .prepare import Prepared, fit, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
+
+register("difficulty/kept", "--difficulty-filter: prompts whose solve rate under the starting policy is in the range")
+register("difficulty/dropped", "--difficulty-filter: prompts outside the range (or with no scored completion)")
+register("difficulty/unscored", "--difficulty-filter: prompts none of whose completions could be scored (dropped)")
+register("difficulty/mean_rate", "--difficulty-filter: mean solve rate of the scored prompts before filtering")
 
 
 @dataclass
@@ -83,6 +98,13 @@ class GRPORun(PromptRewardRun):
     ptx_data: str = ""
     """PPO-ptx's pretraining rows (RLHF book ch.15): 'messages' or 'prompt'+'completion' rows whose NLL, weighted by
     --ptx-coef, is added before every optimizer step (--ptx-batch-size rows each)"""
+    difficulty_filter: list[float] = field(default_factory=list)
+    """LOW HIGH: before training, keep only the prompts the starting policy solves a share in [LOW, HIGH] of the
+    time over --difficulty-samples completions (RLHF book ch.7.3: 0.2 0.8); empty: every prompt"""
+    difficulty_samples: int = 16
+    """--difficulty-filter: completions sampled per prompt to measure its solve rate"""
+    difficulty_solved_at: float = 1.0
+    """--difficulty-filter: a completion solves its prompt when its reward is >= this"""
 
     def __post_init__(self) -> None:
         check_run(self, "grpo")
@@ -95,6 +117,15 @@ class GRPORun(PromptRewardRun):
                              f"weighted by --ptx-coef); got --ptx-coef {self.rl.ptx_coef} and --ptx-data "
                              f"{self.ptx_data or 'none'}")
         check_overlap(self.overlap, self.rl, "grpo")
+        if self.difficulty_filter:
+            low_high = self.difficulty_filter
+            if len(low_high) != 2 or not 0.0 <= low_high[0] <= low_high[1] <= 1.0:
+                raise ValueError(f"grpo: --difficulty-filter takes two solve rates LOW HIGH with 0 <= LOW <= HIGH <= 1 "
+                                 f"(the book's 0.2 0.8), got {' '.join(map(str, low_high))}")
+            if self.difficulty_samples < 1:
+                raise ValueError(f"grpo: --difficulty-samples must be >= 1, got {self.difficulty_samples}")
+            if not math.isfinite(self.difficulty_solved_at):
+                raise ValueError(f"grpo: --difficulty-solved-at must be a finite number, got {self.difficulty_solved_at}")
         if self.sampling.backend == "vllm" and self.overlap.sampler_process:
             raise ValueError("grpo: --sampler-process runs the built-in sampler in a process of its own; --backend "
                              "vllm samples in vLLM (drop --sampler-process; --max-staleness 1 overlaps vLLM too)")
@@ -130,9 +161,10 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
             run.evaluate = overopt_probe(ctx, engine, data, c, stack)
             if not ctx.resuming:
                 ctx.log(0, run.evaluate(0))  # the curve's starting point
+        tasks = difficulty_filter(ctx, engine, data, c) if c.difficulty_filter else data.items
         source = stack.enter_context(prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap))
         ptx = ptx_trajectories(c, data) if c.ptx_data else None
-        history = train_rl(engine, data.items, source, c.rl, data.pad_id, run, ptx=ptx)
+        history = train_rl(engine, tasks, source, c.rl, data.pad_id, run, ptx=ptx)
     return finish(ctx, engine, policy, data.tokenizer, history, home)
 
 
@@ -145,6 +177,49 @@ def ptx_trajectories(config: GRPORun, data: Prepared) -> list:
 
     trajs = D.sft_trajectories(D.read_rows(config.ptx_data), data.renderer, "all")
     return fit(trajs, f"--max-length {data.limit} (--ptx-data)", config.model.drop_long, too_long, "ptx samples")
+
+
+DIFFICULTY_STREAM = 7
+"""the difficulty filter samples with seeds derived from (--seed, this): a stream of its own"""
+
+
+def difficulty_filter(ctx, engine, data: Prepared, c: GRPORun) -> list:
+    """The prompts of `data` the starting policy solves a share in [LOW, HIGH] of the time (module docstring):
+    sampled with the run's own source (the built-in sampler under --backend vllm, not overlapped), scored by the run's
+    rewards, `c.rl.tasks_per_step` prompts per draw. Prints, logs (step 0, not again on a resume) and writes
+    grpo/difficulty.json; a filter that keeps no prompt fails the run."""
+    import json
+
+    from ...runs.stages import RunFailed
+    from ...sources.difficulty import filter_by_difficulty
+
+    low, high = c.difficulty_filter
+    sampler = c if c.sampling.backend != "vllm" else replace(c, sampling=replace(c.sampling, backend="sampler"))
+    with prompt_source(ctx, engine, data, sampler, c.rl.steps) as source:
+        kept, rates = filter_by_difficulty(source, data.items, c.difficulty_samples, low, high,
+                                           seed=derive(c.rl.seed, DIFFICULTY_STREAM), solved_at=c.difficulty_solved_at,
+                                           chunk=c.rl.tasks_per_step)
+    n = len(data.items)
+    said = (f"--difficulty-filter {low} {high}: kept {len(kept)} of {n} prompts (solve rate over "
+            f"{c.difficulty_samples} completions, reward >= {c.difficulty_solved_at}); dropped {n - len(kept)}"
+            + (f", {n - len(rates)} of them with no scored completion" if len(rates) < n else ""))
+    metrics = {"difficulty/kept": float(len(kept)), "difficulty/dropped": float(n - len(kept)),
+               "difficulty/unscored": float(n - len(rates)),
+               "difficulty/mean_rate": sum(rates.values()) / len(rates) if rates else float("nan")}
+    if ctx.logger is not None:  # rank 0
+        where_of = {t.name: t.where or t.name for t in data.items}
+        print(said, flush=True)
+        ctx.dir.mkdir(parents=True, exist_ok=True)
+        (ctx.dir / "difficulty.json").write_text(json.dumps(
+            {"low": low, "high": high, "samples": c.difficulty_samples, "solved_at": c.difficulty_solved_at,
+             **{k.split("/")[1]: v for k, v in metrics.items()}, "kept_prompts": [t.where or t.name for t in kept],
+             "rates": {where_of[name]: r for name, r in rates.items()}}, indent=1) + "\n")
+        if not ctx.resuming:
+            ctx.log(0, metrics)
+    if not kept:
+        raise RunFailed(f"{said}: no prompt left to train on; widen the range, sample more (--difficulty-samples) "
+                        "or start from a policy that solves some prompts sometimes")
+    return kept
 
 
 def overopt_probe(ctx, engine, data: Prepared, c: GRPORun, stack: contextlib.ExitStack) -> OverOptProbe:
