@@ -10,7 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from trajtune.algorithms.dpo import DPOConfig, labelled_pairs, pair_set, preference_loss_fn, train_dpo  # noqa: E402
+from trajtune.algorithms.dpo import (DPOConfig, MissingScores, labelled_pairs, pair_set, preference_loss_fn,  # noqa: E402
+                                     score_difference, train_dpo)
 from trajtune.metrics import is_documented  # noqa: E402
 from trajtune.engine import ForwardOutput, OptimConfig, make_engine  # noqa: E402
 from trajtune.models.hf_random import train_tokenizer  # noqa: E402
@@ -37,7 +38,7 @@ def pairs_of(renderer, rows):
 
 def test_score_columns_reach_the_pair_batch(renderer):
     pairs = pairs_of(renderer, ROWS)
-    assert [D.score_difference(c.info) for c, _ in pairs] == [3.0, 1.0]
+    assert [score_difference(c.info) for c, _ in pairs] == [3.0, 1.0]
     full = pair_set(pairs, renderer.pad_id, DPOConfig(loss="rebel"))
     assert full.extras["score_diff"].tolist() == [3.0, 1.0, 3.0, 1.0]  # [2P]: chosen rows, then rejected rows
     assert "score_diff" not in pair_set(pairs, renderer.pad_id, DPOConfig(loss="dpo")).extras
@@ -101,12 +102,12 @@ def test_online_pairs_carry_their_rewards_as_scores():
         return t
 
     (chosen, rejected), = labelled_pairs([ep(0.25), ep(1.0)], 2)[0]
-    assert chosen.reward == 1.0 and D.score_difference(chosen.info) == pytest.approx(0.75)
+    assert chosen.reward == 1.0 and score_difference(chosen.info) == pytest.approx(0.75)
 
 
 def test_a_pair_without_its_score_is_an_error_naming_the_row_and_the_loss(renderer, tmp_path, capsys):
     pairs = pairs_of(renderer, [ROWS[0], {"prompt": "hi", "chosen": "a", "rejected": "b"}])
-    with pytest.raises(D.DataError, match=r"^pairs.jsonl:2: loss 'rebel' needs each pair's score difference: "
+    with pytest.raises(MissingScores, match=r"^pairs.jsonl:2: loss 'rebel' needs each pair's score difference: "
                                           r"'score_chosen' and 'score_rejected' columns, or a 'margin' column"):
         train_dpo(tiny_engine(renderer), pairs, DPOConfig(steps=1, loss="rebel"), renderer.pad_id)
 

@@ -7,7 +7,7 @@ pairs the better with the worse, skipping ties).
 Weight: +-beta * sigmoid(-margin) on the chosen / rejected log-likelihood (DPO);
 IPO, conservative DPO, DPO + NLL (RPO), SimPO and ORPO change the link. ODPO and REBEL also read how much better
 each pair's chosen side is (its score difference: the row's 'score_chosen' - 'score_rejected', or 'margin';
-`trajtune.sources.data.score_difference`; online, the reward difference): ODPO demands a log-ratio margin above an
+`score_difference`; online, the reward difference): ODPO demands a log-ratio margin above an
 offset that grows with it, REBEL regresses beta times the log-ratio margin onto it.
 
     1. reference   summed log pi_ref of every pair, once per pair set (engine.reference_engine())
@@ -44,7 +44,6 @@ from ..metrics import register
 from ..sources.base import Draw, Source, pick_tasks
 from ..runs.loop import Run, eval_due
 from ..objectives.preference import dpo_loss, odpo_offset, orpo_loss, rebel_loss, simpo_loss
-from ..sources.data import DataError, score_difference
 from ..trajectory import Batch, Trajectory, pair_batch
 from .common import train_row
 from .sft import batch_indices
@@ -137,16 +136,28 @@ SCORED_LOSSES = ("odpo", "rebel")
 """the losses that read each pair's score difference (`batch.extras["score_diff"]`)"""
 
 
+class MissingScores(ValueError):
+    """A pair without the score difference its loss (ODPO, REBEL) needs; the message names its row."""
+
+
+def score_difference(info: dict) -> float | None:
+    """How much better a pair's chosen side is, from its chosen episode's `info` (the preference row's columns,
+    `trajtune.sources.data.pair_columns`; online DPO's rewards, `labelled_pairs`): score_chosen - score_rejected,
+    else margin; None when it has neither."""
+    if "score_chosen" in info and "score_rejected" in info:
+        return float(info["score_chosen"]) - float(info["score_rejected"])
+    return float(info["margin"]) if "margin" in info else None
+
+
 def pair_score_diffs(pairs: Sequence[Pair], needs: str) -> torch.Tensor:
-    """[P] each pair's score difference (`trajtune.sources.data.score_difference` of its chosen episode's info);
-    a pair without one is a DataError naming its row (info['source']) and what needs it (`needs`: "loss 'odpo'",
-    "--loss odpo")."""
+    """[P] each pair's `score_difference`; a pair without one is `MissingScores` naming its row (info['source']) and
+    what needs it (`needs`: "loss 'odpo'", "--loss odpo")."""
     diffs = []
     for i, (chosen, _) in enumerate(pairs):
         d = score_difference(chosen.info)
         if d is None:
             where = chosen.info.get("source", f"pair {i}")
-            raise DataError(f"{where}: {needs} needs each pair's score difference: 'score_chosen' and "
+            raise MissingScores(f"{where}: {needs} needs each pair's score difference: 'score_chosen' and "
                             "'score_rejected' columns, or a 'margin' column (how much better 'chosen' is); this row "
                             "has none of them")
         diffs.append(d)

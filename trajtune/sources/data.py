@@ -18,8 +18,8 @@ and, for reward models (`trajtune rm --objective ...`; book ch.5), columns that 
                                                      names) the two sides' ratings or reward-model scores
                         category: a string           the pair's group in `trajtune rm-eval`'s table
 
-A pair's score difference (`score_difference`: score_chosen - score_rejected, else margin) is ODPO's offset
-and REBEL's regression target (`trajtune dpo --loss odpo|rebel`, book ch.8.2).
+A pair's score difference (score_chosen - score_rejected, else margin; `trajtune.algorithms.dpo.score_difference`
+reads it from the chosen episode's info) is ODPO's offset and REBEL's regression target (`trajtune dpo --loss odpo|rebel`, book ch.8.2).
     ranked              prompt, completions: [K >= 2 strings or assistant messages], best first, or with
                         scores: [K numbers] (higher is better)   -> `ranked_lists` (plackett-luce; bt: all pairs)
     labelled            prompt, completion, label: 0/1 or bool (TRL's unpaired format)
@@ -444,14 +444,6 @@ def pair_columns(row: Row) -> dict[str, Any]:
 
 SCORE_COLUMNS = ("score_chosen", "score_rejected")
 """a preference row's per-side scores (the names of UltraFeedback-binarized, TRL's usual DPO data)"""
-
-
-def score_difference(info: dict[str, Any]) -> float | None:
-    """How much better a pair's chosen side is, from its chosen episode's `info` (`pair_columns`):
-    score_chosen - score_rejected, else margin; None when the row had neither."""
-    if all(k in info for k in SCORE_COLUMNS):
-        return float(info["score_chosen"]) - float(info["score_rejected"])
-    return float(info["margin"]) if "margin" in info else None
 
 
 def ranked_lists(rows: Sequence[Row], renderer: ChatRenderer) -> list[list[Trajectory]]:

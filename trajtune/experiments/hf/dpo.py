@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Sequence
 
-from ...algorithms.dpo import SCORED_LOSSES, DPOConfig, NoPairs, OnlinePairs, pair_score_diffs, train_dpo
+from ...algorithms.dpo import SCORED_LOSSES, DPOConfig, MissingScores, NoPairs, OnlinePairs, pair_score_diffs, train_dpo
+from ...config import ConfigError
 from ...algorithms.kto import eval_kto, kto_batches, train_kto
 from ...engine import OptimConfig
 from ...metrics import register
@@ -135,8 +136,11 @@ def prepare(config: DPORun, run_dir: Path) -> Prepared:
         return planned(config, kto_data(config), "dpo", config.dpo.batch_size, "examples")
     prepared = pair_data(config)
     if config.dpo.loss in SCORED_LOSSES:  # every pair (held-out ones too) has its score difference, named if not
-        for pairs in (prepared.items, prepared.eval_items):
-            pair_score_diffs(pairs, f"--loss {config.dpo.loss}")
+        try:
+            for pairs in (prepared.items, prepared.eval_items):
+                pair_score_diffs(pairs, f"--loss {config.dpo.loss}")
+        except MissingScores as e:
+            raise ConfigError(str(e)) from None
     return planned(config, prepared, "dpo", config.dpo.batch_size, "pairs")
 
 
