@@ -158,8 +158,8 @@ def pair_score_diffs(pairs: Sequence[Pair], needs: str) -> torch.Tensor:
         if d is None:
             where = chosen.info.get("source", f"pair {i}")
             raise MissingScores(f"{where}: {needs} needs each pair's score difference: 'score_chosen' and "
-                            "'score_rejected' columns, or a 'margin' column (how much better 'chosen' is); this row "
-                            "has none of them")
+                                "'score_rejected' columns, or a 'margin' column (how much better 'chosen' is); this "
+                                "row has none of them")
         diffs.append(d)
     return torch.tensor(diffs, dtype=torch.float32)
 

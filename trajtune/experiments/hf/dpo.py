@@ -52,9 +52,11 @@ from .prepare import Prepared, held_out_pairs, kto_data, pair_data, planned, pro
 from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
 from .schedule import ScheduleConfig, check_schedule
 
-register("eval/dpo_loss", "the preference loss (--loss: dpo, ipo, simpo or orpo) on held-out pairs (--eval-data)")
+register("eval/dpo_loss", "the preference loss (--loss: dpo, dpo_norm, ipo, odpo, rebel, simpo or orpo) on held-out "
+                          "pairs (--eval-data)")
 register("eval/dpo_margin", "chosen minus rejected implicit reward on held-out pairs: beta (log-ratio chosen - "
-                            "log-ratio rejected) for dpo / ipo, the SimPO margin for simpo, the log odds ratio for orpo")
+                            "log-ratio rejected) for dpo / ipo / odpo / rebel, the SimPO margin for simpo, the log odds "
+                            "ratio for orpo")
 register("eval/dpo_accuracy", "share of held-out pairs whose chosen completion has the larger implicit reward")
 
 
