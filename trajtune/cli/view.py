@@ -282,7 +282,8 @@ def render_page(rows: list[dict], decode: Decode | None | dict[str, Decode | Non
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<style>{CSS}</style></head><body><header><h1>{html.escape(title)}</h1>'
             f'<div class="filters">{filters}</div><div class="legend">owners: {legend} · red outline: importance '
-            f'ratio outside [0.8, 1.25]{note}</div><div id="panel">hover a token for its numbers</div></header>'
+            f'ratio outside [0.8, 1.25] · '
+            f'<span class="badge length">length</span> the reply was cut at the token budget, not finished{note}</div><div id="panel">hover a token for its numbers</div></header>'
             f'<main>{body}</main><script>{JS}</script></body></html>')
 
 
