@@ -267,8 +267,14 @@ def test_hf_grpo_records_and_the_page_decodes_with_the_models_tokenizer(tmp_path
                  "--max-new-tokens", "3", "--out", str(out)]) == 0
     rows = [r for f in out.rglob("episodes.jsonl") for r in read_episodes(f)]
     assert rows and {r["step"] for r in rows} == {1}
+    # the data row's answer is recorded, and a completion cut at --max-new-tokens stops on "length", not "done"
+    assert all(r["info"]["expected"] == str(int(r["task"][3:]) + 5) for r in rows)
+    assert all(r["info"]["stop_reason"] == ("length" if r["info"]["n_unterminated"] else "done") for r in rows)
+    assert any(r["info"]["stop_reason"] == "length" for r in rows)  # 3 tokens: a random model's replies are cut
     page = Page()
-    page.feed(write_view(out).read_text())  # the tokenizer found in the run (its saved model)
+    text = write_view(out).read_text()
+    assert text.split('<main>')[1].count('class="badge length"') == sum(r["info"]["stop_reason"] == "length" for r in rows)
+    page.feed(text)  # the tokenizer found in the run (its saved model)
     text = "".join(t["text"] for t in page.sections[0]["tokens"])
     assert "what is" in text and "#" not in text  # decoded by the model's own tokenizer, not shown as ids
 
@@ -286,3 +292,117 @@ def test_each_stage_is_decoded_with_its_own_tokenizer(tmp_path):
     page = Page()
     page.feed(write_view(tmp_path).read_text())
     assert ["".join(t["text"] for t in s["tokens"]) for s in page.sections] == ["xyz", "pqr"]
+
+
+# --- what happened: the stop reason, whole tokens, the expected answer, runs with nothing to show -----------------
+class FixedReplies:
+    """A fake sampler: episode i replies `replies[i]` (token ids), with the stop token when it fits the budget."""
+
+    def __init__(self, replies):
+        self.replies = replies
+
+    def __call__(self, prompts, max_new_tokens, generator, *, stop_ids=(), **kw):
+        from trajtune.engine.decoding import Samples
+
+        tokens = [(r + [stop_ids[0]])[:max_new_tokens] for r in self.replies[: len(prompts)]]
+        return Samples(tokens, [[-0.5] * len(t) for t in tokens], [t[-1] in stop_ids for t in tokens])
+
+
+def rows_of(trajs, stage="grpo"):
+    from trajtune.runs.recorder import episode_row
+
+    return [json.loads(json.dumps(episode_row(stage, 1, i, t, torch.zeros(len(t) - 1), torch.tensor(0.0), None),
+                                  default=str)) for i, t in enumerate(trajs)]
+
+
+def test_a_reply_cut_at_the_token_budget_stops_on_length_and_the_page_marks_and_filters_it(tmp_path):
+    from trajtune.cli.view import stop_reason
+    from trajtune.sources.rollout import rollout_batch
+
+    tasks = [Task("pick0"), Task("pick1"), Task("pick2")]
+    replies = [TOK.encode("a"), TOK.encode("abc"), TOK.encode("ab")]  # budget 3: "abc" is cut, "ab<|end|>" just fits
+    trajs = rollout_batch(FixedReplies(replies), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
+                          max_turns=1, max_tokens=32, max_action_tokens=3)
+    assert [t.info["stop_reason"] for t in trajs] == ["done", "length", "done"]  # the env said done on all three
+    assert [t.info["n_unterminated"] for t in trajs] == [0, 1, 0]
+    rows = rows_of(trajs)
+    assert [r["info"]["stop_reason"] for r in rows] == ["done", "length", "done"]  # recorded as it happened
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_view(tmp_path).read_text()
+    page = Page()
+    page.feed(text)
+    assert [s["data"]["stop"] for s in page.sections] == ["done", "length", "done"]
+    assert text.split('<main>')[1].count('class="badge length"') == 1  # the cut episode's, besides the legend's
+    stop_filter = text[text.index('id="f-stop"'):text.index("</select>", text.index('id="f-stop"'))]
+    assert [v for v in ("done", "length") if f'value="{v}"' in stop_filter] == ["done", "length"]
+    assert "d.stop===so" in text  # the filter reads each episode's data-stop
+    # rows recorded before the rollout said "length": done, with every turn unterminated
+    assert stop_reason({"info": {"stop_reason": "done", "n_turns": 1, "n_unterminated": 1}}) == "length"
+    assert stop_reason({"info": {"stop_reason": "done", "n_turns": 2, "n_unterminated": 1}}) == "done"
+    assert stop_reason({"info": {"stop_reason": "max_turns", "n_turns": 3, "n_unterminated": 3}}) == "max_turns"
+
+
+def css_rules(text):
+    import re
+
+    css = text[text.index("<style>") + 7:text.index("</style>")]
+    return {sel.strip(): body for sel, body in re.findall(r"([^{}]+)\{([^}]*)\}", css)}
+
+
+def test_tokens_are_never_split_across_lines(tmp_path):
+    from trajtune.runs.recorder import episode_row
+
+    tok = CharTokenizer.from_corpus("ab\n")
+    t = Trajectory(ids=tok.encode("ab\nab"), owners=[1, 2, 2, 2, 2], turns=[0] * 5, logprobs=[0.0] + [-1.0] * 4)
+    (tmp_path / "episodes.jsonl").write_text(json.dumps(episode_row("rl", 1, 0, t, torch.zeros(4), torch.tensor(0.0),
+                                                                    None)) + "\n")
+    tok.save(tmp_path / "tokenizer.json")
+    text = write_view(tmp_path).read_text()
+    rules = css_rules(text)
+    assert "break-all" not in rules[".tokens"] and "white-space:normal" in rules[".tokens"]  # lines wrap between tokens
+    assert "display:inline-block" in rules[".t"] and "white-space:pre" in rules[".t"]  # never inside one
+    assert "display:inline" in rules[".t.nl"]  # a token holding a line break breaks the line where it says
+    page = Page()
+    page.feed(text)
+    spans = page.sections[0]["tokens"]
+    assert [s["text"] for s in spans] == ["a", "b", "\n", "a", "b"]
+    assert ["nl" in s["class"] for s in spans] == [False, False, True, False, False]
+
+
+def test_the_expected_answer_is_recorded_and_shown(tmp_path):
+    from trajtune.envs.arithmetic import ArithmeticTask
+    from trajtune.sources.data import PromptTask
+    from trajtune.sources.rollout import expected_answer, rollout_batch
+
+    rows_with = [PromptTask("row4", "Q: pick", {"answer": "a"}), PromptTask("row5", "Q: pick", {"reference": ["a"]})]
+    assert [expected_answer(t) for t in rows_with] == ["a", ["a"]]
+    assert expected_answer(ArithmeticTask(12, 30)) == "42" and expected_answer(Task("pick0")) is None
+    tasks = [*rows_with, Task("pick0")]
+    trajs = rollout_batch(FixedReplies([TOK.encode("b")] * 3), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER,
+                          None, max_turns=1, max_tokens=32, max_action_tokens=3)
+    assert [t.info.get("expected") for t in trajs] == ["a", ["a"], None]
+    (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(trajs)))
+    text = write_view(tmp_path).read_text()
+    sections = text.split('<section class="episode"')[1:]
+    assert "expected <code class='expected'>a</code>" in sections[0]
+    assert "expected <code class='expected'>[&quot;a&quot;]</code>" in sections[1]
+    assert "expected <code" not in sections[2]  # nothing to check against: nothing shown
+
+
+def test_view_of_an_sft_run_says_sft_samples_no_episodes(tmp_path, capsys):
+    run = tmp_path / "sft-run"
+    (run / "sft").mkdir(parents=True)
+    (run / "sft" / "results.json").write_text("{}")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "stage": "sft", "train/loss": 2.0}) + "\n")
+    assert main(["view", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "SFT samples no episodes" in err and "stage sft" in err and len(err.splitlines()) == 1
+    assert err.startswith("trajtune: error: trajtune view:") and "Traceback" not in err
+    (run / "metrics.jsonl").unlink()  # the stage directories say it too
+    assert main(["view", str(run)]) == 2 and "SFT samples no episodes" in capsys.readouterr().err
+    (run / "rl").mkdir()  # a run with an RL stage and no episodes is another story
+    (run / "rl" / "results.json").write_text("{}")
+    assert main(["view", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "has no episodes.jsonl" in err and "samples no episodes" not in err

@@ -5,7 +5,10 @@ to `Run.record_episodes`, which hands them to its hooks; this one (a `runs.hooks
 groups, so a group's contrast is visible) and appends one JSON line per episode to
 RUN_DIR/<stage>/episodes.jsonl:
 
-    stage, step, index (its row in the step), group, task, reward, outcome, info, kept (RFT: selected or not),
+    stage, step, index (its row in the step), group, task, reward, outcome, kept (RFT: selected or not),
+    info           the episode's info as the rollout left it (trajtune/sources/rollout.py): stop_reason
+                   ("length" when the reply that ended it was cut at the token budget), n_unterminated,
+                   expected (the answer the task's data gives, where it has one), the environment's checks
     ids, owners, turns                      one entry per token
     sampler_logp   log-prob of the token under the policy that sampled it (0 where none)
     trainer_logp   log-prob under the trainer's weights at this step, before the update (0 on

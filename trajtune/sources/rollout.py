@@ -30,8 +30,17 @@ same actions produces the identical token ids, owners and turns.
 Returned trajectories: ids/owners/turns from the renderer, sampler logprobs on
 POLICY tokens (model rollouts), reward = sum of step rewards, group = index of
 the task among the distinct tasks of the batch, info = the environment's last
-info plus stop_reason ("done", "max_turns", "token_budget", "env_error"),
-n_turns and n_unterminated.
+info plus stop_reason, n_turns, n_unterminated and, where the task's data gives one,
+`expected` (`expected_answer`: the answer or reference to check the reply against).
+stop_reason, the first that applies:
+
+    env_error     the environment (or the reward inside it) failed: the episode trains nothing
+    length        the environment said done after an action that used up `max_action_tokens`
+                  without its stop token: the reply that ended the episode was cut at the token
+                  budget (a one-turn env is done after any reply: a cut completion reads "length")
+    done          the environment said done after a finished action
+    token_budget  the next turn would not fit `max_tokens`
+    max_turns     `max_turns` policy turns were taken
 
 Before any episode starts, the tasks are checked (`envs.base.check_tasks`: a `.name` and
 the environment's `task_attributes`) and so is the budget: an episode whose
@@ -87,6 +96,7 @@ class _Episode:
     info: dict = field(default_factory=dict)
     n_turns: int = 0
     n_unterminated: int = 0
+    cut: bool = False  # the last action ran out of max_action_tokens before its stop token (stop_reason "length")
     stop_reason: str | None = None
     generator: torch.Generator | None = None  # the episode's own stream (rollout_batch row_seeds)
 
@@ -144,10 +154,32 @@ class _Episode:
     def finish(self, traj: Trajectory, group: int) -> Trajectory:
         """Give the episode's rendered `traj` its reward, group and info (replacing any info it had)."""
         info = {"task": getattr(self.task, "name", str(self.task)), **self.info}
-        info.update(stop_reason=self.stop_reason or "max_turns", n_turns=self.n_turns, n_unterminated=self.n_unterminated)
+        expected = expected_answer(self.task)
+        if expected is not None and "expected" not in info:
+            info["expected"] = expected
+        stop = "length" if self.cut and self.stop_reason == "done" else self.stop_reason or "max_turns"
+        info.update(stop_reason=stop, n_turns=self.n_turns, n_unterminated=self.n_unterminated)
         traj.reward, traj.group, traj.info = self.reward, group, info
         traj.outcome = Outcome.ENV_ERROR if self.stop_reason == "env_error" else Outcome.OK
         return traj
+
+
+EXPECTED_FIELDS = ("answer", "expected", "reference", "solution", "ground_truth", "target")
+"""where `expected_answer` looks, in order: a prompt row's columns, then the task's attributes"""
+
+
+def expected_answer(task: Any) -> Any:
+    """What the task's data says the reply should be, or None: the first of `EXPECTED_FIELDS` among a prompt row's
+    columns (`sources.data.PromptTask`: e.g. the "answer" column of {"prompt", "answer"} rows), else among the
+    task's attributes (`ArithmeticTask.answer`). Text, a number or a list / dict of them; anything else as its str."""
+    columns = getattr(task, "columns", None)
+    for name in EXPECTED_FIELDS:
+        value = columns.get(name) if isinstance(columns, dict) else None
+        if value is None:
+            value = getattr(task, name, None)
+        if value is not None and not callable(value):
+            return value if isinstance(value, (str, int, float, bool, list, dict)) else str(value)
+    return None
 
 
 def rollout_batch(
@@ -228,6 +260,7 @@ def rollout_batch(
                                                       strict=True):
             renderer.append_sampled(ep.transcript, tokens, logprobs, turn)
             ep.n_unterminated += not stopped
+            ep.cut = not stopped
             observation = ep.respond(ep.transcript.messages[-1]["content"], step_timeout_s)  # the action's text
             if observation:
                 renderer.append_message(ep.transcript, _tool(observation), turn)

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 from ...envs.bugfix_tasks import FAMILIES
-from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...runs.report import Claim, Panel, claims_table, fmt, image, line_plot, markdown_table, mean_sd, panel_plot, write_report
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
 GAP_COLUMNS = ("train", "heldout", "renamed", "novel")
@@ -287,11 +287,13 @@ def plots(run_dir: Path, c, r: dict) -> list[str]:
              for n, cv in (("DPO", d), ("DPO+NLL", dn)) for k in ("chosen", "rejected")}
     figs.append(image(line_plot(run_dir / "dpo_drift.png", drift, "log-prob drift vs reference (fig. 15.2, left)",
                                 "DPO step", "log pi - log ref (nats)"), "DPO drift"))
-    beh = {f"{n} {lab}": ([p["step"] for p in cv], [p[k] for p in cv]) for n, cv in (("DPO", d), ("DPO+NLL", dn))
-           for k, lab in (("eval/pass_rate", "train pass"), ("eval/heldout_pass_rate", "held-out pass"),
-                          ("eval/invalid_per_episode", "invalid/ep"))}
-    figs.append(image(line_plot(run_dir / "dpo_behaviour.png", beh, "what the policy does (fig. 15.2, right)", "DPO step",
-                                "rate / invalid calls per episode"), "DPO behaviour"))
+    beh = {unit: {f"{n} {lab}": ([p["step"] for p in cv], [p[k] for p in cv]) for n, cv in (("DPO", d), ("DPO+NLL", dn))
+                  for k, lab in keys} for unit, keys in (("pass", (("eval/pass_rate", "train"),
+                                                                   ("eval/heldout_pass_rate", "held-out"))),
+                                                          ("invalid", (("eval/invalid_per_episode", "invalid"),)))}
+    figs.append(image(panel_plot(run_dir / "dpo_behaviour.png", [Panel("pass rate", beh["pass"], (0, 1.02)),
+                                                                 Panel("invalid calls per episode", beh["invalid"])],
+                                 "what the policy does (fig. 15.2, right)", "DPO step"), "DPO behaviour"))
     hr, hc = r["hacking"]["rounds"], r["hacking"]["curve"]
     rounds = list(range(1, len(hr) + 1))
     hack = {"kept hack share": (rounds, [x["hack_share"] for x in hr]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, mean_sd, write_report
+from ...runs.report import Claim, claims_table, fmt, grouped_bar_plot, image, line_plot, markdown_table, mean_sd, write_report
 
 
 def pct(x: float) -> str:
@@ -100,10 +100,12 @@ def instruct_section(run_dir: Path, results: dict) -> str:
     rows = [(name, pct(results[k]["seen"]), pct(results[k]["unseen"]), pct(results[k]["unseen_letter"]),
              fmt(results[k]["val_loss"], 3), "; ".join(results[k]["examples"][:2]))
             for name, k in (("base", "pretrain"), ("SFT, 16 words", "sft_narrow"), ("SFT, broad", "sft_broad"))]
-    series = {name: ([0, 1, 2], [results[k]["seen"], results[k]["unseen"], results[k]["unseen_letter"]])
-              for name, k in (("base", "pretrain"), ("SFT narrow", "sft_narrow"), ("SFT broad", "sft_broad"))}
-    line_plot(run_dir / "adherence.png", series, "B2: reply starts with the word (x: 0 seen, 1 unseen, 2 unseen first letter)",
-              "0 = seen words, 1 = unseen words, 2 = unseen: first letter", "share of replies", (0, 1.05))
+    groups = {cat: {name: results[k][key] for name, k in (("base", "pretrain"), ("SFT narrow", "sft_narrow"),
+                                                          ("SFT broad", "sft_broad"))}
+              for cat, key in (("seen words", "seen"), ("unseen words", "unseen"),
+                               ("unseen words: first letter", "unseen_letter"))}
+    grouped_bar_plot(run_dir / "adherence.png", groups, "B2: the reply starts with the word",
+                     "prompt words", "share of replies", (0, 1.1), value_format="{:.0%}")
     return ("## B1-B2: base model and SFT\n\n" + markdown_table(
         ["model", "seen words", "unseen words", "unseen: first letter", "val loss", "examples"], rows)
         + "\n\n" + image(run_dir / "pretrain_loss.png", "pretraining loss") + " " + image(run_dir / "adherence.png", "adherence"))

@@ -318,10 +318,11 @@ def section(run_dir: Path, results: dict, config) -> str:
     p1 = {POLICIES[s]: pol[s]["pass_at"]["1"] for s in POLICIES}
     se = {POLICIES[s]: 2 * paired_change(pol["coldstart"]["per_problem"], pol[s]["per_problem"])[1] for s in POLICIES}
     bar_plot(run_dir / "evals_pass1.png", p1, "Held-out pass@1 (error bars: 2 paired SE of the change)",
-             "pass@1 on the held-out problems", errors=se)
+             "pass@1 on the held-out problems", errors=se, xlabel="policy")
     bar_plot(run_dir / "evals_ratings.png", {f"{POLICIES[s]} ({m})": ev["ratings"][m][s] - 1000
                                               for m in ("elo", "bt") for s in POLICIES},
-             "Ratings from the verifier's pairwise verdicts", "rating - 1000 (Elo scale)")
+             "Ratings from the verifier's pairwise verdicts", "rating - 1000 (Elo scale)",
+             xlabel="policy (rating method)")
     counts = markdown_table(["pair", "first wins", "second wins", "ties"],
                             [(p.replace("evals_", ""), c["a"], c["b"], c["tie"]) for p, c in ev["verdicts"].items()])
     d = ev["decontamination"]

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 import torch
 
 from ...algorithms.reward_model import RewardModelConfig, train_reward_model
@@ -326,6 +327,8 @@ def plot_curves(path: Path, single: list[dict], ensemble: list[dict]) -> Path:
                 for key, label, color in keys:
                     ax.plot(xs, [p[key] for p in curve], style, color=color, markersize=3, label=f"{label}, {run}")
             ax.set_xlabel("RL step" if x == "step" else "KL(policy || sft_narrow), nats per reply")
+            if x == "step":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylabel("reward-model score" if r == 0 else "share of 64 replies")
             ax.grid(alpha=0.3)
         axes[r][1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)

@@ -47,7 +47,7 @@ from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...objectives.reward_model import AGGREGATES
 from ...config import check_choices
-from ...runs.report import Claim, bar_plot, fmt, image, line_plot, markdown_table
+from ...runs.report import Claim, Panel, bar_plot, fmt, image, line_plot, markdown_table, panel_plot
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
@@ -370,7 +370,7 @@ def section(run_dir: Path, results: dict, config) -> str:
     if orm:
         b = orm["bon"]
         bar_plot(run_dir / "rm-orm-bon.png", {"random pick": b["random"], "ORM pick": b["orm"], "oracle pick": b["oracle"]},
-                 f"Best-of-{orm['n']} on 256 held-out sums", "pass rate")
+                 f"Best-of-{orm['n']} on 256 held-out sums", "pass rate", xlabel="which of the N samples is kept")
         q = orm["train_correct"]
         floor = -(q * math.log(q) + (1 - q) * math.log(1 - q)) if 0 < q < 1 else 0.0
         tail = orm["loss"][-10:]
@@ -383,7 +383,8 @@ def section(run_dir: Path, results: dict, config) -> str:
                      + markdown_table(["aggregation", "AUC"], [[k, fmt(v)] for k, v in orm["auc"].items()])
                      + "\n\n" + image(run_dir / "rm-orm-bon.png", "best-of-N pass rates"))
     if prm:
-        bar_plot(run_dir / "rm-prm-steps.png", prm["step_accuracy"], "PRM accuracy per held-out step", "accuracy")
+        bar_plot(run_dir / "rm-prm-steps.png", prm["step_accuracy"], "PRM accuracy per held-out step", "accuracy",
+                 xlabel="step of the episode")
         parts.append(f"**PRM** ({prm['train_episodes']} scripted training episodes, {prm['test_episodes']} held-out; "
                      f"{fmt(prm['good_share'])} of held-out episodes fix the bug):\n\n"
                      + markdown_table(["step", "held-out steps", "accuracy"],
@@ -393,8 +394,10 @@ def section(run_dir: Path, results: dict, config) -> str:
                      + "\n\n" + image(run_dir / "rm-prm-steps.png", "PRM per-step accuracy"))
     if bt:
         steps = list(range(1, len(bt["margin"]) + 1))
-        line_plot(run_dir / "rm-bt-margin.png", {"rm/margin": (steps, bt["margin"]), "rm/accuracy": (steps, bt["accuracy"])},
-                  "Bradley-Terry RM: margin over training (S5.1)", "optimizer step", "r_c - r_r / pair accuracy")
+        panel_plot(run_dir / "rm-bt-margin.png", [Panel("margin r_c - r_r", {"rm/margin": (steps, bt["margin"])}),
+                                                  Panel("pair accuracy", {"rm/accuracy": (steps, bt["accuracy"])},
+                                                        (0, 1.02))],
+                   "Bradley-Terry RM: margin over training (S5.1)", "optimizer step")
         e = bt["eval"]
         rows = [[c, v["n"], fmt(v["accuracy"]), fmt(v["margin"])] for c, v in e["categories"].items()]
         parts.append("**Bradley-Terry margin (S5.1)** and **held-out eval (S5.3)**, `rm-eval`'s function "

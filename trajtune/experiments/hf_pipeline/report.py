@@ -48,27 +48,15 @@ def table(results: dict, config: Config) -> str:
 
 
 def stage_plot(path: Path, results: dict, config: Config) -> Path:
-    """Held-out pass@1 after each stage (x: the stages, in order)."""
-    import matplotlib
+    """Held-out pass@1 after each stage: a group of bars per stage (in order), one per metric, each with its
+    value written on it; the legend right of the axes."""
+    from ...runs.report import grouped_bar_plot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-    xs = list(range(len(MODEL_STAGES)))
-    for key, label in (("completion_greedy", "completion pass@1 (greedy)"), ("chat_greedy", "chat pass@1 (greedy)"),
-                       ("chat_sampled", "chat pass@1 (sampled, T=1)"),
-                       ("chat_pass_at_k", f"chat pass@{config.eval_samples}")):
-        ax.plot(xs, [results[s]["eval"][key] for s in MODEL_STAGES], "-o", label=label, markersize=4)
-    ax.set_xticks(xs, MODEL_STAGES)
-    ax.set(title=f"held-out 2-digit addition ({config.n_eval} problems never trained on)", xlabel="after stage",
-           ylabel="share correct", ylim=(0, 1.02))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    metrics = (("completion_greedy", "completion pass@1 (greedy)"), ("chat_greedy", "chat pass@1 (greedy)"),
+               ("chat_sampled", "chat pass@1 (sampled, T=1)"), ("chat_pass_at_k", f"chat pass@{config.eval_samples}"))
+    groups = {s: {label: results[s]["eval"][key] for key, label in metrics} for s in MODEL_STAGES}
+    return grouped_bar_plot(path, groups, f"held-out 2-digit addition ({config.n_eval} problems never trained on)",
+                            "after stage", "share correct", (0, 1.1), value_format="{:.0%}")
 
 
 def curve_plots(run_dir: Path) -> list[str]:

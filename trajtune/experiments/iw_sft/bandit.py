@@ -31,7 +31,7 @@ from ...config import check_ranges
 from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
-from ...runs.report import Claim, claims_table, fmt, image, line_plot, markdown_table, write_report
+from ...runs.report import Claim, Panel, claims_table, fmt, image, line_plot, markdown_table, panel_plot, write_report
 from ...runs.rundir import RunDir, run_lock
 
 
@@ -196,13 +196,13 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     line_plot(run_dir / "reward.png", {k: (rounds, [h["reward"] for h in curves[k]]) for k in shown},
               "C1-C2: expected reward per round", "round", "expected reward", (0.7, 1.01))
     alphas = config.alphas
-    line_plot(run_dir / "c3_spread.png", {
-        "sd of final pi(right), smooth": (alphas, [spread[f"iw-SFT smooth a={a:g}"]["sd"] for a in alphas]),
-        "share of runs on the wrong arm": (alphas, [spread[f"iw-SFT smooth a={a:g}"]["wrong_arm"] for a in alphas]),
-        "sd with clip (any alpha)": (alphas, [spread["iw-SFT clip"]["sd"]] * len(alphas)),
-        "sd with plain SFT": (alphas, [spread["SFT"]["sd"]] * len(alphas))},
-        f"C3: {config.c3_n_per_round} samples per round, {config.c3_runs} runs", "alpha (weight exp(alpha rho))", "",
-        styles={"sd with clip (any alpha)": "--", "sd with plain SFT": ":"})
+    flat = {"smooth (by alpha)": "-o", "clip (any alpha)": "--", "plain SFT": ":"}
+    c3 = {key: {"smooth (by alpha)": (alphas, [spread[f"iw-SFT smooth a={a:g}"][key] for a in alphas]),
+                "clip (any alpha)": (alphas, [spread["iw-SFT clip"][key]] * len(alphas)),
+                "plain SFT": (alphas, [spread["SFT"][key]] * len(alphas))} for key in ("sd", "wrong_arm")}
+    panel_plot(run_dir / "c3_spread.png", [Panel("sd of final pi(right) over runs", c3["sd"], styles=flat),
+                                           Panel("share of runs on the wrong arm", c3["wrong_arm"], (0, 1.02), flat)],
+               f"C3: {config.c3_n_per_round} samples per round, {config.c3_runs} runs", "alpha (weight exp(alpha rho))")
     rows = [(k, fmt(c[-1]["p_right"], 3), fmt(c[-1]["reward"], 3), fmt(statistics.fmean(h["ess"] for h in c), 2),
              fmt(spread[k]["mean"], 3), fmt(spread[k]["sd"], 3), f"{100 * spread[k]['wrong_arm']:.0f}%",
              fmt(spread[k]["reward"], 3)) for k, c in curves.items()]

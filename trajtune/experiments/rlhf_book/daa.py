@@ -32,7 +32,7 @@ import torch
 
 from ...algorithms.dpo import DPOConfig, preference_loss_fn, train_dpo, with_reference
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
-from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.report import Claim, Panel, fmt, image, markdown_table, panel_plot
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
@@ -221,8 +221,11 @@ def section(run_dir: Path, results: dict, config) -> str:
     if main:
         c = main["curves"]
         steps = list(range(1, len(c["train/loss"]) + 1))
-        line_plot(run_dir / "book-s8-dpo.png", {k: (steps, v) for k, v in c.items()},
-                  "S8.1: DPO statistics per step", "step", "value")
+        panels = [Panel(unit, {k: (steps, v) for k, v in c.items() if pick(k)}, ylim) for unit, pick, ylim in (
+            ("training loss", lambda k: k == "train/loss", None),
+            ("pair accuracy", lambda k: k.endswith("/accuracy"), (0, 1.02)),
+            ("margin, implicit rewards", lambda k: k != "train/loss" and not k.endswith("/accuracy"), None))]
+        panel_plot(run_dir / "book-s8-dpo.png", [p for p in panels if p.series], "S8.1: DPO statistics per step", "step")
         b = main["before"]
         parts.append("**S8.1** DPO's logged statistics:\n\n" + image(run_dir / "book-s8-dpo.png", "DPO per step")
                      + "\n\n" + markdown_table(["", "preference", "format", "distinct replies", "KL"],

@@ -295,7 +295,8 @@ def section(run_dir: Path, results: dict, config) -> str:
         for key, title in (("rollout/reward", "reward per step"), ("distill/skipped_share", "skipped share per step")):
             series = {k: (list(range(1, len(r["curves"][key]) + 1)), r["curves"][key]) for k, r in runs.items()}
             stem = "book-s12-" + key.split("/")[1]
-            line_plot(run_dir / f"{stem}.png", series, f"S12: {title}", "step", key)
+            unit = "mean reward" if key == "rollout/reward" else "share of prompts"
+            line_plot(run_dir / f"{stem}.png", series, f"S12: {title}", "step", f"{unit} ({key})")
             parts.append(image(run_dir / f"{stem}.png", title))
         rows = [[k, r["settings"]["rollouts"], r["settings"]["kl_top_k"], r["settings"]["prompts"], f"{r['settings']['lr']:g}",
                  fmt(ends(r["curves"]["rollout/reward"], 5)[1]), fmt(mean(r["curves"]["distill/skipped_share"])),

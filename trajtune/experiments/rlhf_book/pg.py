@@ -284,7 +284,8 @@ def section(run_dir: Path, results: dict, config) -> str:
                                                                          "groups without contrast per step")):
             series = {k: (list(range(1, len(r["curves"][key]) + 1)), r["curves"][key]) for k, r in runs.items()}
             stem = "book-s6-" + key.split("/")[1]
-            line_plot(run_dir / f"{stem}.png", series, f"S6: {title}", "step", key)
+            unit = "share of groups" if key.endswith("no_contrast") else "share of episodes"
+            line_plot(run_dir / f"{stem}.png", series, f"S6: {title}", "step", f"{unit} ({key})")
             parts.append(image(run_dir / f"{stem}.png", title))
         rows = [[k, r["settings"]["advantage"], r["settings"]["group"], r["settings"]["temperature"],
                  r["settings"]["data"] or "fresh", r["settings"]["format_weight"],

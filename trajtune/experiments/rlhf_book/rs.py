@@ -314,7 +314,8 @@ def section(run_dir: Path, results: dict, config) -> str:
         first = next((r for r in runs.values() if "before" in r), None)
         if first:
             bars = {"cold start": first["before"]["greedy"], **bars}
-        bar_plot(run_dir / "book-s9-rs.png", bars, "S9: held-out greedy accuracy after RS", "accuracy")
+        bar_plot(run_dir / "book-s9-rs.png", bars, "S9: held-out greedy accuracy after RS", "accuracy",
+                 xlabel="run (rejection-sampling setting)")
         parts.append("**S9.2-S9.4** every run:\n\n" + markdown_table(
             ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy", "pass@1",
              "pass@16"],

@@ -148,7 +148,8 @@ def section(run_dir: Path, results: dict, config) -> str:
         return "\n\n".join(parts)
     for key, title in (("stop", "share of replies that stop with <|end|>"), ("heldout_nll", "held-out NLL")):
         series = {f"LR {r['lr']:g}": ([c["step"] for c in r["curve"]], [c[key] for c in r["curve"]]) for r in runs}
-        line_plot(run_dir / f"book-s4-{key}.png", series, f"S4: {title}", "SFT step", key)
+        line_plot(run_dir / f"book-s4-{key}.png", series, f"S4: {title}", "SFT step",
+                  {"stop": "share of replies", "heldout_nll": "held-out NLL (nats per character)"}[key])
         parts.append(image(run_dir / f"book-s4-{key}.png", title))
     rows = [[f"{r['lr']:g}", c["step"], fmt(c["stop"]), fmt(c["format_seen"]), fmt(c["format_unseen"]),
              f"{c['length']:.0f}", fmt(c["heldout_nll"], 3), c["replies"][0]] for r in runs for c in r["curve"]]
