@@ -61,8 +61,8 @@ def test_chapter13_end_to_end_and_resume(tmp_path, capsys):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     assert (tmp_path / "report.html").exists()
     rows = [line for line in (tmp_path / "claims.md").read_text().splitlines() if line.startswith("| B")]
-    held = sum(line.endswith("| holds |") for line in rows)
-    assert f"**{held} of {len(rows)} claims hold**" in text.split("## Claims")[0]  # from the verdicts, up front
+    held, judged = sum(line.endswith("| holds |") for line in rows), sum(not line.endswith("| n/a |") for line in rows)
+    assert f"**{held} of {judged} claims hold**" in text.split("## Claims")[0]  # from the verdicts, up front
     res = json.loads((tmp_path / "reward_model" / "results.json").read_text())
     assert set(res["best_of_n"]) == {"2", "4"} and 0 <= res["rm_accuracy"] <= 1
     grpo = json.loads((tmp_path / "grpo" / "results.json").read_text())

@@ -36,7 +36,7 @@ def test_the_pipeline_summary_names_what_fell_and_the_forgetting():
 def test_claims_count_and_seed_links(tmp_path):
     cl = [Claim("C1", "x", "-", "-", "y", True), Claim("C2", "x", "-", "-", "y", False),
           Claim("C3", "x", "-", "-", "y", None)]
-    assert claims_verdict(cl) == "**1 of 3 claims hold** (1 cannot be judged from this run)"
+    assert claims_verdict(cl) == "**1 of 2 claims hold** (1 not judged)"
     assert claims_verdict(cl[:1]) == "**1 of 1 claim holds**"
     text = write_claims_over_seeds(tmp_path, "t", {0: cl, 1: cl}).read_text()
     assert "[seed 0](seed-0/report.html), [seed 1](seed-1/report.html)" in text

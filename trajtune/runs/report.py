@@ -52,10 +52,12 @@ class Claim:
 
 
 def claims_verdict(claims: Sequence[Claim]) -> str:
-    """'**3 of 4 claims hold** (1 cannot be judged from this run)': a report's first-screen count, from the verdicts."""
-    held, unjudged = sum(c.holds is True for c in claims), sum(c.holds is None for c in claims)
-    return (f"**{held} of {len(claims)} claim{'s' if len(claims) != 1 else ''} hold{'s' if len(claims) == 1 else ''}**"
-            + (f" ({unjudged} cannot be judged from this run)" if unjudged else ""))
+    """'**3 of 4 claims hold** (1 not judged)': a report's first-screen count from the verdicts, of the claims this
+    run could judge (`Claim.holds` not None)."""
+    judged = [c for c in claims if c.holds is not None]
+    held, n = sum(c.holds is True for c in judged), len(judged)
+    return (f"**{held} of {n} claim{'s' if n != 1 else ''} hold{'s' if n == 1 else ''}**"
+            + (f" ({len(claims) - n} not judged)" if len(claims) > n else ""))
 
 
 def seed_links(seeds: Sequence[int]) -> str:
