@@ -58,3 +58,45 @@ def test_a_report_links_view_html_when_episodes_were_recorded(tmp_path):
     write_report(tmp_path, "t", ["intro"])
     page = (tmp_path / "report.html").read_text()
     assert '<a href="view.html">view.html</a>' in page and html_problems(page) == []
+
+
+def test_run_warnings_name_each_way_a_run_learned_nothing(tmp_path):
+    from trajtune.metrics import MetricsLogger
+    from trajtune.runs.report import run_warnings, write_run_report
+
+    learning = [{"step": s, "train/loss": 1.0 / s, "train/grad_norm": 0.5, "rollout/reward": 0.1 * s,
+                 "rollout/no_signal_share": 0.5, "rollout/truncated_share": 0.2} for s in (1, 2, 3)]
+    assert run_warnings(learning) == []
+    flat = [{"step": s, "train/loss": 0.0, "train/grad_norm": 0.0, "rollout/reward": 0.0,
+             "rollout/no_signal_share": 1.0, "rollout/truncated_share": 0.9} for s in (1, 2, 3)]
+    got = run_warnings(flat)
+    assert [w.split(":**")[0] for w in got] == ["**No learning signal", "**Most completions were cut at the token budget",
+                                                "**The loss never moved", "**Gradient norm 0 at every step"]
+    assert "90% of sampled completions over 3 steps" in got[1] and "(mean reward 0; `rollout/no_signal_share` 1)" in got[0]
+    # one step with signal, or a minority cut: no such line
+    mixed = flat[:2] + [{**flat[2], "rollout/no_signal_share": 0.75, "rollout/truncated_share": 0.0},
+                        {"step": 4, "rollout/truncated_share": 0.0}]  # cut: (0.9 + 0.9 + 0 + 0) / 4 <= 0.5
+    assert not any("No learning signal" in w or "cut at" in w for w in run_warnings(mixed))
+    with MetricsLogger(tmp_path) as log:
+        for row in flat:
+            log.log(row["step"], {k: v for k, v in row.items() if k != "step"})
+    text = write_run_report(tmp_path, "grpo", "settings: lr 1e-05").read_text()
+    first = text.split("## Every plotted metric")[0]
+    assert first.index("settings") < first.index("**No learning signal") < first.index("## Key metrics")
+    assert "| training loss | `train/loss` | 3 | 0 | 0 | 0 | 0 | 0 |" in first
+
+
+def test_hf_settings_name_what_each_command_trains_with():
+    from trajtune.experiments.hf import dpo, grpo, rft, rm, sft
+    from trajtune.experiments.hf.common import settings_text
+    from trajtune.experiments.hf.model import ModelConfig
+
+    base = {"data": "x.jsonl", "model": ModelConfig(path="m")}
+    assert settings_text(sft.SFTRun(**base)) == "settings: lr 1e-05; steps 100; batch 8; loss NLL on all tokens"
+    offline = settings_text(dpo.DPORun(**base))
+    assert offline.endswith("loss dpo, beta 0.1") and "max new tokens" not in offline  # offline DPO samples nothing
+    assert settings_text(rm.RewardModelRun(**base)).endswith("loss reward model, objective bt")
+    text = settings_text(grpo.GRPORun(**base, reward=["r.py:f", "r.py:g"], reward_weights=[1.0, 0.5]))
+    assert text.startswith("reward: `r.py:f` + `r.py:g` (weights 1, 0.5)\n\nsettings: lr 1e-05; steps 100; ")
+    assert "group size 8; loss advantage grpo, surrogate reinforce, KL coef 0; max new tokens 64" in text
+    assert "rounds 4 x 100 SFT steps" in settings_text(rft.RFTRun(**base, reward=["r.py:f"]))

@@ -315,7 +315,8 @@ def run_warnings(rows: Sequence[dict]) -> list[str]:
         out.append(f"**The loss never moved:** `train/loss` was {_short(loss[0])} at all {len(loss)} steps.")
     grad = values("train/grad_norm")
     if grad and all(v == 0 for v in grad):
-        out.append(f"**Gradient norm 0 at every step** ({len(grad)} steps, `train/grad_norm`): the weights never changed.")
+        out.append(f"**Gradient norm 0 at every step:** `train/grad_norm` was 0 at all {len(grad)} steps, so the "
+                   "weights never changed.")
     return out
 
 

@@ -260,7 +260,7 @@ def settings_text(config) -> str:
             items.append(("loss", f"{loop.loss}, beta {loop.beta:g}" if hasattr(loop, "beta") else  # DPO family
                           f"reward model, objective {loop.objective}" if hasattr(loop, "objective") else
                           f"NLL on {loop.train_on} tokens"))  # SFT
-    if hasattr(config, "sampling"):
+    if hasattr(config, "sampling") and getattr(config, "online", True):  # offline DPO samples nothing
         items += [("max new tokens", str(config.sampling.max_new_tokens)),
                   ("temperature", f"{config.sampling.temperature:g}")]
     text = "settings: " + "; ".join(f"{k} {v}" for k, v in items)
