@@ -22,6 +22,7 @@ def test_the_pipeline_summary_names_what_fell_and_the_forgetting():
     assert "- sft: rose: chat pass@1 (greedy) 10.0% -> 43.4%" in text
     assert "fell: completion pass@1 (greedy) 93.4% -> 22.3%" in text
     assert "93.4% -> 22.3% -> 7.4% -> 8.2%" in text and "ch. 15" in text and "lowest after dpo" in text
+    assert f"the form of {1 - PipelineConfig().chat_share:.0%} of the pretraining corpus" in text
     # every stage raises everything: the headline says so, and no forgetting sentence
     up = _evals([0.0, 0.5, 0.55, 0.6, 0.65], [0.0, 0.1, 0.4, 0.6, 0.7], [0.0, 0.1, 0.3, 0.5, 0.6], [0.0, 0.2, 0.5, 0.7, 0.8])
     text = stage_summary(up, PipelineConfig())

@@ -205,7 +205,7 @@ def episodes_note(run_dir: Path) -> str:
 REPORT_TAGS = frozenset({
     "html", "head", "meta", "title", "style", "body",  # write_report's page
     "p", "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td", "img", "a", "code",
-    "pre", "em", "strong", "ul", "ol", "li", "hr", "br", "blockquote", "sup", "sub", "del", "div", "span",
+    "pre", "em", "strong", "ul", "ol", "li", "hr", "br", "blockquote", "sup", "del",
 })
 """the tags markdown_html and write_report produce; any other tag in a report came from unescaped text"""
 VOID_TAGS = frozenset({"img", "br", "hr", "meta"})
@@ -279,15 +279,19 @@ def key_metrics(rows: Sequence[dict]) -> str:
     digits); '' when the rows have none of them."""
     table = []
     for key, what in KEY_METRICS:
-        ys = [v for r in rows if (v := _number(r.get(key))) is not None and math.isfinite(v)]
-        if ys:
+        if ys := _values(rows, key):
             table.append((what, f"`{key}`", len(ys), *(_short(v) for v in (ys[0], ys[-1], statistics.fmean(ys),
                                                                               min(ys), max(ys)))))
-    return markdown_table(["metric", "key", "steps", "first", "last", "mean", "min", "max"], table) if table else ""
+    return markdown_table(["metric", "key", "rows", "first", "last", "mean", "min", "max"], table) if table else ""
 
 
 def _short(v: float) -> str:
     return "0" if v == 0 else f"{v:.3g}"
+
+
+def _values(rows: Sequence[dict], key: str) -> list[float]:
+    """The finite values of `key` over the rows that have it, in row order."""
+    return [v for r in rows if (v := _number(r.get(key))) is not None and math.isfinite(v)]
 
 
 def run_warnings(rows: Sequence[dict]) -> list[str]:
@@ -295,25 +299,22 @@ def run_warnings(rows: Sequence[dict]) -> list[str]:
     no group with reward variance at any step (`rollout/no_signal_share` 1 everywhere: a group baseline makes
     every advantage 0), most completions cut at the token budget (`rollout/truncated_share` > 0.5 over the run),
     a loss that never moved, a gradient norm of 0 at every step. [] when none applies."""
-    def values(key: str) -> list[float]:
-        return [v for r in rows if (v := _number(r.get(key))) is not None and math.isfinite(v)]
-
     out = []
-    signal, reward = values("rollout/no_signal_share"), values("rollout/reward")
+    signal, reward = _values(rows, "rollout/no_signal_share"), _values(rows, "rollout/reward")
     if signal and all(v == 1.0 for v in signal):
         same = f"mean reward {_short(min(reward))}; " if reward and min(reward) == max(reward) else ""
         out.append(f"**No learning signal:** at every one of the {len(signal)} steps, every group's completions got "
-                   f"the same reward ({same}`rollout/no_signal_share` 1), so every advantage was 0 and the reward "
-                   "taught the policy nothing; check the reward function on a few real completions.")
-    cut = values("rollout/truncated_share")
+                   f"the same reward ({same}`rollout/no_signal_share` 1): with a group baseline (GRPO, RLOO) every "
+                   "advantage was 0 and the reward taught the policy nothing; check the reward function on a few real completions.")
+    cut = _values(rows, "rollout/truncated_share")
     if cut and statistics.fmean(cut) > 0.5:
         out.append(f"**Most completions were cut at the token budget:** {statistics.fmean(cut):.0%} of sampled "
                    f"completions over {len(cut)} steps stopped at the maximum number of new tokens before they ended "
                    "(`rollout/truncated_share`); raise --max-new-tokens, or check that the model can end a turn.")
-    loss = values("train/loss")
+    loss = _values(rows, "train/loss")
     if len(loss) > 1 and max(loss) - min(loss) <= 1e-9 * max(1.0, abs(loss[0])):
         out.append(f"**The loss never moved:** `train/loss` was {_short(loss[0])} at all {len(loss)} steps.")
-    grad = values("train/grad_norm")
+    grad = _values(rows, "train/grad_norm")
     if grad and all(v == 0 for v in grad):
         out.append(f"**Gradient norm 0 at every step:** `train/grad_norm` was 0 at all {len(grad)} steps, so the "
                    "weights never changed.")
@@ -334,9 +335,9 @@ def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
     except (OSError, ValueError):
         rows = []
     curves = _curves(rows)  # {(stage, key): (steps, values)}
-    sections = ["\n\n".join([intro, *run_warnings(rows)])]  # one first section: the episodes line goes after it
-    if key_metrics(rows):
-        sections.append("## Key metrics\n\n" + key_metrics(rows))
+    sections = ["\n\n".join([intro, *run_warnings(rows)]), key_metrics(rows)]  # the episodes line: after the first
+    if sections[-1]:
+        sections[-1] = "## Key metrics\n\n" + sections[-1]
     if not curves:
         sections.append("No metric rows were logged (metrics.jsonl is missing or empty).")
         return write_report(run_dir, title, sections)

@@ -143,8 +143,8 @@ def stage_summary(results: dict, config: Config) -> str:
     later = TRAINING[1:]
     if min(completion[1:]) <= completion[0] - 0.1:  # ten points or more below what pretraining reached
         worst = min(range(1, len(TRAINING)), key=lambda i: completion[i])
-        out += ("\n\nThe pretraining format is forgotten: completion pass@1 (`a+b=`, the form of most of the pretraining "
-                "corpus) goes " + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
+        out += ("\n\nThe pretraining format is forgotten: completion pass@1 (`a+b=`, the form of "
+                f"{1 - config.chat_share:.0%} of the pretraining corpus) goes " + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
                 f"(lowest after {TRAINING[worst]}) while {', '.join(later)} train on the chat format only. This is the "
                 "forgetting the RLHF book describes in ch. 15 (the alignment tax: post-training on a new format or "
                 "task loses what the base model did, which PPO-ptx counters by mixing pretraining data back in).")
