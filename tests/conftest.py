@@ -14,3 +14,25 @@ from trajtune.models.tiny import TinyConfig, TinyTransformer
 def tiny_model():
     torch.manual_seed(0)
     return TinyTransformer(TinyConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, max_len=64)).eval()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reports_are_clean_html(tmp_path_factory):
+    """After each test module: every report.html written under the session's temporary directory since
+    the module began (by a test's tmp_path or a module fixture's tmp_path_factory) parses with only the
+    tags a report makes, all closed (`html_problems`): text that went through as HTML fails here."""
+    import time
+
+    from trajtune.runs.report import html_problems
+
+    base, start = tmp_path_factory.getbasetemp(), time.time() - 1.0
+    yield
+    bad = []
+    for root, _, files in os.walk(base):
+        if "report.html" in files:
+            page = os.path.join(root, "report.html")
+            if os.path.getmtime(page) >= start:
+                with open(page, encoding="utf-8") as f:
+                    bad += [f"{page}: {p}" for p in html_problems(f.read())]
+    if bad:
+        pytest.fail("report.html with bad tags:\n" + "\n".join(bad[:20]), pytrace=False)

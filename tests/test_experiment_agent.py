@@ -61,6 +61,10 @@ def test_every_stage_checkpoints_and_reports(small_run):
         assert set(probes[split]) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in probes[split].values())
     report = (run_dir / "report.md").read_text()
     assert "novel (unseen code)" in report and "four conclusions" in report
+    held = sum(v is True for v in json.loads((run_dir / "summary.json").read_text())["holds"].values())
+    assert f"**{held} of " in report.split("## Claims")[0]  # the count on the first screen
+    for caption in ("*Evaluation points*: ", "*Final-policy evaluation*: "):  # each table says which evaluation
+        assert caption in report
     assert "| oracle_sft |" in text.split("Unseen names, unseen code")[1]
 
 
@@ -151,6 +155,7 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path, capsys):
     report = write_seeds_report(tmp_path, {0: summary, 1: summary})
     text = report.read_text()
     assert "± 0.00" in text and "| A6 | 2/2 |" in text
+    assert "[seed 0](seed-0/report.html), [seed 1](seed-1/report.html)" in text and "seed-<s>" not in text
     assert "| oracle_sft |" in text.split("Unseen names, unseen code (mean ± sd)")[1]
     assert "four conclusions" in text and "/2 |" in text.split("four conclusions (§15.5), per seed")[1]
     assert parse_seeds("0,1,2") == [0, 1, 2]

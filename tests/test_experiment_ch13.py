@@ -60,6 +60,9 @@ def test_chapter13_end_to_end_and_resume(tmp_path, capsys):
     for png in ("pretrain_loss", "adherence", "frontier", "frontier_format", "pass_at_k", "grpo"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     assert (tmp_path / "report.html").exists()
+    rows = [line for line in (tmp_path / "claims.md").read_text().splitlines() if line.startswith("| B")]
+    held, judged = sum(line.endswith("| holds |") for line in rows), sum(not line.endswith("| n/a |") for line in rows)
+    assert f"**{held} of {judged} claims hold**" in text.split("## Claims")[0]  # from the verdicts, up front
     res = json.loads((tmp_path / "reward_model" / "results.json").read_text())
     assert set(res["best_of_n"]) == {"2", "4"} and 0 <= res["rm_accuracy"] <= 1
     grpo = json.loads((tmp_path / "grpo" / "results.json").read_text())
@@ -83,6 +86,7 @@ def test_run_seeds_writes_the_three_seed_table(tmp_path):
     table = (tmp_path / "seed_table.md").read_text()
     assert "Before RL: pass@1" in table and "±" in table and "Best-of-8" not in table
     assert report == tmp_path / "report.md" and (tmp_path / "seed-1" / "report.md").exists()
+    assert "[seed 0](seed-0/report.html), [seed 1](seed-1/report.html)" in report.read_text()
 
 
 def _interrupting(at):

@@ -4,6 +4,7 @@ budget; the BugFix comparison (C4) runs end to end (slow: it trains the flagship
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -33,6 +34,8 @@ def test_bandit_fixed_points_and_report(tmp_path):
     assert "| C1 |" in claims and "| C2 |" in claims and "| C3 |" in claims
     c1, c2 = (line for line in claims.splitlines() if line.startswith(("| C1", "| C2")))
     assert c1.endswith("| holds |") and c2.endswith("| holds |")
+    held = sum(line.endswith("| holds |") for line in claims.splitlines() if line.startswith("| C"))
+    assert f"**{held} of 3 claims hold**" in report.read_text().split("## Claims")[0]
     assert report.exists() and all((tmp_path / f"{p}.png").exists() for p in ("p_right", "reward", "c3_spread"))
 
 
@@ -129,3 +132,14 @@ def test_bandit_checks_pass_the_papers_numbers_and_fail_constructed_failures():
         got = _verdicts(config, env, c, s)
         assert got[case.split()[0]] is False, (case, got)
     assert spread[peak]["sd"] >= 2 * spread["SFT"]["sd"]
+
+
+def test_bugfix_seeds_report_links_each_seed(tmp_path):
+    for s, (rft, iw) in enumerate(((0.5, 0.6), (0.4, 0.3))):
+        (tmp_path / f"seed-{s}").mkdir()
+        (tmp_path / f"seed-{s}" / "summary.json").write_text(json.dumps(
+            {"rft": {"eval/pass_rate": rft, "eval/heldout_pass_rate": 0.1},
+             "iw_sft": {"eval/pass_rate": iw, "eval/heldout_pass_rate": 0.2}}))
+    text = iw_sft_bugfix.seeds_report(None, tmp_path, {s: tmp_path / f"seed-{s}" for s in (0, 1)}).read_text()
+    assert "train pass on 1 of 2 seeds" in text
+    assert "[seed 0](seed-0/report.html), [seed 1](seed-1/report.html)" in text

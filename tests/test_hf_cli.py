@@ -188,3 +188,28 @@ lr = 1e-3
     assert len(rows) == 2 and rows == strip(read_metrics(tmp_path / "toml"))
     a, b = _weights(tmp_path / "cli" / "model"), _weights(tmp_path / "toml" / "model")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_grpo_run_that_learned_nothing_says_so(work):
+    """A constant reward: no group has reward variance, so nothing is learned; a 3-token budget cuts the random
+    model's completions. The report's first screen names the settings and the reward and warns, one line each."""
+    (work / "const.py").write_text("def one(prompts, completions, **kw):\n    return [1.0 for _ in completions]\n")
+    out = work / "grpo-const"
+    _run("grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
+         "--reward", f"{work / 'const.py'}:one", "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
+         "--max-new-tokens", "3", "--lr", "1e-3", "--out", str(out))
+    rows = read_metrics(out)
+    assert [r["rollout/no_signal_share"] for r in rows] == [1.0, 1.0] and all(r["rollout/truncated_share"] > 0.5 for r in rows)
+    text = (out / "report.md").read_text()
+    first = text.split("## Every plotted metric")[0]
+    assert f"reward: `{work / 'const.py'}:one`" in first
+    assert "settings: lr 0.001; steps 2; prompts per step 2; group size 4; loss advantage grpo" in first
+    assert "max new tokens 3" in first
+    assert ("**No learning signal:** at every one of the 2 steps, every group's completions got the same reward "
+            "(mean reward 1; `rollout/no_signal_share` 1)") in first
+    assert "**Most completions were cut at the token budget:**" in first
+    assert "| groups with no reward variance | `rollout/no_signal_share` | 2 | 1 | 1 | 1 | 1 | 1 |" in first
+    assert "last logged row" not in text and "{'" not in text  # no raw dict of the last row
+    # a run with signal and room to finish: no such warning (test_grpo_with_a_reward_function's run)
+    if (work / "grpo" / "report.md").exists():
+        assert "**No learning signal:**" not in (work / "grpo" / "report.md").read_text()

@@ -13,9 +13,11 @@ once what reproduced and what did not.
 
 from __future__ import annotations
 
+import html
 import math
 import statistics
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -49,6 +51,20 @@ class Claim:
     @property
     def verdict(self) -> str:
         return {True: "holds", False: "**does not hold**", None: "n/a"}[self.holds]
+
+
+def claims_verdict(claims: Sequence[Claim]) -> str:
+    """'**3 of 4 claims hold** (1 not judged)': a report's first-screen count from the verdicts, of the claims this
+    run could judge (`Claim.holds` not None)."""
+    judged = [c for c in claims if c.holds is not None]
+    held, n = sum(c.holds is True for c in judged), len(judged)
+    return (f"**{held} of {n} claim{'s' if n != 1 else ''} hold{'s' if n == 1 else ''}**"
+            + (f" ({len(claims) - n} not judged)" if len(claims) > n else ""))
+
+
+def seed_links(seeds: Sequence[int]) -> str:
+    """'[seed 0](seed-0/report.html), [seed 1](seed-1/report.html)': a multi-seed report's per-seed pages."""
+    return ", ".join(f"[seed {s}](seed-{s}/report.html)" for s in seeds)
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -255,23 +271,106 @@ def image(path: str | Path, alt: str) -> str:
 
 
 def write_report(run_dir: str | Path, title: str, sections: Sequence[str]) -> Path:
-    """Write report.md and report.html into run_dir; returns the path of report.md."""
-    import markdown
+    """Write report.md and report.html into run_dir; returns the path of report.md.
 
+    Raw HTML in the text is not HTML: `seed-<s>/report.md` shows as written, never as a tag
+    (`markdown_html`), so a report says in the browser what its report.md says."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    text = f"# {title}\n\n" + "\n\n".join(s.strip() for s in sections if s and s.strip()) + "\n"
+    sections = [s.strip() for s in sections if s and s.strip()]
+    note = episodes_note(run_dir)
+    sections[1:1] = [note] if note else []  # after the first paragraph
+    text = f"# {title}\n\n" + "\n\n".join(sections) + "\n"
     md = run_dir / "report.md"
     md.write_text(text, encoding="utf-8")
-    body = markdown.markdown(text, extensions=["tables"])
-    html = (
+    html_page = (
         "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>{title}</title><style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}"
+        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}"
         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em}"
-        "img{max-width:100%}</style></head><body>" + body + "</body></html>"
+        "img{max-width:100%}</style></head><body>" + markdown_html(text) + "</body></html>"
     )
-    (run_dir / "report.html").write_text(html, encoding="utf-8")
+    (run_dir / "report.html").write_text(html_page, encoding="utf-8")
     return md
+
+
+def markdown_html(text: str) -> str:
+    """Markdown (with tables) -> HTML, where `<`, `>` and `&` that are not markdown syntax are text:
+    Python-Markdown's raw-HTML block and inline passes are removed, so `a < b`, `seed-<s>` or
+    `<div>` come out escaped (`&lt;s&gt;`); links, autolinks `<http://...>`, code and entities work as before."""
+    import markdown
+    from markdown.extensions import Extension
+
+    class NoRawHtml(Extension):
+        def extendMarkdown(self, md):  # noqa: N802 (Python-Markdown's name)
+            md.preprocessors.deregister("html_block")
+            md.inlinePatterns.deregister("html")
+
+    return markdown.markdown(text, extensions=["tables", NoRawHtml()])
+
+
+EPISODES_FILE = "episodes.jsonl"
+"""runs.recorder.FILE (the recorder sits above this module: the name is repeated, and a test keeps the two equal)"""
+
+
+def episodes_note(run_dir: Path) -> str:
+    """A line for a run that recorded episodes (RUN_DIR/<stage>/episodes.jsonl, `runs.recorder`): the link to
+    view.html when `trajtune view` has written it, and the command that writes (or refreshes) it. '' for none."""
+    if not any(run_dir.glob(f"*/{EPISODES_FILE}")):
+        return ""
+    how = f"`trajtune view {run_dir}` writes (or refreshes) view.html"
+    if (run_dir / "view.html").exists():
+        return f"Recorded episodes, token by token: [view.html](view.html) ({how})."
+    return f"This run recorded episodes (`<stage>/{EPISODES_FILE}`); {how} to read them token by token."
+
+
+REPORT_TAGS = frozenset({
+    "html", "head", "meta", "title", "style", "body",  # write_report's page
+    "p", "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td", "img", "a", "code",
+    "pre", "em", "strong", "ul", "ol", "li", "hr", "br", "blockquote", "sup", "del",
+})
+"""the tags markdown_html and write_report produce; any other tag in a report came from unescaped text"""
+VOID_TAGS = frozenset({"img", "br", "hr", "meta"})
+
+
+def html_problems(page: str) -> list[str]:
+    """What is wrong with a report page's tags, one line each: a tag no report makes (text that went
+    through as HTML, e.g. `<s>`), a tag never closed, an end tag that closes nothing. [] when clean."""
+    checker = _TagCheck()
+    checker.feed(page)
+    checker.close()
+    return checker.problems + [f"line {line}: <{tag}> is never closed" for tag, line in checker.open]
+
+
+class _TagCheck(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.open: list[tuple[str, int]] = []  # (tag, line) of the open elements, innermost last
+        self.problems: list[str] = []
+
+    def _known(self, tag: str) -> None:
+        if tag not in REPORT_TAGS:
+            self.problems.append(f"line {self.getpos()[0]}: <{tag}> is not a tag a report makes (unescaped text?)")
+
+    def handle_starttag(self, tag, attrs):
+        self._known(tag)
+        if tag not in VOID_TAGS:
+            self.open.append((tag, self.getpos()[0]))
+
+    def handle_startendtag(self, tag, attrs):
+        self._known(tag)
+
+    def handle_endtag(self, tag):
+        if tag in VOID_TAGS:
+            return
+        names = [t for t, _ in self.open]
+        if tag not in names:
+            self.problems.append(f"line {self.getpos()[0]}: </{tag}> closes no open tag")
+            return
+        while self.open:
+            name, line = self.open.pop()
+            if name == tag:
+                break
+            self.problems.append(f"line {line}: <{name}> is never closed (closed by </{tag}>)")
 
 
 # --- the report of any run directory, from its metrics.jsonl --------------------------------
@@ -286,11 +385,69 @@ RUN_PLOTS = (
 """(file stem, title, keys) of `write_run_report`'s figures; a key ending in '/' is a prefix"""
 
 
+KEY_METRICS = (
+    ("train/loss", "training loss"), ("train/grad_norm", "gradient norm"), ("rollout/reward", "mean reward"),
+    ("rollout/pass_rate", "pass rate (reward >= 1)"), ("rollout/no_signal_share", "groups with no reward variance"),
+    ("rollout/truncated_share", "completions cut at the token budget"), ("rollout/policy_tokens", "completion tokens"),
+    ("kl/k3", "KL to the reference"), ("dpo/accuracy", "preference accuracy"), ("dpo/margin", "reward margin"),
+    ("rm/accuracy", "pair accuracy"), ("rft/kept", "kept samples"),
+)
+"""(key, what it is) of the key-metrics table on a run report's first screen, in this order, where the rows have them"""
+
+
+def key_metrics(rows: Sequence[dict]) -> str:
+    """A small markdown table of the run's key metrics (first, last, mean, min, max over its steps, 3 significant
+    digits); '' when the rows have none of them."""
+    table = []
+    for key, what in KEY_METRICS:
+        if ys := _values(rows, key):
+            table.append((what, f"`{key}`", len(ys), *(_short(v) for v in (ys[0], ys[-1], statistics.fmean(ys),
+                                                                              min(ys), max(ys)))))
+    return markdown_table(["metric", "key", "rows", "first", "last", "mean", "min", "max"], table) if table else ""
+
+
+def _short(v: float) -> str:
+    return "0" if v == 0 else f"{v:.3g}"
+
+
+def _values(rows: Sequence[dict], key: str) -> list[float]:
+    """The finite values of `key` over the rows that have it, in row order."""
+    return [v for r in rows if (v := _number(r.get(key))) is not None and math.isfinite(v)]
+
+
+def run_warnings(rows: Sequence[dict]) -> list[str]:
+    """One line for each way a run can have learned nothing, judged from its metric rows:
+    no group with reward variance at any step (`rollout/no_signal_share` 1 everywhere: a group baseline makes
+    every advantage 0), most completions cut at the token budget (`rollout/truncated_share` > 0.5 over the run),
+    a loss that never moved, a gradient norm of 0 at every step. [] when none applies."""
+    out = []
+    signal, reward = _values(rows, "rollout/no_signal_share"), _values(rows, "rollout/reward")
+    if signal and all(v == 1.0 for v in signal):
+        same = f"mean reward {_short(min(reward))}; " if reward and min(reward) == max(reward) else ""
+        out.append(f"**No learning signal:** at every one of the {len(signal)} steps, every group's completions got "
+                   f"the same reward ({same}`rollout/no_signal_share` 1): with a group baseline (GRPO, RLOO) every "
+                   "advantage was 0 and the reward taught the policy nothing; check the reward function on a few real completions.")
+    cut = _values(rows, "rollout/truncated_share")
+    if cut and statistics.fmean(cut) > 0.5:
+        out.append(f"**Most completions were cut at the token budget:** {statistics.fmean(cut):.0%} of sampled "
+                   f"completions over {len(cut)} steps stopped at the maximum number of new tokens before they ended "
+                   "(`rollout/truncated_share`); raise --max-new-tokens, or check that the model can end a turn.")
+    loss = _values(rows, "train/loss")
+    if len(loss) > 1 and max(loss) - min(loss) <= 1e-9 * max(1.0, abs(loss[0])):
+        out.append(f"**The loss never moved:** `train/loss` was {_short(loss[0])} at all {len(loss)} steps.")
+    grad = _values(rows, "train/grad_norm")
+    if grad and all(v == 0 for v in grad):
+        out.append(f"**Gradient norm 0 at every step:** `train/grad_norm` was 0 at all {len(grad)} steps, so the "
+                   "weights never changed.")
+    return out
+
+
 def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
-    """report.md / report.html for any run directory from its metrics.jsonl: a summary table per
-    stage (first, last, min, max of the plotted keys) and one figure per group the rows have
-    (loss, reward, KL, preference accuracy, lr, eval curves: `report-<group>.png`, one line per
-    stage and key, x = the row's step). `intro`: markdown put first. Returns report.md's path."""
+    """report.md / report.html for any run directory from its metrics.jsonl. First screen: `intro` (markdown:
+    what ran, with which settings), a warning line for each way the run learned nothing (`run_warnings`), and
+    a small table of its key metrics (`key_metrics`). Then a summary table per stage (first, last, min, max of
+    the plotted keys) and one figure per group the rows have (loss, reward, KL, preference accuracy, lr, eval
+    curves: `report-<group>.png`, one line per stage and key, x = the row's step). Returns report.md's path."""
     from ..metrics import read_metrics
 
     run_dir = Path(run_dir)
@@ -299,13 +456,15 @@ def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
     except (OSError, ValueError):
         rows = []
     curves = _curves(rows)  # {(stage, key): (steps, values)}
-    sections = [intro]
+    sections = ["\n\n".join([intro, *run_warnings(rows)]), key_metrics(rows)]  # the episodes line: after the first
+    if sections[-1]:
+        sections[-1] = "## Key metrics\n\n" + sections[-1]
     if not curves:
         sections.append("No metric rows were logged (metrics.jsonl is missing or empty).")
         return write_report(run_dir, title, sections)
     table = [(stage, key, len(ys), *(f"{v:.4g}" for v in (ys[0], ys[-1], min(ys), max(ys))))
              for (stage, key), (_, ys) in curves.items()]
-    sections.append("## Summary\n\n" + markdown_table(["stage", "metric", "rows", "first", "last", "min", "max"], table))
+    sections.append("## Every plotted metric, per stage\n\n" + markdown_table(["stage", "metric", "rows", "first", "last", "min", "max"], table))
     stages = {stage for stage, _ in curves}
     figures = []
     for stem, plot_title, keys in RUN_PLOTS:
@@ -355,7 +514,7 @@ def write_claims_over_seeds(run_dir: str | Path, title: str, per_seed: Mapping[i
     holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
     table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on"],
                            [[*r, f"{holds[cid]} of {len(seeds)}"] for cid, r in rows.items()])
-    links = ", ".join(f"[seed {s}](seed-{s}/report.html)" for s in seeds)
+    links = seed_links(seeds)
     always = sum(h == len(seeds) for h in holds.values())
     return write_report(run_dir, title, [f"**{always} of {len(rows)} claims hold on every seed** "
                                          f"({', '.join(map(str, seeds))}). Per-seed reports: {links}.",

@@ -14,7 +14,8 @@ import math
 from pathlib import Path
 
 from ...envs.bugfix_tasks import FAMILIES
-from ...runs.report import Claim, Panel, claims_table, fmt, image, line_plot, markdown_table, mean_sd, panel_plot, write_report
+from ...runs.report import (Claim, Panel, claims_table, claims_verdict, fmt, image, line_plot, markdown_table, mean_sd,
+                            panel_plot, seed_links, write_report)
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
 GAP_COLUMNS = ("train", "heldout", "renamed", "novel")
@@ -23,6 +24,24 @@ GAP_TEXT = ("Each final policy, 8 episodes per task: the held-out split is the s
             "no training task uses); *train tasks renamed* is the training code under held-out names (the train column's "
             "random numbers), so train -> renamed is what an unseen name alone costs; *novel* is code no training listing "
             "shows (an operator, a keyword, a loop-shaped `minmax` task), a probe beyond the seed.")
+N_TRAIN, N_HELDOUT = 20, 10  # BugFix tasks (envs/bugfix_tasks.py)
+
+
+def eval_points_text(c) -> str:
+    """Which evaluation the curves, costs, rounds and DPO tables read (`bugfix.evaluate`)."""
+    return (f"*Evaluation points*: {c.eval_samples} sampled episodes (temperature 1) per task, {N_TRAIN} train / "
+            f"{N_HELDOUT} held-out tasks ({c.eval_samples * N_TRAIN} / {c.eval_samples * N_HELDOUT} episodes), the "
+            "same random numbers at every point; a recipe's final numbers here are its last point.")
+
+
+def final_policies_text(c) -> str:
+    """Which evaluation the final-policy tables read (`bugfix.describe`): another draw than the curves' last point."""
+    return (f"*Final-policy evaluation*: each stage's final policy re-run with {c.describe_samples} sampled episodes "
+            f"(temperature 1) per task ({c.describe_samples * N_TRAIN} train / {c.describe_samples * N_HELDOUT} "
+            "held-out episodes) on other random numbers than the evaluation points, so its pass rates differ from the "
+            "curves' last point by sampling noise (the same policy, another draw).")
+
+
 GUESS_LEVEL = 0.25  # blind play passes ~0.2 (envs/scripted.py)
 
 
@@ -307,7 +326,6 @@ def plots(run_dir: Path, c, r: dict) -> list[str]:
 def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     cl = claims(c, r)
     (run_dir / "summary.json").write_text(json.dumps(summary(c, r, cl), indent=1))
-    n_hold = sum(x.holds is True for x in cl)
     curves = [[name] + [f"{p['step']}: {p['eval/pass_rate']:.2f}/{p['eval/heldout_pass_rate']:.2f}" for p in recipe_curve(r, name)]
               for name in RECIPES]
     width = max(len(x) for x in curves)
@@ -333,26 +351,32 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     concl = conclusions(r)
     sections = [
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks "
-        f"(unseen names; 10 more of unseen code as a probe). **{n_hold} of {len(cl)} claims hold.** Whole run "
+        f"(unseen names; 10 more of unseen code as a probe). {claims_verdict(cl)}. Whole run "
         f"{wall:.0f}s wall ({c.runner.workers} worker process(es)).\n\n"
         + conclusions_text({k: int(v) for k, v in concl.items()}, 1)
         + " A single seed: `trajtune run agent --seeds 0,1,2` judges them over three.",
-        "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl),
-        "## The four recipes: pass rate vs gradient steps (train/held-out)\n\n"
+        "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl) + "\n\nA3 (start), A5, A7-A9 and A13 read the "
+        "evaluation points; A2, A3 (end) and A11 the final-policy evaluation (both described below the tables "
+        "that use them); A10 its own probe.",
+        "## The four recipes: pass rate vs gradient steps (train/held-out)\n\n" + eval_points_text(c) + "\n\n"
         + markdown_table(["recipe"] + [f"point {i}" for i in range(width - 1)], curves) + "\n\n" + "\n".join(plots(run_dir, c, r)),
-        "## Cost (training-time episodes; evaluation episodes not counted)\n\n"
-        + markdown_table(["recipe", "demos", "sampled episodes", "verifier calls", "train", "held-out"], cost_rows(r)),
-        "## Final policies (8 episodes per task)\n\n"
+        "## Cost (training-time episodes; evaluation episodes not counted)\n\nTrain / held-out: the last evaluation "
+        "point (as in the curves).\n\n" + markdown_table(["recipe", "demos", "sampled episodes", "verifier calls", "train", "held-out"], cost_rows(r)),
+        f"## Final policies ({c.describe_samples} episodes per task)\n\n" + final_policies_text(c) + "\n\n"
         + markdown_table(["stage", "train", "held-out", "invalid/ep", "reads", "action entropy"], describes),
-        "## Expert iteration rounds (A5)\n\n" + markdown_table(
+        "## Expert iteration rounds (A5)\n\nSample pass, kept, distinct, solved: the round's own training samples; "
+        "train / held-out: the evaluation point after the round.\n\n" + markdown_table(
             ["round", "sample pass", "kept", "distinct", "tasks solved", "kept starting with edit", "train", "held-out"], rft_rows),
-        "## DPO drift and behaviour (A7, A8)\n\n" + markdown_table(
+        "## DPO drift and behaviour (A7, A8)\n\nTrain / held-out / invalid: the evaluation points.\n\n" + markdown_table(
             ["run", "step", "d_chosen", "d_rejected", "train", "held-out", "invalid/ep"], dpo_rows),
-        "## Informative groups on the held-out probe (A10)\n\n" + markdown_table(
+        f"## Informative groups on the held-out probe (A10)\n\nThe probe: a group of {c.probe_group} sampled episodes "
+        f"(temperature 1) per held-out task ({c.probe_group * N_HELDOUT} episodes), its own random numbers.\n\n" + markdown_table(
             ["policy", "held-out pass", "groups with signal", "action entropy"], probe_rows),
-        "## Reward hacking with the public-test filter (A13)\n\n" + markdown_table(
+        f"## Reward hacking with the public-test filter (A13)\n\nPublic / hidden pass: {c.eval_samples} sampled "
+        f"episodes per train task ({c.eval_samples * N_TRAIN}) after each round.\n\n" + markdown_table(
             ["round", "kept", "kept hacks", "public pass", "hidden pass"], hack_rows),
-        "## Unseen names, unseen code (three held-out columns)\n\n" + GAP_TEXT + "\n\n"
+        "## Unseen names, unseen code (three held-out columns)\n\n" + GAP_TEXT + " Train and held-out: the "
+        "final-policy evaluation (the table above).\n\n"
         + markdown_table(["policy", *GAP_HEADERS], gap_rows),
         "## Time per stage\n\n" + markdown_table(["stage", "wall s", "CPU s", "sampling share of wall"], times),
     ]
@@ -391,12 +415,12 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict]) -> Path:
     concl_rows = [[f"{i + 1}. {k}", f"{held[k]}/{len(seeds)}"]
                   + [{True: "holds", False: "no"}[bool(summaries[s].get("conclusions", {}).get(k))] for s in seeds]
                   for i, k in enumerate(CONCLUSIONS)]
-    sections = [f"Seeds {', '.join(map(str, seeds))}; each seed's full report is in seed-<s>/report.md.\n\n"
+    sections = [f"Seeds {', '.join(map(str, seeds))}; each seed's full report: {seed_links(seeds)}.\n\n"
                 + conclusions_text(held, len(seeds)),
                 "## The chapter's four conclusions (§15.5), per seed\n\n"
                 + markdown_table(["conclusion", "held"] + [f"seed {s}" for s in seeds], concl_rows),
-                "## The four recipes (final train / held-out pass, mean ± sd)\n\n"
-                + markdown_table(["recipe", "train", "held-out"], recipes),
+                "## The four recipes (final train / held-out pass, mean ± sd)\n\nEach recipe's last evaluation point "
+                "(the per-seed reports' curves), not their final-policy evaluation.\n\n" + markdown_table(["recipe", "train", "held-out"], recipes),
                 "## Claims held per seed\n\n" + markdown_table(["claim", "held"] + [f"seed {s}" for s in seeds], holds),
                 *_seeds_generalization(summaries, seeds),
                 "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds], rows)]

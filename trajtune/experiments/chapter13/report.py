@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from ...runs.report import Claim, claims_table, fmt, grouped_bar_plot, image, line_plot, markdown_table, mean_sd, write_report
+from ...runs.report import (Claim, claims_table, claims_verdict, fmt, grouped_bar_plot, image, line_plot, markdown_table,
+                            mean_sd, seed_links, write_report)
 
 
 def pct(x: float) -> str:
@@ -167,7 +168,7 @@ def write_chapter13_report(run_dir: Path, config, results: dict) -> Path:
     timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
     sections.append("## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing))
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
-    intro = (f"Seed {config.seed}. Claims from REPRODUCE.md part B; the seed's numbers come from "
+    intro = (f"Seed {config.seed}. {claims_verdict(claims)}. Claims from REPRODUCE.md part B; the seed's numbers come from "
              "seeds/post-training-ch13.md (its seed 0). A claim that does not hold is reported, not tuned away.")
     return write_report(run_dir, "Post-training ch.13: instruction tuning -> preferences -> RLVR",
                         [intro, "## Claims\n\n" + claims_table(claims), *sections])
@@ -209,5 +210,5 @@ def write_seed_table(run_dir: Path, per_seed: dict[int, dict]) -> Path:
     (Path(run_dir) / "seed_table.md").write_text(table + "\n")
     print(table)
     return write_report(run_dir, "Post-training ch.13 over seeds (B8)",
-                        ["Percentages in %, distinct answers as counts. Per-seed reports are in seed-*/report.md.",
+                        [f"Percentages in %, distinct answers as counts. Per-seed reports: {seed_links(list(per_seed))}.",
                          "## Three-seed table\n\n" + table, "## Claims per seed\n\n" + claims])

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...engine.distributed import init_distributed, is_main
-from ...runs.report import Claim, markdown_table, write_report, write_claims_over_seeds
+from ...runs.report import Claim, claims_verdict, markdown_table, write_report, write_claims_over_seeds
 from ...runs.stages import Stage, read_results, run_stages
 from ..chapter13 import Config as Chapter13Config, with_upstream
 from . import evals, judges, overopt, reward_models
@@ -79,15 +79,12 @@ def all_claims(results: dict, config: Config) -> list[Claim]:
 def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
     """claims.md and report.md (+ .html, plots): N of M claims hold on the first screen, then each part."""
     claims = all_claims(results, config)
-    judged = [c for c in claims if c.holds is not None]
-    held = sum(bool(c.holds) for c in judged)
     sections = [PARTS[name].section(run_dir, results, config) for name in config.demos]
     timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
     table = markdown_table(["#", "experiment", "the book", "ours", "claim", "verdict"],
                            [(c.id, c.what, c.seed, c.ours, c.claim, c.verdict) for c in claims])
     (run_dir / "claims.md").write_text(table + "\n")
-    intro = (f"Seed {config.seed}. **{held} of {len(judged)} claims hold** "
-             f"({len(claims) - len(judged)} not judged). Each claim is the book's sentence (RLHF book, "
+    intro = (f"Seed {config.seed}. {claims_verdict(claims)}. Each claim is the book's sentence (RLHF book, "
              "seeds/rlhf-book.md; the checklist's section in brackets); the graders are tiny models trained on "
              "what the gyms verify, and every number comes from this run. A claim that does not hold is "
              "reported with its numbers, not tuned away.")

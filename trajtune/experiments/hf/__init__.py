@@ -37,7 +37,10 @@ the rows with file:line:field, every length against --max-length and the model's
 sharded). The run directory:
 
     metrics.jsonl, config.json
-    report.md, report.html, report-*.png   the run's curves (loss, reward, KL, accuracy, lr, eval)
+    report.md, report.html, report-*.png   first the reward sources and settings (`common.settings_text`), a line
+                           for each way the run learned nothing (no reward variance in any group, most completions
+                           cut at --max-new-tokens, a loss that never moved, gradient norm 0: `runs.report.run_warnings`)
+                           and the key metrics; then the curves (loss, reward, KL, accuracy, lr, eval)
     model/                 AutoModelForCausalLM.from_pretrained loads it (LoRA merged; adapter in model/adapter;
                            a reward model also loads with AutoModelForSequenceClassification)
     checkpoints/step-N/    the same, every output.save_every steps (the newest output.save_total_limit kept)

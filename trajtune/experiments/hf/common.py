@@ -231,12 +231,49 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
             from ...runs.report import write_run_report
 
             intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from "
-                     f"`{config.model.path}` on `{config.data}`\n\nlast logged row: `{results['last']}`")
+                     f"`{config.model.path}` on `{config.data}`\n\n" + settings_text(config))
             report = write_run_report(run_dir.path, f"{name} on {config.model.path}", intro)
             print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
                   f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
                   flush=True)
     return report
+
+
+def settings_text(config) -> str:
+    """A run report's first lines: the reward sources (grpo, rft, dpo's on-policy pairs) and the key settings --
+    steps, batch / group size, max new tokens, lr and the loss -- from the config of any HF command."""
+    loop = next(getattr(config, f) for f in ("rl", "rft", "dpo", "rm", "sft") if hasattr(config, f))
+    items = [("lr", f"{config.optim.lr:g}")]
+    if config.model.lora_r:
+        items.append(("LoRA r", str(config.model.lora_r)))
+    if hasattr(loop, "rounds"):  # RFT: rounds of sample -> select -> SFT
+        items += [("rounds", f"{loop.rounds} x {loop.steps_per_round} SFT steps"), ("batch", str(loop.batch_size)),
+                  ("samples per prompt", str(loop.samples_per_task)),
+                  ("loss", f"SFT on the samples selected by '{loop.select}' (threshold {loop.threshold:g})")]
+    else:
+        items.append(("steps", str(loop.steps)))
+        if hasattr(loop, "group_size"):  # RL
+            items += [("prompts per step", str(loop.tasks_per_step)), ("group size", str(loop.group_size)),
+                      ("loss", f"advantage {loop.advantage}, surrogate {loop.surrogate}, KL coef {loop.kl_coef:g}")]
+        else:
+            items.append(("batch", str(loop.batch_size)))
+            items.append(("loss", f"{loop.loss}, beta {loop.beta:g}" if hasattr(loop, "beta") else  # DPO family
+                          f"reward model, objective {loop.objective}" if hasattr(loop, "objective") else
+                          f"NLL on {loop.train_on} tokens"))  # SFT
+    if hasattr(config, "sampling") and getattr(config, "online", True):  # offline DPO samples nothing
+        items += [("max new tokens", str(config.sampling.max_new_tokens)),
+                  ("temperature", f"{config.sampling.temperature:g}")]
+    text = "settings: " + "; ".join(f"{k} {v}" for k, v in items)
+    rewards = [f"`{r}`" for r in getattr(config, "reward", [])]
+    models = getattr(config, "reward_model", [])
+    rewards += [f"reward model `{m}`" for m in ([models] if isinstance(models, str) else models) if m]
+    rewards += [f"judge `{config.reward_judge}`"] if getattr(config, "reward_judge", "") else []
+    rewards += [f"rubric `{config.rubric}`"] if getattr(config, "rubric", "") else []
+    if rewards:
+        weights = getattr(config, "reward_weights", [])
+        text = (f"reward: {' + '.join(rewards)}" + (f" (weights {', '.join(f'{w:g}' for w in weights)})" if weights
+                                                    else "") + "\n\n" + text)
+    return text
 
 
 def check(config, run_dir: Path, prepare: Callable[[Any, Path], Any]):

@@ -96,12 +96,52 @@ def not_rising(results: dict, config: Config) -> list[str]:
     return out
 
 
+PASS_METRICS = {"completion_greedy": "completion pass@1 (greedy)", "chat_greedy": "chat pass@1 (greedy)",
+                "chat_sampled": "chat pass@1 (sampled)", "chat_pass_at_k": "chat pass@k"}
+"""the table's held-out pass columns, as the summary names them"""
+
+
+def stage_summary(results: dict, config: Config) -> str:
+    """What the table shows, computed from it: a headline (did each stage raise the metrics it targets,
+    `STAGE_METRIC`), then per stage which pass metrics rose and which fell, with their numbers; and, when
+    the completion form loses what pretraining gave it, a sentence naming that forgetting."""
+    flat = not_rising(results, config)
+    lines, previous, fell = [], "base", {}  # fell: metric label -> the stages after which it fell
+    for name in TRAINING:
+        before, after = results[previous]["eval"], results[name]["eval"]
+        moved = {"rose": [], "fell": []}
+        for key, label in PASS_METRICS.items():
+            label = label.replace("@k", f"@{config.eval_samples}")
+            d = after[key] - before[key]
+            if d:
+                moved["rose" if d > 0 else "fell"].append(f"{label} {before[key]:.1%} -> {after[key]:.1%}")
+                if d < 0:
+                    fell.setdefault(label, []).append(name)
+        text = "; ".join(f"{way}: {', '.join(ms)}" for way, ms in moved.items() if ms) or "no pass metric moved"
+        lines.append(f"- {name}: {text}")
+        previous = name
+    falls = "; ".join(f"{label} fell after {', '.join(stages)}" for label, stages in fell.items())
+    if flat:
+        head = "**Not every stage raised the metrics it targets:** " + "; ".join(flat) + "."
+    else:
+        head = "**Every training stage raised the held-out metrics it targets" + (
+            f", but not every metric rose: {falls}.**" if falls else ", and no pass metric fell.**")
+    out = head + "\n\n" + "\n".join(lines)
+    completion = [results[s]["eval"]["completion_greedy"] for s in TRAINING]
+    later = TRAINING[1:]
+    if min(completion[1:]) <= completion[0] - 0.1:  # ten points or more below what pretraining reached
+        worst = min(range(1, len(TRAINING)), key=lambda i: completion[i])
+        out += ("\n\nThe pretraining format is forgotten: completion pass@1 (`a+b=`, the form of "
+                f"{1 - config.chat_share:.0%} of the pretraining corpus) goes " + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
+                f"(lowest after {TRAINING[worst]}) while {', '.join(later)} train on the chat format only. This is the "
+                "forgetting the RLHF book describes in ch. 15 (the alignment tax: post-training on a new format or "
+                "task loses what the base model did, which PPO-ptx counters by mixing pretraining data back in).")
+    return out
+
+
 def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> Path:
     from ...runs.report import image, write_report
 
-    flat = not_rising(results, config)
-    summary = ("Every training stage raised its held-out metrics." if not flat else
-               "Did not rise: " + "; ".join(flat) + ".")
     base = results["base"]
     pairs = results["pairs"]
     intro = (f"A {base['params']:,}-parameter Llama built from a config, with a {base['vocab']}-token BPE trained "
@@ -112,7 +152,7 @@ def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> Path:
              f"{1 - config.chat_share:.0%} of the pretraining corpus (the rest: conversations in the chat "
              "template). Answer NLL: the mean negative log-likelihood of the right answer's tokens.")
     shown = "\n".join(f"    {q} -> {a!r}" for q, a in results["grpo"]["eval"]["examples"])
-    sections = [intro, table(results, config), f"**{summary}**",
+    sections = [intro, stage_summary(results, config), table(results, config),
                 image(stage_plot(run_dir / "pipeline_pass_at_1.png", results, config), "pass@1 per stage"),
                 *curve_plots(run_dir),
                 f"DPO pairs: {pairs['pairs']} of {pairs['problems']} fresh problems had a wrong sample among "

@@ -31,7 +31,8 @@ from ...config import check_ranges
 from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
-from ...runs.report import Claim, Panel, claims_table, fmt, image, line_plot, markdown_table, panel_plot, write_report
+from ...runs.report import (Claim, Panel, claims_table, claims_verdict, fmt, image, line_plot, markdown_table, panel_plot,
+                            write_report)
 from ...runs.rundir import RunDir, run_lock
 
 
@@ -211,7 +212,7 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     print(claims_table(claims))
     return write_report(run_dir, "iw-SFT on the two-arm bandit (paper §3.5)", [
-        f"Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform pi_ref, filtered to R = 1. "
+        f"{claims_verdict(claims)}. Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform pi_ref, filtered to R = 1. "
         f"C1-C2: {config.rounds} rounds x {config.n_per_round} samples, {config.steps} SGD steps (lr {config.lr}) per round. "
         f"C3: {config.c3_runs} runs x {config.c3_rounds} rounds x {config.c3_n_per_round} samples.",
         "## Claims\n\n" + claims_table(claims), "## All variants\n\n" + table,

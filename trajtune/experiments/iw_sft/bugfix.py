@@ -177,6 +177,15 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
                f"{statistics.fmean(gaps):+.2f} train, {statistics.fmean(held_gaps):+.2f} held-out).")
     print(verdict)
     return write_report(run_dir, "iw-SFT vs expert iteration on BugFix over seeds (C4)", [
-        verdict + " " + BOUND_TEXT,
+        verdict + " Per-seed reports: " + ", ".join(f"[seed {s}]({_relative(per_seed[s], run_dir)}/report.html)"
+                                                    for s in seeds) + ".\n\n" + BOUND_TEXT,
         "## Final pass rates\n\n" + table,
         f"Train-pass gap iw-SFT - RFT: {mean_sd(gaps)}; held-out gap: {mean_sd(held_gaps)}."])
+
+
+def _relative(path: Path, root: Path) -> str:
+    """path relative to root, as a link ('seed-1'); the absolute path when it is not under root."""
+    try:
+        return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
+    except ValueError:
+        return Path(path).resolve().as_posix()

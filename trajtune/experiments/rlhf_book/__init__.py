@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ...engine.distributed import init_distributed, is_main
-from ...runs.report import Claim, claims_table, markdown_table, write_report, write_claims_over_seeds
+from ...runs.report import Claim, claims_table, claims_verdict, markdown_table, write_report, write_claims_over_seeds
 from ...runs.stages import Stage, read_results, run_stages
 from ..chapter13 import Config as Chapter13Config, with_upstream
 from . import daa, distill, pg, rs, sft
@@ -115,12 +115,10 @@ def index_table(claims: list[Claim], config: Config) -> str:
 def write_book_report(run_dir: Path, config: Config, results: dict) -> Path:
     """claims.md and report.md (+ .html, plots): N of M claims hold, the 19-experiment index, then each chapter."""
     claims = all_claims(results, config)
-    judged = [c for c in claims if c.holds is not None]
-    held = sum(bool(c.holds) for c in judged)
     sections = [CHAPTERS[name].section(run_dir, results, config) for name in config.chapters]
     timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
-    intro = (f"Seed {config.seed}. **{held} of {len(judged)} claims hold** ({len(claims) - len(judged)} not judged). "
+    intro = (f"Seed {config.seed}. {claims_verdict(claims)}. "
              "Each claim quotes the book's Suggested Experiments (seeds/rlhf-book.md; checklist section S); the "
              "models are tiny and every number comes from this run. A claim that does not hold is reported with its "
              "numbers, not tuned away.")
