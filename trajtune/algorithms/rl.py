@@ -45,12 +45,13 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
 from ..metrics import register
 from ..runs.loop import Run, eval_due
-from ..objectives.advantages import (gae, group_advantages, group_reward_range, minmax_scale, moving_average_baseline,
+from ..objectives.advantages import (gae, group_advantages, minmax_scale, moving_average_baseline,
                                      overlong_penalty, place_at_last_action, whiten)
 from ..objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl, kl_penalized_rewards, sequence_kl
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
-from ..seeding import derive, generator
-from ..sources.base import Draw, Draws, Episodes, Source, pick_tasks
+from ..seeding import derive
+from ..sources.base import Draws, Episodes, Source
+from ..sources.refill import Refilling, informative_groups
 from ..trajectory import Batch, Owner, Trajectory, collate
 from .common import rollout_metrics, train_row
 from .sft import batch_indices, sft_loss_fn
@@ -213,8 +214,6 @@ register("kl/coef", "the KL coefficient the step trained with: the adaptive cont
 register("rollout/baseline", "advantage='moving_average': the moving-average baseline the step's rewards were compared with")
 register("rollout/overlong_penalty", "mean of DAPO's overlong soft penalty added to the step's rewards (overlong_max)")
 register("rollout/overlong_filtered", "episodes cut off by the token budget and left out of the loss (overlong_filter)")
-register("rollout/dynamic_draws", "draws the step took to find tasks_per_step groups with differing rewards "
-         "(dynamic_sampling_tries; 1: the first was enough)")
 register("train/ptx_loss", "PPO-ptx: the NLL of the step's last batch of pretraining text (ptx_coef)")
 
 BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
@@ -372,6 +371,8 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
     if config.ptx_coef and not ptx:
         raise ValueError("RLConfig: ptx_coef > 0 needs pretraining trajectories (train_rl's `ptx`)")
     run = run or Run("rl")
+    if config.dynamic_sampling_tries:  # DAPO: more draws until tasks_per_step groups carry signal
+        source = Refilling(source, tasks, config.dynamic_sampling_tries, config.seed)
     start, state = run.start(engine, RLState(), source)
     ref = reference_for(engine, run, start, config)  # the frozen starting policy, or None
     use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
@@ -380,16 +381,13 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
         kl_coef = config.kl_coef if state.kl_coef is None else state.kl_coef
         loss = rl_loss(config, use_old, kl_coef)
         # 1. sample: the step's episodes (a source that samples ahead starts the next step's now)
-        episodes, n_draws = take_step(source, draws, tasks, step, config)
+        episodes = source.take(draws(step), ahead=draws(step + 1))
         check_lag(episodes, config)
         row = {**rollout_metrics(episodes.trajs), **episodes.metrics}
         trajs = episodes.trainable
         row["rollout/no_signal_share"] = no_signal_share(trajs)
-        if config.dynamic_sampling_tries:
-            trajs = informative_groups(trajs, config.tasks_per_step)
-            row["rollout/dynamic_draws"] = float(n_draws)
-        elif config.skip_zero_variance:
-            trajs = drop_zero_variance_groups(trajs)
+        if config.dynamic_sampling_tries or config.skip_zero_variance:  # the groups a baseline gets a signal from
+            trajs = informative_groups(trajs, config.tasks_per_step if config.dynamic_sampling_tries else None)
         row["train/kept_episodes"] = float(len(trajs))
         if config.kl_target:
             row["kl/coef"] = kl_coef
@@ -457,50 +455,6 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
     return m["loss"]
 
 
-def take_step(source: Source, draws: Draws, tasks: Sequence, step: int, config: RLConfig) -> tuple[Episodes, int]:
-    """Step 1: the step's episodes and how many draws they took. Without dynamic sampling, one `take` (telling a
-    source that samples ahead the next step's draw). With it (DAPO, checklist 6.17), further draws of
-    tasks_per_step tasks -- draw k a function of (seed, step, k) -- until tasks_per_step groups have differing
-    rewards or dynamic_sampling_tries run out; group ids are renumbered so groups of different draws stay apart.
-    The source then samples synchronously (nothing is drawn ahead: the refills depend on this step's rewards)."""
-    if not config.dynamic_sampling_tries:
-        return source.take(draws(step), ahead=draws(step + 1)), 1
-    episodes = source.take(draws(step))
-    n = 1
-    while n <= config.dynamic_sampling_tries and informative_count(episodes.trainable) < config.tasks_per_step:
-        g = generator(derive(config.seed, step), n)
-        more = source.take(Draw(pick_tasks(tasks, config.tasks_per_step, g), config.group_size, g, step))
-        offset = 1 + max((t.group for t in episodes.trajs), default=-1)
-        for t in more.trajs:
-            t.group += offset
-        metrics = {k: v for k, v in episodes.metrics.items()}
-        for k, v in more.metrics.items():  # times add up; other statistics are the last draw's
-            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("time/") else v
-        episodes = dataclasses.replace(episodes, trajs=episodes.trajs + more.trajs, metrics=metrics,
-                                       generator=more.generator)
-        n += 1
-    return episodes, n
-
-
-def informative_count(trajs: list[Trajectory]) -> int:
-    """How many groups of `trajs` have rewards that differ."""
-    if not trajs:
-        return 0
-    spread, _ = group_reward_range(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
-    return int((spread > 0).sum())
-
-
-def informative_groups(trajs: list[Trajectory], keep: int) -> list[Trajectory]:
-    """The episodes of the first `keep` groups (in sampling order) whose rewards differ (DAPO's dynamic sampling)."""
-    trajs = drop_zero_variance_groups(trajs)
-    kept_groups: list[int] = []
-    for t in trajs:
-        if t.group not in kept_groups:
-            kept_groups.append(t.group)
-    chosen = set(kept_groups[:keep])
-    return [t for t in trajs if t.group in chosen]
-
-
 def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | None:
     """The KL reference: the stage's starting policy, frozen (`run.reference`: saved with the stage's checkpoint) --
     for the loss (kl_coef > 0), or only for the log (`log_kl`: auto / copy); with log_kl "auto" a LoRA model's
@@ -528,15 +482,6 @@ def no_signal_share(trajs: list[Trajectory]) -> float:
     if not trajs:
         return 0.0
     return 1.0 - informative_group_share(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
-
-
-def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:
-    """Keep the episodes of groups whose rewards differ (the 'informative' groups)."""
-    rewards = torch.tensor([t.reward for t in trajs])
-    groups = torch.tensor([t.group for t in trajs])
-    spread, index = group_reward_range(rewards, groups)
-    return [t for t, s in zip(trajs, spread[index].tolist(), strict=True) if s > 0]
-
 
 
 def init_value_head_from_reward_model(policy: torch.nn.Module, reward_model: torch.nn.Module) -> None:
