@@ -108,3 +108,13 @@ def test_a_run_with_a_teacher_moves_the_student_toward_it():
     alone = engine(seed=2, lr=3e-3)  # the same run without the teacher's term: zero advantages, nothing learnt
     train_rl(alone, TASKS, zero_reward_source(alone), RLConfig(**cfg), PAD)
     assert student_teacher_gap(alone, frozen) == pytest.approx(before, rel=0.05)
+
+
+def test_the_grpo_command_refuses_opd_coef_for_want_of_a_teacher():
+    from trajtune.config import from_dict
+    from trajtune.experiments.hf.grpo import GRPORun
+
+    base = {"model": {"path": "m"}, "data": "d", "reward": ["r:f"]}
+    with pytest.raises(ValueError, match="opd-coef"):
+        from_dict(GRPORun, {**base, "rl": {"opd_coef": 0.5}})
+    from_dict(GRPORun, {**base, "rl": {"opd_coef": 0.0}})
