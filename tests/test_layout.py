@@ -15,7 +15,8 @@ module's layer is that of the longest prefix listed (`runs.loop` is layer 2, `ru
     7 cli          the command line
 
 Some layers must not reach some others even below them, directly or through any chain of imports
-(FORBIDDEN): the algorithms see a source only through its Protocol (`sources.base`), never the
+(FORBIDDEN): the algorithms see a source only through its Protocol (`sources.base`) and the one wrapper
+the RL loop composes itself (`sources.refill`: DAPO's dynamic sampling, built on the Protocol alone), never the
 episode loop, the environments or the models; the losses see tensors only.
 """
 
@@ -47,7 +48,7 @@ FORBIDDEN = {
                    "engine.generate", "engine.torch_engine"},  # the engine through its Protocol (`trajtune.engine`)
     "envs": {"models", "engine", "sources", "algorithms", "runs"},
 }
-EXCEPT = {"algorithms": {"sources.base"}}
+EXCEPT = {"algorithms": {"sources.base", "sources.refill"}}  # the Protocol, and the refill a loop composes
 TRANSITIVE = {"algorithms": {"models", "envs", "sources"}, "objectives": FORBIDDEN["objectives"],
               "envs": FORBIDDEN["envs"]}
 """forbidden reach checked through every chain of imports (the engine may reach its decoders and collectives)"""

@@ -1,14 +1,17 @@
 """Reinforcement learning with the policy-gradient family: REINFORCE (group, batch-mean or moving-average
 baseline), RLOO, GRPO, Dr. GRPO, PPO (with a value head and GAE), GSPO, CISPO, TOPR; DAPO's pieces
 (clip-higher, dynamic sampling that refills the batch, token-level loss, the overlong penalty and filter);
-InstructGPT's adaptive KL controller and PPO-ptx (docs/policy_gradients.md).
+InstructGPT's adaptive KL controller and PPO-ptx; a teacher's per-token log-ratio added to the advantage (on-policy
+distillation, book ch.12) (docs/policy_gradients.md).
 
 Source: the policy's own samples, `group_size` per task. Weight: an advantage
 (DESIGN.md table). One step, top to bottom:
 
     1. sample   tasks_per_step tasks x group_size episodes (`source.take`), the trainable ones kept
-                (dynamic sampling: more draws until tasks_per_step groups carry signal)
+                (dynamic sampling: the source wrapped in `sources.refill.Refilling`, more draws until
+                tasks_per_step groups carry signal; the first tasks_per_step of those are kept)
     2. score    rewards (+ overlong penalty, scaled) -> advantages (a baseline, or GAE with the value head)
+                (+ opd_coef x the teacher's per-token log-ratio: on-policy distillation as reward shaping)
     3. update   epochs x minibatches of policy_gradient_loss (+ value loss, + ptx_coef x pretraining NLL);
                 `source.after_update`; the adaptive KL controller's next coefficient
     4. log, evaluate every `eval_every` steps, checkpoint (with the loop's state: `RLState`)
@@ -43,14 +46,17 @@ import torch
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
+from ..logprobs import masked_mean
 from ..metrics import register
 from ..runs.loop import Run, eval_due
-from ..objectives.advantages import (gae, group_advantages, group_reward_range, minmax_scale, moving_average_baseline,
+from ..objectives.advantages import (gae, group_advantages, minmax_scale, moving_average_baseline,
                                      overlong_penalty, place_at_last_action, whiten)
+from ..objectives.distill import with_distill_advantages
 from ..objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl, kl_penalized_rewards, sequence_kl
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
-from ..seeding import derive, generator
-from ..sources.base import Draw, Draws, Episodes, Source, pick_tasks
+from ..seeding import derive
+from ..sources.base import Draws, Episodes, Source
+from ..sources.refill import Refilling, informative_groups
 from ..trajectory import Batch, Owner, Trajectory, collate
 from .common import rollout_metrics, train_row
 from .sft import batch_indices, sft_loss_fn
@@ -150,6 +156,11 @@ class RLConfig:
     (the pretraining trajectories are given to train_rl; 0: off)"""
     ptx_batch_size: int = 8
     """pretraining sequences per update for ptx_coef > 0 (drawn with a generator seeded by (seed, step))"""
+    opd_coef: float = 0.0
+    """on-policy distillation added to the advantage (RLHF book ch.12, checklist 12.7): every POLICY token's advantage
+    gets opd_coef x (log pi_T(a_t) - log pi(a_t)), the teacher's log-ratio of the sampled token (a per-token
+    reverse-KL reward, no gradient through it); the frozen teacher, sharing the policy's tokenizer, is given to
+    train_rl (`teacher`); 0: off"""
     aggregation: Literal["token", "sequence", "constant"] = "token"
     """loss aggregation (RLHF book, Loss Aggregation)"""
     aggregation_constant: float = 0.0
@@ -184,7 +195,7 @@ class RLConfig:
         check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size"), positive=("kl_horizon",),
                      non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
                                    "std_eps", "kl_target", "dynamic_sampling_tries", "overlong_max", "overlong_cache",
-                                   "ptx_coef"))
+                                   "ptx_coef", "opd_coef"))
         self._check_new_options()
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
@@ -213,8 +224,8 @@ register("kl/coef", "the KL coefficient the step trained with: the adaptive cont
 register("rollout/baseline", "advantage='moving_average': the moving-average baseline the step's rewards were compared with")
 register("rollout/overlong_penalty", "mean of DAPO's overlong soft penalty added to the step's rewards (overlong_max)")
 register("rollout/overlong_filtered", "episodes cut off by the token budget and left out of the loss (overlong_filter)")
-register("rollout/dynamic_draws", "draws the step took to find tasks_per_step groups with differing rewards "
-         "(dynamic_sampling_tries; 1: the first was enough)")
+register("kl/teacher", "on-policy distillation (opd_coef): KL(pi || teacher), the k1 estimate per POLICY token of "
+         "the step's episodes (minus the mean teacher log-ratio that opd_coef weights into the advantages)")
 register("train/ptx_loss", "PPO-ptx: the NLL of the step's last batch of pretraining text (ptx_coef)")
 
 BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
@@ -315,16 +326,17 @@ def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Lo
 
 
 def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, use_old: bool,
-          state: RLState | None = None) -> tuple[Batch, dict]:
+          state: RLState | None = None, teacher: Engine | None = None) -> tuple[Batch, dict]:
     """Step 2: the batch with its advantages (and the old / reference log-probs and GAE returns the
     loss reads) in `extras`, and the step's scoring metrics (the moving baseline, the measured KL the
-    adaptive controller reads, the overlong counts). pi_old's forward runs only when something reads it: one
-    on-policy REINFORCE step never does, and skipping it saves a quarter of the step."""
+    adaptive controller reads, the overlong counts, kl/teacher). pi_old's forward runs only when something reads
+    it: one on-policy REINFORCE step never does, and skipping it saves a quarter of the step. With opd_coef the
+    teacher's log-ratio against pi_old is added to every POLICY token's advantage (`with_distill_advantages`)."""
     state = state or RLState()
     kl_coef = config.kl_coef if state.kl_coef is None else state.kl_coef
     use_values = config.advantage == "gae"
     # both read only at the POLICY tokens (the loss, the KL reward): the output layer runs only there
-    reads_old = use_old or use_values or config.kl_in_reward or bool(config.kl_target)
+    reads_old = use_old or use_values or config.kl_in_reward or bool(config.kl_target) or bool(config.opd_coef)
     old = engine.forward(batch, values=use_values, positions="actions") if reads_old else None
     old_logp = old.logprobs if old is not None else None
     ref_logp = ref.forward(batch, positions="actions").logprobs if ref is not None else None
@@ -344,6 +356,11 @@ def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, us
         metrics["measured_kl"] = float(sequence_kl(old_logp, ref_logp, batch.action_mask, "k1", "sum").mean())
     advantages, returns = advantages_for(batch, config, old_values, ref_logp, old_logp, kl_coef=kl_coef,
                                          baseline=baseline)
+    if config.opd_coef:  # on-policy distillation: + opd_coef x (log pi_T - log pi_old) on every POLICY token
+        assert teacher is not None and old_logp is not None
+        teacher_logp = teacher.forward(batch, positions="actions").logprobs  # [B, T-1]
+        advantages = with_distill_advantages(advantages, old_logp, teacher_logp, batch.action_mask, config.opd_coef)
+        metrics["kl/teacher"] = float(masked_mean(old_logp - teacher_logp, batch.action_mask))
     # what leaves the loss (after the rewards, lengths and advantages saw every POLICY token)
     if config.overlong_filter:  # DAPO: truncated episodes, whose rewards still entered their group's baseline
         cut = torch.tensor([info.get("n_unterminated", 0) > 0 for info in batch.infos], dtype=torch.bool)
@@ -360,10 +377,13 @@ def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, us
 
 
 def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, pad_id: int,
-             run: Run | None = None, ptx: Sequence[Trajectory] | None = None) -> list[dict]:
+             run: Run | None = None, ptx: Sequence[Trajectory] | None = None,
+             teacher: Engine | None = None) -> list[dict]:
     """Run `config.steps` policy-gradient updates on `source`'s episodes; returns the logged rows.
 
     ptx: the pretraining text of PPO-ptx (config.ptx_coef > 0), as trajectories whose tokens to fit are POLICY.
+    teacher: the frozen teacher of on-policy distillation (config.opd_coef > 0; e.g. make_engine(model,
+    frozen=True)), with the policy's tokenizer.
 
     Resumes exactly with a checkpointer on `run` (step s draws with a generator seeded from (seed, s), its
     refills from (seed, s, try); the KL reference is the stage's starting policy, saved once; the adaptive KL
@@ -371,7 +391,12 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
     source drew ahead are saved with the checkpoint and trained on after the resume)."""
     if config.ptx_coef and not ptx:
         raise ValueError("RLConfig: ptx_coef > 0 needs pretraining trajectories (train_rl's `ptx`)")
+    if bool(config.opd_coef) != (teacher is not None):
+        raise ValueError(f"RLConfig: opd_coef and a teacher (train_rl's `teacher`) go together; got opd_coef "
+                         f"{config.opd_coef} and {'a' if teacher is not None else 'no'} teacher")
     run = run or Run("rl")
+    if config.dynamic_sampling_tries:  # DAPO: more draws until tasks_per_step groups carry signal
+        source = Refilling(source, tasks, config.dynamic_sampling_tries, config.seed)
     start, state = run.start(engine, RLState(), source)
     ref = reference_for(engine, run, start, config)  # the frozen starting policy, or None
     use_old = config.epochs > 1 or config.minibatches > 1 or config.surrogate != "reinforce"
@@ -380,22 +405,19 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
         kl_coef = config.kl_coef if state.kl_coef is None else state.kl_coef
         loss = rl_loss(config, use_old, kl_coef)
         # 1. sample: the step's episodes (a source that samples ahead starts the next step's now)
-        episodes, n_draws = take_step(source, draws, tasks, step, config)
+        episodes = source.take(draws(step), ahead=draws(step + 1))
         check_lag(episodes, config)
         row = {**rollout_metrics(episodes.trajs), **episodes.metrics}
         trajs = episodes.trainable
         row["rollout/no_signal_share"] = no_signal_share(trajs)
-        if config.dynamic_sampling_tries:
-            trajs = informative_groups(trajs, config.tasks_per_step)
-            row["rollout/dynamic_draws"] = float(n_draws)
-        elif config.skip_zero_variance:
-            trajs = drop_zero_variance_groups(trajs)
+        if config.dynamic_sampling_tries or config.skip_zero_variance:  # the groups a baseline gets a signal from
+            trajs = informative_groups(trajs, config.tasks_per_step if config.dynamic_sampling_tries else None)
         row["train/kept_episodes"] = float(len(trajs))
         if config.kl_target:
             row["kl/coef"] = kl_coef
         if trajs:  # none: every group had equal rewards (or failed), nothing to learn from this step
             # 2. score: rewards -> advantages, on the batch
-            batch, scored = score(engine, ref, collate(trajs, pad_id), config, use_old, state)
+            batch, scored = score(engine, ref, collate(trajs, pad_id), config, use_old, state, teacher)
             run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
             # 3. update (PPO-ptx: + ptx_coef x the NLL of a pretraining batch, before each optimizer step)
             for epoch in range(config.epochs):
@@ -425,7 +447,7 @@ def next_state(state: RLState, scored: dict, config: RLConfig, kl_coef: float, n
         row["kl/controller_kl"] = scored["measured_kl"]
         kl_coef = adaptive_kl_coef(kl_coef, scored["measured_kl"], config.kl_target, config.kl_horizon, n)
     baseline = scored.get("next_baseline", state.baseline)
-    row.update({k: v for k, v in scored.items() if k.startswith("rollout/")})
+    row.update({k: v for k, v in scored.items() if "/" in k})  # the metrics (not next_baseline, measured_kl)
     return RLState(kl_coef=kl_coef if config.kl_target else None, baseline=baseline)
 
 
@@ -457,50 +479,6 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
     return m["loss"]
 
 
-def take_step(source: Source, draws: Draws, tasks: Sequence, step: int, config: RLConfig) -> tuple[Episodes, int]:
-    """Step 1: the step's episodes and how many draws they took. Without dynamic sampling, one `take` (telling a
-    source that samples ahead the next step's draw). With it (DAPO, checklist 6.17), further draws of
-    tasks_per_step tasks -- draw k a function of (seed, step, k) -- until tasks_per_step groups have differing
-    rewards or dynamic_sampling_tries run out; group ids are renumbered so groups of different draws stay apart.
-    The source then samples synchronously (nothing is drawn ahead: the refills depend on this step's rewards)."""
-    if not config.dynamic_sampling_tries:
-        return source.take(draws(step), ahead=draws(step + 1)), 1
-    episodes = source.take(draws(step))
-    n = 1
-    while n <= config.dynamic_sampling_tries and informative_count(episodes.trainable) < config.tasks_per_step:
-        g = generator(derive(config.seed, step), n)
-        more = source.take(Draw(pick_tasks(tasks, config.tasks_per_step, g), config.group_size, g, step))
-        offset = 1 + max((t.group for t in episodes.trajs), default=-1)
-        for t in more.trajs:
-            t.group += offset
-        metrics = {k: v for k, v in episodes.metrics.items()}
-        for k, v in more.metrics.items():  # times add up; other statistics are the last draw's
-            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("time/") else v
-        episodes = dataclasses.replace(episodes, trajs=episodes.trajs + more.trajs, metrics=metrics,
-                                       generator=more.generator)
-        n += 1
-    return episodes, n
-
-
-def informative_count(trajs: list[Trajectory]) -> int:
-    """How many groups of `trajs` have rewards that differ."""
-    if not trajs:
-        return 0
-    spread, _ = group_reward_range(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
-    return int((spread > 0).sum())
-
-
-def informative_groups(trajs: list[Trajectory], keep: int) -> list[Trajectory]:
-    """The episodes of the first `keep` groups (in sampling order) whose rewards differ (DAPO's dynamic sampling)."""
-    trajs = drop_zero_variance_groups(trajs)
-    kept_groups: list[int] = []
-    for t in trajs:
-        if t.group not in kept_groups:
-            kept_groups.append(t.group)
-    chosen = set(kept_groups[:keep])
-    return [t for t in trajs if t.group in chosen]
-
-
 def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | None:
     """The KL reference: the stage's starting policy, frozen (`run.reference`: saved with the stage's checkpoint) --
     for the loss (kl_coef > 0), or only for the log (`log_kl`: auto / copy); with log_kl "auto" a LoRA model's
@@ -528,15 +506,6 @@ def no_signal_share(trajs: list[Trajectory]) -> float:
     if not trajs:
         return 0.0
     return 1.0 - informative_group_share(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
-
-
-def drop_zero_variance_groups(trajs: list[Trajectory]) -> list[Trajectory]:
-    """Keep the episodes of groups whose rewards differ (the 'informative' groups)."""
-    rewards = torch.tensor([t.reward for t in trajs])
-    groups = torch.tensor([t.group for t in trajs])
-    spread, index = group_reward_range(rewards, groups)
-    return [t for t, s in zip(trajs, spread[index].tolist(), strict=True) if s > 0]
-
 
 
 def init_value_head_from_reward_model(policy: torch.nn.Module, reward_model: torch.nn.Module) -> None:

@@ -38,6 +38,27 @@ def distill_advantages(
     return -masked_log_ratio(student_logp.detach(), teacher_logp, mask)
 
 
+def with_distill_advantages(
+    advantages: torch.Tensor, student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor, coef: float
+) -> torch.Tensor:
+    """A task advantage plus `coef` x the OPD advantage (book ch.12, "OPD as RL advantage": it "can be added to
+    other advantages (e.g. GRPO) for reward shaping"; checklist 12.7):
+
+        A_t = A + coef * (log pi_T(a_t) - log pi_theta(a_t))      on POLICY tokens, 0 elsewhere
+
+    advantages [B] (a sequence-level baseline: each token of episode b gets A_b) or [B, T-1] (GAE);
+    student_logp, teacher_logp, mask [B, T-1] -> [B, T-1] detached (the teacher term is a reward: no gradient
+    flows through either log-prob).
+    """
+    expect_like("mask", mask, "student_logp", student_logp)
+    if advantages.shape not in (mask.shape, mask.shape[:1]):
+        raise ValueError(f"advantages: expected shape {tuple(mask.shape[:1])} or {tuple(mask.shape)}, got "
+                         f"{tuple(advantages.shape)}")
+    adv_B_T = advantages[:, None].expand_as(mask) if advantages.dim() == 1 else advantages
+    shaped = adv_B_T.detach() + coef * distill_advantages(student_logp, teacher_logp, mask)
+    return torch.where(mask > 0, shaped, torch.zeros_like(shaped))
+
+
 def reverse_kl_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,

@@ -13,6 +13,7 @@
                    the weights synced and checked after every update (`VLLMConfig`, `vllm_runner`)
     vllm_worker.py what vLLM's workers load: the trainer's weights from a file (a worker extension)
     overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
+    refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     scoring.py     `Scored`: rewards from reward functions and reward models; `RewardModel`
     data.py        datasets in TRL's formats: demonstrations, preference pairs, prompt tasks

@@ -20,11 +20,13 @@ Sources compose explicitly, each a wrapper of another (trajtune/sources/):
     EpisodeSource(policy, make_env, renderer)   episodes.py   the policy in environments (grouping, seeds, shards, faults)
     Scored(source, functions, models)           scoring.py    rewards from reward functions / reward models
     Overlapped(source, process)                 overlap.py    step s+1 drawn while step s trains, in a SamplerProcess
+    Refilling(source, tasks, tries, seed)       refill.py     more draws until the step's groups carry signal (DAPO)
     Measured(source, fn)                        episodes.py   fn(trajectories) added to the metrics
 
 An episode whose environment or reward failed has `Trajectory.outcome` other than OK: the
 source keeps it (the viewer and the counts see it), and the loops train on `trainable` ones only.
-This module is the only part of `trajtune.sources` the algorithms import (tests/test_layout.py).
+This module and `refill.py` (built on it alone; the RL loop composes it) are the only parts of
+`trajtune.sources` the algorithms import (tests/test_layout.py).
 
 A source of your own implements the four methods (no base class needed):
 

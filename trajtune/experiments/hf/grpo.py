@@ -116,6 +116,10 @@ class GRPORun(PromptRewardRun):
             raise ValueError("grpo: --ptx-coef and --ptx-data go together (PPO-ptx: the NLL of --ptx-data's rows, "
                              f"weighted by --ptx-coef); got --ptx-coef {self.rl.ptx_coef} and --ptx-data "
                              f"{self.ptx_data or 'none'}")
+        if self.rl.opd_coef:
+            raise ValueError(f"grpo: --opd-coef {self.rl.opd_coef} adds a teacher's log-ratio to the advantages, and "
+                             "`trajtune grpo` loads no teacher model yet: leave --opd-coef 0 (from Python, give "
+                             "train_rl a teacher engine: train_rl(..., teacher=...))")
         check_overlap(self.overlap, self.rl, "grpo")
         if self.difficulty_filter:
             low_high = self.difficulty_filter
