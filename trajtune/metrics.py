@@ -52,6 +52,7 @@ METRICS: dict[str, str] = {
     # --- eval: measured without gradient
     "eval/accuracy": "exact-match accuracy of greedy answers",
     "eval/loss": "mean NLL per trained-on token on evaluation data",
+    "alarm/eval_drop": "with Run(eval_alarm=...): the largest drop, in points, of a watched static evaluation below its first (0: none past the threshold; book App. C bad-job detection)",
     "eval/pass_rate": "share of evaluation episodes with reward >= 1",
     "eval/heldout_pass_rate": "share of held-out-task evaluation episodes with reward >= 1 (agent experiment)",
     "eval/invalid_per_episode": "mean invalid environment calls per evaluation episode (train tasks)",

@@ -306,3 +306,68 @@ def train_seq_kd(engine: Engine, teacher: Source, tasks: Sequence, config: SeqKD
                          f"failed episodes or reward < min_reward={config.min_reward})")
     # 2. SFT on them
     return SeqKDResult(train_sft(engine, demos, sft, pad_id, run), demos, metrics)
+
+
+# --- WORD-KD / GKD: forward KL to the teacher's full distribution on fixed text (checklist 12.2, 12.5, 12.10) -----
+
+
+@dataclass
+class WordKDConfig:
+    """Word-level knowledge distillation on fixed text (Kim & Rush's WORD-KD; the GKD / Gemma form of the book's
+    App. A): the student matches the teacher's whole next-token distribution at every POLICY token."""
+
+    steps: int = 100
+    """student updates"""
+    batch_size: int = 16
+    """texts per step (a function of (seed, step), as SFT's batches)"""
+    aggregation: Literal["token", "sequence"] = "token"
+    """how the per-token KL becomes one number (token: the mean over POLICY tokens)"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: only after the last)"""
+    seed: int = 0
+    """step s's batch is a function of (seed, s)"""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.steps < 0 or self.batch_size < 1 or self.eval_every < 0:
+            raise ValueError(f"WordKDConfig: steps >= 0, batch_size >= 1 and eval_every >= 0 (got {self.steps}, "
+                             f"{self.batch_size}, {self.eval_every})")
+
+
+def train_word_kd(engine: Engine, teacher: Engine, data: Sequence[Trajectory], config: WordKDConfig, pad_id: int,
+                  run: Run | None = None) -> list[dict]:
+    """Distil the frozen `teacher` into the policy on fixed text (book ch.12, checklist 12.2 / 12.10):
+
+        L = sum_t KL( pi_T(.|s, u_<t) || pi_theta(.|s, u_<t) )   over each text's POLICY tokens
+
+    (`objectives.distill.forward_kl_loss`: the cross-entropy against the teacher's soft labels minus the teacher's
+    entropy). `data` is any text: demonstrations (static text, WORD-KD) or the teacher's own samples drawn once
+    (12.5's offline KD on teacher prefixes, u ~ pi_T). Student and teacher share the tokenizer. Resumable with a
+    checkpointer on `run`; logs train/* and distill/forward_kl."""
+    from ..objectives.distill import forward_kl_loss
+    from .sft import batch_indices
+
+    data = [t for t in data if t.trainable]
+    if not data:
+        raise ValueError("train_word_kd: no text with a POLICY token to distil on")
+    run = run or Run("word_kd")
+
+    def kl(out: ForwardOutput, batch: Batch):
+        return forward_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask,
+                               config.aggregation)
+
+    loss = Loss(kl, normalizer=config.aggregation, logits=True)
+    start, _ = run.start(engine)
+    for step in run.steps(start, config.steps):
+        # 1. this step's texts
+        batch = collate([data[i] for i in batch_indices(len(data), config.batch_size, config.seed, step)], pad_id,
+                        temperature=1.0)
+        # 2. the teacher's full distribution at every position (no gradient)
+        batch = batch.with_extras(teacher_logits=teacher.forward(batch, logits=True).logits[:, :-1])  # [B, T-1, V]
+        # 3. update
+        m = engine.forward_backward(batch, loss)
+        o = engine.optim_step()
+        # 4. log, evaluate, checkpoint
+        row = {**train_row(m, o), "train/tokens": float(batch.action_mask.sum())}
+        run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every))
+    return run.history

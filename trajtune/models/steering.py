@@ -17,8 +17,16 @@ training run unchanged while a tool is on (`with steering(...)`).
     calibrate_tau(projections, q=0.25)   the cap's threshold: the 25th percentile of projections over rollouts
     persona_mask(weight, act_magnitude, keep)
                                          S_ij = |w_ij| A_p[j], row-wise top-K -> a {0,1} mask (Ye et al.)
+    preventative_steering(model, layer, v, alpha)
+                                         with-block: the steering in training forwards only (fine-tune without
+                                         learning the trait; the loop's sampling and evaluation run unsteered)
+    response_activations(model, ids, response_mask, layer)   [B, T] -> [B, D] mean over each row's response
+    projection_difference(data, base, v) [N, D], [N, D] -> [N]: projection on the training response minus on the
+                                         base model's own (data screening, Chen et al.)
+    screen_by_projection(diff, threshold) [N] -> [N] bool: keep the samples at or below the threshold
 
-Nothing here trains; every function is deterministic.
+Nothing here trains (`preventative_steering` is a hook a training loop runs under); every function is
+deterministic.
 """
 
 from __future__ import annotations
@@ -177,3 +185,66 @@ def persona_mask(weight: torch.Tensor, act_magnitude: torch.Tensor, keep: float)
     score = weight.abs() * act_magnitude[None, :]  # [out, in]
     top = torch.sort(score, dim=1, descending=True, stable=True).indices[:, :k]  # [out, k]
     return torch.zeros_like(weight).scatter_(1, top, 1.0)
+
+
+# --- preventative steering during fine-tuning, data screening by projection difference (checklist 17.2d, 17.2e) ---
+
+
+@contextlib.contextmanager
+def preventative_steering(model: nn.Module, layer: int, vector: torch.Tensor, alpha: float) -> Iterator[None]:
+    """Preventative steering (Chen et al. 2025 §5.2; book ch.17.2): while fine-tuning, add alpha * vector to block
+    `layer`'s output in the *training* forwards only (the module in train mode: an engine's forward_backward), so
+    the data's push along the trait direction is met by the steering and not learned into the weights (alpha > 0
+    steers toward the trait the data would instil). Forwards in eval mode (an engine's sampling, scoring and
+    evaluation) run unsteered, and the finished model is used without the hook.
+
+        with preventative_steering(engine.model, layer, v, alpha=2.0):
+            train_sft(engine, data, config, pad_id)
+    """
+    add = alpha * vector
+
+    def hook(mod, inp, out):
+        if not mod.training:
+            return None  # the output as it is
+        return _edit_output(out, lambda h: h + add.to(h.dtype).to(h.device))
+
+    handle = _layer(model, layer).register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def response_activations(model: nn.Module, ids: torch.Tensor, response_mask: torch.Tensor, layer: int) -> torch.Tensor:
+    """The mean residual activation after block `layer` over each row's response tokens (no gradient).
+    ids [B, T] (right-padded: a causal model's real tokens do not see the padding), response_mask [B, T] (1 on the
+    response tokens) -> [B, D]. A row with no response token is an error."""
+    if ids.dim() != 2 or response_mask.shape != ids.shape:
+        raise ValueError(f"response_activations: need ids [B, T] and response_mask [B, T], got {tuple(ids.shape)} "
+                         f"and {tuple(response_mask.shape)}")
+    m = response_mask.float()  # [B, T]
+    if (m.sum(-1) == 0).any():
+        raise ValueError("response_activations: a row of response_mask selects no token")
+    with torch.no_grad(), residuals(model, [layer]) as captured:
+        model(ids)
+    acts = captured[layer][-1].float()  # [B, T, D]
+    return (acts * m[..., None]).sum(1) / m.sum(-1)[:, None]
+
+
+def projection_difference(data_acts: torch.Tensor, base_acts: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
+    """Data screening's metric (Chen et al. 2025 §6; book ch.17.2): for each training sample, the projection onto
+    the persona vector of the activations on the sample's response minus that on the base model's own response to
+    the same prompt. data_acts, base_acts [N, D] (e.g. `response_activations`), vector [D] -> [N]: large means the
+    sample would push the model toward the trait."""
+    if data_acts.dim() != 2 or base_acts.shape != data_acts.shape:
+        raise ValueError(f"projection_difference: need data_acts and base_acts [N, D] alike, got "
+                         f"{tuple(data_acts.shape)} and {tuple(base_acts.shape)}")
+    return projection(data_acts, vector) - projection(base_acts, vector)
+
+
+def screen_by_projection(differences: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Which training samples to keep: differences [N] (`projection_difference`) -> [N] bool, True where the
+    difference is at most `threshold` (the samples above it are flagged and left out)."""
+    if differences.dim() != 1:
+        raise ValueError(f"screen_by_projection: differences must be [N], got shape {tuple(differences.shape)}")
+    return differences <= threshold

@@ -272,3 +272,61 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
     rewards [B, T-1], mask [B, T-1] -> [B, T-1] detached, zero off the mask.
     """
     return gae(rewards, torch.zeros_like(rewards), mask, gamma=gamma, lam=1.0)[0]
+
+
+# --- GRPO process supervision (checklist 6.7b) ------------------------------------------------------------------
+
+
+def process_advantages(
+    step_rewards: torch.Tensor,
+    step_mask: torch.Tensor,
+    step_ends: torch.Tensor,
+    action_mask: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    *,
+    std_normalize: bool = True,
+    eps: float = 1e-4,
+) -> torch.Tensor:
+    """GRPO with process supervision (DeepSeekMath §4.1.3; book ch.6 GRPO, checklist 6.7b): per-token advantages
+    from per-step rewards (a PRM's score of each reasoning step).
+
+        r~_{i,k} = (r_{i,k} - mean(R_g)) / (std(R_g) + eps),   R_g = every step reward of every completion of the group
+        A_{i,t}  = sum of r~_{i,k} over the steps k whose last token is at or after t
+
+    step_rewards [B, S] one reward per step (steps padded to S); step_mask [B, S] nonzero on real steps;
+    step_ends [B, S] long: the index, on the [B, T-1] action axis, of each step's last token (padded steps:
+    any value); action_mask [B, T-1] (POLICY tokens); groups [B] (completions of one prompt share an id) or
+    None (the batch is one group). std_normalize False: only the group mean is subtracted (Dr. GRPO's choice);
+    std is torch's unbiased std (as `group_advantages`). A group whose step rewards are all equal gets zero.
+    returns [B, T-1] detached, zero off the action mask and on tokens after the last step's end.
+    """
+    expect_dim("step_rewards", step_rewards, 2)
+    expect_like("step_mask", step_mask, "step_rewards", step_rewards)
+    expect_like("step_ends", step_ends, "step_rewards", step_rewards)
+    expect_dim("action_mask", action_mask, 2)
+    B, S = step_rewards.shape
+    if action_mask.shape[0] != B:
+        raise ValueError(f"action_mask: expected {B} rows like step_rewards, got {tuple(action_mask.shape)}")
+    on = step_mask > 0  # [B, S]
+    r = step_rewards.detach().float()
+    if groups is None:
+        groups = torch.zeros(B, dtype=torch.long, device=r.device)
+    expect_rows("groups", groups, B)
+    _, index = torch.unique(groups, return_inverse=True)  # [B]
+    n = int(index.max()) + 1 if B else 0
+    step_index = index[:, None].expand(B, S)[on]  # [N] the group of each real step
+    flat = r[on]  # [N]
+    count = _group_sum(torch.ones_like(flat), step_index, n)  # [n]
+    mean = _group_sum(flat, step_index, n) / count.clamp(min=1)  # [n]
+    centred = flat - mean[step_index]  # [N]
+    if std_normalize:
+        var = _group_sum(centred.pow(2), step_index, n) / (count - 1).clamp(min=1)  # [n]
+        centred = centred / (var.sqrt()[step_index] + eps)
+    flat_max = torch.full((n,), float("-inf"), device=r.device).scatter_reduce(0, step_index, flat, "amax")
+    flat_min = torch.full((n,), float("inf"), device=r.device).scatter_reduce(0, step_index, flat, "amin")
+    centred = torch.where((flat_max == flat_min)[step_index], torch.zeros_like(centred), centred)
+    normed = torch.zeros_like(r).masked_scatter(on, centred)  # [B, S], 0 on padded steps
+    t = torch.arange(action_mask.shape[1], device=r.device)  # [T-1]
+    at_or_after = (step_ends[:, :, None] >= t[None, None, :]) & on[:, :, None]  # [B, S, T-1]
+    adv = (normed[:, :, None] * at_or_after).sum(1)  # [B, T-1]
+    return adv * (action_mask > 0)

@@ -176,3 +176,53 @@ def forgetting_and_forward_kl(
         forgetting = sequence_kl(old_logp0, old_logp, old_mask, "k1", "sum").mean()
         forward = sequence_kl(new_logp0, new_logp, new_mask, "k1", "sum").mean()
     return {"razor/forgetting": forgetting, "razor/forward_kl": forward}
+
+
+# --- SFT as forward KL, RL as reverse KL to the tilted optimum (checklist 15.5a, 15.5b) -----------------------------
+
+
+def sft_forward_kl(target_logp: torch.Tensor, policy_logp: torch.Tensor) -> dict[str, torch.Tensor]:
+    """SFT is forward KL (RLHF book ch.15 "Implicit regularization", checklist 15.5a), as a diagnostic:
+
+        KL(pi* || pi_theta) = -H(pi*) + L_SFT(theta),   L_SFT = E_{y ~ pi*}[-log pi_theta(y)]
+
+    target_logp [..., V] log pi* (the data distribution), policy_logp [..., V] log pi_theta, each normalised over
+    the last axis (a token's vocabulary, or a small finite set of whole outputs). Mode covering: the KL is large
+    wherever pi* has mass and pi_theta has little.
+    returns (each [...], detached): fkl/kl (the two sides agree), fkl/sft_loss (the cross-entropy, what SFT
+    minimises), fkl/target_entropy (H(pi*), the floor of the SFT loss).
+    """
+    expect_like("policy_logp", policy_logp, "target_logp", target_logp)
+    with torch.no_grad():
+        p = target_logp.float().exp()
+        entropy = -(p * target_logp.float()).sum(-1)  # [...]
+        cross = -(p * policy_logp.float()).sum(-1)  # [...]
+    return {"fkl/kl": cross - entropy, "fkl/sft_loss": cross, "fkl/target_entropy": entropy}
+
+
+def rl_reverse_kl(policy_logp: torch.Tensor, ref_logp: torch.Tensor, rewards: torch.Tensor,
+                  beta: float) -> dict[str, torch.Tensor]:
+    """KL-regularised RL is reverse KL to the tilted optimum (RLHF book ch.15 "Implicit regularization",
+    checklist 15.5b), as a diagnostic over a finite set of outputs:
+
+        pi*(y) = pi_ref(y) exp(r(y)/beta) / Z,   J(pi) = E_pi[r] - beta KL(pi || pi_ref)
+        KL(pi || pi*) = -(1/beta) J(pi) + log Z
+
+    so maximising J is minimising the reverse (mode-seeking) KL to pi*; at pi = pi*, J = beta log Z.
+    policy_logp, ref_logp [..., N] log-probs of N outputs (normalised over the last axis); rewards [..., N];
+    beta > 0. returns (each [...], detached): rkl/kl (KL(pi || pi*), computed directly), rkl/objective (J),
+    rkl/log_z (log Z), rkl/kl_to_ref (KL(pi || pi_ref)).
+    """
+    expect_like("ref_logp", ref_logp, "policy_logp", policy_logp)
+    expect_like("rewards", rewards, "policy_logp", policy_logp)
+    if not beta > 0:
+        raise ValueError(f"rl_reverse_kl: beta must be > 0, got {beta}")
+    with torch.no_grad():
+        logp, ref, r = policy_logp.float(), ref_logp.float(), rewards.float()
+        tilted = ref + r / beta  # [..., N] log of the unnormalised pi*
+        log_z = torch.logsumexp(tilted, dim=-1)  # [...]
+        p = logp.exp()
+        kl_optimum = (p * (logp - (tilted - log_z[..., None]))).sum(-1)
+        kl_ref = (p * (logp - ref)).sum(-1)
+        objective = (p * r).sum(-1) - beta * kl_ref
+    return {"rkl/kl": kl_optimum, "rkl/objective": objective, "rkl/log_z": log_z, "rkl/kl_to_ref": kl_ref}

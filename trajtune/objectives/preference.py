@@ -253,3 +253,100 @@ def kto_loss(
         "kto/undesirable_reward": rd[~good].mean() if (~good).any() else nan,
     }
     return losses.mean(), metrics
+
+
+# --- SLiC-HF, APO-zero / APO-down, Plackett-Luce DPO (checklist 8.1c, 8.2l, 8.2n, 8.2o) ---------------------------
+# Pure losses with hand-worked tests (tests/test_preference_extras.py); `trajtune dpo --loss` does not offer them
+# (its choices are wired in algorithms/dpo.py).
+
+
+def slic_hinge_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    delta: float = 1.0,
+    *,
+    nll_weight: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SLiC-HF (Zhao et al. 2023; the book names it, the hinge from checklist 8.2 [EXT]): a calibration hinge on the
+    policy's own log-likelihoods, no reference model,
+
+        L = max(0, delta - log pi(y_c) + log pi(y_r))  +  nll_weight * (-log pi(y_c))
+
+    The second term is the paper's regulariser (cross-entropy on a target sequence; here the chosen reply).
+    policy_chosen_logps, policy_rejected_logps [B] summed over POLICY tokens; delta >= 0 the margin.
+    returns (loss [] mean over pairs, metrics slic/margin (log pi(y_c) - log pi(y_r)), slic/active (share of
+    pairs inside the margin, the only ones with a gradient), slic/nll when nll_weight > 0).
+    """
+    _pairs(("policy_chosen_logps", policy_chosen_logps), ("policy_rejected_logps", policy_rejected_logps))
+    if delta < 0:
+        raise ValueError(f"slic_hinge_loss: delta must be >= 0, got {delta}")
+    margin = policy_chosen_logps - policy_rejected_logps  # [B]
+    hinge = (delta - margin).clamp(min=0)  # [B]
+    losses = hinge + nll_weight * -policy_chosen_logps if nll_weight else hinge
+    metrics = {"slic/margin": margin.detach().mean(), "slic/active": (hinge.detach() > 0).float().mean()}
+    if nll_weight:
+        metrics["slic/nll"] = -policy_chosen_logps.detach().mean()
+    return losses.mean(), metrics
+
+
+def apo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float = 0.1,
+    *,
+    variant: Literal["zero", "down"] = "zero",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Anchored Preference Optimization (D'Oosterlinck et al. 2024; checklist 8.2 [CC only, not in the book]).
+    With lr = log pi - log ref per reply:
+
+        zero  L = -sigma(beta lr_c) + sigma(beta lr_r)            chosen up, rejected down (chosen better than
+                                                                   the model's own outputs)
+        down  L =  sigma(beta lr_c) - sigma(beta (lr_c - lr_r))   both down, the rejected more (chosen worse
+                                                                   than the model's own outputs)
+
+    TRL's `apo_zero` / `apo_down` add the constant 1 to these (same gradient).
+    logps [B] summed over POLICY tokens (the ref ones are detached). returns (loss [] mean over pairs, metrics
+    apo/chosen_reward, apo/rejected_reward (beta lr), apo/margin, apo/accuracy).
+    Worked values: lr_c = lr_r = 0 -> zero 0, down 0; beta 1, lr_c = ln 3, lr_r = 0 -> zero -0.25, down 0.
+    """
+    _pairs(("policy_chosen_logps", policy_chosen_logps), ("policy_rejected_logps", policy_rejected_logps),
+           ("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps))
+    lr_chosen = policy_chosen_logps - ref_chosen_logps.detach()  # [B]
+    lr_rejected = policy_rejected_logps - ref_rejected_logps.detach()  # [B]
+    if variant == "zero":
+        losses = -torch.sigmoid(beta * lr_chosen) + torch.sigmoid(beta * lr_rejected)
+    elif variant == "down":
+        losses = torch.sigmoid(beta * lr_chosen) - torch.sigmoid(beta * (lr_chosen - lr_rejected))
+    else:
+        raise ValueError(f"apo_loss: variant must be 'zero' or 'down', got {variant!r}")
+    return losses.mean(), _reward_metrics("apo", beta * lr_chosen, beta * lr_rejected)
+
+
+def plackett_luce_dpo_loss(
+    policy_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    beta: float = 0.1,
+    ranking: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Plackett-Luce DPO (Rafailov et al. 2023, the DPO paper's ranked-list form; book ch.8 "rarely used";
+    checklist 8.1c): the K-wise Plackett-Luce loss (`objectives.reward_model.plackett_luce_loss`, checklist 5.5)
+    on DPO's implicit rewards r_k = beta (log pi(y_k) - log ref(y_k)),
+
+        L = -sum_k log( exp(r_sigma(k)) / sum_{j >= k} exp(r_sigma(j)) )
+
+    policy_logps, ref_logps [B, K] summed over POLICY tokens, K completions per prompt; ranking [B, K] long or
+    None: ranking[b, k] is the index of the k-th best completion (None: already best-first).
+    At K = 2 this is the DPO loss. returns (loss [] mean over prompts, metrics pl_dpo/top1_accuracy (the best
+    completion has the highest implicit reward), pl_dpo/reward_spread (best minus worst implicit reward)).
+    """
+    from .reward_model import plackett_luce_loss  # one place for the Plackett-Luce math
+
+    expect_dim("policy_logps", policy_logps, 2)
+    expect_like("ref_logps", ref_logps, "policy_logps", policy_logps)
+    rewards = beta * (policy_logps - ref_logps.detach())  # [B, K]
+    loss, m = plackett_luce_loss(rewards, ranking)
+    ordered = (rewards if ranking is None else rewards.gather(1, ranking)).detach()  # [B, K] best first
+    return loss, {"pl_dpo/top1_accuracy": m["rm/top1_accuracy"],
+                  "pl_dpo/reward_spread": (ordered[:, 0] - ordered[:, -1]).mean()}

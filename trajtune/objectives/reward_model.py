@@ -203,9 +203,13 @@ def all_pairs_loss(rewards: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch
 
 AGGREGATES = ("mean", "min", "product", "last")
 """how per-token (ORM) or per-step (PRM) probabilities become one score (`aggregate_scores`)"""
+MORE_AGGREGATES = ("last_m", "flag", "weighted")
+"""`aggregate_scores`'s further forms (checklist 5.6e, 5.7d): mean of the last m, the any-p_t-below-tau flag, the
+weighted sum favouring later steps"""
 
 
-def aggregate_scores(logits: torch.Tensor, mask: torch.Tensor, how: str = "mean") -> torch.Tensor:
+def aggregate_scores(logits: torch.Tensor, mask: torch.Tensor, how: str = "mean", *, m: int = 4,
+                     tau: float = 0.5) -> torch.Tensor:
     """One score per sequence from a per-position head (book "Outcome Reward Models" / "Process Reward Models",
     checklist 5.6-5.7 inference aggregation). p_t = sigma(logit_t) at the positions `mask` marks (an ORM: the
     completion's tokens; a PRM: the last token of each step):
@@ -214,14 +218,22 @@ def aggregate_scores(logits: torch.Tensor, mask: torch.Tensor, how: str = "mean"
         min      min_t p_t                           (fail-fast: the weakest token or step)
         product  sum_t log p_t  = log prod_t p_t     (the chance every token / step is right, as a log)
         last     p at the last marked position       (the verdict once everything is read)
+        last_m   mean p over the last m marked positions (ORM: the end of the completion)
+        flag     1.0 if any p_t < tau, else 0.0      (an alarm, not a score: 1 = something looks wrong)
+        weighted sum_k w_k p_k, w_k = k / sum_j j over the marked positions k = 1..K (later steps count more)
+
+    The last three are `MORE_AGGREGATES` (functions only: `RewardKind` and `trajtune rm --aggregate` take
+    `AGGREGATES`).
 
     logits [B, T], mask [B, T] (nonzero: scored) -> [B] (no gradient needed, but kept). A row with no marked
     position scores NaN: there is nothing to aggregate.
     """
     expect_dim("logits", logits, 2)
     expect_like("mask", mask, "logits", logits)
-    if how not in AGGREGATES:
-        raise ValueError(f"aggregate_scores: how must be one of {AGGREGATES}, got {how!r}")
+    if how not in AGGREGATES + MORE_AGGREGATES:
+        raise ValueError(f"aggregate_scores: how must be one of {AGGREGATES + MORE_AGGREGATES}, got {how!r}")
+    if how == "last_m" and m < 1:
+        raise ValueError(f"aggregate_scores: m must be >= 1, got {m}")
     on = mask > 0  # [B, T]
     n = on.sum(-1)  # [B]
     nan = torch.full_like(logits[:, 0], float("nan"))
@@ -231,6 +243,16 @@ def aggregate_scores(logits: torch.Tensor, mask: torch.Tensor, how: str = "mean"
         out = torch.sigmoid(logits).masked_fill(~on, float("inf")).amin(-1)
     elif how == "product":
         out = (F.logsigmoid(logits) * on).sum(-1)
+    elif how in ("last_m", "weighted"):
+        k = on.long().cumsum(-1)  # [B, T] the ordinal 1..K of each marked position
+        if how == "last_m":
+            keep = on & (k > (n[:, None] - m))  # [B, T] the last min(m, K) marked positions
+            out = (torch.sigmoid(logits) * keep).sum(-1) / keep.sum(-1).clamp(min=1)
+        else:
+            w = (k * on).to(logits.dtype)  # [B, T]
+            out = (torch.sigmoid(logits) * w).sum(-1) / w.sum(-1).clamp(min=1)
+    elif how == "flag":
+        out = ((torch.sigmoid(logits) < tau) & on).any(-1).to(logits.dtype)
     else:
         position = torch.arange(logits.shape[1], device=logits.device).expand_as(on)
         last = (position * on).amax(-1)  # [B] the last marked position

@@ -40,6 +40,7 @@ to `counters["<name>_s"]` (a stage's, reported with its wall time).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
@@ -76,12 +77,17 @@ class Run:
                   records a few episodes per step into <checkpointer dir>/../episodes.jsonl for `trajtune view`
                   (an `EpisodeRecorder`, unless `hooks` holds one)
     counters:     where a row's time/<name>_s metrics add up (a stage's `ctx.counters`)
+    eval_alarm:   an `EvalDropAlarm` or None (default: no check): after each evaluation, the row gets
+                  `alarm/eval_drop` (the largest drop, in points, of a watched metric below its first evaluation
+                  when it passes the alarm's threshold, else 0) and a warning names the metrics (book App. C)
     """
 
     def __init__(self, stage: str = "train", logger: MetricsLogger | None = None,
                  evaluate: Callable[[int], dict] | None = None, checkpointer: Checkpointer | None = None,
-                 console: Console | None = None, hooks: Sequence[Hook] = (), counters: dict | None = None):
+                 console: Console | None = None, hooks: Sequence[Hook] = (), counters: dict | None = None,
+                 eval_alarm: EvalDropAlarm | None = None):
         self.stage, self.logger, self.evaluate, self.checkpointer = stage, logger, evaluate, checkpointer
+        self.eval_alarm = eval_alarm
         self.console, self.hooks, self.counters = console, list(hooks), counters
         if checkpointer is not None and not any(isinstance(h, EpisodeRecorder) for h in self.hooks):
             self.hooks.insert(0, EpisodeRecorder(checkpointer.directory.parent / EPISODES_FILE, write=is_main(),
@@ -142,6 +148,8 @@ class Run:
         interrupted (see `checkpoint`)."""
         if eval_now and self.evaluate is not None:
             row.update(self.evaluate(step))
+            if self.eval_alarm is not None:
+                row["alarm/eval_drop"] = self.eval_alarm.check([*self.history, row], self.stage, step)
         if self.logger is not None:
             self.logger.log(step, row, stage=self.stage)
         self.history.append({"step": step, **row})
@@ -242,3 +250,45 @@ def _episodes_from(saved: dict, tensors: dict[str, torch.Tensor]):
         generator.set_state(tensors[f"{_SOURCE}.generator"])
     return Episodes(trajectories_from_json(saved[_TRAJS]), dict(saved["metrics"]), generator, int(saved["step"]),
                     int(saved["behind"]))
+
+
+# --- bad-job detection: a static evaluation that drops (book App. C, checklist C.5) ------------------------------
+log = logging.getLogger("trajtune.runs.loop")
+
+
+def eval_drops(rows: Sequence[dict], keys: Sequence[str], threshold: float = 10.0,
+               points: float = 100.0) -> dict[str, float]:
+    """The watched evaluation metrics whose latest value is more than `threshold` points below their first
+    (RLHF book App. C "bad-job detection": a stable static eval, e.g. MMLU, dropping 10-20 points means the
+    setup is broken). rows: metrics rows in step order (a loop's history); a metric counts in the rows that
+    have it. keys: the metrics to watch (higher is better; accuracies, pass rates). points: the factor from a
+    value to points (100 for a share in [0, 1], 1 for a score already in points).
+    returns {key: drop in points} for each key that dropped by more than `threshold` (empty: all is well)."""
+    if threshold < 0:
+        raise ValueError(f"eval_drops: threshold must be >= 0 points, got {threshold}")
+    out = {}
+    for key in keys:
+        seen = [float(r[key]) for r in rows if key in r and r[key] is not None]
+        if len(seen) >= 2 and (drop := (seen[0] - seen[-1]) * points) > threshold:
+            out[key] = drop
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalDropAlarm:
+    """`Run(eval_alarm=...)`: watch static evaluations for a drop of more than `threshold` points (`eval_drops`)."""
+
+    keys: tuple[str, ...]
+    """the evaluation metrics to watch, e.g. ("eval/accuracy",): stable ones, where a drop means a broken job"""
+    threshold: float = 10.0
+    """points below the first evaluation that raise the alarm (the book: 10-20)"""
+    points: float = 100.0
+    """the factor from a metric's value to points (100: the metric is a share in [0, 1])"""
+
+    def check(self, rows: Sequence[dict], stage: str, step: int) -> float:
+        """The largest drop past the threshold, in points (0.0: none), with a warning naming each metric."""
+        drops = eval_drops(rows, self.keys, self.threshold, self.points)
+        for key, drop in drops.items():
+            log.warning("%s step %d: %s dropped %.1f points below its first evaluation (alarm at %.1f): "
+                        "a broken job? (RLHF book App. C)", stage, step, key, drop, self.threshold)
+        return max(drops.values(), default=0.0)

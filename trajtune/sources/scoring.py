@@ -63,14 +63,22 @@ RM_NAME = "reward_model"
 """a reward model's name among the reward sources when there is one (its metrics: reward/reward_model/*)"""
 
 
-def reward_model_scores(engine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256) -> list[float]:
-    """A reward model's scores of episodes (no gradient): its value head at each one's last real token."""
-    out: list[float] = []
+def reward_model_scores(engine, trajs: Sequence[Trajectory], pad_id: int, batch_size: int = 256, *,
+                        sort_by_length: bool = False) -> list[float]:
+    """A reward model's scores of episodes (no gradient): its value head at each one's last real token.
+
+    sort_by_length: batch the episodes shortest first, so each batch pads to a near length (book ch.9
+    "Implementation details", checklist 9.4b: less padding, faster inference); the scores still come back in
+    the order of `trajs`, equal to the unsorted ones (float rounding aside). Off by default."""
+    order = sorted(range(len(trajs)), key=lambda i: len(trajs[i])) if sort_by_length else list(range(len(trajs)))
+    scores = [0.0] * len(trajs)
     for i in range(0, len(trajs), batch_size):
-        batch = collate(trajs[i : i + batch_size], pad_id)
+        rows = order[i : i + batch_size]
+        batch = collate([trajs[j] for j in rows], pad_id)
         values = engine.forward(batch, values=True).values  # [b, T]
-        out += last_token_values(values, batch.attention_mask).tolist()
-    return out
+        for j, v in zip(rows, last_token_values(values, batch.attention_mask).tolist(), strict=True):
+            scores[j] = v
+    return scores
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ Each has TRL's signature (trajtune.sources.rewards) and combines with a verifier
     length_penalty    0 up to a budget, then -per_token for every token beyond it (ch.7.3 length penalties;
                       INTELLECT-2's small constant penalty), floored at -cap where one is given
 
+The language-consistency reward (ch.7.3) is `trajtune.sources.rewards.language:language_consistency`.
+
 `make_format_reward`, `make_length_penalty` and `partial_credit` build variants (other tags, budgets, checkers); a
 module-level variant in your own file is what `--reward file.py:name` loads.
 """
