@@ -231,3 +231,18 @@ def test_oracle_replays_solve_every_time():
             assert scripted_rollout(policy, BugFixEnv(), task, r).reward == 1.0
             n += 1
     print(f"oracle: {n / (time.perf_counter() - start):.0f} episodes/s on the 20 training tasks")
+
+
+def test_blind_and_random_play_without_an_op_never_solve_its_family():
+    """The weak base's blind spot (A5): play that never edits with `fix_init` solves no `init` task, and every
+    other family still."""
+    ops = tuple(op for op in OPS if op != "fix_init")
+    r = Renderer(TOK)
+    trajs = [scripted_rollout(bugfix_policy(kind, s, ops), BugFixEnv(), t, r) for kind in ("blind", "random")
+             for s in range(40) for t in TRAIN]
+    solved = {t.info["family"] for t in trajs if t.reward >= 1.0}
+    assert "init" not in solved and solved == set(FAMILIES) - {"init"}
+    assert not any("fix_init" in a for t in trajs for a in t.info["actions"])
+    assert bugfix_policy("blind", 3).guess("x") == bugfix_policy("blind", 3, OPS).guess("x")  # the default is every op
+    with pytest.raises(ValueError, match="non-empty subset"):
+        bugfix_policy("random", 0, ("fix_everything",))

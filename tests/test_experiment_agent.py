@@ -13,12 +13,12 @@ from trajtune.algorithms.dpo import DPOConfig
 from trajtune.algorithms.rft import RFTConfig
 from trajtune.algorithms.rl import RLConfig
 from trajtune.algorithms.sft import SFTConfig
-from trajtune.cli import DEFAULT_RECIPE, load_recipe, main, parse_seeds, resolve_recipe
+from trajtune.cli import DEFAULT_RECIPE, cpu_kernels, load_recipe, main, parse_seeds, resolve_recipe
 from trajtune.config import ConfigError
 from trajtune.engine import TorchEngine, make_engine
 from trajtune.experiments import agent
 from trajtune.experiments.agent import diagnostics as agent_diagnostics
-from trajtune.experiments.agent.report import write_seeds_report
+from trajtune.experiments.agent.report import rl_only_stability, robustness, write_seeds_report
 from trajtune.experiments.bugfix import Gym, new_model, scripted_play
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.models.tiny import load_model
@@ -29,7 +29,7 @@ SMALL = agent.Config(
     oracle=SFTConfig(steps=6, batch_size=20, eval_every=3), cold_start_step=3,
     rft=RFTConfig(rounds=2, samples_per_task=2, steps_per_round=2, batch_size=8), hack_rounds=2,
     dpo=DPOConfig(steps=4, eval_every=2), pair_samples=4, rl=RLConfig(steps=6, tasks_per_step=2, group_size=4, eval_every=3),
-    eval_samples=1, describe_samples=1, probe_group=2,
+    eval_samples=1, describe_samples=1, probe_group=2, coverage_samples=2,
 )
 
 
@@ -176,6 +176,55 @@ def test_seeds_report_and_cli_wiring(small_run, tmp_path, capsys):
         agent.Config(runner=StageOptions(rerun=["nope"]))
 
 
+def test_the_weak_base_has_its_blind_spot_and_its_coverage(small_run):
+    w = json.loads((small_run[0] / "weak_base" / "results.json").read_text())
+    assert SMALL.weak_blind_spot == "init" and w["coverage_samples"] == SMALL.coverage_samples
+    assert not any(t.startswith("init/") for t in w["coverage"])  # the base never sees `init` solved
+    with pytest.raises(ValueError, match="weak_blind_spot"):
+        agent.Config(weak_blind_spot="nope")
+
+
+def test_a_collapsed_rl_only_run_is_named_on_the_first_screen(small_run, tmp_path):
+    results = {"rl_only": {"curve": [{"eval/invalid_per_episode": 0.1, "eval/pass_rate": 0.2},
+                                     {"eval/invalid_per_episode": 0.6, "eval/pass_rate": 0.2}]}}
+    assert rl_only_stability(results)[0]  # + 0.5 exactly, pass not below: the bar is met
+    results["rl_only"]["curve"][-1]["eval/invalid_per_episode"] = 5.5
+    ok, text = rl_only_stability(results)
+    assert not ok and text == "malformed calls 0.10 -> 5.50 per episode, train pass 0.20 -> 0.20"
+    summary = json.loads((small_run[0] / "summary.json").read_text())
+    bad = json.loads(json.dumps(summary))
+    bad["numbers"]["RL only invalid/ep, last eval"] = bad["numbers"]["RL only invalid/ep, first eval"] + 3
+    first = write_seeds_report(tmp_path, {0: summary, 1: bad}).read_text().split("## ")[0]
+    assert "RL only collapsed on seed(s) 1 (malformed calls" in first
+
+
+def test_robustness_names_the_verdicts_that_flip_with_the_float_path(small_run, tmp_path):
+    summary = json.loads((small_run[0] / "summary.json").read_text())
+    flipped = json.loads(json.dumps(summary))
+    flipped["holds"]["A6"] = not summary["holds"]["A6"]
+    paths = {"avx512": {0: summary, 1: summary}, "avx2": {0: summary, 1: flipped}}
+    line, table = robustness(paths)
+    assert "(4 runs)" in line and "flip with the float path alone: A6 (seed 1)" in line
+    assert "| A6 | " in table and "seed 1, avx2" in table
+    text = write_seeds_report(tmp_path, {0: summary, 1: summary}, paths).read_text()
+    assert line in text and "## Robustness" in text
+    assert "no verdict flips" in robustness({"avx512": {0: summary}, "avx2": {0: summary}})[0]
+
+
+def test_kernels_needs_seeds_and_a_report_with_float_paths(tmp_path, capsys):
+    here = cpu_kernels()
+    for argv, says in ((["--kernels", f"{here},default"], "give --seeds too"),
+                       (["--seeds", "0", "--kernels", here], "two or more"),
+                       (["--seeds", "0", "--kernels", f"{here},sse9"], "two or more distinct CPU kernel sets"),
+                       (["--seeds", "0", "--kernels", f"default,{here}"] if here != "default" else
+                        (["--seeds", "0", "--kernels", "avx2,default"]), "this machine's own"),
+                       (["chapter13", "--seeds", "0", "--kernels", f"{here},default"], "does not support --kernels")):
+        assert main(["run", *argv, "--run-dir", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+    assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.parametrize("stage, at", [("oracle_sft", 4), ("rl_only", 3), ("rft", 3), ("dpo", 3)])
 def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, monkeypatch, stage, at):
     """Ctrl-C (a real SIGINT) during optimizer step `at` of one stage: the stage saves and stops;
@@ -213,3 +262,36 @@ def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, m
     assert got == want
     assert rows(run_dir) == expected_rows
     assert not (run_dir / stage / "resume").exists()
+
+
+def test_format_measures_count_malformed_tokens_and_the_turn_gap():
+    from trajtune.envs.bugfix import BugFixEnv
+    from trajtune.envs.bugfix_tasks import make_tasks
+    from trajtune.envs.scripted import bugfix_policy
+    from trajtune.experiments.bugfix import format_measures
+    from trajtune.sources.rollout import scripted_rollout
+
+    class Script:
+        def __init__(self, actions):
+            self.actions = list(actions)
+
+        def act(self, messages):
+            return self.actions.pop(0)
+
+    gym, task = Gym(), make_tasks("train")[0]
+    good = scripted_rollout(bugfix_policy("oracle"), BugFixEnv(), task, gym.renderer)  # read, edit, submit: passes
+    bad = scripted_rollout(Script(["read", "edit submit", "submit"]), BugFixEnv(), task, gym.renderer)  # one invalid
+    assert good.reward == 1.0 and bad.reward == 0.0 and bad.info["n_invalid"] == 1
+    for t in (good, bad):
+        t.group = 0
+    owners = [o for t in (good, bad) for o in t.owners]
+    policy = sum(o == 2 for o in owners)  # Owner.POLICY
+    bad_tokens = sum(1 for o, tu in zip(bad.owners, bad.turns) if o == 2 and tu == sorted(
+        {u for p, u in zip(bad.owners, bad.turns) if p == 2})[1])
+    m = format_measures([good, bad])
+    assert m["rollout/malformed_token_share"] == pytest.approx(bad_tokens / policy) and bad_tokens > 0
+    assert m["rollout/turns_gap"] == 0.0  # three turns each
+    longer = scripted_rollout(Script(["read", "read read", "submit submit", "submit"]), BugFixEnv(), task, gym.renderer)
+    longer.group = 0
+    assert format_measures([good, longer])["rollout/turns_gap"] == 1.0
+    assert format_measures([good])["rollout/turns_gap"] == 0.0  # no group with both outcomes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import errno
+import os
 import sys
 import time
 from importlib import resources
@@ -86,6 +87,7 @@ def cmd_run(args) -> int:
     if args.seeds and not hasattr(module, "seeds_report"):
         raise ConfigError(f"experiment {name!r} does not support --seeds (no seeds_report)")
     seeds = parse_seeds(args.seeds) if args.seeds else None  # before the run directory exists
+    kernels = parse_kernels(args.kernels, seeds, module, name) if args.kernels else None
     rank, world = init_distributed()  # under torchrun (WORLD_SIZE > 1) join the process group; else (0, 1)
     print = builtins.print if rank == 0 else (lambda *a, **k: None)  # only rank 0 talks  # noqa: A001
     run_dir = RunDir(Path(args.run_dir)) if args.run_dir else RunDir.fresh(path.stem, create=not args.dry_run)
@@ -95,7 +97,13 @@ def cmd_run(args) -> int:
         return 0
     t0 = time.time()
     with run_dir.hold():  # one run per directory: a second one is refused, naming this one
-        if seeds:
+        if seeds and kernels:  # the seeds here, then again under each other CPU kernel set (another float path)
+            per_seed = run_seeds(module.run, config, run_dir.path, seeds)
+            paths = {kernels[0]: per_seed}
+            for k in kernels[1:]:
+                paths[k] = run_under_kernels(k, path, args, run_dir.path / f"kernels-{k}", seeds)
+            report = module.seeds_report(config, run_dir.path, per_seed, float_paths=paths) if is_main() else None
+        elif seeds:
             per_seed = run_seeds(module.run, config, run_dir.path, seeds)
             report = module.seeds_report(config, run_dir.path, per_seed) if is_main() else None
         else:
@@ -135,6 +143,59 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+KERNEL_SETS = ("avx512", "avx2", "default")
+"""ATen's CPU kernel sets on x86 (ATEN_CPU_CAPABILITY): each vectorises reductions its own way, so a run under
+another one follows another float path, as on another CPU"""
+
+
+def cpu_kernels(env: dict | None = None) -> str:
+    """The CPU kernel set torch picks in a fresh process with `env` (default: this one's environment)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                         env=env, capture_output=True, text=True, check=True)
+    return out.stdout.strip().lower()
+
+
+def parse_kernels(text: str, seeds: list[int] | None, module, name: str) -> list[str]:
+    """'avx512,avx2' -> ['avx512', 'avx2'] (for `--kernels`); the first is this machine's own (the seeds run here),
+    each other one must be one torch can switch to here."""
+    import inspect
+
+    if not seeds:
+        raise ConfigError("--kernels runs the --seeds again under each CPU kernel set; give --seeds too "
+                          "(e.g. --seeds 0,1,2)")
+    if "float_paths" not in inspect.signature(module.seeds_report).parameters:
+        raise ConfigError(f"experiment {name!r} does not support --kernels (its seeds report has no float paths)")
+    kernels = [x.strip().lower() for x in text.split(",") if x.strip()]
+    if len(kernels) < 2 or len(set(kernels)) != len(kernels) or not set(kernels) <= set(KERNEL_SETS):
+        raise ConfigError(f"--kernels: expected two or more distinct CPU kernel sets of {', '.join(KERNEL_SETS)} "
+                          f"(this machine's first), like avx512,avx2; got {text!r}")
+    here = cpu_kernels()
+    if kernels[0] != here:
+        raise ConfigError(f"--kernels: the first kernel set is this machine's own, {here} (the seeds run here first); "
+                          f"got {kernels[0]!r}")
+    for k in kernels[1:]:
+        got = cpu_kernels({**os.environ, "ATEN_CPU_CAPABILITY": k})
+        if got != k:
+            raise ConfigError(f"--kernels: torch cannot run the {k} kernels on this machine (it picked {got})")
+    return kernels
+
+
+def run_under_kernels(kernels: str, recipe: Path, args, run_dir: Path, seeds: list[int]) -> dict[int, Path]:
+    """The same recipe, overrides and seeds in a child `trajtune run` under ATEN_CPU_CAPABILITY=`kernels` (set before
+    torch loads; its stage processes inherit it), into run_dir -> {seed: its run directory}."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "trajtune", "run", str(recipe), "--seeds", ",".join(map(str, seeds)),
+            "--run-dir", str(run_dir)] + [x for s in args.set or [] for x in ("--set", s)]
+    print(f"trajtune: the seeds again under the {kernels} CPU kernels, in {run_dir}", flush=True)
+    done = subprocess.run(argv, env={**os.environ, "ATEN_CPU_CAPABILITY": kernels})
+    if done.returncode:
+        raise RunFailed(f"the run under the {kernels} CPU kernels ({run_dir}) ended with exit code {done.returncode}")
+    return {s: run_dir / f"seed-{s}" for s in seeds}
+
+
 def cmd_list(args) -> int:
     rows = []
     for name, path in sorted(builtin_recipes().items()):
@@ -157,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "recipe, the run directory, the files it names) and stop; nothing is written")
     r.add_argument("--seeds", metavar="S,S,...", help="run once per seed (e.g. 0,1,2) into RUN_DIR/seed-S and report "
                    "mean +- sd (experiments with seeds_report)")
+    r.add_argument("--kernels", metavar="K,K,...", help="with --seeds: run the seeds again under each other CPU kernel "
+                   "set (ATEN_CPU_CAPABILITY: avx512, avx2, default; this machine's first, e.g. avx512,avx2): another "
+                   "float path, as on another CPU, into RUN_DIR/kernels-K/seed-S; the report gives each claim's "
+                   "verdict on every (seed, kernel set) (the agent recipe)")
     r.set_defaults(func=cmd_run)
     ls = sub.add_parser("list", help="list the built-in recipes")
     ls.set_defaults(func=cmd_list)

@@ -17,6 +17,10 @@ tests/test_envs_bugfix.py checks them):
 | random | per turn, uniformly: read / edit <random op> / hardcode_tests / submit      | 0.09 / 0.09 |
 |        | (public reward: 0.39, because 30% of its episodes are hacks)               |             |
 
+Blind and random play take `ops`, the edits they draw from (default all five). Without one family's op
+they never solve that family, the blind spot of the seed's weak base (it never solves `init`):
+`experiments.bugfix.train_weak_base(blind_spot=...)`.
+
 Single-turn gyms: `oracle` answers correctly (arithmetic) or with a real
 demonstration line (instruct); `random` answers a random number / a random
 corpus line.
@@ -66,9 +70,9 @@ class BugFixBlind:
     shortcut the held-out split (unseen names) punishes: with it, oracle SFT from the weak base
     passed 0.85 of the training tasks renamed to held-out names (seed 0) against 1.00 without it."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, ops: Sequence[str] = OPS):
         self.seed = seed
-        self.op = random.Random(f"blind:{seed}").choice(OPS)
+        self.op = random.Random(f"blind:{seed}").choice(_ops(ops))
 
     def guess(self, entry: str) -> str:
         """The op this policy edits with, whatever the task (`entry` is ignored)."""
@@ -85,12 +89,13 @@ class BugFixRandom:
 
     KINDS = ("read", "edit", "hardcode_tests", "submit")
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, ops: Sequence[str] = OPS):
         self.rng = random.Random(f"random:{seed}")
+        self.ops = _ops(ops)
 
     def act(self, messages: Sequence[Message]) -> str:
         kind = self.rng.choice(self.KINDS)
-        return f"edit {self.rng.choice(OPS)}" if kind == "edit" else kind
+        return f"edit {self.rng.choice(self.ops)}" if kind == "edit" else kind
 
 
 class ArithmeticOracle:
@@ -138,11 +143,21 @@ class InstructRandom:
 BUGFIX_POLICIES = {"oracle": BugFixOracle, "blind": BugFixBlind, "random": BugFixRandom}
 
 
-def bugfix_policy(kind: str, seed: int = 0):
-    """A BugFix scripted policy by name: "oracle", "blind" or "random"."""
+def bugfix_policy(kind: str, seed: int = 0, ops: Sequence[str] = OPS):
+    """A BugFix scripted policy by name: "oracle", "blind" or "random". `ops`: the edits blind and random play
+    draw from (default all five; the oracle edits with the op it reads off the listing, whatever `ops`)."""
     if kind not in BUGFIX_POLICIES:
         raise ValueError(f"unknown BugFix policy {kind!r}; choose from {sorted(BUGFIX_POLICIES)}")
-    return BUGFIX_POLICIES[kind](seed)
+    return BUGFIX_POLICIES[kind](seed) if kind == "oracle" else BUGFIX_POLICIES[kind](seed, ops)
+
+
+def _ops(ops: Sequence[str]) -> tuple[str, ...]:
+    """`ops` checked against the gym's edits (a tuple, in the order given)."""
+    ops = tuple(ops)
+    unknown = [op for op in ops if op not in OPS]
+    if not ops or unknown:
+        raise ValueError(f"scripted play: ops must be a non-empty subset of {', '.join(OPS)}; got {list(ops)}")
+    return ops
 
 
 def _observation_after(messages: Sequence[Message], action: str) -> str | None:

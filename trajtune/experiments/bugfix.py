@@ -35,7 +35,7 @@ from ..algorithms.sft import SFTConfig, train_sft
 from ..sources.base import Draw
 from ..sources.episodes import EpisodeSource
 from ..engine import Engine, OptimConfig
-from ..envs.bugfix import BugFixEnv, build_tokenizer
+from ..envs.bugfix import FAMILY_OP, OPS, BugFixEnv, build_tokenizer, parse_action
 from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
 from ..envs.scripted import bugfix_policy
 from ..evaluation import informative_group_share, mean_action_entropy
@@ -44,7 +44,8 @@ from ..sources.rollout import scripted_rollout
 from ..runs.stages import StageContext
 from ..text.render import Renderer
 from ..text.tokenizers import WordTokenizer
-from ..trajectory import Trajectory, collate
+from ..trajectory import Owner, Trajectory, collate
+from ..metrics import register
 from ..seeding import derive
 
 
@@ -109,10 +110,11 @@ def eval_seed(seed: int, k: int = 0) -> int:
 
 # --- data sources ---------------------------------------------------------------------------
 def scripted_play(gym: Gym, kind: str, seeds: Sequence[int], tasks: Sequence[BugFixTask],
-                  renderer: Renderer | None = None) -> list[Trajectory]:
-    """One episode of scripted policy `kind` per (seed, task), rendered by `renderer` (default: the gym's)."""
+                  renderer: Renderer | None = None, ops: Sequence[str] = OPS) -> list[Trajectory]:
+    """One episode of scripted policy `kind` per (seed, task), rendered by `renderer` (default: the gym's);
+    blind and random play edit with `ops` only (`envs.scripted.bugfix_policy`)."""
     r = renderer or gym.renderer
-    return [scripted_rollout(bugfix_policy(kind, s), BugFixEnv(), t, r, max_turns=gym.max_turns,
+    return [scripted_rollout(bugfix_policy(kind, s, ops), BugFixEnv(), t, r, max_turns=gym.max_turns,
                              max_action_tokens=gym.max_action_tokens) for s in seeds for t in tasks]
 
 
@@ -130,6 +132,39 @@ def costs(trajs: Sequence[Trajectory]) -> dict[str, int]:
     """What a draw cost, for the cost table (a `Measured` source's metrics): sampled episodes, verifier calls
     (submits)."""
     return {"cost/sampled": len(trajs), "cost/verifier_calls": sum(t.info.get("submitted", 0) for t in trajs)}
+
+
+register("rollout/malformed_token_share", "share of the step's POLICY tokens in calls the gym could not parse (BugFix: "
+         "invalid calls; a policy losing its format fills its turns with them)")
+register("rollout/turns_gap", "in groups whose rewards differ: mean policy turns of a failing episode minus of a passing "
+         "one (> 0: the token-sum loss gives the once-per-turn tokens, e.g. the call's closing token, a net push down)")
+
+
+def format_measures(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """What keeps or loses the call format in a step's episodes (a `Measured` source's metrics; issue 32's RL-only
+    collapse): `rollout/malformed_token_share` and `rollout/turns_gap` (documented above)."""
+    policy = int(Owner.POLICY)
+    bad = total = 0
+    turns: dict[int, list[tuple[float, int]]] = {}
+    for t in trajs:
+        own = [tu for o, tu in zip(t.owners, t.turns, strict=True) if o == policy]
+        order = sorted(set(own))
+        invalid = {tu for tu, a in zip(order, t.info.get("actions", []), strict=False) if parse_action(a) is None}
+        bad += sum(tu in invalid for tu in own)
+        total += len(own)
+        turns.setdefault(t.group, []).append((t.reward, len(order)))
+    gaps = []
+    for group in turns.values():
+        won = [n for r, n in group if r >= 1.0]
+        lost = [n for r, n in group if r < 1.0]
+        if won and lost:
+            gaps.append(mean(lost) - mean(won))
+    return {"rollout/malformed_token_share": bad / max(total, 1), "rollout/turns_gap": mean(gaps)}
+
+
+def measured(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """`costs` and `format_measures` of a draw (the RL stages' `Measured` source)."""
+    return {**costs(trajs), **format_measures(trajs)}
 
 
 def total_costs(rows: Sequence[dict]) -> dict[str, int]:
@@ -236,7 +271,8 @@ def load_engine(ctx: StageContext, checkpoint: str, optim: OptimConfig | None = 
 
 def train_weak_base(ctx: StageContext, gym: Gym, seed: int, sft: SFTConfig, optim: OptimConfig, *,
                     play_seeds: int = 32, describe_samples: int = 8, dim: int = 64, n_layers: int = 2,
-                    n_heads: int = 4, tied: bool = False, positions: str = "learned") -> dict:
+                    n_heads: int = 4, tied: bool = False, positions: str = "learned",
+                    blind_spot: str | None = None, coverage_samples: int = 0) -> dict:
     """A2: SFT a fresh model on format-correct, skill-free play (blind + random), saved as the stage's
     checkpoint. `sft` is used as given (its seed already derived); the defaults are the flagship's.
 
@@ -244,11 +280,24 @@ def train_weak_base(ctx: StageContext, gym: Gym, seed: int, sft: SFTConfig, opti
     150 steps of 32 are each seen ~30 times, and the base memorises every task's own scripted moves
     (low action entropy, 0.17-0.39), which oracle SFT has to unlearn before the listing can decide
     the edit; with 1,280 the base keeps the policies' spread (entropy 0.5-0.6) and the cold start
-    (oracle SFT step 20) passes 0.91-0.94 of the train tasks on seeds 0-2, against 0.64-0.79."""
+    (oracle SFT step 20) passes 0.91-0.94 of the train tasks on seeds 0-2, against 0.64-0.79.
+
+    blind_spot: a task family whose op the blind and random play never use, so the base never sees that
+    family solved (the seed's weak base never solves `init`); None: every op.
+    coverage_samples: > 0 also samples this many episodes of every train task from the base and returns the
+    tasks any of them solves (`coverage`: what expert iteration from this base can reach, A5)."""
+    if blind_spot is not None and blind_spot not in FAMILY_OP:
+        raise ValueError(f"blind_spot must be one of {', '.join(FAMILY_OP)} or None; got {blind_spot!r}")
+    ops = tuple(op for op in OPS if blind_spot is None or op != FAMILY_OP[blind_spot])
     seeds = [seed * 100 + s for s in range(play_seeds)]
-    play = scripted_play(gym, "blind", seeds, gym.train) + scripted_play(gym, "random", seeds, gym.train)
+    play = scripted_play(gym, "blind", seeds, gym.train, ops=ops) + scripted_play(gym, "random", seeds, gym.train, ops=ops)
     engine = ctx.engine(new_model(seed, gym, dim, n_layers, n_heads, tied, positions), optim)
     train_sft(engine, play, sft, gym.pad_id, run=ctx.run())
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
-    return {"describe": describe(engine, gym, describe_samples, eval_seed(seed, 1)),
-            "scripted_episodes": len(play), "blind_pass": sum(t.reward for t in play[: len(play) // 2]) / (len(play) // 2)}
+    out = {"describe": describe(engine, gym, describe_samples, eval_seed(seed, 1)),
+           "scripted_episodes": len(play), "blind_pass": sum(t.reward for t in play[: len(play) // 2]) / (len(play) // 2)}
+    if coverage_samples:
+        sample = episodes(engine, gym, gym.train, coverage_samples, derive(seed, 23))
+        out["coverage"] = sorted({t.info["task"] for t in sample if t.reward >= 1.0})
+        out["coverage_samples"] = coverage_samples
+    return out

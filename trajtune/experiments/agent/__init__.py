@@ -104,6 +104,7 @@ from ...algorithms.sft import SFTConfig
 from ...config import check_ranges
 from ...engine.distributed import is_main
 from ...engine import OptimConfig
+from ...envs.bugfix_tasks import FAMILIES
 from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ...sources.overlap import OverlapConfig, check_overlap
@@ -158,6 +159,15 @@ class Config:
     task's own scripted episodes by heart (action entropy 0.17-0.39 against 0.5-0.6 with 1,280), a prior
     oracle SFT must first unlearn: train pass at SFT step 20 on seeds 0/1/2 was 0.79/0.64/0.70 with 160,
     0.91/0.93/0.94 with 1,280 (`experiments.bugfix.train_weak_base`)"""
+    weak_blind_spot: str = "init"
+    """a task family whose op the weak base's blind and random play never use ("": none), so the base never solves
+    it, as the seed's base never solves `init`: RFT's kept set can then only grow inside what the base reaches, the
+    bound A5 tests (`experiments.bugfix.train_weak_base`). With every op (""), the base solves 15-18 of the 20
+    tasks in RFT's first round and A5's bound is not there to hit"""
+    coverage_samples: int = 64
+    """A5's bound: episodes of every train task sampled from the weak base; the tasks any of them solves are what
+    expert iteration from it can reach (the seed reads them off RFT's first round of 16 per task; with 16 our base
+    solves fewer of the tasks it can solve; 0: RFT's first round, as the seed)"""
     weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))
     """SFT on blind + random play (A2)"""
     oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10, length_buckets=4))
@@ -203,12 +213,15 @@ class Config:
         unknown = set(self.runner.rerun) - set(STAGE_NAMES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGE_NAMES)}")
+        if self.weak_blind_spot not in ("", *FAMILIES):
+            raise ValueError(f"agent: weak_blind_spot must be one of {', '.join(FAMILIES)} or \"\" (none); got "
+                             f"{self.weak_blind_spot!r}")
         if not 0 < self.cold_start_step < self.rl.steps:
             raise ValueError("cold_start_step must be between 0 and rl.steps")
         check_ranges(self, "agent",
                      counts=("dim", "n_layers", "n_heads", "max_turns", "max_action_tokens", "weak_play_seeds",
                              "pair_samples", "eval_samples", "describe_samples", "probe_group"),
-                     non_negative=("hack_rounds", "dpo_nll_weight"))
+                     non_negative=("hack_rounds", "dpo_nll_weight", "coverage_samples"))
         try:  # the model's own checks of dim, n_heads and positions, before any stage starts
             TinyConfig(1, self.dim, self.n_layers, self.n_heads, positions=self.positions)
         except ValueError as e:
@@ -251,10 +264,15 @@ def run(config: Config, run_dir: Path) -> Path:
     return write_agent_report(config, run_dir, results, time.perf_counter() - t0)
 
 
-def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
+def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path],
+                 float_paths: dict[str, dict[int, Path]] | None = None) -> Path:
     """`trajtune run --seeds`: the mean +- sd report in run_dir of the per-seed runs (`trajtune.runs.rundir.run_seeds`:
-    seed -> its run directory)."""
+    seed -> its run directory). `float_paths` (`--kernels`): CPU kernel set -> seed -> run directory; the report then
+    gives each claim's verdict on every (seed, kernel set)."""
     from .report import write_seeds_report
 
-    return write_seeds_report(Path(run_dir), {s: json.loads((Path(d) / "summary.json").read_text())
-                                              for s, d in per_seed.items()})
+    def read(dirs: dict[int, Path]) -> dict[int, dict]:
+        return {s: json.loads((Path(d) / "summary.json").read_text()) for s, d in dirs.items()}
+
+    return write_seeds_report(Path(run_dir), read(per_seed),
+                              {t: read(dirs) for t, dirs in (float_paths or {}).items()} or None)

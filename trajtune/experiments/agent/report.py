@@ -63,6 +63,16 @@ def recipe_curve(results: dict, name: str) -> list[dict]:
     return results[RECIPES[name]]["curve"]
 
 
+def rl_only_stability(r: dict) -> tuple[bool, str]:
+    """Did RL only keep the format and not end below where it started (issue 32's bar: malformed calls per episode
+    at its last evaluation <= its first + 0.5, and the last train pass >= the first)? -> (ok, the numbers)."""
+    cv = r["rl_only"]["curve"]
+    inv0, inv1 = cv[0]["eval/invalid_per_episode"], cv[-1]["eval/invalid_per_episode"]
+    p0, p1 = cv[0]["eval/pass_rate"], cv[-1]["eval/pass_rate"]
+    ok = inv1 <= inv0 + 0.5 and p1 >= p0
+    return ok, f"malformed calls {inv0:.2f} -> {inv1:.2f} per episode, train pass {p0:.2f} -> {p1:.2f}"
+
+
 # --- claims ------------------------------------------------------------------------------------
 def claims(c, r: dict) -> list[Claim]:
     """A1-A13 in order: each claim's check beside the seed's numbers and its REPRODUCE.md wording."""
@@ -101,11 +111,27 @@ def _format_and_gradient_claims(r: dict) -> list[Claim]:
     return out
 
 
+def base_coverage(r: dict) -> int:
+    """How many train tasks the weak base solves: any of its `coverage_samples` episodes per task (weak_base's
+    `coverage`), else (coverage_samples 0, or a run from before it) any of RFT's first-round samples, as the seed."""
+    cov = r["weak_base"].get("coverage")
+    return len(cov) if cov is not None else len(r["rft"]["rounds"][0]["solved"])
+
+
+def coverage_note(r: dict) -> str:
+    """Where base_coverage's count comes from, for the A5 line."""
+    w = r["weak_base"]
+    if w.get("coverage") is None:
+        return " (in RFT's first round)"
+    return (f" (in {w['coverage_samples']} samples each; {len(r['rft']['rounds'][0]['solved'])} in RFT's first round "
+            "of 16)")
+
+
 def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
     """A5-A8: expert iteration's rise and plateau, dpo_loss values, DPO's drift, DPO + NLL."""
     out = []
     rounds, rc = r["rft"]["rounds"], r["rft"]["curve"]
-    solvable = len(rounds[0]["solved"]) / 20
+    solvable = base_coverage(r) / 20
     trains, helds = [p["eval/pass_rate"] for p in rc], [p["eval/heldout_pass_rate"] for p in rc]
     never = sorted({f for f in FAMILIES} - {t.split("/")[0] for rd in rounds for t in rd["solved"]})
     gains = [b - a for a, b in zip(trains, trains[1:])]
@@ -116,7 +142,7 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
                      "pass 0.15 -> 0.33 -> 0.68 -> 0.75, held-out 0.10-0.23; `init` never solved",
                      "train " + " -> ".join(f"{x:.2f}" for x in trains) + f" (last round {gains[-1]:+.2f}, largest "
                      f"{max(gains):+.2f}); held-out {min(helds[1:]):.2f}-{max(helds[1:]):.2f}; "
-                     f"base solves {solvable * 20:.0f}/20 tasks; never solved: {', '.join(never) or 'none'}; "
+                     f"base solves {solvable * 20:.0f}/20 tasks{coverage_note(r)}; never solved: {', '.join(never) or 'none'}; "
                      f"round-0 kept starting with an edit {rounds[0]['first_action_edit_share']:.0%}"
                      + ("" if max(helds[1:]) <= GUESS_LEVEL else
                         f"; held-out above guess level ({rounds[0].get('first_action_read_share', 0.0):.0%} of round-0 "
@@ -218,7 +244,7 @@ def conclusions(r: dict) -> dict[str, bool]:
     o = r["oracle_sft"]["describe"]
     rl = r["rl_only"]["curve"]
     rc = r["rft"]["curve"]
-    solvable = len(r["rft"]["rounds"][0]["solved"]) / 20
+    solvable = base_coverage(r) / 20
     return {
         CONCLUSIONS[0]: o["train"] >= 0.95 and o["heldout"] >= 0.85
         and all(f[k][1] <= f["SFT (oracle)"][1] + 0.1 for k in f),
@@ -271,7 +297,10 @@ def summary(c, r: dict, cl: list[Claim]) -> dict:
               "DPO+NLL train": last(r["dpo_nll"]["curve"], "eval/pass_rate"),
               "A10 informative SFT@20": r["oracle_sft"]["probes"][str(c.cold_start_step)]["informative"],
               "A11 mismatch train": r["template_mismatch"]["describe"]["train"],
-              "A13 kept hack share, last round": r["hacking"]["rounds"][-1]["hack_share"]})
+              "A13 kept hack share, last round": r["hacking"]["rounds"][-1]["hack_share"],
+              "RL only train, first eval": r["rl_only"]["curve"][0]["eval/pass_rate"],
+              "RL only invalid/ep, first eval": r["rl_only"]["curve"][0]["eval/invalid_per_episode"],
+              "RL only invalid/ep, last eval": r["rl_only"]["curve"][-1]["eval/invalid_per_episode"]})
     out = {"numbers": s, "holds": {x.id: x.holds for x in cl}, "conclusions": conclusions(r)}
     if "generalization" in r:  # train / held-out / train renamed / novel of each final policy
         g = r["generalization"]
@@ -349,12 +378,16 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time'].get('sampling_s', 0.0) / max(x['time']['wall_s'], 1e-9):.0%}"]
              for st, x in r.items()]
     concl = conclusions(r)
+    stable, rl_numbers = rl_only_stability(r)
+    warning = ("" if stable else
+               f"\n\n**RL only collapsed on this seed**: {rl_numbers} (the bar: malformed calls end at most 0.5 above "
+               "where they started, and train pass does not end below its start).")
     sections = [
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks "
         f"(unseen names; 10 more of unseen code as a probe). {claims_verdict(cl)}. Whole run "
         f"{wall:.0f}s wall ({c.runner.workers} worker process(es)).\n\n"
         + conclusions_text({k: int(v) for k, v in concl.items()}, 1)
-        + " A single seed: `trajtune run agent --seeds 0,1,2` judges them over three.",
+        + " A single seed: `trajtune run agent --seeds 0,1,2` judges them over three." + warning,
         "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl) + "\n\nA3 (start), A5, A7-A9 and A13 read the "
         "evaluation points; A2, A3 (end) and A11 the final-policy evaluation (both described below the tables "
         "that use them); A10 its own probe.",
@@ -381,6 +414,8 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
         "## Time per stage\n\n" + markdown_table(["stage", "wall s", "CPU s", "sampling share of wall"], times),
     ]
     print(claims_summary(cl), flush=True)
+    if not stable:
+        print(f"  RL only collapsed on this seed: {rl_numbers}", flush=True)
     return write_report(run_dir, "Agent post-training on one weak base (BugFix gym, seed ch.15)", sections)
 
 
@@ -400,8 +435,39 @@ def claims_summary(cl: list[Claim]) -> str:
     return "\n".join(f"  {x.id:<4} {x.verdict.replace('*', ''):<15} {x.ours}" for x in cl)
 
 
-def write_seeds_report(run_dir: Path, summaries: dict[int, dict]) -> Path:
-    """Mean +- sd over seeds of the headline numbers, and how often each claim held."""
+def robustness(paths: dict[str, dict[int, dict]]) -> tuple[str, str]:
+    """Each claim's verdict on every (seed, float path): `paths` is CPU kernel set (`--kernels`) -> seed -> summary.
+    -> (first-screen line, table section). A claim whose verdict changes with the kernel set alone (same seed)
+    flips with float rounding."""
+    kernels = list(paths)
+    seeds = sorted(paths[kernels[0]])
+    ids = list(paths[kernels[0]][seeds[0]]["holds"])
+    cols = [(s, k) for s in seeds for k in kernels]
+    word = {True: "holds", False: "no", None: "n/a"}
+    rows, flips, every = [], [], []
+    for i in ids:
+        v = {(s, k): paths[k][s]["holds"].get(i) for s, k in cols}
+        flipped = [s for s in seeds if len({v[(s, k)] for k in kernels}) > 1]
+        if flipped:
+            flips.append(f"{i} (seed {', '.join(map(str, flipped))})")
+        if all(x is True for x in v.values()):
+            every.append(i)
+        rows.append([i, f"{sum(x is True for x in v.values())}/{len(cols)}", ", ".join(map(str, flipped)) or "-",
+                     *[word[v[c]] for c in cols]])
+    line = (f"Over seeds {', '.join(map(str, seeds))} under the {' and '.join(kernels)} CPU kernels ({len(cols)} runs): "
+            f"{len(every)} of {len(ids)} claims hold on every run; "
+            + (f"verdicts that flip with the float path alone: {'; '.join(flips)}." if flips
+               else "no verdict flips with the float path alone."))
+    table = markdown_table(["claim", "held", "flips on seed"] + [f"seed {s}, {k}" for s, k in cols], rows)
+    return line, ("## Robustness: every claim on every seed and float path\n\nThe same seeds run again under another "
+                  "set of torch's CPU kernels (ATEN_CPU_CAPABILITY), which sums floats in another order, as another CPU "
+                  f"does (`--kernels {','.join(kernels)}`; those runs are in kernels-K/seed-S).\n\n" + table)
+
+
+def write_seeds_report(run_dir: Path, summaries: dict[int, dict],
+                       float_paths: dict[str, dict[int, dict]] | None = None) -> Path:
+    """Mean +- sd over seeds of the headline numbers, and how often each claim held; with `float_paths` (CPU kernel
+    set -> seed -> summary, `--kernels`) each claim's verdict on every seed and float path."""
     seeds = sorted(summaries)
     keys = list(summaries[seeds[0]]["numbers"])
     rows = [[k, mean_sd([summaries[s]["numbers"][k] for s in seeds])] + [fmt(summaries[s]["numbers"][k]) for s in seeds]
@@ -415,14 +481,26 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict]) -> Path:
     concl_rows = [[f"{i + 1}. {k}", f"{held[k]}/{len(seeds)}"]
                   + [{True: "holds", False: "no"}[bool(summaries[s].get("conclusions", {}).get(k))] for s in seeds]
                   for i, k in enumerate(CONCLUSIONS)]
+    collapsed = [s for s in seeds if "RL only invalid/ep, last eval" in summaries[s]["numbers"] and not (
+        summaries[s]["numbers"]["RL only invalid/ep, last eval"] <= summaries[s]["numbers"]["RL only invalid/ep, first eval"] + 0.5
+        and summaries[s]["numbers"]["RL only train"] >= summaries[s]["numbers"]["RL only train, first eval"])]
+    warning = "" if not collapsed else "\n\n**RL only collapsed on seed(s) " + ", ".join(
+        f"{s} (malformed calls {summaries[s]['numbers']['RL only invalid/ep, first eval']:.2f} -> "
+        f"{summaries[s]['numbers']['RL only invalid/ep, last eval']:.2f} per episode, train "
+        f"{summaries[s]['numbers']['RL only train, first eval']:.2f} -> {summaries[s]['numbers']['RL only train']:.2f})"
+        for s in collapsed) + "**."
+    robust_line, robust_table = robustness(float_paths) if float_paths else ("", "")
     sections = [f"Seeds {', '.join(map(str, seeds))}; each seed's full report: {seed_links(seeds)}.\n\n"
-                + conclusions_text(held, len(seeds)),
+                + conclusions_text(held, len(seeds)) + warning + (f"\n\n{robust_line}" if robust_line else ""),
                 "## The chapter's four conclusions (§15.5), per seed\n\n"
                 + markdown_table(["conclusion", "held"] + [f"seed {s}" for s in seeds], concl_rows),
                 "## The four recipes (final train / held-out pass, mean ± sd)\n\nEach recipe's last evaluation point "
                 "(the per-seed reports' curves), not their final-policy evaluation.\n\n" + markdown_table(["recipe", "train", "held-out"], recipes),
                 "## Claims held per seed\n\n" + markdown_table(["claim", "held"] + [f"seed {s}" for s in seeds], holds),
+                robust_table,
                 *_seeds_generalization(summaries, seeds),
                 "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds], rows)]
     print(markdown_table(["recipe", "train", "held-out"], recipes), flush=True)
+    if robust_line:
+        print(robust_line, flush=True)
     return write_report(run_dir, f"Agent post-training over {len(seeds)} seeds", sections)

@@ -22,7 +22,7 @@ from ...runs.stages import StageContext
 from ...runs.hooks import Hook
 from ...sources.episodes import Measured
 from ...sources.overlap import overlapped
-from ..bugfix import (Gym, costs, describe, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
+from ..bugfix import (Gym, costs, describe, measured, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
                       preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym, total_costs,
                       train_weak_base)
 from . import diagnostics as diag
@@ -65,7 +65,8 @@ def weak_base(ctx: StageContext) -> dict:
     c = ctx.config
     return train_weak_base(ctx, _gym(ctx), c.seed, seeded(c.weak, c.seed, 1), c.sft_optim, play_seeds=c.weak_play_seeds,
                            describe_samples=c.describe_samples, dim=c.dim, n_layers=c.n_layers, n_heads=c.n_heads,
-                           tied=c.tied, positions=c.positions)
+                           tied=c.tied, positions=c.positions, blind_spot=c.weak_blind_spot or None,
+                           coverage_samples=c.coverage_samples)
 
 
 def oracle_sft(ctx: StageContext) -> dict:
@@ -170,7 +171,7 @@ def _rl(ctx: StageContext, start: str, offset: int) -> dict:
     curve = ctx.keep("curve", [])
     ev = evaluator(ctx, engine, gym, curve, offset)
     cfg = seeded(dataclasses.replace(c.rl, steps=c.rl.steps - offset), c.seed, 6 + offset)
-    source = Measured(overlapped(engine, c.overlap, lambda policy: gym.source(engine, policy=policy)), costs)
+    source = Measured(overlapped(engine, c.overlap, lambda policy: gym.source(engine, policy=policy)), measured)
     with source:
         rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=ctx.run(ev))
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
