@@ -146,12 +146,16 @@ def calibrate_tau(projections: torch.Tensor, q: float = 0.25) -> float:
 
 
 @contextlib.contextmanager
-def steering(model: nn.Module, layer: int, vector: torch.Tensor, alpha: float) -> Iterator[None]:
+def steering(model: nn.Module, layer: int, vector: torch.Tensor, alpha: float,
+             training_only: bool = False) -> Iterator[None]:
     """Inside the block, block `layer`'s output is h + alpha * vector at every position and generation step
-    (alpha > 0 amplifies the trait, < 0 suppresses it)."""
+    (alpha > 0 amplifies the trait, < 0 suppresses it); `training_only`: in train-mode forwards only
+    (`preventative_steering`)."""
     add = alpha * vector
 
     def hook(mod, inp, out):
+        if training_only and not mod.training:
+            return None  # the output as it is
         return _edit_output(out, lambda h: h + add.to(h.dtype).to(h.device))
 
     handle = _layer(model, layer).register_forward_hook(hook)
@@ -201,18 +205,8 @@ def preventative_steering(model: nn.Module, layer: int, vector: torch.Tensor, al
         with preventative_steering(engine.model, layer, v, alpha=2.0):
             train_sft(engine, data, config, pad_id)
     """
-    add = alpha * vector
-
-    def hook(mod, inp, out):
-        if not mod.training:
-            return None  # the output as it is
-        return _edit_output(out, lambda h: h + add.to(h.dtype).to(h.device))
-
-    handle = _layer(model, layer).register_forward_hook(hook)
-    try:
+    with steering(model, layer, vector, alpha, training_only=True):
         yield
-    finally:
-        handle.remove()
 
 
 def response_activations(model: nn.Module, ids: torch.Tensor, response_mask: torch.Tensor, layer: int) -> torch.Tensor:

@@ -37,6 +37,14 @@ How this departs from the seed, and why:
        up to float rounding).
     7. One `seed` derives every loop's seed (`bugfix.seeded`), and every evaluation point samples
        with the same random numbers, so curves compare policies, not draws.
+    8. Like the seed's, the weak base has a blind spot: its blind and random play never edit with
+       `fix_init` (`weak_blind_spot`), so the base never solves the `init` family and expert iteration
+       can only grow inside what the base reaches (A5's bound). With every op in its play our base solved
+       15-18 of the 20 tasks in RFT's first round and the later rounds the rest (train 0.99): no bound to
+       hit. Which family is held back does not matter to the bound (each of init, zero, minmax, range:
+       RFT flattens at 0.69-0.76 below the 0.80 the base reaches, seeds 0-2). A5's bound is the share of
+       tasks the base solves in `coverage_samples` (64) samples each, where the seed read it off RFT's
+       first round (16 each): with 16, our base finds 13-16 of the 16 tasks it can solve.
 
 The stages (`STAGES`; dependencies first, independent ones in `runner.workers` processes):
 
