@@ -61,27 +61,29 @@ The stages (`STAGES`; dependencies first, independent ones in `runner.workers` p
     generalization     the final policies on the train tasks under held-out     (beyond the
                        names and on the `novel` split (unseen code)             seed)
 
-What each shows, and the seed-0 numbers to expect (12 of 13 claims hold; `--seeds 0,1,2` judges every
-claim and the chapter's four conclusions over three seeds: A1-A4 and A6-A13 hold on all three, A5 on one):
+What each shows, and the seed-0 numbers to expect on an AVX-512 CPU (10 of 13 claims hold; `--seeds 0,1,2
+--kernels avx512,avx2` judges every claim on three seeds and two float paths: 8 hold on all six runs,
+docs/experiments.md):
 
     A1   a minority of predicted tokens are actions; masked and unmasked loss ~ log V at init
     A2   the weak base has the format (invalid/ep < 0.1) and no skill (pass <= 0.25)
-    A3   oracle SFT learns the train tasks and transfers to unseen names (0.24/0.12 -> 1.00/0.90,
-         action entropy 0.58 -> 0.006)
-    A4   the 0/1 policy gradient equals the scaled SFT gradient on the kept episodes (to 9e-9)
-    A5   expert iteration rises (0.24 -> 0.56 -> 0.85 -> 0.91 -> 0.99) on blind guesses keyed on the
-         name (held-out 0.23-0.30), but does not flatten below the share of tasks the base solves: with 16
-         samples per task a round, the base solves 15 of 20 and later rounds the rest: does NOT hold
+    A3   oracle SFT learns the train tasks and transfers to unseen names (0.16/0.15 -> 1.00/0.91,
+         action entropy 0.54 -> 0.006)
+    A4   the 0/1 policy gradient equals the scaled SFT gradient on the kept episodes (to 5e-9)
+    A5   expert iteration rises and flattens below the 16/20 tasks the base reaches (0.16 -> 0.61 -> 0.70
+         -> 0.74 -> 0.72; `init` never solved), on blind guesses (75% of round 0's kept start with an
+         edit), but its held-out rises above guess level (0.23-0.33): does NOT hold (holds on seed 1, AVX2)
     A6   dpo_loss 0.6931 / 0.1269 / 2.1269 at margins 0 / +4 / -4
-    A7   DPO pushes the rejected log-prob down ~58 nats while malformed calls rise 0.01 -> 2.6 per episode
-    A8   DPO + NLL keeps the format (fewer malformed calls, higher train pass than A7)
-    A9   SFT 1.00/0.88 ~ SFT -> RL 0.96/0.82 >> RFT 0.99/0.23 on held-out, and SFT -> RL >> RL only
-         (0.42/0.28); the cold start at step 20 passes 0.91/0.72 (the seed's 0.80/0.85)
-    A10  long SFT leaves few informative groups (0.50 / 0.70 / 0.10; the seed's 0.60 / 0.70 / 0.10)
-    A11  SFT on demos without wrapper tokens fails in the real rollout format (train 0.17), not by the
-         seed's mechanism (malformed calls 0.01/ep, seed 0.62: the report says so)
-    A12  dedup of the RFT kept set changes the family shares (total variation 0.16)
-    A13  the public-test filter breeds reward hacks (58% -> 87% -> 93% of kept episodes) while hidden
+    A7   DPO pushes the rejected log-prob down ~45 nats, but malformed calls rise only 0.00 -> 0.57 per
+         episode and held-out improves: does NOT hold on seed 0 (seeds 1, 2: 4.9-5.1 malformed calls)
+    A8   DPO + NLL keeps the format (fewer malformed calls, higher train pass than A7): not on seed 0
+    A9   SFT 1.00/0.90 ~ SFT -> RL 0.96/0.82 >> RFT 0.72/0.23 on held-out, and SFT -> RL >> RL only
+         (0.59/0.55); the cold start at step 20 passes 0.93/0.85 (the seed's 0.80/0.85)
+    A10  long SFT leaves few informative groups (0.50 / 0.40 / 0.00; the seed's 0.60 / 0.70 / 0.10)
+    A11  SFT on demos without wrapper tokens fails in the real rollout format (train 0.19), not by the
+         seed's mechanism (malformed calls 0.00/ep, seed 0.62: the report says so)
+    A12  dedup of the RFT kept set changes the family shares (total variation 0.10)
+    A13  the public-test filter breeds reward hacks (68% -> 86% -> 88% of kept episodes) while hidden
          pass stalls
 
 Each stage writes its checkpoint to run_dir/<stage>/checkpoint, its results to
