@@ -56,6 +56,7 @@ def test_every_stage_checkpoints_and_reports(small_run):
     for png in ("curves_train.png", "curves_heldout.png", "dpo_drift.png", "dpo_behaviour.png", "hacking.png"):
         assert (run_dir / png).stat().st_size > 1000 and png in text
     assert (run_dir / "report.html").exists() and json.loads((run_dir / "summary.json").read_text())["holds"]
+    assert (run_dir / "view.html").stat().st_size > 1000 and "[view.html](view.html)" in text  # written first, linked
     probes = json.loads((run_dir / "generalization" / "results.json").read_text())
     for split in ("renamed", "novel"):
         assert set(probes[split]) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in probes[split].values())

@@ -1,4 +1,4 @@
-"""Recording episodes while training (trajtune/runs/recorder.py, Run.record_episodes) and `trajtune view` (trajtune/cli/view.py).
+"""Recording episodes while training (trajtune/runs/recorder.py, Run.record_episodes) and `trajtune view` (trajtune/runs/view.py, trajtune/cli/view.py).
 
 The page is checked with an HTML parser: every token is a span coloured by its owner, every policy
 token's numbers are in its tooltip and in the side table, the filters are there, and nothing is
@@ -27,7 +27,7 @@ from trajtune.runs.resume import Checkpointer
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Owner, Trajectory
-from trajtune.cli.view import flags, write_view
+from trajtune.runs.view import flags, write_view
 
 TOK = CharTokenizer.from_corpus("Q: pickabcdef")
 RENDER = Renderer(TOK)
@@ -316,7 +316,7 @@ def rows_of(trajs, stage="grpo"):
 
 
 def test_a_reply_cut_at_the_token_budget_stops_on_length_and_the_page_marks_and_filters_it(tmp_path):
-    from trajtune.cli.view import stop_reason
+    from trajtune.runs.view import stop_reason
     from trajtune.sources.rollout import rollout_batch
 
     tasks = [Task("pick0"), Task("pick1"), Task("pick2")]

@@ -117,6 +117,7 @@ from ...engine import OptimConfig
 from ...envs.bugfix_tasks import FAMILIES
 from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
+from ...runs.view import write_view_if_recorded
 from ...sources.overlap import OverlapConfig, check_overlap
 from . import stages as st
 from .stages import GENERALIZATION
@@ -271,6 +272,7 @@ def run(config: Config, run_dir: Path) -> Path:
     results = stage_results(config, run_dir, meanwhile=functools.partial(importlib.import_module, f"{__name__}.report"))
     if not is_main():  # under torchrun rank 0 writes the report
         return run_dir / "report.md"
+    write_view_if_recorded(run_dir)  # view.html first: the report links it
     return write_agent_report(config, run_dir, results, time.perf_counter() - t0)
 
 

@@ -1,0 +1,326 @@
+"""`trajtune view RUN_DIR`: a static HTML page of the episodes a run recorded, token by token.
+
+    trajtune view runs/agent-20261201-1200                  # -> runs/agent-20261201-1200/view.html
+    trajtune view RUN_DIR --steps 1,50 --stage rl --out /tmp/v.html
+
+`write_view` writes the page: `trajtune view` (trajtune/cli/view.py) calls it, and so does a recipe before its
+report, which then links the page (the agent recipe). It reads every RUN_DIR/<stage>/episodes.jsonl (written while
+training: trajtune/runs/recorder.py) and writes one self-contained page (inline CSS and JS, no server, no network): per episode its stage,
+step, task, the answer its data expects (info["expected"], where the row has one), reward, why it
+stopped (a "length" badge when the reply was cut at the token budget), flags (hacked: passed the
+public checks, not the hidden ones; failed: the environment raised), the whole `info`, and every
+token coloured by its owner (template, prompt, policy, tool); a token is never split across lines.
+Hovering a token shows, and a table per episode lists for every policy token, its log-prob under the
+sampler and under the trainer, its advantage and the importance ratio exp(trainer - sampler).
+Filters at the top: stage, step, task (substring), reward range, stop reason, hacked, failed.
+
+Token text comes from the run's tokenizer: `--tokenizer PATH` (a trajtune tokenizer.json, or a
+Hugging Face model or tokenizer directory), else the one saved in the episode's stage directory,
+else the first one saved under RUN_DIR, else the model directory named in RUN_DIR/config.json;
+without one, tokens show as their ids.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..config import ConfigError
+from .recorder import FILE, read_episodes
+from ..trajectory import Owner
+
+Decode = Callable[[int], str]
+
+OWNER_NAMES = {int(o): o.name.lower() for o in Owner}
+
+
+# --- finding what the page shows -------------------------------------------------------------
+def find_episodes(run_dir: Path) -> list[Path]:
+    """Every episodes.jsonl of a run (RUN_DIR itself may be one file)."""
+    if run_dir.is_file():
+        return [run_dir]
+    if not run_dir.is_dir():
+        raise ConfigError(f"trajtune view: no run directory {run_dir}")
+    found = sorted(run_dir.rglob(FILE))
+    stages = [] if found else run_stages(run_dir)
+    kinds = list(dict.fromkeys(NO_EPISODES.get(s.split("_")[0].split("-")[0]) for s in stages))
+    if kinds and None not in kinds:
+        what = " and ".join(kinds)
+        raise ConfigError(f"trajtune view: {run_dir} is a run of {what} (stage{'s' * (len(stages) > 1)} "
+                          f"{', '.join(stages)}), and {what} sample{'s' * (len(kinds) == 1)} no episodes: "
+                          f"{'they train' if len(kinds) > 1 else 'it trains'} on the data's own replies, so there is nothing to view (the RL and RFT stages, "
+                          "e.g. `trajtune grpo` and `trajtune rft`, record the episodes this page shows)")
+    if not found:
+        raise ConfigError(f"trajtune view: {run_dir} has no {FILE} (the RL / RFT stages of a run record a few "
+                          "episodes as they train; was this run made before recording existed, or did it not train?)")
+    return found
+
+
+NO_EPISODES = {"sft": "SFT", "pretrain": "pretraining", "dpo": "DPO", "ipo": "IPO", "simpo": "SimPO", "orpo": "ORPO",
+               "kto": "KTO", "rm": "reward-model training", "reward": "reward-model training"}
+"""stage kinds (the first word of a stage's name) that train on the data's replies and sample nothing"""
+
+
+def run_stages(run_dir: Path) -> list[str]:
+    """The stages of a run: its metrics.jsonl rows' "stage" values, else its stage directories (results.json)."""
+    stages: dict[str, None] = {}
+    try:
+        for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("stage"), str):
+                stages.setdefault(row["stage"], None)
+    except OSError:
+        pass
+    if not stages:
+        stages = dict.fromkeys(d.name for d in sorted(run_dir.iterdir()) if (d / "results.json").is_file())
+    return list(stages)
+
+
+def load_decoder(path: Path) -> Decode:
+    """A token decoder from a trajtune tokenizer.json, or a Hugging Face tokenizer directory."""
+    from ..text.tokenizers import Tokenizer
+
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if file.exists():
+        try:
+            tok = Tokenizer.load(file)
+            return lambda i: tok.itos[i] if 0 <= i < len(tok.itos) else f"#{i}"
+        except ValueError:
+            pass  # not the trajtune format: a Hugging Face tokenizer
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as e:
+        raise ConfigError(f"trajtune view: {path} is not a trajtune tokenizer, and reading a Hugging Face one "
+                          f"needs transformers (pip install 'trajtune[hf]'): {e}") from None
+    try:
+        hf = AutoTokenizer.from_pretrained(str(path.parent if path.is_file() else path))
+    except Exception as e:  # noqa: BLE001 - any failure to read it is the user's path
+        raise ConfigError(f"trajtune view: cannot read a tokenizer from {path}: {e}") from None
+    return lambda i: hf.decode([i])
+
+
+def find_decoder(run_dir: Path, explicit: str | None = None) -> tuple[Decode | None, str]:
+    """(decoder or None, where it came from)."""
+    if explicit:
+        return load_decoder(Path(explicit)), explicit
+    root = run_dir.parent if run_dir.is_file() else run_dir
+    for file in sorted(root.rglob("tokenizer.json")):
+        try:
+            return load_decoder(file.parent), str(file)
+        except ConfigError:
+            continue
+    config = root / "config.json"
+    if config.exists():
+        try:
+            model = json.loads(config.read_text()).get("model")
+        except (json.JSONDecodeError, AttributeError):
+            model = None
+        if isinstance(model, str) and Path(model).is_dir():
+            try:
+                return load_decoder(Path(model)), model
+            except ConfigError:
+                pass
+    return None, "none found: tokens show as ids"
+
+
+def flags(row: dict) -> dict[str, bool]:
+    """hacked: the public checks passed and the hidden ones did not (or info says so); failed: the environment or the
+    reward failed (the episode's outcome, or info["env_error"] in rows recorded before outcomes)."""
+    info = row.get("info") or {}
+    hacked = bool(info.get("hacked")) or (bool(info.get("public_pass")) and info.get("hidden_pass") is False)
+    failed = row.get("outcome", "ok") != "ok" or "env_error" in info or info.get("stop_reason") == "env_error"
+    return {"hacked": hacked, "failed": failed}
+
+
+def stop_reason(row: dict) -> str:
+    """Why the episode ended (info["stop_reason"]: trajtune/sources/rollout.py). "length": the reply that ended it was
+    cut at the token budget; rows recorded before the rollout said so read "done" with every turn unterminated."""
+    info = row.get("info") or {}
+    stop = str(info.get("stop_reason", ""))
+    turns, cut = info.get("n_turns"), info.get("n_unterminated")
+    if stop == "done" and isinstance(turns, int) and turns > 0 and cut == turns:
+        return "length"
+    return stop
+
+
+def expected(row: dict) -> Any:
+    """The answer the task's data expects (info["expected"]; an env's info["answer"] in older rows), or None."""
+    info = row.get("info") or {}
+    return info.get("expected", info.get("answer"))
+
+
+# --- the page ---------------------------------------------------------------------------------
+def token_stats(row: dict, i: int) -> dict[str, float]:
+    s, t, a = row["sampler_logp"][i], row["trainer_logp"][i], row["advantage"][i]
+    return {"sampler": s, "trainer": t, "advantage": a, "ratio": math.exp(t - s)}
+
+
+def _show(x: Any) -> str:
+    return x if isinstance(x, str) else json.dumps(x, default=str)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3f}" if math.isfinite(x) else str(x)
+
+
+def render_episode(row: dict, decode: Decode | None) -> str:
+    f = flags(row)
+    info = row.get("info") or {}
+    reward = row.get("reward")
+    reward_num = reward if isinstance(reward, (int, float)) else float("nan")
+    stop, want = stop_reason(row), expected(row)
+    attrs = {"stage": row.get("stage", ""), "step": row.get("step", 0), "task": row.get("task", ""),
+             "reward": reward_num, "stop": stop, "hacked": int(f["hacked"]), "failed": int(f["failed"])}
+    data = " ".join(f'data-{k}="{html.escape(str(v), quote=True)}"' for k, v in attrs.items())
+    tokens, table = [], []
+    for i, (tid, owner) in enumerate(zip(row["ids"], row["owners"], strict=True)):
+        text = decode(tid) if decode is not None else f"#{tid}"
+        name = OWNER_NAMES.get(owner, str(owner))
+        cls = f"t {name}" + (" nl" if "\n" in text else "")  # a line break inside: laid out inline
+        tip = f"{name} · id {tid} · turn {row['turns'][i]}"
+        if owner == Owner.POLICY:
+            st = token_stats(row, i)
+            tip += (f" · sampler logp {_fmt(st['sampler'])} · trainer logp {_fmt(st['trainer'])}"
+                    f" · advantage {_fmt(st['advantage'])} · ratio {_fmt(st['ratio'])}")
+            if abs(math.log(max(st["ratio"], 1e-30))) > math.log(1.25):
+                cls += " off"  # sampler and trainer disagree: ratio outside [0.8, 1.25]
+            table.append(f"<tr><td>{i}</td><td class='tx'>{html.escape(repr(text))}</td><td>{_fmt(st['sampler'])}</td>"
+                         f"<td>{_fmt(st['trainer'])}</td><td>{_fmt(st['advantage'])}</td><td>{_fmt(st['ratio'])}</td></tr>")
+        tokens.append(f'<span class="{cls}" title="{html.escape(tip, quote=True)}">{html.escape(text)}</span>')
+    badges = "".join(f'<span class="badge {k}">{k}</span>' for k, v in f.items() if v)
+    if stop == "length":
+        badges = ('<span class="badge length" title="the reply used up the token budget (max new tokens) before its '
+                  'stop token: cut, not finished">length: cut at the token budget</span>') + badges
+    if row.get("kept") is not None:
+        badges += f'<span class="badge kept">{"kept" if row["kept"] else "not kept"}</span>'
+    head = (f"<b>{html.escape(str(row.get('stage', '')))}</b> step {row.get('step')} · episode {row.get('index')} · "
+            f"group {row.get('group')} · task <code>{html.escape(str(row.get('task', '')))}</code>"
+            + ("" if want is None else f" · expected <code class='expected'>{html.escape(_show(want))}</code>")
+            + " · reward "
+            f"<b class='reward'>{html.escape(_fmt(reward_num) if isinstance(reward, (int, float)) else str(reward))}</b>"
+            f" · stop {html.escape(stop)} {badges}")
+    return (f'<section class="episode" {data}><div class="head">{head}</div>'
+            f'<div class="tokens">{"".join(tokens)}</div>'
+            f'<details><summary>policy tokens ({len(table)})</summary><table class="side"><tr><th>#</th><th>token</th>'
+            f'<th>sampler logp</th><th>trainer logp</th><th>advantage</th><th>ratio</th></tr>{"".join(table)}</table>'
+            f'</details><details><summary>info</summary><pre>{html.escape(json.dumps(info, indent=1, default=str))}'
+            f'</pre></details></section>')
+
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+header{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:8px 16px;z-index:2}
+header h1{font-size:17px;margin:0 0 6px}
+.filters label{margin-right:12px;white-space:nowrap}.filters input{width:7em}
+.legend span{margin-right:10px}
+main{padding:8px 16px}
+.episode{background:#fff;border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px 10px}
+.head{margin-bottom:6px}
+.tokens{font:13px/1.9 ui-monospace,monospace;white-space:normal;overflow-x:auto}
+.t{border-radius:3px;padding:1px 1px;margin:0 2px 0 0;display:inline-block;white-space:pre;word-break:keep-all;overflow-wrap:normal}
+.t.nl{display:inline}
+.template{background:#e4e4e4;color:#777}.prompt{background:#dbe8ff}.policy{background:#c9f2c9}.tool{background:#ffe2bf}
+.t.off{outline:2px solid #d33}
+.badge{font-size:11px;border-radius:8px;padding:1px 7px;margin-left:6px;color:#fff}
+.badge.hacked{background:#c2185b}.badge.failed{background:#b71c1c}.badge.kept{background:#555}
+.badge.length{background:#e65100}code.expected{background:#fff3c4;padding:0 4px}
+table.side{border-collapse:collapse;font-size:12px;margin:4px 0}
+table.side td,table.side th{border:1px solid #ddd;padding:1px 6px;text-align:right}
+td.tx{text-align:left;font-family:ui-monospace,monospace}
+#panel{font:12px ui-monospace,monospace;color:#333;min-height:1.4em}
+"""
+
+JS = """
+const eps=[...document.querySelectorAll('.episode')];
+function val(id){return document.getElementById(id).value}
+function apply(){
+  const st=val('f-stage'),sp=val('f-step'),task=val('f-task').toLowerCase(),lo=parseFloat(val('f-rmin')),
+        hi=parseFloat(val('f-rmax')),so=val('f-stop'),hk=val('f-hacked'),fl=val('f-failed');let n=0;
+  for(const e of eps){const d=e.dataset,r=parseFloat(d.reward);
+    const ok=(st===''||d.stage===st)&&(sp===''||d.step===sp)&&(task===''||d.task.toLowerCase().includes(task))
+      &&(isNaN(lo)||r>=lo)&&(isNaN(hi)||r<=hi)&&(so===''||d.stop===so)&&(hk===''||d.hacked===hk)
+      &&(fl===''||d.failed===fl);
+    e.style.display=ok?'':'none';n+=ok;}
+  document.getElementById('count').textContent=n+' of '+eps.length+' episodes';}
+document.querySelectorAll('.filters input,.filters select').forEach(x=>x.addEventListener('input',apply));
+document.addEventListener('mouseover',ev=>{if(ev.target.classList.contains('t'))
+  document.getElementById('panel').textContent=ev.target.title;});
+apply();
+"""
+
+
+def _options(values: Sequence[Any]) -> str:
+    return '<option value="">all</option>' + "".join(
+        f'<option value="{html.escape(str(v), quote=True)}">{html.escape(str(v))}</option>' for v in values)
+
+
+def render_page(rows: list[dict], decode: Decode | None | dict[str, Decode | None], title: str,
+                tokenizer_note: str = "") -> str:
+    """The whole page: filters, a legend, one section per episode (rows in stage, step, index order).
+    `decode`: one decoder, or one per stage (stages of a run may use different tokenizers)."""
+    per_stage = decode if isinstance(decode, dict) else {}
+    stages = list(dict.fromkeys(str(r.get("stage", "")) for r in rows))
+    steps = sorted({r.get("step", 0) for r in rows})
+    stops = sorted({s for s in map(stop_reason, rows) if s})
+    legend = "".join(f'<span class="t {n}">{n}</span>' for n in OWNER_NAMES.values())
+    yes_no = '<option value="">any</option><option value="1">yes</option><option value="0">no</option>'
+    filters = (f'<label>stage <select id="f-stage">{_options(stages)}</select></label>'
+               f'<label>step <select id="f-step">{_options(steps)}</select></label>'
+               '<label>task <input id="f-task" placeholder="contains"></label>'
+               '<label>reward &ge; <input id="f-rmin" type="number" step="any"></label>'
+               '<label>reward &le; <input id="f-rmax" type="number" step="any"></label>'
+               f'<label>stop <select id="f-stop">{_options(stops)}</select></label>'
+               f'<label>hacked <select id="f-hacked">{yes_no}</select></label>'
+               f'<label>failed <select id="f-failed">{yes_no}</select></label><span id="count"></span>')
+    body = "".join(render_episode(r, per_stage.get(r.get("stage")) if per_stage else decode) for r in rows)
+    note = f" · tokenizer: {html.escape(tokenizer_note)}" if tokenizer_note else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f'<style>{CSS}</style></head><body><header><h1>{html.escape(title)}</h1>'
+            f'<div class="filters">{filters}</div><div class="legend">owners: {legend} · red outline: importance '
+            f'ratio outside [0.8, 1.25] · '
+            f'<span class="badge length">length</span> the reply was cut at the token budget, not finished{note}</div><div id="panel">hover a token for its numbers</div></header>'
+            f'<main>{body}</main><script>{JS}</script></body></html>')
+
+
+def write_view(run_dir: str | Path, out: str | Path | None = None, steps: Sequence[int] | None = None,
+               stages: Sequence[str] | None = None, tokenizer: str | None = None) -> Path:
+    """Write the page for a run -> its path (default RUN_DIR/view.html)."""
+    run_dir = Path(run_dir)
+    try:
+        rows = [r for f in find_episodes(run_dir) for r in read_episodes(f)]
+    except ConfigError:
+        raise
+    except ValueError as e:  # a broken line: named by read_episodes
+        raise ConfigError(f"trajtune view: {e}") from None
+    if steps:
+        rows = [r for r in rows if r.get("step") in set(steps)]
+    if stages:
+        rows = [r for r in rows if r.get("stage") in set(stages)]
+    if not rows:
+        raise ConfigError(f"trajtune view: no recorded episode of {run_dir} matches "
+                          f"(steps {list(steps or []) or 'any'}, stages {list(stages or []) or 'any'})")
+    order = {s: i for i, s in enumerate(dict.fromkeys(r.get("stage") for r in rows))}
+    rows.sort(key=lambda r: (order[r.get("stage")], r.get("step", 0), r.get("index", 0)))
+    decode, note = find_decoder(run_dir, tokenizer)
+    decoders = {}
+    for stage in order:  # a stage's own saved tokenizer first (stages may use different ones)
+        own = run_dir / str(stage) if run_dir.is_dir() and not tokenizer else None
+        decoders[stage] = (find_decoder(own)[0] if own is not None and own.is_dir() else None) or decode
+    out = Path(out) if out else (run_dir.parent if run_dir.is_file() else run_dir) / "view.html"
+    out.write_text(render_page(rows, decoders, f"trajtune view: {run_dir}", note), encoding="utf-8")
+    return out
+
+
+def write_view_if_recorded(run_dir: str | Path) -> Path | None:
+    """`write_view(run_dir)` when the run recorded episodes (a recipe calls it before writing its report, which then
+    links view.html); None when it recorded none."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or not any(run_dir.rglob(FILE)):
+        return None
+    return write_view(run_dir)
