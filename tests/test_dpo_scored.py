@@ -123,3 +123,31 @@ def test_a_pair_without_its_score_is_an_error_naming_the_row_and_the_loss(render
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"trajtune: error: {data}:2: --loss odpo needs each pair's score difference")
+
+
+def test_slic_and_apo_train_in_the_dpo_loop(renderer):
+    """SLiC-HF and APO-zero / APO-down (checklist 8.2l, 8.2n, 8.2o) through `train_dpo` and `trajtune dpo --loss`."""
+    from trajtune.algorithms.dpo import summed_logps
+    from trajtune.objectives.preference import slic_hinge_loss
+
+    pairs = pairs_of(renderer, ROWS)
+    engine = tiny_engine(renderer)
+    full = pair_set(pairs, renderer.pad_id, DPOConfig(loss="slic"))
+    with torch.no_grad():
+        sums = summed_logps(engine.forward(full).logprobs, full.action_mask)
+    expect = slic_hinge_loss(sums[:2], sums[2:], 30.0)[0].item()  # the summed margin starts near 18 nats
+    h = train_dpo(engine, pairs, DPOConfig(steps=12, loss="slic", slic_delta=30.0), renderer.pad_id)
+    assert expect > 0 and h[0]["train/loss"] == pytest.approx(expect, rel=1e-5)
+    assert h[-1]["slic/margin"] > h[0]["slic/margin"]
+    for variant in ("apo_zero", "apo_down"):  # step 1: the policy is the reference, both losses are exactly 0
+        h = train_dpo(tiny_engine(renderer), pairs, DPOConfig(steps=12, loss=variant, beta=0.5), renderer.pad_id)
+        assert h[0]["train/loss"] == pytest.approx(0.0, abs=1e-7)
+        assert h[-1]["apo/margin"] > 0  # both variants push the rejected below the chosen
+        assert all(is_documented(k) for row in h for k in row if k not in ("step", "time", "stage"))
+    with pytest.raises(ValueError, match="nll_weight must be 0"):
+        DPOConfig(loss="apo_zero", nll_weight=1.0)
+    with pytest.raises(ValueError, match="label_smoothing must be 0"):
+        DPOConfig(loss="slic", label_smoothing=0.1)
+    from trajtune.cli import build_parser
+    args = build_parser().parse_args(["dpo", "--model", "m", "--data", "d.jsonl", "--loss", "apo_down"])
+    assert vars(args)["dpo.loss"] == "apo_down"

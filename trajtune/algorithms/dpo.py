@@ -43,7 +43,7 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..metrics import register
 from ..sources.base import Draw, Source, pick_tasks
 from ..runs.loop import Run, eval_due
-from ..objectives.preference import dpo_loss, odpo_offset, orpo_loss, rebel_loss, simpo_loss
+from ..objectives.preference import apo_loss, dpo_loss, odpo_offset, orpo_loss, rebel_loss, simpo_loss, slic_hinge_loss
 from ..trajectory import Batch, Trajectory, pair_batch
 from .common import train_row
 from .sft import batch_indices
@@ -64,11 +64,14 @@ class DPOConfig:
     """optimizer steps"""
     batch_size: int = 0
     """pairs per step (0: all pairs, full-batch as in the seed)"""
-    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo", "kto", "odpo", "rebel"] = "dpo"
+    loss: Literal["dpo", "dpo_norm", "ipo", "simpo", "orpo", "kto", "odpo", "rebel", "slic", "apo_zero",
+                  "apo_down"] = "dpo"
     """which preference loss (dpo_norm: DPO on per-token average log-probs, Tülu 3's length-normalised DPO; the
     book's companion code uses beta 2.0 with it; kto: unpaired thumbs-up / down rows, trajtune.algorithms.kto;
     odpo: DPO with an offset, -log sigma(beta h - odpo_alpha f(d)); rebel: (beta h - d)^2 -- both need each pair's
-    score difference d: 'score_chosen'/'score_rejected' or 'margin' columns, or online DPO's rewards)"""
+    score difference d: 'score_chosen'/'score_rejected' or 'margin' columns, or online DPO's rewards; slic: SLiC-HF's
+    hinge max(0, slic_delta - log-likelihood margin), reference-free, + nll_weight x the chosen NLL; apo_zero /
+    apo_down: Anchored Preference Optimization, chosen up and rejected down / both down, the rejected more)"""
     beta: float = 0.1
     """KL strength (DPO/IPO/ODPO), reward scale (SimPO), or REBEL's 1/eta (the log-ratio margin's scale)"""
     label_smoothing: float = 0.0
@@ -79,6 +82,8 @@ class DPOConfig:
     """SimPO target margin gamma / beta"""
     orpo_lambda: float = 0.1
     """ORPO odds-ratio weight"""
+    slic_delta: float = 1.0
+    """SLiC-HF: the hinge's margin on log pi(chosen) - log pi(rejected) (nats)"""
     odpo_alpha: float = 1.0
     """ODPO: the offset's scale alpha in Delta = alpha f(score difference)"""
     odpo_scale: Literal["log", "identity"] = "log"
@@ -104,10 +109,14 @@ class DPOConfig:
             raise ValueError(f"DPOConfig: beta must be > 0, got {self.beta}")
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"DPOConfig: label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
-        check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda",
+        check_ranges(self, "DPOConfig", non_negative=("nll_weight", "simpo_gamma_ratio", "orpo_lambda", "slic_delta",
                                                       "desirable_weight", "undesirable_weight", "odpo_alpha"))
         if self.loss == "rebel" and (self.label_smoothing or self.nll_weight):
             raise ValueError("DPOConfig: loss='rebel' is a regression; label_smoothing and nll_weight must be 0")
+        if self.loss in ("slic", "apo_zero", "apo_down") and self.label_smoothing:
+            raise ValueError(f"DPOConfig: loss={self.loss!r} has no label smoothing; label_smoothing must be 0")
+        if self.loss in ("apo_zero", "apo_down") and self.nll_weight:
+            raise ValueError(f"DPOConfig: loss={self.loss!r} anchors each reply to the reference; nll_weight must be 0")
         if self.loss == "kto" and self.regenerate_every:
             raise ValueError("DPOConfig: loss='kto' trains on fixed labelled rows; regenerate_every must be 0")
         if self.steps < 0 or self.batch_size < 0 or self.regenerate_every < 0 or self.eval_every < 0:
@@ -196,6 +205,11 @@ def preference_loss_fn(config: DPOConfig) -> Loss:
             ref = batch.extras["ref_sums"]
             return rebel_loss(sums[:P], sums[P:], ref[:P], ref[P:], batch.extras["score_diff"][:P],
                               eta=1.0 / config.beta)
+        if config.loss == "slic":
+            return slic_hinge_loss(sums[:P], sums[P:], config.slic_delta, nll_weight=config.nll_weight)
+        if config.loss in ("apo_zero", "apo_down"):
+            ref = batch.extras["ref_sums"]
+            return apo_loss(sums[:P], sums[P:], ref[:P], ref[P:], config.beta, variant=config.loss.removeprefix("apo_"))
         avg = sums / counts.clamp(min=1)
         if config.loss == "dpo_norm":
             ref_avg = batch.extras["ref_sums"] / counts.clamp(min=1)
