@@ -69,6 +69,7 @@ def test_sft_learns_the_demonstrated_answer():
 
 @pytest.mark.parametrize("advantage,surrogate,epochs", [
     ("reinforce", "reinforce", 1), ("rloo", "reinforce", 1), ("grpo", "ppo", 2), ("dr_grpo", "cispo", 2),
+    ("maxrl", "sapo", 2),
 ])
 def test_rl_raises_pass_rate(advantage, surrogate, epochs):
     e = engine()

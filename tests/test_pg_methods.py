@@ -50,6 +50,36 @@ def test_topr_on_policy_is_reinforce():
     assert a.item() == pytest.approx(b.item())
 
 
+def test_maxrl_advantages_by_hand():
+    """MaxRL ([CC] only, checklist 6.18g): (R - mean) / mean per group, 0 where the group never succeeds."""
+    from trajtune.objectives.advantages import maxrl_advantages
+
+    adv = maxrl_advantages(torch.tensor([1.0, 0, 0, 0, 0, 0, 1, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 2, 2]))
+    assert adv.tolist() == pytest.approx([3.0, -1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
+
+
+def test_sapo_gate_by_hand_and_its_gradient_is_the_policy_gradient_at_ratio_one():
+    """SAPO ([CC] only, checklist 6.18b): -sigmoid(t (rho - 1)) 4 / t A, t = 1.0 for A > 0 and 1.05 for A <= 0."""
+    old = torch.zeros(2, 1)
+    logp = torch.tensor([[0.0], [math.log(2.0)]], requires_grad=True)  # ratios 1 and 2
+    loss, m = policy_gradient_loss(logp, torch.tensor([1.0, -1.0]), torch.ones(2, 1), old, surrogate="sapo",
+                                   aggregation="sequence")
+    t = 1.05
+    per = [-(1 / (1 + math.exp(0))) * 4 / 1.0, (1 / (1 + math.exp(-t))) * 4 / t]  # rho 1, A +1; rho 2, A -1
+    assert loss.item() == pytest.approx(sum(per) / 2, rel=1e-6) and m["pg/clip_frac"].item() == 0.0
+    loss.backward()
+    sig = 1 / (1 + math.exp(-t))
+    # d/dlogp of -gate A = -A rho d gate / d rho = -A rho 4 sigma' (t (rho - 1)); at rho 1: -A (the PG gradient)
+    assert logp.grad[:, 0].tolist() == pytest.approx([-1.0 / 2, 2.0 * 4 * sig * (1 - sig) / 2], rel=1e-5)
+    logp2 = torch.tensor([[-0.3, -1.2]], requires_grad=True)  # on-policy (no old log-probs): REINFORCE's gradient
+    policy_gradient_loss(logp2, torch.tensor([2.0]), torch.ones(1, 2), surrogate="sapo")[0].backward()
+    logp3 = torch.tensor([[-0.3, -1.2]], requires_grad=True)
+    policy_gradient_loss(logp3, torch.tensor([2.0]), torch.ones(1, 2))[0].backward()
+    assert torch.allclose(logp2.grad, logp3.grad, atol=1e-6)
+    with pytest.raises(ValueError, match="sapo_tau_neg"):
+        RLConfig(surrogate="sapo", sapo_tau_neg=0.0)
+
+
 def test_topr_refuses_the_sequence_ratio_level():
     with pytest.raises(ValueError, match="ratio_level 'token'"):
         policy_gradient_loss(torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), torch.zeros(1, 1),
@@ -140,6 +170,7 @@ def _batch(rewards, groups=None, lengths=None, infos=None):
     ({"advantage": "none", "reward_scaling": "whiten"}, [0.866, -0.866, -0.866, 0.866]),  # std (unbiased) 0.577
     ({"advantage": "grpo", "unbiased_std": False, "std_eps": 0.0}, [1.0, -1.0, -1.0, 1.0]),  # biased std 0.5
     ({"advantage": "grpo"}, [x * 0.5 / (0.5 ** 0.5 + 1e-4) for x in (1, -1, -1, 1)]),  # the defaults (E7)
+    ({"advantage": "maxrl"}, [1.0, -1.0, -1.0, 1.0]),  # (R - 0.5) / 0.5 in each group
 ])
 def test_rlconfig_reaches_the_baselines_and_reward_scaling(kw, expected):
     batch = _batch([1.0, 0.0, 0.0, 1.0], groups=[0, 0, 1, 1])

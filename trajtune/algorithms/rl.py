@@ -49,7 +49,7 @@ from ..evaluation import informative_group_share
 from ..logprobs import masked_mean
 from ..metrics import register
 from ..runs.loop import Run, eval_due
-from ..objectives.advantages import (gae, group_advantages, minmax_scale, moving_average_baseline,
+from ..objectives.advantages import (gae, group_advantages, maxrl_advantages, minmax_scale, moving_average_baseline,
                                      overlong_penalty, place_at_last_action, whiten)
 from ..objectives.distill import with_distill_advantages
 from ..objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl, kl_penalized_rewards, sequence_kl
@@ -74,12 +74,14 @@ class RLConfig:
     """tasks sampled per step (with replacement across steps, a function of (seed, step))"""
     group_size: int = 8
     """episodes per task; group baselines compare episodes of the same task"""
-    advantage: Literal["reinforce", "rloo", "grpo", "dr_grpo", "gae", "none", "batch", "moving_average"] = "reinforce"
+    advantage: Literal["reinforce", "rloo", "grpo", "dr_grpo", "gae", "none", "batch", "moving_average",
+                       "maxrl"] = "reinforce"
     """reinforce: R - group mean; rloo: leave-one-out mean; grpo: (R - mean)/std;
     dr_grpo: R - mean (use with aggregation='constant'); gae: value head + GAE (PPO);
     none: raw reward (the 0/1 policy gradient); batch: R - the step's mean reward (REINFORCE's batch-mean
     baseline, checklist 6.2); moving_average: R - b, b a moving average of past steps' mean rewards
-    (baseline_decay; saved with the checkpoint)"""
+    (baseline_decay; saved with the checkpoint); maxrl: (R - mean) / mean within the group, 0 where the mean is 0
+    (MaxRL, the book's companion code, for binary rewards)"""
     baseline_decay: float = 0.9
     """advantage='moving_average': b <- decay b + (1 - decay) mean(R) after each step (the first step's b is its own
     mean)"""
@@ -88,9 +90,14 @@ class RLConfig:
     one (the formula's std; erratum E7)"""
     std_eps: float = 1e-4
     """advantage='grpo': A = (R - mean) / (std + std_eps) (the book's code: 1e-4; erratum E7)"""
-    surrogate: Literal["reinforce", "ppo", "cispo", "topr"] = "reinforce"
+    surrogate: Literal["reinforce", "ppo", "cispo", "topr", "sapo"] = "reinforce"
     """per-token objective: plain PG, PPO clipped ratio, CISPO clipped stop-gradient weight, or TOPR (REINFORCE with
-    the sequence ratio clipped to [0, 1] on negative-advantage episodes only; checklist 6.11)"""
+    the sequence ratio clipped to [0, 1] on negative-advantage episodes only; checklist 6.11), or SAPO (a smooth gate
+    sigmoid(t (rho - 1)) 4 / t in place of PPO's clip: sapo_tau_pos / sapo_tau_neg)"""
+    sapo_tau_pos: float = 1.0
+    """SAPO: the gate's temperature on tokens of positive advantage (the companion code's 1.0)"""
+    sapo_tau_neg: float = 1.05
+    """SAPO: the gate's temperature on tokens of zero or negative advantage (the companion code's 1.05)"""
     ratio_level: Literal["token", "sequence"] = "token"
     """'sequence' gives GSPO's length-normalised sequence-level ratio"""
     epochs: int = 1
@@ -178,7 +185,7 @@ class RLConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        if self.group_size < 2 and self.advantage in ("reinforce", "rloo", "grpo", "dr_grpo"):
+        if self.group_size < 2 and self.advantage in ("reinforce", "rloo", "grpo", "dr_grpo", "maxrl"):
             raise ValueError(f"RLConfig: advantage={self.advantage!r} needs group_size >= 2 (got {self.group_size})")
         if self.steps < 0 or self.tasks_per_step < 1 or self.epochs < 1 or self.minibatches < 1:
             raise ValueError("RLConfig: steps >= 0, tasks_per_step, epochs and minibatches >= 1")
@@ -192,7 +199,8 @@ class RLConfig:
             raise ValueError(f"RLConfig: {' and '.join(reuse)} updates the policy more than once per batch of samples, "
                              "and surrogate 'reinforce' has no importance ratio to correct for that (nor a trust "
                              "region): use surrogate ppo (or cispo), or one update per batch (epochs 1, minibatches 1)")
-        check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size"), positive=("kl_horizon",),
+        check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size"),
+                     positive=("kl_horizon", "sapo_tau_pos", "sapo_tau_neg"),
                      non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
                                    "std_eps", "kl_target", "dynamic_sampling_tries", "overlong_max", "overlong_cache",
                                    "ptx_coef", "opd_coef"))
@@ -283,6 +291,8 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
         rewards = step_rewards(batch, config, ref_logp, old_logp, kl_coef)  # [B]
         if config.advantage == "moving_average":
             return (rewards - (rewards.mean() if baseline is None else baseline)).detach(), None
+        if config.advantage == "maxrl":
+            return maxrl_advantages(rewards, batch.groups), None
         base, std = BASELINES[config.advantage]
         groups = None if config.advantage == "batch" else batch.groups  # batch: the whole step is one group
         return group_advantages(rewards, groups, baseline=base, std_normalize=std, eps=config.std_eps,
@@ -313,7 +323,7 @@ def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Lo
             sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
             ref_logp=x.get("ref_logp"), kl_coef=kl_loss_coef,
             entropy=entropy, entropy_coef=config.entropy_coef,
-            aggregation=config.aggregation, constant=constant,
+            aggregation=config.aggregation, constant=constant, sapo_tau=(config.sapo_tau_pos, config.sapo_tau_neg),
         )
         if "returns" in x:
             vloss, vm = value_loss(out.values[:, :-1], x["returns"], mask, x["old_values"],

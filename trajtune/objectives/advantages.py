@@ -106,6 +106,18 @@ def group_advantages(
     return adv.reshape(rewards.shape)
 
 
+def maxrl_advantages(rewards: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor:
+    """MaxRL's advantage (checklist 6.18, the book's companion code [CC]) on a binary reward: A_i = (R_i - mean) /
+    mean within the group when its mean is > 0, else 0 (a group that never succeeds teaches nothing; a rare success
+    weighs 1/mean). rewards [B] (or [P, G]) with groups as `group_advantages` -> advantages, same shape, detached.
+    Worked values: rewards [1, 0, 0, 0] -> mean 0.25 -> [3, -1, -1, -1]; [0, 0] -> [0, 0]."""
+    flat, index, n = _group_index(rewards, groups)  # [N], [N]
+    flat = flat.detach().to(torch.float32 if not flat.is_floating_point() else flat.dtype)
+    mean = (_group_sum(flat, index, n) / _group_sum(torch.ones_like(flat), index, n).clamp(min=1))[index]  # [N]
+    adv = torch.where(mean > 0, (flat - mean) / mean.clamp(min=1e-12), torch.zeros_like(flat))
+    return adv.reshape(rewards.shape)
+
+
 def group_reward_range(rewards: torch.Tensor, groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """max - min of the rewards of each group: 0 marks a group without signal.
 

@@ -32,7 +32,7 @@ from ._checks import expect_dim, expect_like, per_token
 from .kl import KLEstimator, kl_estimate, masked_log_ratio
 from .sft import weighted_nll
 
-Surrogate = Literal["reinforce", "ppo", "cispo", "topr"]
+Surrogate = Literal["reinforce", "ppo", "cispo", "topr", "sapo"]
 RatioLevel = Literal["token", "sequence"]
 
 
@@ -80,6 +80,7 @@ def _surrogate(
     eps_low: float,
     eps_high: float,
     dual_clip: float | None,
+    sapo_tau: tuple[float, float] = (1.0, 1.05),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token surrogate loss [B, T-1] and a per-token 'clipped' indicator [B, T-1]."""
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
@@ -106,7 +107,23 @@ def _surrogate(
         return weighted_nll(logp, weight, mask), clipped
     if surrogate == "topr":
         return _topr(logp, adv, log_ratio, mask)
-    raise ValueError(f"unknown surrogate {surrogate!r}; choose 'reinforce', 'ppo', 'cispo' or 'topr'")
+    if surrogate == "sapo":
+        return _sapo(adv, ratio, sapo_tau)
+    raise ValueError(f"unknown surrogate {surrogate!r}; choose 'reinforce', 'ppo', 'cispo', 'topr' or 'sapo'")
+
+
+def _sapo(adv: torch.Tensor, ratio: torch.Tensor, tau: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAPO (checklist 6.18, from the book's companion code [CC]): a smooth, temperature-controlled gate in place of
+    PPO's hard clip, -gate(rho) A with gate = sigmoid(t (rho - 1)) 4 / t, t = tau_pos where A > 0 and tau_neg where
+    A <= 0. At rho = 1 its gradient is the policy gradient (d gate / d rho = 1); away from 1 it fades smoothly
+    instead of stopping at a clip edge. adv, ratio [B, T-1] -> (per-token loss [B, T-1], 'clipped' [B, T-1]: none,
+    nothing is cut)."""
+    tau_pos, tau_neg = tau
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"sapo: the temperatures must be > 0, got tau_pos {tau_pos}, tau_neg {tau_neg}")
+    t = torch.where(adv > 0, torch.full_like(ratio, tau_pos), torch.full_like(ratio, tau_neg))  # [B, T-1]
+    gate = torch.sigmoid(t * (ratio - 1.0)) * 4.0 / t
+    return -gate * adv, torch.zeros_like(ratio, dtype=torch.bool)
 
 
 def _topr(
@@ -146,8 +163,9 @@ def policy_gradient_loss(
     entropy_coef: float = 0.0,
     aggregation: Aggregation = "token",
     constant: float | None = None,
+    sapo_tau: tuple[float, float] = (1.0, 1.05),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """One policy-gradient loss for REINFORCE, RLOO, GRPO, Dr. GRPO, PPO, GSPO and CISPO.
+    """One policy-gradient loss for REINFORCE, RLOO, GRPO, Dr. GRPO, PPO, GSPO, CISPO, TOPR and SAPO.
 
     logp         [B, T-1]  log pi_theta of the sampled tokens (with grad)
     advantages   [B] (broadcast to every POLICY token) or [B, T-1] (GAE, distillation); data
@@ -160,6 +178,8 @@ def policy_gradient_loss(
                  "cispo": -sg(clip(rho, 1-eps_low, 1+eps_high)) A log pi (no token is dropped)
                  "topr":  -sg(w_i) A log pi, w_i = 1 where A >= 0, clip(rho_i, 0, 1) where A < 0 with
                           rho_i the sequence ratio (needs ratio_level "token"; eps_* unused)
+                 "sapo":  -gate(rho) A, gate = sigmoid(t (rho - 1)) 4 / t, t = sapo_tau[0] where A > 0 and
+                          sapo_tau[1] where A <= 0 (a smooth gate, no hard clip; eps_* unused)
     ratio_level  "token" or "sequence" (GSPO's length-normalised sequence ratio)
     sampler_logp [B, T-1], tis_cap C  truncated IS weight min(pi_old/pi_sampler, C) on the
                  PG term (on-policy: min(pi/pi_sampler, C)); both or neither
@@ -183,7 +203,7 @@ def policy_gradient_loss(
         log_ratio = log_importance_ratio(logp, old_logp, mask, ratio_level)
     elif surrogate != "reinforce":  # pi_old = pi: ratio 1, same gradient as REINFORCE
         log_ratio = log_importance_ratio(logp, logp.detach(), mask, ratio_level)
-    per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, surrogate, eps_low, eps_high, dual_clip)
+    per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, surrogate, eps_low, eps_high, dual_clip, sapo_tau)
     metrics: dict[str, torch.Tensor] = {}
     if (sampler_logp is None) != (tis_cap is None):
         raise ValueError("truncated IS needs both sampler_logp and tis_cap")
