@@ -301,10 +301,14 @@ class Servers:
             return [float(d[str(t)]["logprob"]) for d, t in zip(lps[1:], rows[i][1:])]
 
         # one at a time per server (the probe's few rows): a server started with --max-lora-rank, on vLLM 0.32's
-        # CPU build, fails batched prompt log-probs (`Colocated.prompt_logprobs`) and cannot recover
-        shares = self._share(len(rows))
-        answers = self._pool.map(lambda share: [one(share[0], i) for i in share[1]], shares)
-        return [row for answer in answers for row in answer]
+        # CPU build, fails batched prompt log-probs (`Colocated.prompt_logprobs`) and cannot recover. A server
+        # listed twice gets two shares: they go one after the other (one share per distinct URL at a time)
+        shares: dict[str, list[int]] = {}
+        for url, share in self._share(len(rows)):
+            shares.setdefault(url, []).extend(share)
+        answers = dict(zip(shares, self._pool.map(lambda url: [one(url, i) for i in shares[url]], shares)))
+        by_row = {i: row for url, idx in shares.items() for i, row in zip(idx, answers[url], strict=True)}
+        return [by_row[i] for i in range(len(rows))]
 
     def load_weights(self, path: str) -> list[dict[str, list[int]]]:
         def one(url: str) -> list:
