@@ -2,28 +2,17 @@
 loop raises the reward on a tiny model, and `trajtune dpo --reward file.py:fn` runs it on a tiny HF model."""
 
 import json
-from dataclasses import dataclass
 
 import pytest
 import torch
+from test_algorithms import RENDER, TOK, Task  # the one-letter "Q: pick" task
 
 from trajtune.algorithms.dpo import DPOConfig, NoPairs, OnlinePairs, labelled_pairs, train_dpo
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.sources.episodes import EpisodeSource
-from trajtune.text.render import Renderer
-from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Outcome, Trajectory
-
-TOK = CharTokenizer.from_corpus("Q: pickabcdef")
-RENDER = Renderer(TOK)
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str = "pick"
-    prompt: str = "Q: pick"
 
 
 def ep(reward, ok=True):

@@ -247,20 +247,66 @@ def with_upstream(own: list[Stage]) -> list[Stage]:
     return [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed] + own
 
 
-def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
-    """Run (or resume) every stage and write the report: (report path, {stage: results})."""
+def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, write) -> tuple[Path, dict[str, dict]]:
+    """Run (or resume) `stage_list` in run_dir, then `write(run_dir, config, results)` the report (it leaves claims.md
+    beside it, printed): (report path, {stage: results}). Under torchrun every rank runs, rank 0 alone talks and
+    writes. `label`: the first line printed. The one runner of chapter 13 and the recipes built on it."""
     run_dir = Path(run_dir)
     init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
-    main = is_main()  # under torchrun only rank 0 writes and talks
+    main = is_main()
     if main:
-        print(f"chapter13 (seed {config.seed}): parts {', '.join(config.parts)}, "
-              f"{config.runner.workers} worker(s)", flush=True)
-    results = run_stages(stages(config), config, run_dir, config.runner)
+        print(f"{label}, {config.runner.workers} worker(s)", flush=True)
+    results = run_stages(stage_list, config, run_dir, config.runner)
     report = run_dir / "report.md"
     if main:
-        report = write_chapter13_report(run_dir, config, results)
+        report = write(run_dir, config, results)
         print((run_dir / "claims.md").read_text())
     return report, results
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A recipe made of parts on chapter 13's upstream stages (graders, rlhf_book). `modules`: part name -> its
+    module (stages(config), claims(results, config), section(run_dir, results, config)); `chosen`: the config field
+    that lists the parts to run."""
+
+    modules: dict
+    chosen: str
+
+    def names(self, config) -> list[str]:
+        return list(getattr(config, self.chosen))
+
+    def stages(self, config) -> list[Stage]:
+        """The upstream stages the chosen parts need, then the parts' stages."""
+        return with_upstream([s for name in self.names(config) for s in self.modules[name].stages(config)])
+
+    def claims(self, results: dict, config) -> list:
+        return [c for name in self.names(config) for c in self.modules[name].claims(results, config)]
+
+    def sections(self, run_dir: Path, results: dict, config) -> list[str]:
+        return [self.modules[name].section(run_dir, results, config) for name in self.names(config)]
+
+    def claims_over_seeds(self, config, per_seed: dict[int, Path]) -> dict[int, list]:
+        """seed -> its claims, read back from each seed's run directory (`trajtune run --seeds`)."""
+        out = {}
+        for s, d in per_seed.items():
+            c = replace(config, seed=s)
+            out[s] = self.claims(read_results(self.stages(c), d), c)
+        return out
+
+
+def stage_times(results: dict[str, dict]) -> str:
+    """A markdown table of every stage's wall and CPU seconds."""
+    from ...runs.report import markdown_table
+
+    rows = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
+    return markdown_table(["stage", "wall", "CPU"], rows)
+
+
+def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
+    """Run (or resume) every stage and write the report: (report path, {stage: results})."""
+    return run_and_report(f"chapter13 (seed {config.seed}): parts {', '.join(config.parts)}", stages(config), config,
+                          run_dir, write_chapter13_report)
 
 
 def run(config: Config, run_dir: Path) -> Path:

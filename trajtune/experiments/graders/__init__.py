@@ -31,13 +31,11 @@ verdict of every claim on every seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...engine.distributed import init_distributed, is_main
-from ...runs.report import Claim, claims_verdict, markdown_table, write_report, write_claims_over_seeds
-from ...runs.stages import Stage, read_results, run_stages
-from ..chapter13 import Config as Chapter13Config, with_upstream
+from ...runs.report import claims_verdict, markdown_table, write_report, write_claims_over_seeds
+from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
 from . import evals, judges, overopt, reward_models
 
 PARTS = {"judges": judges, "reward_models": reward_models, "overopt": overopt, "evals": evals}
@@ -67,20 +65,14 @@ class Config(Chapter13Config):
             raise ValueError(f"graders: demos must be a non-empty list of {list(PARTS)}, got {self.demos}")
 
 
-def stages(config: Config) -> list[Stage]:
-    """The upstream stages the chosen parts need, then the parts' stages (longest chains first)."""
-    return with_upstream([s for name in config.demos for s in PARTS[name].stages(config)])
-
-
-def all_claims(results: dict, config: Config) -> list[Claim]:
-    return [c for name in config.demos for c in PARTS[name].claims(results, config)]
+RECIPE = Parts(PARTS, "demos")
+stages = RECIPE.stages
+all_claims = RECIPE.claims
 
 
 def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
     """claims.md and report.md (+ .html, plots): N of M claims hold on the first screen, then each part."""
     claims = all_claims(results, config)
-    sections = [PARTS[name].section(run_dir, results, config) for name in config.demos]
-    timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
     table = markdown_table(["#", "experiment", "the book", "ours", "claim", "verdict"],
                            [(c.id, c.what, c.seed, c.ours, c.claim, c.verdict) for c in claims])
     (run_dir / "claims.md").write_text(table + "\n")
@@ -89,22 +81,13 @@ def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
              "what the gyms verify, and every number comes from this run. A claim that does not hold is "
              "reported with its numbers, not tuned away.")
     return write_report(run_dir, "The RLHF book, part 1: models as graders",
-                        [intro, "## Claims\n\n" + table, *sections,
-                         "## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing)])
+                        [intro, "## Claims\n\n" + table, *RECIPE.sections(run_dir, results, config),
+                         "## Time per stage (seconds)\n\n" + stage_times(results)])
 
 
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
-    run_dir = Path(run_dir)
-    init_distributed()
-    main = is_main()
-    if main:
-        print(f"graders (seed {config.seed}): {', '.join(config.demos)}, {config.runner.workers} worker(s)", flush=True)
-    results = run_stages(stages(config), config, run_dir, config.runner)
-    report = run_dir / "report.md"
-    if main:
-        report = write_graders_report(run_dir, config, results)
-        print((run_dir / "claims.md").read_text())
-    return report, results
+    return run_and_report(f"graders (seed {config.seed}): {', '.join(config.demos)}", stages(config), config, run_dir,
+                          write_graders_report)
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -113,8 +96,5 @@ def run(config: Config, run_dir: Path) -> Path:
 
 def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
     """Every claim's verdict and numbers on every seed (`trajtune run graders --seeds 0,1,2`)."""
-    claims = {}
-    for s, d in per_seed.items():
-        c = replace(config, seed=s)
-        claims[s] = all_claims(read_results(stages(c), d), c)
-    return write_claims_over_seeds(run_dir, 'The RLHF book, part 1: models as graders, over seeds', claims)
+    return write_claims_over_seeds(run_dir, "The RLHF book, part 1: models as graders, over seeds",
+                                   RECIPE.claims_over_seeds(config, per_seed))

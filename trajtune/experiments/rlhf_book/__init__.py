@@ -25,13 +25,11 @@ reruns everything per seed and writes every verdict on every seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...engine.distributed import init_distributed, is_main
 from ...runs.report import Claim, claims_table, claims_verdict, markdown_table, write_report, write_claims_over_seeds
-from ...runs.stages import Stage, read_results, run_stages
-from ..chapter13 import Config as Chapter13Config, with_upstream
+from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
 from . import daa, distill, pg, rs, sft
 
 CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs, "distill": distill}
@@ -86,13 +84,9 @@ class Config(Chapter13Config):
             raise ValueError(f"rlhf_book: chapters must be a non-empty list of {list(CHAPTERS)}, got {self.chapters}")
 
 
-def stages(config: Config) -> list[Stage]:
-    """The upstream stages the chosen chapters need, then the chapters' stages."""
-    return with_upstream([s for name in config.chapters for s in CHAPTERS[name].stages(config)])
-
-
-def all_claims(results: dict, config: Config) -> list[Claim]:
-    return [c for name in config.chapters for c in CHAPTERS[name].claims(results, config)]
+RECIPE = Parts(CHAPTERS, "chapters")
+stages = RECIPE.stages
+all_claims = RECIPE.claims
 
 
 def index_table(claims: list[Claim], config: Config) -> str:
@@ -115,8 +109,6 @@ def index_table(claims: list[Claim], config: Config) -> str:
 def write_book_report(run_dir: Path, config: Config, results: dict) -> Path:
     """claims.md and report.md (+ .html, plots): N of M claims hold, the 19-experiment index, then each chapter."""
     claims = all_claims(results, config)
-    sections = [CHAPTERS[name].section(run_dir, results, config) for name in config.chapters]
-    timing = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     intro = (f"Seed {config.seed}. {claims_verdict(claims)}. "
              "Each claim quotes the book's Suggested Experiments (seeds/rlhf-book.md; checklist section S); the "
@@ -124,23 +116,13 @@ def write_book_report(run_dir: Path, config: Config, results: dict) -> Path:
              "numbers, not tuned away.")
     return write_report(run_dir, "The RLHF book's Suggested Experiments",
                         [intro, "## The 19 experiments\n\n" + index_table(claims, config),
-                         "## Claims\n\n" + claims_table(claims), *sections,
-                         "## Time per stage (seconds)\n\n" + markdown_table(["stage", "wall", "CPU"], timing)])
+                         "## Claims\n\n" + claims_table(claims), *RECIPE.sections(run_dir, results, config),
+                         "## Time per stage (seconds)\n\n" + stage_times(results)])
 
 
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
-    run_dir = Path(run_dir)
-    init_distributed()
-    main = is_main()
-    if main:
-        print(f"rlhf_book (seed {config.seed}): {', '.join(config.chapters)}, {config.runner.workers} worker(s)",
-              flush=True)
-    results = run_stages(stages(config), config, run_dir, config.runner)
-    report = run_dir / "report.md"
-    if main:
-        report = write_book_report(run_dir, config, results)
-        print((run_dir / "claims.md").read_text())
-    return report, results
+    return run_and_report(f"rlhf_book (seed {config.seed}): {', '.join(config.chapters)}", stages(config), config,
+                          run_dir, write_book_report)
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -149,8 +131,5 @@ def run(config: Config, run_dir: Path) -> Path:
 
 def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
     """Every claim's verdict and numbers on every seed (`trajtune run rlhf_book --seeds 0,1,2`)."""
-    claims = {}
-    for s, d in per_seed.items():
-        c = replace(config, seed=s)
-        claims[s] = all_claims(read_results(stages(c), d), c)
-    return write_claims_over_seeds(run_dir, "The RLHF book's Suggested Experiments, over seeds", claims)
+    return write_claims_over_seeds(run_dir, "The RLHF book's Suggested Experiments, over seeds",
+                                   RECIPE.claims_over_seeds(config, per_seed))
