@@ -296,3 +296,19 @@ def test_format_measures_count_malformed_tokens_and_the_turn_gap():
     longer.group = 0
     assert format_measures([good, longer])["rollout/turns_gap"] == 1.0
     assert format_measures([good])["rollout/turns_gap"] == 0.0  # no group with both outcomes
+
+
+def test_a_kernels_child_stopped_by_ctrl_c_is_an_interruption_not_a_failure(tmp_path, monkeypatch):
+    import subprocess
+    import types
+
+    from trajtune.cli import run_under_kernels
+    from trajtune.runs.stages import RunFailed
+
+    args = types.SimpleNamespace(set=None)
+    monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=130))
+    with pytest.raises(KeyboardInterrupt, match="saved its stages"):
+        run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])
+    monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=1))
+    with pytest.raises(RunFailed, match="exit code 1"):
+        run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])

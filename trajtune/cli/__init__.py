@@ -17,6 +17,7 @@ import argparse
 import builtins
 import errno
 import os
+import signal
 import sys
 import time
 from importlib import resources
@@ -191,6 +192,8 @@ def run_under_kernels(kernels: str, recipe: Path, args, run_dir: Path, seeds: li
             "--run-dir", str(run_dir)] + [x for s in args.set or [] for x in ("--set", s)]
     print(f"trajtune: the seeds again under the {kernels} CPU kernels, in {run_dir}", flush=True)
     done = subprocess.run(argv, env={**os.environ, "ATEN_CPU_CAPABILITY": kernels})
+    if done.returncode in (130, -signal.SIGINT):  # Ctrl-C reached the child too: it saved and said so
+        raise KeyboardInterrupt(f"the run under the {kernels} CPU kernels in {run_dir} saved its stages")
     if done.returncode:
         raise RunFailed(f"the run under the {kernels} CPU kernels ({run_dir}) ended with exit code {done.returncode}")
     return {s: run_dir / f"seed-{s}" for s in seeds}
