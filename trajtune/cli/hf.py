@@ -95,7 +95,8 @@ def add_rm_eval_parser(subparsers) -> None:
 
     p = subparsers.add_parser("rm-eval", help="HF model: a reward model's pair accuracy and margin on held-out pairs",
                               description=rm_eval.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="a reward model directory saved by `trajtune rm` (its model/)")
+    p.add_argument("--model", required=True, help="a reward model: the model/ folder `trajtune rm` saved (or a hub "
+                   "id, .gguf file or catalog name that resolves to one)")
     p.add_argument("--data", required=True, help="preference rows ('prompt'/'chosen'/'rejected', optional 'category' "
                    "and 'margin'): .jsonl, .json, .parquet or a save_to_disk directory")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
