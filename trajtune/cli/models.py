@@ -47,7 +47,7 @@ def cmd_list(args) -> int:
     names = {e.folder_name: e.name for e in hub.CATALOG.values()}
     for path, size, source in cached:
         what = names.get(path.name) or (source or {}).get("name") or (source or {}).get("gguf_file") or "a folder"
-        quant = f", {source['quant_type']} GGUF dequantized" if source and source.get("quant_type") else ""
+        quant = f", from a {source['quant_type']} GGUF" if source and source.get("quant_type") else ""
         print(f"  {path}  {size / 1e6:,.0f} MB  ({what}{quant})")
     return 0
 

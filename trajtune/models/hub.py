@@ -228,12 +228,20 @@ def from_hub(repo: str) -> Path:
 
 
 # --- GGUF files -------------------------------------------------------------------------------
+_HASHES: dict[tuple, str] = {}
+
+
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    """The file's sha256 (once per process for an unchanged file: a run resolves its model more than once)."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key]
 
 
 def gguf_info(path: Path) -> dict:
@@ -267,11 +275,18 @@ def gguf_info(path: Path) -> dict:
             "license": fields.get("general.license", ""), "quant_type": quant or "unknown"}
 
 
+UNQUANTIZED = ("F32", "F16", "BF16")
+"""GGUF types that hold the weights as they were (converting them to fp32 changes no value)"""
+
+
 def note_of(source: dict) -> str:
     """The line that says what a converted folder is."""
     what = source.get("original") or source.get("name") or source.get("gguf_file", "a GGUF file")
-    return (f"{what} dequantized from a {source.get('quant_type', '?')} GGUF file to fp32 (sha256 "
-            f"{source.get('gguf_sha256', '?')[:16]}): a dequantized quantized checkpoint, not the original weights")
+    quant, sha = source.get("quant_type", "?"), source.get("gguf_sha256", "?")[:16]
+    if quant in UNQUANTIZED:
+        return f"{what}, converted from an unquantized {quant} GGUF file (sha256 {sha}) to fp32"
+    return (f"{what} dequantized from a {quant} GGUF file (sha256 {sha}) to fp32: a dequantized quantized "
+            "checkpoint, not the original weights")
 
 
 def from_gguf(path: Path, entry: CatalogEntry | None = None, sha256: str | None = None) -> Path:
@@ -283,6 +298,8 @@ def from_gguf(path: Path, entry: CatalogEntry | None = None, sha256: str | None 
         dst.parent.mkdir(parents=True, exist_ok=True)
         with _lock(dst.with_name(dst.name + ".lock")):
             if not is_model_dir(dst):  # another process may have converted it while this one waited
+                for stale in dst.parent.glob(f".{dst.name}.tmp-*"):  # a killed conversion's (the lock is ours)
+                    shutil.rmtree(stale, ignore_errors=True)
                 source = {"gguf_sha256": sha, "gguf_file": path.name, **info}
                 source.update(_catalog_fields(entry))
                 source["note"] = note_of(source)

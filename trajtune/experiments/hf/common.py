@@ -237,8 +237,9 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
         if is_main():
             from ...runs.report import write_run_report
 
-            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from "
-                     f"{model_origin(config.model.path, given)} on `{config.data}`\n\n" + settings_text(config))
+            origin, about = model_origin(config.model.path, given)
+            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from {origin} on "
+                     f"`{config.data}`{about}\n\n" + settings_text(config))
             report = write_run_report(run_dir.path, f"{name} on {given.get(config.model.path, config.model.path)}",
                                       intro)
             print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
@@ -257,10 +258,11 @@ def resolve_models(config) -> dict[str, str]:
     given: dict[str, str] = {}
 
     def folder(spec: str) -> str:
-        path = str(resolve_model(spec)) if spec else spec
-        if path != spec:
-            given[path] = spec
-        return path
+        path = resolve_model(spec) if spec else None
+        if path is None or path == Path(spec).expanduser():  # a local folder: kept as the user wrote it
+            return spec
+        given[str(path)] = spec
+        return str(path)
 
     with user_errors():
         config.model.path = folder(config.model.path)
@@ -271,17 +273,16 @@ def resolve_models(config) -> dict[str, str]:
     return given
 
 
-def model_origin(path: str, given: dict[str, str] | None = None) -> str:
-    """How a run report names the model it started from: `spec` (the folder it resolved to) and, for a converted
-    checkpoint, what it is (`trajtune.models.hub.provenance`: e.g. a dequantized Q4_1 GGUF)."""
+def model_origin(path: str, given: dict[str, str] | None = None) -> tuple[str, str]:
+    """How a run report names the model it started from -> (`spec` (the folder it resolved to), and for a converted
+    checkpoint a paragraph saying what it is: `trajtune.models.hub.provenance`, e.g. a dequantized Q4_1 GGUF)."""
     from ...models.hub import provenance
 
     spec = (given or {}).get(path)
-    text = f"`{spec}` (`{path}`)" if spec else f"`{path}`"
-    source = provenance(path)
-    if source:
-        text += f" -- {source.get('note', '')}" + (f"; license {source['license']}" if source.get("license") else "")
-    return text
+    source = provenance(path) or {}
+    about = (f"\n\nthe starting model: {source.get('note', '')}" + (f"; license {source['license']}" if
+                                                                    source.get("license") else "")) if source else ""
+    return (f"`{spec}` (`{path}`)" if spec else f"`{path}`"), about
 
 
 def settings_text(config) -> str:
