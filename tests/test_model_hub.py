@@ -346,3 +346,32 @@ def test_two_processes_converting_at_once_convert_once(tiny, tmp_path):
     assert outs[0][0] == outs[1][0] and Path(outs[0][0].strip()).is_dir()
     assert sum("converting" in err for _, err in outs) == 1, [err for _, err in outs]
     assert [p.name for p in (tmp_path / "cache" / "models").iterdir()] == [Path(outs[0][0].strip()).name]
+
+
+def test_a_hub_id_not_in_the_cache_downloads_where_there_is_a_network(tmp_path, cache, monkeypatch, capsys):
+    """Online (no HF_HUB_OFFLINE): a miss in the cache is a download of the model's files (config, tokenizer,
+    safetensors; not every file of the repository); a failed one is one line."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from trajtune.models.hf_random import make_random_model
+
+    make_random_model(tmp_path / "m", "llama", "tiny")
+    calls = []
+
+    def snapshot_download(repo, local_files_only=False, allow_patterns=None):
+        calls.append((repo, local_files_only, allow_patterns))
+        if local_files_only or repo != "acme/online":
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not here")
+        return str(tmp_path / "m")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert check_model_dir("acme/online") == tmp_path / "m"
+    assert calls == [("acme/online", True, None), ("acme/online", False, hub.HUB_FILES)]
+    assert "*.safetensors" in hub.HUB_FILES and "*.gguf" not in hub.HUB_FILES
+    assert "downloading acme/online from the Hugging Face hub" in capsys.readouterr().err
+    code, _, err = cli(["chat", "--model", "acme/gone", "--prompt", "hi"], capsys)
+    assert code == 2 and err.count("\n") == 2 and "Traceback" not in err  # "downloading ...", then the error
+    assert "trajtune: error: acme/gone: no such directory, not in the Hugging Face cache" in err
+    assert "the download failed (LocalEntryNotFoundError: not here)" in err

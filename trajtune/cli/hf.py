@@ -199,12 +199,13 @@ def cmd_hf(args) -> int:
     """Build the command's config from its flags and run the experiment's recipe path (`run_method`) in
     its run directory, under the commands' policy (`hf_run_dir`)."""
     from ..engine.distributed import init_distributed, is_main
-    from ..experiments.hf.common import run_method
+    from ..experiments.hf.common import resolve_models, run_method
 
     module = importlib.import_module(METHODS[args.hf_command])
     config = config_from_args(args, module.Config)
     _quiet_transformers()
     init_distributed()  # under torchrun: join the process group (every rank runs the same stage)
+    resolve_models(config)  # --model smollm2-135m -> its folder, before the run directory compares configs
     run_dir = hf_run_dir(args, config)
     if args.dry_run:
         run_dir.check_free()

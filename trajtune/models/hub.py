@@ -193,8 +193,10 @@ HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktok
 
 
 def _hub_cached(repo: str) -> Path | None:
-    from huggingface_hub import snapshot_download
-
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:  # no Hugging Face libraries: nothing can be in their cache
+        return None
     try:
         p = Path(snapshot_download(repo, local_files_only=True))
     except Exception:  # noqa: BLE001 (not in the cache: huggingface_hub raises one of several errors)
@@ -204,7 +206,11 @@ def _hub_cached(repo: str) -> Path | None:
 
 def from_hub(repo: str) -> Path:
     """A hub id's snapshot folder: from the Hugging Face cache, else downloaded (unless HF_HUB_OFFLINE)."""
-    from huggingface_hub import constants, snapshot_download
+    try:
+        from huggingface_hub import constants, snapshot_download
+    except ImportError:
+        raise ModelPathError(f"{repo}: no such directory; a hub id needs huggingface_hub: pip install "
+                             "'trajtune[hf]'") from None
 
     if (p := _hub_cached(repo)) is not None:
         return p
