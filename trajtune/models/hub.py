@@ -133,6 +133,20 @@ def resolve_model(spec: str | os.PathLike) -> Path:
     p = Path(text).expanduser()
     if is_model_dir(p):
         return p
+    folder = _resolve(text, p)
+    _GIVEN.setdefault(str(folder), text)
+    return folder
+
+
+_GIVEN: dict[str, str] = {}
+
+
+def given_as(folder: str | os.PathLike) -> str | None:
+    """The spec that resolved to `folder` in this process (`smollm2-135m`), or None: how a report names a model."""
+    return _GIVEN.get(str(folder))
+
+
+def _resolve(text: str, p: Path) -> Path:
     if p.is_file() or p.is_dir():
         return from_gguf(_gguf_in(p))
     if text in CATALOG:

@@ -220,12 +220,13 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
     nothing. A user's mistake (a bad row, a missing file or model, an unusable device) is a `ConfigError`
     naming it."""
     from ...engine.distributed import is_main
+    from ...models.hub import given_as
     from ...runs.rundir import RunDir
     from ...runs.stages import Stage, StageOptions, run_stages
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     name = stage_name(config)
-    given = resolve_models(config)
+    resolve_models(config)
     with run_dir.lock():
         run_dir.check(config, [name])
         prepared = check(config, run_dir.path, prepare)
@@ -237,10 +238,10 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
         if is_main():
             from ...runs.report import write_run_report
 
-            origin, about = model_origin(config.model.path, given)
+            origin, about = model_origin(config.model.path)
             intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from {origin} on "
                      f"`{config.data}`{about}\n\n" + settings_text(config))
-            report = write_run_report(run_dir.path, f"{name} on {given.get(config.model.path, config.model.path)}",
+            report = write_run_report(run_dir.path, f"{name} on {given_as(config.model.path) or config.model.path}",
                                       intro)
             print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
                   f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
@@ -248,21 +249,16 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
     return report
 
 
-def resolve_models(config) -> dict[str, str]:
+def resolve_models(config) -> None:
     """Every model a run names (--model, --reward-model, --reward-judge) resolved, in place, to its local folder
     (`trajtune.models.hub.resolve_model`: a hub id, a .gguf file or a catalog name such as smollm2-135m becomes
     the folder it is fetched or converted into, once), so that what loads, what vLLM is given and what
-    config.json records is that folder. -> {folder: the spec as given} for the specs that changed."""
+    config.json records is that folder. A local folder stays as the user wrote it; a second call changes nothing."""
     from ...models.hub import resolve_model
-
-    given: dict[str, str] = {}
 
     def folder(spec: str) -> str:
         path = resolve_model(spec) if spec else None
-        if path is None or path == Path(spec).expanduser():  # a local folder: kept as the user wrote it
-            return spec
-        given[str(path)] = spec
-        return str(path)
+        return spec if path is None or path == Path(spec).expanduser() else str(path)
 
     with user_errors():
         config.model.path = folder(config.model.path)
@@ -270,15 +266,14 @@ def resolve_models(config) -> dict[str, str]:
             config.reward_model = [folder(m) for m in config.reward_model]
         if getattr(config, "reward_judge", ""):
             config.reward_judge = folder(config.reward_judge)
-    return given
 
 
-def model_origin(path: str, given: dict[str, str] | None = None) -> tuple[str, str]:
+def model_origin(path: str) -> tuple[str, str]:
     """How a run report names the model it started from -> (`spec` (the folder it resolved to), and for a converted
     checkpoint a paragraph saying what it is: `trajtune.models.hub.provenance`, e.g. a dequantized Q4_1 GGUF)."""
-    from ...models.hub import provenance
+    from ...models.hub import given_as, provenance
 
-    spec = (given or {}).get(path)
+    spec = given_as(path)
     source = provenance(path) or {}
     about = (f"\n\nthe starting model: {source.get('note', '')}" + (f"; license {source['license']}" if
                                                                     source.get("license") else "")) if source else ""
