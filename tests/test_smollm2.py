@@ -11,11 +11,12 @@ pytest.importorskip("transformers")
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from trajtune.config import from_dict, load_toml  # noqa: E402
+from trajtune.config import ConfigError, from_dict, load_toml  # noqa: E402
 from trajtune.experiments import get_experiment  # noqa: E402
 from trajtune.experiments.smollm2 import Config, run, seeds_report  # noqa: E402
 from trajtune.experiments.smollm2.config import MODEL_STAGES  # noqa: E402
 from trajtune.experiments.smollm2.report import verdict, write_seeds_report  # noqa: E402
+from trajtune.experiments.smollm2.stages import resolve  # noqa: E402
 from trajtune.experiments.smollm2.task import Problem, heldout, is_number, training  # noqa: E402
 from trajtune.metrics import read_metrics  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
@@ -114,3 +115,5 @@ def test_task_and_recipe():
     assert c.model.path == "smollm2-135m" and c.grpo.group_size == 8
     with pytest.raises(ValueError, match="ops"):
         Config(ops=["/"])
+    with pytest.raises(ConfigError, match="model.path '/nonexistent': no such folder"):
+        resolve("/nonexistent")

@@ -38,7 +38,7 @@ from pathlib import Path
 from ...runs.stages import Stage, run_stages
 from .config import Config
 from .report import write_report, write_seeds_report
-from .stages import stage_base, stage_grpo, stage_sft
+from .stages import resolve, stage_base, stage_grpo, stage_sft
 
 __all__ = ["Config", "run", "seeds_report", "stages"]
 
@@ -53,6 +53,7 @@ def run(config: Config, run_dir: Path) -> Path:
     from ...engine.distributed import init_distributed, is_main
 
     run_dir = Path(run_dir)
+    resolve(config.model.path)  # a missing model is one line before any stage runs
     init_distributed()
     results = run_stages(stages(), config, run_dir, config.runner)
     if not is_main():

@@ -18,12 +18,14 @@ FALLBACK = {"smollm2-135m": "~/.cache/trajtune/models/gguf-b179c9523d0e6a0f"}
 def resolve(spec: str) -> str:
     """The local folder of `spec`: `trajtune.models.hub.resolve_model` where the library has it (folders, short
     names, hub ids, .gguf files); otherwise a folder, or the cache folder of a known short name."""
+    from ...config import ConfigError
+
     try:
         from ...models.hub import resolve_model
     except ImportError:
         path = Path(os.path.expanduser(FALLBACK.get(spec, spec)))
         if not path.is_dir():
-            raise ValueError(f"smollm2: model.path {spec!r}: no such folder (fetch the model: trajtune models fetch "
+            raise ConfigError(f"smollm2: model.path {spec!r}: no such folder (fetch the model: trajtune models fetch "
                              "smollm2-135m, or set model.path to a Hugging Face folder)") from None
         return str(path)
     return str(resolve_model(spec))
