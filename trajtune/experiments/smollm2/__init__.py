@@ -40,7 +40,7 @@ from .config import Config
 from .report import write_report, write_seeds_report
 from .stages import resolve, stage_base, stage_grpo, stage_sft
 
-__all__ = ["Config", "run", "seeds_report", "stages"]
+__all__ = ["Config", "dry_run", "run", "seeds_report", "stages"]
 
 
 def stages() -> list[Stage]:
@@ -59,6 +59,11 @@ def run(config: Config, run_dir: Path) -> Path:
     if not is_main():
         return run_dir / "report.md"
     return write_report(run_dir, config, results)
+
+
+def dry_run(config: Config, run_dir: Path) -> str:
+    """`trajtune run smollm2 --dry-run`: the model the recipe would train (its folder), nothing loaded."""
+    return f"model: {config.model.path} -> {resolve(config.model.path)}"
 
 
 def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
