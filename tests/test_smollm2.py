@@ -115,5 +115,5 @@ def test_task_and_recipe():
     assert c.model.path == "smollm2-135m" and c.grpo.group_size == 8
     with pytest.raises(ValueError, match="ops"):
         Config(ops=["/"])
-    with pytest.raises(ConfigError, match="model.path '/nonexistent': no such folder"):
+    with pytest.raises(ConfigError, match="model.path: /nonexistent: no such directory"):
         resolve("/nonexistent")

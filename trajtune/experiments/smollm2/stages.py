@@ -3,7 +3,6 @@ evaluation of each model: base (the pretrained model), sft (the warm start), grp
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,24 +10,16 @@ from ...seeding import derive
 from .config import Config
 from .task import heldout, is_number, opening, write_data
 
-FALLBACK = {"smollm2-135m": "~/.cache/trajtune/models/gguf-b179c9523d0e6a0f"}
-"""where the models command converts SmolLM2-135M-Instruct (before `trajtune.models.hub` resolves short names)"""
-
-
 def resolve(spec: str) -> str:
-    """The local folder of `spec`: `trajtune.models.hub.resolve_model` where the library has it (folders, short
-    names, hub ids, .gguf files); otherwise a folder, or the cache folder of a known short name."""
+    """The local folder of `spec` (`trajtune.models.hub.resolve_model`: a folder, a short name such as
+    smollm2-135m, a hub id or a .gguf file); a spec that names no model is one `ConfigError` line."""
     from ...config import ConfigError
+    from ...models.hub import ModelPathError, resolve_model
 
     try:
-        from ...models.hub import resolve_model
-    except ImportError:
-        path = Path(os.path.expanduser(FALLBACK.get(spec, spec)))
-        if not path.is_dir():
-            raise ConfigError(f"smollm2: model.path {spec!r}: no such folder (fetch the model: trajtune models fetch "
-                             "smollm2-135m, or set model.path to a Hugging Face folder)") from None
-        return str(path)
-    return str(resolve_model(spec))
+        return str(resolve_model(spec))
+    except ModelPathError as e:
+        raise ConfigError(f"smollm2: model.path: {e}") from None
 
 
 def data_dir(run_dir: Path) -> Path:
