@@ -134,13 +134,18 @@ def test_grpo(real_model, work, capsys, backend):
 
 
 def test_rft(real_model, work, capsys):
+    """One round: 4 prompts x 2 samples, every sample above the threshold kept, 3 SFT steps on them. RFT logs one row
+    per round (the last step's loss), so "the loss moves" is read as: the saved weights moved from the start."""
+    from safetensors.torch import load_file
+
     out = work / "rft"
     _run("rft", "--model", str(real_model), "--data", str(work / "prompts.jsonl"),
          "--reward", f"{work / 'rewards.py'}:near_20_chars", "--rounds", "1", "--steps", "3", "--group-size", "2",
          "--max-new-tokens", "16", "--threshold", "-1", "--lr", "1e-4", *SHORT, "--out", str(out))
-    rows = read_metrics(out)
-    assert any(r.get("rft/sampled") == 8 for r in rows)
-    loss_falls(out)
+    (row,) = read_metrics(out)
+    assert row["rft/sampled"] == 8 and row["rft/kept"] > 0 and row["train/loss"] > 0, row
+    base, trained = load_file(str(real_model / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
+    assert max(float((base[k] - trained[k]).abs().max()) for k in base) > 1e-5
     answers(out / "model", capsys)
 
 
@@ -154,7 +159,7 @@ def test_the_model_as_a_judge_reward(real_model, work, capsys):
          "--max-new-tokens", "12", "--lr", "1e-4", "--lora-r", "8", *SHORT, "--out", str(out))
     (row,) = [r for r in read_metrics(out) if "reward/judge/unparseable" in r]
     print({k: v for k, v in row.items() if k.startswith("reward/")})
-    assert 0 <= row["reward/judge/unparseable"] <= 4
+    assert row["reward/judge/unparseable"] < 4, "no verdict of the real model parsed"
     answers(out / "model", capsys)
 
 
