@@ -11,17 +11,10 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 FETCH = "the real model is not fetched: run `trajtune models fetch smollm2-135m`"
-CONVERTED = Path.home() / ".cache" / "trajtune" / "models" / "gguf-b179c9523d0e6a0f"
-"""where the fetch command converts the model (the GGUF's sha256, first 16 hex digits), for a checkout without
-`trajtune.models.hub`"""
-
-
 def real_model_dir() -> Path | None:
     """The converted model's folder, or None where it is not fetched (never downloads)."""
-    try:
-        from trajtune.models.hub import cached_model
-    except ImportError:
-        return CONVERTED if (CONVERTED / "config.json").exists() else None
+    from trajtune.models.hub import cached_model
+
     return cached_model("smollm2-135m")
 
 
