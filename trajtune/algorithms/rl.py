@@ -123,9 +123,10 @@ class RLConfig:
     """the adaptive controller's horizon: kl_coef *= 1 + clip(KL / kl_target - 1, +-0.2) x episodes / kl_horizon"""
     log_kl: Literal["auto", "disk", "copy", "off"] = "auto"
     """the KL to the reference is logged also with kl_coef 0 (kl/k3 per token, kl/sequence per episode; RLHF book
-    checklist 0.7), against the stage's starting policy. What each setting costs (kl_coef > 0 keeps a copy and runs
-    its forward every step whatever this says: the loss needs it) -- auto: the cheapest that exists: kl_coef > 0's
-    copy, a LoRA model's base (adapters off: one forward per step, no copy), any other model 'disk'; disk: the
+    checklist 0.7), against the stage's starting policy. What each setting costs (kl_coef > 0 runs the reference's
+    forward every step whatever this says, the loss needs it: a LoRA model's base, any other model a frozen copy) --
+    auto: the cheapest that exists: kl_coef > 0's reference, a LoRA model's base (adapters off: one forward per step,
+    no copy), any other model 'disk'; disk: the
     starting weights written to disk once (the stage's resume folder, else a temporary one), read back and swapped
     into the policy for one forward at every log_kl_every-th step and the last (no resident copy; at those steps
     the disk read, the weights once more while no gradients are held, one forward); copy: a frozen copy in memory
