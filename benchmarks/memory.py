@@ -3,6 +3,13 @@
     pip install -e '.[hf,bench]'
     python benchmarks/memory.py                      # SFT, DPO, GRPO; trajtune, trajtune with chunking off, TRL
     python benchmarks/memory.py --kinds SFT
+    python benchmarks/memory.py --model smollm2-135m # a real model (or its folder): both checkpointing settings
+
+--model: a real model instead of the random one (a Hugging Face folder, or where `trajtune.models.hub` exists
+smollm2-135m, a hub id or a .gguf file). Each library then runs with gradient checkpointing on (TRL's default)
+and off (trajtune's), GRPO also with trajtune's old KL log (`log_kl="copy"`: a resident copy of the starting
+policy), and the table splits each peak into the fixed part -- weights, gradients and AdamW's two moments, 16
+bytes a parameter in fp32 -- and the part above it (activations, logits, the runtime), with the ratio of each.
 
 The model is a random Llama with Qwen2.5's vocabulary size (151,936 rows, tied head) and a small body
 (hidden 64, 2 layers) so it runs on a CPU: the logits are what costs memory. trajtune computes the
@@ -45,6 +52,13 @@ WORKLOAD = vs_trl.Workload(batch=8, prompts=4, group=4, new_tokens=64, max_lengt
 SFT_TOKENS = 256
 DPO_PAIRS = 4
 VARIANTS = {"trajtune": {}, "trajtune, chunking off": {"logits_chunk": 0}, "TRL": None}
+"""the random model's rows: variant -> trajtune's engine options (None: TRL with its defaults)"""
+REAL = {"trajtune": {}, "trajtune, checkpointing": {"policy_kw": {"gradient_checkpointing": True}},
+        "TRL, checkpointing off": {"checkpointing": False}, "TRL": {}, "trajtune, log_kl copy": {"rl_kw": {"log_kl": "copy"}}}
+"""--model's rows: variant -> run_trajtune's / run_trl's options (TRL's default: gradient checkpointing on); the
+last for GRPO only (the resident reference copy trajtune's KL log held before issue 38)"""
+PAIRS = (("off", "trajtune", "TRL, checkpointing off"), ("on", "trajtune, checkpointing", "TRL"))
+"""--model's table: (gradient checkpointing, trajtune's variant, TRL's variant)"""
 
 
 def _rss(field: str) -> int:
@@ -55,8 +69,8 @@ def _rss(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def child(variant: str, kind: str, model_dir: Path, d: Path) -> dict:
-    """One measurement (in its own process): the peak RSS of one optimizer step."""
+def child(variant: str, kind: str, model_dir: Path, d: Path, real: bool = False) -> dict:
+    """One measurement (in its own process): the peak RSS of one optimizer step (real: a --model variant)."""
     import torch
 
     torch.manual_seed(0)
@@ -65,10 +79,11 @@ def child(variant: str, kind: str, model_dir: Path, d: Path) -> dict:
     import trajtune.algorithms.rl  # noqa: F401
     import trl  # noqa: F401
 
-    if variant == "TRL":
-        run = lambda: vs_trl.run_trl(kind, model_dir, d, 0, d / f"trl-{kind}", w)  # noqa: E731
+    options = (REAL if real else VARIANTS)[variant] or {}
+    if variant.startswith("TRL"):
+        run = lambda: vs_trl.run_trl(kind, model_dir, d, 0, d / f"trl-{kind}", w, **options)  # noqa: E731
     else:
-        run = lambda: vs_trl.run_trajtune(kind, model_dir, d, 0, w, **VARIANTS[variant])  # noqa: E731
+        run = lambda: vs_trl.run_trajtune(kind, model_dir, d, 0, w, **options)  # noqa: E731
     base = _rss("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     run()
@@ -79,11 +94,12 @@ def child(variant: str, kind: str, model_dir: Path, d: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kinds", nargs="+", default=["SFT", "DPO", "GRPO"])
+    ap.add_argument("--model", default=None, help="a real model (module docstring): folder, smollm2-135m, hub id, .gguf")
     ap.add_argument("--child", nargs=4, metavar=("VARIANT", "KIND", "MODEL", "DATA"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         variant, kind, model, data = args.child
-        print("RESULT " + json.dumps(child(variant, kind, Path(model), Path(data))), flush=True)
+        print("RESULT " + json.dumps(child(variant, kind, Path(model), Path(data), real=bool(args.model))), flush=True)
         return 0
     from trajtune.models.hf import load_tokenizer
     from trajtune.models.hf_random import make_random_model
@@ -93,20 +109,27 @@ def main() -> int:
     import trl
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, CPU fp32; "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+          "load average (1, 5, 15 min) " + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     results = {}
+    variants = list(REAL) if args.model else list(VARIANTS)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        model_dir = make_random_model(d / "model", "llama", "tiny", padded_vocab=VOCAB, overrides=BODY,
-                                      max_positions=WORKLOAD.max_length)
+        if args.model:
+            model_dir = vs_trl.resolve(args.model)
+        else:
+            model_dir = make_random_model(d / "model", "llama", "tiny", padded_vocab=VOCAB, overrides=BODY,
+                                          max_positions=WORKLOAD.max_length)
         vs_trl.write_data(d, tokenizer=load_tokenizer(model_dir), sft_tokens=SFT_TOKENS)
         # DPO: the data set is the step's 4 pairs, so trajtune's reference pass (over the whole set, once)
         # covers the same rows as TRL's per-step reference forward
         dpo = (d / "dpo.jsonl").read_text().splitlines()[:DPO_PAIRS]
         (d / "dpo.jsonl").write_text("\n".join(dpo) + "\n")
         for kind in args.kinds:
-            for variant in VARIANTS:
-                cmd = [sys.executable, __file__, "--child", variant, kind, str(model_dir), str(d)]
+            for variant in variants:
+                if variant == "trajtune, log_kl copy" and kind != "GRPO":
+                    continue
+                cmd = [sys.executable, __file__, "--child", variant, kind, str(model_dir), str(d),
+                       *(["--model", args.model] if args.model else [])]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
                 if proc.returncode or not line:  # e.g. out of memory: the row says so, the others go on
@@ -116,16 +139,44 @@ def main() -> int:
                     continue
                 r = json.loads(line[0][len("RESULT "):])
                 results[kind, variant] = r
-                print(f"{kind:<5} {variant:<23} peak RSS {r['peak'] / 2**20:7.0f} MiB "
+                print(f"{kind:<5} {variant:<28} peak RSS {r['peak'] / 2**20:7.0f} MiB "
                       f"(+{(r['peak'] - r['base']) / 2**20:.0f} MiB over the {r['base'] / 2**20:.0f} MiB before the step)",
                       flush=True)
+    print("load average (1, 5, 15 min) " + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
+    if args.model:
+        real_table(results, args.kinds, model_dir, gib)
+        return 0
     print("\n| method | trajtune peak RSS (GiB) | trajtune, chunking off | TRL 1.16 | trajtune / TRL |\n|---|---|---|---|---|")
     for kind in args.kinds:
         a, off, b = (results[kind, v]["peak"] if results[kind, v] else None for v in VARIANTS)
         cells = [gib(x) if x else "failed" for x in (a, off, b)]
         print(f"| {kind} | {' | '.join(cells)} | {f'{a / b:.2f}' if a and b else '-'} |")
     return 0
+
+
+def real_table(results: dict, kinds: list[str], model_dir: Path, gib) -> None:
+    """--model's table: each checkpointing setting's peaks, the fixed part (16 bytes a parameter) and the rest."""
+    from trajtune.models.hf import load_policy
+
+    n = load_policy(model_dir).num_parameters()
+    fixed = 16 * n
+    print(f"\n{n:,} parameters: fixed part (weights, gradients, AdamW's two moments in fp32) {gib(fixed)} GiB\n")
+    print("| method | gradient checkpointing | trajtune peak (GiB) | TRL peak (GiB) | trajtune / TRL | trajtune above the "
+          "fixed part | TRL above it | trajtune / TRL above it |\n|---|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        for setting, ours, theirs in PAIRS:
+            a, b = (results.get((kind, v)) for v in (ours, theirs))
+            if not a or not b:
+                print(f"| {kind} | {setting} | {gib(a['peak']) if a else 'failed'} | {gib(b['peak']) if b else 'failed'} "
+                      "| - | - | - | - |")
+                continue
+            pa, pb = a["peak"], b["peak"]
+            print(f"| {kind} | {setting} | {gib(pa)} | {gib(pb)} | {pa / pb:.2f} | {gib(pa - fixed)} | {gib(pb - fixed)} "
+                  f"| {(pa - fixed) / (pb - fixed):.2f} |")
+    old = results.get(("GRPO", "trajtune, log_kl copy"))
+    if old:
+        print(f"\nGRPO with the old KL log (log_kl copy, checkpointing off): {gib(old['peak'])} GiB")
 
 
 if __name__ == "__main__":

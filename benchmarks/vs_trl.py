@@ -171,7 +171,10 @@ class StepClock:
 
 
 # --- trajtune ------------------------------------------------------------------------------------------
-def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = DEFAULT, **engine_kw) -> list[float]:
+def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = DEFAULT, policy_kw: dict | None = None,
+                 rl_kw: dict | None = None, **engine_kw) -> list[float]:
+    """trajtune's step times; policy_kw go to `load_policy` (gradient_checkpointing), rl_kw to RLConfig (log_kl),
+    engine_kw to `make_engine`."""
     from trajtune.sources import data as D
     from trajtune.algorithms.dpo import DPOConfig, train_dpo
     from trajtune.algorithms.rl import RLConfig, train_rl
@@ -186,7 +189,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
     torch.manual_seed(0)
     tok = load_tokenizer(model_dir)
     r = ChatRenderer(tok)
-    engine = make_engine(load_policy(model_dir), OptimConfig(lr=1e-5, grad_clip=1.0, fused=True), **engine_kw)
+    engine = make_engine(load_policy(model_dir, **(policy_kw or {})), OptimConfig(lr=1e-5, grad_clip=1.0, fused=True), **engine_kw)
     clock = StepClock()
     step = engine.optim_step
 
@@ -210,13 +213,14 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
                                max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens, draw=DRAW,
                                share_prompts=engine_kw.get("share_prefix", True))
         train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group, advantage="grpo",
-                                                   aggregation="sequence"), r.pad_id)
+                                                   aggregation="sequence", **(rl_kw or {})), r.pad_id)
     return clock.intervals()
 
 
 # --- TRL ------------------------------------------------------------------------------------------------
 def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workload = DEFAULT,
-            same_math: bool = False) -> list[float]:
+            same_math: bool = False, checkpointing: bool | None = None) -> list[float]:
+    """TRL's step times; checkpointing: gradient checkpointing on / off (None: TRL's default, on)."""
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -236,8 +240,8 @@ def run_trl(kind: str, model_dir: Path, d: Path, steps: int, out: Path, w: Workl
                   logging_strategy="no", save_strategy="no", use_cpu=True, bf16=False, fp16=False,
                   dataloader_num_workers=0, seed=0, disable_tqdm=True, lr_scheduler_type="constant",
                   warmup_steps=0, adam_beta2=0.95, weight_decay=0.0)
-    if same_math:  # no recompute in the backward (TRL's configs default to gradient checkpointing)
-        common["gradient_checkpointing"] = False
+    if same_math or checkpointing is not None:  # same_math: no recompute in the backward (TRL's default: on)
+        common["gradient_checkpointing"] = bool(checkpointing) and not same_math
     if kind == "SFT":
         from trl import SFTConfig, SFTTrainer
 
@@ -345,14 +349,15 @@ def profile_line(lib: str, step_s: float, pieces: dict[str, float]) -> str:
 
 
 def matmul_peak(n: int = 2048, reps: int = 10) -> float:
-    """FLOP/s of the best of `reps` fp32 n x n matmuls at the current thread count (2 n^3 FLOPs each)."""
+    """FLOP/s of the best of `reps` fp32 n x n matmuls at the current thread count (2 n^3 FLOPs each), on the
+    step's clock (`--clock cpu`: this process's CPU seconds, as robust to other processes as the steps)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
     best = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        t = CLOCK()
         a @ b
-        best = min(best, time.perf_counter() - t)
+        best = min(best, CLOCK() - t)
     return 2 * n**3 / best
 
 
@@ -411,9 +416,65 @@ def flop_rows(d: Path, args) -> list[tuple]:
     return out
 
 
+def resolve(spec: str) -> Path:
+    """--model: a Hugging Face folder, or where `trajtune.models.hub` exists a catalog name (smollm2-135m), a hub id
+    or a .gguf file, resolved to its folder."""
+    try:
+        from trajtune.models.hub import resolve_model
+    except ImportError:
+        return Path(spec).expanduser()
+    return Path(resolve_model(spec))
+
+
+def padding_share(kind: str, model_dir: Path, d: Path, w: Workload) -> float:
+    """The share of padding in the batches trajtune forwards for `kind`: 1 - tokens / (rows x longest row), over
+    consecutive batches of the data (SFT: w.batch conversations; DPO: w.batch pairs, chosen and rejected rows, before
+    the shared prompt is cut; GRPO: each prompt with w.new_tokens new tokens, the completions' own spread not
+    counted)."""
+    from trajtune.models.hf import load_tokenizer
+    from trajtune.sources import data as D
+    from trajtune.text.chat import ChatRenderer
+
+    tok = load_tokenizer(model_dir)
+    r = ChatRenderer(tok)
+    rows = D.read_rows(d / f"{kind.lower()}.jsonl")
+    if kind == "SFT":
+        lengths = [len(t.ids) for t in D.sft_trajectories(rows, r)]
+        per = w.batch
+    elif kind == "DPO":
+        lengths = [len(t.ids) for pair in D.preference_pairs(rows, r) for t in pair[:2]]
+        per = 2 * w.batch
+    else:
+        lengths = [len(tok.apply_chat_template(row.data["prompt"], tokenize=True, add_generation_prompt=True,
+                                                return_dict=False)) + w.new_tokens for row in rows]
+        per = w.prompts
+    batches = [lengths[i:i + per] for i in range(0, len(lengths) - per + 1, per)]
+    return 1 - sum(map(sum, batches)) / sum(len(b) * max(b) for b in batches)
+
+
+def model_peak(model_dir: Path, tokens: int, reps: int = 10) -> float:
+    """FLOP/s of the best of `reps` fp32 matmuls at the model's MLP shape: [tokens, hidden] @ [hidden, intermediate],
+    on the step's clock."""
+    import json as _json
+
+    cfg = _json.loads((model_dir / "config.json").read_text())
+    a, b = torch.randn(tokens, cfg["hidden_size"]), torch.randn(cfg["hidden_size"], cfg["intermediate_size"])
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t = CLOCK()
+        a @ b
+        best = min(best, CLOCK() - t)
+    return 2 * tokens * cfg["hidden_size"] * cfg["intermediate_size"] / best
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="*", default=["tiny", "small"], help="sizes of the speed rows (none: only --flops)")
+    ap.add_argument("--model", default=None,
+                    help="a real model instead of the random sizes: a Hugging Face folder, or (trajtune.models.hub) "
+                         "smollm2-135m, a hub id or a .gguf file; prints the padding share of the batches and SFT's "
+                         "share of this CPU's matmul peak")
     ap.add_argument("--kinds", nargs="+", default=["SFT", "DPO", "GRPO"])
     ap.add_argument("--steps", type=int, default=5, help="timed optimizer steps per run")
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs per library")
@@ -450,14 +511,19 @@ def main() -> int:
     import transformers
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
-          f"{torch.get_num_threads()} threads, CPU fp32, {args.clock} clock, trajtune draw {args.draw}; load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+          f"{torch.get_num_threads()} threads, CPU fp32, {args.clock} clock, trajtune draw {args.draw}; load average "
+          f"{os.getloadavg()[0]:.1f} at the start (1, 5, 15 min: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + ")",
+          flush=True)
     rows, flop = [], []
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         write_data(d)
-        for size in args.sizes:
-            model_dir = make_random_model(d / size, "llama", size)
+        for size in [Path(args.model).name] if args.model else args.sizes:
+            model_dir = resolve(args.model) if args.model else make_random_model(d / size, "llama", size)
             n_params = load_policy(model_dir).num_parameters()
+            if args.model:
+                print(f"{model_dir}: {n_params:,} parameters; padding share of the batches: " + ", ".join(
+                    f"{k} {padding_share(k, model_dir, d, DEFAULT):.1%}" for k in args.kinds), flush=True)
             for kind in args.kinds:
                 ours, every, theirs, pieces = [], [], [], {"trajtune": [], "TRL": []}
                 for rep in range(args.repeats):
@@ -475,6 +541,16 @@ def main() -> int:
                 rows.append((f"{size} ({n_params / 1e6:.2f}M)", kind, a, b, c))
                 also = f"  (all positions {c:.3f}s, ratio {c / b:.2f})" if c is not None else ""
                 print(f"{size:<6} {kind:<5} trajtune {a:.3f}s  TRL {b:.3f}s  ratio {a / b:.2f}{also}", flush=True)
+                if args.model and kind == "SFT":  # the share of this CPU's matmul peak (6 N per token of the batch)
+                    from trajtune.models.hf import load_tokenizer
+
+                    tok = load_tokenizer(model_dir)
+                    flops = step_flops("SFT", matmul_params(model_dir), tok, d, DEFAULT)
+                    tokens = round(flops / (6 * matmul_params(model_dir)))
+                    peaks = {"square 2048": matmul_peak(), f"MLP [{tokens}, h] @ [h, i]": model_peak(model_dir, tokens)}
+                    print("    SFT: " + ", ".join(f"trajtune {flops / a / p:.0%} / TRL {flops / b / p:.0%} of the {k} "
+                                                  f"matmul peak ({p / 1e9:.0f} GFLOP/s)" for k, p in peaks.items())
+                          + f"; 6 N x {tokens} tokens = {flops / 1e9:.0f} GFLOP a step", flush=True)
                 if PROFILE is not None:  # the median step and the median of each piece
                     mine, trl_ = median_pieces(pieces["trajtune"]), median_pieces(pieces["TRL"])
                     print(profile_line("trajtune", a, mine))
@@ -483,7 +559,8 @@ def main() -> int:
                     print(f"    bound {shared / b:.2f} (now {a / b:.2f})", flush=True)
         if args.flops:
             flop = flop_rows(d, args)
-    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+    print(f"\nload average {os.getloadavg()[0]:.1f} at the end (1, 5, 15 min: "
+          + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + ")")
     if rows and args.all_positions:
         print("\n| model | method | trajtune s/step | TRL s/step | trajtune / TRL | all positions s/step "
               "| all positions / TRL |\n|---|---|---|---|---|---|---|")

@@ -425,10 +425,21 @@ class Console:
             parts.append("SKIPPED (non-finite)")
         elapsed, done = time.perf_counter() - self._t0, step - self._begin
         if done > 0 and elapsed > 0:
-            parts.append(f"{self._tokens / elapsed:,.0f} tok/s" if self._tokens else f"{elapsed / done:.2f} s/step")
+            parts.append(speed(self._tokens, elapsed, done))
             if self.total and self.total > step:
                 parts.append(f"eta {_duration(elapsed / done * (self.total - step))}")
         return "  ".join(parts)
+
+
+def speed(tokens: float, seconds: float, steps: int) -> str:
+    """The console's pace: trained tokens per second, to two significant digits below 10 ('812 tok/s', '3.4 tok/s',
+    '0.41 tok/s': a few tokens a step on a slow model is not '0 tok/s'); seconds per step where the rows count no
+    tokens ('1.23 s/step', '45 ms/step')."""
+    if tokens:
+        rate = tokens / seconds
+        return f"{rate:,.0f} tok/s" if rate >= 10 else f"{rate:.2g} tok/s"
+    per_step = seconds / steps
+    return f"{per_step:.3g} s/step" if per_step >= 0.1 else f"{1000 * per_step:.2g} ms/step"
 
 
 def _pairs(values: dict) -> str:

@@ -27,8 +27,10 @@ Episodes whose environment or reward failed (`Trajectory.outcome`) are counted
 of four with one failure has the advantages of the group of the three others.
 
 The KL to the reference (kl/k3 per token, kl/sequence per episode) is logged whenever a reference
-exists -- kl_coef > 0, or kl_coef 0 with a free one (a LoRA base) or `log_kl="copy"` (RLHF
-checklist 0.7: always log KL-to-reference); the extra forward draws no random numbers.
+exists (RLHF checklist 0.7: always log KL-to-reference) -- every step with kl_coef > 0, a free one (a
+LoRA base) or `log_kl="copy"`; with kl_coef 0 on any other model at the logging steps against the
+starting weights read back from disk (`StartingWeights`: no resident copy); the extra forward draws
+no random numbers.
 
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
 step's advantages, returns and old / reference log-probs travel on the batch
@@ -38,11 +40,14 @@ step's advantages, returns and old / reference log-probs travel on the batch
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal, Sequence
 
 import torch
 
+from ..checkpoint import CheckpointError, atomic_dir, load_tensors, save_model_weights
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
@@ -116,11 +121,19 @@ class RLConfig:
     that holds the mean sequence KL (k1 summed over an episode) at this target; 0: a fixed kl_coef"""
     kl_horizon: float = 10000.0
     """the adaptive controller's horizon: kl_coef *= 1 + clip(KL / kl_target - 1, +-0.2) x episodes / kl_horizon"""
-    log_kl: Literal["auto", "copy", "off"] = "auto"
-    """the KL to the reference is always logged (kl/k3 per token, kl/sequence per episode; RLHF book checklist 0.7),
-    also with kl_coef 0, against -- auto: a LoRA model's base (adapters off: no copy), any other model a frozen copy of
-    its starting policy (the weights once more in memory, one forward per step); copy: a frozen copy whatever the
-    model; off: nothing when kl_coef is 0 (saves the copy's memory)"""
+    log_kl: Literal["auto", "disk", "copy", "off"] = "auto"
+    """the KL to the reference is logged also with kl_coef 0 (kl/k3 per token, kl/sequence per episode; RLHF book
+    checklist 0.7), against the stage's starting policy. What each setting costs (kl_coef > 0 runs the reference's
+    forward every step whatever this says, the loss needs it: a LoRA model's base, any other model a frozen copy) --
+    auto: the cheapest that exists: kl_coef > 0's reference, a LoRA model's base (adapters off: one forward per step,
+    no copy), any other model 'disk'; disk: the
+    starting weights written to disk once (the stage's resume folder, else a temporary one), read back and swapped
+    into the policy for one forward at every log_kl_every-th step and the last (no resident copy; at those steps
+    the disk read, the weights once more while no gradients are held, one forward); copy: a frozen copy in memory
+    (the weights once more, one forward every step: the KL every step); off: nothing when kl_coef is 0"""
+    log_kl_every: int = 10
+    """log_kl 'disk' (auto's choice for a full model with kl_coef 0): the KL is logged every this many steps and
+    at the last step"""
     kl_in_reward: bool = False
     """put the KL penalty into the rewards instead of the loss: per token for GAE (PPO style), the sequence KL
     subtracted from each episode's reward before the group baseline for the others (the book's RLOO)"""
@@ -199,7 +212,7 @@ class RLConfig:
             raise ValueError(f"RLConfig: {' and '.join(reuse)} updates the policy more than once per batch of samples, "
                              "and surrogate 'reinforce' has no importance ratio to correct for that (nor a trust "
                              "region): use surrogate ppo (or cispo), or one update per batch (epochs 1, minibatches 1)")
-        check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size"),
+        check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size", "log_kl_every"),
                      positive=("kl_horizon", "sapo_tau_pos", "sapo_tau_neg"),
                      non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
                                    "std_eps", "kl_target", "dynamic_sampling_tries", "overlong_max", "overlong_cache",
@@ -335,7 +348,7 @@ def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Lo
     return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae", entropy=bool(config.entropy_coef))
 
 
-def score(engine: Engine, ref: Engine | None, batch: Batch, config: RLConfig, use_old: bool,
+def score(engine: Engine, ref: Engine | StartingWeights | None, batch: Batch, config: RLConfig, use_old: bool,
           state: RLState | None = None, teacher: Engine | None = None) -> tuple[Batch, dict]:
     """Step 2: the batch with its advantages (and the old / reference log-probs and GAE returns the
     loss reads) in `extras`, and the step's scoring metrics (the moving baseline, the measured KL the
@@ -427,7 +440,8 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
             row["kl/coef"] = kl_coef
         if trajs:  # none: every group had equal rewards (or failed), nothing to learn from this step
             # 2. score: rewards -> advantages, on the batch
-            batch, scored = score(engine, ref, collate(trajs, pad_id), config, use_old, state, teacher)
+            batch, scored = score(engine, reference_at(ref, step + 1), collate(trajs, pad_id), config, use_old, state,
+                                  teacher)
             run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
             # 3. update (PPO-ptx: + ptx_coef x the NLL of a pretraining batch, before each optimizer step)
             for epoch in range(config.epochs):
@@ -447,6 +461,12 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
         # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
         run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every), state=state)
     return run.history
+
+
+def reference_at(ref: Engine | StartingWeights | None, step: int) -> Engine | StartingWeights | None:
+    """The reference the step scores against: `ref`, except between the logging steps of one on disk (None: no
+    forward, no KL logged)."""
+    return None if isinstance(ref, StartingWeights) and not ref.due(step) else ref
 
 
 def next_state(state: RLState, scored: dict, config: RLConfig, kl_coef: float, n: int, row: dict) -> RLState:
@@ -489,17 +509,76 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
     return m["loss"]
 
 
-def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | None:
+def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | StartingWeights | None:
     """The KL reference: the stage's starting policy, frozen (`run.reference`: saved with the stage's checkpoint) --
-    for the loss (kl_coef > 0), or only for the log (`log_kl`: auto / copy); with log_kl "auto" a LoRA model's
-    base with its adapters off instead (no copy of the weights); None with kl_coef 0 and log_kl "off"."""
+    for the loss (kl_coef > 0), or only for the log (`log_kl`, see RLConfig): a resident copy ("copy"), a LoRA
+    model's base with its adapters off ("auto": no copy), the starting weights on disk ("disk", and "auto" for any
+    other model: `StartingWeights`, read back at the logging steps only); None with kl_coef 0 and log_kl "off"."""
     if config.kl_coef or config.log_kl == "copy":
         return run.reference(engine, start)
     if config.log_kl == "off":
         return None
-    if getattr(getattr(engine, "model", None), "is_lora", False):
+    if config.log_kl == "auto" and getattr(getattr(engine, "model", None), "is_lora", False):
         return engine.reference_engine(adapters_off=True)
-    return run.reference(engine, start)
+    if not StartingWeights.works_for(engine):  # weights sharded over processes (FSDP2): the copy, as before
+        return run.reference(engine, start)
+    return StartingWeights(engine, run, start, config.log_kl_every, config.steps)
+
+
+class StartingWeights:
+    """The KL reference of the log that costs no resident copy (log_kl "disk"): the stage's starting weights written
+    to disk once -- `<checkpointer dir>/reference/model.safetensors`, kept across resumes, or a temporary folder
+    without a checkpointer -- and, at the logging steps (`due`), read back and swapped into the policy's own
+    parameters for one forward without gradient, then swapped out again: the same numbers as a frozen copy's
+    forward (the same module, the same engine), the weights' memory held only during that forward (the scoring,
+    before the update: no gradients are held then) and a step between logging steps pays nothing.
+
+    Parameters are swapped by `.data` (the optimizer's parameter objects, and their state, stay); a process that
+    holds its whole model (one process, DDP) does it alone, so a sharded model (FSDP2) keeps the copy (`works_for`)."""
+
+    FILE = "model.safetensors"
+
+    def __init__(self, engine: Engine, run: Run, start: int, every: int, last: int):
+        self.engine, self.every, self.last = engine, every, last
+        ck = run.checkpointer
+        self._tmp = None if ck is not None else tempfile.TemporaryDirectory(prefix="trajtune-kl-reference-")
+        folder = ck.directory / "reference" if ck is not None else Path(self._tmp.name)
+        self.file = folder / self.FILE
+        if start == 0 and (ck is None or engine.is_main):  # every process of a run without a checkpointer: its own
+            with atomic_dir(folder) as tmp:
+                save_model_weights(engine.model, tmp / self.FILE)
+        if ck is not None:
+            engine.collective.ranks.barrier()  # the others read rank 0's file
+        if not self.file.exists():
+            raise CheckpointError(f"{self.file}: the stage's starting weights (the KL reference of log_kl 'disk') "
+                                  "are missing; start the stage again (a new --out)")
+
+    @staticmethod
+    def works_for(engine: Engine) -> bool:
+        """The engine's process holds its model's parameters whole (no DTensor shards; a `TorchEngine`)."""
+        model = getattr(engine, "model", None)
+        return model is not None and hasattr(engine, "collective") and not any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+    def due(self, step: int) -> bool:
+        """Is the KL logged after `step` completed steps: every `every` steps and at the last."""
+        return step % self.every == 0 or step == self.last
+
+    def forward(self, batch: Batch, **kw) -> ForwardOutput:
+        """`engine.forward(batch, **kw)` with the starting weights in place of the policy's."""
+        saved = load_tensors(self.file)
+        by_name = dict(self.engine.model.named_parameters(remove_duplicate=False))
+        swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        try:
+            for name, tensor in saved.items():  # a tied weight is in the file once, under one of its names
+                p = by_name.get(name)
+                if p is None:  # a buffer (rotary frequencies ...): not trained, the policy's own is the start's
+                    continue
+                swapped.append((p, p.data))
+                p.data = tensor.to(p.device, p.dtype)
+            return self.engine.forward(batch, **kw)
+        finally:
+            for p, current in swapped:
+                p.data = current
 
 
 def check_lag(episodes: Episodes, config: RLConfig) -> None:
