@@ -305,6 +305,7 @@ def served(model_dir: Path, log: Path, memory: float):
     except BaseException:
         server.close()
         raise
+    client.log = log  # the server's output: its first error names why a cell failed
     close = client.close
 
     def close_both():
@@ -332,8 +333,11 @@ def with_vllm(start, args, prompts_fn):
         return measure(lambda p, n, g: runner.sample(p, n, g, stop_ids=()), args.shapes, prompts_fn, args.repeats,
                        reset)
     except Exception as e:  # noqa: BLE001
-        print(f"  failed: {short(e)}", flush=True)
-        return short(e)
+        from trajtune.sources.vllm import first_error
+
+        cause = first_error(client.log) if getattr(client, "log", None) else None
+        print(f"  failed: {short(e)}" + (f"; its log's first error: {cause}" if cause else ""), flush=True)
+        return short(e) if cause is None else f"{short(e)}: {cause[:160]}"
     finally:
         runner.close()
 
