@@ -40,6 +40,9 @@ def test_the_first_error_of_a_vllm_log_is_the_cause_not_the_engines_summary(tmp_
     """The lines vLLM's CPU build wrote when its workers met a head size it has no kernel for (shortened)."""
     log = tmp_path / "vllm.log"
     log.write_text(
+        "(APIServer pid=8314) WARNING 12-07 04:11:35 [system_utils.py:255] Found ulimit of 20000 and failed to "
+        "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like "
+        "`OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n\n"
         "(EngineCore pid=7612) INFO 12-07 04:08:57 [core.py:133] Initializing a V1 LLM engine (v0.32.0)\n"
         "/site-packages/vllm/triton_utils/dispatcher.py:138: FutureWarning: `torch.distributed.reduce_op` is "
         "deprecated\n"

@@ -121,16 +121,22 @@ def check_model_runs(model_dir: str | os.PathLike) -> None:
 
 
 ERROR_LINE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): (\S.*)$")
+NOT_AN_ERROR = re.compile(r"\) (?:DEBUG|INFO|WARNING) \d\d-\d\d ")
+"""vLLM's prefix of a log line below ERROR level (`(APIServer pid=1) WARNING 12-07 04:11:35 [file:line] ...`): its
+warnings name errors that did not happen (`... fd limit errors like OSError: [Errno 24] Too many open files`)"""
 
 
 def first_error(log: str | os.PathLike) -> str | None:
     """The first `SomethingError: message` line of a vLLM log (its prefix `(Worker pid=..) ERROR .. [file:line]`
-    dropped): where a failed engine says why, above the tracebacks of every process that stopped after it."""
+    dropped; vLLM's DEBUG / INFO / WARNING lines skipped): where a failed engine says why, above the tracebacks of
+    every process that stopped after it."""
     try:
         text = Path(log).read_text(errors="replace")
     except OSError:
         return None
     for line in text.splitlines():
+        if NOT_AN_ERROR.search(line):
+            continue
         m = ERROR_LINE.search(line.split("] ", 1)[-1])
         if m and not line.lstrip().startswith("Traceback"):
             return f"{m.group(1)}: {m.group(2).strip()}"
