@@ -100,7 +100,7 @@ def test_value_head_saved_and_restored(model_dir, tmp_path):
 
 
 def test_missing_or_non_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(ModelPathError, match="no such directory.*local paths only"):
+    with pytest.raises(ModelPathError, match="no such directory or file; a model is a local Hugging Face folder"):
         load_policy(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelPathError, match="not a Hugging Face model directory"):

@@ -80,6 +80,6 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["merge", str(a), str(b), "--out", str(tmp_path / "m")]) == 0
     assert (tmp_path / "m" / "model.safetensors").exists()
     assert main(["merge", str(a), str(tmp_path / "nope"), "--out", str(tmp_path / "n")]) == 2
-    assert "is not a model directory" in capsys.readouterr().err
+    assert "nope: no such directory or file" in capsys.readouterr().err
     assert main(["merge", str(a), str(b), "--method", "task_arithmetic", "--out", str(tmp_path / "t")]) == 2
     assert "needs the base" in capsys.readouterr().err and not (tmp_path / "t").exists()

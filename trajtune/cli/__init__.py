@@ -9,6 +9,7 @@
     trajtune list                         # built-in recipes with one-line descriptions
     trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
     trajtune decontaminate --train F --eval F   # evaluation rows sharing 8 words / 50 characters with training data
+    trajtune models fetch smollm2-135m    # a real model into the cache (--model smollm2-135m then works everywhere)
 """
 
 from __future__ import annotations
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .merge import add_merge_parser  # `trajtune merge A B --out DIR`: weight interpolation, task arithmetic
 
     add_merge_parser(sub)
+    from .models import add_models_parser  # `trajtune models list|fetch`: the catalog (smollm2-135m) and the cache
+
+    add_models_parser(sub)
     return p
 
 

@@ -38,7 +38,9 @@ def add_chat_parser(subparsers) -> None:
     """Add `chat` to the `trajtune` subcommands."""
     p = subparsers.add_parser("chat", help="HF model: talk to a trained model (its own chat template and stop tokens)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="DIR", help="local Hugging Face model directory (e.g. runs/sft/model)")
+    p.add_argument("--model", required=True, metavar="MODEL", help="a local Hugging Face model folder (e.g. "
+                   "runs/sft/model), a hub id (org/name), a .gguf file or a catalog name (smollm2-135m; "
+                   "`trajtune models list`)")
     p.add_argument("--prompt", action="append", metavar="TEXT",
                    help="a prompt to answer and exit (repeatable; each one a fresh conversation). Without it: "
                         "a REPL on a terminal, else one prompt per stdin line")
@@ -118,7 +120,7 @@ class ConversationTooLong(ConfigError):
 
 def load_chat(model_dir: str, settings: Settings) -> Chat:
     """Load tokenizer, chat template and model from `model_dir`; every failure a ConfigError naming it."""
-    from ..models.hf import ModelPathError, load_policy, load_tokenizer
+    from ..models.hf import ModelPathError, check_model_dir, load_policy, load_tokenizer
     from ..text.chat import ChatRenderer, TemplateError
 
     device = check_device(settings.device)
@@ -129,6 +131,7 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
     except ImportError:  # pragma: no cover
         pass
     try:
+        model_dir = str(check_model_dir(model_dir))  # a hub id / .gguf / catalog name -> its folder, once
         tokenizer = load_tokenizer(model_dir)
         renderer = ChatRenderer(tokenizer)
         policy = None if settings.backend == "vllm" else load_policy(model_dir)  # vLLM loads its own copy

@@ -95,7 +95,8 @@ def add_rm_eval_parser(subparsers) -> None:
 
     p = subparsers.add_parser("rm-eval", help="HF model: a reward model's pair accuracy and margin on held-out pairs",
                               description=rm_eval.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="a reward model directory saved by `trajtune rm` (its model/)")
+    p.add_argument("--model", required=True, help="a reward model: the model/ folder `trajtune rm` saved (or a hub "
+                   "id, .gguf file or catalog name that resolves to one)")
     p.add_argument("--data", required=True, help="preference rows ('prompt'/'chosen'/'rejected', optional 'category' "
                    "and 'margin'): .jsonl, .json, .parquet or a save_to_disk directory")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
@@ -198,12 +199,13 @@ def cmd_hf(args) -> int:
     """Build the command's config from its flags and run the experiment's recipe path (`run_method`) in
     its run directory, under the commands' policy (`hf_run_dir`)."""
     from ..engine.distributed import init_distributed, is_main
-    from ..experiments.hf.common import run_method
+    from ..experiments.hf.common import resolve_models, run_method
 
     module = importlib.import_module(METHODS[args.hf_command])
     config = config_from_args(args, module.Config)
     _quiet_transformers()
     init_distributed()  # under torchrun: join the process group (every rank runs the same stage)
+    resolve_models(config)  # --model smollm2-135m -> its folder, before the run directory compares configs
     run_dir = hf_run_dir(args, config)
     if args.dry_run:
         run_dir.check_free()

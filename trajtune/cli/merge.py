@@ -20,7 +20,8 @@ from ..config import ConfigError
 def add_merge_parser(subparsers) -> None:
     p = subparsers.add_parser("merge", help="merge checkpoints of one architecture (linear, task arithmetic, slerp)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("models", nargs="+", metavar="MODEL", help="model directories (trajtune or Hugging Face)")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="model directories (trajtune or Hugging Face), hub ids "
+                   "(org/name), .gguf files or catalog names (smollm2-135m; `trajtune models list`)")
     p.add_argument("--out", required=True, help="the merged model's directory (must not exist)")
     p.add_argument("--method", default="linear", choices=("linear", "task_arithmetic", "slerp"),
                    help="linear: sum w_i theta_i; task_arithmetic: base + sum w_i (theta_i - base); slerp: two models")
@@ -33,11 +34,14 @@ def add_merge_parser(subparsers) -> None:
 
 def run_merge(args) -> int:
     from ..checkpoint import CheckpointError
+    from ..models.hub import ModelPathError, resolve_model
     from ..models.merging import merge_dirs
 
     try:
-        out = merge_dirs(args.models, args.out, args.method, args.weights, args.base, args.t)
-    except (ValueError, FileExistsError, CheckpointError) as e:  # the user's input: exit 2, one line
+        models = [resolve_model(m) for m in args.models]  # a hub id / .gguf / catalog name -> its folder
+        base = resolve_model(args.base) if args.base else None
+        out = merge_dirs(models, args.out, args.method, args.weights, base, args.t)
+    except (ValueError, FileExistsError, CheckpointError, ModelPathError) as e:  # the user's input: exit 2, one line
         raise ConfigError(str(e)) from None
     print(f"merged {len(args.models)} models ({args.method}) into {out}")
     return 0

@@ -30,7 +30,9 @@ def add_vllm_serve_parser(subparsers) -> None:
     p = subparsers.add_parser("vllm-serve", help="HF model: a vLLM server that trainers sample from and sync weights to "
                               "(--backend vllm --vllm-server URL)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, metavar="DIR", help="local Hugging Face model directory the trainer starts from")
+    p.add_argument("--model", required=True, metavar="MODEL", help="the model the trainer starts from: a local Hugging "
+                   "Face model folder, a hub id (org/name), a .gguf file or a catalog name (smollm2-135m; "
+                   "`trajtune models list`)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for other machines)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
@@ -80,7 +82,7 @@ def run_vllm_serve(args) -> int:
     from ..sources.vllm import check_model_runs, import_vllm
 
     try:
-        check_model_dir(args.model)
+        args.model = str(check_model_dir(args.model))  # vLLM loads the resolved local folder, never the spec
         import_vllm()
         check_model_runs(args.model)
     except (ConfigError, ModelPathError) as e:

@@ -25,6 +25,7 @@ imports them.
     hf_gym          RL of an HF model in a multi-turn gym (BugFix, TextArena); sampler, generate or vLLM  hf_gym.py
     graders         the RLHF book, part 1: judges, rubrics, AI feedback, ORM/PRM, over-optimization, evals  graders/
     rlhf_book       the RLHF book's Suggested Experiments (S4, S6, S8, S9, S12) with verdicts      rlhf_book/
+    smollm2         SmolLM2-135M-Instruct (real, pretrained) learns arithmetic: warm start -> GRPO, over seeds  smollm2/
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ EXPERIMENTS: dict[str, str] = {
     "hf_gym": "trajtune.experiments.hf_gym",
     "graders": "trajtune.experiments.graders",
     "rlhf_book": "trajtune.experiments.rlhf_book",
+    "smollm2": "trajtune.experiments.smollm2",
 }
 
 

@@ -122,10 +122,12 @@ def check_model(config: Config) -> None:
     if not config.model.path:
         raise ConfigError("hf_gym: config.model.path is empty; give a local Hugging Face model directory: "
                           "trajtune run hf_gym --set config.model.path=DIR")
-    try:
-        check_model_dir(config.model.path)
+    try:  # a hub id / .gguf / catalog name -> its folder, once: what loads and what vLLM is given
+        folder = check_model_dir(config.model.path)
     except ModelPathError as e:
         raise ConfigError(f"hf_gym: config.model.path: {e}") from None
+    if folder != Path(config.model.path).expanduser():
+        config.model.path = str(folder)
 
 
 # --- the gym's pieces (picklable: a sampler process builds its environments from them) ----------

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs behind the TinyTransformer contract (local paths only, optional LoRA).
+"""Hugging Face causal LMs behind the TinyTransformer contract (optional LoRA).
 
 `HFPolicy` wraps any `AutoModelForCausalLM` so the sampler, the engine and every
 algorithm loop use it exactly like `TinyTransformer`:
@@ -15,9 +15,11 @@ logits for the same real tokens. With a cache, `ids` are the next t tokens of
 every row; `attention_mask` marks which of them are real, and the cache keeps
 the mask of everything before them.
 
-Nothing here touches the network: models and tokenizers load with
-`local_files_only=True`, and a path that is missing or holds no model fails with
-a message that says so.
+Models and tokenizers load from a local folder with `local_files_only=True`; what
+`--model` names (a folder, a hub id, a .gguf file, a catalog name such as
+smollm2-135m) becomes that folder in `check_model_dir` (`trajtune.models.hub`:
+the only place that may download or convert), and a spec that names no model
+fails with one line that says so.
 
 LoRA (peft): `load_policy(..., lora=LoraSettings(r=16))` freezes the base
 weights and trains adapters. The KL / DPO reference is then the base model with
@@ -48,12 +50,9 @@ import torch.nn as nn
 
 from ..checkpoint import atomic_dir, load_tensors, save_tensors
 from ..logprobs import SharedPrefix, TokenHead
+from .hub import ModelPathError, resolve_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelPathError(FileNotFoundError):
-    """A model path that does not exist or does not hold a Hugging Face model."""
 
 
 @dataclass
@@ -76,14 +75,10 @@ class LoraSettings:
 
 
 def check_model_dir(path: str | os.PathLike) -> Path:
-    """`path` as a Path if it is a directory with a config.json; otherwise a clear error."""
-    p = Path(path)
-    if not p.exists():
-        raise ModelPathError(f"{p}: no such directory (trajtune loads models from local paths only; no hub downloads)")
-    if not p.is_dir() or not (p / "config.json").exists():
-        raise ModelPathError(f"{p}: not a Hugging Face model directory (no config.json); "
-                             "save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir)")
-    return p
+    """The local Hugging Face folder (config.json) that `path` names: the folder itself, or what a hub id, a .gguf
+    file or a catalog name resolves to (`trajtune.models.hub.resolve_model`: may download or convert, once);
+    otherwise a `ModelPathError` saying what was tried."""
+    return resolve_model(path)
 
 
 def _tokenizer_file(name: str) -> bool:

@@ -79,8 +79,10 @@ class ChatRenderer:
     def __init__(self, tokenizer, tools: list[dict] | None = None, stop_ids: Sequence[int] | None = None,
                  template_kwargs: Mapping[str, Any] | None = None):
         if not getattr(tokenizer, "chat_template", None):
-            raise TemplateError("the tokenizer has no chat_template; set tokenizer.chat_template (a Jinja string) "
-                                "or use a model directory whose tokenizer_config has one")
+            raise TemplateError("the tokenizer has no chat_template (a base model?), and every row is rendered with "
+                                "the model's own template: use an instruct model, or give this one a template "
+                                "(tokenizer.chat_template = '<a Jinja string>'; tokenizer.save_pretrained(DIR) "
+                                "writes it to chat_template.jinja)")
         self.tokenizer = tokenizer
         self.tools = tools
         self.template_kwargs = dict(template_kwargs or {})

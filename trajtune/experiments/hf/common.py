@@ -174,7 +174,13 @@ def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "") 
     final = ctx.run_dir / home / "model"
     save_pretrained(engine, policy, final, tokenizer, {"command": ctx.name, "steps": engine.step})
     last = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("time", "stage")}
-    return {"model": str(final), "steps": engine.step, "last": last}
+    results = {"model": str(final), "steps": engine.step, "last": last}
+    base = getattr(getattr(getattr(ctx, "config", None), "model", None), "path", "")
+    if base:
+        from ...models.hub import provenance
+
+        results["base_model"] = {"path": str(base), **({"source": provenance(base)} if provenance(base) else {})}
+    return results
 
 
 def check_trained(engine, history: list[dict], main: bool = True) -> None:
@@ -214,11 +220,13 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
     nothing. A user's mistake (a bad row, a missing file or model, an unusable device) is a `ConfigError`
     naming it."""
     from ...engine.distributed import is_main
+    from ...models.hub import given_as
     from ...runs.rundir import RunDir
     from ...runs.stages import Stage, StageOptions, run_stages
 
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     name = stage_name(config)
+    resolve_models(config)
     with run_dir.lock():
         run_dir.check(config, [name])
         prepared = check(config, run_dir.path, prepare)
@@ -230,13 +238,46 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
         if is_main():
             from ...runs.report import write_run_report
 
-            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from "
-                     f"`{config.model.path}` on `{config.data}`\n\n" + settings_text(config))
-            report = write_run_report(run_dir.path, f"{name} on {config.model.path}", intro)
+            origin, about = model_origin(config.model.path)
+            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from {origin} on "
+                     f"`{config.data}`{about}\n\n" + settings_text(config))
+            report = write_run_report(run_dir.path, f"{name} on {given_as(config.model.path) or config.model.path}",
+                                      intro)
             print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
                   f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
                   flush=True)
     return report
+
+
+def resolve_models(config) -> None:
+    """Every model a run names (--model, --reward-model, --reward-judge) resolved, in place, to its local folder
+    (`trajtune.models.hub.resolve_model`: a hub id, a .gguf file or a catalog name such as smollm2-135m becomes
+    the folder it is fetched or converted into, once), so that what loads, what vLLM is given and what
+    config.json records is that folder. A local folder stays as the user wrote it; a second call changes nothing."""
+    from ...models.hub import resolve_model
+
+    def folder(spec: str) -> str:
+        path = resolve_model(spec) if spec else None
+        return spec if path is None or path == Path(spec).expanduser() else str(path)
+
+    with user_errors():
+        config.model.path = folder(config.model.path)
+        if isinstance(getattr(config, "reward_model", None), list):
+            config.reward_model = [folder(m) for m in config.reward_model]
+        if getattr(config, "reward_judge", ""):
+            config.reward_judge = folder(config.reward_judge)
+
+
+def model_origin(path: str) -> tuple[str, str]:
+    """How a run report names the model it started from -> (`spec` (the folder it resolved to), and for a converted
+    checkpoint a paragraph saying what it is: `trajtune.models.hub.provenance`, e.g. a dequantized Q4_1 GGUF)."""
+    from ...models.hub import given_as, provenance
+
+    spec = given_as(path)
+    source = provenance(path) or {}
+    about = (f"\n\nthe starting model: {source.get('note', '')}" + (f"; license {source['license']}" if
+                                                                    source.get("license") else "")) if source else ""
+    return (f"`{spec}` (`{path}`)" if spec else f"`{path}`"), about
 
 
 def settings_text(config) -> str:
@@ -298,7 +339,9 @@ def preflight(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) 
     """A method's `dry_run` hook (`--dry-run`, `trajtune run --dry-run`): every check `run_method` makes
     before the model loads (device, trackers, the model's config and tokenizer, every row and length, the
     reward functions), nothing written, and a line saying what would run. (The run directory's policy is
-    the caller's: `RunDir.check`.)"""
+    the caller's: `RunDir.check`.) A model spec is resolved as the run resolves it (`resolve_models`): a first
+    fetch or conversion fills the model cache, never the run directory."""
+    resolve_models(config)
     prepared = check(config, Path(run_dir), prepare)
     total = total_steps(dataclasses.replace(config, **getattr(prepared, "overrides", {})))
     return (f"dry run: the {len(prepared.items)} training items from {config.data} are valid, the model "

