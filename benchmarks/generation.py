@@ -136,16 +136,13 @@ def chat_prompts(model_dir: Path):
 
 
 def resolve(spec: str) -> Path:
-    """--model: `trajtune.models.hub.resolve_model(spec)` where trajtune has it, else a folder path."""
+    """--model: `trajtune.models.hub.resolve_model(spec)` (a folder, a hub id, a .gguf file, a catalog name)."""
+    from trajtune.models.hub import ModelPathError, resolve_model
+
     try:
-        from trajtune.models.hub import resolve_model
-    except ImportError:
-        path = Path(spec).expanduser()
-        if not (path / "config.json").exists():
-            sys.exit(f"generation.py: --model {spec}: no Hugging Face folder there (config.json), and this trajtune "
-                     "resolves no names (trajtune.models.hub)")
-        return path
-    return Path(resolve_model(spec))
+        return Path(resolve_model(spec))
+    except ModelPathError as e:
+        sys.exit(f"generation.py: --model {spec}: {e}")
 
 
 def load() -> str:

