@@ -4,6 +4,7 @@
     python benchmarks/generation.py --sizes small --shapes 8x16 --repeats 1 --grpo-shape 2x4x8   # a smoke run
     python benchmarks/generation.py --threads 1 --clock cpu          # on a busy machine: CPU seconds
     python benchmarks/generation.py --backends sampler generate vllm # no server column
+    python benchmarks/generation.py --model smollm2-135m --shapes 64x64 8x256 --threads 1 --clock cpu  # a real model
 
 Table 1, tokens/s (random Llamas built from a config, nothing downloaded; the same prompts, 8-24 random token
 ids each, sampling at temperature 1, NO stop token: every row writes every token, so each backend writes
@@ -20,6 +21,16 @@ of 2 rows first for every backend). Ratios: vllm / sampler and server / sampler 
 build refuses head size 16 ("tiny": hidden 64, 4 heads): its cells then say so. Sizes: tiny (0.10M), small
 (3.0M), flop (vs_trl.py's FLOP row: 20.5M, hidden 384, 6 layers, vocab 16,384), 100m (hidden 768, 12 layers,
 MLP 2048, 12 heads, vocab 16,384: ~98M).
+
+--model SPEC: a real model instead of the random sizes (one row per shape, named by SPEC): a Hugging Face folder,
+or a name `trajtune.models.hub.resolve_model` resolves (`smollm2-135m`: `trajtune models fetch smollm2-135m` first);
+its prompts are user questions in its own chat template (`apply_chat_template`, generation prompt added; 30-45
+tokens with SmolLM2's default system turn), the same for every backend. Table 2 on it: --grpo-sizes model.
+--vllm-memory: vLLM's --gpu-memory-utilization (on its CPU build the share of this machine's memory it takes for
+weights and KV cache; default 0.3).
+
+Every cell's line prints the 1-minute load average before and after it: a cell measured under load other
+processes made is not the code's speed (compare within a row, and rerun on an idle machine).
 
 --clock cpu: CPU seconds of this process AND its child processes (vLLM's engine core, the server; psutil,
 recursive), so vLLM's work counts; with --threads 1 a cell is roughly what one core does.
@@ -100,9 +111,42 @@ def make_model(d: Path, size: str) -> Path:
 
 
 def prompts_for(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
+    """n random prompts of 8-24 token ids (a random model: any ids are as good as text)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, min(vocab, 512), (int(k),), generator=g).tolist()
             for k in torch.randint(8, 25, (n,), generator=g)]
+
+
+def chat_prompts(model_dir: Path):
+    """-> prompts(n, seed): n user questions in the model's own chat template (a real model: text it reads)."""
+    from trajtune.models.hf import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+
+    def prompts(n: int, seed: int = 0) -> list[list[int]]:
+        g = torch.Generator().manual_seed(seed)
+        out = []
+        for a, b in torch.randint(2, 100, (n, 2), generator=g).tolist():
+            ids = tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}? Explain each step."}],
+                                          tokenize=True, add_generation_prompt=True)
+            out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+        return out
+
+    return prompts
+
+
+def resolve(spec: str) -> Path:
+    """--model: `trajtune.models.hub.resolve_model(spec)` (a folder, a hub id, a .gguf file, a catalog name)."""
+    from trajtune.models.hub import ModelPathError, resolve_model
+
+    try:
+        return Path(resolve_model(spec))
+    except ModelPathError as e:
+        sys.exit(f"generation.py: --model {spec}: {e}")
+
+
+def load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
 
 
 def timed(fn, repeats: int, before=None):
@@ -117,16 +161,19 @@ def timed(fn, repeats: int, before=None):
     return best, out
 
 
-def measure(sample, shapes, vocab, repeats, reset=None) -> dict:
-    """{shape: (tokens, tokens/s)} of `sample(prompts, n, generator)`, one warm-up call first."""
-    sample(prompts_for(vocab, 2, seed=99), 4, torch.Generator().manual_seed(0))
+def measure(sample, shapes, prompts_fn, repeats, reset=None) -> dict:
+    """{shape: (tokens, tokens/s)} of `sample(prompts, n, generator)` on `prompts_fn(b, seed)`, one warm-up call
+    first."""
+    sample(prompts_fn(2, 99), 4, torch.Generator().manual_seed(0))
     out = {}
     for b, n in shapes:
-        prompts = prompts_for(vocab, b)
+        prompts = prompts_fn(b, 0)
+        before = load()
         t, s = timed(lambda: sample(prompts, n, torch.Generator().manual_seed(1)), repeats, reset)
         toks = sum(len(x) for x in s.tokens)
         out[(b, n)] = (toks, toks / t)
-        print(f"  {b}x{n}: {toks} tokens, {toks / t:,.0f} tok/s", flush=True)
+        print(f"  {b}x{n}: {toks} tokens, {toks / t:,.0f} tok/s (load average {before} before, {load()} after)",
+              flush=True)
     return out
 
 
@@ -139,6 +186,20 @@ def short(e: BaseException) -> str:
     return f"{type(e).__name__}: {s[:160]}"
 
 
+def vllm_refuses(model_dir: Path) -> str | None:
+    """Why vLLM cannot run `model_dir` here, known before it starts (`trajtune.sources.vllm.check_model_runs`:
+    its CPU build's head sizes), short for a table cell; None: it may."""
+    from trajtune.config import ConfigError
+    from trajtune.sources.vllm import check_model_runs
+
+    try:
+        check_model_runs(model_dir)
+    except ConfigError as e:
+        head = str(e).split("its head size is ")[-1].split()[0]
+        return f"refused: vLLM's CPU attention has no head size {head}"
+    return None
+
+
 # --- the vLLM server ---------------------------------------------------------------------------------
 def free_port() -> int:
     with socket.socket() as s:
@@ -149,12 +210,12 @@ def free_port() -> int:
 class Server:
     """`python -m trajtune vllm-serve --model DIR --port P` in a session of its own; up when GET /health answers."""
 
-    def __init__(self, model_dir: Path, log: Path, timeout: float = 300.0):
+    def __init__(self, model_dir: Path, log: Path, timeout: float = 300.0, memory: float = 0.3):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "w")
         cmd = [sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(model_dir), "--port", str(self.port),
-               "--dtype", "float32", "--gpu-memory-utilization", "0.3"]  # the trainer's fp32 (vLLM's "auto" would take a float32 checkpoint to 16 bits)
+               "--dtype", "float32", "--gpu-memory-utilization", str(memory)]  # the trainer's fp32 (vLLM's "auto" would take a float32 checkpoint to 16 bits)
         if not torch.cuda.is_available():
             cmd += ["--", "--enforce-eager"]  # as Colocated on a CPU: no torch.compile warm-up (minutes on 2 cores)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -198,47 +259,50 @@ def tokens_per_s(size: str, model_dir: Path, args, work: Path) -> dict:
     res: dict = {}
     policy = load_policy(model_dir).eval()
     vocab = policy.base_config.vocab_size
+    prompts_fn = chat_prompts(model_dir) if args.model else (lambda n, seed: prompts_for(vocab, n, seed))
     engine = make_engine(policy)
     for backend in ("sampler", "generate"):
         if backend in args.backends:
             print(f"[{size}] {backend}", flush=True)
             kw = dict(draw="cdf") if backend == "sampler" else {}
             res[backend] = measure(lambda p, n, g: engine.sample(p, n, g, backend=backend, stop_ids=(), **kw),
-                                   args.shapes, vocab, args.repeats)
-    head = policy.base_config.hidden_size // policy.base_config.num_attention_heads
+                                   args.shapes, prompts_fn, args.repeats)
     engine = policy = None  # free them before vLLM starts
-    if head == 16 and not torch.cuda.is_available():  # checked before spending vLLM's start-up on it
+    refused = vllm_refuses(model_dir)  # checked before spending vLLM's start-up on it
+    if refused:
         for b in ("vllm", "server"):
             if b in args.backends:
-                res[b] = "refused: vLLM's CPU attention has no head size 16"
+                res[b] = refused
                 print(f"[{size}] {b}: {res[b]}", flush=True)
         return res
     if "vllm" in args.backends:
         print(f"[{size}] vllm colocated", flush=True)
-        res["vllm"] = with_vllm(lambda: colocated(model_dir), args, vocab)
+        res["vllm"] = with_vllm(lambda: colocated(model_dir, args.vllm_memory), args, prompts_fn)
     if "server" in args.backends:
         print(f"[{size}] vllm server", flush=True)
-        res["server"] = with_vllm(lambda: served(model_dir, work / f"server-{size}.log"), args, vocab)
+        res["server"] = with_vllm(lambda: served(model_dir, work / f"server-{size}.log", args.vllm_memory), args,
+                                  prompts_fn)
     return res
 
 
-def colocated(model_dir: Path):
+def colocated(model_dir: Path, memory: float):
     from trajtune.sources.vllm import Colocated
 
-    client = Colocated(model_dir, dtype="float32", max_model_len=512)
+    client = Colocated(model_dir, dtype="float32", max_model_len=512, gpu_memory_utilization=memory)
     return client, (lambda: client.llm.reset_prefix_cache())
 
 
-def served(model_dir: Path, log: Path):
+def served(model_dir: Path, log: Path, memory: float):
     from trajtune.sources.vllm import Servers
 
-    server = Server(model_dir, log)
+    server = Server(model_dir, log, memory=memory)
     print(f"  server up in {server.start_s:.0f} s at {server.url}", flush=True)
     try:
         client = Servers([server.url])
     except BaseException:
         server.close()
         raise
+    client.log = log  # the server's output: its first error names why a cell failed
     close = client.close
 
     def close_both():
@@ -251,7 +315,7 @@ def served(model_dir: Path, log: Path):
     return client, (lambda: client._call(server.url, "POST", "/reset_prefix_cache", None))
 
 
-def with_vllm(start, args, vocab):
+def with_vllm(start, args, prompts_fn):
     from trajtune.sources.vllm import VLLMRunner
 
     try:
@@ -263,10 +327,14 @@ def with_vllm(start, args, vocab):
         return short(e)
     runner = VLLMRunner(None, client, tolerance=1e-3)
     try:
-        return measure(lambda p, n, g: runner.sample(p, n, g, stop_ids=()), args.shapes, vocab, args.repeats, reset)
+        return measure(lambda p, n, g: runner.sample(p, n, g, stop_ids=()), args.shapes, prompts_fn, args.repeats,
+                       reset)
     except Exception as e:  # noqa: BLE001
-        print(f"  failed: {short(e)}", flush=True)
-        return short(e)
+        from trajtune.sources.vllm import first_error
+
+        cause = first_error(client.log) if getattr(client, "log", None) else None
+        print(f"  failed: {short(e)}" + (f"; its log's first error: {cause}" if cause else ""), flush=True)
+        return short(e) if cause is None else f"{short(e)}: {cause[:160]}"
     finally:
         runner.close()
 
@@ -290,14 +358,14 @@ def grpo_step(model_dir: Path, backend: str, args, work: Path, tag: str) -> dict
             "--steps", str(args.grpo_steps), "--prompts-per-step", str(P), "--group-size", str(G),
             "--max-new-tokens", str(N), "--lr", "1e-5", "--out", str(out), "--overwrite",
             "--backend", "vllm" if backend in ("vllm", "server") else backend]
-    cfg = json.loads((model_dir / "config.json").read_text())
-    if backend in ("vllm", "server") and not torch.cuda.is_available() and \
-            cfg["hidden_size"] // cfg["num_attention_heads"] == 16:
-        return "refused: vLLM's CPU attention has no head size 16"
+    if backend == "vllm":
+        argv += ["--vllm-gpu-memory-utilization", str(args.vllm_memory)]
+    if backend in ("vllm", "server") and (refused := vllm_refuses(model_dir)):
+        return refused
     server = None
     try:
         if backend == "server":
-            server = Server(model_dir, work / f"server-grpo-{tag}.log")
+            server = Server(model_dir, work / f"server-grpo-{tag}.log", memory=args.vllm_memory)
             argv += ["--vllm-server", server.url]
         code = main(argv)
     except BaseException as e:  # noqa: BLE001
@@ -354,7 +422,8 @@ def print_tables(results: dict, grpo: dict, args, params: dict) -> None:
                 x = rate[b]
                 return f"{x / own:.2f}x" if isinstance(x, float) and isinstance(own, float) else "-"
 
-            print(f"| {size} | {params[size] / 1e6:.2f}M | {shape[0]}x{shape[1]} | {counts} | "
+            print(f"| {args.model if size == 'model' else size} | {params[size] / 1e6:.2f}M | {shape[0]}x{shape[1]} | "
+                  f"{counts} | "
                   + " | ".join(cell(rate[b]) for b in BACKENDS)
                   + f" | {ratio('generate')} | {ratio('vllm')} | {ratio('server')} |")
     if grpo:
@@ -363,6 +432,7 @@ def print_tables(results: dict, grpo: dict, args, params: dict) -> None:
         print("| size | backend | step s | sampling s | sync s | policy tokens / episode | sync/logprob_diff |")
         print("|---|---|---|---|---|---|---|")
         for (size, backend), r in grpo.items():
+            size = args.model if size == "model" else size
             if isinstance(r, str):
                 print(f"| {size} | {backend} | {r} | | | | |")
             else:
@@ -392,9 +462,20 @@ def main() -> None:
     ap.add_argument("--grpo-shape", type=lambda s: parse_shape(s, 3), default=(8, 8, 64),
                     help="prompts x group x max new tokens of table 2")
     ap.add_argument("--grpo-steps", type=int, default=3, help="steps per GRPO run (the first is not counted)")
-    ap.add_argument("--grpo-sizes", nargs="*", choices=SIZES, default=None,
-                    help="sizes of table 2 (default: --sizes; none: skip table 2)")
+    ap.add_argument("--grpo-sizes", nargs="*", choices=SIZES + ("model",), default=None,
+                    help="sizes of table 2 (default: --sizes, none with --model; none: skip table 2; model: --model's)")
+    ap.add_argument("--model", default="", metavar="SPEC",
+                    help="a real model instead of --sizes: a Hugging Face folder or a name trajtune.models.hub "
+                         "resolves (smollm2-135m); prompts in its chat template")
+    ap.add_argument("--vllm-memory", type=float, default=0.3,
+                    help="vLLM's --gpu-memory-utilization (its CPU build: the share of this machine's memory it takes)")
     args = ap.parse_args()
+    model_dir = resolve(args.model) if args.model else None
+    if model_dir is not None:
+        args.sizes = ["model"]
+        args.grpo_sizes = args.grpo_sizes if args.grpo_sizes is not None else []
+    elif "model" in (args.grpo_sizes or []):
+        ap.error("--grpo-sizes model needs --model")
     global CLOCK
     CLOCK = cpu_clock if args.clock == "cpu" else time.perf_counter
     if args.threads:
@@ -414,22 +495,22 @@ def main() -> None:
         vv = f"not importable ({type(e).__name__})"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"# generation benchmark: torch {torch.__version__}, transformers {tv}, vllm {vv}; {cores} cores, "
-          f"{torch.get_num_threads()} torch threads, {args.clock} clock, load average "
-          f"{os.getloadavg()[0]:.1f}; fp32, CPU: vLLM's CPU build with enforce_eager. Wall times on a shared "
+          f"{torch.get_num_threads()} torch threads, {args.clock} clock, load average {load()}; fp32, CPU: vLLM's CPU build with enforce_eager. Wall times on a shared "
           "machine measure its load as much as the code: compare the ratios, and rerun on an idle machine.",
           flush=True)
     results, grpo, params = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as d:
         work = Path(d)
         for size in dict.fromkeys(list(args.sizes) + list(grpo_sizes)):
-            model_dir = make_model(work, size)
+            model_dir = make_model(work, size) if size != "model" else model_dir
             cfg = json.loads((model_dir / "config.json").read_text())
             from transformers import AutoConfig, AutoModelForCausalLM
 
             with torch.device("meta"):
                 m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
             params[size] = sum(p.numel() for p in m.parameters())
-            print(f"\n[{size}] {params[size] / 1e6:.2f}M params, hidden {cfg['hidden_size']}, "
+            print(f"\n[{size}] {model_dir if size == 'model' else ''} {params[size] / 1e6:.2f}M params, "
+                  f"hidden {cfg['hidden_size']}, "
                   f"{cfg['num_hidden_layers']} layers, head size {cfg['hidden_size'] // cfg['num_attention_heads']}, "
                   f"vocab {cfg['vocab_size']}", flush=True)
             if size in args.sizes:
@@ -440,6 +521,7 @@ def main() -> None:
                     grpo[(size, backend)] = r = grpo_step(model_dir, backend, args, work, f"{size}-{backend}")
                     print(f"  {r}", flush=True)
     print_tables(results, grpo, args, params)
+    print(f"\nload average at the end: {load()}")
 
 
 if __name__ == "__main__":

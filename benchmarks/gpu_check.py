@@ -1,7 +1,14 @@
-"""A prepared check for one CUDA machine (< 4 minutes): sampling tokens/s and `trajtune grpo` on the GPU.
+"""A prepared check for one CUDA machine (a few minutes): the real model's tokens/s and `trajtune grpo` on the GPU.
 
-    PYTHONPATH=. python3 benchmarks/gpu_check.py                    # on the CUDA machine, from the repo root
-    PYTHONPATH=. python3 benchmarks/gpu_check.py --device cpu --quick   # the same steps, smallest sizes, on a CPU
+    PYTHONPATH=. python3 benchmarks/gpu_check.py                          # on the CUDA machine, from the repo root
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --model DIR              # the model's folder, where no name resolves
+    PYTHONPATH=. python3 benchmarks/gpu_check.py --device cpu --quick     # the same steps, small shapes, on a CPU
+
+The model: SmolLM2-135M-Instruct (Apache-2.0; a dequantized Q4_1 GGUF, not the bf16 original), found through
+`trajtune.models.hub.resolve_model(--model)` (default `smollm2-135m`: the folder `trajtune models fetch
+smollm2-135m` converted; a .gguf file is converted on first use) where this trajtune has it, else --model must
+be the converted folder. A device machine that reaches no registry needs the model brought along: the
+converted folder (538 MB) or the GGUF (98 MB; `--model FILE.gguf`, converted there in ~30 s).
 
 Needs torch and transformers (peft only if trajtune imports it); trajtune is imported from the repository
 (no pip install, no `trajtune` console script: `trajtune.cli.main` in this process). vLLM is optional. Every
@@ -11,19 +18,19 @@ error and the next one runs; the summary table at the end lists every result.
 Steps:
   1. versions: torch, transformers, the GPU's name, whether `import vllm` works (if not, the vLLM rows are
      skipped: reason printed);
-  2. random Llamas on disk in a temporary directory: small (3.0M), flop (20.5M: benchmarks/vs_trl.py's FLOP row),
-     100m (~98M: hidden 768, 12 layers, MLP 2048, vocab 16,384); --quick: tiny (0.10M) only;
+  2. the model: its folder, layers, head size, where it came from (`trajtune.models.hub.provenance`);
   3. tokens/s of trajtune's sampler (`engine.sample(backend="sampler", draw="cdf")`) and HF generate
-     (`backend="generate"`) on the device, fp32 and bf16 autocast, 64 prompts x 64 new tokens, no stop token
-     (every row writes every token; the count is checked), best of 2 after one warm-up call;
-  4. `trajtune grpo --device DEV --precision bf16` on the flop model (--quick: tiny), 8 prompts x 8 completions of
-     <= 32 new tokens, 3 steps: step times (the interval between consecutive metrics rows; time/sampling_s); then the same with
-     `--max-staleness 1 --tis-cap 2` (the overlapped sampler process, a copy of the weights on the same device,
-     synced and checked after every update): its step times and sync/logprob_diff per step. The sampler
-     process's check compares the sampler's and the trainer's log-probs of a few rows to --sync-tolerance
-     (OverlapConfig.sync_tolerance, 1e-3 by default whatever the precision, unlike --vllm-sync-tolerance, which
-     is 5e-2 in bf16); under bf16 the two forwards need not round alike, so this run passes 0.05 and prints the
-     measured diffs (under 1e-3: the default would have passed);
+     (`backend="generate"`) on the device, fp32 weights and bf16 autocast, 64 prompts x 64 new tokens (--quick:
+     8 x 16), random prompts of 8-24 ids, no stop token (every row writes every token; the count is checked),
+     best of 2 after one warm-up call;
+  4. `trajtune grpo --device DEV --precision bf16` on the model, 8 prompts x 8 completions of <= 32 new tokens,
+     3 steps (--quick: 2 x 4 x 8, 2 steps): step times (the interval between consecutive metrics rows;
+     time/sampling_s); then the same with `--max-staleness 1 --tis-cap 2` (the overlapped sampler process, a
+     copy of the weights on the same device, synced and checked after every update): its step times and
+     sync/logprob_diff per step. The sampler process's check compares the sampler's and the trainer's log-probs
+     of a few rows to --sync-tolerance (OverlapConfig.sync_tolerance, 1e-3 by default whatever the precision,
+     unlike --vllm-sync-tolerance, which is 5e-2 in bf16); under bf16 the two forwards need not round alike, so
+     this run passes 0.05 and prints the measured diffs;
   5. if vLLM is importable: the same grpo with `--backend vllm` (colocated, --vllm-gpu-memory-utilization 0.3)
      and its sync/logprob_diff.
 """
@@ -48,15 +55,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import torch  # noqa: E402
 
-VOCAB = 16_384
-SIZES = {  # name -> (base size of make_random_model, overrides, padded vocab)
-    "tiny": ("tiny", None, 0),
-    "small": ("small", None, 0),
-    "flop": ("tiny", dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=6,
-                          num_key_value_heads=6), VOCAB),
-    "100m": ("tiny", dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-                          num_key_value_heads=12), VOCAB),
-}
+MODEL = "smollm2-135m"
+"""the real model's catalog name (`trajtune models fetch smollm2-135m`)"""
 LOG = None
 SUMMARY: list[tuple[str, str, str]] = []  # (what, setting, result)
 T0 = time.monotonic()
@@ -89,11 +89,19 @@ def guarded(what: str, setting: str = ""):
     return run
 
 
-def make_model(d: Path, size: str) -> Path:
-    from trajtune.models.hf_random import make_random_model
-
-    base, over, vocab = SIZES[size]
-    return make_random_model(d / size, "llama", base, padded_vocab=vocab, overrides=over)
+def resolve(spec: str) -> Path:
+    """The model's local folder: `trajtune.models.hub.resolve_model(spec)` where trajtune has it (a catalog name, a
+    hub id, a .gguf file, a folder), else `spec` as a folder."""
+    try:
+        from trajtune.models.hub import resolve_model
+    except ImportError:
+        path = Path(spec).expanduser()
+        if not (path / "config.json").is_file():
+            raise RuntimeError(f"--model {spec}: no Hugging Face folder there (config.json), and this "
+                             "trajtune resolves no names (trajtune.models.hub): pass --model DIR, the converted "
+                             "folder") from None
+        return path
+    return Path(resolve_model(spec))
 
 
 def sync(device: str) -> None:
@@ -101,7 +109,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def tokens_per_s(model_dir: Path, size: str, device: str, batch: int, new: int) -> None:
+def tokens_per_s(model_dir: Path, name: str, device: str, batch: int, new: int) -> None:
     from trajtune.engine.torch_engine import make_engine
     from trajtune.models.hf import load_policy
 
@@ -122,7 +130,7 @@ def tokens_per_s(model_dir: Path, size: str, device: str, batch: int, new: int) 
                 sync(device)
                 return out
 
-            setting = f"{size} {precision} {backend} {batch}x{new}"
+            setting = f"{name} {precision} {backend} {batch}x{new}"
             try:
                 call(prompts[:2], 4)  # warm-up
                 best, out = float("inf"), None
@@ -191,14 +199,14 @@ def main() -> int:
     global LOG
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    ap.add_argument("--quick", action="store_true", help="the smallest sizes and shapes, fewer steps (a CPU test)")
+    ap.add_argument("--quick", action="store_true", help="small shapes, fewer steps (a CPU test)")
+    ap.add_argument("--model", default=MODEL, help=f"the model (default {MODEL}): a catalog name, hub id or .gguf "
+                    "file trajtune.models.hub resolves, or a converted Hugging Face folder")
     args = ap.parse_args()
     if os.environ.get("OUT"):
         Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         LOG = open(Path(os.environ["OUT"]) / "gpu_check.txt", "w")
     device = args.device
-    sizes = ["tiny"] if args.quick else ["small", "flop", "100m"]
-    grpo_size = "tiny" if args.quick else "flop"
     batch, new = (8, 16) if args.quick else (64, 64)
     steps, shape = (2, (2, 4, 8)) if args.quick else (3, (8, 8, 32))
 
@@ -227,33 +235,42 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="trajtune-gpu-check-") as tmp:
         d = Path(tmp)
-        dirs: dict[str, Path] = {}
+        found: list[Path] = []
 
-        @guarded("make models")
+        @guarded("model", args.model)
         def _():
-            for size in dict.fromkeys(sizes + [grpo_size]):
-                dirs[size] = make_model(d, size)
-                cfg = json.loads((dirs[size] / "config.json").read_text())
-                say(f"  {size}: hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, vocab "
-                    f"{cfg['vocab_size']} -> {dirs[size]}")
+            model_dir = resolve(args.model)
+            cfg = json.loads((model_dir / "config.json").read_text())
+            cfg = cfg.get("text_config", cfg)
+            head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+            try:
+                from trajtune.models.hub import provenance
 
-        for size in sizes:
-            if size in dirs:
-                say(f"\n## tokens/s: {size}")
-                guarded("tokens/s", size)(lambda s=size: tokens_per_s(dirs[s], s, device, batch, new))
-        if grpo_size in dirs:
-            say(f"\n## trajtune grpo, {grpo_size}, bf16, on-policy")
-            guarded("grpo", "bf16 on-policy")(lambda: grpo(d, dirs[grpo_size], f"{grpo_size} bf16 on-policy",
-                                                             device, steps, shape, []))
-            say(f"\n## trajtune grpo, {grpo_size}, bf16, overlapped sampler process")
+                source = provenance(model_dir) or {}
+            except ImportError:
+                source = {}
+            say(f"  {model_dir}: {cfg.get('model_type')}, hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} "
+                f"layers, head size {head}, vocab {cfg['vocab_size']}, dtype {cfg.get('torch_dtype', '?')}"
+                + (f"; from {json.dumps(source)[:300]}" if source else ""))
+            found.append(model_dir)
+            result("model", args.model, str(model_dir))
+
+        if found:
+            model_dir, name = found[0], Path(args.model).name
+            say(f"\n## tokens/s: {name}")
+            guarded("tokens/s", name)(lambda: tokens_per_s(model_dir, name, device, batch, new))
+            say(f"\n## trajtune grpo, {name}, bf16, on-policy")
+            guarded("grpo", "bf16 on-policy")(lambda: grpo(d, model_dir, f"{name} bf16 on-policy", device, steps,
+                                                             shape, []))
+            say(f"\n## trajtune grpo, {name}, bf16, overlapped sampler process")
             guarded("grpo", "bf16 overlapped")(lambda: grpo(
-                d, dirs[grpo_size], f"{grpo_size} bf16 max-staleness 1", device, steps, shape,
+                d, model_dir, f"{name} bf16 max-staleness 1", device, steps, shape,
                 ["--max-staleness", "1", "--tis-cap", "2", "--sync-tolerance", "0.05"]))
             if has_vllm:
-                say(f"\n## trajtune grpo, {grpo_size}, bf16, --backend vllm (colocated)")
-                guarded("grpo", "vllm")(lambda: grpo(d, dirs[grpo_size], f"{grpo_size} bf16 vllm colocated", device,
-                                                     steps, shape, ["--backend", "vllm",
-                                                                    "--vllm-gpu-memory-utilization", "0.3"]))
+                say(f"\n## trajtune grpo, {name}, bf16, --backend vllm (colocated)")
+                guarded("grpo", "vllm")(lambda: grpo(d, model_dir, f"{name} bf16 vllm colocated", device, steps,
+                                                     shape, ["--backend", "vllm", "--vllm-gpu-memory-utilization",
+                                                             "0.3"]))
 
     say(f"\n## summary ({time.monotonic() - T0:.0f} s)\n")
     say("| check | setting | result |")

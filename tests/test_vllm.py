@@ -326,3 +326,44 @@ def test_vllm_serve_on_a_port_in_use_is_one_line(work, capsys):
         assert main(["vllm-serve", "--model", str(work / "model"), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"trajtune vllm-serve: cannot listen on 127.0.0.1:{port}" in err and "pick another with --port" in err
+
+
+def test_a_model_vllms_cpu_build_cannot_run_is_one_line_before_vllm_starts(work, tmp_path, capfd):
+    """A random "tiny" Llama (head size 16): vLLM's CPU build starts, then its workers die at the first sample
+    (~200 lines of tracebacks, minutes in). Refused before vLLM starts instead, naming the head size."""
+    if torch.cuda.is_available():
+        pytest.skip("vLLM's CPU build only")
+    tiny = make_random_model(tmp_path / "tiny", "llama", "tiny")
+    capfd.readouterr()
+    assert main(["grpo", "--model", str(tiny), "--data", str(work / "prompts.jsonl"), "--reward",
+                 f"{work / 'rewards.py'}:has_digit", "--backend", "vllm", "--out", str(tmp_path / "run")]) == 2
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith(f"trajtune: error: --backend vllm: vLLM's CPU build cannot run {tiny}: its head size is "
+                           "16 (hidden_size 64 / 4 heads) and vLLM's CPU attention has kernels for head sizes 32, "), line
+    assert main(["vllm-serve", "--model", str(tiny), "--port", str(_free_port())]) == 2
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith(f"trajtune vllm-serve: vLLM's CPU build cannot run {tiny}: its head size is 16"), line
+
+
+def test_an_engine_that_stops_is_one_line_naming_the_first_error_of_its_log(work, tmp_path, capfd, monkeypatch):
+    """What the check above does not know ends the same way: the tiny Llama with the check off starts an engine
+    whose workers die at the first sample; the run ends in one line naming their error, and the log file it names
+    holds vLLM's whole output (the workers' tracebacks)."""
+    if torch.cuda.is_available():
+        pytest.skip("vLLM's CPU build only")
+    import trajtune.sources.vllm as V
+
+    monkeypatch.setattr(V, "check_model_runs", lambda model_dir: None)
+    tiny = make_random_model(tmp_path / "tiny", "llama", "tiny")
+    capfd.readouterr()
+    assert main(["grpo", "--model", str(tiny), "--data", str(work / "prompts.jsonl"), "--reward",
+                 f"{work / 'rewards.py'}:has_digit", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                 "--max-new-tokens", "4", "--backend", "vllm", "--vllm-gpu-memory-utilization", "0.05",
+                 "--out", str(tmp_path / "run")]) == 1
+    err = capfd.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(f"vLLM: starting an engine on {tiny}; its output goes to "), err
+    log = err[0].split("its output goes to ")[1]
+    assert err[1] == ("trajtune: error: vLLM's engine stopped: RuntimeError: Unsupported CPU attention configuration: "
+                      f"head_dim=16 isa=2 kv_cache_idx=0 (vLLM's whole output: {log})"), err
+    assert "Traceback" in open(log).read()

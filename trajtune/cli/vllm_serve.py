@@ -14,7 +14,7 @@ Several servers (one per GPU or machine) share each step's prompts: list them al
 Anything after `--` goes to `vllm serve` unchanged (e.g. `-- --tensor-parallel-size 2`).
 
 Checks before vLLM starts, each one line naming the fix: vLLM installed and importable, the model
-directory, the port free.
+directory, a model vLLM can run (its CPU build: a head size it has kernels for), the port free.
 """
 
 from __future__ import annotations
@@ -79,11 +79,12 @@ def serve_command(args) -> list[str]:
 def run_vllm_serve(args) -> int:
     from ..config import ConfigError
     from ..models.hf import ModelPathError, check_model_dir
-    from ..sources.vllm import import_vllm
+    from ..sources.vllm import check_model_runs, import_vllm
 
     try:
         args.model = str(check_model_dir(args.model))  # vLLM loads the resolved local folder, never the spec
         import_vllm()
+        check_model_runs(args.model)
     except (ConfigError, ModelPathError) as e:
         print(f"trajtune vllm-serve: {str(e).replace('--backend vllm: ', '')}", file=sys.stderr)
         return 2

@@ -28,6 +28,12 @@ A weight sync (`after_update`, after every optimizer step; rank 0 under torchrun
      log-probs 0.3 nats off while every received tensor was right. Either failure stops the run
      (`SyncError`, one line naming what differed).
 
+When vLLM cannot run the model: what can be known before it starts is checked first (`check_model_runs`: its
+CPU build has attention kernels for some head sizes only), one line, before minutes of start-up. Anything else a
+colocated engine meets ends in one line too: its engine core and workers write their output to a log file
+(`Colocated.log`, named when the engine starts), and an engine that stops is a `SamplerDied` naming the first
+error in that log (`first_error`) and the file -- not vLLM's ~200 lines of worker tracebacks.
+
 Both compare at temperature 1 without truncation (vLLM's prompt log-probs are the raw model's): a check of the
 weights, whatever the sampling settings. The first rollout syncs first (a resumed run's weights, a server that
 holds another run's). LoRA (`--lora-r`): vLLM serves the base model (sent at the first sync) and the trainer's
@@ -36,10 +42,14 @@ adapter, saved and loaded as a new LoRA request at every sync; the log-prob chec
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import re
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -82,6 +92,77 @@ def import_vllm():
                           "CPU build, torchvision / torchaudio / torchcodec built for another torch fail like this: "
                           "`pip uninstall -y torchvision torchaudio torchcodec`") from None
     return vllm
+
+
+def check_model_runs(model_dir: str | os.PathLike) -> None:
+    """Refuse, before vLLM starts, a model it would fail on only after starting (minutes on a CPU, then its
+    workers' tracebacks): on vLLM's CPU build, a head size its attention has no kernel for (vLLM's own list,
+    `CPUAttentionBackend.get_supported_head_sizes`; e.g. a random "tiny" Llama's 16). ConfigError, one line.
+    Checks nothing where vLLM does not say (a GPU build, a vLLM whose CPU backend moved, a config without the
+    sizes)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        head = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001  nothing to check against: vLLM finds out itself
+        return
+    if sizes and head not in sizes:
+        raise ConfigError(f"--backend vllm: vLLM's CPU build cannot run {model_dir}: its head size is {head} "
+                          f"(hidden_size {cfg.get('hidden_size')} / {cfg.get('num_attention_heads')} heads) and "
+                          f"vLLM's CPU attention has kernels for head sizes {', '.join(map(str, sizes))} only; "
+                          "sample with trajtune's own sampler (--backend sampler) or run vLLM on a GPU")
+
+
+ERROR_LINE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): (\S.*)$")
+NOT_AN_ERROR = re.compile(r"\) (?:DEBUG|INFO|WARNING) \d\d-\d\d ")
+"""vLLM's prefix of a log line below ERROR level (`(APIServer pid=1) WARNING 12-07 04:11:35 [file:line] ...`): its
+warnings name errors that did not happen (`... fd limit errors like OSError: [Errno 24] Too many open files`)"""
+
+
+def first_error(log: str | os.PathLike) -> str | None:
+    """The first `SomethingError: message` line of a vLLM log (its prefix `(Worker pid=..) ERROR .. [file:line]`
+    dropped; vLLM's DEBUG / INFO / WARNING lines skipped): where a failed engine says why, above the tracebacks of
+    every process that stopped after it."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if NOT_AN_ERROR.search(line):
+            continue
+        m = ERROR_LINE.search(line.split("] ", 1)[-1])
+        if m and not line.lstrip().startswith("Traceback"):
+            return f"{m.group(1)}: {m.group(2).strip()}"
+    return None
+
+
+@contextlib.contextmanager
+def _output_to(path: str | os.PathLike):
+    """This process's file descriptors 1 and 2 go to `path` while the block runs, and come back after: the
+    processes vLLM starts in the block (its engine core, which starts its workers) inherit them and write
+    their whole output there."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for x in (fd, *saved):
+            os.close(x)
 
 
 @dataclass
@@ -160,11 +241,23 @@ def _row(token_ids: Sequence[int], logprobs: Sequence[float], stop_ids: Sequence
 class Colocated:
     """A vLLM engine in this machine's memory beside the trainer (`vllm.LLM`: its engine core runs in a child
     process), loaded from `model_dir`. `dtype`: "float32", "bfloat16" or "float16" ("auto": the checkpoint's);
-    `max_model_len` None: the model's own."""
+    `max_model_len` None: the model's own. vLLM's output (its engine core's and workers', and its logger's in
+    this process while the engine lives) goes to the file `log` (default: a new temporary file), named on
+    stderr when the engine starts; an engine that fails to start or stops is one line naming its first error
+    (ConfigError at the start, `SamplerDied` after)."""
 
     def __init__(self, model_dir: str | os.PathLike, *, dtype: str = "float32", max_model_len: int | None = 2048,
-                 gpu_memory_utilization: float = 0.3, seed: int = 0, lora_rank: int = 0):
+                 gpu_memory_utilization: float = 0.3, seed: int = 0, lora_rank: int = 0,
+                 log: str | os.PathLike | None = None):
         vllm = import_vllm()
+        check_model_runs(model_dir)
+        if log is None:
+            fd, log = tempfile.mkstemp(prefix=f"trajtune-vllm-{os.getpid()}-", suffix=".log")
+            os.close(fd)
+        self.log = Path(log)
+        print(f"vLLM: starting an engine on {model_dir}; its output goes to {self.log}", file=sys.stderr, flush=True)
+        self._log_file = None
+        self._handlers: list = []
         kwargs: dict[str, Any] = {} if max_model_len is None else {"max_model_len": max_model_len}
         if lora_rank:  # the base model, and one adapter at a time (reloaded after every update)
             kwargs.update(enable_lora=True, max_lora_rank=_lora_slot(lora_rank), max_loras=1)
@@ -174,25 +267,49 @@ class Colocated:
         if not torch.cuda.is_available():
             kwargs["enforce_eager"] = True  # the CPU build: no torch.compile warm-up (minutes on 2 cores)
         try:
-            self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=seed,
-                                gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
-                                logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
-                                generation_config="vllm", **kwargs)
+            with _output_to(self.log):
+                self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, seed=seed,
+                                    gpu_memory_utilization=gpu_memory_utilization, enable_prefix_caching=True,
+                                    logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
+                                    generation_config="vllm", **kwargs)
         except Exception as e:  # noqa: BLE001  vLLM raises anything (ValueError, RuntimeError, its own)
+            self.close()
             why = " ".join(line.strip() for line in str(e).splitlines() if line.strip() and "errors.pydantic" not in line)
+            cause = first_error(self.log)
+            if cause and cause.split(": ", 1)[-1] not in why:
+                why = f"{why[:300]}; its log's first error: {cause}"
             raise ConfigError(f"--backend vllm: vLLM could not load {model_dir}: {type(e).__name__}: {why[:600]} "
-                              "(its log above says more)") from None
+                              f"(vLLM's whole output: {self.log})") from None
+        # vLLM's logger in this process (configured anew while the engine started): to the log, back at close()
+        self._log_file = open(self.log, "a", buffering=1)  # noqa: SIM115  closed by close()
+        self._handlers = [(h, h.setStream(self._log_file)) for h in logging.getLogger("vllm").handlers
+                          if type(h) is logging.StreamHandler]
         self._params = vllm.SamplingParams
         from vllm.inputs import TokensPrompt
 
         self._prompt = TokensPrompt
 
+    def _call(self, method: str, *args, **kwargs):
+        """`self.llm.<method>(...)`; an engine that stopped -> `SamplerDied`, one line: the first error of its
+        log. vLLM's own refusals (a prompt too long, ...) stay as raised."""
+        try:
+            return getattr(self.llm, method)(*args, **kwargs)
+        except Exception as e:
+            if type(e).__name__ != "EngineDeadError":
+                raise
+            raise self.died() from None
+
+    def died(self) -> SamplerDied:
+        """The error of an engine that stopped, from the first error line of its log."""
+        cause = first_error(self.log) or "its log names no error (killed? out of memory?)"
+        return SamplerDied(f"vLLM's engine stopped: {cause} (vLLM's whole output: {self.log})")
+
     def sample(self, requests: Sequence[Request]) -> Samples:
         params = [self._params(max_tokens=r.max_tokens, temperature=r.temperature, top_k=r.top_k or -1, top_p=r.top_p,
                                seed=r.seed, logprobs=0, stop_token_ids=list(r.stop_ids), ignore_eos=True,
                                skip_special_tokens=False, detokenize=False) for r in requests]
-        outs = self.llm.generate([self._prompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
-                                 use_tqdm=False, lora_request=self.lora)
+        outs = self._call("generate", [self._prompt(prompt_token_ids=list(r.prompt)) for r in requests], params,
+                          use_tqdm=False, lora_request=self.lora)
         rows = []
         for r, out in zip(requests, outs, strict=True):
             c = out.outputs[0]
@@ -203,14 +320,14 @@ class Colocated:
         params = self._params(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         prompts = [self._prompt(prompt_token_ids=list(r)) for r in rows]
         if not self._lora_enabled:
-            outs = self.llm.generate(prompts, params, use_tqdm=False)
+            outs = self._call("generate", prompts, params, use_tqdm=False)
         else:  # one at a time: vLLM 0.32's CPU build, LoRA enabled, fails batched prompt log-probs (an einsum)
-            outs = [self.llm.generate([p], params, use_tqdm=False, lora_request=self.lora)[0] for p in prompts]
+            outs = [self._call("generate", [p], params, use_tqdm=False, lora_request=self.lora)[0] for p in prompts]
         return [[float(d[t].logprob) for d, t in zip(out.prompt_logprobs[1:], row[1:])] for out, row in
                 zip(outs, rows, strict=True)]
 
     def load_weights(self, path: str) -> list[dict[str, list[int]]]:
-        answers = self.llm.collective_rpc("trajtune_load_weights", args=(path,))
+        answers = self._call("collective_rpc", "trajtune_load_weights", args=(path,))
         self.llm.reset_prefix_cache()
         return answers
 
@@ -222,11 +339,18 @@ class Colocated:
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is not None:
-            engine = getattr(llm, "llm_engine", None)
-            shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-            if callable(shutdown):
-                shutdown()
+        try:
+            if llm is not None:
+                engine = getattr(llm, "llm_engine", None)
+                shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+                if callable(shutdown):
+                    shutdown()
+        finally:
+            for handler, stream in getattr(self, "_handlers", []):
+                handler.setStream(stream)
+            self._handlers = []
+            if getattr(self, "_log_file", None) is not None:
+                self._log_file.close()
 
 
 class Servers:
