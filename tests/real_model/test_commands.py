@@ -40,6 +40,12 @@ def work(tmp_path_factory):
     (d / "pairs.jsonl").write_text("".join(
         json.dumps({"prompt": f"What is {i}+{i}?", "chosen": f"{i}+{i} = {2 * i}.", "rejected": "I like turtles."}) + "\n"
         for i in range(1, 5)))
+    return write_prompts(d)
+
+
+def write_prompts(d):
+    """GRPO's files in folder `d`: prompts.jsonl (4 sums) and rewards.py:near_20_chars, a reward that varies within
+    every group (always a gradient) -> `d`."""
     (d / "prompts.jsonl").write_text("".join(
         json.dumps({"prompt": [{"role": "user", "content": f"What is {i}+{i}? Answer with a number."}],
                     "answer": str(2 * i)}) + "\n" for i in range(1, 5)))

