@@ -349,8 +349,9 @@ class Colocated:
             for handler, stream in getattr(self, "_handlers", []):
                 handler.setStream(stream)
             self._handlers = []
-            if getattr(self, "_log_file", None) is not None:
-                self._log_file.close()
+            log_file = getattr(self, "_log_file", None)
+            if log_file is not None:
+                log_file.close()
 
 
 class Servers:
