@@ -26,6 +26,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+pytestmark = pytest.mark.torchrun  # a tier of its own (~2 min): `pytest -m torchrun`, run by .ci/run
+
 ROOT = Path(__file__).resolve().parent.parent
 FIRST_TOL = 1e-5  # a stage's first step: only the rounding of one forward / backward
 TOL = 1e-3
