@@ -351,14 +351,20 @@ def profile_line(lib: str, step_s: float, pieces: dict[str, float]) -> str:
 def matmul_peak(n: int = 2048, reps: int = 10) -> float:
     """FLOP/s of the best of `reps` fp32 n x n matmuls at the current thread count (2 n^3 FLOPs each), on the
     step's clock (`--clock cpu`: this process's CPU seconds, as robust to other processes as the steps)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    return best_matmul_rate(n, n, n, reps)
+
+
+def best_matmul_rate(m: int, k: int, n: int, reps: int) -> float:
+    """FLOP/s of the best of `reps` fp32 [m, k] @ [k, n] matmuls (2 m k n FLOPs each), after one warm-up, on the
+    step's clock."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
     a @ b
     best = float("inf")
     for _ in range(reps):
         t = CLOCK()
         a @ b
         best = min(best, CLOCK() - t)
-    return 2 * n**3 / best
+    return 2 * m * k * n / best
 
 
 def matmul_params(model_dir: Path) -> int:
@@ -458,14 +464,7 @@ def model_peak(model_dir: Path, tokens: int, reps: int = 10) -> float:
     import json as _json
 
     cfg = _json.loads((model_dir / "config.json").read_text())
-    a, b = torch.randn(tokens, cfg["hidden_size"]), torch.randn(cfg["hidden_size"], cfg["intermediate_size"])
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t = CLOCK()
-        a @ b
-        best = min(best, CLOCK() - t)
-    return 2 * tokens * cfg["hidden_size"] * cfg["intermediate_size"] / best
+    return best_matmul_rate(tokens, cfg["hidden_size"], cfg["intermediate_size"], reps)
 
 
 def main() -> int:
