@@ -28,17 +28,24 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from .verdicts import NOISE, Z, Estimate, Holds, judge, over_seeds  # noqa: E402
+
 
 @dataclass
 class Claim:
     """One row of a claims table.
 
-    id:     experiment id (e.g. "A3")
-    what:   the experiment in a few words
-    seed:   the seed document's numbers, as text
-    ours:   our numbers, as text
-    claim:  what must hold (REPRODUCE.md)
-    holds:  True / False, or None when it cannot be judged from this run
+    id:       experiment id (e.g. "A3")
+    what:     the experiment in a few words
+    seed:     the seed document's numbers, as text
+    ours:     our numbers, as text
+    claim:    what must hold (REPRODUCE.md)
+    holds:    True / False; verdicts.NOISE when the difference that decides it is inside the noise; None when this
+              run cannot judge it (then `why` says why: a stage that did not run, a collapsed run)
+    estimate: the difference that decides a comparative claim, with its standard error (shown beside the verdict)
+    test:     how `estimate` decides it ('>', '<', '<=', '>=' against `margin`, `verdicts.judge`): set by
+              `Claim.compare`, so a multi-seed report can pool the estimate over seeds and judge it again
+    why:      a few words on a verdict the numbers alone do not explain (why not judged, which part failed)
     """
 
     id: str
@@ -46,20 +53,62 @@ class Claim:
     seed: str
     ours: str
     claim: str
-    holds: bool | None
+    holds: Holds
+    estimate: Estimate | None = None
+    test: str = ""
+    margin: float = 0.0
+    why: str = ""
+
+    @classmethod
+    def compare(cls, id: str, what: str, seed: str, ours: str, claim: str, estimate: Estimate, test: str = ">",
+                margin: float = 0.0, why: str = "") -> "Claim":
+        """A claim decided by one estimate alone: `verdicts.judge(estimate, test, margin)`."""
+        return cls(id, what, seed, ours, claim, judge(estimate, test, margin), estimate, test, margin, why)
 
     @property
     def verdict(self) -> str:
-        return {True: "holds", False: "**does not hold**", None: "n/a"}[self.holds]
+        word = VERDICT_WORDS[self.holds]
+        return f"{word} ({self.why})" if self.why and self.holds in (None, NOISE) else word
+
+    @property
+    def evidence(self) -> str:
+        """The deciding difference and its noise ('+0.016 ± 0.046 (2 SE; binomial)'), '' for none."""
+        return str(self.estimate) if self.estimate is not None else ""
+
+    def line(self, width: int = 120) -> str:
+        """One terminal line (<= width characters): id, verdict, and what decided it."""
+        text = f"  {self.id:<6} {VERDICT_WORDS[self.holds].replace('*', ''):<19} {self.what}"
+        if self.evidence:
+            text += f": {self.evidence}"
+        elif self.holds is None and self.why:
+            text += f" ({self.why})"
+        return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def claims_verdict(claims: Sequence[Claim]) -> str:
-    """'**3 of 4 claims hold** (1 not judged)': a report's first-screen count from the verdicts, of the claims this
-    run could judge (`Claim.holds` not None)."""
+VERDICT_WORDS: dict[Holds, str] = {True: "holds", False: "**does not hold**", NOISE: "not distinguishable",
+                                   None: "not judged"}
+
+
+def claims_count(claims: Sequence[Claim]) -> tuple[int, int, int, int]:
+    """(held, judged, inside the noise, not judged): judged counts every claim with a verdict, NOISE included."""
     judged = [c for c in claims if c.holds is not None]
-    held, n = sum(c.holds is True for c in judged), len(judged)
-    return (f"**{held} of {n} claim{'s' if n != 1 else ''} hold{'s' if n == 1 else ''}**"
-            + (f" ({len(claims) - n} not judged)" if len(claims) > n else ""))
+    return (sum(c.holds is True for c in judged), len(judged), sum(c.holds == NOISE for c in judged),
+            len(claims) - len(judged))
+
+
+def claims_verdict(claims: Sequence[Claim], bold: bool = True) -> str:
+    """'**3 of 4 claims hold** (1 not distinguishable from noise, 1 not judged)': a report's first-screen count of
+    the claims this run could judge (`Claim.holds` not None)."""
+    held, n, noise, skipped = claims_count(claims)
+    head = f"{held} of {n} claim{'s' if n != 1 else ''} hold{'s' if n == 1 else ''}"
+    extra = [f"{noise} not distinguishable from noise"] * bool(noise) + [f"{skipped} not judged"] * bool(skipped)
+    return (f"**{head}**" if bold else head) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def claims_summary(claims: Sequence[Claim]) -> str:
+    """What a recipe prints at its end: 'N of M claims hold (...)' and one short line per claim (<= 120 characters;
+    the details stay in the report) -- never the markdown table."""
+    return "\n".join([claims_verdict(claims, bold=False), *(c.line() for c in claims)])
 
 
 def seed_links(seeds: Sequence[int]) -> str:
@@ -97,7 +146,11 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 
 def claims_table(claims: Sequence[Claim]) -> str:
-    """The seed's numbers beside ours, with the claim and whether it holds."""
+    """The seed's numbers beside ours, with the claim, whether it holds, and (when any claim is decided by a
+    difference) that difference with its noise: the verdict is read beside the uncertainty that decided it."""
+    if any(c.estimate is not None for c in claims):
+        return markdown_table(["#", "experiment", "seed", "ours", "claim", f"difference ± {Z:g} SE", "verdict"],
+                              [(c.id, c.what, c.seed, c.ours, c.claim, c.evidence or "-", c.verdict) for c in claims])
     return markdown_table(
         ["#", "experiment", "seed", "ours", "claim", "verdict"],
         [(c.id, c.what, c.seed, c.ours, c.claim, c.verdict) for c in claims],
@@ -503,19 +556,48 @@ def _number(value: object) -> float | None:
         return None
 
 
+def pooled_verdicts(per_seed: Mapping[int, Sequence[Claim]]) -> dict[str, tuple[Holds, Estimate | None]]:
+    """Claim id -> its verdict over the seeds: a claim decided by one estimate on every seed (`Claim.compare`) is
+    judged again on the estimates pooled over seeds (`verdicts.over_seeds`); any other claim holds over the seeds
+    only where it holds on every seed it was judged on (NOISE where it held on some and was inside the noise on the
+    rest, False where it failed on any)."""
+    by_id: dict[str, list[Claim]] = {}
+    for claims in per_seed.values():
+        for c in claims:
+            by_id.setdefault(c.id, []).append(c)
+    out: dict[str, tuple[Holds, Estimate | None]] = {}
+    for cid, cs in by_id.items():
+        if all(c.test and c.estimate is not None for c in cs):
+            est = over_seeds([c.estimate for c in cs])  # type: ignore[misc]
+            out[cid] = (judge(est, cs[0].test, cs[0].margin), est)
+            continue
+        judged = [c.holds for c in cs if c.holds is not None]
+        out[cid] = (None if not judged else False if any(h is False for h in judged)
+                    else NOISE if any(h == NOISE for h in judged) else True, None)
+    return out
+
+
 def write_claims_over_seeds(run_dir: str | Path, title: str, per_seed: Mapping[int, Sequence[Claim]]) -> Path:
     """report.md / .html of a recipe run per seed (`trajtune run R --seeds 0,1,2`): every claim's verdict and numbers
-    on every seed, how many seeds it holds on, and the per-seed reports linked (run_dir/seed-S/report.html)."""
+    on every seed, how many seeds it holds on, its verdict over the seeds (`pooled_verdicts`: the estimate pooled
+    over seeds, with its uncertainty), and the per-seed reports linked (run_dir/seed-S/report.html)."""
     rows: dict[str, list] = {}
     for claims in per_seed.values():
         for claim in claims:
             rows.setdefault(claim.id, [claim.id, claim.claim]).append(f"{claim.verdict}: {claim.ours}")
     seeds = list(per_seed)
     holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
-    table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on"],
-                           [[*r, f"{holds[cid]} of {len(seeds)}"] for cid, r in rows.items()])
+    pooled = pooled_verdicts(per_seed)
+    table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on", "over the seeds"],
+                           [[*r, f"{holds[cid]} of {len(seeds)}",
+                             VERDICT_WORDS[pooled[cid][0]] + (f": {pooled[cid][1]}" if pooled[cid][1] else "")]
+                            for cid, r in rows.items()])
     links = seed_links(seeds)
-    always = sum(h == len(seeds) for h in holds.values())
-    return write_report(run_dir, title, [f"**{always} of {len(rows)} claims hold on every seed** "
-                                         f"({', '.join(map(str, seeds))}). Per-seed reports: {links}.",
+    held = sum(v is True for v, _ in pooled.values())
+    judged = sum(v is not None for v, _ in pooled.values())
+    noise = sum(v == NOISE for v, _ in pooled.values())
+    return write_report(run_dir, title, [f"**{held} of {judged} claims hold over seeds {', '.join(map(str, seeds))}**"
+                                         + (f" ({noise} not distinguishable from noise)" if noise else "")
+                                         + f"; a difference is pooled over the seeds with its uncertainty. Per-seed "
+                                         f"reports: {links}.",
                                          "## Verdicts per seed\n\n" + table])

@@ -1,0 +1,168 @@
+"""Verdicts with their uncertainty: one place where every recipe decides whether a comparison holds.
+
+A comparative claim ("RFT beats SFT on held-out", "the ensemble's share stays above the single RM's") is decided
+on an `Estimate`: the measured difference and its standard error. The claim holds only when the difference
+clears `Z` standard errors in the claimed direction, does not hold when it clears them the other way, and is
+`NOISE` ("not distinguishable") in between -- never "holds" or "does not hold" on a difference that sampling
+noise could have made.
+
+    est = two_shares(20, 256, 16, 256)            # held-out greedy 20/256 vs 16/256
+    str(est)                                      # '+0.016 ± 0.046 (2 SE; binomial)'
+    judge(est)                                    # 'not distinguishable'
+    judge(paired(before, after))                  # per-problem paired change
+    judge(over_seeds([e0, e1, e2]))               # the same difference on three seeds, pooled
+
+The standard errors (z = 2 throughout, a ~95% two-sided band):
+
+    binomial   p on n trials:                 sqrt(p (1 - p) / n)       (`share`, `two_shares`)
+    paired     per-item differences d_i:       sd(d) / sqrt(n)          (`paired`: the same problems before/after)
+    unpaired   two independent samples:        sqrt(var_a/n_a + var_b/n_b)  (`difference`)
+    bootstrap  any statistic of one sample:    sd of the statistic over resamples (`bootstrap`, seeded)
+    seeds      one estimate per seed:          between-seed sd / sqrt(k), never below the mean sampling SE / sqrt(k)
+
+A claim that an effect is *absent* ("random reward does not raise pass@1") is `judge(est, "<=")`: it holds unless
+the rise clears the noise. A claim on a run that cannot support it (a collapsed run, a stage that did not run) is
+not judged at all: `Claim(holds=None, why=...)`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+Z = 2.0
+"""a difference counts when it exceeds this many standard errors (two-sided ~95%)"""
+
+NOISE = "not distinguishable"
+"""the third verdict: the difference lies inside Z standard errors of zero (or of the claimed margin)"""
+
+Holds = bool | None | str
+"""True (holds), False (does not hold), NOISE (not distinguishable from noise), None (not judged)"""
+
+FLOAT_NOISE = 1e-9
+"""a standard error below this is float rounding, not sampling noise: a difference of exactly-repeated numbers"""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A measured difference (or a quantity against a threshold) and its standard error.
+
+    value:  the difference, in the claim's units (b - a for "b beats a")
+    se:     its standard error (0 for an exact, noiseless quantity)
+    n:      how many independent units it rests on (problems, episodes, seeds), for the reader
+    what:   'paired over 256', 'binomial', 'over 3 seeds', ...
+    """
+
+    value: float
+    se: float
+    n: int = 0
+    what: str = ""
+
+    def interval(self, z: float = Z) -> tuple[float, float]:
+        return self.value - z * self.se, self.value + z * self.se
+
+    def __str__(self) -> str:
+        digits = 3 if max(abs(self.value), self.se) < 10 else 1
+        core = f"{self.value:+.{digits}f} ± {Z * self.se:.{digits}f} ({Z:g} SE"
+        return core + (f"; {self.what})" if self.what else ")")
+
+
+def judge(est: Estimate, claim: Literal[">", "<", "<=", ">="] = ">", margin: float = 0.0, z: float = Z) -> Holds:
+    """The verdict of the claim `est.value <claim> margin`, given its noise.
+
+    '>' / '<':   holds when the value clears `margin` by z SE in that direction, does not hold when it clears it
+                 the other way, NOISE in between.
+    '<=' / '>=': a claim that an effect is absent (or at most / at least `margin`): holds unless the value clears
+                 `margin` by z SE the wrong way. There is no NOISE: the absence of a clear effect is what it claims.
+    """
+    lo, hi = est.value - z * est.se, est.value + z * est.se
+    if claim == ">":
+        return True if lo > margin else False if hi < margin else NOISE
+    if claim == "<":
+        return True if hi < margin else False if lo > margin else NOISE
+    if claim == "<=":
+        return not lo > margin
+    if claim == ">=":
+        return not hi < margin
+    raise ValueError(f"claim must be one of > < <= >=, got {claim!r}")
+
+
+def both(*verdicts: Holds) -> Holds:
+    """A claim made of parts: False if any part fails, else None if any was not judged, else NOISE if any part is
+    inside the noise, else True."""
+    if any(v is False for v in verdicts):
+        return False
+    if any(v is None for v in verdicts):
+        return None
+    if any(v == NOISE for v in verdicts):
+        return NOISE
+    return True
+
+
+def share_se(p: float, n: int) -> float:
+    """The binomial standard error of a share `p` measured on `n` independent trials (0 for n = 0)."""
+    return math.sqrt(max(p * (1 - p), 0.0) / n) if n > 0 else 0.0
+
+
+def two_shares(a_hits: float, a_n: int, b_hits: float, b_n: int, what: str = "binomial") -> Estimate:
+    """a_hits/a_n - b_hits/b_n from two independent samples (e.g. 20/256 vs 16/256 held-out problems). Each
+    share's SE is taken at (hits + 1) / (n + 2), so 0/64 against 3/64 is not judged on a zero SE."""
+    def se(hits: float, n: int) -> float:
+        return share_se((hits + 1) / (n + 2), n)
+
+    return Estimate(a_hits / a_n - b_hits / b_n, math.sqrt(se(a_hits, a_n) ** 2 + se(b_hits, b_n) ** 2),
+                    min(a_n, b_n), what)
+
+
+def shares(a: float, b: float, n: int, what: str = "binomial") -> Estimate:
+    """Share a minus share b, each measured on n independent trials (unpaired)."""
+    return two_shares(a * n, n, b * n, n, what)
+
+
+def paired(before: Sequence[float], after: Sequence[float], what: str = "") -> Estimate:
+    """mean(after - before) over the same items (problems, tasks, prompts) and its paired standard error:
+    the sd of the per-item differences / sqrt(n). [n] and [n] -> Estimate."""
+    if len(before) != len(after):
+        raise ValueError(f"paired: {len(before)} items before, {len(after)} after; they must be the same items")
+    d = [b - a for a, b in zip(before, after)]
+    n = len(d)
+    se = statistics.stdev(d) / math.sqrt(n) if n > 1 else 0.0
+    return Estimate(statistics.fmean(d) if d else 0.0, se, n, what or f"paired over {n}")
+
+
+def difference(a: Sequence[float], b: Sequence[float], what: str = "") -> Estimate:
+    """mean(a) - mean(b) of two independent samples, with the unpaired (Welch) standard error."""
+    def var_n(xs: Sequence[float]) -> float:
+        return statistics.variance(xs) / len(xs) if len(xs) > 1 else 0.0
+
+    return Estimate(statistics.fmean(a) - statistics.fmean(b), math.sqrt(var_n(a) + var_n(b)), min(len(a), len(b)),
+                    what or f"unpaired, {len(a)} and {len(b)}")
+
+
+def bootstrap(items: Sequence, statistic: Callable[[Sequence], float], seed: int, resamples: int = 1000,
+              what: str = "") -> Estimate:
+    """statistic(items) and its bootstrap standard error: the sd of the statistic over `resamples` resamples of the
+    items with replacement, drawn by a `random.Random(seed)` (reproducible)."""
+    rng = random.Random(seed)
+    n = len(items)
+    stats = [statistic([items[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)]
+    return Estimate(statistic(items), statistics.stdev(stats) if resamples > 1 else 0.0, n,
+                    what or f"bootstrap, {resamples} resamples of {n}")
+
+
+def over_seeds(estimates: Sequence[Estimate]) -> Estimate:
+    """One difference measured on k seeds -> their mean and its standard error: the between-seed sd / sqrt(k), but
+    never below the seeds' mean sampling SE / sqrt(k) (three seeds that happen to agree do not make noise vanish)."""
+    k = len(estimates)
+    values = [e.value for e in estimates]
+    between = statistics.stdev(values) / math.sqrt(k) if k > 1 else 0.0
+    within = math.sqrt(statistics.fmean([e.se ** 2 for e in estimates]) / k) if k else 0.0
+    return Estimate(statistics.fmean(values), max(between, within), k, f"over {k} seed{'s' if k != 1 else ''}")
+
+
+def exact(value: float, what: str = "exact") -> Estimate:
+    """A noiseless quantity (a loss at init, a gradient identity): standard error 0."""
+    return Estimate(value, 0.0, 0, what)
