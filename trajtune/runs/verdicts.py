@@ -42,10 +42,6 @@ NOISE = "not distinguishable"
 Holds = bool | None | str
 """True (holds), False (does not hold), NOISE (not distinguishable from noise), None (not judged)"""
 
-FLOAT_NOISE = 1e-9
-"""a standard error below this is float rounding, not sampling noise: a difference of exactly-repeated numbers"""
-
-
 @dataclass(frozen=True)
 class Estimate:
     """A measured difference (or a quantity against a threshold) and its standard error.
