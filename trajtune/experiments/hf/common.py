@@ -108,8 +108,17 @@ def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = "", c
             ctx.logger.add(make_tracker(name, ctx.run_dir, to_dict(config)))
         if output.logging_steps:
             console = Console(ctx.name, output.logging_steps, total_steps(config))
+    hooks: list = [Snapshots(save_every, snapshot)]
+    total = total_steps(config)
+    if ctx.checkpointer is not None and total:  # a run shorter than the recorder's interval records its last step too
+        from ...engine.distributed import is_main
+        from ...runs.recorder import FILE, EpisodeRecorder
+
+        recorder = EpisodeRecorder(ctx.checkpointer.directory.parent / FILE, write=is_main(), stage=ctx.name)
+        recorder.every = min(recorder.every, total)
+        hooks.insert(0, recorder)
     return Run(stage=ctx.name, logger=ctx.logger, checkpointer=ctx.checkpointer, console=console,
-               hooks=[Snapshots(save_every, snapshot)], counters=ctx.counters)
+               hooks=hooks, counters=ctx.counters)
 
 
 def prune_snapshots(root: Path, keep: int) -> list[Path]:
@@ -166,21 +175,65 @@ def resume_point(state_dir: Path, total: int | None) -> str:
     return f"step {done}" + (f" of {total}" if total is not None else "") + f" (checkpoint {state_dir})"
 
 
-def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "") -> dict:
+def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "", start: str = "") -> dict:
     """Save run_dir/<home>/model (HF format: LoRA merged, the adapter in model/adapter, a value head
-    next to it) and return the stage's results. A run whose every optimizer step was skipped (a
-    non-finite loss or gradient) trained nothing: `RunFailed`, and no model is written."""
+    next to it) and return the stage's results: the model, the optimizer steps, the last row and (rank 0) how
+    far the saved weights are from those of `start`, the model folder the stage began from (`weight_change`). A
+    run whose every optimizer step was skipped (a non-finite loss or gradient) trained nothing: `RunFailed`, and no
+    model is written."""
     check_trained(engine, history, main=ctx.logger is not None)
     final = ctx.run_dir / home / "model"
     save_pretrained(engine, policy, final, tokenizer, {"command": ctx.name, "steps": engine.step})
     last = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("time", "stage")}
     results = {"model": str(final), "steps": engine.step, "last": last}
+    if start and engine.is_main and (change := weight_change(Path(start), final)) is not None:
+        results["weight_change"] = change
     base = getattr(getattr(getattr(ctx, "config", None), "model", None), "path", "")
     if base:
         from ...models.hub import provenance
 
         results["base_model"] = {"path": str(base), **({"source": provenance(base)} if provenance(base) else {})}
     return results
+
+
+def weight_change(before: Path, after: Path) -> dict | None:
+    """How far the weights saved in folder `after` are from those in folder `before` (their *.safetensors files),
+    over the tensors both have, by name, compared as float32 one tensor at a time (memory: the largest tensor):
+    {"tensors": compared, "changed": how many differ in any element, "l2": |after - before| over all of them,
+    "relative": l2 / |before|, "input": before, "model": after}. None when either folder has no safetensors
+    weights or they share no tensor name (a model saved another way: nothing to compare)."""
+    import torch
+    from safetensors import safe_open
+
+    def names(folder: Path) -> dict[str, Path]:
+        return {name: f for f in sorted(folder.glob("*.safetensors")) if f.name != "value_head.safetensors"
+                for name in _safetensor_names(f)}
+
+    a, b = names(Path(before)), names(Path(after))
+    common = [n for n in a if n in b]
+    if not common:
+        return None
+    changed, d2, w2 = 0, 0.0, 0.0
+    with contextlib.ExitStack() as stack:
+        files = {f: stack.enter_context(safe_open(str(f), "pt")) for f in {*(a[n] for n in common), *(b[n] for n in common)}}
+        for n in common:
+            x, y = files[a[n]].get_tensor(n).float(), files[b[n]].get_tensor(n).float()
+            if x.shape != y.shape:
+                changed += 1
+                continue
+            if not torch.equal(x, y):
+                changed += 1
+                d2 += float((y - x).double().pow(2).sum())
+            w2 += float(x.double().pow(2).sum())
+    return {"tensors": len(common), "changed": changed, "l2": d2 ** 0.5,
+            "relative": (d2 / w2) ** 0.5 if w2 else None, "input": str(before), "model": str(after)}
+
+
+def _safetensor_names(path: Path) -> list[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return list(f.keys())
 
 
 def check_trained(engine, history: list[dict], main: bool = True) -> None:
@@ -220,7 +273,6 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
     nothing. A user's mistake (a bad row, a missing file or model, an unusable device) is a `ConfigError`
     naming it."""
     from ...engine.distributed import is_main
-    from ...models.hub import given_as
     from ...runs.rundir import RunDir
     from ...runs.stages import Stage, StageOptions, run_stages
 
@@ -236,16 +288,43 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
                                  StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
         report = run_dir.path / "report.md"
         if is_main():
-            from ...runs.report import write_run_report
+            report = report_and_say(run_dir.path, config, name, results, prepared)
+    return report
 
-            origin, about = model_origin(config.model.path)
-            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from {origin} on "
-                     f"`{config.data}`{about}\n\n" + settings_text(config))
-            report = write_run_report(run_dir.path, f"{name} on {given_as(config.model.path) or config.model.path}",
-                                      intro)
-            print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
-                  f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
-                  flush=True)
+
+def report_and_say(run_dir: Path, config, name: str, results: dict, prepared) -> Path:
+    """The end of a command (rank 0): view.html of the episodes it recorded (`runs.view.write_view_if_recorded`),
+    report.md / report.html (`runs.report.write_run_report`: the settings, the warnings, a few sampled
+    completions, the curves), then on the terminal what was saved and where, and last, on stderr, the report's
+    warnings (no learning signal, a loss that never moved, a gradient norm of 0, a model saved unchanged): what a
+    user reads first after a run is why it learned nothing, if it did not. Returns report.md's path."""
+    from ...metrics import read_metrics
+    from ...models.hub import given_as
+    from ...runs.recorder import FILE, read_episodes
+    from ...runs.report import changed_weights, plain, run_warnings, write_run_report
+    from ...runs.view import write_view_if_recorded
+
+    write_view_if_recorded(run_dir)
+    steps, change = results["steps"], results.get("weight_change")
+    said = f"{steps} optimizer step{'s' * (steps != 1)}" + (f"; {changed_weights(change)}" if change else "")
+    origin, about = model_origin(config.model.path)
+    intro = (f"model: `{results['model']}` ({said}), trained from {origin} on `{config.data}`{about}\n\n"
+             + settings_text(config))
+    try:
+        rows = read_metrics(run_dir)
+    except (OSError, ValueError):
+        rows = []
+    warnings = run_warnings(rows, change)
+    episodes = [e for path in sorted(run_dir.glob(f"*/{FILE}")) for e in read_episodes(path)]
+    tokenizer = getattr(prepared, "tokenizer", None)
+    decode = (lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)) if tokenizer is not None else None
+    report = write_run_report(run_dir, f"{name} on {given_as(config.model.path) or config.model.path}", intro,
+                              warnings, episodes, decode)
+    unchanged = " (unchanged from its input)" if change and not change.get("changed") else ""
+    print(f"{name}: {steps} optimizer step{'s' * (steps != 1)}; model saved{unchanged} to {results['model']} "
+          f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}", flush=True)
+    for w in warnings:
+        print(f"trajtune: warning: {plain(w)}", file=sys.stderr, flush=True)
     return report
 
 
