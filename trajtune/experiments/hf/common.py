@@ -223,8 +223,8 @@ def weight_change(before: Path, after: Path) -> dict | None:
                 continue
             if not torch.equal(x, y):
                 changed += 1
-                d2 += float((y - x).double().pow(2).sum())
-            w2 += float(x.double().pow(2).sum())
+                d2 += float(torch.linalg.vector_norm(y - x)) ** 2
+            w2 += float(torch.linalg.vector_norm(x)) ** 2
     return {"tensors": len(common), "changed": changed, "l2": d2 ** 0.5,
             "relative": (d2 / w2) ** 0.5 if w2 else None, "input": str(before), "model": str(after)}
 
