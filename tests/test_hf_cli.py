@@ -88,7 +88,7 @@ def test_rm_and_rft_run(work, capsys):
     assert "unchanged" not in said.out + said.err and "The saved model is its input" not in said.err
     change = json.loads((work / "rm" / "rm" / "results.json").read_text())["weight_change"]
     assert 0 < change["changed"] <= change["tensors"] and change["l2"] > 0 and 0 < change["relative"] < 1
-    assert f"(1 optimizer step; weights changed: {change['changed']} of {change['tensors']} tensors, |Δw| " in (
+    assert f"(1 optimizer step; weights changed: {change['changed']} of {change['tensors']} tensors, |Δw| = " in (
         work / "rm" / "report.md").read_text()
     _run("rft", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--backend", "generate",
          "--reward", f"{work / 'rewards.py'}:has_digit", "--rounds", "1", "--steps", "2", "--group-size", "2",

@@ -82,7 +82,7 @@ def test_run_warnings_name_a_model_saved_unchanged_and_a_run_report_writes_flat_
                                       "`out/model` equal those of `in` bit for bit: the run trained nothing."]
     moved = {**same, "changed": 3, "l2": 0.25, "relative": 1.5e-4}
     assert run_warnings([], moved) == [] and run_warnings([], None) == []
-    assert changed_weights(moved) == "weights changed: 3 of 26 tensors, |Δw| 0.25 (0.00015 of |w|) (L2 over every tensor both models have)"
+    assert changed_weights(moved) == "weights changed: 3 of 26 tensors, |Δw| = 0.25 = 0.00015 |w|"
     with MetricsLogger(tmp_path) as log:
         for s in (1, 2, 3, 4):
             log.log(s, {"train/loss": 1.0 / s, "train/lr": 1e-5, "rollout/reward": 0.25 * (s > 2),

@@ -197,7 +197,7 @@ def flat_value(ys: Sequence[float]) -> str:
     """How a plot or table shows a series that carries one number: '0 (float noise, |value| <= 9e-12)' when every
     value is within `FLOAT_NOISE` of 0 (but not all exactly 0), '1e-05 (constant)' when two or more values are all
     equal; '' for a series that varies (it is drawn)."""
-    ys = [float(y) for y in ys]
+    ys = [float(y) for y in ys if math.isfinite(float(y))]  # a gap (nan) is no value
     if not ys:
         return ""
     top = max(abs(y) for y in ys)
@@ -232,7 +232,7 @@ def _draw_lines(ax, series: Series, styles: Mapping[str, str] | None, integer_x:
     for label, (xs, ys, first) in lines.items():
         style = (styles or {}).get(first, "-o")
         if "noise" in notes[label]:
-            ys = [0.0] * len(ys)
+            ys = [0.0 if math.isfinite(y) else y for y in ys]
         if len(xs) > MARKED_UP_TO and styles is None:
             style = "-"
         ax.plot(xs, ys, style, label=f"{label} = {notes[label]}" if notes[label] else label, markersize=MARKER)
@@ -572,15 +572,14 @@ def plain(text: str) -> str:
 
 
 def changed_weights(change: Mapping | None) -> str:
-    """'weights changed: 211 of 272 tensors, |Δw| 0.37 (0.013% of |w|)' for a saved model's `weight_change`
-    against its input; '' without one."""
+    """'weights changed: 211 of 272 tensors, |Δw| = 0.285 = 0.00013 |w|' (L2 norms over the tensors both models
+    have) for a saved model's `weight_change` against its input; '' without one."""
     if not change or not change.get("tensors"):
         return ""
     if not change.get("changed"):
         return f"weights unchanged: all {change['tensors']} tensors equal the input's"
-    rel = f" ({change['relative']:.2g} of |w|)" if change.get("relative") is not None else ""
-    return (f"weights changed: {change['changed']} of {change['tensors']} tensors, |Δw| {_short(change['l2'])}{rel}"
-            " (L2 over every tensor both models have)")
+    rel = f" = {change['relative']:.2g} |w|" if change.get("relative") is not None else ""
+    return f"weights changed: {change['changed']} of {change['tensors']} tensors, |Δw| = {_short(change['l2'])}{rel}"
 
 
 def _md_text(text: str, limit: int = 160) -> str:

@@ -198,42 +198,71 @@ def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "", 
 
 def weight_change(before: Path, after: Path) -> dict | None:
     """How far the weights saved in folder `after` are from those in folder `before` (their *.safetensors files),
-    over the tensors both have, by name, compared as float32 one tensor at a time (memory: the largest tensor):
-    {"tensors": compared, "changed": how many differ in any element, "l2": |after - before| over all of them,
-    "relative": l2 / |before|, "input": before, "model": after}. None when either folder has no safetensors
-    weights or they share no tensor name (a model saved another way: nothing to compare)."""
+    over the tensors both have, by name: {"tensors": compared, "changed": how many differ in any element, "l2":
+    |after - before| over all of them, "relative": l2 / |before|, "input": before, "model": after}. One tensor at a
+    time, read with plain file reads (no memory map keeps both models resident): equal bytes are an unchanged
+    tensor; the others are compared as float32 (a tensor of another dtype or shape that cannot be read as one is
+    changed, and not measured). None when either folder has no safetensors weights or they share no
+    tensor name (a model saved another way: nothing to compare)."""
     import torch
-    from safetensors import safe_open
 
-    def names(folder: Path) -> dict[str, Path]:
-        return {name: f for f in sorted(folder.glob("*.safetensors")) if f.name != "value_head.safetensors"
-                for name in _safetensor_names(f)}
+    def index(folder: Path) -> dict[str, tuple[Path, str, list[int], int, int]]:
+        return {name: (f, *entry) for f in sorted(Path(folder).glob("*.safetensors"))
+                if f.name != "value_head.safetensors" for name, entry in _safetensors_index(f).items()}
 
-    a, b = names(Path(before)), names(Path(after))
+    a, b = index(before), index(after)
     common = [n for n in a if n in b]
     if not common:
         return None
     changed, d2, w2 = 0, 0.0, 0.0
     with contextlib.ExitStack() as stack:
-        files = {f: stack.enter_context(safe_open(str(f), "pt")) for f in {*(a[n] for n in common), *(b[n] for n in common)}}
+        files = {f: stack.enter_context(open(f, "rb")) for f in {*(a[n][0] for n in common), *(b[n][0] for n in common)}}
+
+        def read(entry) -> bytearray:
+            f, _, _, start, end = entry
+            raw = bytearray(end - start)
+            files[f].seek(start)
+            files[f].readinto(raw)
+            return raw
+
+        def tensor(entry, raw: bytearray):
+            _, dtype, shape, _, _ = entry
+            kind = getattr(torch, SAFETENSORS_DTYPES.get(dtype, ""), None)
+            if kind is None:
+                return None
+            return torch.frombuffer(raw, dtype=kind).reshape(shape).float() if raw else torch.zeros(shape)
+
         for n in common:
-            x, y = files[a[n]].get_tensor(n).float(), files[b[n]].get_tensor(n).float()
-            if x.shape != y.shape:
-                changed += 1
+            x_raw, y_raw = read(a[n]), read(b[n])
+            x = tensor(a[n], x_raw)
+            w2 += float(torch.linalg.vector_norm(x)) ** 2 if x is not None else 0.0
+            if a[n][1:3] == b[n][1:3] and x_raw == y_raw:  # the same bytes: unchanged
                 continue
-            if not torch.equal(x, y):
-                changed += 1
+            y = tensor(b[n], y_raw)
+            comparable = x is not None and y is not None and x.shape == y.shape
+            if comparable and torch.equal(x, y):  # another dtype holding the same values
+                continue
+            changed += 1
+            if comparable:
                 d2 += float(torch.linalg.vector_norm(y - x)) ** 2
-            w2 += float(torch.linalg.vector_norm(x)) ** 2
     return {"tensors": len(common), "changed": changed, "l2": d2 ** 0.5,
             "relative": (d2 / w2) ** 0.5 if w2 else None, "input": str(before), "model": str(after)}
 
 
-def _safetensor_names(path: Path) -> list[str]:
-    from safetensors import safe_open
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+"""a safetensors header's dtype -> the name of its torch dtype (torch is imported only when weights are read)"""
 
-    with safe_open(str(path), "pt") as f:
-        return list(f.keys())
+
+def _safetensors_index(path: Path) -> dict[str, tuple[str, list[int], int, int]]:
+    """name -> (dtype, shape, first byte, end byte) of every tensor in a .safetensors file (its JSON header)."""
+    import json
+
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {name: (t["dtype"], list(t["shape"]), 8 + size + t["data_offsets"][0], 8 + size + t["data_offsets"][1])
+            for name, t in header.items() if name != "__metadata__"}
 
 
 def check_trained(engine, history: list[dict], main: bool = True) -> None:
@@ -246,7 +275,8 @@ def check_trained(engine, history: list[dict], main: bool = True) -> None:
     flags = [float(r["train/skipped"]) for r in history if "train/skipped" in r]
     steps, skipped = (len(flags), int(sum(f == 1.0 for f in flags))) if flags else (engine.step, engine.skipped_steps)
     if steps and skipped == steps:
-        raise RunFailed(f"every one of the {steps} optimizer steps was skipped: the loss or gradient was not finite "
+        raise RunFailed(f"{'the one optimizer step' if steps == 1 else f'every one of the {steps} optimizer steps'} "
+                        "was skipped: the loss or gradient was not finite "
                         "(NaN / Inf) at each step, so the weights never changed and no model was saved. The warnings "
                         "above name the rows of each step: check those rows and the reward function (a NaN / Inf "
                         "reward), lower --lr, or pass --on-nonfinite stop to stop at the first such step")
@@ -425,7 +455,7 @@ def preflight(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) 
     total = total_steps(dataclasses.replace(config, **getattr(prepared, "overrides", {})))
     return (f"dry run: the {len(prepared.items)} training items from {config.data} are valid, the model "
             f"{config.model.path} has a config and tokenizer, --device {config.model.device} is usable; "
-            f"{total} optimizer steps would run in {run_dir} (nothing trained)")
+            f"{total} optimizer step{'s' * (total != 1)} would run in {run_dir} (nothing trained)")
 
 
 @contextlib.contextmanager
