@@ -9,7 +9,9 @@ all take: lock the run directory and check what an earlier run there means (its
 the trackers, `prepare`), then begin the run there (--overwrite's clearing, config.json), run the stage through
 `trajtune.runs.stages.run_stages` (progress lines every --logging-steps, snapshots every
 --save-every, the newest --save-total-limit kept), refuse a run whose every step was
-skipped, write report.md / report.html with its curves (`trajtune.runs.report.write_run_report`).
+skipped, measure how far the saved weights are from the input's (`weight_change`), write view.html and
+report.md / report.html with its curves, and end the terminal output with the report's warnings on stderr
+(`report_and_say`).
 """
 
 from __future__ import annotations
