@@ -78,14 +78,25 @@ def test_grpo_with_a_reward_function(work):
     _loads(out / "model")
 
 
-def test_rm_and_rft_run(work):
-    _run("rm", "--model", str(work / "model"), "--data", str(work / "pairs.jsonl"), "--steps", "3", "--lr", "1e-3",
+def test_rm_and_rft_run(work, capsys):
+    capsys.readouterr()
+    _run("rm", "--model", str(work / "model"), "--data", str(work / "pairs.jsonl"), "--steps", "1", "--lr", "1e-3",
          "--out", str(work / "rm"))
     assert (work / "rm" / "model" / "value_head.safetensors").exists()
+    said = capsys.readouterr()
+    assert "rm: 1 optimizer step; model saved to" in said.out  # one step, singular
+    assert "unchanged" not in said.out + said.err and "The saved model is its input" not in said.err
+    change = json.loads((work / "rm" / "rm" / "results.json").read_text())["weight_change"]
+    assert 0 < change["changed"] <= change["tensors"] and change["l2"] > 0 and 0 < change["relative"] < 1
+    assert f"(1 optimizer step; weights changed: {change['changed']} of {change['tensors']} tensors, |Δw| = " in (
+        work / "rm" / "report.md").read_text()
     _run("rft", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--backend", "generate",
          "--reward", f"{work / 'rewards.py'}:has_digit", "--rounds", "1", "--steps", "2", "--group-size", "2",
          "--max-new-tokens", "4", "--threshold", "0.0", "--out", str(work / "rft"))
     assert read_metrics(work / "rft")[-1]["rft/sampled"] == 8
+    text = (work / "rft" / "report.md").read_text()  # RFT records per round: said in rounds, view linked
+    assert "Episodes of stage rft were recorded at round 1 only, of the 1 round it ran. The first 4 of round 1:" in text
+    assert (work / "rft" / "view.html").exists() and "[view.html](view.html)" in text
 
 
 def test_errors_are_clear(work, capsys):
@@ -190,14 +201,26 @@ lr = 1e-3
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_grpo_run_that_learned_nothing_says_so(work):
+def test_a_grpo_run_that_learned_nothing_says_so(work, capsys):
     """A constant reward: no group has reward variance, so nothing is learned; a 3-token budget cuts the random
-    model's completions. The report's first screen names the settings and the reward and warns, one line each."""
+    model's completions. The report's first screen names the settings and the reward and warns, one line each,
+    shows what the policy sampled at the first and last recorded steps, and links view.html; the terminal ends with
+    the same warnings on stderr, the saved model found equal to its input."""
     (work / "const.py").write_text("def one(prompts, completions, **kw):\n    return [1.0 for _ in completions]\n")
     out = work / "grpo-const"
+    capsys.readouterr()
     _run("grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"),
          "--reward", f"{work / 'const.py'}:one", "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
          "--max-new-tokens", "3", "--lr", "1e-3", "--out", str(out))
+    said = capsys.readouterr()
+    assert "grpo: 2 optimizer steps; model saved (unchanged from its input) to" in said.out
+    warned = [line for line in said.err.splitlines() if line.startswith("trajtune: warning: ")]
+    assert said.err.rstrip().endswith(warned[-1]) and [w.split(":")[2].strip() for w in warned] == [
+        "No learning signal", "Most completions were cut at the token budget", "The loss never moved",
+        "Gradient norm 0 at every step", "The saved model is its input, unchanged"]
+    assert "**" not in said.err and "`" not in said.err  # terminal text, not markdown
+    change = json.loads((out / "grpo" / "results.json").read_text())["weight_change"]
+    assert change["changed"] == 0 and change["tensors"] > 0 and change["l2"] == 0
     rows = read_metrics(out)
     assert [r["rollout/no_signal_share"] for r in rows] == [1.0, 1.0] and all(r["rollout/truncated_share"] > 0.5 for r in rows)
     text = (out / "report.md").read_text()
@@ -210,6 +233,13 @@ def test_a_grpo_run_that_learned_nothing_says_so(work):
     assert "**Most completions were cut at the token budget:**" in first
     assert "| groups with no reward variance | `rollout/no_signal_share` | 2 | 1 | 1 | 1 | 1 | 1 |" in first
     assert "last logged row" not in text and "{'" not in text  # no raw dict of the last row
+    assert "(2 optimizer steps; weights unchanged: all" in first
+    assert "Episodes of stage grpo were recorded at steps 1 and 2, of the 2 steps it ran. The first 4 of steps 1 and 2:" in first
+    samples = [line for line in first.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(samples) == 8 and all("| what is " in line and "| 1 | cut at the token budget |" in line for line in samples)
+    assert (out / "view.html").exists() and "[view.html](view.html)" in first
+    assert "- learning rate: `train/lr` 0.001 (constant) at all 2 logged steps (1 to 2)" in text
+    assert not (out / "report-lr.png").exists() and not (out / "report-loss.png").exists()  # values, not flat lines
     # a run with signal and room to finish: no such warning (test_grpo_with_a_reward_function's run)
     if (work / "grpo" / "report.md").exists():
         assert "**No learning signal:**" not in (work / "grpo" / "report.md").read_text()

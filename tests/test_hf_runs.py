@@ -403,9 +403,14 @@ def test_write_run_report_plots_every_group_the_rows_have(tmp_path):
                         **({"eval/pass_rate": s / 8} if s % 2 == 0 else {})}, stage="grpo")
         log.log(1, {"train/loss": float("nan"), "dpo/accuracy": 0.5}, stage="dpo")
     md = write_run_report(tmp_path, "a run").read_text()
-    for stem in ("loss", "reward", "kl", "lr", "eval", "accuracy"):
+    for stem in ("loss", "reward", "kl", "eval"):
         assert f"(report-{stem}.png)" in md and (tmp_path / f"report-{stem}.png").exists()
     assert "| grpo | eval/pass_rate | 2 | 0.25 | 0.5 |" in md
+    # a group with one number per line is written, not drawn: a constant lr, a lone accuracy
+    for stem in ("lr", "accuracy"):
+        assert f"(report-{stem}.png)" not in md and not (tmp_path / f"report-{stem}.png").exists()
+    assert "- learning rate: `grpo train/lr` 1e-05 (constant) at all 4 logged steps (1 to 4)" in md
+    assert "- preference accuracy: `dpo dpo/accuracy` 0.5 at step 1" in md
 
 
 def test_tensorboard_and_missing_trackers(tmp_path, monkeypatch):
@@ -619,3 +624,29 @@ def test_a_gpu_that_is_not_there_is_named(monkeypatch):
         check_device("cuda:2")
     with pytest.raises(ConfigError, match="trajtune trains on cpu, cuda or mps"):
         check_device("meta")
+
+
+def test_weight_change_measures_the_saved_model_against_its_input(tmp_path):
+    """What says 'the saved model is its input, unchanged': the tensors both folders have, by name, bytes equal or
+    not; the L2 norm of the change; another dtype with the same values is no change; nothing in common: None."""
+    import torch
+    from safetensors.torch import save_file
+
+    from trajtune.experiments.hf.common import weight_change
+
+    w = {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.5, -0.25]), "c": torch.zeros(0)}
+    for name, tensors in {"in": w, "same": {k: v.clone() for k, v in w.items()},
+                          "moved": {**w, "b": torch.tensor([0.5, 0.75]), "extra": torch.ones(3)},
+                          "bf16": {k: v.to(torch.bfloat16) for k, v in w.items()},
+                          "other": {"z": torch.ones(1)}}.items():
+        (tmp_path / name).mkdir()
+        save_file(tensors, str(tmp_path / name / "model.safetensors"))
+    norm = float(torch.cat([w["a"].flatten(), w["b"]]).norm())
+    same = weight_change(tmp_path / "in", tmp_path / "same")
+    assert (same["tensors"], same["changed"], same["l2"]) == (3, 0, 0.0) and same["relative"] == 0.0
+    moved = weight_change(tmp_path / "in", tmp_path / "moved")
+    assert (moved["tensors"], moved["changed"]) == (3, 1) and moved["l2"] == pytest.approx(1.0)  # |0.75 - -0.25|
+    assert moved["relative"] == pytest.approx(1.0 / norm)
+    assert weight_change(tmp_path / "in", tmp_path / "bf16")["changed"] == 0  # these values are exact in bf16
+    assert weight_change(tmp_path / "in", tmp_path / "other") is None
+    assert weight_change(tmp_path / "in", tmp_path / "missing") is None

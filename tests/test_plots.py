@@ -123,3 +123,39 @@ def test_chapter13_adherence_and_the_pipeline_stages_are_bars(tmp_path, drawn):
     assert drawn["pretrain_loss.png"][1] == [True]  # steps
     assert set(drawn["adherence.png"][2]) == {"BarContainer"} and len(drawn["adherence.png"][2]) == 3
     assert len(drawn["stages.png"][2]) == 4  # one bar per metric in each stage's group
+
+
+def test_what_a_reader_would_misread_is_drawn_as_what_it_is():
+    """Issue 39: a reward that equals the pass rate is one line with both names, not one line hiding another; a
+    constant is named with its value on an axis around 0 and it, not a zoom into nothing; a KL of float noise
+    (6e-12 .. 9e-12) is 0, not a V; ticks sit on the steps that were measured; markers are big enough to see."""
+    steps = [1, 2, 3, 4]
+    fig = line_figure({"rollout/reward": (steps, [0.0, 0.25, 0.25, 0.5]), "rollout/pass_rate": (steps, [0.0, 0.25, 0.25, 0.5]),
+                       "train/lr": (steps, [1e-5] * 4)}, "reward", "step", "reward")
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["rollout/reward = rollout/pass_rate", "train/lr = 1e-05 (constant)"]
+    assert list(ax.get_xticks()) == steps and [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "3", "4"]
+    assert all(line.get_markersize() >= 5 for line in ax.get_lines())
+    assert figure_problems(fig) == []
+    plt.close(fig)
+
+    fig = line_figure({"train/lr": (steps, [1e-5] * 4)}, "learning rate", "step", "lr")
+    lo, hi = fig.axes[0].get_ylim()
+    assert lo <= 0 and hi >= 1e-5 and hi - lo >= 1e-5  # the axis shows 0 and the value: not 0.96e-5 .. 1.04e-5
+    plt.close(fig)
+
+    fig = line_figure({"kl/k3": ([10, 20, 30], [9e-12, 6e-12, 8e-12])}, "KL", "step", "KL")
+    (line,) = fig.axes[0].get_lines()
+    assert list(line.get_ydata()) == [0.0, 0.0, 0.0] and line.get_label() == "kl/k3 = 0 (float noise, |value| <= 9e-12)"
+    assert list(fig.axes[0].get_xticks()) == [10, 20, 30]  # on the evaluations, not at 15 and 25
+    plt.close(fig)
+
+    # a real curve stays a curve; many points keep whole-number ticks chosen by the locator, no markers to smear
+    fig = line_figure({"loss": (list(range(1, 101)), [1.0 / s for s in range(1, 101)])}, "loss", "step", "loss")
+    (line,) = fig.axes[0].get_lines()
+    assert line.get_label() == "loss" and line.get_marker() in ("None", "", None) and integer_ticks(fig.axes[0])
+    plt.close(fig)
+    from trajtune.runs.report import flat_value
+    assert flat_value([0.0, 0.0]) == "0 (constant)" and flat_value([0.3]) == "" and flat_value([0.1, 0.2]) == ""
+    assert flat_value([1e-3, 1e-3 + 1e-12]) == ""  # a tiny change of a large value is a change, not noise

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import matplotlib
 
@@ -184,13 +184,71 @@ def _legend_outside(ax) -> None:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
-def _draw_lines(ax, series: Series, styles: Mapping[str, str] | None, integer_x: bool | None) -> None:
+FLOAT_NOISE = 1e-9
+"""a series whose every |value| is at most this is float noise, not a measurement (the KL of a policy to itself in fp32
+is ~1e-12, not 0): it is drawn and written as '0 (float noise)'"""
+MARKER = 5
+"""marker size (points) of a line's points: big enough to see where the measurements are"""
+MARKED_UP_TO = 60
+"""a line with more points than this is drawn without markers (they would fuse into a thick line)"""
+
+
+def flat_value(ys: Sequence[float]) -> str:
+    """How a plot or table shows a series that carries one number: '0 (float noise, |value| <= 9e-12)' when every
+    value is within `FLOAT_NOISE` of 0 (but not all exactly 0), '1e-05 (constant)' when two or more values are all
+    equal; '' for a series that varies (it is drawn)."""
+    ys = [float(y) for y in ys if math.isfinite(float(y))]  # a gap (nan) is no value
+    if not ys:
+        return ""
+    top = max(abs(y) for y in ys)
+    if 0 < top <= FLOAT_NOISE:
+        return f"0 (float noise, |value| <= {top:.2g})"
+    if len(ys) > 1 and max(ys) == min(ys):
+        return f"{_short(ys[0])} (constant)"
+    return ""
+
+
+def merge_identical(series: Series) -> dict[str, tuple[list[float], list[float], str]]:
+    """label -> (xs, ys, the first label: its style) with identical series (the same xs and ys) once, named
+    'a = b' (a reward that is 1 exactly when the answer passes is its pass rate: one line, both names)."""
+    out: dict[str, tuple[list[float], list[float], str]] = {}
     for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), (styles or {}).get(label, "-o"), label=label, markersize=3)
+        xs, ys = list(xs), list(ys)
+        twin = next((k for k, (a, b, _) in out.items() if a == xs and b == ys), None)
+        if twin is None:
+            out[label] = (xs, ys, label)
+        else:
+            out[f"{twin} = {label}"] = out.pop(twin)
+    return out
+
+
+def _draw_lines(ax, series: Series, styles: Mapping[str, str] | None, integer_x: bool | None) -> None:
+    """The lines of one axes, as a reader needs them: identical series once with both names (`merge_identical`), a
+    constant or float-noise series named with its value (`flat_value`; float noise drawn at 0, and an axes of only
+    such series spans 0 and the value instead of zooming into nothing), markers of `MARKER` points, ticks on the
+    points when x counts steps or rounds and the points are few (else whole numbers)."""
+    lines = merge_identical(series)
+    notes = {label: flat_value(ys) for label, (_, ys, _) in lines.items()}
+    for label, (xs, ys, first) in lines.items():
+        style = (styles or {}).get(first, "-o")
+        if "noise" in notes[label]:
+            ys = [0.0 if math.isfinite(y) else y for y in ys]
+        if len(xs) > MARKED_UP_TO and styles is None:
+            style = "-"
+        ax.plot(xs, ys, style, label=f"{label} = {notes[label]}" if notes[label] else label, markersize=MARKER)
+    if lines and all(notes.values()):  # nothing varies: an axis around 0 and the values, not a zoom on float noise
+        values = [0.0] + [0.0 if "noise" in notes[k] else ys[0] for k, (_, ys, _) in lines.items()]
+        lo, hi = min(values), max(values)
+        pad = 0.1 * (hi - lo) or 1.0
+        ax.set_ylim(lo - pad, hi + pad)
     if integer_x is None:  # steps, rounds, k: whole numbers on the axis, never 2.5 steps
         integer_x = bool(series) and all(_whole(list(xs)) for xs, _ in series.values())
     if integer_x:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # even a lone step 1
+        points = sorted({float(x) for xs, _ in series.values() for x in xs})
+        if 1 < len(points) <= 12 and min(b - a for a, b in zip(points, points[1:])) >= (points[-1] - points[0]) / 30:
+            ax.set_xticks(points, [f"{x:g}" for x in points])  # a tick on every point, none between them
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # even a lone step 1
     ax.grid(alpha=0.3)
     _legend_outside(ax)
 
@@ -203,9 +261,9 @@ def line_figure(series: Series, title: str, xlabel: str, ylabel: str, ylim: tupl
         raise ValueError(f"line_figure {title!r}: both axes need a label (got x {xlabel!r}, y {ylabel!r})")
     fig, ax = plt.subplots(figsize=(8.4, 4.0), dpi=110, layout="constrained")
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    _draw_lines(ax, series, styles, integer_x)
     if ylim is not None:
         ax.set_ylim(*ylim)
-    _draw_lines(ax, series, styles, integer_x)
     return fig
 
 
@@ -224,9 +282,9 @@ def panel_figure(panels: Sequence[Panel], title: str, xlabel: str, integer_x: bo
                              layout="constrained", squeeze=False)
     for ax, panel in zip(axes[:, 0], panels, strict=True):
         ax.set(ylabel=panel.ylabel, xlabel=xlabel)
+        _draw_lines(ax, panel.series, panel.styles, integer_x)
         if panel.ylim is not None:
             ax.set_ylim(*panel.ylim)
-        _draw_lines(ax, panel.series, panel.styles, integer_x)
     axes[0, 0].set_title(title)
     for ax in axes[:-1, 0]:
         ax.tick_params(labelbottom=True)  # every panel keeps its x tick labels: it reads on its own
@@ -338,12 +396,19 @@ def write_report(run_dir: str | Path, title: str, sections: Sequence[str]) -> Pa
     md.write_text(text, encoding="utf-8")
     html_page = (
         "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.2em .5em}"
-        "img{max-width:100%}</style></head><body>" + markdown_html(text) + "</body></html>"
+        f"<title>{html.escape(title)}</title><style>{PAGE_CSS}</style></head><body>" + markdown_html(text)
+        + "</body></html>"
     )
     (run_dir / "report.html").write_text(html_page, encoding="utf-8")
     return md
+
+
+PAGE_CSS = ("body{font-family:sans-serif;line-height:1.4;max-width:60em;margin:2em auto;padding:0 max(1em,4vw);"
+            "overflow-wrap:break-word}"
+            "table{border-collapse:collapse;display:block;overflow-x:auto;max-width:100%}"
+            "td,th{border:1px solid #ccc;padding:.2em .5em}pre{overflow-x:auto}img{max-width:100%;height:auto}")
+"""a report page's style: side margins at every width (a padding of its own, not only the centring of a wide
+screen), a wide table scrolls inside the page instead of pushing past its edge, figures shrink to the page"""
 
 
 def markdown_html(text: str) -> str:
@@ -468,11 +533,13 @@ def _values(rows: Sequence[dict], key: str) -> list[float]:
     return [v for r in rows if (v := _number(r.get(key))) is not None and math.isfinite(v)]
 
 
-def run_warnings(rows: Sequence[dict]) -> list[str]:
+def run_warnings(rows: Sequence[dict], weight_change: Mapping | None = None) -> list[str]:
     """One line for each way a run can have learned nothing, judged from its metric rows:
     no group with reward variance at any step (`rollout/no_signal_share` 1 everywhere: a group baseline makes
     every advantage 0), most completions cut at the token budget (`rollout/truncated_share` > 0.5 over the run),
-    a loss that never moved, a gradient norm of 0 at every step. [] when none applies."""
+    a loss that never moved, a gradient norm of 0 at every step; and, given the saved model's `weight_change`
+    against its input (`changed` of `tensors` weight tensors differ), a model saved unchanged. [] when none applies.
+    Markdown (bold heads, code keys): a command prints them on its terminal through `plain`."""
     out = []
     signal, reward = _values(rows, "rollout/no_signal_share"), _values(rows, "rollout/reward")
     if signal and all(v == 1.0 for v in signal):
@@ -492,15 +559,95 @@ def run_warnings(rows: Sequence[dict]) -> list[str]:
     if grad and all(v == 0 for v in grad):
         out.append(f"**Gradient norm 0 at every step:** `train/grad_norm` was 0 at all {len(grad)} steps, so the "
                    "weights never changed.")
+    if weight_change and weight_change.get("tensors") and not weight_change.get("changed"):
+        out.append(f"**The saved model is its input, unchanged:** all {weight_change['tensors']} weight tensors of "
+                   f"`{weight_change.get('model', 'model/')}` equal those of `{weight_change.get('input', 'the input')}` "
+                   "bit for bit: the run trained nothing.")
     return out
 
 
-def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
+def plain(text: str) -> str:
+    """A markdown line as terminal text: no bold marks, no code backticks."""
+    return text.replace("**", "").replace("`", "")
+
+
+def changed_weights(change: Mapping | None) -> str:
+    """'weights changed: 211 of 272 tensors, |Δw| = 0.285 = 0.00013 |w|' (L2 norms over the tensors both models
+    have) for a saved model's `weight_change` against its input; '' without one."""
+    if not change or not change.get("tensors"):
+        return ""
+    if not change.get("changed"):
+        return f"weights unchanged: all {change['tensors']} tensors equal the input's"
+    rel = f" = {change['relative']:.2g} |w|" if change.get("relative") is not None else ""
+    return f"weights changed: {change['changed']} of {change['tensors']} tensors, |Δw| = {_short(change['l2'])}{rel}"
+
+
+def _md_text(text: str, limit: int = 160) -> str:
+    """Text from a model as markdown that shows it as written: markdown's marks escaped, newlines as ⏎, cut at
+    `limit` characters."""
+    text = text.replace("\r", "").replace("\n", "⏎")
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return "".join("\\" + ch if ch in "\\`*_[]#!" else ch for ch in text)
+
+
+def sampled_completions(episodes: Sequence[dict], rows: Sequence[dict],
+                        decode: Callable[[Sequence[int]], str] | None = None, per_step: int = 4) -> str:
+    """A few of the completions the run recorded (`episodes`: RUN_DIR/<stage>/episodes.jsonl's rows, the
+    recorder's), `per_step` from its first and from its last recorded step, each with its prompt (the prompt's
+    tokens through `decode`, else the task's name), the completion as the reward saw it (info["actions"]), the
+    answer the data expects, its reward and how it ended; above them, which steps were recorded, of how many
+    (a run recorded at step 1 only says so). '' when nothing was recorded."""
+    from ..trajectory import Owner
+
+    by_stage: dict[str, dict[int, list[dict]]] = {}
+    for e in episodes:
+        by_stage.setdefault(str(e.get("stage", "")), {}).setdefault(int(e.get("step", 0)), []).append(e)
+    if not by_stage:
+        return ""
+    parts = []
+    for stage, steps in by_stage.items():
+        recorded = sorted(steps)
+        mine = [r for r in rows if r.get("stage", stage) == stage]
+        unit = "round" if any("train/round" in r for r in mine) else "step"  # RFT records per round (its rows: per step)
+        ran = int(max((_number(r.get("train/round" if unit == "round" else "step")) or 0 for r in mine),
+                      default=recorded[-1]))
+        said = (f"{unit} {recorded[0]} only" if len(recorded) == 1 else
+                f"{unit}s " + ", ".join(map(str, recorded[:-1])) + f" and {recorded[-1]}")
+        note = f"Episodes of stage {stage} were recorded at {said}, of the {ran} {unit}{'s' * (ran != 1)} it ran"
+        if len(recorded) == 1 and ran > recorded[0]:
+            note += f": what the policy sampled after {unit} {recorded[0]} was not recorded"
+        shown = dict.fromkeys([recorded[0], recorded[-1]])
+        parts.append(note + f". The first {per_step} of {unit}" + (f"s {recorded[0]} and {recorded[-1]}" if
+                                                                   len(shown) > 1 else f" {recorded[0]}") + ":")
+        table = []
+        for step in shown:
+            for e in steps[step][:per_step]:
+                info = e.get("info") or {}
+                ids, owners = e.get("ids") or [], e.get("owners") or []
+                prompt = [i for i, o in zip(ids, owners) if o == int(Owner.PROMPT)]
+                policy = [i for i, o in zip(ids, owners) if o == int(Owner.POLICY)]
+                asked = decode(prompt) if decode is not None and prompt else str(e.get("task", ""))
+                actions = info.get("actions")
+                said_text = (" ⏎ ".join(map(str, actions)) if actions else decode(policy) if decode is not None
+                             else " ".join(map(str, policy)))
+                reward = e.get("reward")
+                table.append((step, _md_text(asked.strip(), 80), _md_text(said_text), _md_text(str(info.get("expected", "-")), 40),
+                              _short(float(reward)) if isinstance(reward, (int, float)) else str(reward),
+                              "cut at the token budget" if info.get("stop_reason") == "length" else "ended"))
+        parts.append(markdown_table([unit, "prompt", "completion", "expected", "reward", "stopped"], table))
+    return "## Sampled completions\n\n" + "\n\n".join(parts)
+
+
+def write_run_report(run_dir: str | Path, title: str, intro: str = "", warnings: Sequence[str] | None = None,
+                     episodes: Sequence[dict] = (), decode: Callable[[Sequence[int]], str] | None = None) -> Path:
     """report.md / report.html for any run directory from its metrics.jsonl. First screen: `intro` (markdown:
-    what ran, with which settings), a warning line for each way the run learned nothing (`run_warnings`), and
-    a small table of its key metrics (`key_metrics`). Then a summary table per stage (first, last, min, max of
-    the plotted keys) and one figure per group the rows have (loss, reward, KL, preference accuracy, lr, eval
-    curves: `report-<group>.png`, one line per stage and key, x = the row's step). Returns report.md's path."""
+    what ran, with which settings), a warning line for each way the run learned nothing (`warnings`, default
+    `run_warnings(rows)`), a few of the completions it sampled (`sampled_completions` of `episodes`, the
+    recorder's rows; `decode` shows their prompts) and a small table of its key metrics (`key_metrics`). Then a
+    summary table per stage (first, last, min, max of the plotted keys) and one figure per group the rows have
+    (loss, reward, KL, preference accuracy, lr, eval curves: `report-<group>.png`, one line per stage and key,
+    x = the row's step); a group where nothing varies (a constant lr, a KL of float noise: `flat_value`) is
+    written as its values instead of a figure. Returns report.md's path."""
     from ..metrics import read_metrics
 
     run_dir = Path(run_dir)
@@ -509,8 +656,9 @@ def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
     except (OSError, ValueError):
         rows = []
     curves = _curves(rows)  # {(stage, key): (steps, values)}
-    sections = ["\n\n".join([intro, *run_warnings(rows)]), key_metrics(rows)]  # the episodes line: after the first
-    if sections[-1]:
+    warnings = run_warnings(rows) if warnings is None else warnings
+    sections = ["\n\n".join([intro, *warnings]), sampled_completions(episodes, rows, decode), key_metrics(rows)]
+    if sections[-1]:  # the episodes line goes after the first section
         sections[-1] = "## Key metrics\n\n" + sections[-1]
     if not curves:
         sections.append("No metric rows were logged (metrics.jsonl is missing or empty).")
@@ -519,17 +667,30 @@ def write_run_report(run_dir: str | Path, title: str, intro: str = "") -> Path:
              for (stage, key), (_, ys) in curves.items()]
     sections.append("## Every plotted metric, per stage\n\n" + markdown_table(["stage", "metric", "rows", "first", "last", "min", "max"], table))
     stages = {stage for stage, _ in curves}
-    figures = []
+    figures, flat = [], []
     for stem, plot_title, keys in RUN_PLOTS:
         series = {(f"{stage} {key}" if len(stages) > 1 else key): xy for (stage, key), xy in curves.items()
                   if any(key == k or (k.endswith("/") and key.startswith(k)) for k in keys)}
-        if series:
-            path = line_plot(run_dir / f"report-{stem}.png", series, plot_title, "step", stem, styles=None)
-            figures.append(image(path, plot_title))
-    sections.append("## Curves\n\n" + "\n\n".join(figures))
+        if not series:
+            continue
+        lines = merge_identical(series)
+        notes = {label: flat_value(ys) or (_short(ys[0]) if len(ys) == 1 else "") for label, (_, ys, _) in lines.items()}
+        if all(notes.values()):  # one number per line: written, not drawn
+            flat.append(f"- {plot_title}: " + "; ".join(
+                " = ".join(f"`{name}`" for name in label.split(" = ")) + f" {notes[label]} " +
+                (f"at step {xs[0]}" if len(xs) == 1 else f"at all {len(xs)} logged steps ({xs[0]} to {xs[-1]})")
+                for label, (xs, _, _) in lines.items()))
+            continue
+        path = line_plot(run_dir / f"report-{stem}.png", series, plot_title, "step", stem, styles=None)
+        figures.append(image(path, plot_title))
+    if flat:
+        sections.append("## Values that did not change (written, not plotted)\n\n" + "\n".join(flat))
+    if figures:
+        sections.append("## Curves\n\n" + "\n\n".join(figures))
     skipped = sum(1 for r in rows if _number(r.get("train/skipped")) == 1.0)
     if skipped:
-        sections.append(f"**{skipped} optimizer step(s) skipped** (a non-finite loss or gradient; weights unchanged).")
+        sections.append(f"**{skipped} optimizer step{'s' * (skipped != 1)} skipped** (a non-finite loss or "
+                        "gradient; weights unchanged).")
     return write_report(run_dir, title, sections)
 
 

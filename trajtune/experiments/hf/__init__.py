@@ -37,15 +37,19 @@ the rows with file:line:field, every length against --max-length and the model's
 sharded). The run directory:
 
     metrics.jsonl, config.json
-    report.md, report.html, report-*.png   first the reward sources and settings (`common.settings_text`), a line
-                           for each way the run learned nothing (no reward variance in any group, most completions
-                           cut at --max-new-tokens, a loss that never moved, gradient norm 0: `runs.report.run_warnings`)
-                           and the key metrics; then the curves (loss, reward, KL, accuracy, lr, eval)
+    report.md, report.html, report-*.png   first the reward sources and settings (`common.settings_text`) and how
+                           far the weights moved (`common.weight_change`), a line for each way the run learned nothing
+                           (no reward variance in any group, most completions cut at --max-new-tokens, a loss that
+                           never moved, gradient norm 0, the saved model equal to its input: `runs.report.run_warnings`;
+                           the command's terminal output ends with the same lines on stderr), a few sampled
+                           completions of the first and last recorded steps, the key metrics; then the curves (loss,
+                           reward, KL, accuracy, lr, eval; a metric that never changed written as its value)
+    view.html              grpo, rft: the recorded episodes token by token (`runs.view`), linked from the report
     model/                 AutoModelForCausalLM.from_pretrained loads it (LoRA merged; adapter in model/adapter;
                            a reward model also loads with AutoModelForSequenceClassification)
     checkpoints/step-N/    the same, every output.save_every steps (the newest output.save_total_limit kept)
     <method>/resume/       the resume state of a run cut short (Ctrl-C / SIGTERM, or every output.save_every)
-    <method>/results.json  the finished stage
+    <method>/results.json  the finished stage (its weight_change against the input model included)
     .lock                  held by the run while it lives (a second run here is refused, naming the holder)
     tb/, wandb/            --report-to tensorboard / wandb
 """

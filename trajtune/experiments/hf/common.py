@@ -9,7 +9,9 @@ all take: lock the run directory and check what an earlier run there means (its
 the trackers, `prepare`), then begin the run there (--overwrite's clearing, config.json), run the stage through
 `trajtune.runs.stages.run_stages` (progress lines every --logging-steps, snapshots every
 --save-every, the newest --save-total-limit kept), refuse a run whose every step was
-skipped, write report.md / report.html with its curves (`trajtune.runs.report.write_run_report`).
+skipped, measure how far the saved weights are from the input's (`weight_change`), write view.html and
+report.md / report.html with its curves, and end the terminal output with the report's warnings on stderr
+(`report_and_say`).
 """
 
 from __future__ import annotations
@@ -108,8 +110,17 @@ def stage_run(ctx, policy, engine, tokenizer, save_every: int, home: str = "", c
             ctx.logger.add(make_tracker(name, ctx.run_dir, to_dict(config)))
         if output.logging_steps:
             console = Console(ctx.name, output.logging_steps, total_steps(config))
+    hooks: list = [Snapshots(save_every, snapshot)]
+    total = total_steps(config)
+    if ctx.checkpointer is not None and total:  # a run shorter than the recorder's interval records its last step too
+        from ...engine.distributed import is_main
+        from ...runs.recorder import FILE, EpisodeRecorder
+
+        recorder = EpisodeRecorder(ctx.checkpointer.directory.parent / FILE, write=is_main(), stage=ctx.name)
+        recorder.every = min(recorder.every, total)
+        hooks.insert(0, recorder)
     return Run(stage=ctx.name, logger=ctx.logger, checkpointer=ctx.checkpointer, console=console,
-               hooks=[Snapshots(save_every, snapshot)], counters=ctx.counters)
+               hooks=hooks, counters=ctx.counters)
 
 
 def prune_snapshots(root: Path, keep: int) -> list[Path]:
@@ -166,21 +177,94 @@ def resume_point(state_dir: Path, total: int | None) -> str:
     return f"step {done}" + (f" of {total}" if total is not None else "") + f" (checkpoint {state_dir})"
 
 
-def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "") -> dict:
+def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "", start: str = "") -> dict:
     """Save run_dir/<home>/model (HF format: LoRA merged, the adapter in model/adapter, a value head
-    next to it) and return the stage's results. A run whose every optimizer step was skipped (a
-    non-finite loss or gradient) trained nothing: `RunFailed`, and no model is written."""
+    next to it) and return the stage's results: the model, the optimizer steps, the last row and (rank 0) how
+    far the saved weights are from those of `start`, the model folder the stage began from (`weight_change`). A
+    run whose every optimizer step was skipped (a non-finite loss or gradient) trained nothing: `RunFailed`, and no
+    model is written."""
     check_trained(engine, history, main=ctx.logger is not None)
     final = ctx.run_dir / home / "model"
     save_pretrained(engine, policy, final, tokenizer, {"command": ctx.name, "steps": engine.step})
     last = {k: v for k, v in (history[-1] if history else {}).items() if k not in ("time", "stage")}
     results = {"model": str(final), "steps": engine.step, "last": last}
+    if start and engine.is_main and (change := weight_change(Path(start), final)) is not None:
+        results["weight_change"] = change
     base = getattr(getattr(getattr(ctx, "config", None), "model", None), "path", "")
     if base:
         from ...models.hub import provenance
 
         results["base_model"] = {"path": str(base), **({"source": provenance(base)} if provenance(base) else {})}
     return results
+
+
+def weight_change(before: Path, after: Path) -> dict | None:
+    """How far the weights saved in folder `after` are from those in folder `before` (their *.safetensors files),
+    over the tensors both have, by name: {"tensors": compared, "changed": how many differ in any element, "l2":
+    |after - before| over all of them, "relative": l2 / |before|, "input": before, "model": after}. One tensor at a
+    time, read with plain file reads (no memory map keeps both models resident): equal bytes are an unchanged
+    tensor; the others are compared as float32 (a tensor of another dtype or shape that cannot be read as one is
+    changed, and not measured). None when either folder has no safetensors weights or they share no
+    tensor name (a model saved another way: nothing to compare)."""
+    import torch
+
+    def index(folder: Path) -> dict[str, tuple[Path, str, list[int], int, int]]:
+        return {name: (f, *entry) for f in sorted(Path(folder).glob("*.safetensors"))
+                if f.name != "value_head.safetensors" for name, entry in _safetensors_index(f).items()}
+
+    a, b = index(before), index(after)
+    common = [n for n in a if n in b]
+    if not common:
+        return None
+    changed, d2, w2 = 0, 0.0, 0.0
+    with contextlib.ExitStack() as stack:
+        files = {f: stack.enter_context(open(f, "rb")) for f in {*(a[n][0] for n in common), *(b[n][0] for n in common)}}
+
+        def read(entry) -> bytearray:
+            f, _, _, start, end = entry
+            raw = bytearray(end - start)
+            files[f].seek(start)
+            files[f].readinto(raw)
+            return raw
+
+        def tensor(entry, raw: bytearray):
+            _, dtype, shape, _, _ = entry
+            kind = getattr(torch, SAFETENSORS_DTYPES.get(dtype, ""), None)
+            if kind is None:
+                return None
+            return torch.frombuffer(raw, dtype=kind).reshape(shape).float() if raw else torch.zeros(shape)
+
+        for n in common:
+            x_raw, y_raw = read(a[n]), read(b[n])
+            x = tensor(a[n], x_raw)
+            w2 += float(torch.linalg.vector_norm(x)) ** 2 if x is not None else 0.0
+            if a[n][1:3] == b[n][1:3] and x_raw == y_raw:  # the same bytes: unchanged
+                continue
+            y = tensor(b[n], y_raw)
+            comparable = x is not None and y is not None and x.shape == y.shape
+            if comparable and torch.equal(x, y):  # another dtype holding the same values
+                continue
+            changed += 1
+            if comparable:
+                d2 += float(torch.linalg.vector_norm(y - x)) ** 2
+    return {"tensors": len(common), "changed": changed, "l2": d2 ** 0.5,
+            "relative": (d2 / w2) ** 0.5 if w2 else None, "input": str(before), "model": str(after)}
+
+
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+                      "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+"""a safetensors header's dtype -> the name of its torch dtype (torch is imported only when weights are read)"""
+
+
+def _safetensors_index(path: Path) -> dict[str, tuple[str, list[int], int, int]]:
+    """name -> (dtype, shape, first byte, end byte) of every tensor in a .safetensors file (its JSON header)."""
+    import json
+
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {name: (t["dtype"], list(t["shape"]), 8 + size + t["data_offsets"][0], 8 + size + t["data_offsets"][1])
+            for name, t in header.items() if name != "__metadata__"}
 
 
 def check_trained(engine, history: list[dict], main: bool = True) -> None:
@@ -193,7 +277,8 @@ def check_trained(engine, history: list[dict], main: bool = True) -> None:
     flags = [float(r["train/skipped"]) for r in history if "train/skipped" in r]
     steps, skipped = (len(flags), int(sum(f == 1.0 for f in flags))) if flags else (engine.step, engine.skipped_steps)
     if steps and skipped == steps:
-        raise RunFailed(f"every one of the {steps} optimizer steps was skipped: the loss or gradient was not finite "
+        raise RunFailed(f"{'the one optimizer step' if steps == 1 else f'every one of the {steps} optimizer steps'} "
+                        "was skipped: the loss or gradient was not finite "
                         "(NaN / Inf) at each step, so the weights never changed and no model was saved. The warnings "
                         "above name the rows of each step: check those rows and the reward function (a NaN / Inf "
                         "reward), lower --lr, or pass --on-nonfinite stop to stop at the first such step")
@@ -220,7 +305,6 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
     nothing. A user's mistake (a bad row, a missing file or model, an unusable device) is a `ConfigError`
     naming it."""
     from ...engine.distributed import is_main
-    from ...models.hub import given_as
     from ...runs.rundir import RunDir
     from ...runs.stages import Stage, StageOptions, run_stages
 
@@ -236,16 +320,43 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
                                  StageOptions(workers=1, checkpoint_every=config.output.save_every))[name]
         report = run_dir.path / "report.md"
         if is_main():
-            from ...runs.report import write_run_report
+            report = report_and_say(run_dir.path, config, name, results, prepared)
+    return report
 
-            origin, about = model_origin(config.model.path)
-            intro = (f"model: `{results['model']}` ({results['steps']} optimizer steps), trained from {origin} on "
-                     f"`{config.data}`{about}\n\n" + settings_text(config))
-            report = write_run_report(run_dir.path, f"{name} on {given_as(config.model.path) or config.model.path}",
-                                      intro)
-            print(f"{name}: {results['steps']} optimizer steps; model saved to {results['model']} "
-                  f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}",
-                  flush=True)
+
+def report_and_say(run_dir: Path, config, name: str, results: dict, prepared) -> Path:
+    """The end of a command (rank 0): view.html of the episodes it recorded (`runs.view.write_view_if_recorded`),
+    report.md / report.html (`runs.report.write_run_report`: the settings, the warnings, a few sampled
+    completions, the curves), then on the terminal what was saved and where, and last, on stderr, the report's
+    warnings (no learning signal, a loss that never moved, a gradient norm of 0, a model saved unchanged): what a
+    user reads first after a run is why it learned nothing, if it did not. Returns report.md's path."""
+    from ...metrics import read_metrics
+    from ...models.hub import given_as
+    from ...runs.recorder import FILE, read_episodes
+    from ...runs.report import changed_weights, plain, run_warnings, write_run_report
+    from ...runs.view import write_view_if_recorded
+
+    write_view_if_recorded(run_dir)
+    steps, change = results["steps"], results.get("weight_change")
+    said = f"{steps} optimizer step{'s' * (steps != 1)}" + (f"; {changed_weights(change)}" if change else "")
+    origin, about = model_origin(config.model.path)
+    intro = (f"model: `{results['model']}` ({said}), trained from {origin} on `{config.data}`{about}\n\n"
+             + settings_text(config))
+    try:
+        rows = read_metrics(run_dir)
+    except (OSError, ValueError):
+        rows = []
+    warnings = run_warnings(rows, change)
+    episodes = [e for path in sorted(run_dir.glob(f"*/{FILE}")) for e in read_episodes(path)]
+    tokenizer = getattr(prepared, "tokenizer", None)
+    decode = (lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)) if tokenizer is not None else None
+    report = write_run_report(run_dir, f"{name} on {given_as(config.model.path) or config.model.path}", intro,
+                              warnings, episodes, decode)
+    unchanged = " (unchanged from its input)" if change and not change.get("changed") else ""
+    print(f"{name}: {steps} optimizer step{'s' * (steps != 1)}; model saved{unchanged} to {results['model']} "
+          f"(load with AutoModelForCausalLM.from_pretrained({results['model']!r})); report {report}", flush=True)
+    for w in warnings:
+        print(f"trajtune: warning: {plain(w)}", file=sys.stderr, flush=True)
     return report
 
 
@@ -346,7 +457,7 @@ def preflight(config, run_dir: str | Path, prepare: Callable[[Any, Path], Any]) 
     total = total_steps(dataclasses.replace(config, **getattr(prepared, "overrides", {})))
     return (f"dry run: the {len(prepared.items)} training items from {config.data} are valid, the model "
             f"{config.model.path} has a config and tokenizer, --device {config.model.device} is usable; "
-            f"{total} optimizer steps would run in {run_dir} (nothing trained)")
+            f"{total} optimizer step{'s' * (total != 1)} would run in {run_dir} (nothing trained)")
 
 
 @contextlib.contextmanager

@@ -222,7 +222,7 @@ def train(ctx, c: DPORun, data: Prepared, home: str = "") -> dict:
                 raise RunFailed(f"{e} (--pair-prompts, --temperature, --max-new-tokens)") from None
     else:
         history = train_dpo(engine, data.items, c.dpo, data.pad_id, run)
-    return finish(ctx, engine, policy, data.tokenizer, history, home)
+    return finish(ctx, engine, policy, data.tokenizer, history, home, start=c.model.path)
 
 
 def dry_run(config: DPORun, run_dir: Path) -> str:

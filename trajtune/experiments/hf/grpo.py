@@ -169,7 +169,7 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
         source = stack.enter_context(prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap))
         ptx = ptx_trajectories(c, data) if c.ptx_data else None
         history = train_rl(engine, tasks, source, c.rl, data.pad_id, run, ptx=ptx)
-    return finish(ctx, engine, policy, data.tokenizer, history, home)
+    return finish(ctx, engine, policy, data.tokenizer, history, home, start=c.model.path)
 
 
 def ptx_trajectories(config: GRPORun, data: Prepared) -> list:

@@ -61,7 +61,7 @@ def train(ctx, c: RFTRun, data: Prepared, home: str = "") -> dict:
     run = stage_run(ctx, policy, engine, data.tokenizer, c.output.save_every, home, config=c)
     with prompt_source(ctx, engine, data, c, c.rft.rounds * c.rft.steps_per_round) as source:
         history = train_rft(engine, data.items, source, c.rft, data.pad_id, run)
-    return finish(ctx, engine, policy, data.tokenizer, history, home)
+    return finish(ctx, engine, policy, data.tokenizer, history, home, start=c.model.path)
 
 
 def dry_run(config: RFTRun, run_dir: Path) -> str:

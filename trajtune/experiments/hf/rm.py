@@ -168,7 +168,7 @@ def train(ctx, c: RewardModelRun, data: Prepared, home: str = "") -> dict:
         history = train_ranked_reward_model(engine, data.items, c.rm, data.pad_id, run)
     else:
         history = train_reward_model(engine, data.items, c.rm, data.pad_id, run)
-    results = finish(ctx, engine, policy, data.tokenizer, history, home)
+    results = finish(ctx, engine, policy, data.tokenizer, history, home, start=c.model.path)
     if engine.is_main:  # how the saved model scores (read by --reward-model, rm-eval)
         kind = {"objective": c.rm.objective, "aggregate": c.rm.aggregate, "step_separator": c.step_separator}
         (Path(results["model"]) / KIND_FILE).write_text(json.dumps(kind, indent=1) + "\n")

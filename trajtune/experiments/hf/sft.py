@@ -86,7 +86,7 @@ def train(ctx, c: SFTRun, data: Prepared, home: str = "") -> dict:
     if data.eval_items:
         run.evaluate = lambda step: eval_loss(engine, data.eval_items, data.pad_id, c.sft.batch_size)
     history = train_sft(engine, data.items, c.sft, data.pad_id, run)
-    return finish(ctx, engine, policy, data.tokenizer, history, home)
+    return finish(ctx, engine, policy, data.tokenizer, history, home, start=c.model.path)
 
 
 def dry_run(config: SFTRun, run_dir: Path) -> str:
