@@ -232,6 +232,8 @@ def test_a_character_split_across_byte_level_tokens_is_shown_whole(tmp_path, byt
         assert ("part" in span["class"]) == (by is not None)
         if by is not None:
             assert span["text"] == "" and f"token {shift + by} completes" in span["title"]
+    (run / "config.json").write_text(json.dumps({"model": {"path": str(byte_bpe)}}))  # as `trajtune grpo` writes it
+    assert "".join(s["text"] for s in page_of(write_view(run)).sections[0]["tokens"]) == "Q: hi" + JAPANESE
 
 
 def test_a_reply_cut_inside_a_character_and_an_id_outside_the_vocabulary(byte_bpe):

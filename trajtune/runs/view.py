@@ -205,14 +205,24 @@ def find_decoder(run_dir: Path, explicit: str | None = None) -> tuple[Decoder | 
 
 
 def input_model(root: Path) -> Decoder | None:
-    """The tokenizer of the model RUN_DIR/config.json names (the Hugging Face commands' --model), or None."""
+    """The tokenizer of the model RUN_DIR/config.json names ("model": a folder, a name of the model catalog already
+    fetched, or the Hugging Face commands' {"path": ...}), or None. Never downloads."""
+    from ..models.hub import cached_model
+
     try:
         model = json.loads((root / "config.json").read_text()).get("model")
     except (OSError, json.JSONDecodeError, AttributeError):
         return None
-    if isinstance(model, str) and Path(model).is_dir():
+    model = model.get("path") if isinstance(model, dict) else model
+    if not isinstance(model, str) or not model:
+        return None
+    try:
+        folder = Path(model) if Path(model).is_dir() else cached_model(model)
+    except Exception:  # noqa: BLE001 - a name it cannot resolve offline: no input model to read
+        folder = None
+    if folder is not None:
         try:
-            return load_decoder(Path(model))
+            return load_decoder(Path(folder))
         except ConfigError:
             return None
     return None
