@@ -389,16 +389,16 @@ main{padding:8px 16px;max-width:100%}
 .tokens{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap;tab-size:4;overflow-x:auto}
 .t{border-radius:3px;padding:1px 1px;margin:0 2px 0 0;display:inline-block;white-space:pre;word-break:keep-all;overflow-wrap:normal}
 .t.nl{display:inline}
-.t.part{min-width:.7em}.t.part::before{content:"\\2026";color:#888}
+.t.part{min-width:.5em}.t.part::before{font-size:.75em;content:"\\2026";color:#888}
 .template{background:#e4e4e4;color:#777}.prompt{background:#dbe8ff}.policy{background:#c9f2c9}.tool{background:#ffe2bf}
 .t.off{outline:2px solid #d33}
-.badge{font-size:11px;border-radius:8px;padding:1px 7px;margin-left:6px;color:#fff}
+.badge{font-size:11px;border-radius:8px;padding:1px 7px;margin-left:6px;color:#fff;display:inline-block;white-space:nowrap}
 .badge.hacked{background:#c2185b}.badge.failed{background:#b71c1c}.badge.kept{background:#555}
 .badge.length{background:#e65100}code.expected{background:#fff3c4;padding:0 4px}
 details{max-width:100%;overflow-x:auto}
 pre{white-space:pre-wrap;overflow-wrap:anywhere}
 table.side{border-collapse:collapse;font-size:12px;margin:4px 0}
-table.side td,table.side th{border:1px solid #ddd;padding:1px 6px;text-align:right}
+table.side td,table.side th{border:1px solid #ddd;padding:1px 6px;text-align:right;white-space:nowrap;overflow-wrap:normal}
 td.tx{text-align:left;font-family:ui-monospace,monospace;white-space:pre-wrap}
 .warn{background:#fff3e0;border:1px solid #e65100;border-radius:6px;padding:6px 10px;margin:8px 0}
 .tokenizers ul{margin:4px 0}
