@@ -112,7 +112,16 @@ def test_a_stage_that_saves_no_model_is_decoded_by_the_model_upstream_of_it(tmp_
     assert "".join(t["text"] for t in page.sections[0]["tokens"]) == "Love and gold."
     assert page.warnings == [] and capsys.readouterr().err == ""
     text = (tmp_path / "view.html").read_text()
-    assert "overopt: rm/model/tokenizer.json, the model of rm, upstream of overopt in the stage graph" in text
+    assert "overopt: rm/model/tokenizer.json, saved by rm, upstream of overopt in the stage graph<" in text
+
+
+def test_upstream_stages_with_different_tokenizers_are_said_to_make_it_a_guess(tmp_path, capsys):
+    graph_run(tmp_path)
+    finish(tmp_path, "overopt", ["rm", "coldstart"])  # it waited for coldstart too, whose tokenizer is another
+    page = page_of(write_view(tmp_path))
+    assert "".join(t["text"] for t in page.sections[0]["tokens"]) == "Love and gold."  # the nearest: rm's
+    assert len(page.warnings) == 1 and "the nearest of 2 different tokenizers upstream" in page.warnings[0]
+    assert "it may not be the policy's" in capsys.readouterr().err
 
 
 def test_an_old_run_without_the_record_falls_back_and_says_so(tmp_path, capsys):

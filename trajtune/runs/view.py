@@ -191,6 +191,12 @@ def saved_tokenizer(folder: Path) -> Decoder | None:
     return None
 
 
+def _tokenizer_bytes(folder: Path) -> bytes | None:
+    """The first tokenizer.json under `folder`, as bytes (to tell tokenizers apart), or None."""
+    files = sorted(folder.rglob("tokenizer.json")) if folder.is_dir() else []
+    return files[0].read_bytes() if files else None
+
+
 def find_decoder(run_dir: Path, explicit: str | None = None) -> tuple[Decoder | None, str]:
     """(decoder or None, where it came from): `explicit`, else the first tokenizer saved under the run, else the
     model directory of its config.json. What a stage without a record of its model falls back to."""
@@ -259,8 +265,11 @@ def stage_decoders(run_dir: Path, stages: Sequence[str], explicit: str | None = 
         chain = upstream(run_dir, stage, on_disk)
         found = next(((name, d) for name in chain or () if (d := saved_tokenizer(run_dir / name)) is not None), None)
         if found is not None:
-            out[stage] = (found[1], f"{_rel(found[1].source, run_dir)}, the model of {found[0]}, upstream of {stage} "
-                                    f"in the stage graph", False)
+            kinds_up = len({_tokenizer_bytes(run_dir / name) for name in chain} - {None})
+            out[stage] = (found[1], f"{_rel(found[1].source, run_dir)}, saved by {found[0]}, upstream of {stage} in "
+                                    "the stage graph" + (f", the nearest of {kinds_up} different tokenizers upstream: "
+                                                         "it may not be the policy's" if kinds_up > 1 else ""),
+                          kinds_up > 1)
             continue
         model = input_model(run_dir)
         if model is not None:
