@@ -172,7 +172,7 @@ def test_code_keeps_its_indentation_and_the_page_its_margins(tmp_path):
     assert "white-space:pre" in rules[".t"] and "white-space:pre-wrap" in rules[".tokens"]  # spaces, tabs shown
     assert "padding:8px 16px" in rules["main"] and "padding:8px 16px" in rules["header"]  # margins at every width
     assert "white-space:pre-wrap" in rules["pre"] and "overflow-x:auto" in rules["details"]  # nothing wider than it
-    assert 'name="viewport"' in text
+    assert 'name="viewport"' in text and "a later token completes" not in text  # no split character: no legend
 
 
 def test_a_word_level_tokenizer_is_said_to_carry_no_indentation(tmp_path):
@@ -235,6 +235,7 @@ def test_a_character_split_across_byte_level_tokens_is_shown_whole(tmp_path, byt
     write_episode(run, "grpo", prompt + ids, owners=[int(Owner.PROMPT)] * len(prompt) + [int(Owner.POLICY)] * len(ids))
     spans = page_of(write_view(run)).sections[0]["tokens"]
     assert "".join(s["text"] for s in spans) == "Q: hi" + JAPANESE
+    assert "a later token completes" in (run / "view.html").read_text()  # the legend explains the mark
     shift = len(spans) - len(ids)
     for i, by in enumerate(completed_by):
         span = spans[shift + i]

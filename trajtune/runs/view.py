@@ -47,6 +47,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -464,6 +465,8 @@ def render_page(rows: list[dict], decoders: Decoder | None | dict[str, tuple[Dec
                     + (" &mdash; word-level: its tokens hold no spaces or indentation (decode joins them with one "
                        "space), so neither does the page" if d is not None and d.word_level else "") + "</li>"
                     for s, (d, note, _) in per_stage.items())
+    split = (' · <span class="t part"></span> the first bytes of a character that a later token completes (shown '
+             'there whole)' if re.search(r'class="t [^"]*\bpart\b', body) else "")
     notes = (f'<details class="tokenizers"><summary>tokenizers: which decodes each stage</summary><ul>{where}</ul>'
              '</details>' if where else "")
     notes += "".join(f'<p class="warn">warning: {html.escape(w)}</p>' for w in warnings)
@@ -472,8 +475,7 @@ def render_page(rows: list[dict], decoders: Decoder | None | dict[str, tuple[Dec
             f'<style>{CSS}</style></head><body><header><h1>{html.escape(title)}</h1>'
             f'<div class="filters">{filters}</div><div class="legend">owners: {legend} · red outline: importance '
             f'ratio outside [0.8, 1.25] · <span class="badge length">length</span> the reply was cut at the token '
-            'budget, not finished · <span class="t part"></span> the first bytes of a character the next token '
-            'completes</div><div id="panel">hover a token for its numbers</div></header>'
+            f'budget, not finished{split}</div><div id="panel">hover a token for its numbers</div></header>'
             f'<main>{notes}{body}</main><script>{JS}</script></body></html>')
 
 
