@@ -127,23 +127,26 @@ def test_upstream_stages_with_different_tokenizers_are_said_to_make_it_a_guess(t
 def test_an_old_run_without_the_record_falls_back_and_says_so(tmp_path, capsys):
     graph_run(tmp_path, record=False)
     page = page_of(write_view(tmp_path))
-    err = capsys.readouterr().err
-    # the fallback (the run's first saved tokenizer, coldstart's) cannot decode it: both the guess and the ids outside
-    # its vocabulary are said, on the page and on stderr
-    tokens = "".join(t["text"] for t in page.sections[0]["tokens"])
-    assert tokens != "Love and gold." and "#" in tokens
-    assert len(page.warnings) == 1 and "fall outside the vocabulary" in page.warnings[0]
-    assert "stage overopt" in page.warnings[0] and "coldstart/checkpoint/tokenizer.json" in page.warnings[0]
-    assert err.startswith("trajtune view: warning: stage overopt:") and "outside the vocabulary" in err
-    # a guess that decodes without ids outside the vocabulary is still said to be a guess
-    (tmp_path / "coldstart").rename(tmp_path / "zz_coldstart")  # now sft_narrow's comes first
-    page = page_of(write_view(tmp_path))
+    # no record: the first of the run's tokenizers whose vocabulary holds the ids (not coldstart's, alphabetically
+    # first), said to be a guess on the page and on stderr
     assert "".join(t["text"] for t in page.sections[0]["tokens"]) == "Love and gold."
-    assert len(page.warnings) == 1 and "may be another model's" in page.warnings[0]
-    assert "no record of the model it sampled" in capsys.readouterr().err
+    assert len(page.warnings) == 1 and "stage overopt" in page.warnings[0]
+    assert "rm/model/tokenizer.json, the first of the run's 2 saved tokenizers whose vocabulary holds its ids (1 do)" \
+        in page.warnings[0] and "may be another model's" in page.warnings[0]
+    assert capsys.readouterr().err.startswith("trajtune view: warning: stage overopt:")
     # --tokenizer decides, and nothing is guessed
     write_view(tmp_path, tokenizer=str(tmp_path / "sft_narrow" / "checkpoint"))
     assert capsys.readouterr().err == ""
+    # the one tokenizer left cannot decode it: the ids outside its vocabulary are said, on the page and on stderr
+    for stage in ("rm", "sft_narrow"):
+        for f in (tmp_path / stage).rglob("tokenizer.json"):
+            f.unlink()
+    page = page_of(write_view(tmp_path))
+    tokens = "".join(t["text"] for t in page.sections[0]["tokens"])
+    assert tokens != "Love and gold." and "#" in tokens
+    assert len(page.warnings) == 1 and "fall outside the vocabulary" in page.warnings[0]
+    assert "coldstart/checkpoint/tokenizer.json" in page.warnings[0]
+    assert "outside the vocabulary" in capsys.readouterr().err
 
 
 def test_stages_come_in_run_order_and_each_with_its_own_tokenizer(tmp_path):
@@ -259,7 +262,7 @@ def test_a_reply_cut_inside_a_character_and_an_id_outside_the_vocabulary(byte_bp
 
 
 def test_view_cli_prints_the_page_and_warns_on_stderr(tmp_path, capsys):
-    graph_run(tmp_path, record=False)
+    graph_run(tmp_path, record=False)  # no record of overopt's model: a guess
     assert main(["view", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == str(tmp_path / "view.html")

@@ -22,9 +22,11 @@ stages it waited for, `runs.rundir.stages_on_disk`), the nearest upstream stage 
 the model the stage started from, e.g. `overopt_single` <- `overopt_rm0` (whose network and
 tokenizer are `sft_narrow`'s), `pg_instruct` <- `sft_narrow`; else the model named in RUN_DIR/config.json
 (the Hugging Face commands' input model). A stage with no record (an older run directory, a stage
-cut short) falls back to the first tokenizer saved under RUN_DIR, and the page says so above the
-episodes and on stderr; so does a stage whose token ids fall outside its tokenizer's vocabulary
-(the wrong tokenizer). Without any tokenizer, tokens show as their ids.
+still running or cut short) falls back to the first of the run's saved tokenizers whose vocabulary
+holds all its ids; where the run holds several, the page says it is a guess, above the episodes and
+on stderr. So does a stage whose token ids fall outside its tokenizer's vocabulary (the wrong
+tokenizer), and one whose upstream stages saved different tokenizers. Without any tokenizer, tokens
+show as their ids.
 
 Characters split across tokens. A byte-level BPE (GPT-2, SmolLM2, Qwen) encodes text as UTF-8
 bytes, so one Japanese character (3 bytes) may be two or three tokens, and a token decoded alone
@@ -200,7 +202,7 @@ def _tokenizer_bytes(folder: Path) -> bytes | None:
 
 def find_decoder(run_dir: Path, explicit: str | None = None) -> tuple[Decoder | None, str]:
     """(decoder or None, where it came from): `explicit`, else the first tokenizer saved under the run, else the
-    model directory of its config.json. What a stage without a record of its model falls back to."""
+    model directory of its config.json (`--tokenizer`, and a page of one episodes.jsonl)."""
     if explicit:
         return load_decoder(Path(explicit)), explicit
     root = run_dir.parent if run_dir.is_file() else run_dir
@@ -251,13 +253,14 @@ def upstream(run_dir: Path, stage: str, on_disk: dict | None = None) -> list[str
     return order
 
 
-def stage_decoders(run_dir: Path, stages: Sequence[str], explicit: str | None = None
-                   ) -> dict[str, tuple[Decoder | None, str, bool]]:
-    """{stage: (decoder or None, where it came from, in words; True when it is a guess)} (the module docstring)."""
+def stage_decoders(run_dir: Path, stages: Sequence[str], explicit: str | None = None,
+                   ids: dict[str, list[list[int]]] | None = None) -> dict[str, tuple[Decoder | None, str, bool]]:
+    """{stage: (decoder or None, where it came from, in words; True when it is a guess)} (the module docstring).
+    `ids`: each stage's episodes' token ids: a guess takes the first tokenizer whose vocabulary holds them all."""
     if explicit or run_dir.is_file():
         decoder, where = find_decoder(run_dir, explicit)
         return {s: (decoder, f"{where}{' (--tokenizer)' if explicit else ''}", False) for s in stages}
-    out, fallback, kinds, on_disk = {}, None, 0, stages_on_disk(run_dir)
+    out, fallback, on_disk = {}, None, stages_on_disk(run_dir)
     for stage in stages:
         own = saved_tokenizer(run_dir / stage)
         if own is not None:
@@ -276,16 +279,25 @@ def stage_decoders(run_dir: Path, stages: Sequence[str], explicit: str | None = 
         if model is not None:
             out[stage] = (model, f"{model.source}, the run's input model (config.json)", False)
             continue
-        if fallback is None:
-            fallback = find_decoder(run_dir)
-            kinds = len({f.read_bytes() for f in run_dir.rglob("tokenizer.json")})
-        if kinds <= 1:  # nothing else it could be
-            out[stage] = (fallback[0], f"{_rel(fallback[1], run_dir)}, the one tokenizer saved in the run", False)
+        if fallback is None:  # every distinct tokenizer of the run, in path order
+            fallback = {}
+            for file in sorted(run_dir.rglob("tokenizer.json")):
+                if file.read_bytes() not in fallback and (d := saved_tokenizer(file.parent)) is not None:
+                    fallback[file.read_bytes()] = d
+        if not fallback:
+            out[stage] = (None, "none found: tokens show as ids", False)
+            continue
+        candidates = list(fallback.values())
+        fits = [d for d in candidates if not any(d.outside(x) for x in (ids or {}).get(stage, []))]
+        pick = (fits or candidates)[0]
+        if len(candidates) == 1:  # nothing else it could be
+            out[stage] = (pick, f"{_rel(pick.source, run_dir)}, the one tokenizer saved in the run", False)
             continue
         why = ("its stage graph has no saved tokenizer" if chain is not None else
                "no record of the model it sampled (a stage not finished, or a run directory older than the record)")
-        out[stage] = (fallback[0], f"{_rel(fallback[1], run_dir)}, the first of the run's {kinds} saved tokenizers: "
-                                   f"{why}, so it may be another model's", True)
+        out[stage] = (pick, f"{_rel(pick.source, run_dir)}, the first of the run's {len(candidates)} saved tokenizers "
+                            f"whose vocabulary holds its ids ({len(fits)} do): {why}, so it may be another model's",
+                      True)
     return out
 
 
@@ -523,7 +535,10 @@ def write_view(run_dir: str | Path, out: str | Path | None = None, steps: Sequen
                           f"(steps {list(steps or []) or 'any'}, stages {list(stages or []) or 'any'})")
     order = {s: i for i, s in enumerate(run_order(run_dir, list(dict.fromkeys(r.get("stage") for r in rows))))}
     rows.sort(key=lambda r: (order[r.get("stage")], r.get("step", 0), r.get("index", 0)))
-    decoders = stage_decoders(run_dir, [str(s) for s in order], tokenizer)
+    ids: dict[str, list[list[int]]] = {}
+    for r in rows:
+        ids.setdefault(str(r.get("stage")), []).append(r["ids"])
+    decoders = stage_decoders(run_dir, [str(s) for s in order], tokenizer, ids)
     warnings = tokenizer_warnings(rows, decoders)
     for w in warnings:
         print(f"trajtune view: warning: {w}", file=sys.stderr)
