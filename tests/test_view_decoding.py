@@ -249,6 +249,29 @@ def test_a_character_split_across_byte_level_tokens_is_shown_whole(tmp_path, byt
     assert "".join(s["text"] for s in page_of(write_view(run)).sections[0]["tokens"]) == "Q: hi" + JAPANESE
 
 
+def test_tokens_that_complete_one_character_and_start_the_next_wait_as_a_chain(tmp_path):
+    """A BPE trained on Japanese merges bytes across characters ("93 e3": the end of こ, the start of ん), so a token
+    can end inside one character after completing another; a chain of them waits for the one that ends cleanly."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(["こんにちは世界のみなさん"] * 50 + ["the fox"] * 20, trainers.BpeTrainer(
+        vocab_size=290, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(tmp_path)
+    hf, decoder = PreTrainedTokenizerFast.from_pretrained(str(tmp_path)), load_decoder(tmp_path)
+    for text in ("ちは世界の", "みなさんこんにちは", "the fox: こんにちは"):
+        ids = hf.encode(text)
+        texts, completed_by = decoder.texts(ids)
+        assert "".join(texts) == text and "\ufffd" not in "".join(texts), (text, texts)
+        assert all((t == "") == (by is not None) for t, by in zip(texts, completed_by, strict=True))
+    texts, completed_by = decoder.texts(hf.encode("ちは世界の"))
+    assert texts == ["", "", "", "", "ちは世界の"] and completed_by[:4] == [4] * 4  # a chain of four waits
+
+
 def test_a_reply_cut_inside_a_character_and_an_id_outside_the_vocabulary(byte_bpe):
     from transformers import AutoTokenizer
 

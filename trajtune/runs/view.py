@@ -34,7 +34,9 @@ is a broken byte sequence (U+FFFD). Tokens are therefore decoded incrementally, 
 detokenizer does (`Decoder.texts`): a token's text is what decoding the sequence up to it adds to
 decoding the sequence before it, with a few tokens of context. A token that ends inside a
 character adds nothing yet: it is shown as a grey "…" box (its tooltip names the token that
-completes the character), and the token that completes it shows the whole character. So the
+completes the character), and the token that completes it shows the whole character (a token can
+complete one character and start the next, e.g. the bytes "93 e3" of こ|ん: a chain of such tokens
+waits for the first that ends on a character boundary, `HOLD`, which shows them all). So the
 tokens' texts, joined, are the decoded text, character for character. The trajtune tokenizers
 (characters, words) have whole characters in every token.
 
@@ -107,12 +109,18 @@ def run_stages(run_dir: Path) -> list[str]:
     return list(stages)
 
 
+HOLD = 32
+"""at most this many tokens wait for a character boundary (a token may end inside one character after completing
+another, e.g. the bytes "93 e3" of こ|ん, so a chain of such tokens waits as a whole); past it, bytes that never
+complete a character show as U+FFFD"""
+
+
 class Decoder:
     """The text of each token of a sequence, from one tokenizer (see the module docstring).
 
     `texts(ids)` -> (text per token, completed_by per token): joined, the texts are the decoded sequence; a token
-    that ends inside a character has text "" and completed_by = the index of the token that completes it (None
-    elsewhere). Ids outside [0, size) show as "#<id>" (`outside` counts them)."""
+    that ends inside a character has text "" and completed_by = the index of the next token that ends on a character
+    boundary, which shows the characters they make together (None elsewhere). Ids outside [0, size) show as "#<id>" (`outside` counts them)."""
 
     def __init__(self, source: str, size: int, decode: Callable[[list[int]], str], whole_tokens: bool,
                  word_level: bool = False):
@@ -139,8 +147,8 @@ class Decoder:
                 continue
             before = self._decode(list(ids[prefix:read]))
             now = self._decode(list(ids[prefix:i + 1]))
-            if now.endswith("\ufffd") and i - read < 3 and i + 1 < n:
-                continue  # ends inside a character (UTF-8: at most 4 bytes, so at most 3 tokens wait)
+            if now.endswith("\ufffd") and i - read < HOLD and i + 1 < n:
+                continue  # ends inside a character: wait for the token that ends on a character boundary
             out[i] = now[len(before):]
             for j in range(read, i):
                 completed_by[j] = i
