@@ -48,6 +48,7 @@ sees the indentation of the code it reads; the page says so.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -191,10 +192,7 @@ def load_decoder(path: Path) -> Decoder:
 
 def saved_tokenizer(folder: Path) -> Decoder | None:
     """The tokenizer saved under `folder` (a stage directory: its checkpoint or model first), or None."""
-    if not folder.is_dir():
-        return None
-    files = sorted(folder.rglob("tokenizer.json"), key=lambda f: (f.parent.name not in ("checkpoint", "model"), f))
-    for file in files:
+    for file in _tokenizer_files(folder):
         try:
             return load_decoder(file.parent)
         except ConfigError:
@@ -202,9 +200,15 @@ def saved_tokenizer(folder: Path) -> Decoder | None:
     return None
 
 
+def _tokenizer_files(folder: Path) -> list[Path]:
+    """The tokenizer.json files under `folder`, those of a checkpoint/ or model/ folder first."""
+    files = folder.rglob("tokenizer.json") if folder.is_dir() else []
+    return sorted(files, key=lambda f: (f.parent.name not in ("checkpoint", "model"), f))
+
+
 def _tokenizer_bytes(folder: Path) -> bytes | None:
     """The first tokenizer.json under `folder`, as bytes (to tell tokenizers apart), or None."""
-    files = sorted(folder.rglob("tokenizer.json")) if folder.is_dir() else []
+    files = _tokenizer_files(folder)
     return files[0].read_bytes() if files else None
 
 
@@ -290,8 +294,9 @@ def stage_decoders(run_dir: Path, stages: Sequence[str], explicit: str | None = 
         if fallback is None:  # every distinct tokenizer of the run, in path order
             fallback = {}
             for file in sorted(run_dir.rglob("tokenizer.json")):
-                if file.read_bytes() not in fallback and (d := saved_tokenizer(file.parent)) is not None:
-                    fallback[file.read_bytes()] = d
+                if file.read_bytes() not in fallback:
+                    with contextlib.suppress(ConfigError):
+                        fallback[file.read_bytes()] = load_decoder(file.parent)
         if not fallback:
             out[stage] = (None, "none found: tokens show as ids", False)
             continue
