@@ -360,7 +360,7 @@ def test_tokens_are_never_split_across_lines(tmp_path):
     tok.save(tmp_path / "tokenizer.json")
     text = write_view(tmp_path).read_text()
     rules = css_rules(text)
-    assert "break-all" not in rules[".tokens"] and "white-space:normal" in rules[".tokens"]  # lines wrap between tokens
+    assert "break-all" not in rules[".tokens"] and "white-space:pre-wrap" in rules[".tokens"]  # lines wrap between tokens
     assert "display:inline-block" in rules[".t"] and "white-space:pre" in rules[".t"]  # never inside one
     assert "display:inline" in rules[".t.nl"]  # a token holding a line break breaks the line where it says
     page = Page()
