@@ -118,12 +118,20 @@ def test_a_headline_that_the_noise_does_not_support_is_not_a_verdict():
     assert verdicts(dip, dip)["O4"] is False and verdicts(flat, flat)["O4"] is True
 
 
-def test_overopt_end_to_end(tmp_path):
+def test_overopt_end_to_end(tmp_path, capsys):
     config = tiny()
     report, results = run_with_results(config, tmp_path)
     text = report.read_text()
     for cid in ("O1", "O2", "O3", "O4", "O5", "O6"):
         assert f"| {cid} |" in text, cid
+    # the terminal: 'N of M claims hold' and one short line per claim, never the markdown table
+    out = capsys.readouterr().out.splitlines()
+    summary = out[out.index(next(line for line in out if " claims hold" in line or " claim holds" in line)):]
+    assert [line.split()[0] for line in summary[1:]] == ["O1", "O2", "O3", "O4", "O5", "O6"]
+    assert all(len(line) <= 120 and not line.startswith("|") for line in out)
+    # the recorded episodes: view.html written before the report, which links it
+    assert (tmp_path / "view.html").exists() and "[view.html](view.html)" in text
+    assert "seeds/rlhf-book.md" not in text and "RLHF book ch.14 §14.1" in text
     assert (tmp_path / "overopt.png").stat().st_size > 10_000
     for which in ("single", "ensemble"):
         res = json.loads((tmp_path / f"overopt_{which}" / "results.json").read_text())
@@ -152,3 +160,12 @@ def test_a_gold_that_only_falls_is_not_over_optimization():
         assert holds == NOISE and est.value == pytest.approx(single[1][INSTR] - 0.2 if single is barely else 0.0)
         v = verdicts(single, single)
         assert v["O5"] == NOISE and v["O6"] is None
+
+
+def test_a_proxy_that_stops_climbing_leaves_the_fall_to_delay():
+    """The whole instruction rises 0.3 -> 0.8 and falls to 0.3 while the proxy only creeps up (+0.05, inside its
+    noise): the book's curve (O5) is not distinguishable, but there is a fall, so O6 is judged on the levels."""
+    single = curve([0, 1, 1.02, 1.04, 1.05], [0.5] * 5, [0.3, 0.6, 0.8, 0.5, 0.3], [0] * 5, [0, 1, 2, 3, 4])
+    ensemble = curve([0, 1, 1.02, 1.04, 1.05], [0.5] * 5, [0.3, 0.6, 0.8, 0.5, 0.3], [0] * 5, [0, 1, 2, 3, 4])
+    v = verdicts(single, ensemble)
+    assert v["O5"] == NOISE and v["O6"] == NOISE  # the same levels after the peak: a gap of 0

@@ -305,7 +305,7 @@ def claims(results: dict, config) -> list[Claim]:
     holds, est, why = rating_order(pol, ev["ratings"])
     out.append(Claim("E6", "Elo and Bradley-Terry from the verifier's pairwise verdicts", "-",
                      "pass@1 " + ", ".join(f"{POLICIES[s]} {fmt(p1[s])}" for s in POLICIES) + "; Elo "
-                     + ", ".join(f"{POLICIES[s]} {elo[s]:.0f}" for s in POLICIES) + "; BT "
+                     + ", ".join(f"{POLICIES[s]} {elo[s]:.0f}" for s in POLICIES) + "; Bradley-Terry "
                      + ", ".join(f"{POLICIES[s]} {bt[s]:.0f}" for s in POLICIES),
                      "RLHF book ch.16 §16.4: pairwise evaluation \"yields Elo rankings\" ([EXT] a Bradley-Terry fit): "
                      "both ratings put the policies in their pass@1 order, wherever pass@1 tells two apart (by more "

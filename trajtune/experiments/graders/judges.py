@@ -376,21 +376,19 @@ def claims(results: dict, config) -> list[Claim]:
         Claim.compare("J5", "Constitutional AI's label: P(A) vs P(B) as the next token",
                       "RLHF book ch.12 §12.13: look at which token (A or B) had a higher probability",
                       f"agrees with the verifier on {pct(cai['agreement'])} of {n_decided} decided pairs (the "
-                      "generated "
-                      f"verdict: {pct(cai['greedy_agreement'])}); mean soft label on the right answer "
+                      f"generated verdict: {pct(cai['greedy_agreement'])}); mean soft label on the right answer "
                       f"{fmt(cai['mean_p_right'])}",
                       "Prompting the model and looking at which token (A or B) had a higher probability gives a label: "
                       "it agrees with the verifier at least as often as the judge's generated verdict, less 2 points "
                       "(not below that by more than 2 SE)",
                       shares(cai["agreement"], cai["greedy_agreement"], n_decided), ">=", -0.02),
         Claim.compare("J6", "a rubric item graded by the judge vs by the verifier (SFT samples)",
-                      "RLHF book ch.12 §12.14: rubrics give nearly-verifiable criteria for prompts without verifiable "
-                      "answers",
+                      "RLHF book ch.12 §12.14: rubrics give nearly-verifiable criteria for prompts without "
+                      "verifiable answers",
                       f"judge's 'ends with a period' agrees with the verifier on {pct(rub['judge_item_agreement'])} "
                       f"of {rub_graded(rub)} graded samples ({rub['n']} sampled; ungraded {pct(rub['ungraded'])})",
                       "The idea of rubrics emerged as a way to get nearly-verifiable criteria: the judge-graded item "
-                      "agrees "
-                      "with the verifier on more than 90% of the policy's samples",
+                      "agrees with the verifier on more than 90% of the policy's samples",
                       share(round(rub["judge_item_agreement"] * rub_graded(rub)), rub_graded(rub), 0.9), ">", 0.0),
     ]
 

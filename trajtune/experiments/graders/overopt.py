@@ -257,14 +257,18 @@ def peak_row(curve: list[dict], key: str) -> dict:
     return next(c for c in curve if c["step"] == at)
 
 
-def rise_and_fall(curve: list[dict], key: str) -> tuple[Holds, Estimate]:
-    """The book's curve on `key`: it rises from step 0 to its peak, falls from the peak to the end, and the proxy
-    is higher at the end than at that peak; each difference beyond 2 SE of the probe's replies (`change`). (verdict,
-    the estimate that decided it: `verdicts.deciding`). A peak at step 0 or at the end is no rise or no fall: a
-    difference of 0, inside the noise."""
+def rise_and_fall_parts(curve: list[dict], key: str) -> list[tuple[Estimate, str, float]]:
+    """The book's curve on `key` as three comparisons (`verdicts.deciding` parts): it rises from step 0 to its peak,
+    falls from the peak to the end, and the proxy is higher at the end than at that peak; each a difference of two
+    evaluations against the noise of the probe's replies (`change`). A peak at step 0 or at the end is no rise or
+    no fall: a difference of 0, which no noise level makes a clear one."""
     start, top, end = curve[0], peak_row(curve, key), curve[-1]
-    return deciding([(change(start, top, key), ">", 0.0), (change(end, top, key), ">", 0.0),
-                     (change(top, end, PROXY), ">", 0.0)])
+    return [(change(start, top, key), ">", 0.0), (change(end, top, key), ">", 0.0), (change(top, end, PROXY), ">", 0.0)]
+
+
+def rise_and_fall(curve: list[dict], key: str) -> tuple[Holds, Estimate]:
+    """(verdict, the estimate that decided it) of the book's whole curve on `key` (`rise_and_fall_parts`)."""
+    return deciding(rise_and_fall_parts(curve, key))
 
 
 def _curve(results: dict, which: str) -> list[dict] | None:
@@ -302,10 +306,11 @@ def level_gap(single: list[dict], ensemble: list[dict], key: str, after: int) ->
 
 def _delay(single: list[dict], ensemble: list[dict], key: str) -> tuple[str, Holds, Estimate | None, str]:
     """O3 / O6: (ours, verdict, estimate, why). The ensemble delays the fall when, at the same evaluations after
-    one RM's peak, its level is above one RM's; not judged when one RM's curve did not rise and fall."""
+    one RM's peak, its level is above one RM's; not judged when one RM's `key` did not rise and fall beyond the
+    noise (the proxy's part of O1 / O5 is not needed: there is a fall to delay or there is not)."""
     top = peak_row(single, key)
     after = [c for c in single if c["step"] > top["step"]]
-    if len(after) < 2 or rise_and_fall(single, key)[0] is not True:
+    if len(after) < 2 or deciding(rise_and_fall_parts(single, key)[:2])[0] is not True:
         levels = ", ".join(f"{fmt(a[key])} vs {fmt(b[key])}" for a, b in zip(single[1:], ensemble[1:], strict=True))
         return (f"one RM vs min-ensemble at steps {single[1]['step']}-{single[-1]['step']}: {levels}", None, None,
                 "one RM's curve did not rise and fall beyond the noise: nothing to delay")
@@ -337,8 +342,7 @@ def claims(results: dict, config) -> list[Claim]:
     out.append(Claim("O1", "RL vs one proxy RM", "proxy rises, gold peaks then falls", ours,
                      '"the training reward keeps climbing, but downstream quality eventually peaks and declines" '
                      "(RLHF book ch.14 §14.1): gold = the verifier ends_with_period; it gets better, then worse: its "
-                     "peak "
-                     "above step 0, the end below the peak, the proxy higher at the end than at gold's peak, each "
+                     "peak above step 0, the end below the peak, the proxy higher at the end than at gold's peak, each "
                      "by more than 2 SE of the probe's replies", holds, est))
     half = single[len(single) // 2]
     holds, est = deciding([(change(half, single[-1], PROXY), ">", 0.0), (change(half, single[-1], TEST), "<=", 0.0)])
@@ -348,13 +352,11 @@ def claims(results: dict, config) -> list[Claim]:
                      f"{fmt(single[0][TEST])} at step 0)",
                      '"improvements on the training RM eventually fail to transfer to the test PM" (Bai et al., '
                      "RLHF book ch.14 §14.2): over the second half of the run the proxy still rises (by more than 2 "
-                     "SE) and "
-                     "the test RM does not", holds, est))
+                     "SE) and the test RM does not", holds, est))
     ours, holds, est, why = _delay(single, ensemble, GOLD)
     out.append(Claim("O3", "min-ensemble of RMs", "an ensemble delays the fall", "gold (ends with '.'): " + ours,
                      '"reward model ensembles" mitigate over-optimization (Coste et al., RLHF book ch.14 §14.4b): '
-                     'after one '
-                     "RM's gold peak, the min-ensemble's gold is above one RM's at the same steps (the mean "
+                     "after one RM's gold peak, the min-ensemble's gold is above one RM's at the same steps (the mean "
                      "difference by more than 2 SE)", holds, est, why=why))
     holds, est = kl_grows([single, ensemble])
     out.append(Claim("O4", "KL as the x-axis", "KL from the reference grows with steps",
@@ -362,8 +364,8 @@ def claims(results: dict, config) -> list[Claim]:
                      f"{fmt(ensemble[0][KL])} -> {fmt(ensemble[-1][KL])} (ensemble)",
                      '"the relationship ... can also be seen with the KL distance of the optimization on the '
                      'x-axis rather than training steps" (RLHF book ch.14 §14.1): the sampled KL to the reference '
-                     'rises from '
-                     "step 0 to the end of both runs and never falls between two evaluations, beyond 2 SE", holds, est))
+                     "rises from step 0 to the end of both runs and never falls between two evaluations, beyond 2 SE",
+                     holds, est))
     ours, holds, est = _rise_and_fall(single, INSTR, "instruction (starts with the word and ends with '.')")
     out.append(Claim("O5", "RL vs one proxy RM, gold = the whole instruction", "proxy rises, gold peaks then falls",
                      ours, "as O1 with gold = the whole instruction, format_ok and ends_with_period (added after the "
@@ -429,8 +431,9 @@ def section(run_dir: Path, results: dict, config) -> str:
     rms = [(name, fmt(results[f"overopt_{name}"]["accuracy"]), results[f"overopt_{name}"]["n_train_pairs"],
             results[f"overopt_{name}"]["steps"]) for name in [f"rm{k}" for k in range(d.members)] + ["rm_test"]
            if f"overopt_{name}" in results]
-    keys = [("proxy", PROXY), ("gold: ends with '.'", GOLD), ("test RM", TEST), ("format", FORMAT),
-            ("instruction", INSTR), ("KL", KL)]
+    keys = [("proxy (RM score)", PROXY), ("gold: ends with '.'", GOLD), ("test RM (score)", TEST),
+            ("starts with the word", FORMAT), ("starts with the word and ends with '.'", INSTR),
+            ("KL (nats per reply)", KL)]
     table = [[run, c["step"], *(fmt(c[k]) for _, k in keys)] for run, curve in (("one RM", single),
                                                                              ("min-ensemble", ensemble))
              for c in curve]

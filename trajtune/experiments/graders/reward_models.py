@@ -342,8 +342,8 @@ def claims(results: dict, config) -> list[Claim]:
         b, problems = orm["bon"], orm["heldout_samples"] // orm["n"]
         out.append(Claim.compare(
             "R2", f"best-of-{orm['n']} reranked by the ORM", "RLHF book ch.9 §S9.2",
-            f"pass rate on {problems} problems: ORM pick {fmt(b['orm'])}, random pick {fmt(b['random'])}, oracle "
-            f"{fmt(b['oracle'])}",
+            f"pass rate on {problems} problems: ORM pick {fmt(b['orm'])}, random pick {fmt(b['random'])}, "
+            f"oracle {fmt(b['oracle'])}",
             '"the RM-selected run must beat its random control" (RLHF book ch.9 §S9.2) with an ORM as the RM (ch.5 '
             "Inference: ORM usage, rerank finished candidates): by more than 2 SE",
             shares(b["orm"], b["random"], problems), ">", 0.0))
@@ -386,9 +386,8 @@ def claims(results: dict, config) -> list[Claim]:
                          f"{e['n']} pairs, {len(e['categories'])} categories, {bt['eval_s']:.2f} s: accuracy "
                          f"{fmt(e['accuracy'])}, margin {fmt(e['margin'])}",
                          '"a 50-200-example held-out RM eval reporting accuracy or pair ordering without a full '
-                         'training '
-                         'run" (RLHF book ch.5 §S5.3): 50-200 pairs, in seconds, accuracy above chance (0.5, by more '
-                         "than 2 SE)", judge(acc, ">") if form else False, acc,
+                         'training run" (RLHF book ch.5 §S5.3): 50-200 pairs, in seconds, accuracy above chance '
+                         "(0.5, by more than 2 SE)", judge(acc, ">") if form else False, acc,
                          ">" if form else "", why="" if form else "not 50-200 pairs in under 10 s"))
     if kw:
         pl, b = kw["plackett-luce"], kw["bt"]
@@ -401,11 +400,9 @@ def claims(results: dict, config) -> list[Claim]:
                          f"held-out pair accuracy PL {fmt(pl['pair_accuracy'])}, BT {fmt(b['pair_accuracy'])}; top-1 "
                          f"PL {fmt(pl['top1'])}, BT {fmt(b['top1'])} ({kw['test_lists']} lists of 4, {n_pairs} pairs)",
                          '"There are many other formulations that can create suitable models of human preferences ... '
-                         'a '
-                         'K-wise loss function based on the Plackett-Luce model" (RLHF book ch.5 K-Wise Loss Function, '
-                         "§5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more than 0.05 "
-                         "below "
-                         "all-pairs BT's (beyond 2 SE)", holds, est))
+                         'a K-wise loss function based on the Plackett-Luce model" (RLHF book ch.5 K-Wise Loss '
+                         "Function, §5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more than 0.05 "
+                         "below all-pairs BT's (beyond 2 SE)", holds, est))
     return out
 
 
@@ -422,11 +419,9 @@ def section(run_dir: Path, results: dict, config) -> str:
         parts.append(f"**ORM** ({orm['train_samples']} calculator samples, {fmt(q)} correct; labels "
                      "copied onto every answer token). Its training loss ends at "
                      f"{fmt(sum(tail) / len(tail), 3)} (mean of the last {len(tail)} steps) against {fmt(floor, 3)}, "
-                     "the "
-                     "loss of predicting the base rate everywhere: where the two meet, the ORM has learned how often "
-                     "the "
-                     "calculator is right, not which answers are (to check a sum the grader must compute it). "
-                     "Held-out AUC by aggregation:\n\n"
+                     "the loss of predicting the base rate everywhere: where the two meet, the ORM has learned how "
+                     "often the calculator is right, not which answers are (to check a sum the grader must compute "
+                     "it). Held-out AUC by aggregation:\n\n"
                      + markdown_table(["aggregation", "AUC"], [[k, fmt(v)] for k, v in orm["auc"].items()])
                      + "\n\n" + image(run_dir / "rm-orm-bon.png", "best-of-N pass rates"))
     if prm:
