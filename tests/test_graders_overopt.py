@@ -51,6 +51,12 @@ def curve(proxy, gold, instr, test, kl, n=64, sd=0.5):
             for i, (p, g, m, t, k) in enumerate(zip(proxy, gold, instr, test, kl, strict=True))]
 
 
+def var(p: float, n: int = 64) -> float:
+    """A share's binomial variance over n replies, p taken at (hits + 1) / (n + 2)."""
+    q = (p * n + 1) / (n + 2)
+    return q * (1 - q) / n
+
+
 def verdicts(single, ensemble) -> dict:
     results = {"overopt_single": {"curve": single}, "overopt_ensemble": {"curve": ensemble}}
     return {c.id: c.holds for c in claims(results, Config(demos=["overopt"]))}
@@ -69,17 +75,19 @@ def test_claims_on_hand_made_curves():
     gap = level_gap(single, ensemble, GOLD, after=10)  # steps 15, 20: +0.3, +0.4
     assert gap.value == pytest.approx(0.35) and gap.n == 2
     # the binomial SE of the pooled replies beats the paired SE of two nearly equal differences
-    assert gap.se == pytest.approx(math.sqrt((0.24 / 64 + 0.09 / 64 + 0.24 / 64 + 0.16 / 64) / 2 / 2))
+    assert gap.se == pytest.approx(math.sqrt((var(0.6) + var(0.9) + var(0.4) + var(0.8)) / 2 / 2))
     assert verdicts(single, ensemble) == {"O1": True, "O2": True, "O3": True, "O4": False, "O5": NOISE, "O6": None}
     assert claims({}, Config(demos=["overopt"])) == []  # the RL stages did not run: nothing to judge
 
 
 def test_change_is_the_unpaired_se_of_two_evaluations():
+    """An RM score's SE from the probe's sd over its replies, a share's binomial."""
     a, b = curve([0, 1], [0.5, 0.75], [0, 0], [0, 0], [0, 2], n=64, sd=0.8)
     est = change(a, b, PROXY)
     assert est.value == 1 and est.se == pytest.approx(math.sqrt(2 * 0.64 / 64))
     est = change(a, b, GOLD)  # a share: binomial
-    assert est.value == 0.25 and est.se == pytest.approx(math.sqrt(0.25 / 64 + 0.1875 / 64))
+    assert est.value == 0.25 and est.se == pytest.approx(math.sqrt(var(0.5) + var(0.75)))
+    assert var(1.0) == pytest.approx((65 / 66) * (1 / 66) / 64)  # 64 of 64: not a zero variance
     old = {k: v for k, v in a.items() if k != "overopt/sd/gold/test_rm"}  # a row from before the probe logged sds
     with pytest.raises(ValueError, match="overopt/sd/gold/test_rm"):
         change(old, b, TEST)  # an RM score has no binomial sd to fall back on

@@ -29,9 +29,12 @@ The demo, its design fixed up front (not tuned to make a claim hold):
                  `sft_narrow` policy)
 
 All of this was written before the first run except the instruction gold and its claims O5-O6, added after
-the first run showed the format collapsing while the period held (the claims table says so). On seed 0 the
-reward models order 99-100% of the other half's pairs and the period never falls (O1-O3 do not hold or cannot
-be judged); the format, which no pair taught, collapses (docs/overoptimization.md has the numbers).
+the first run showed the format collapsing while the period held (the claims table says so). Every rise, fall and
+gap a claim reads is judged against the noise of the probe's replies (`runs.verdicts`: a share binomial over
+them, an RM score or the KL by its sd over them, `overopt/sd/*`); O3 and O6 compare the two runs' levels at the
+same evaluations after one RM's peak, not each run against its own peak. On seed 0 the reward models order
+99-100% of the other half's pairs and the period never falls (O1 not distinguishable: 1.00 at its peak and at the
+end; O3 not judged); the format, which no pair taught, collapses (docs/overoptimization.md has the numbers).
 
 What differs from the book's setting: the "human" preference is a rule the gym can check, so the gold reward
 is exact; the reward models are 355k-parameter character models; the policy is never KL-penalised (the
@@ -219,7 +222,7 @@ PROXY, GOLD, TEST, INSTR, FORMAT, KL = ("overopt/proxy", "overopt/gold", "overop
                                        "overopt/gold/instruction", "overopt/gold/format", "overopt/kl")
 GRADED = "overopt/graded"
 SHARES = (GOLD, INSTR, FORMAT, "overopt/gold/ends_with_period")
-"""the probe's numbers that are shares of its replies (a binomial SE when a curve carries no overopt/sd/*)"""
+"""the probe's numbers that are shares of its replies (binomial noise)"""
 
 
 def series(curve: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -231,23 +234,25 @@ def sd_key(key: str) -> str:
     return "overopt/sd/" + key.removeprefix("overopt/")
 
 
-def spread(row: dict, key: str) -> float:
-    """`key`'s standard deviation over the replies of one evaluation (`overopt/sd/*`; for a share the binomial
-    sqrt(p (1 - p)) when the row predates it)."""
-    if sd_key(key) in row:
-        return row[sd_key(key)]
+def noise(row: dict, key: str) -> float:
+    """The sampling variance of `key` at one evaluation (a row of a curve), over its n = overopt/graded replies: for
+    a share the binomial p (1 - p) / n, p taken at (hits + 1) / (n + 2) as `verdicts.two_shares` does (so 64/64 is
+    not a zero); for a score or the KL sd^2 / n, sd the probe's overopt/sd/*."""
+    n = row[GRADED]
     if key in SHARES:
-        return math.sqrt(max(row[key] * (1 - row[key]), 0.0))
-    raise ValueError(f"graders overopt: the curve has no {sd_key(key)} (results from before the probe logged it: "
-                     "rerun the overopt stages)")
+        p = (row[key] * n + 1) / (n + 2)
+        return p * (1 - p) / n
+    if sd_key(key) not in row:
+        raise ValueError(f"graders overopt: the curve has no {sd_key(key)} (results from before the probe logged it: "
+                         "rerun the overopt stages)")
+    return row[sd_key(key)] ** 2 / n
 
 
 def change(a: dict, b: dict, key: str) -> Estimate:
-    """b[key] - a[key] between two evaluations (rows of a curve), SE sqrt(sd_a^2 / n_a + sd_b^2 / n_b) over their
-    replies. Unpaired: the probe draws the same prompts and random numbers at every evaluation, so the two are
-    positively correlated and this SE errs on the large side."""
-    se = math.sqrt(spread(a, key) ** 2 / a[GRADED] + spread(b, key) ** 2 / b[GRADED])
-    return Estimate(b[key] - a[key], se, int(min(a[GRADED], b[GRADED])),
+    """b[key] - a[key] between two evaluations (rows of a curve), its SE from both evaluations' replies (`noise`).
+    Unpaired: the probe draws the same prompts and random numbers at every evaluation, so the two are positively
+    correlated and this SE errs on the large side."""
+    return Estimate(b[key] - a[key], math.sqrt(noise(a, key) + noise(b, key)), int(min(a[GRADED], b[GRADED])),
                     f"step {b['step']} - step {a['step']}, {int(b[GRADED])} replies each")
 
 
@@ -297,8 +302,7 @@ def level_gap(single: list[dict], ensemble: list[dict], key: str, after: int) ->
                          f"{[c['step'] for c in e]})")
     by_eval = paired([c[key] for c in s], [c[key] for c in e])
     k = len(s)
-    pooled = math.sqrt(statistics.fmean([spread(a, key) ** 2 / a[GRADED] + spread(b, key) ** 2 / b[GRADED]
-                                         for a, b in zip(s, e, strict=True)]) / k)
+    pooled = math.sqrt(statistics.fmean([noise(a, key) + noise(b, key) for a, b in zip(s, e, strict=True)]) / k)
     return Estimate(by_eval.value, max(by_eval.se, pooled), k,
                     f"paired over the {k} evaluations at steps {s[0]['step']}-{s[-1]['step']}, "
                     f"{int(s[0][GRADED])} replies each")
@@ -325,12 +329,12 @@ def _delay(single: list[dict], ensemble: list[dict], key: str) -> tuple[str, Hol
 
 def kl_grows(curves: list[list[dict]]) -> tuple[Holds, Estimate]:
     """O4: the sampled KL rises from step 0 to the end of every run beyond the noise, and never falls beyond it
-    between two evaluations (a dip inside the noise is not a fall)."""
-    parts = []
-    for curve in curves:
-        parts.append((change(curve[0], curve[-1], KL), ">", 0.0))
-        parts += [(change(a, b, KL), ">=", 0.0) for a, b in zip(curve, curve[1:])]
-    return deciding(parts)
+    between two evaluations (a dip inside the noise is not a fall). When it holds, the estimate shown is the
+    smaller rise (in SE) of step 0 -> the end: the headline, not a step that did not fall."""
+    rises = [(change(curve[0], curve[-1], KL), ">", 0.0) for curve in curves]
+    steps = [(change(a, b, KL), ">=", 0.0) for curve in curves for a, b in zip(curve, curve[1:])]
+    holds, est = deciding(rises + steps)
+    return (holds, deciding(rises)[1]) if holds is True else (holds, est)
 
 
 def claims(results: dict, config) -> list[Claim]:
