@@ -9,7 +9,8 @@ import pytest
 
 from trajtune.algorithms.rl import RLConfig
 from trajtune.experiments.graders import Config, run_with_results, stages
-from trajtune.experiments.graders.evals import Demo, claims, paired_change, pairwise_verdicts
+from trajtune.experiments.graders.evals import Demo, claims, pairwise_verdicts
+from trajtune.runs.verdicts import NOISE
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.sources.rewards import RewardState, load_reward_function, signature_of
 from trajtune.sources.rewards.controls import random_reward
@@ -50,41 +51,81 @@ def test_grpo_command_accepts_the_random_reward(tmp_path, capsys):
 
 
 # --- the claims' arithmetic -----------------------------------------------------------------------------------
-def test_paired_change_and_verdicts_hand_values():
-    mean, se = paired_change([0.0, 0.5, 1.0, 0.5], [0.5, 0.5, 1.0, 1.0])
-    # differences 0.5, 0, 0, 0.5: mean 0.25, sd sqrt((3 * 0.0625 + 0.0625) / 3) = 0.288675, SE = sd / 2
-    assert mean == pytest.approx(0.25) and se == pytest.approx(0.288675 / 2, abs=1e-6)
+def test_pairwise_verdicts_hand_values():
     v = pairwise_verdicts({"a": [[True, False]], "b": [[False, False]], "c": [[True, True]]})
     # sample 0: a right, b wrong, c right; sample 1: a wrong, b wrong, c right
     assert v == [("a", "b", 1.0), ("a", "c", 0.5), ("b", "c", 0.0), ("a", "b", 0.5), ("a", "c", 0.0), ("b", "c", 0.0)]
 
 
-def fake_results(random_after: list[float]) -> dict:
-    def policy(per_problem, tokens=3.0):
-        p1 = sum(per_problem) / len(per_problem)
-        return {"pass_at": {"1": p1, "4": min(1.0, 2 * p1)}, "maj_at": {"1": p1, "4": p1},
-                "tokens": {"per_sample": tokens, "total": 0}, "per_problem": per_problem,
-                "mc": {"letter": 0.5, "answer_sum": 0.75, "answer_per_token": 0.6, "answer_per_char": 0.6}}
+BEFORE = [0.25, 0.5, 0.25, 0.0] * 8
+"""the cold start's per-problem pass rates (32 problems)"""
 
-    before = [0.25, 0.5, 0.25, 0.0] * 8
-    return {"evals": {"policies": {"coldstart": policy(before), "evals_grpo": policy([p + 0.25 for p in before]),
-                                   "evals_random": policy(random_after)},
-                      "ratings": {"elo": {"evals_grpo": 1100, "coldstart": 1000, "evals_random": 900},
-                                  "bt": {"evals_grpo": 1100, "coldstart": 1000, "evals_random": 900}},
+
+def fake_results(random_after: list[float], grpo_after: list[float] | None = None, tokens=(3.0, 3.0, 3.0),
+                 letter=0.5, answer=0.75, maj_k=None, elo=None) -> dict:
+    """The evals stage's results: three policies on 32 problems (maj_k: per-problem pass rates -> maj@4's)."""
+    def policy(per_problem, tokens):
+        p1 = sum(per_problem) / len(per_problem)
+        maj = {"1": per_problem, "4": maj_k(per_problem) if maj_k is not None else per_problem}
+        return {"pass_at": {"1": p1, "4": min(1.0, 2 * p1)},
+                "maj_at": {j: sum(m) / len(m) for j, m in maj.items()}, "maj_per_problem": maj,
+                "tokens": {"per_sample": tokens, "total": 0, "per_problem": [tokens] * len(per_problem)},
+                "per_problem": per_problem,
+                "mc": {"letter": letter, "answer_sum": answer, "answer_per_token": 0.6, "answer_per_char": 0.6}}
+
+    grpo = grpo_after if grpo_after is not None else [p + 0.25 for p in BEFORE]
+    ratings = elo or {"evals_grpo": 1100, "coldstart": 1000, "evals_random": 900}
+    return {"evals": {"policies": {"coldstart": policy(BEFORE, tokens[0]), "evals_grpo": policy(grpo, tokens[1]),
+                                   "evals_random": policy(random_after, tokens[2])},
+                      "ratings": {"elo": ratings, "bt": {"evals_grpo": 1100, "coldstart": 1000, "evals_random": 900}},
                       "verdicts": {}, "decontamination": {"train_rows": 10, "eval_rows": 4, "clean_flagged": [],
                                                           "planted": ["1+1"], "planted_flagged": [2], "expected": [2],
                                                           "example": None}}}
 
 
+def verdicts(results) -> dict:
+    return {c.id: c.holds for c in claims(results, Config(demos=["evals"]))}
+
+
 def test_claims_are_as_strict_as_the_sentences():
-    config = Config(demos=["evals"])
-    before = [0.25, 0.5, 0.25, 0.0] * 8
-    ok = {c.id: c.holds for c in claims(fake_results([p - 0.0625 for p in before]), config)}
-    assert ok == {"E1": True, "E2": True, "E3": True, "E4": True, "E5": True, "E6": True, "E7": True}  # 0.5 at chance; 0.75 > 0.5 + 2 x 0.088
+    ok = verdicts(fake_results([p - 0.0625 for p in BEFORE]))
+    # E7: the label at 0.5 on 32 problems, the answer string 0.75 (24 of 32; 2 SE 0.15 at 25/34)
+    assert ok == {"E1": True, "E2": True, "E3": True, "E4": True, "E5": True, "E6": True, "E7": True}
     # the random run rises by 0.125 on every problem: far beyond 2 SE -> the red flag is raised
-    risen = {c.id: c.holds for c in claims(fake_results([p + 0.125 for p in before]), config)}
-    assert risen["E1"] is False and risen["E6"] is False  # and its rating no longer matches the pass@1 order
-    assert claims({}, config) == []
+    risen = verdicts(fake_results([p + 0.125 for p in BEFORE]))
+    assert risen["E1"] is False and risen["E6"] is False  # and its rating (third) no longer matches pass@1 (second)
+    assert claims({}, Config(demos=["evals"])) == []
+
+
+def test_each_claim_follows_its_numbers_not_its_headline():
+    """Each claim fed a table whose headline (a rise, a gap, an order) points one way by less than the noise of
+    its own numbers, or whose numbers contradict the headline: the verdict follows the numbers."""
+    noisy = [0.0] * 31 + [1.0]  # +1/32 on one problem: a rise of 0.03, paired SE 0.03
+    # E1: the control 'rose' (0.25 -> 0.28) inside its noise: no red flag
+    assert verdicts(fake_results([p + x for p, x in zip(BEFORE, noisy)]))["E1"] is True
+    # E2: GRPO 'beats' the control by one problem: not distinguishable
+    assert verdicts(fake_results(BEFORE, [p + x for p, x in zip(BEFORE, noisy)]))["E2"] == NOISE
+    # E4: maj@4 'below' maj@1 on one problem of 32: not a drop beyond the noise; on every problem it is
+    one_lower = lambda pp: [pp[0] - 0.25, *pp[1:]]  # noqa: E731
+    assert verdicts(fake_results(BEFORE, maj_k=one_lower))["E4"] is True
+    assert verdicts(fake_results(BEFORE, maj_k=lambda pp: [p - 0.25 for p in pp]))["E4"] is False
+    # E5: a 12% spread of the means, but per problem the spread is the same 0.36 tokens: beyond 10% by 2 SE? no SE
+    # here (identical problems): it does not hold; 9% holds
+    assert verdicts(fake_results(BEFORE, tokens=(3.0, 3.36, 3.0)))["E5"] is False
+    assert verdicts(fake_results(BEFORE, tokens=(3.0, 3.27, 3.0)))["E5"] is True
+    # E6: Elo puts the control above the cold start, whose pass@1 it does not differ from beyond the noise: holds;
+    # Elo puts the cold start above GRPO, 0.25 clear of it on pass@1: does not hold
+    swapped = {"evals_grpo": 1100, "coldstart": 900, "evals_random": 1000}
+    assert verdicts(fake_results([p + x for p, x in zip(BEFORE, noisy)], elo=swapped))["E6"] is True
+    wrong = {"evals_grpo": 1000, "coldstart": 1100, "evals_random": 900}
+    assert verdicts(fake_results([p - 0.0625 for p in BEFORE], elo=wrong))["E6"] is False
+    # E6 with no two policies apart beyond the noise: not distinguishable
+    assert verdicts(fake_results(BEFORE, BEFORE))["E6"] == NOISE
+    # E7: the label at 0.59 (19 of 32) is 'above chance' by a headline, inside 2 SE; 0.75 is not chance
+    assert verdicts(fake_results(BEFORE, letter=19 / 32))["E7"] is True
+    assert verdicts(fake_results(BEFORE, letter=0.75))["E7"] is False
+    # ... and the answer string at 0.62 (20 of 32) is not above chance beyond the noise
+    assert verdicts(fake_results(BEFORE, answer=20 / 32))["E7"] == NOISE
 
 
 # --- the part, end to end at a budget of seconds --------------------------------------------------------------

@@ -25,7 +25,9 @@ A grader maps the episodes (and the tasks they answer) to one score each, or Non
     verifier_grader(verify)  a per-row verifier `verify(task, reply) -> reward` (or `(reward, checks)`)
 
 Metrics (registered below): overopt/proxy, overopt/gold (the first gold grader), overopt/gold/<name> (every
-gold grader, when there are several), overopt/kl, overopt/graded (completions the KL and the scores are over).
+gold grader, when there are several), overopt/kl, overopt/graded (completions the KL and the scores are over), and
+overopt/sd/<each of those> (the standard deviation over the completions: what a report needs to say whether two
+evaluations differ beyond sampling noise).
 
 The KL is the policy's at temperature 1 (what `engine.forward` computes); sampled at another temperature
 the completions are not draws of that policy and the number is the sampled log-ratio, not the KL.
@@ -52,6 +54,9 @@ register("overopt/gold", "over-optimization probe: mean gold reward (the first g
 register("overopt/gold/*", "over-optimization probe: mean score of each gold grader, by name, when there are several")
 register("overopt/kl", "over-optimization probe: sampled KL(pi || pi_ref) of the same completions, nats per "
          "completion (sum over its POLICY tokens of log pi - log pi_ref, mean over completions)")
+register("overopt/sd/*", "over-optimization probe: the standard deviation over the graded completions of the score "
+         "or KL it names (overopt/sd/proxy, overopt/sd/gold/<name>, overopt/sd/kl): a difference of two evaluations "
+         "has standard error sqrt(sd_a^2 / n_a + sd_b^2 / n_b), n = overopt/graded")
 register("overopt/graded", "over-optimization probe: completions the probe's scores and KL are over (sampled "
          "and trainable)")
 
@@ -119,17 +124,31 @@ def mean_score(scores: Sequence) -> float:
     return math.fsum(xs) / len(xs) if xs else float("nan")
 
 
+def sd_score(scores: Sequence) -> float:
+    """Sample standard deviation of the scores that are not None (0 for fewer than two)."""
+    xs = [float(s) for s in scores if s is not None]
+    if len(xs) < 2:
+        return 0.0
+    m = math.fsum(xs) / len(xs)
+    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
 @torch.no_grad()
-def sampled_kl(policy, reference, trajs: Sequence[Trajectory], pad_id: int) -> float:
-    """KL(pi || pi_ref) from the policy's own samples: [N] episodes -> the mean over them of the sum over each one's
-    POLICY tokens of log pi - log pi_ref (k1, `sequence_kl`). `policy`, `reference`: engines (their `forward`)."""
+def episode_kls(policy, reference, trajs: Sequence[Trajectory], pad_id: int) -> torch.Tensor:
+    """Per episode, the sum over its POLICY tokens of log pi - log pi_ref (k1, `sequence_kl`): [N] episodes -> [N].
+    `policy`, `reference`: engines (their `forward`)."""
     batch = collate(list(trajs), pad_id)
     mask = batch.action_mask  # [N, T-1]
     logp = policy.forward(batch, positions="actions").logprobs  # [N, T-1]
     ref_logp = reference.forward(batch, positions="actions").logprobs  # [N, T-1]
     per_episode = sequence_kl(logp.float(), ref_logp.float(), mask, kind="k1", reduce="sum")  # [N]
     assert per_episode.shape == (len(trajs),)
-    return float(per_episode.mean())
+    return per_episode
+
+
+def sampled_kl(policy, reference, trajs: Sequence[Trajectory], pad_id: int) -> float:
+    """KL(pi || pi_ref) from the policy's own samples: the mean over the [N] episodes of `episode_kls`."""
+    return float(episode_kls(policy, reference, trajs, pad_id).mean())
 
 
 class OverOptProbe:
@@ -170,13 +189,17 @@ class OverOptProbe:
                                f"or reward): nothing to score at step {step}")
         trajs, tasks = [trajs[i] for i in kept], [tasks[i] for i in kept]
         # 2. grade: the proxy and every gold grader on the same completions
-        row = {"overopt/proxy": mean_score(self.proxy(tasks, trajs))}
-        golds = {name: mean_score(grade(tasks, trajs)) for name, grade in self.gold.items()}
-        row["overopt/gold"] = next(iter(golds.values()))
+        proxy = self.proxy(tasks, trajs)
+        row = {"overopt/proxy": mean_score(proxy), "overopt/sd/proxy": sd_score(proxy)}
+        golds = {name: grade(tasks, trajs) for name, grade in self.gold.items()}
+        first = next(iter(golds.values()))
+        row.update({"overopt/gold": mean_score(first), "overopt/sd/gold": sd_score(first)})
         if len(golds) > 1:
-            row.update({f"overopt/gold/{name}": v for name, v in golds.items()})
+            row.update({f"overopt/gold/{name}": mean_score(v) for name, v in golds.items()})
+            row.update({f"overopt/sd/gold/{name}": sd_score(v) for name, v in golds.items()})
         # 3. KL(pi || pi_ref) on them
-        row["overopt/kl"] = sampled_kl(self.policy, self.reference, trajs, self.pad_id)
+        kl = episode_kls(self.policy, self.reference, trajs, self.pad_id)  # [N]
+        row.update({"overopt/kl": float(kl.mean()), "overopt/sd/kl": sd_score(kl.tolist())})
         row["overopt/graded"] = float(len(trajs))
         self.history.append({"step": step, **row})
         return row

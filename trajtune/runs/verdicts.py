@@ -98,6 +98,19 @@ def both(*verdicts: Holds) -> Holds:
     return True
 
 
+def deciding(parts: Sequence[tuple[Estimate, str, float]]) -> tuple[Holds, Estimate]:
+    """A claim made of several comparisons, each (estimate, test, margin) as `judge` takes them -> (`both` of their
+    verdicts, the estimate that decided it): the first part that fails, else the first inside the noise, else the
+    part closest to its margin in standard errors (the one a reader checks first)."""
+    if not parts:
+        raise ValueError("deciding: needs at least one (estimate, test, margin) part")
+    verdicts = [judge(e, t, m) for e, t, m in parts]
+    for bad in (False, NOISE):
+        if bad in verdicts:
+            return both(*verdicts), parts[verdicts.index(bad)][0]
+    return True, min(parts, key=lambda p: abs(p[0].value - p[2]) / p[0].se if p[0].se > 0 else math.inf)[0]
+
+
 def share_se(p: float, n: int) -> float:
     """The binomial standard error of a share `p` measured on `n` independent trials (0 for n = 0)."""
     return math.sqrt(max(p * (1 - p), 0.0) / n) if n > 0 else 0.0
@@ -111,6 +124,12 @@ def two_shares(a_hits: float, a_n: int, b_hits: float, b_n: int, what: str = "bi
 
     return Estimate(a_hits / a_n - b_hits / b_n, math.sqrt(se(a_hits, a_n) ** 2 + se(b_hits, b_n) ** 2),
                     min(a_n, b_n), what)
+
+
+def share(hits: float, n: int, bar: float, what: str = "") -> Estimate:
+    """One share against a fixed bar: hits/n - bar on n independent trials (e.g. 61/64 replies against 0.9), its
+    SE taken at (hits + 1) / (n + 2) as in `two_shares`, so 64/64 is not judged on a zero SE."""
+    return Estimate(hits / n - bar, share_se((hits + 1) / (n + 2), n), n, what or f"binomial over {n}")
 
 
 def shares(a: float, b: float, n: int, what: str = "binomial") -> Estimate:

@@ -66,6 +66,7 @@ from ...algorithms.sft import SFTConfig
 from ...config import check_choices, check_ranges
 from ...engine.distributed import init_distributed, is_main
 from ...engine import OptimConfig
+from ...runs.report import claims_summary
 from ...runs.stages import Stage, StageOptions, read_results, run_stages
 from .instruct import stage_pretrain, stage_sft
 from .preference import stage_dpo, stage_reward_model
@@ -247,10 +248,13 @@ def with_upstream(own: list[Stage]) -> list[Stage]:
     return [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed] + own
 
 
-def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, write) -> tuple[Path, dict[str, dict]]:
+def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, write,
+                   claims=None) -> tuple[Path, dict[str, dict]]:
     """Run (or resume) `stage_list` in run_dir, then `write(run_dir, config, results)` the report (it leaves claims.md
     beside it, printed): (report path, {stage: results}). Under torchrun every rank runs, rank 0 alone talks and
-    writes. `label`: the first line printed. The one runner of chapter 13 and the recipes built on it."""
+    writes. `label`: the first line printed. The one runner of chapter 13 and the recipes built on it.
+    claims: `claims(results, config)` -> the recipe's claims; given, the terminal gets `runs.report.claims_summary`
+    ('N of M claims hold' and one short line per claim) instead of claims.md."""
     run_dir = Path(run_dir)
     init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
     main = is_main()
@@ -260,7 +264,7 @@ def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, w
     report = run_dir / "report.md"
     if main:
         report = write(run_dir, config, results)
-        print((run_dir / "claims.md").read_text())
+        print(claims_summary(claims(results, config)) if claims else (run_dir / "claims.md").read_text())
     return report, results
 
 

@@ -34,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...runs.report import claims_verdict, markdown_table, write_report, write_claims_over_seeds
+from ...runs.report import claims_table, claims_verdict, write_claims_over_seeds, write_report
+from ...runs.view import write_view_if_recorded
 from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
 from . import evals, judges, overopt, reward_models
 
@@ -71,23 +72,30 @@ all_claims = RECIPE.claims
 
 
 def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
-    """claims.md and report.md (+ .html, plots): N of M claims hold on the first screen, then each part."""
+    """view.html (the recorded episodes), claims.md and report.md (+ .html, plots, the view linked by `write_report`):
+    N of M claims hold on the first screen, then the claims with the difference that decided each and its noise,
+    then each part."""
     claims = all_claims(results, config)
-    table = markdown_table(["#", "experiment", "the book", "ours", "claim", "verdict"],
-                           [(c.id, c.what, c.seed, c.ours, c.claim, c.verdict) for c in claims])
+    table = claims_table(claims)
     (run_dir / "claims.md").write_text(table + "\n")
-    intro = (f"Seed {config.seed}. {claims_verdict(claims)}. Each claim is the book's sentence (RLHF book, "
-             "seeds/rlhf-book.md; the checklist's section in brackets); the graders are tiny models trained on "
-             "what the gyms verify, and every number comes from this run. A claim that does not hold is "
-             "reported with its numbers, not tuned away.")
+    write_view_if_recorded(run_dir)  # view.html first: the report links it
+    intro = (f"Seed {config.seed}. {claims_verdict(claims)}. Each claim is the book's sentence, cited by chapter and "
+             "section (N. Lambert, *Reinforcement Learning from Human Feedback*, <https://rlhfbook.com>: \"RLHF book "
+             "ch.14 §14.1\"; §N.M numbers the book's checklist items, docs/rlhf_book_checklist.md). A comparison "
+             "holds only when its difference clears 2 standard errors (binomial over replies or problems, paired "
+             "where the same items are measured twice), does not hold when it clears them the other way, and is "
+             "*not distinguishable* in between; the difference and its noise stand beside each verdict. The graders "
+             "are tiny models trained on what the gyms verify, and every number comes from this run. A claim that "
+             "does not hold is reported with its numbers, not tuned away.")
     return write_report(run_dir, "The RLHF book, part 1: models as graders",
-                        [intro, "## Claims\n\n" + table, *RECIPE.sections(run_dir, results, config),
+                        [intro, "## Claims\n\n" + table,
+                         *RECIPE.sections(run_dir, results, config),
                          "## Time per stage (seconds)\n\n" + stage_times(results)])
 
 
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
     return run_and_report(f"graders (seed {config.seed}): {', '.join(config.demos)}", stages(config), config, run_dir,
-                          write_graders_report)
+                          write_graders_report, all_claims)
 
 
 def run(config: Config, run_dir: Path) -> Path:

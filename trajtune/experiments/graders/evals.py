@@ -34,8 +34,9 @@ from ...evaluation import (MultipleChoice, bradley_terry_ratings, elo_ratings, g
                            mean_pass_at_k, score_multiple_choice)
 from ...metrics import register
 from ...models.tiny import load_model
-from ...runs.report import Claim, bar_plot, fmt, image, line_plot, markdown_table
+from ...runs.report import Claim, bar_plot, fmt, grouped_bar_plot, image, line_plot, markdown_table
 from ...runs.stages import Stage
+from ...runs.verdicts import NOISE, Z, Estimate, Holds, deciding, judge, paired, share
 from ...sources.base import Draw, Episodes, Wrapper
 from ...sources.episodes import sample_episodes
 from ...sources.rewards.controls import random_reward
@@ -45,6 +46,8 @@ from ..chapter13.rlvr import source_for
 
 POLICIES = {"coldstart": "cold start", "evals_grpo": "GRPO", "evals_random": "random-reward GRPO"}
 """stage -> the policy's name in the tables"""
+RATINGS = {"elo": "Elo", "bt": "Bradley-Terry"}
+"""rating method -> its name in the tables and the chart (one colour each)"""
 
 register("control/verifier_pass_rate", "share of the step's episodes the verifier accepts, when the training reward "
          "is something else (the random-reward control; graders part evals)")
@@ -63,8 +66,6 @@ class Demo:
     """samples per held-out problem for pass@k, maj@k and the pairwise verdicts"""
     problems: int = 256
     """held-out problems evaluated (the first N of the calculator's 256)"""
-    noise_se: float = 2.0
-    """a change counts as beyond noise when it exceeds this many paired standard errors"""
     planted: int = 8
     """held-out problems planted in a copy of the training data, which decontamination must flag"""
     elo_k: float = 4.0
@@ -122,7 +123,9 @@ def sample_policy(engine, r: Renderer, tasks, k: int, seed: int) -> dict:
     answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k:(i + 1) * k]]
                for i in range(len(tasks))]
     total = generated_tokens(trajs)
-    return {"correct": correct, "answers": answers, "tokens": {"total": total, "per_sample": total / len(trajs)}}
+    per_problem = [generated_tokens(trajs[i * k:(i + 1) * k]) / k for i in range(len(tasks))]
+    return {"correct": correct, "answers": answers,
+            "tokens": {"total": total, "per_sample": total / len(trajs), "per_problem": per_problem}}
 
 
 def stage_evals(ctx) -> dict:
@@ -140,6 +143,8 @@ def stage_evals(ctx) -> dict:
         samples[stage] = s
         per_policy[stage] = {"pass_at": {str(j): mean_pass_at_k(s["correct"], j) for j in ks},
                              "maj_at": {str(j): maj_at_k(s["answers"], refs, j) for j in ks},
+                             "maj_per_problem": {str(j): [maj_at_k([a], [ref], j) for a, ref in zip(s["answers"], refs)]
+                                                 for j in ks},
                              "tokens": s["tokens"],
                              "per_problem": [sum(c) / len(c) for c in s["correct"]],
                              # multiple choice by conditional log-likelihood: the label vs the answer string
@@ -214,12 +219,27 @@ def stages(config) -> list[Stage]:
 
 
 # --- claims -----------------------------------------------------------------------------------------------------
-def paired_change(before: list[float], after: list[float]) -> tuple[float, float]:
-    """(mean change of the per-problem pass rate, its standard error over problems)."""
-    diff = [a - b for a, b in zip(after, before, strict=True)]
-    mean = sum(diff) / len(diff)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diff) / max(len(diff) - 1, 1))
-    return mean, sd / math.sqrt(len(diff))
+def rating_order(pol: dict, ratings: dict) -> tuple[Holds, Estimate | None, str]:
+    """E6: do Elo and Bradley-Terry order the policies as pass@1 does? Judged on the pairs whose pass@1 differ
+    beyond 2 paired SE (over problems): it fails on any such pair a rating puts the other way round, holds when
+    at least one pair is that far apart and none is reversed, and is NOISE when no two policies are. (verdict,
+    the pass@1 difference that decided it, which pair)."""
+    clear, reversed_ = [], []
+    for a, b in itertools.combinations(POLICIES, 2):
+        est = paired(pol[b]["per_problem"], pol[a]["per_problem"], f"pass@1 {POLICIES[a]} - {POLICIES[b]}, paired "
+                     f"over {len(pol[a]['per_problem'])} problems")
+        v = judge(est, ">")
+        if v == NOISE:
+            continue
+        hi, lo, est = (a, b, est) if v else (b, a, Estimate(-est.value, est.se, est.n, est.what))
+        (clear if all(r[hi] > r[lo] for r in ratings.values()) else reversed_).append((est, f"{POLICIES[hi]} > "
+                                                                                      f"{POLICIES[lo]}"))
+    if reversed_:
+        return False, reversed_[0][0], f"{reversed_[0][1]} on pass@1, a rating says otherwise"
+    if clear:
+        closest = min(clear, key=lambda c: c[0].value / c[0].se if c[0].se > 0 else math.inf)
+        return True, closest[0], ""
+    return NOISE, None, "no two policies differ in pass@1 beyond 2 SE"
 
 
 def claims(results: dict, config) -> list[Claim]:
@@ -227,71 +247,87 @@ def claims(results: dict, config) -> list[Claim]:
         return []
     demo, ev = config.evals, results["evals"]
     pol = ev["policies"]
+    per = {s: pol[s]["per_problem"] for s in POLICIES}
+    n = len(per["coldstart"])
     p1 = {s: pol[s]["pass_at"]["1"] for s in POLICIES}
     k = str(max(int(j) for j in pol["coldstart"]["pass_at"]))
-    rnd, rnd_se = paired_change(pol["coldstart"]["per_problem"], pol["evals_random"]["per_problem"])
-    real, real_se = paired_change(pol["coldstart"]["per_problem"], pol["evals_grpo"]["per_problem"])
-    z = demo.noise_se
-    out = [Claim("E1", "random-reward GRPO (control)", "no rise on an uncontaminated model",
-                 f"pass@1 {fmt(p1['coldstart'])} -> {fmt(p1['evals_random'])} (change {rnd:+.3f}, paired SE {rnd_se:.3f})",
-                 "ch.16 Contamination: benchmarks improving \"when models are trained with RL on random rewards -- a "
-                 "contrived setup that should only increase performance if a model has certain types of data "
-                 f"contamination\". The calculator is decontaminated (E3): pass@1 must not rise by more than {z:g} "
-                 "paired standard errors", rnd <= z * rnd_se),
-           Claim("E2", "GRPO with the verifier, same budget", "the real run beats its random control",
-                 f"pass@1 {fmt(p1['coldstart'])} -> {fmt(p1['evals_grpo'])} (change {real:+.3f}, paired SE "
-                 f"{real_se:.3f}); random control {fmt(p1['evals_random'])}",
-                 "ch.9 Suggested Experiments (S9.2): \"the RM-selected run must beat its random control\" -- here the "
-                 f"verifier's reward: pass@1 rises by more than {z:g} paired SE and ends above the control's",
-                 real > z * real_se and p1["evals_grpo"] > p1["evals_random"])]
+    rnd = paired(per["coldstart"], per["evals_random"], f"paired over {n} problems")
+    real = paired(per["coldstart"], per["evals_grpo"], f"paired over {n} problems")
+    out = [Claim.compare("E1", "random-reward GRPO (control)", "no rise on an uncontaminated model",
+                         f"pass@1 {fmt(p1['coldstart'])} -> {fmt(p1['evals_random'])} (change {rnd.value:+.3f})",
+                         "RLHF book ch.16 §16.6c: benchmarks improving \"when models are trained with RL on random "
+                         "rewards -- a contrived setup that should only increase performance if a model has certain "
+                         "types of data contamination\". The calculator is decontaminated (E3): pass@1 must not rise "
+                         "by more than 2 paired SE", rnd, "<=", 0.0)]
+    over_control = paired(per["evals_random"], per["evals_grpo"], f"GRPO - random control, paired over {n} problems")
+    holds, est = deciding([(real, ">", 0.0), (over_control, ">", 0.0)])
+    out.append(Claim("E2", "GRPO with the verifier, same budget", "the real run beats its random control",
+                     f"pass@1 {fmt(p1['coldstart'])} -> {fmt(p1['evals_grpo'])} (change {real.value:+.3f}); random "
+                     f"control {fmt(p1['evals_random'])}",
+                     "RLHF book ch.9 §S9.2: \"the RM-selected run must beat its random control\" -- here the "
+                     "verifier's reward: pass@1 rises from the cold start and ends above the control's, each by more "
+                     "than 2 paired SE", holds, est))
     d = ev["decontamination"]
     out.append(Claim("E3", "decontamination of the calculator", "Tülu 3: 8-gram overlap found contaminated sets",
                      f"{len(d['clean_flagged'])} of {d['eval_rows']} held-out rows flagged against {d['train_rows']} "
                      f"training rows; with {len(d['planted'])} planted: {len(d['planted_flagged'])} flagged "
                      f"({len(d['expected'])} expected)",
-                     "ch.16 Contamination: \"looking for matches in n-gram overlap over words/subword tokens, or "
+                     "RLHF book ch.16 §16.6a: \"looking for matches in n-gram overlap over words/subword tokens, or "
                      "fixed-length character substring matching\": the training problems, which skip every held-out "
                      "pair, are clean, and a copy with planted held-out problems is caught, exactly those rows",
                      not d["clean_flagged"] and d["planted_flagged"] == d["expected"]))
-    ok = all(pol[s]["maj_at"]["1"] <= pol[s]["maj_at"][k] + 1e-9 and pol[s]["maj_at"][k] <= pol[s]["pass_at"][k] + 1e-9
-             for s in POLICIES)
-    rows = "; ".join(f"{POLICIES[s]} {fmt(pol[s]['pass_at']['1'])} / {fmt(pol[s]['maj_at'][k])} / "
+    bounded = all(pol[s]["maj_at"][k] <= pol[s]["pass_at"][k] + 1e-9 for s in POLICIES)  # a vote picks a sampled answer
+    holds, est = deciding([(paired(pol[s]["maj_per_problem"]["1"], pol[s]["maj_per_problem"][k],
+                                   f"{POLICIES[s]} maj@{k} - maj@1, paired over {n} problems"), ">=", 0.0)
+                           for s in POLICIES])
+    rows = "; ".join(f"{POLICIES[s]} {fmt(pol[s]['maj_at']['1'])} / {fmt(pol[s]['maj_at'][k])} / "
                      f"{fmt(pol[s]['pass_at'][k])}" for s in POLICIES)
-    out.append(Claim("E4", f"maj@{k} beside pass@1 and pass@{k}", "-", f"pass@1 / maj@{k} / pass@{k}: {rows}",
-                     "ch.16 Few-Shot Prompting: exact match \"for single attempts, or majority voting when aggregating "
-                     f"multiple samples\": a vote over {k} samples scores at least one sample's accuracy (maj@1) [EXT: "
-                     f"self-consistency] and at most pass@{k} (a vote picks an answer some sample gave)", ok))
+    out.append(Claim("E4", f"maj@{k} beside maj@1 and pass@{k}", "-", f"maj@1 / maj@{k} / pass@{k}: {rows}",
+                     "RLHF book ch.16 §16.2b: exact match \"for single attempts, or majority voting when aggregating "
+                     f"multiple samples\": a vote over {k} samples scores at least one sample's accuracy (maj@1; not "
+                     f"below it by more than 2 paired SE) [EXT: self-consistency] and at most pass@{k} (a vote picks "
+                     "an answer some sample gave: exact)", holds if bounded else False, est,
+                     why="" if bounded else f"maj@{k} above pass@{k}: a bug, not noise"))
     toks = {s: pol[s]["tokens"]["per_sample"] for s in POLICIES}
-    spread = (max(toks.values()) - min(toks.values())) / max(min(toks.values()), 1e-9)
-    out.append(Claim("E5", "token budget of each evaluation", "-",
-                     "tokens per sample " + ", ".join(f"{POLICIES[s]} {toks[s]:.2f}" for s in POLICIES)
-                     + f" (spread {100 * spread:.0f}%)",
-                     "ch.16 External comparisons: \"controlling evaluation scores by the total number of tokens for "
-                     "inference is important\": the policies are compared at the same budget (tokens per sample "
-                     f"within {100 * demo.token_spread:.0f}%), so no difference in E1/E2 is bought with tokens",
-                     spread <= demo.token_spread))
-    order = sorted(POLICIES, key=lambda s: -p1[s])
+    low, high = min(POLICIES, key=toks.get), max(POLICIES, key=toks.get)
+    gap = paired(pol[low]["tokens"]["per_problem"], pol[high]["tokens"]["per_problem"])
+    spread = Estimate(gap.value / toks[low], gap.se / toks[low], n,
+                      f"({POLICIES[high]} - {POLICIES[low]}) / {POLICIES[low]}, paired over {n} problems")
+    out.append(Claim.compare(
+        "E5", "token budget of each evaluation", "-",
+        "tokens per sample " + ", ".join(f"{POLICIES[s]} {toks[s]:.2f}" for s in POLICIES)
+        + f" (spread {100 * spread.value:.0f}%)",
+        "RLHF book ch.16 §16.5a: \"controlling evaluation scores by the total number of tokens for inference is "
+        f"important\": the policies are compared at the same budget (tokens per sample within "
+        f"{100 * demo.token_spread:.0f}%, not beyond it by more than 2 SE), so no difference in E1/E2 is bought "
+        "with tokens", spread, "<=", demo.token_spread))
     elo, bt = ev["ratings"]["elo"], ev["ratings"]["bt"]
+    holds, est, why = rating_order(pol, ev["ratings"])
     out.append(Claim("E6", "Elo and Bradley-Terry from the verifier's pairwise verdicts", "-",
-                     "Elo " + ", ".join(f"{POLICIES[s]} {elo[s]:.0f}" for s in POLICIES) + "; BT "
+                     "pass@1 " + ", ".join(f"{POLICIES[s]} {fmt(p1[s])}" for s in POLICIES) + "; Elo "
+                     + ", ".join(f"{POLICIES[s]} {elo[s]:.0f}" for s in POLICIES) + "; Bradley-Terry "
                      + ", ".join(f"{POLICIES[s]} {bt[s]:.0f}" for s in POLICIES),
-                     "ch.16 Internal use: pairwise evaluation \"yields Elo rankings\" (16.4; [EXT] a Bradley-Terry "
-                     "fit): both ratings put the policies in their pass@1 order",
-                     sorted(POLICIES, key=lambda s: -elo[s]) == order and sorted(POLICIES, key=lambda s: -bt[s]) == order))
+                     "RLHF book ch.16 §16.4: pairwise evaluation \"yields Elo rankings\" ([EXT] a Bradley-Terry fit): "
+                     "both ratings put the policies in their pass@1 order, wherever pass@1 tells two apart (by more "
+                     "than 2 paired SE)", holds, est, why=why))
     mc = {s: pol[s]["mc"] for s in POLICIES}
-    n = len(pol["coldstart"]["per_problem"])
-    chance_se = math.sqrt(0.25 / n)  # a two-way choice guessed: accuracy 1/2, binomial SE sqrt(1/4 / n)
+    parts = []
+    for s in POLICIES:
+        letter = share(round(mc[s]["letter"] * n), n, 0.5)
+        parts.append((Estimate(abs(letter.value), letter.se, n, f"{POLICIES[s]} |label - 1/2|, binomial over {n}"),
+                      "<=", 0.0))
+        parts.append((share(round(mc[s]["answer_sum"] * n), n, 0.5, f"{POLICIES[s]} answer string - 1/2, "
+                                                                     f"binomial over {n}"), ">", 0.0))
+    holds, est = deciding(parts)
     out.append(Claim("E7", "multiple choice by conditional log-likelihood: the label vs the answer string",
                      "60% -> near 0 from a format change",
                      "accuracy label / answer string summed / per token: " + "; ".join(
                          f"{POLICIES[s]} {fmt(mc[s]['letter'])} / {fmt(mc[s]['answer_sum'])} / "
-                         f"{fmt(mc[s]['answer_per_token'])}" for s in POLICIES) + f" (chance 0.50, SE {chance_se:.3f})",
-                     "ch.16 Few-Shot Prompting: \"If the evaluation format does not match how the model generates, "
+                         f"{fmt(mc[s]['answer_per_token'])}" for s in POLICIES) + f" (chance 0.50, {n} problems)",
+                     "RLHF book ch.16 §16.2d: \"If the evaluation format does not match how the model generates, "
                      "scores can plummet\": scored by the label of a listed choice (a format the calculator never "
-                     f"saw) it is at chance (within {z:g} SE of 1/2), scored by the answer string where it answers "
-                     f"it is above chance by more than {z:g} SE, on every policy",
-                     all(abs(mc[s]["letter"] - 0.5) <= z * chance_se and mc[s]["answer_sum"] > 0.5 + z * chance_se
-                         for s in POLICIES)))
+                     "saw) it is at chance (not away from 1/2 by more than 2 SE), scored by the answer string where it "
+                     "answers it is above chance by more than 2 SE, on every policy", holds, est))
     return out
 
 
@@ -316,13 +352,13 @@ def section(run_dir: Path, results: dict, config) -> str:
     line_plot(run_dir / "evals_training.png", curves, "Training: the verifier's pass rate of the sampled answers",
               "GRPO step", "share of samples the verifier accepts")
     p1 = {POLICIES[s]: pol[s]["pass_at"]["1"] for s in POLICIES}
-    se = {POLICIES[s]: 2 * paired_change(pol["coldstart"]["per_problem"], pol[s]["per_problem"])[1] for s in POLICIES}
+    se = {POLICIES[s]: Z * paired(pol["coldstart"]["per_problem"], pol[s]["per_problem"]).se for s in POLICIES}
     bar_plot(run_dir / "evals_pass1.png", p1, "Held-out pass@1 (error bars: 2 paired SE of the change)",
              "pass@1 on the held-out problems", errors=se, xlabel="policy")
-    bar_plot(run_dir / "evals_ratings.png", {f"{POLICIES[s]} ({m})": ev["ratings"][m][s] - 1000
-                                              for m in ("elo", "bt") for s in POLICIES},
-             "Ratings from the verifier's pairwise verdicts", "rating - 1000 (Elo scale)",
-             xlabel="policy (rating method)")
+    grouped_bar_plot(run_dir / "evals_ratings.png",
+                     {POLICIES[s]: {RATINGS[m]: ev["ratings"][m][s] - 1000 for m in RATINGS} for s in POLICIES},
+                     "Ratings from the verifier's pairwise verdicts", "policy", "rating - 1000 (Elo scale)",
+                     value_format="{:+.0f}")
     counts = markdown_table(["pair", "first wins", "second wins", "ties"],
                             [(p.replace("evals_", ""), c["a"], c["b"], c["tie"]) for p, c in ev["verdicts"].items()])
     d = ev["decontamination"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,6 +56,7 @@ from ...envs.instruct import SEEN, InstructTask, ends_with_period, first_letter_
 from ...models.tiny import load_model
 from ...runs.report import Claim, fmt, image, line_plot, markdown_table
 from ...runs.stages import Stage
+from ...runs.verdicts import Estimate, Holds, deciding, judge, share, share_se, shares, two_shares
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...sources.judge import TEMPLATES, Judge, parse_verdict, swap_consistent
@@ -338,59 +340,99 @@ def pct(x: float | None) -> str:
 def claims(results: dict, config) -> list[Claim]:
     j, ai, ver = results["judge_train"], results["judge_dpo_ai"], results["judge_dpo_verifier"]
     sft = ver["sft"]
-    count = lambda share: round(share * j["n_eval"])  # noqa: E731 - a share of the held-out pairs, as a count
-    gain_ver = ver["reward"] - sft["reward"]
-    gain_ai = None if ai["reward"] is None else ai["reward"] - sft["reward"]
-    cai = j["cai"]
+    n_eval = j["n_eval"]
+    count = lambda share: round(share * n_eval)  # noqa: E731 - a share of the held-out pairs, as a count
+    n_dpo = config.eval_per_word * len(SEEN)  # replies per policy of the B5 harness, one seed for all three
+    cai, rub = j["cai"], j["rubric"]
+    n_decided = len(cai["p_a_when_a"]) + len(cai["p_a_when_b"])
     return [
-        Claim("J1", "DPO on AI labels vs on verifier labels (reward @ KL, B5 harness)",
-              "[12.11] AI feedback can completely replace human data (Lee et al.); here the verifier plays the human",
-              (f"AI {pct(ai['reward'])}@{fmt(ai['kl'], 1)} ({ai['n_pairs']} pairs, {ai['ties']} ties dropped, "
-               f"{pct(ai['label_agreement'])} of them labelled as the verifier does); " if ai["reward"] is not None else
-               f"AI: no pair kept of {ai['n_pool']} ({ai['ties']} ties, {ai['unparseable']} unparseable), no DPO; ")
-              + 
-              f"verifier {pct(ver['reward'])}@{fmt(ver['kl'], 1)} ({ver['n_pairs']} pairs); SFT {pct(sft['reward'])}",
-              "Some early work in RLAIF shows that AI feedback can completely replace human data: DPO on the judge's "
-              "labels gains at least 80% of the reward DPO on the verifier's labels gains over the SFT policy",
-              gain_ai is not None and gain_ver > 0 and gain_ai >= 0.8 * gain_ver),
+        j1(ai, ver, sft, n_dpo),
         Claim("J2", "the judge's labels: repeat disagreement (noise) vs reproducible, directional errors (bias)",
-              "[12.11] synthetic preference data is low-noise and high-bias",
+              "RLHF book ch.12 §12.11: synthetic preference data is low-noise and high-bias",
               f"greedy repeats disagree on {pct(j['repeat_disagreement_t0'])}; labels differ from the verifier on "
-              f"{count(j['errors'])} of {j['n_eval']} pairs, {count(j['systematic_errors'])} of them systematically "
+              f"{count(j['errors'])} of {n_eval} pairs, {count(j['systematic_errors'])} of them systematically "
               f"(the same wrong label in both orders: {count(j['consistent_wrong'])}); the same position in both "
               f"orders on {count(j['position_bias'])} pairs",
               "Synthetic preference data is low-noise and high-bias: two greedy labellings of a pair never disagree, "
-              "and at least half of the judge's errors are systematic (reproducible, with a direction)",
-              j["repeat_disagreement_t0"] == 0 and j["errors"] > 0 and j["systematic_errors"] >= 0.5 * j["errors"]),
-        Claim("J3", "position-swap consistency on held-out pairs",
-              "[12.11] LLMs are inconsistent evaluators (Wang et al.)",
-              f"{pct(j['inconsistent'])} of {j['n_eval']} pairs get opposite verdicts when A and B swap; "
-              f"agreement with the verifier {pct(j['agreement'])} (one order {pct(j['first_order_agreement'])}), "
-              f"unparseable {pct(j['unparseable'])}",
-              "Several works have shown that LLMs are inconsistent evaluators: some held-out pairs (>= 1%) get a "
-              "different verdict when the answers swap places",
-              j["inconsistent"] >= 0.01),
-        Claim("J4", "temperature 0 vs 1: two judgments of the same prompt disagree",
-              "[5.9] a sampling temperature of 0 reduces the variance of ratings",
-              f"greedy {pct(j['repeat_disagreement_t0'])}, temperature 1 {pct(j['repeat_disagreement_t1'])}",
-              "A common trick to improve the robustness of LLM-as-a-judge workflows is to use a sampling "
-              "temperature of 0 to reduce variance: repeats disagree less at temperature 0 than at 1",
-              j["repeat_disagreement_t0"] < j["repeat_disagreement_t1"]),
-        Claim("J5", "Constitutional AI's label: P(A) vs P(B) as the next token",
-              "[12.13] look at which token (A or B) had a higher probability",
-              f"agrees with the verifier on {pct(cai['agreement'])} of the decided pairs (the generated verdict: "
-              f"{pct(cai['greedy_agreement'])}); mean soft label on the right answer {fmt(cai['mean_p_right'])}",
-              "Prompting the model and looking at which token (A or B) had a higher probability gives a label: "
-              "it agrees with the verifier at least as often as the judge's generated verdict (within 2 points)",
-              cai["agreement"] >= cai["greedy_agreement"] - 0.02),
-        Claim("J6", "a rubric item graded by the judge vs by the verifier (SFT samples)",
-              "[12.14] rubrics give nearly-verifiable criteria for prompts without verifiable answers",
-              f"judge's 'ends with a period' agrees with the verifier on {pct(j['rubric']['judge_item_agreement'])} "
-              f"of {j['rubric']['n']} samples; ungraded {pct(j['rubric']['ungraded'])}",
-              "The idea of rubrics emerged as a way to get nearly-verifiable criteria: the judge-graded item agrees "
-              "with the verifier on >= 90% of the policy's samples",
-              j["rubric"]["judge_item_agreement"] >= 0.9),
+              "and more than half of the judge's errors are systematic (reproducible, with a direction; binomial "
+              "over its errors)", *j2(j, n_eval)),
+        Claim.compare("J3", "position-swap consistency on held-out pairs",
+                      "RLHF book ch.12 §12.11 (and §5.9a): LLMs are inconsistent evaluators (Wang et al.)",
+                      f"{count(j['inconsistent'])} of {n_eval} pairs ({pct(j['inconsistent'])}) get opposite verdicts "
+                      f"when A and B swap; agreement with the verifier {pct(j['agreement'])} (one order "
+                      f"{pct(j['first_order_agreement'])}), unparseable {pct(j['unparseable'])}",
+                      "Several works have shown that LLMs are inconsistent evaluators: more than 1% of held-out pairs "
+                      "get a different verdict when the answers swap places",
+                      share(count(j["inconsistent"]), n_eval, 0.01), ">", 0.0),
+        Claim.compare("J4", "temperature 0 vs 1: two judgments of the same prompt disagree",
+                      "RLHF book ch.5 §5.9b: a sampling temperature of 0 reduces the variance of ratings",
+                      f"greedy {count(j['repeat_disagreement_t0'])} of {n_eval} "
+                      f"({pct(j['repeat_disagreement_t0'])}), temperature 1 {count(j['repeat_disagreement_t1'])} of "
+                      f"{n_eval} ({pct(j['repeat_disagreement_t1'])})",
+                      "A common trick to improve the robustness of LLM-as-a-judge workflows is to use a sampling "
+                      "temperature of 0 to reduce variance: repeats disagree less at temperature 0 than at 1",
+                      two_shares(count(j["repeat_disagreement_t1"]), n_eval, count(j["repeat_disagreement_t0"]),
+                                 n_eval), ">", 0.0),
+        Claim.compare("J5", "Constitutional AI's label: P(A) vs P(B) as the next token",
+                      "RLHF book ch.12 §12.13: look at which token (A or B) had a higher probability",
+                      f"agrees with the verifier on {pct(cai['agreement'])} of {n_decided} decided pairs (the "
+                      f"generated verdict: {pct(cai['greedy_agreement'])}); mean soft label on the right answer "
+                      f"{fmt(cai['mean_p_right'])}",
+                      "Prompting the model and looking at which token (A or B) had a higher probability gives a label: "
+                      "it agrees with the verifier at least as often as the judge's generated verdict, less 2 points "
+                      "(not below that by more than 2 SE)",
+                      shares(cai["agreement"], cai["greedy_agreement"], n_decided), ">=", -0.02),
+        Claim.compare("J6", "a rubric item graded by the judge vs by the verifier (SFT samples)",
+                      "RLHF book ch.12 §12.14: rubrics give nearly-verifiable criteria for prompts without "
+                      "verifiable answers",
+                      f"judge's 'ends with a period' agrees with the verifier on {pct(rub['judge_item_agreement'])} "
+                      f"of {rub_graded(rub)} graded samples ({rub['n']} sampled; ungraded {pct(rub['ungraded'])})",
+                      "The idea of rubrics emerged as a way to get nearly-verifiable criteria: the judge-graded item "
+                      "agrees with the verifier on more than 90% of the policy's samples",
+                      share(round(rub["judge_item_agreement"] * rub_graded(rub)), rub_graded(rub), 0.9), ">", 0.0),
     ]
+
+
+def rub_graded(rub: dict) -> int:
+    """The rubric samples the judge graded (the others were unparseable)."""
+    return max(1, round(rub["n"] * (1 - rub["ungraded"])))
+
+
+def j1(ai: dict, ver: dict, sft: dict, n: int) -> Claim:
+    """J1: DPO on AI labels gains at least 80% of what DPO on verifier labels gains: ai - sft >= 0.8 (ver - sft),
+    i.e. ai - 0.8 ver - 0.2 sft >= 0, each a share of n replies (binomial, independent); and the verifier's run
+    gains at all (beyond 2 SE)."""
+    base = (f"verifier {pct(ver['reward'])}@{fmt(ver['kl'], 1)} ({ver['n_pairs']} pairs); SFT {pct(sft['reward'])}; "
+            f"{n} replies each")
+    claim = ("Some early work in RLAIF shows that AI feedback can completely replace human data: DPO on the judge's "
+             "labels gains at least 80% of the reward DPO on the verifier's labels gains over the SFT policy (not "
+             "less by more than 2 SE), and the verifier's DPO gains (by more than 2 SE)")
+    what = "DPO on AI labels vs on verifier labels (reward @ KL, B5 harness)"
+    seed = ("RLHF book ch.12 §12.11: AI feedback can completely replace human data (Lee et al.); here the verifier "
+            "plays the human")
+    if ai["reward"] is None:
+        return Claim("J1", what, seed, f"AI: no pair kept of {ai['n_pool']} ({ai['ties']} ties, {ai['unparseable']} "
+                     f"unparseable), no DPO; " + base, claim, False, why="the judge kept no pair")
+    se = lambda p: share_se(p, n)  # noqa: E731
+    gap = Estimate(ai["reward"] - 0.8 * ver["reward"] - 0.2 * sft["reward"],
+                   math.sqrt(se(ai["reward"]) ** 2 + (0.8 * se(ver["reward"])) ** 2 + (0.2 * se(sft["reward"])) ** 2),
+                   n, f"AI - 0.8 verifier - 0.2 SFT, binomial over {n} replies each")
+    holds, est = deciding([(shares(ver["reward"], sft["reward"], n), ">", 0.0), (gap, ">=", 0.0)])
+    ours = (f"AI {pct(ai['reward'])}@{fmt(ai['kl'], 1)} ({ai['n_pairs']} pairs, {ai['ties']} ties dropped, "
+            f"{pct(ai['label_agreement'])} of them labelled as the verifier does); " + base)
+    return Claim("J1", what, seed, ours, claim, holds, est)
+
+
+def j2(j: dict, n_eval: int) -> tuple[Holds, Estimate | None, str, float, str]:
+    """J2's (holds, estimate, test, margin, why): greedy repeats never disagree (a count: exact), and the
+    systematic share of the errors is above one half (binomial over the errors)."""
+    errors, systematic = round(j["errors"] * n_eval), round(j["systematic_errors"] * n_eval)
+    if errors == 0:
+        return None, None, "", 0.0, "the judge made no error: no bias to measure"
+    est = share(systematic, errors, 0.5, f"binomial over its {errors} errors")
+    if j["repeat_disagreement_t0"] != 0:
+        return False, est, "", 0.0, "greedy repeats disagree"
+    return judge(est, ">"), est, ">", 0.0, ""
 
 
 def section(run_dir: Path, results: dict, config) -> str:

@@ -29,9 +29,12 @@ The demo, its design fixed up front (not tuned to make a claim hold):
                  `sft_narrow` policy)
 
 All of this was written before the first run except the instruction gold and its claims O5-O6, added after
-the first run showed the format collapsing while the period held (the claims table says so). On seed 0 the
-reward models order 99-100% of the other half's pairs and the period never falls (O1-O3 do not hold or cannot
-be judged); the format, which no pair taught, collapses (docs/overoptimization.md has the numbers).
+the first run showed the format collapsing while the period held (the claims table says so). Every rise, fall and
+gap a claim reads is judged against the noise of the probe's replies (`runs.verdicts`: a share binomial over
+them, an RM score or the KL by its sd over them, `overopt/sd/*`); O3 and O6 compare the two runs' levels at the
+same evaluations after one RM's peak, not each run against its own peak. On seed 0 the reward models order
+99-100% of the other half's pairs and the period never falls (O1 not distinguishable: 1.00 at its peak and at the
+end; O3 not judged); the format, which no pair taught, collapses (docs/overoptimization.md has the numbers).
 
 What differs from the book's setting: the "human" preference is a rule the gym can check, so the gold reward
 is exact; the reward models are 355k-parameter character models; the policy is never KL-penalised (the
@@ -42,7 +45,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import random
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +63,7 @@ from ...envs.instruct import SEEN, InstructTask, ends_with_period, format_ok, pr
 from ...models.tiny import TinyTransformer, load_model
 from ...overoptimization import OverOptProbe, batch_grader, episode_rewards, fit_scaling_law, peak, verifier_grader
 from ...runs.report import Claim, fmt, image, markdown_table
+from ...runs.verdicts import Estimate, Holds, deciding, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.ensemble import RewardEnsemble
@@ -92,14 +98,11 @@ class Demo:
     rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
     """the policy's optimizer (chapter 13's GRPO learning rate)"""
     eval_samples: int = 4
-    """replies per seen word the probe samples (16 words: 64 replies), from one fixed seed"""
-    drop: float = 0.1
-    """how far below its peak the gold reward must end to count as a fall (0.1: 10 points of a share; the
-    probe's 64 replies give a share a standard error of at most 0.0625)"""
+    """replies per seen word the probe samples (16 words: 64 replies), from one fixed seed; every rise, fall and
+    gap the claims read is judged against the standard error of these replies (`runs.verdicts`)"""
 
     def __post_init__(self) -> None:
-        check_ranges(self, "graders.overopt", counts=("members", "rm_batch", "eval_samples"),
-                     positive=("rm_epochs", "drop"))
+        check_ranges(self, "graders.overopt", counts=("members", "rm_batch", "eval_samples"), positive=("rm_epochs",))
 
 
 def demo(config) -> Demo:
@@ -217,31 +220,60 @@ def stage_rl(ctx, which: str) -> dict:
 
 PROXY, GOLD, TEST, INSTR, FORMAT, KL = ("overopt/proxy", "overopt/gold", "overopt/gold/test_rm",
                                        "overopt/gold/instruction", "overopt/gold/format", "overopt/kl")
+GRADED = "overopt/graded"
+SHARES = (GOLD, INSTR, FORMAT, "overopt/gold/ends_with_period")
+"""the probe's numbers that are shares of its replies (binomial noise)"""
 
 
 def series(curve: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [c["step"] for c in curve], [c[key] for c in curve]
 
 
-def fall_step(curve: list[dict], key: str, drop: float) -> int | None:
-    """The first evaluation step at which `key` is `drop` or more below its highest value so far (None: never)."""
-    best = -float("inf")
-    for c in curve:
-        best = max(best, c[key])
-        if c[key] <= best - drop:
-            return c["step"]
-    return None
+def sd_key(key: str) -> str:
+    """The probe's standard deviation of `key` over its replies: overopt/proxy -> overopt/sd/proxy."""
+    return "overopt/sd/" + key.removeprefix("overopt/")
 
 
-def peak_and_fall(curve: list[dict], key: str, drop: float) -> dict:
-    """`key`'s peak (step, value), its final value, whether it fell (peaked before the last evaluation and ended
-    `drop` or more below the peak), and the proxy at its peak and at the end."""
-    steps, values = series(curve, key)
-    at, high = peak(steps, values)
-    proxy = dict(zip(*series(curve, PROXY), strict=True))
-    return {"peak_step": at, "peak": high, "final": values[-1], "fell": at < steps[-1] and values[-1] <= high - drop,
-            "rose": at > steps[0] and high >= values[0] + drop,
-            "proxy_at_peak": proxy[at], "proxy_final": proxy[steps[-1]], "last_step": steps[-1]}
+def noise(row: dict, key: str) -> float:
+    """The sampling variance of `key` at one evaluation (a row of a curve), over its n = overopt/graded replies: for
+    a share the binomial p (1 - p) / n, p taken at (hits + 1) / (n + 2) as `verdicts.two_shares` does (so 64/64 is
+    not a zero); for a score or the KL sd^2 / n, sd the probe's overopt/sd/*."""
+    n = row[GRADED]
+    if key in SHARES:
+        p = (row[key] * n + 1) / (n + 2)
+        return p * (1 - p) / n
+    if sd_key(key) not in row:
+        raise ValueError(f"graders overopt: the curve has no {sd_key(key)} (results from before the probe logged it: "
+                         "rerun the overopt stages)")
+    return row[sd_key(key)] ** 2 / n
+
+
+def change(a: dict, b: dict, key: str) -> Estimate:
+    """b[key] - a[key] between two evaluations (rows of a curve), its SE from both evaluations' replies (`noise`).
+    Unpaired: the probe draws the same prompts and random numbers at every evaluation, so the two are positively
+    correlated and this SE errs on the large side."""
+    return Estimate(b[key] - a[key], math.sqrt(noise(a, key) + noise(b, key)), int(min(a[GRADED], b[GRADED])),
+                    f"step {b['step']} - step {a['step']}, {int(b[GRADED])} replies each")
+
+
+def peak_row(curve: list[dict], key: str) -> dict:
+    """The evaluation where `key` is highest (the first on a tie: `overoptimization.peak`)."""
+    at, _ = peak(*series(curve, key))
+    return next(c for c in curve if c["step"] == at)
+
+
+def rise_and_fall_parts(curve: list[dict], key: str) -> list[tuple[Estimate, str, float]]:
+    """The book's curve on `key` as three comparisons (`verdicts.deciding` parts): it rises from step 0 to its peak,
+    falls from the peak to the end, and the proxy is higher at the end than at that peak; each a difference of two
+    evaluations against the noise of the probe's replies (`change`). A peak at step 0 or at the end is no rise or
+    no fall: a difference of 0, which no noise level makes a clear one."""
+    start, top, end = curve[0], peak_row(curve, key), curve[-1]
+    return [(change(start, top, key), ">", 0.0), (change(end, top, key), ">", 0.0), (change(top, end, PROXY), ">", 0.0)]
+
+
+def rise_and_fall(curve: list[dict], key: str) -> tuple[Holds, Estimate]:
+    """(verdict, the estimate that decided it) of the book's whole curve on `key` (`rise_and_fall_parts`)."""
+    return deciding(rise_and_fall_parts(curve, key))
 
 
 def _curve(results: dict, which: str) -> list[dict] | None:
@@ -249,64 +281,103 @@ def _curve(results: dict, which: str) -> list[dict] | None:
     return r["curve"] if r and r.get("curve") else None
 
 
-def _rise_and_fall(curve: list[dict], key: str, drop: float, name: str) -> tuple[str, bool]:
-    p = peak_and_fall(curve, key, drop)
-    ours = (f"{name} {fmt(curve[0][key])} at step 0, peak {fmt(p['peak'])} at step {p['peak_step']}, "
-            f"{fmt(p['final'])} at step {p['last_step']}; proxy {fmt(p['proxy_at_peak'])} at that peak, "
-            f"{fmt(p['proxy_final'])} at the end")
-    return ours, p["rose"] and p["fell"] and p["proxy_final"] > p["proxy_at_peak"]
+def _rise_and_fall(curve: list[dict], key: str, name: str) -> tuple[str, Holds, Estimate]:
+    top, end = peak_row(curve, key), curve[-1]
+    ours = (f"{name} {fmt(curve[0][key])} at step 0, peak {fmt(top[key])} at step {top['step']}, "
+            f"{fmt(end[key])} at step {end['step']}; proxy {fmt(top[PROXY])} at that peak, {fmt(end[PROXY])} at the "
+            "end")
+    holds, est = rise_and_fall(curve, key)
+    return ours, holds, est
 
 
-def _delay(single: list[dict], ensemble: list[dict], key: str, drop: float) -> tuple[str, bool | None]:
-    s, e = fall_step(single, key, drop), fall_step(ensemble, key, drop)
-    ours = (f"fell {drop:g} below its peak at step {s if s is not None else '- (never)'} with one RM, "
-            f"{e if e is not None else '- (never)'} with the min-ensemble; final {fmt(single[-1][key])} vs "
-            f"{fmt(ensemble[-1][key])}")
-    p = peak_and_fall(single, key, drop)
-    if s is None or not (p["rose"] and p["fell"]):
-        return ours + " (no rise and fall with one RM: nothing to delay)", None
-    return ours, e is None or e > s
+def level_gap(single: list[dict], ensemble: list[dict], key: str, after: int) -> Estimate:
+    """The min-ensemble's `key` minus one RM's at the same evaluations, those after step `after` (one RM's peak):
+    the mean of the per-evaluation differences, its SE the larger of the paired SE over the evaluations and the
+    binomial SE of the pooled replies (k evaluations of n replies each; successive evaluations of one run are not
+    independent, so k paired differences alone can look far surer than the replies allow)."""
+    s = [c for c in single if c["step"] > after]
+    e = [c for c in ensemble if c["step"] > after]
+    if [c["step"] for c in s] != [c["step"] for c in e]:
+        raise ValueError(f"graders overopt: the two runs were probed at different steps ({[c['step'] for c in s]} vs "
+                         f"{[c['step'] for c in e]})")
+    by_eval = paired([c[key] for c in s], [c[key] for c in e])
+    k = len(s)
+    pooled = math.sqrt(statistics.fmean([noise(a, key) + noise(b, key) for a, b in zip(s, e, strict=True)]) / k)
+    return Estimate(by_eval.value, max(by_eval.se, pooled), k,
+                    f"paired over the {k} evaluations at steps {s[0]['step']}-{s[-1]['step']}, "
+                    f"{int(s[0][GRADED])} replies each")
+
+
+def _delay(single: list[dict], ensemble: list[dict], key: str) -> tuple[str, Holds, Estimate | None, str]:
+    """O3 / O6: (ours, verdict, estimate, why). The ensemble delays the fall when, at the same evaluations after
+    one RM's peak, its level is above one RM's; not judged when one RM's `key` did not rise and fall beyond the
+    noise (the proxy's part of O1 / O5 is not needed: there is a fall to delay or there is not)."""
+    top = peak_row(single, key)
+    after = [c for c in single if c["step"] > top["step"]]
+    if len(after) < 2 or deciding(rise_and_fall_parts(single, key)[:2])[0] is not True:
+        levels = ", ".join(f"{fmt(a[key])} vs {fmt(b[key])}" for a, b in zip(single[1:], ensemble[1:], strict=True))
+        return (f"one RM vs min-ensemble at steps {single[1]['step']}-{single[-1]['step']}: {levels}", None, None,
+                "one RM's curve did not rise and fall beyond the noise: nothing to delay")
+    est = level_gap(single, ensemble, key, top["step"])
+    e_after = [c for c in ensemble if c["step"] > top["step"]]
+    ours = (f"one RM peaks at step {top['step']}; over steps {after[0]['step']}-{after[-1]['step']}: one RM "
+            + ", ".join(fmt(c[key]) for c in after) + "; min-ensemble " + ", ".join(fmt(c[key]) for c in e_after)
+            + f" (mean {fmt(statistics.fmean(c[key] for c in after))} vs "
+              f"{fmt(statistics.fmean(c[key] for c in e_after))})")
+    return ours, judge(est, ">"), est, ""
+
+
+def kl_grows(curves: list[list[dict]]) -> tuple[Holds, Estimate]:
+    """O4: the sampled KL rises from step 0 to the end of every run beyond the noise, and never falls beyond it
+    between two evaluations (a dip inside the noise is not a fall). When it holds, the estimate shown is the
+    smaller rise (in SE) of step 0 -> the end: the headline, not a step that did not fall."""
+    rises = [(change(curve[0], curve[-1], KL), ">", 0.0) for curve in curves]
+    steps = [(change(a, b, KL), ">=", 0.0) for curve in curves for a, b in zip(curve, curve[1:])]
+    holds, est = deciding(rises + steps)
+    return (holds, deciding(rises)[1]) if holds is True else (holds, est)
 
 
 def claims(results: dict, config) -> list[Claim]:
-    d = demo(config)
     single, ensemble = _curve(results, "single"), _curve(results, "ensemble")
     if single is None or ensemble is None:
         return []
     out = []
-    ours, holds = _rise_and_fall(single, GOLD, d.drop, "gold (ends with '.')")
+    ours, holds, est = _rise_and_fall(single, GOLD, "gold (ends with '.')")
     out.append(Claim("O1", "RL vs one proxy RM", "proxy rises, gold peaks then falls", ours,
                      '"the training reward keeps climbing, but downstream quality eventually peaks and declines" '
-                     f"(ch.14; checklist 14.1): gold = the verifier ends_with_period; it gets better, then worse: "
-                     f"its peak after step 0 and {d.drop:g} above it, the end {d.drop:g} below the peak, the proxy "
-                     "higher at the end than at gold's peak", holds))
+                     "(RLHF book ch.14 §14.1): gold = the verifier ends_with_period; it gets better, then worse: its "
+                     "peak above step 0, the end below the peak, the proxy higher at the end than at gold's peak, each "
+                     "by more than 2 SE of the probe's replies", holds, est))
     half = single[len(single) // 2]
-    gain_proxy, gain_test = single[-1][PROXY] - half[PROXY], single[-1][TEST] - half[TEST]
+    holds, est = deciding([(change(half, single[-1], PROXY), ">", 0.0), (change(half, single[-1], TEST), "<=", 0.0)])
     out.append(Claim("O2", "train RM vs test RM (halves)", "train-RM gains stop transferring to the test RM",
-                     f"from step {half['step']} to {single[-1]['step']}: proxy (train RM) {gain_proxy:+.2f}, "
-                     f"test RM {gain_test:+.2f} (test RM {fmt(single[0][TEST])} at step 0)",
-                     '"improvements on the training RM eventually fail to transfer to the test PM" (ch.14, Bai et '
-                     "al.; checklist 14.2): over the second half of the run the proxy still rises and the test RM "
-                     "does not", gain_proxy > 0 and gain_test <= 0))
-    ours, holds = _delay(single, ensemble, GOLD, d.drop)
-    out.append(Claim("O3", "min-ensemble of RMs", "an ensemble delays the fall", "gold (ends with '.') " + ours,
-                     '"reward model ensembles" mitigate over-optimization (ch.14; checklist 14.4, Coste et al.): '
-                     "with the min over the members, gold falls later than with one RM (or not at all)", holds))
-    kl_up = all(b[KL] > a[KL] for curve in (single, ensemble) for a, b in zip(curve, curve[1:]))
+                     f"from step {half['step']} to {single[-1]['step']}: proxy (train RM) "
+                     f"{single[-1][PROXY] - half[PROXY]:+.2f}, test RM {single[-1][TEST] - half[TEST]:+.2f} (test RM "
+                     f"{fmt(single[0][TEST])} at step 0)",
+                     '"improvements on the training RM eventually fail to transfer to the test PM" (Bai et al., '
+                     "RLHF book ch.14 §14.2): over the second half of the run the proxy still rises (by more than 2 "
+                     "SE) and the test RM does not", holds, est))
+    ours, holds, est, why = _delay(single, ensemble, GOLD)
+    out.append(Claim("O3", "min-ensemble of RMs", "an ensemble delays the fall", "gold (ends with '.'): " + ours,
+                     '"reward model ensembles" mitigate over-optimization (Coste et al., RLHF book ch.14 §14.4b): '
+                     "after one RM's gold peak, the min-ensemble's gold is above one RM's at the same steps (the mean "
+                     "difference by more than 2 SE)", holds, est, why=why))
+    holds, est = kl_grows([single, ensemble])
     out.append(Claim("O4", "KL as the x-axis", "KL from the reference grows with steps",
                      f"KL (nats per reply) {fmt(single[0][KL])} -> {fmt(single[-1][KL])} (one RM), "
                      f"{fmt(ensemble[0][KL])} -> {fmt(ensemble[-1][KL])} (ensemble)",
                      '"the relationship ... can also be seen with the KL distance of the optimization on the '
-                     'x-axis rather than training steps" (ch.14; checklist 14.1, 0.7): the sampled KL to the '
-                     "reference rises at every evaluation of both runs", kl_up))
-    ours, holds = _rise_and_fall(single, INSTR, d.drop, "instruction (starts with the word and ends with '.')")
+                     'x-axis rather than training steps" (RLHF book ch.14 §14.1): the sampled KL to the reference '
+                     "rises from step 0 to the end of both runs and never falls between two evaluations, beyond 2 SE",
+                     holds, est))
+    ours, holds, est = _rise_and_fall(single, INSTR, "instruction (starts with the word and ends with '.')")
     out.append(Claim("O5", "RL vs one proxy RM, gold = the whole instruction", "proxy rises, gold peaks then falls",
                      ours, "as O1 with gold = the whole instruction, format_ok and ends_with_period (added after the "
                      "first run showed the format collapse; the pairs never vary the format, so the RM never "
-                     "learnt it)", holds))
-    ours, holds = _delay(single, ensemble, INSTR, d.drop)
+                     "learnt it)", holds, est))
+    ours, holds, est, why = _delay(single, ensemble, INSTR)
     out.append(Claim("O6", "min-ensemble, gold = the whole instruction", "an ensemble delays the fall",
-                     "instruction " + ours, "as O3 with O5's gold (added after the first run)", holds))
+                     "instruction: " + ours, "as O3 with O5's gold (added after the first run)", holds, est, why=why))
     return out
 
 
@@ -364,8 +435,9 @@ def section(run_dir: Path, results: dict, config) -> str:
     rms = [(name, fmt(results[f"overopt_{name}"]["accuracy"]), results[f"overopt_{name}"]["n_train_pairs"],
             results[f"overopt_{name}"]["steps"]) for name in [f"rm{k}" for k in range(d.members)] + ["rm_test"]
            if f"overopt_{name}" in results]
-    keys = [("proxy", PROXY), ("gold: ends with '.'", GOLD), ("test RM", TEST), ("format", FORMAT),
-            ("instruction", INSTR), ("KL", KL)]
+    keys = [("proxy (RM score)", PROXY), ("gold: ends with '.'", GOLD), ("test RM (score)", TEST),
+            ("starts with the word", FORMAT), ("starts with the word and ends with '.'", INSTR),
+            ("KL (nats per reply)", KL)]
     table = [[run, c["step"], *(fmt(c[k]) for _, k in keys)] for run, curve in (("one RM", single),
                                                                              ("min-ensemble", ensemble))
              for c in curve]

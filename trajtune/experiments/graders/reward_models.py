@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ from ...objectives.reward_model import AGGREGATES
 from ...config import check_choices
 from ...runs.report import Claim, Panel, bar_plot, fmt, image, line_plot, markdown_table, panel_plot
 from ...runs.stages import Stage
+from ...runs.verdicts import Estimate, deciding, difference, judge, share, shares
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...sources.rollout import scripted_rollout
@@ -308,59 +310,99 @@ def stages(config) -> list[Stage]:
             Stage("rm_bt", stage_bt, after=("sft_narrow",)), Stage("rm_kwise", stage_kwise, after=("sft_narrow",))]
 
 
+def auc_se(a: float, n_pos: int, n_neg: int) -> float:
+    """The standard error of an AUC `a` from n_pos positives and n_neg negatives (Hanley and McNeil 1982):
+    sqrt((a (1 - a) + (n_pos - 1)(q1 - a^2) + (n_neg - 1)(q2 - a^2)) / (n_pos n_neg)), q1 = a / (2 - a),
+    q2 = 2 a^2 / (1 + a). NaN when either class is empty."""
+    if n_pos < 1 or n_neg < 1 or math.isnan(a):
+        return float("nan")
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    return math.sqrt(max(a * (1 - a) + (n_pos - 1) * (q1 - a * a) + (n_neg - 1) * (q2 - a * a), 0.0) / (n_pos * n_neg))
+
+
+def auc_against(a: float, n_pos: int, n_neg: int, bar: float) -> Estimate:
+    """An AUC against a bar, with its Hanley-McNeil standard error."""
+    return Estimate(a - bar, auc_se(a, n_pos, n_neg), n_pos + n_neg, f"AUC, {n_pos} positives and {n_neg} negatives")
+
+
 def claims(results: dict, config) -> list[Claim]:
     out = []
     orm, prm, bt, kw = (results.get(k) for k in ("rm_orm", "rm_prm", "rm_bt", "rm_kwise"))
     if orm:
-        a = orm["auc"]["mean"]
-        out.append(Claim("R1", "ORM on the calculator's samples", "S5.2",
-                         f"held-out AUC {fmt(a)} (min {fmt(orm['auc']['min'])}, product {fmt(orm['auc']['product'])}, "
-                         f"last {fmt(orm['auc']['last'])}); accuracy {fmt(orm['accuracy'])} at a base rate of "
-                         f"{fmt(1 - orm['heldout_correct'])} wrong, {orm['heldout_samples']} samples",
-                         '"The ORM should separate correct from incorrect final answers" (ch.5 Suggested Experiments, '
-                         "S5.2; 5.6): held-out AUC of the mean p_t >= 0.75", a >= 0.75))
-        b = orm["bon"]
-        out.append(Claim("R2", f"best-of-{orm['n']} reranked by the ORM", "S9.2",
-                         f"pass rate: ORM pick {fmt(b['orm'])}, random pick {fmt(b['random'])}, oracle {fmt(b['oracle'])}",
-                         '"the RM-selected run must beat its random control" (ch.9, S9.2) with an ORM as the RM '
-                         "(ch.5 Inference: ORM usage, rerank finished candidates)", b["orm"] > b["random"]))
+        a, n = orm["auc"]["mean"], orm["heldout_samples"]
+        pos = round(orm["heldout_correct"] * n)
+        out.append(Claim.compare(
+            "R1", "ORM on the calculator's samples", "RLHF book ch.5 §S5.2",
+            f"held-out AUC {fmt(a)} (min {fmt(orm['auc']['min'])}, product {fmt(orm['auc']['product'])}, "
+            f"last {fmt(orm['auc']['last'])}); accuracy {fmt(orm['accuracy'])} at a base rate of "
+            f"{fmt(1 - orm['heldout_correct'])} wrong, {n} samples",
+            '"The ORM should separate correct from incorrect final answers" (RLHF book ch.5 Suggested Experiments '
+            "§S5.2; §5.6): held-out AUC of the mean p_t above 0.75 (by more than 2 SE)",
+            auc_against(a, pos, n - pos, 0.75), ">", 0.0))
+        b, problems = orm["bon"], orm["heldout_samples"] // orm["n"]
+        out.append(Claim.compare(
+            "R2", f"best-of-{orm['n']} reranked by the ORM", "RLHF book ch.9 §S9.2",
+            f"pass rate on {problems} problems: ORM pick {fmt(b['orm'])}, random pick {fmt(b['random'])}, "
+            f"oracle {fmt(b['oracle'])}",
+            '"the RM-selected run must beat its random control" (RLHF book ch.9 §S9.2) with an ORM as the RM (ch.5 '
+            "Inference: ORM usage, rerank finished candidates): by more than 2 SE",
+            shares(b["orm"], b["random"], problems), ">", 0.0))
     if prm:
-        acc = prm["step_accuracy"]
-        edits = [acc.get("right edit", float("nan")), acc.get("wrong edit", float("nan"))]
-        out.append(Claim("R3", "PRM on BugFix actions", "S5.2",
-                         "held-out step accuracy: " + ", ".join(f"{k} {fmt(v)}" for k, v in acc.items()),
-                         '"the PRM should score intermediate steps" (S5.2; 5.7): >= 0.8 on both right and wrong '
-                         "edits (the intermediate steps)", all(e >= 0.8 for e in edits)))
-        out.append(Claim("R4", "PRM aggregation over steps", "5.7",
-                         f"AUC of fixed vs not fixed episodes: min {fmt(prm['auc']['min'])}, mean "
-                         f"{fmt(prm['auc']['mean'])}, last {fmt(prm['auc']['last'])}",
-                         '"Aggregation: over steps (not tokens) -- mean step score, minimum (fail-fast)" (ch.5 '
-                         "Inference Across Reward Model Types): the min over steps ranks episodes that fix the bug "
-                         "above those that do not, AUC >= 0.8", prm["auc"]["min"] >= 0.8))
+        acc, counts = prm["step_accuracy"], prm["step_counts"]
+        parts = [(share(round(acc[k] * counts[k]), counts[k], 0.8, f"{k}: binomial over {counts[k]} steps"), ">", 0.0)
+                 for k in ("right edit", "wrong edit") if k in acc]
+        holds, est = deciding(parts) if len(parts) == 2 else (None, None)
+        out.append(Claim("R3", "PRM on BugFix actions", "RLHF book ch.5 §S5.2",
+                         "held-out step accuracy: " + ", ".join(f"{k} {fmt(v)} of {counts[k]}" for k, v in acc.items()),
+                         '"the PRM should score intermediate steps" (RLHF book ch.5 §S5.2; §5.7): above 0.8 on both '
+                         "right and wrong edits (the intermediate steps), each by more than 2 SE", holds, est,
+                         why="" if len(parts) == 2 else "the held-out episodes lack right or wrong edits"))
+        n_test = prm["test_episodes"]
+        good = round(prm["good_share"] * n_test)
+        out.append(Claim.compare(
+            "R4", "PRM aggregation over steps", "RLHF book ch.5 §5.7d",
+            f"AUC of fixed vs not fixed episodes ({good} and {n_test - good}): min {fmt(prm['auc']['min'])}, mean "
+            f"{fmt(prm['auc']['mean'])}, last {fmt(prm['auc']['last'])}",
+            '"Aggregation: over steps (not tokens) -- mean step score, minimum (fail-fast)" (RLHF book ch.5 '
+            "Inference Across Reward Model Types, §5.7d): the min over steps ranks episodes that fix the bug "
+            "above those that do not, AUC above 0.8 (by more than 2 SE)",
+            auc_against(prm["auc"]["min"], good, n_test - good, 0.8), ">", 0.0))
     if bt:
         m = bt["margin"]
-        k = max(1, len(m) // 5)
-        first, last = sum(m[:k]) / k, sum(m[-k:]) / k
-        out.append(Claim("R5", "BT reward model's margin", "S5.1",
-                         f"mean r_c - r_r: first {k} steps {fmt(first)}, last {k} steps {fmt(last)}",
-                         '"Watch whether the reward margin between chosen and rejected responses grows" (S5.1; 5.2): '
-                         "the last steps' margin > the first steps' and > 0", last > first and last > 0))
+        k = max(2, len(m) // 5)
+        first, last = m[:k], m[-k:]
+        holds, est = deciding([(difference(last, first, f"last {k} steps - first {k}, unpaired"), ">", 0.0),
+                               (difference(last, [0.0] * k, f"last {k} steps, over the steps"), ">", 0.0)])
+        out.append(Claim("R5", "BT reward model's margin", "RLHF book ch.5 §S5.1",
+                         f"mean r_c - r_r: first {k} steps {fmt(statistics.fmean(first))}, last {k} steps "
+                         f"{fmt(statistics.fmean(last))}",
+                         '"Watch whether the reward margin between chosen and rejected responses grows" (RLHF book '
+                         "ch.5 §S5.1; §5.2): the last steps' margin above the first steps' and above 0, each by more "
+                         "than 2 SE (the step-to-step spread of the batch margins)", holds, est))
         e = bt["eval"]
-        out.append(Claim("R6", "held-out RM eval (rm-eval)", "S5.3",
+        form = 50 <= e["n"] <= 200 and bt["eval_s"] < 10
+        acc = share(round(e["accuracy"] * e["n"]), e["n"], 0.5, f"binomial over {e['n']} pairs")
+        out.append(Claim("R6", "held-out RM eval (rm-eval)", "RLHF book ch.5 §S5.3",
                          f"{e['n']} pairs, {len(e['categories'])} categories, {bt['eval_s']:.2f} s: accuracy "
                          f"{fmt(e['accuracy'])}, margin {fmt(e['margin'])}",
-                         '"a 50-200-example held-out RM eval reporting accuracy or pair ordering without a full training '
-                         'run" (S5.3): 50-200 pairs, in seconds, accuracy above chance (> 0.5)',
-                         50 <= e["n"] <= 200 and bt["eval_s"] < 10 and e["accuracy"] > 0.5))
+                         '"a 50-200-example held-out RM eval reporting accuracy or pair ordering without a full '
+                         'training run" (RLHF book ch.5 §S5.3): 50-200 pairs, in seconds, accuracy above chance '
+                         "(0.5, by more than 2 SE)", judge(acc, ">") if form else False, acc,
+                         ">" if form else "", why="" if form else "not 50-200 pairs in under 10 s"))
     if kw:
         pl, b = kw["plackett-luce"], kw["bt"]
-        out.append(Claim("R7", "K-wise Plackett-Luce vs all-pairs BT", "5.4-5.5",
+        n_pairs = kw["test_lists"] * 6  # K = 4: 6 ordered pairs per list
+        holds, est = deciding([(share(round(pl["pair_accuracy"] * n_pairs), n_pairs, 0.5,
+                                      f"binomial over {n_pairs} pairs"), ">", 0.0),
+                               (shares(pl["pair_accuracy"], b["pair_accuracy"], n_pairs,
+                                       f"PL - BT, binomial over {n_pairs} pairs"), ">=", -0.05)])
+        out.append(Claim("R7", "K-wise Plackett-Luce vs all-pairs BT", "RLHF book ch.5 §5.4-5.5",
                          f"held-out pair accuracy PL {fmt(pl['pair_accuracy'])}, BT {fmt(b['pair_accuracy'])}; top-1 "
-                         f"PL {fmt(pl['top1'])}, BT {fmt(b['top1'])} ({kw['test_lists']} lists of 4)",
-                         '"There are many other formulations that can create suitable models of human preferences ... a '
-                         'K-wise loss function based on the Plackett-Luce model" (ch.5 K-Wise Loss Function): PL\'s '
-                         "held-out pair accuracy > 0.5 and within 0.05 of all-pairs BT's",
-                         pl["pair_accuracy"] > 0.5 and pl["pair_accuracy"] >= b["pair_accuracy"] - 0.05))
+                         f"PL {fmt(pl['top1'])}, BT {fmt(b['top1'])} ({kw['test_lists']} lists of 4, {n_pairs} pairs)",
+                         '"There are many other formulations that can create suitable models of human preferences ... '
+                         'a K-wise loss function based on the Plackett-Luce model" (RLHF book ch.5 K-Wise Loss '
+                         "Function, §5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more than 0.05 "
+                         "below all-pairs BT's (beyond 2 SE)", holds, est))
     return out
 
 
@@ -376,10 +418,10 @@ def section(run_dir: Path, results: dict, config) -> str:
         tail = orm["loss"][-10:]
         parts.append(f"**ORM** ({orm['train_samples']} calculator samples, {fmt(q)} correct; labels "
                      "copied onto every answer token). Its training loss ends at "
-                     f"{fmt(sum(tail) / len(tail), 3)} (mean of the last {len(tail)} steps) against {fmt(floor, 3)}, the "
-                     "loss of predicting the base rate everywhere: where the two meet, the ORM has learned how often the "
-                     "calculator is right, not which answers are (to check a sum the grader must compute it). "
-                     "Held-out AUC by aggregation:\n\n"
+                     f"{fmt(sum(tail) / len(tail), 3)} (mean of the last {len(tail)} steps) against {fmt(floor, 3)}, "
+                     "the loss of predicting the base rate everywhere: where the two meet, the ORM has learned how "
+                     "often the calculator is right, not which answers are (to check a sum the grader must compute "
+                     "it). Held-out AUC by aggregation:\n\n"
                      + markdown_table(["aggregation", "AUC"], [[k, fmt(v)] for k, v in orm["auc"].items()])
                      + "\n\n" + image(run_dir / "rm-orm-bon.png", "best-of-N pass rates"))
     if prm:
