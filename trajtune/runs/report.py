@@ -37,7 +37,7 @@ class Claim:
 
     id:       experiment id (e.g. "A3")
     what:     the experiment in a few words
-    seed:     the seed document's numbers, as text
+    seed:     the reference: the seed document's (or the book's) numbers or words, as text (column "reference")
     ours:     our numbers, as text
     claim:    what must hold (REPRODUCE.md)
     holds:    True / False; verdicts.NOISE when the difference that decides it is inside the noise; None when this
@@ -146,13 +146,13 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 
 def claims_table(claims: Sequence[Claim]) -> str:
-    """The seed's numbers beside ours, with the claim, whether it holds, and (when any claim is decided by a
+    """The reference (the seed document's or the book's numbers) beside ours, with the claim, whether it holds, and (when any claim is decided by a
     difference) that difference with its noise: the verdict is read beside the uncertainty that decided it."""
     if any(c.estimate is not None for c in claims):
-        return markdown_table(["#", "experiment", "seed", "ours", "claim", f"difference ± {Z:g} SE", "verdict"],
+        return markdown_table(["#", "experiment", "reference", "ours", "claim", f"difference ± {Z:g} SE", "verdict"],
                               [(c.id, c.what, c.seed, c.ours, c.claim, c.evidence or "-", c.verdict) for c in claims])
     return markdown_table(
-        ["#", "experiment", "seed", "ours", "claim", "verdict"],
+        ["#", "experiment", "reference", "ours", "claim", "verdict"],
         [(c.id, c.what, c.seed, c.ours, c.claim, c.verdict) for c in claims],
     )
 
