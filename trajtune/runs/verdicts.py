@@ -11,6 +11,7 @@ noise could have made.
     judge(est)                                    # 'not distinguishable'
     judge(paired(before, after))                  # per-problem paired change
     judge(over_seeds([e0, e1, e2]))               # the same difference on three seeds, pooled
+    decide((up, ">", 0.1), (flat, "<=", 0.02))    # a claim of two tests: both verdicts, the deciding estimate
 
 The standard errors (z = 2 throughout, a ~95% two-sided band):
 
@@ -102,6 +103,28 @@ def both(*verdicts: Holds) -> Holds:
     return True
 
 
+Part = tuple[Estimate, str, float]
+"""one test of a claim made of several: (estimate, '>' | '<' | '<=' | '>=', margin), as `judge` takes them"""
+
+
+def decide(*parts: Part) -> tuple[Holds, Estimate]:
+    """A claim made of several tests (pass@1 up AND pass@16 flat): `both` of their verdicts, and the estimate that
+    decided it, to show beside the verdict -- the first part that fails, else the first inside the noise, else the
+    closest call (the part that clears its margin by the fewest standard errors)."""
+    if not parts:
+        raise ValueError("decide: no parts")
+    verdicts = [judge(est, test, margin) for est, test, margin in parts]
+
+    def clearance(part: Part) -> float:
+        est, test, margin = part
+        gap = est.value - margin if test in (">", ">=") else margin - est.value
+        return gap / est.se if est.se > 0 else math.copysign(math.inf, gap)
+
+    deciding = ([p for v, p in zip(verdicts, parts) if v is False] or [p for v, p in zip(verdicts, parts) if v == NOISE]
+                or [min(parts, key=clearance)])
+    return both(*verdicts), deciding[0][0]
+
+
 def share_se(p: float, n: int) -> float:
     """The binomial standard error of a share `p` measured on `n` independent trials (0 for n = 0)."""
     return math.sqrt(max(p * (1 - p), 0.0) / n) if n > 0 else 0.0
@@ -115,6 +138,12 @@ def two_shares(a_hits: float, a_n: int, b_hits: float, b_n: int, what: str = "bi
 
     return Estimate(a_hits / a_n - b_hits / b_n, math.sqrt(se(a_hits, a_n) ** 2 + se(b_hits, b_n) ** 2),
                     min(a_n, b_n), what)
+
+
+def share(hits: float, n: int, what: str = "") -> Estimate:
+    """One share hits/n measured on n independent trials (e.g. against a threshold: 'at most 5% of replies'), its
+    SE taken at (hits + 1) / (n + 2) as in `two_shares`, so 0/128 is not judged on a zero SE."""
+    return Estimate(hits / n, share_se((hits + 1) / (n + 2), n), n, what or f"binomial over {n}")
 
 
 def shares(a: float, b: float, n: int, what: str = "binomial") -> Estimate:
