@@ -57,5 +57,5 @@ def write_task_report(run_dir: Path, title: str, headline: str, pass_label: str,
     lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
     report = Path(run_dir) / "report.md"
     report.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[2:]))
+    print("\n".join([lines[2].replace("**", ""), *extra]).rstrip() + "\n(the curve: report.md)")  # no markdown table
     return report
