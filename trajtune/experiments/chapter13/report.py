@@ -7,8 +7,7 @@ import statistics
 from pathlib import Path
 
 from ...runs.report import (Claim, claims_table, claims_verdict, fmt, grouped_bar_plot, image, line_plot, markdown_table,
-                            claims_summary, episodes_note, mean_sd, pooled_claims, seed_links,
-                            write_report)
+                            claims_summary, mean_sd, pooled_claims, seed_links, write_report)
 from ...runs.verdicts import Estimate, decide, paired, share, share_se, two_shares
 
 
@@ -234,8 +233,8 @@ def chapter13_claims(results: dict, betas) -> list[Claim]:
 
 
 def write_chapter13_report(run_dir: Path, config, results: dict) -> tuple[Path, list[Claim]]:
-    """claims.md and report.md (+ .html, plots) from the stages' results (whichever parts ran), linking view.html
-    when `run_and_report` wrote it: (report path, claims)."""
+    """claims.md and report.md (+ .html, plots) from the stages' results (whichever parts ran); `write_report` links
+    view.html, which `run_and_report` wrote first: (report path, claims)."""
     claims, sections = chapter13_claims(results, config.dpo_betas), []
     if "pretrain" in results:
         sections.append(instruct_section(run_dir, results))
@@ -250,9 +249,9 @@ def write_chapter13_report(run_dir: Path, config, results: dict) -> tuple[Path, 
              "those of the seed post-training ch.13 (instruction tuning, preferences, RL on verifiable rewards; its "
              "seed 0; the repository's docs/seeds.md describes the seeds). A difference counts only when it clears twice "
              "its standard error (the column beside the verdict); one inside the noise is \"not distinguishable\". "
-             "A claim that does not hold is reported, not tuned away. " + episodes_note(run_dir))
+             "A claim that does not hold is reported, not tuned away.")
     return write_report(run_dir, "Post-training ch.13: instruction tuning -> preferences -> RLVR",
-                        [intro.rstrip(), "## Claims\n\n" + claims_table(claims), *sections]), claims
+                        [intro, "## Claims\n\n" + claims_table(claims), *sections]), claims
 
 
 SEED_ROWS = [  # (label, seed's "mean ± sd (seeds 0/1/2)", getter)

@@ -155,7 +155,7 @@ def stage_summary(results: dict, config: Config, claims: list[Claim]) -> str:
 
 def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> tuple[Path, list[Claim]]:
     """report.md / report.html (linking view.html, written first when GRPO recorded episodes): (path, claims)."""
-    from ...runs.report import episodes_note, image, write_report
+    from ...runs.report import image, write_report
     from ...runs.view import write_view_if_recorded
 
     claims = stage_claims(results, config)
@@ -176,6 +176,6 @@ def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> tuple
                 f"DPO pairs: {pairs['pairs']} of {pairs['problems']} fresh problems had a wrong sample among "
                 f"{pairs['samples_per_problem']} from the SFT model ({pairs['wrong_share']:.1%} of samples wrong).",
                 "The final model on the first held-out problems (greedy):\n\n" + shown,
-                "Try it: `trajtune chat --model " + results["grpo"]["model"] + " --temperature 0`", episodes_note(run_dir)]
+                "Try it: `trajtune chat --model " + results["grpo"]["model"] + " --temperature 0`"]
     return write_report(run_dir, "HF pipeline: pretrain -> SFT -> DPO -> GRPO on 2-digit addition",
-                        [x for x in sections if x]), claims
+                        sections), claims

@@ -29,7 +29,7 @@ from ...algorithms.sft import SFTConfig
 from ...config import check_ranges
 from ...engine.distributed import is_main
 from ...engine import OptimConfig
-from ...runs.report import (Claim, claims_summary, claims_table, claims_verdict, episodes_note, fmt, image, line_plot,
+from ...runs.report import (Claim, claims_summary, claims_table, claims_verdict, fmt, image, line_plot,
                             markdown_table, mean_sd, pooled_claims, write_report)
 from ...runs.verdicts import Estimate, two_shares
 from ...runs.view import write_view_if_recorded
@@ -156,8 +156,8 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
     rft, iw = results["rft"], results["iw_sft"]
     summary = {**{m: {k: final(results, m, k) for k in ("eval/pass_rate", "eval/heldout_pass_rate")}
                   for m in ("rft", "iw_sft")}, "n": rft["n_eval"]}
-    claim = c4_claim(summary, f"iw-SFT ({config.iw.variant}) vs expert iteration, {config.iw.rounds} rounds x "
-                     f"{int(rft['sampled'] / max(config.rft.rounds, 1))} samples: train / held-out pass")
+    claim = c4_claim(summary, f"iw-SFT ({config.iw.variant}) vs RFT, {config.iw.rounds} x "
+                     f"{int(rft['sampled'] / max(config.rft.rounds, 1))} samples: train pass")
     for key, label in (("eval/pass_rate", "train"), ("eval/heldout_pass_rate", "held-out")):
         line_plot(run_dir / f"pass_{label}.png",
                   {m: ([c["step"] for c in results[m]["curve"]], [c[key] for c in results[m]["curve"]]) for m in ("rft", "iw_sft")},
@@ -174,7 +174,7 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
         f"Seed {config.seed}. {claims_verdict([claim])}. Weak base: `experiments.bugfix.train_weak_base` "
         f"({config.weak.steps} SFT steps on blind + random play). "
         f"iw-SFT weights: {config.iw.variant}, q refreshed every {config.iw.q_update_every} steps; ESS/K of the last step per round: "
-        + ", ".join(fmt(e) for e in ess) + ". " + episodes_note(run_dir),
+        + ", ".join(fmt(e) for e in ess) + ".",
         "## Claim\n\n" + claims_table([claim]) + "\n\n" + BOUND_TEXT,
         "## Final numbers\n\n" + markdown_table(["method", "train pass", "held-out pass", "invalid/ep", "kept per round",
                                                  "sampled episodes"], rows),
@@ -190,7 +190,7 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     rows = [(m, k.split("/")[1], mean_sd([per[s][m][k] for s in seeds]), " / ".join(fmt(per[s][m][k]) for s in seeds))
             for m in ("rft", "iw_sft") for k in ("eval/pass_rate", "eval/heldout_pass_rate")]
     table = markdown_table(["method", "metric", "mean ± sd", "per seed"], rows)
-    pooled = pooled_claims({s: [c4_claim(per[s], "iw-SFT vs expert iteration: train pass")] for s in seeds})
+    pooled = pooled_claims({s: [c4_claim(per[s], "iw-SFT vs RFT: train pass")] for s in seeds})
     print(claims_summary(pooled))
     return write_report(run_dir, "iw-SFT vs expert iteration on BugFix over seeds (C4)", [
         f"{claims_verdict(pooled)} over seeds {', '.join(map(str, seeds))}: the train-pass gap iw-SFT - RFT pooled "

@@ -138,7 +138,7 @@ def write_report(run_dir: Path, config: Config, results: dict) -> Path:
     """report.md / report.html and summary.json of one seed."""
     from ...runs.report import write_report as write
 
-    from ...runs.report import claims_summary, episodes_note
+    from ...runs.report import claims_summary
     from ...runs.view import write_view_if_recorded
 
     s = summary(config, results)
@@ -150,10 +150,10 @@ def write_report(run_dir: Path, config: Config, results: dict) -> Path:
                 "The first held-out problems, each model's greedy / first sampled reply:\n\n" + side_by_side(s["examples"]),
                 *curves(run_dir), f"Wall time per stage (evaluation included): {walls}; "
                 f"{sum(s['wall_s'].values()):.0f} s in all.",
-                f"Try it: `trajtune chat --model {results['grpo']['model']} --temperature 0`", episodes_note(run_dir)]
+                f"Try it: `trajtune chat --model {results['grpo']['model']} --temperature 0`"]
     print(claims_summary(claims))
     return write(run_dir, f"SmolLM2-135M learns arithmetic on a CPU: warm start, then GRPO (seed {config.seed})",
-                 [x for x in sections if x])
+                 sections)
 
 
 # --- over seeds -------------------------------------------------------------------------------
