@@ -221,7 +221,8 @@ def rlvr_section(run_dir: Path, results: dict) -> str:
     rows = [(k, pct(e["greedy"]), *(pct(v) for v in e["pass_at"].values()), fmt(e["distinct"], 1), fmt(e["entropy"]))
             for k, e in evals.items()]
     return ("## B6-B7: RL on a verifiable reward\n\n" + markdown_table(
-        ["model", "greedy", *(f"pass@{j}" for j in results["grpo"]["pass_at"]), "distinct in 16", "first-digit entropy"], rows)
+        ["model", "greedy", *(f"pass@{j}" for j in results["grpo"]["pass_at"]),
+         f"distinct answers in {max(map(int, results['grpo']['pass_at']))}", "first-digit entropy (nats)"], rows)
         + "\n\n" + image(run_dir / "pass_at_k.png", "pass@k") + " " + image(run_dir / "grpo.png", "GRPO"))
 
 

@@ -236,7 +236,8 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     rows = [(k, fmt(mean(c[-1]["p_right"]), 3), fmt(mean(c[-1]["reward"]), 3), fmt(mean(h["ess"] for h in c), 2),
              fmt(spread[k]["mean"], 3), fmt(spread[k]["sd"], 3), f"{100 * spread[k]['wrong_arm']:.0f}%",
              fmt(spread[k]["reward"], 3)) for k, c in curves.items()]
-    table = markdown_table(["variant", "pi(right)", "reward", "mean ESS/K", "C3 mean pi(right)", "C3 sd",
+    table = markdown_table(["variant", f"pi(right), mean of {config.runs} runs", f"reward, mean of {config.runs} runs",
+                            "mean ESS/K", "C3 mean pi(right)", "C3 sd",
                             "C3 wrong arm", "C3 reward"], rows)
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     print(claims_summary(claims))
