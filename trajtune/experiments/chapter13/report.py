@@ -109,7 +109,7 @@ def preference_claims(r: dict, betas) -> list[Claim]:
                       "/".join(pct(d["format"]) for d in dpo) + f" (SFT {pct(sft['format'])})",
                       "small beta breaks the format: at the smallest beta at most half the replies keep it (seed 32%)",
                       level(smallest["format"], smallest["n"], f"beta {smallest['beta']:g} format"), "<=", 0.5),
-        Claim("B5c", "share of DPO's log-ratio on the last two tokens", "9/5/4%",
+        Claim("B5c", "DPO's log-ratio on the last two tokens", "9/5/4%",
               "/".join(pct(d["end_share"]) for d in dpo)
               + ("" if max(d["end_share"] for d in dpo) <= 0.15 else
                  ": concentrated on the reply's end (the period the preference is about), not spread"),
@@ -152,7 +152,7 @@ def rlvr_claims(r: dict) -> list[Claim]:
         Claim.compare("B6b", f"distinct answers in {k} samples; first-digit entropy", "7.3 -> 4.3; 0.23 -> 0.16 nats",
                       f"{fmt(before['distinct'], 1)} -> {fmt(after['distinct'], 1)}; {fmt(before['entropy'])} -> "
                       f"{fmt(after['entropy'])} nats",
-                      "fewer distinct answers", change(before, after, "distinct", "distinct answers"), "<", 0.0),
+                      "fewer distinct answers", change(before, after, "distinct", "distinct"), "<", 0.0),
         Claim("B6c", "share of GRPO groups with no signal (mean over steps)", "about a third", pct(signal.value),
               "about a third of groups carry no signal (between 20% and 50%)",
               *decide((signal, ">=", 0.2), (signal, "<=", 0.5))),

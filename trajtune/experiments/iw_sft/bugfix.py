@@ -141,7 +141,7 @@ def c4_claim(summary: dict, what: str) -> Claim:
 
     def gap(key: str, split: str) -> Estimate:
         return two_shares(iw[key] * n[split], n[split], rft[key] * n[split], n[split],
-                          f"iw-SFT - RFT {split}, binomial {n[split]}")
+                          f"{split}, binomial {n[split]}")
 
     held = gap("eval/heldout_pass_rate", "heldout")
     return Claim.compare("C4", what, "— (extension; A5 RFT: 0.75 train, 0.10-0.23 held-out)",
