@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from trajtune.runs.verdicts import NOISE, Estimate, deciding, judge, share
+from trajtune.runs.verdicts import NOISE, Estimate, decide, judge, share
 
 
 def test_share_against_a_bar_by_hand():
@@ -20,13 +20,13 @@ def test_share_against_a_bar_by_hand():
     assert judge(share(40, 64, 0.9), ">") is False
 
 
-def test_deciding_picks_the_part_that_decided():
+def test_decide_picks_the_part_that_decided():
     clear, far = Estimate(0.5, 0.1), Estimate(3.0, 0.1)
     noisy, wrong = Estimate(0.1, 0.1), Estimate(-0.5, 0.1)
-    assert deciding([(far, ">", 0.0), (clear, ">", 0.0)]) == (True, clear)  # the one nearest its margin in SE
-    assert deciding([(clear, ">", 0.0), (noisy, ">", 0.0)]) == (NOISE, noisy)
-    assert deciding([(noisy, ">", 0.0), (wrong, ">", 0.0), (clear, ">", 0.0)]) == (False, wrong)  # a failure first
-    assert deciding([(wrong, "<=", 0.0)]) == (True, wrong)  # an absence claim: it holds
-    assert deciding([(Estimate(0.2, 0.0), ">", 0.0), (Estimate(0.2, 0.05), ">", 0.0)])[0] is True  # exact part
-    with pytest.raises(ValueError, match="at least one"):
-        deciding([])
+    assert decide((far, ">", 0.0), (clear, ">", 0.0)) == (True, clear)  # the one nearest its margin in SE
+    assert decide((clear, ">", 0.0), (noisy, ">", 0.0)) == (NOISE, noisy)
+    assert decide((noisy, ">", 0.0), (wrong, ">", 0.0), (clear, ">", 0.0)) == (False, wrong)  # a failure first
+    assert decide((wrong, "<=", 0.0)) == (True, wrong)  # an absence claim: it holds
+    assert decide((Estimate(0.2, 0.0), ">", 0.0), (Estimate(0.2, 0.05), ">", 0.0))[0] is True  # exact part
+    with pytest.raises(ValueError, match="no parts"):
+        decide()

@@ -70,10 +70,41 @@ def test_the_report_has_the_table_and_the_plots(run):
     assert "| stage | trained on | steps | completion pass@1 (greedy) | chat pass@1 (greedy) |" in text
     for stage in MODEL_STAGES:
         assert f"| {stage} | {TRAINED_ON[stage]} |" in text
-    assert text.count("(rises)") + text.count("(does NOT rise)") == 9  # pretrain 3 metrics, sft/dpo/grpo 2 each
+    verdicts = sum(text.count(f"({w})") for w in ("holds", "does not hold", "not distinguishable"))
+    assert verdicts == 9  # pretrain 3 metrics, sft/dpo/grpo 2 each, each beside its ± 2 SE
+    assert "its metrics vs the stage before (± 2 SE)" in text and "paired 64" in text
     for png in ("pipeline_pass_at_1.png", "pipeline_loss.png", "pipeline_reward.png"):
         assert (run_dir / png).stat().st_size > 1000 and png in text
     assert (run_dir / "report.html").exists()
+
+
+def _results(levels: dict, n: int = 64) -> dict:
+    """Constructed stage results: stage -> {metric: share}, each metric's first round(share * n) problems right."""
+    def ev(shares):
+        per = {m: [float(i < round(v * n)) for i in range(n)] for m, v in shares.items()}
+        return {**shares, "chat_pass_at_k": shares["chat_sampled"], "per_problem": per}
+
+    return {s: {"eval": ev(v)} for s, v in levels.items()}
+
+
+def test_each_stage_claim_follows_its_gain_and_noise_not_its_headline():
+    """A stage whose pass@1 'rose' by two problems of 64 is not distinguishable (the earlier verdict said rises);
+    ten more problems right, none lost, holds; a clear fall does not hold."""
+    from trajtune.experiments.hf_pipeline.report import stage_claims, stage_summary
+    from trajtune.runs.verdicts import NOISE
+
+    config = P.Config(n_eval=64)
+    lvl = lambda c, g, s: {"completion_greedy": c, "chat_greedy": g, "chat_sampled": s}  # noqa: E731
+    r = _results({"base": lvl(0, 0, 0), "pretrain": lvl(0.5, 0.3, 0.3), "sft": lvl(0.5, 0.6, 0.5),
+                  "dpo": lvl(0.5, 0.63, 0.7), "grpo": lvl(0.2, 0.4, 0.7)})
+    got = {c.id: c.holds for c in stage_claims(r, config)}
+    assert got["pretrain.c"] is True and got["sft.g"] is True and got["sft.s"] is True
+    assert got["dpo.g"] == NOISE and got["dpo.s"] is True  # +2 problems of 64; +13
+    assert got["grpo.g"] is False and got["grpo.s"] == NOISE  # -15 problems; none moved
+    text = stage_summary(r, config, stage_claims(r, config))
+    assert "Not every stage raised the metrics it targets beyond the noise" in text
+    assert "inside the noise: chat pass@1 (greedy) 60.0% -> 63.0%" in text
+    assert "The pretraining format is forgotten" in text  # completion 50% -> 20%, paired
 
 
 def test_the_pipeline_learns(run):

@@ -15,7 +15,8 @@ from trajtune.config import ConfigError, from_dict, load_toml  # noqa: E402
 from trajtune.experiments import get_experiment  # noqa: E402
 from trajtune.experiments.smollm2 import Config, run, seeds_report  # noqa: E402
 from trajtune.experiments.smollm2.config import MODEL_STAGES  # noqa: E402
-from trajtune.experiments.smollm2.report import verdict, write_seeds_report  # noqa: E402
+from trajtune.experiments.smollm2.report import gain_claims, write_seeds_report  # noqa: E402
+from trajtune.runs.verdicts import NOISE  # noqa: E402
 from trajtune.experiments.smollm2.stages import resolve  # noqa: E402
 from trajtune.experiments.smollm2.task import Problem, heldout, is_number, training  # noqa: E402
 from trajtune.metrics import read_metrics  # noqa: E402
@@ -63,44 +64,72 @@ def test_no_held_out_problem_is_in_any_training_file(runs):
 def test_the_reports_have_the_table_the_replies_the_curves_and_a_verdict(runs):
     root, config, per_seed = runs
     one = (per_seed[0] / "report.md").read_text()
-    for text in ("accuracy (greedy)", "format (sampled)", "standard errors", "grpo: greedy / sampled",
+    for text in ("accuracy (greedy)", "format (sampled)", "difference ± 2 SE", "grpo: greedy / sampled",
                  "sft_loss.png", "grpo_reward.png", "What is "):
         assert text in one, text
     summary = json.loads((per_seed[0] / "summary.json").read_text())
     assert set(summary["eval"]) == set(MODEL_STAGES) and len(summary["examples"]["grpo"]) == 3
     report = seeds_report(config, root, per_seed).read_text()
-    assert "seed 0" in report and "seed 1" in report and "spread (max - min)" in report
+    assert "seed 0" in report and "seed 1" in report and "sd over seeds" in report and "over 2 seeds" in report
+    assert f"paired {config.n_eval} problems" in one  # the evaluation kept each problem's score: the gains are paired
     assert ("**It learned**" in report) != ("**It did not learn measurably**" in report)
     assert (root / "grpo_reward.png").is_file() and (root / "report.html").is_file()
 
 
-def test_verdict_on_constructed_gains():
-    assert verdict([0.30, 0.25, 0.35]) == "rises"  # mean 0.30 > spread 0.10
-    assert verdict([0.05, 0.20, 0.02]) == "within the seed spread"  # mean 0.09 < spread 0.18
-    assert verdict([0.10, -0.01, 0.12]) == "within the seed spread"  # a seed that fell
-    assert verdict([-0.30, -0.25, -0.35]) == "falls"
-    assert verdict([-0.05, -0.20, -0.02]) == "within the seed spread"
-    assert verdict([0.0, 0.0, 0.0]) == "within the seed spread"
-    assert verdict([0.4]) == "one seed, no spread"
+def _seed(s, base, sft, grpo, per_problem=False):
+    """One seed's summary.json: greedy and sampled accuracy equal, format 100%."""
+    def ev(v):
+        out = {"greedy_accuracy": v[0], "sampled_accuracy": v[1], "greedy_format": 1.0, "sampled_format": 1.0,
+               "per_op": {"+": v[0]}}
+        if per_problem:  # 128 problems, the first round(v * 128) right
+            out["per_problem"] = {kind: [float(i < round(x * 128)) for i in range(128)] for kind, x in
+                                  zip(("greedy", "sampled"), v, strict=True)}
+        return out
+
+    return {"seed": s, "eval": {m: ev(v if isinstance(v, tuple) else (v, v))
+                                for m, v in (("base", base), ("sft", sft), ("grpo", grpo))},
+            "examples": {m: [["What is 1+2?", "3", "3", "3"]] for m in MODEL_STAGES},
+            "wall_s": dict.fromkeys(MODEL_STAGES, 1.0)}
+
+
+def _verdicts(per_seed):
+    return {c.id: c.holds for c in gain_claims(per_seed, Config())}
+
+
+def test_gains_are_judged_by_the_shared_helper_with_their_noise():
+    # docs/smollm2.md, seeds 0-2: warm start -> RL sampled +5.1 / +4.7 / +4.7 points (spread 0.4: the old verdict
+    # said "rises"), greedy +4.7 / -1.6 / -6.2; base -> RL greedy +35.9 / +33.6 / +30.5
+    docs = {0: _seed(0, 0.0, (0.312, 0.254), (0.359, 0.305)), 1: _seed(1, 0.0, (0.352, 0.285), (0.336, 0.332)),
+            2: _seed(2, 0.0, (0.367, 0.215), (0.305, 0.262))}
+    got = _verdicts(docs)
+    assert got["RL.s"] == NOISE  # +4.8 pooled, 2 SE 6.3 points (binomial over 128 problems a seed)
+    assert got["RL.g"] == NOISE and got["L.g"] is True and got["L.s"] is True
+    assert got["W.g"] is True and got["W.s"] is True
+    # a clear fall is "does not hold", not "within the spread"
+    assert _verdicts({s: _seed(s, 0.0, 0.60, 0.30) for s in range(3)})["RL.g"] is False
+    # one seed: the held-out set's binomial noise alone
+    assert _verdicts({0: _seed(0, 0.0, 0.30, 0.34)})["RL.g"] == NOISE
+    assert _verdicts({0: _seed(0, 0.0, 0.30, 0.50)})["RL.g"] is True
+
+
+def test_paired_per_problem_scores_decide_when_the_evaluations_kept_them():
+    # +4 points on 128 problems: unpaired that is noise; paired (the same 5 problems newly right, none lost) it is
+    # still a handful of problems -- 2 SE of the paired mean is 3.5 points, so it clears it
+    seed = {0: _seed(0, 0.0, 0.30, 0.34, per_problem=True)}
+    claims = {c.id: c for c in gain_claims(seed, Config())}
+    assert "paired 128 problems" in claims["RL.g"].evidence and claims["RL.g"].holds is True
 
 
 def test_seeds_report_headline_follows_the_verdicts(tmp_path):
     config = Config()
-
-    def seed(s, base, sft, grpo):
-        ev = {m: {"greedy_accuracy": v, "sampled_accuracy": v, "greedy_format": 1.0, "sampled_format": 1.0,
-                  "per_op": {"+": v}} for m, v in (("base", base), ("sft", sft), ("grpo", grpo))}
-        return {"seed": s, "eval": ev, "examples": {m: [["What is 1+2?", "3", "3", "3"]] for m in MODEL_STAGES},
-                "wall_s": dict.fromkeys(MODEL_STAGES, 1.0)}
-
     (tmp_path / "a").mkdir()
-    text = write_seeds_report(tmp_path / "a", config, {s: seed(s, 0.0, 0.30 + s / 100, 0.40 + s / 100)
+    text = write_seeds_report(tmp_path / "a", config, {s: _seed(s, 0.0, 0.30 + s / 100, 0.45 + s / 100)
                                                        for s in range(3)}).read_text()
-    assert "**It learned**" in text and "RL adds to the warm start beyond the spread" in text
+    assert "**It learned**" in text and "RL adds to the warm start beyond the noise" in text
     (tmp_path / "b").mkdir()
-    text = write_seeds_report(tmp_path / "b", config, {0: seed(0, 0.0, 0.30, 0.31), 1: seed(1, 0.0, 0.30, 0.20),
-                                                       2: seed(2, 0.0, 0.05, 0.02)}).read_text()
-    assert "**It did not learn measurably**" in text and "within the seed spread" in text
+    text = write_seeds_report(tmp_path / "b", config, {0: _seed(0, 0.0, 0.30, 0.31), 1: _seed(1, 0.0, 0.30, 0.02),
+                                                       2: _seed(2, 0.0, 0.05, 0.0)}).read_text()
+    assert "**It did not learn measurably**" in text and "not distinguishable" in text
 
 
 def test_task_and_recipe():

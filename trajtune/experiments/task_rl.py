@@ -48,14 +48,21 @@ def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Sou
 
 def write_task_report(run_dir: Path, title: str, headline: str, pass_label: str, result: dict,
                       extra: Sequence[str] = ()) -> Path:
-    """report.md: the title, held-out reward and pass@1 before -> after, `extra` lines, the curve table."""
+    """report.md: the title, held-out reward and pass@1 before -> after, `extra` lines, the curve table, and the link
+    to view.html (written here when the run recorded episodes); prints the headline and `extra`, no table."""
     b, a = result["before"], result["after"]
     lines = [f"# {title}", "",
              f"{headline}: **{b['eval/reward']:.3f} -> {a['eval/reward']:.3f}**; {pass_label} (pass@1) "
              f"{b['eval/pass@1']:.3f} -> {a['eval/pass@1']:.3f}", "", *extra,
              f"| step | train reward | held-out reward | held-out {pass_label} |", "|---|---|---|---|"]
     lines += [f"| {s} | {tr:.3f} | {ev:.3f} | {p:.3f} |" for s, tr, ev, p in result["curve"]]
+    from ..runs.report import episodes_note
+    from ..runs.view import write_view_if_recorded
+
+    write_view_if_recorded(run_dir)  # the RL stage's episodes, token by token; the report links it
+    note = episodes_note(Path(run_dir))
+    lines += ["", note] if note else []
     report = Path(run_dir) / "report.md"
     report.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[2:]))
+    print("\n".join([lines[2].replace("**", ""), *extra]).rstrip() + "\n(the curve: report.md)")  # no markdown table
     return report

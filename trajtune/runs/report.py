@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -736,6 +736,22 @@ def pooled_verdicts(per_seed: Mapping[int, Sequence[Claim]]) -> dict[str, tuple[
         out[cid] = (None if not judged else False if any(h is False for h in judged)
                     else NOISE if any(h == NOISE for h in judged) else True, None)
     return out
+
+
+def pooled_claims(per_seed: Mapping[int, Sequence[Claim]]) -> list[Claim]:
+    """The claims over the seeds, one per id (`pooled_verdicts`): each the first seed's claim with its verdict and
+    estimate replaced by the pooled ones and `ours` saying how many seeds it held on -- what a multi-seed recipe
+    prints with `claims_summary`."""
+    pooled = pooled_verdicts(per_seed)
+    first: dict[str, Claim] = {}
+    held: dict[str, int] = {}
+    for claims in per_seed.values():
+        for c in claims:
+            first.setdefault(c.id, c)
+            held[c.id] = held.get(c.id, 0) + (c.holds is True)
+    return [replace(c, holds=pooled[cid][0], estimate=pooled[cid][1], ours=f"holds on {held[cid]} of {len(per_seed)} "
+                    "seeds", why="" if pooled[cid][0] is not None else c.why or "judged on no seed")
+            for cid, c in first.items()]
 
 
 def write_claims_over_seeds(run_dir: str | Path, title: str, per_seed: Mapping[int, Sequence[Claim]]) -> Path:

@@ -11,6 +11,7 @@ noise could have made.
     judge(est)                                    # 'not distinguishable'
     judge(paired(before, after))                  # per-problem paired change
     judge(over_seeds([e0, e1, e2]))               # the same difference on three seeds, pooled
+    decide((up, ">", 0.1), (flat, "<=", 0.02))    # a claim of two tests: both verdicts, the deciding estimate
 
 The standard errors (z = 2 throughout, a ~95% two-sided band):
 
@@ -98,17 +99,26 @@ def both(*verdicts: Holds) -> Holds:
     return True
 
 
-def deciding(parts: Sequence[tuple[Estimate, str, float]]) -> tuple[Holds, Estimate]:
-    """A claim made of several comparisons, each (estimate, test, margin) as `judge` takes them -> (`both` of their
-    verdicts, the estimate that decided it): the first part that fails, else the first inside the noise, else the
-    part closest to its margin in standard errors (the one a reader checks first)."""
+Part = tuple[Estimate, str, float]
+"""one test of a claim made of several: (estimate, '>' | '<' | '<=' | '>=', margin), as `judge` takes them"""
+
+
+def decide(*parts: Part) -> tuple[Holds, Estimate]:
+    """A claim made of several tests (pass@1 up AND pass@16 flat): `both` of their verdicts, and the estimate that
+    decided it, to show beside the verdict -- the first part that fails, else the first inside the noise, else the
+    closest call (the part that clears its margin by the fewest standard errors)."""
     if not parts:
-        raise ValueError("deciding: needs at least one (estimate, test, margin) part")
-    verdicts = [judge(e, t, m) for e, t, m in parts]
-    for bad in (False, NOISE):
-        if bad in verdicts:
-            return both(*verdicts), parts[verdicts.index(bad)][0]
-    return True, min(parts, key=lambda p: abs(p[0].value - p[2]) / p[0].se if p[0].se > 0 else math.inf)[0]
+        raise ValueError("decide: no parts")
+    verdicts = [judge(est, test, margin) for est, test, margin in parts]
+
+    def clearance(part: Part) -> float:
+        est, test, margin = part
+        gap = est.value - margin if test in (">", ">=") else margin - est.value
+        return gap / est.se if est.se > 0 else math.copysign(math.inf, gap)
+
+    deciding = ([p for v, p in zip(verdicts, parts) if v is False] or [p for v, p in zip(verdicts, parts) if v == NOISE]
+                or [min(parts, key=clearance)])
+    return both(*verdicts), deciding[0][0]
 
 
 def share_se(p: float, n: int) -> float:
@@ -126,9 +136,9 @@ def two_shares(a_hits: float, a_n: int, b_hits: float, b_n: int, what: str = "bi
                     min(a_n, b_n), what)
 
 
-def share(hits: float, n: int, bar: float, what: str = "") -> Estimate:
-    """One share against a fixed bar: hits/n - bar on n independent trials (e.g. 61/64 replies against 0.9), its
-    SE taken at (hits + 1) / (n + 2) as in `two_shares`, so 64/64 is not judged on a zero SE."""
+def share(hits: float, n: int, bar: float = 0.0, what: str = "") -> Estimate:
+    """One share hits/n on n independent trials, less a fixed `bar` (61/64 replies against 0.9: +0.053), its SE
+    taken at (hits + 1) / (n + 2) as in `two_shares`, so 0/128 or 64/64 is not judged on a zero SE."""
     return Estimate(hits / n - bar, share_se((hits + 1) / (n + 2), n), n, what or f"binomial over {n}")
 
 

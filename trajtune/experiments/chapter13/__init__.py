@@ -248,13 +248,15 @@ def with_upstream(own: list[Stage]) -> list[Stage]:
     return [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed] + own
 
 
-def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, write,
-                   claims=None) -> tuple[Path, dict[str, dict]]:
-    """Run (or resume) `stage_list` in run_dir, then `write(run_dir, config, results)` the report (it leaves claims.md
-    beside it, printed): (report path, {stage: results}). Under torchrun every rank runs, rank 0 alone talks and
-    writes. `label`: the first line printed. The one runner of chapter 13 and the recipes built on it.
-    claims: `claims(results, config)` -> the recipe's claims; given, the terminal gets `runs.report.claims_summary`
-    ('N of M claims hold' and one short line per claim) instead of claims.md."""
+def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, write) -> tuple[Path, dict[str, dict]]:
+    """Run (or resume) `stage_list` in run_dir, then `write(run_dir, config, results)` the report -> (report path,
+    claims); it leaves claims.md beside it and writes view.html first when a stage recorded episodes
+    (`runs.view.write_view_if_recorded`). Prints `runs.report.claims_summary` ("N of M claims hold" and one short
+    line per claim; the table stays in the report): (report path, {stage: results}). Under torchrun every rank
+    runs, rank 0 alone talks and writes. `label`: the first line printed. The one runner of chapter 13 and the
+    recipes built on it (graders, rlhf_book): every `write` returns (report path, claims)."""
+    from ...runs.view import write_view_if_recorded
+
     run_dir = Path(run_dir)
     init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
     main = is_main()
@@ -263,8 +265,9 @@ def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, w
     results = run_stages(stage_list, config, run_dir, config.runner)
     report = run_dir / "report.md"
     if main:
-        report = write(run_dir, config, results)
-        print(claims_summary(claims(results, config)) if claims else (run_dir / "claims.md").read_text())
+        write_view_if_recorded(run_dir)  # before the report, which links it (`runs.report.episodes_note`)
+        report, claims = write(run_dir, config, results)
+        print(claims_summary(claims))
     return report, results
 
 
@@ -320,4 +323,4 @@ def run(config: Config, run_dir: Path) -> Path:
 def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Path:
     """B8: the mean ± sd table of the per-seed runs (`trajtune.runs.rundir.run_seeds`: seed -> its run directory)."""
     return write_seed_table(Path(run_dir), {s: read_results(stages(replace(config, seed=s)), d)
-                                            for s, d in per_seed.items()})
+                                            for s, d in per_seed.items()}, config.dpo_betas)

@@ -70,15 +70,22 @@ def text_windows(ids: list[int], n: int, length: int, seed: int) -> list[Traject
 
 
 @torch.no_grad()
-def corpus_loss(engine: Engine, val_windows: list[Trajectory], pad_id: int, batch: int = 64) -> float:
-    """Mean next-character NLL on held-out Shakespeare windows (how much text modelling survives)."""
-    total, count = 0.0, 0.0
+def window_losses(engine: Engine, val_windows: list[Trajectory], pad_id: int, batch: int = 64) -> list[float]:
+    """Each held-out window's mean next-character NLL: [windows] (the per-item numbers a paired comparison of two
+    models on the same windows needs, `runs.verdicts.paired`)."""
+    out: list[float] = []
     for i in range(0, len(val_windows), batch):
         b = collate(val_windows[i : i + batch], pad_id)
-        lp = engine.forward(b).logprobs  # [B, T-1]
-        total += float(-(lp * b.action_mask).sum())
-        count += float(b.action_mask.sum())
-    return total / count
+        nll = -(engine.forward(b).logprobs * b.action_mask).sum(-1)  # [B]
+        out += (nll / b.action_mask.sum(-1)).tolist()
+    return out
+
+
+def corpus_loss(engine: Engine, val_windows: list[Trajectory], pad_id: int, batch: int = 64) -> float:
+    """Mean next-character NLL on held-out Shakespeare windows (how much text modelling survives; every window has
+    `block_size` predicted characters, so the mean over windows is the mean over characters)."""
+    losses = window_losses(engine, val_windows, pad_id, batch)
+    return sum(losses) / len(losses)
 
 
 def val_windows(config) -> list[Trajectory]:
@@ -94,20 +101,23 @@ def instruct_source(engine: Engine, reward: str, max_reply: int) -> EpisodeSourc
 
 
 def adherence(engine: Engine, words, n: int, seed: int, max_reply: int) -> dict:
-    """Sample n replies per word: share starting with the word, with its first letter; examples."""
+    """Sample n replies per word: share starting with the word, with its first letter, how many replies; examples."""
     trajs = sample_episodes(instruct_source(engine, "format", max_reply), [InstructTask(w) for w in words], n, seed)
-    return {"word": sum(t.info["format_ok"] for t in trajs) / len(trajs),
+    return {"word": sum(t.info["format_ok"] for t in trajs) / len(trajs), "n": len(trajs),
             "letter": sum(t.info["first_letter_ok"] for t in trajs) / len(trajs),
             "examples": [f"{t.info['word']} -> {t.info['reply']!r}" for t in trajs[::n][:4]]}
 
 
 def evaluate_instruct(engine: Engine, config, windows) -> dict:
-    """B1/B2 numbers for one model: seen/unseen adherence, first letter, val loss."""
+    """B1/B2 numbers for one model: seen/unseen adherence, first letter (and how many replies each share counts),
+    val loss (and each held-out window's, for a paired comparison)."""
     tok = corpus()[0]
     seen = adherence(engine, SEEN, config.adherence_samples, derive(config.seed, 1, stride=7919), config.max_reply)
     unseen = adherence(engine, UNSEEN, config.adherence_samples, derive(config.seed, 2, stride=7919), config.max_reply)
+    losses = window_losses(engine, windows, tok.pad_id)
     return {"seen": seen["word"], "seen_letter": seen["letter"], "unseen": unseen["word"],
-            "unseen_letter": unseen["letter"], "val_loss": corpus_loss(engine, windows, tok.pad_id),
+            "unseen_letter": unseen["letter"], "n_seen": seen["n"], "n_unseen": unseen["n"],
+            "val_loss": sum(losses) / len(losses), "window_losses": [round(x, 5) for x in losses],
             "examples": seen["examples"][:2] + unseen["examples"][:2]}
 
 

@@ -30,6 +30,7 @@ from ...sources.scoring import pair_accuracy, reward_model_scores
 from ...engine import Engine
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyTransformer, load_model
+from ...runs.verdicts import bootstrap
 from ...trajectory import collate
 from .instruct import corpus, demo, instruct_source, renderer
 from ...seeding import derive
@@ -46,7 +47,9 @@ def sft_model(run_dir: Path) -> TinyTransformer:
 
 @torch.no_grad()
 def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
-    """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share."""
+    """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share, and the
+    noise of each (`n` replies; `kl_se` the standard error of the mean KL; `end_share_se` a bootstrap over replies,
+    `runs.verdicts.bootstrap`)."""
     pad = corpus()[0].pad_id
     trajs = sample_episodes(instruct_source(policy, "preference", config.max_reply), [InstructTask(w) for w in SEEN],
                             config.eval_per_word, seed)
@@ -56,11 +59,20 @@ def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
     position = torch.arange(mask.shape[1]).expand_as(mask)
     last = (position * mask).amax(-1, keepdim=True)  # [B, 1] index of each reply's last POLICY token
     tail = mask * (position >= last - 1)  # the last two POLICY tokens of each reply
-    total = float(log_ratio.sum())
-    return {"reward": sum(t.reward for t in trajs) / len(trajs),
-            "format": sum(t.info["format_ok"] for t in trajs) / len(trajs),
-            "kl": float(log_ratio.sum(-1).mean()),
-            "end_share": float((log_ratio * tail).sum()) / total if total else float("nan"),
+    per_reply = log_ratio.sum(-1)  # [B]
+    items = list(zip((log_ratio * tail).sum(-1).tolist(), per_reply.tolist()))  # (tail, whole) per reply
+
+    def end_share(xs) -> float:
+        total = sum(w for _, w in xs)
+        return sum(t for t, _ in xs) / total if total else float("nan")
+
+    n = len(trajs)
+    whole = end_share(items)  # nan for the reference itself (no log-ratio at all): nothing to resample
+    share = bootstrap(items, end_share, seed=seed) if n > 1 and whole == whole else None
+    return {"reward": sum(t.reward for t in trajs) / n, "n": n,
+            "format": sum(t.info["format_ok"] for t in trajs) / n,
+            "kl": float(per_reply.mean()), "kl_se": float(per_reply.std() / n ** 0.5) if n > 1 else 0.0,
+            "end_share": whole, "end_share_se": share.se if share else 0.0,
             "examples": [t.info["reply"] for t in trajs[:: config.eval_per_word][:3]]}
 
 
@@ -84,7 +96,7 @@ def stage_reward_model(ctx) -> dict:
     # B4: the SFT model itself (n = 1), then best-of-n on fresh samples
     policy = ctx.engine(sft)
     base = evaluate_policy(policy, policy, config, seed=derive(config.seed, 3, stride=7919))
-    result["sft"] = {k: base[k] for k in ("reward", "format")}
+    result["sft"] = {k: base[k] for k in ("reward", "format", "n")}
     tasks = [InstructTask(w) for w in SEEN] * config.bon_repeats
     source = instruct_source(policy, "preference", config.max_reply)
     rm_score = lambda trajs: reward_model_scores(rm_engine, trajs, tok.pad_id)  # noqa: E731
@@ -95,7 +107,7 @@ def stage_reward_model(ctx) -> dict:
         result["best_of_n"][str(n)] = {
             "reward": sum(t.reward for t in chosen) / len(chosen),
             "format": sum(t.info["format_ok"] for t in chosen) / len(chosen),
-            "kl_bound": best_of_n_kl_bound(n)}
+            "kl_bound": best_of_n_kl_bound(n), "n": len(chosen)}
     return result
 
 

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...runs.report import claims_table, claims_verdict, write_claims_over_seeds, write_report
-from ...runs.view import write_view_if_recorded
 from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
 from . import evals, judges, overopt, reward_models
 
@@ -71,14 +70,13 @@ stages = RECIPE.stages
 all_claims = RECIPE.claims
 
 
-def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
-    """view.html (the recorded episodes), claims.md and report.md (+ .html, plots, the view linked by `write_report`):
+def write_graders_report(run_dir: Path, config: Config, results: dict) -> tuple[Path, list]:
+    """claims.md and report.md (+ .html, plots; view.html, which the runner writes first, linked by `write_report`):
     N of M claims hold on the first screen, then the claims with the difference that decided each and its noise,
-    then each part."""
+    then each part -> (report path, claims): the runner prints `claims_summary(claims)`."""
     claims = all_claims(results, config)
     table = claims_table(claims)
     (run_dir / "claims.md").write_text(table + "\n")
-    write_view_if_recorded(run_dir)  # view.html first: the report links it
     intro = (f"Seed {config.seed}. {claims_verdict(claims)}. Each claim is the book's sentence, cited by chapter and "
              "section (N. Lambert, *Reinforcement Learning from Human Feedback*, <https://rlhfbook.com>: \"RLHF book "
              "ch.14 §14.1\"; §N.M numbers the book's checklist items, docs/rlhf_book_checklist.md). A comparison "
@@ -90,12 +88,12 @@ def write_graders_report(run_dir: Path, config: Config, results: dict) -> Path:
     return write_report(run_dir, "The RLHF book, part 1: models as graders",
                         [intro, "## Claims\n\n" + table,
                          *RECIPE.sections(run_dir, results, config),
-                         "## Time per stage (seconds)\n\n" + stage_times(results)])
+                         "## Time per stage (seconds)\n\n" + stage_times(results)]), claims
 
 
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
     return run_and_report(f"graders (seed {config.seed}): {', '.join(config.demos)}", stages(config), config, run_dir,
-                          write_graders_report, all_claims)
+                          write_graders_report)
 
 
 def run(config: Config, run_dir: Path) -> Path:

@@ -36,7 +36,7 @@ from ...metrics import register
 from ...models.tiny import load_model
 from ...runs.report import Claim, bar_plot, fmt, grouped_bar_plot, image, line_plot, markdown_table
 from ...runs.stages import Stage
-from ...runs.verdicts import NOISE, Z, Estimate, Holds, deciding, judge, paired, share
+from ...runs.verdicts import NOISE, Z, Estimate, Holds, decide, judge, paired, share
 from ...sources.base import Draw, Episodes, Wrapper
 from ...sources.episodes import sample_episodes
 from ...sources.rewards.controls import random_reward
@@ -260,7 +260,7 @@ def claims(results: dict, config) -> list[Claim]:
                          "types of data contamination\". The calculator is decontaminated (E3): pass@1 must not rise "
                          "by more than 2 paired SE", rnd, "<=", 0.0)]
     over_control = paired(per["evals_random"], per["evals_grpo"], f"GRPO - random control, paired over {n} problems")
-    holds, est = deciding([(real, ">", 0.0), (over_control, ">", 0.0)])
+    holds, est = decide(*[(real, ">", 0.0), (over_control, ">", 0.0)])
     out.append(Claim("E2", "GRPO with the verifier, same budget", "the real run beats its random control",
                      f"pass@1 {fmt(p1['coldstart'])} -> {fmt(p1['evals_grpo'])} (change {real.value:+.3f}); random "
                      f"control {fmt(p1['evals_random'])}",
@@ -277,7 +277,7 @@ def claims(results: dict, config) -> list[Claim]:
                      "pair, are clean, and a copy with planted held-out problems is caught, exactly those rows",
                      not d["clean_flagged"] and d["planted_flagged"] == d["expected"]))
     bounded = all(pol[s]["maj_at"][k] <= pol[s]["pass_at"][k] + 1e-9 for s in POLICIES)  # a vote picks a sampled answer
-    holds, est = deciding([(paired(pol[s]["maj_per_problem"]["1"], pol[s]["maj_per_problem"][k],
+    holds, est = decide(*[(paired(pol[s]["maj_per_problem"]["1"], pol[s]["maj_per_problem"][k],
                                    f"{POLICIES[s]} maj@{k} - maj@1, paired over {n} problems"), ">=", 0.0)
                            for s in POLICIES])
     rows = "; ".join(f"{POLICIES[s]} {fmt(pol[s]['maj_at']['1'])} / {fmt(pol[s]['maj_at'][k])} / "
@@ -318,7 +318,7 @@ def claims(results: dict, config) -> list[Claim]:
                       "<=", 0.0))
         parts.append((share(round(mc[s]["answer_sum"] * n), n, 0.5, f"{POLICIES[s]} answer string - 1/2, "
                                                                      f"binomial over {n}"), ">", 0.0))
-    holds, est = deciding(parts)
+    holds, est = decide(*parts)
     out.append(Claim("E7", "multiple choice by conditional log-likelihood: the label vs the answer string",
                      "60% -> near 0 from a format change",
                      "accuracy label / answer string summed / per token: " + "; ".join(

@@ -56,7 +56,7 @@ from ...envs.instruct import SEEN, InstructTask, ends_with_period, first_letter_
 from ...models.tiny import load_model
 from ...runs.report import Claim, fmt, image, line_plot, markdown_table
 from ...runs.stages import Stage
-from ...runs.verdicts import Estimate, Holds, deciding, judge, share, share_se, shares, two_shares
+from ...runs.verdicts import Estimate, Holds, decide, judge, share, share_se, shares, two_shares
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...sources.judge import TEMPLATES, Judge, parse_verdict, swap_consistent
@@ -417,7 +417,7 @@ def j1(ai: dict, ver: dict, sft: dict, n: int) -> Claim:
     gap = Estimate(ai["reward"] - 0.8 * ver["reward"] - 0.2 * sft["reward"],
                    math.sqrt(se(ai["reward"]) ** 2 + (0.8 * se(ver["reward"])) ** 2 + (0.2 * se(sft["reward"])) ** 2),
                    n, f"AI - 0.8 verifier - 0.2 SFT, binomial over {n} replies each")
-    holds, est = deciding([(shares(ver["reward"], sft["reward"], n), ">", 0.0), (gap, ">=", 0.0)])
+    holds, est = decide(*[(shares(ver["reward"], sft["reward"], n), ">", 0.0), (gap, ">=", 0.0)])
     ours = (f"AI {pct(ai['reward'])}@{fmt(ai['kl'], 1)} ({ai['n_pairs']} pairs, {ai['ties']} ties dropped, "
             f"{pct(ai['label_agreement'])} of them labelled as the verifier does); " + base)
     return Claim("J1", what, seed, ours, claim, holds, est)

@@ -63,7 +63,7 @@ from ...envs.instruct import SEEN, InstructTask, ends_with_period, format_ok, pr
 from ...models.tiny import TinyTransformer, load_model
 from ...overoptimization import OverOptProbe, batch_grader, episode_rewards, fit_scaling_law, peak, verifier_grader
 from ...runs.report import Claim, fmt, image, markdown_table
-from ...runs.verdicts import Estimate, Holds, deciding, judge, paired
+from ...runs.verdicts import Estimate, Holds, decide, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.ensemble import RewardEnsemble
@@ -273,7 +273,7 @@ def rise_and_fall_parts(curve: list[dict], key: str) -> list[tuple[Estimate, str
 
 def rise_and_fall(curve: list[dict], key: str) -> tuple[Holds, Estimate]:
     """(verdict, the estimate that decided it) of the book's whole curve on `key` (`rise_and_fall_parts`)."""
-    return deciding(rise_and_fall_parts(curve, key))
+    return decide(*rise_and_fall_parts(curve, key))
 
 
 def _curve(results: dict, which: str) -> list[dict] | None:
@@ -314,7 +314,7 @@ def _delay(single: list[dict], ensemble: list[dict], key: str) -> tuple[str, Hol
     noise (the proxy's part of O1 / O5 is not needed: there is a fall to delay or there is not)."""
     top = peak_row(single, key)
     after = [c for c in single if c["step"] > top["step"]]
-    if len(after) < 2 or deciding(rise_and_fall_parts(single, key)[:2])[0] is not True:
+    if len(after) < 2 or decide(*rise_and_fall_parts(single, key)[:2])[0] is not True:
         levels = ", ".join(f"{fmt(a[key])} vs {fmt(b[key])}" for a, b in zip(single[1:], ensemble[1:], strict=True))
         return (f"one RM vs min-ensemble at steps {single[1]['step']}-{single[-1]['step']}: {levels}", None, None,
                 "one RM's curve did not rise and fall beyond the noise: nothing to delay")
@@ -333,8 +333,8 @@ def kl_grows(curves: list[list[dict]]) -> tuple[Holds, Estimate]:
     smaller rise (in SE) of step 0 -> the end: the headline, not a step that did not fall."""
     rises = [(change(curve[0], curve[-1], KL), ">", 0.0) for curve in curves]
     steps = [(change(a, b, KL), ">=", 0.0) for curve in curves for a, b in zip(curve, curve[1:])]
-    holds, est = deciding(rises + steps)
-    return (holds, deciding(rises)[1]) if holds is True else (holds, est)
+    holds, est = decide(*rises + steps)
+    return (holds, decide(*rises)[1]) if holds is True else (holds, est)
 
 
 def claims(results: dict, config) -> list[Claim]:
@@ -349,7 +349,7 @@ def claims(results: dict, config) -> list[Claim]:
                      "peak above step 0, the end below the peak, the proxy higher at the end than at gold's peak, each "
                      "by more than 2 SE of the probe's replies", holds, est))
     half = single[len(single) // 2]
-    holds, est = deciding([(change(half, single[-1], PROXY), ">", 0.0), (change(half, single[-1], TEST), "<=", 0.0)])
+    holds, est = decide(*[(change(half, single[-1], PROXY), ">", 0.0), (change(half, single[-1], TEST), "<=", 0.0)])
     out.append(Claim("O2", "train RM vs test RM (halves)", "train-RM gains stop transferring to the test RM",
                      f"from step {half['step']} to {single[-1]['step']}: proxy (train RM) "
                      f"{single[-1][PROXY] - half[PROXY]:+.2f}, test RM {single[-1][TEST] - half[TEST]:+.2f} (test RM "

@@ -50,7 +50,7 @@ from ...objectives.reward_model import AGGREGATES
 from ...config import check_choices
 from ...runs.report import Claim, Panel, bar_plot, fmt, image, line_plot, markdown_table, panel_plot
 from ...runs.stages import Stage
-from ...runs.verdicts import Estimate, deciding, difference, judge, share, shares
+from ...runs.verdicts import Estimate, decide, difference, judge, share, shares
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...sources.rollout import scripted_rollout
@@ -351,7 +351,7 @@ def claims(results: dict, config) -> list[Claim]:
         acc, counts = prm["step_accuracy"], prm["step_counts"]
         parts = [(share(round(acc[k] * counts[k]), counts[k], 0.8, f"{k}: binomial over {counts[k]} steps"), ">", 0.0)
                  for k in ("right edit", "wrong edit") if k in acc]
-        holds, est = deciding(parts) if len(parts) == 2 else (None, None)
+        holds, est = decide(*parts) if len(parts) == 2 else (None, None)
         out.append(Claim("R3", "PRM on BugFix actions", "RLHF book ch.5 §S5.2",
                          "held-out step accuracy: " + ", ".join(f"{k} {fmt(v)} of {counts[k]}" for k, v in acc.items()),
                          '"the PRM should score intermediate steps" (RLHF book ch.5 §S5.2; §5.7): above 0.8 on both '
@@ -371,7 +371,7 @@ def claims(results: dict, config) -> list[Claim]:
         m = bt["margin"]
         k = max(2, len(m) // 5)
         first, last = m[:k], m[-k:]
-        holds, est = deciding([(difference(last, first, f"last {k} steps - first {k}, unpaired"), ">", 0.0),
+        holds, est = decide(*[(difference(last, first, f"last {k} steps - first {k}, unpaired"), ">", 0.0),
                                (difference(last, [0.0] * k, f"last {k} steps, over the steps"), ">", 0.0)])
         out.append(Claim("R5", "BT reward model's margin", "RLHF book ch.5 §S5.1",
                          f"mean r_c - r_r: first {k} steps {fmt(statistics.fmean(first))}, last {k} steps "
@@ -392,7 +392,7 @@ def claims(results: dict, config) -> list[Claim]:
     if kw:
         pl, b = kw["plackett-luce"], kw["bt"]
         n_pairs = kw["test_lists"] * 6  # K = 4: 6 ordered pairs per list
-        holds, est = deciding([(share(round(pl["pair_accuracy"] * n_pairs), n_pairs, 0.5,
+        holds, est = decide(*[(share(round(pl["pair_accuracy"] * n_pairs), n_pairs, 0.5,
                                       f"binomial over {n_pairs} pairs"), ">", 0.0),
                                (shares(pl["pair_accuracy"], b["pair_accuracy"], n_pairs,
                                        f"PL - BT, binomial over {n_pairs} pairs"), ">=", -0.05)])

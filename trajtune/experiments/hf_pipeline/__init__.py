@@ -55,7 +55,7 @@ from pathlib import Path
 
 from ...runs.stages import Stage, run_stages
 from .config import Config
-from .report import table, write_pipeline_report
+from .report import write_pipeline_report
 from .stages import stage_base, stage_dpo, stage_grpo, stage_pairs, stage_pretrain, stage_sft
 
 __all__ = ["Config", "run", "stages"]
@@ -76,6 +76,8 @@ def run(config: Config, run_dir: Path) -> Path:
     results = run_stages(stages(), config, run_dir, config.runner)
     if not is_main():
         return run_dir / "report.md"
-    report = write_pipeline_report(run_dir, config, results)
-    print(table(results, config))
+    from ...runs.report import claims_summary
+
+    report, claims = write_pipeline_report(run_dir, config, results)
+    print(claims_summary(claims))
     return report

@@ -1,9 +1,12 @@
-"""The HF pipeline's report: the per-stage table of held-out pass@1, which stage raised what, and the plots."""
+"""The HF pipeline's report: the per-stage table of held-out pass@1, which stage raised what (each gain decided by
+`runs.verdicts` with its standard error, `stage_claims`), and the plots."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ...runs.report import VERDICT_WORDS, Claim, claims_verdict
+from ...runs.verdicts import Z, Estimate, judge, paired, two_shares
 from .config import MODEL_STAGES, TRAINING, Config
 
 
@@ -16,35 +19,54 @@ TRAINED_ON = {"base": "random init", "pretrain": "raw text, every token", "sft":
               "dpo": "on-policy pairs", "grpo": "exact-match reward"}
 
 
-def rises(results: dict) -> dict[str, dict[str, float]]:
-    """stage -> {metric: after - before} for the stage's own metrics (before: the previous model's score)."""
-    out, previous = {}, "base"
+SHORT = {"completion_greedy": "completion", "chat_greedy": "chat greedy", "chat_sampled": "chat sampled"}
+
+
+def gain(before: dict, after: dict, metric: str, config: Config) -> Estimate:
+    """after - before of one held-out pass@1 on the same problems: paired per problem when both evaluations kept
+    their per-problem scores (`stages.heldout_eval`), else two binomial shares over the `n_eval` problems (also
+    for the sampled pass@1: a problem's samples share its difficulty, they are not independent trials)."""
+    if "per_problem" in before and "per_problem" in after:
+        return paired(before["per_problem"][metric], after["per_problem"][metric], f"paired {config.n_eval}")
+    n = config.n_eval
+    return two_shares(after[metric] * n, n, before[metric] * n, n, f"binomial {n}")
+
+
+def stage_claims(results: dict, config: Config) -> list[Claim]:
+    """One claim per training stage and metric it targets (`STAGE_METRIC`): the stage raises it over the model
+    before it, decided by `runs.verdicts` on the paired gain and its standard error."""
+    out, previous = [], "base"
     for name in TRAINING:
-        out[name] = {m: results[name]["eval"][m] - results[previous]["eval"][m] for m in STAGE_METRIC[name]}
+        before, after = results[previous]["eval"], results[name]["eval"]
+        for m in STAGE_METRIC[name]:
+            out.append(Claim.compare(f"{name}.{m.split('_')[-1][0]}" if m != "completion_greedy" else f"{name}.c",
+                                     f"{name}: {SHORT[m]} pass@1", "-", f"{before[m]:.1%} -> {after[m]:.1%}",
+                                     f"{name} raises {SHORT[m]} pass@1", gain(before, after, m, config), ">"))
         previous = name
     return out
 
 
-def verdict(deltas: dict[str, float]) -> str:
-    """'chat greedy +2.3% (rises), chat sampled -0.4% (does NOT rise)'."""
-    return ", ".join(f"{m.replace('_', ' ')} {d:+.1%} ({'rises' if d > 0 else 'does NOT rise'})"
-                     for m, d in deltas.items())
+def verdict(claims: list[Claim]) -> str:
+    """A stage's cell: 'chat greedy +2.3% ± 4.1% (not distinguishable), chat sampled ...' from its claims."""
+    return ", ".join(f"{c.what.split(': ')[1].replace(' pass@1', '')} {c.estimate.value:+.1%} ± "
+                     f"{Z * c.estimate.se:.1%} ({VERDICT_WORDS[c.holds].replace('*', '')})" for c in claims)
 
 
 def table(results: dict, config: Config) -> str:
     """The per-stage markdown table: held-out pass@1 of each stage's model, and whether its metrics rose."""
     from ...runs.report import markdown_table
 
-    delta, rows = rises(results), []
+    claims, rows = stage_claims(results, config), []
     for name in MODEL_STAGES:
+        mine = [c for c in claims if c.id.startswith(f"{name}.")]
         e, r = results[name]["eval"], results[name]
         rows.append((name, TRAINED_ON[name], r.get("steps", 0), f"{e['completion_greedy']:.1%}",
                      f"{e['chat_greedy']:.1%}", f"{e['chat_sampled']:.1%}", f"{e['chat_pass_at_k']:.1%}",
-                     f"{e['chat_answer_nll']:.3f}", f"{r['time']['wall_s']:.0f}s", verdict(delta[name]) if name in delta else ""))
+                     f"{e['chat_answer_nll']:.3f}", f"{r['time']['wall_s']:.0f}s", verdict(mine)))
     k = config.eval_samples
     return markdown_table(["stage", "trained on", "steps", "completion pass@1 (greedy)", "chat pass@1 (greedy)",
                            "chat pass@1 (sampled)", f"chat pass@{k}", "answer NLL", "wall",
-                           "its metric vs the stage before"], rows)
+                           f"its metrics vs the stage before (± {Z:g} SE)"], rows)
 
 
 def stage_plot(path: Path, results: dict, config: Config) -> Path:
@@ -80,68 +102,64 @@ def curve_plots(run_dir: Path) -> list[str]:
     return out
 
 
-def not_rising(results: dict, config: Config) -> list[str]:
-    """One line per (stage, metric) that did not rise, with its numbers: how many answers moved, and
-    the level it started from (near the ceiling a few problems decide)."""
-    out, previous = [], "base"
-    for name, deltas in rises(results).items():
-        for m, d in deltas.items():
-            if d > 0:
-                continue
-            n = config.n_eval * (1 if "greedy" in m else config.eval_samples)
-            before = results[previous]["eval"][m]
-            out.append(f"{name}: {m.replace('_', ' ')} {before:.1%} -> {before + d:.1%} ({round(abs(d) * n)} of {n} "
-                       f"answers {'fewer' if d < 0 else 'more'} right)")
-        previous = name
-    return out
-
-
 PASS_METRICS = {"completion_greedy": "completion pass@1 (greedy)", "chat_greedy": "chat pass@1 (greedy)",
                 "chat_sampled": "chat pass@1 (sampled)", "chat_pass_at_k": "chat pass@k"}
 """the table's held-out pass columns, as the summary names them"""
 
 
-def stage_summary(results: dict, config: Config) -> str:
-    """What the table shows, computed from it: a headline (did each stage raise the metrics it targets,
-    `STAGE_METRIC`), then per stage which pass metrics rose and which fell, with their numbers; and, when
-    the completion form loses what pretraining gave it, a sentence naming that forgetting."""
-    flat = not_rising(results, config)
-    lines, previous, fell = [], "base", {}  # fell: metric label -> the stages after which it fell
+def stage_summary(results: dict, config: Config, claims: list[Claim]) -> str:
+    """What the table shows, decided by `runs.verdicts`: a headline (did each stage raise the metrics it targets,
+    `stage_claims`), then per stage which pass metrics rose and fell beyond their noise and which moved inside it;
+    and, when the completion form clearly loses what pretraining gave it, a sentence naming that forgetting."""
+    lines, previous, fell = [], "base", {}  # fell: metric label -> the stages after which it fell beyond the noise
     for name in TRAINING:
         before, after = results[previous]["eval"], results[name]["eval"]
-        moved = {"rose": [], "fell": []}
+        moved = {"rose": [], "fell": [], "inside the noise": []}
         for key, label in PASS_METRICS.items():
             label = label.replace("@k", f"@{config.eval_samples}")
-            d = after[key] - before[key]
-            if d:
-                moved["rose" if d > 0 else "fell"].append(f"{label} {before[key]:.1%} -> {after[key]:.1%}")
-                if d < 0:
-                    fell.setdefault(label, []).append(name)
+            if after[key] == before[key]:
+                continue
+            way = judge(gain(before, after, key, config) if key != "chat_pass_at_k" else
+                        two_shares(after[key] * config.n_eval, config.n_eval, before[key] * config.n_eval,
+                                   config.n_eval))
+            word = "rose" if way is True else "fell" if way is False else "inside the noise"
+            moved[word].append(f"{label} {before[key]:.1%} -> {after[key]:.1%}")
+            if way is False:
+                fell.setdefault(label, []).append(name)
         text = "; ".join(f"{way}: {', '.join(ms)}" for way, ms in moved.items() if ms) or "no pass metric moved"
         lines.append(f"- {name}: {text}")
         previous = name
     falls = "; ".join(f"{label} fell after {', '.join(stages)}" for label, stages in fell.items())
-    if flat:
-        head = "**Not every stage raised the metrics it targets:** " + "; ".join(flat) + "."
+    short = [c for c in claims if c.holds is not True]
+    if short:
+        head = ("**Not every stage raised the metrics it targets beyond the noise:** "
+                + "; ".join(f"{c.what} {c.ours}, {c.evidence}: {VERDICT_WORDS[c.holds].replace('*', '')}"
+                            for c in short) + ".")
     else:
-        head = "**Every training stage raised the held-out metrics it targets" + (
-            f", but not every metric rose: {falls}.**" if falls else ", and no pass metric fell.**")
-    out = head + "\n\n" + "\n".join(lines)
+        head = "**Every training stage raised the held-out metrics it targets beyond the noise" + (
+            f", but not every metric rose: {falls}.**" if falls else ", and no pass metric fell beyond it.**")
+    out = (f"{claims_verdict(claims)}: a stage raises a metric when the gain clears twice its standard error (paired "
+           "over the held-out problems).\n\n" + head + "\n\n" + "\n".join(lines))
     completion = [results[s]["eval"]["completion_greedy"] for s in TRAINING]
     later = TRAINING[1:]
-    if min(completion[1:]) <= completion[0] - 0.1:  # ten points or more below what pretraining reached
-        worst = min(range(1, len(TRAINING)), key=lambda i: completion[i])
+    worst = min(range(1, len(TRAINING)), key=lambda i: completion[i])
+    drop = gain(results[TRAINING[0]]["eval"], results[TRAINING[worst]]["eval"], "completion_greedy", config)
+    if judge(drop, "<", -0.1) is True:  # ten points or more below what pretraining reached, beyond the noise
         out += ("\n\nThe pretraining format is forgotten: completion pass@1 (`a+b=`, the form of "
                 f"{1 - config.chat_share:.0%} of the pretraining corpus) goes " + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
-                f"(lowest after {TRAINING[worst]}) while {', '.join(later)} train on the chat format only. This is the "
-                "forgetting the RLHF book describes in ch. 15 (the alignment tax: post-training on a new format or "
-                "task loses what the base model did, which PPO-ptx counters by mixing pretraining data back in).")
+                f"(lowest after {TRAINING[worst]}: {drop}) while {', '.join(later)} train on the chat format only. This "
+                "is the forgetting the RLHF book describes in ch. 15 (the alignment tax: post-training on a new format "
+                "or task loses what the base model did, which PPO-ptx counters by mixing pretraining data back in).")
     return out
 
 
-def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> Path:
+def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> tuple[Path, list[Claim]]:
+    """report.md / report.html (linking view.html, written first when GRPO recorded episodes): (path, claims)."""
     from ...runs.report import image, write_report
+    from ...runs.view import write_view_if_recorded
 
+    claims = stage_claims(results, config)
+    write_view_if_recorded(run_dir)
     base = results["base"]
     pairs = results["pairs"]
     intro = (f"A {base['params']:,}-parameter Llama built from a config, with a {base['vocab']}-token BPE trained "
@@ -152,11 +170,12 @@ def write_pipeline_report(run_dir: Path, config: Config, results: dict) -> Path:
              f"{1 - config.chat_share:.0%} of the pretraining corpus (the rest: conversations in the chat "
              "template). Answer NLL: the mean negative log-likelihood of the right answer's tokens.")
     shown = "\n".join(f"    {q} -> {a!r}" for q, a in results["grpo"]["eval"]["examples"])
-    sections = [intro, stage_summary(results, config), table(results, config),
+    sections = [intro, stage_summary(results, config, claims), table(results, config),
                 image(stage_plot(run_dir / "pipeline_pass_at_1.png", results, config), "pass@1 per stage"),
                 *curve_plots(run_dir),
                 f"DPO pairs: {pairs['pairs']} of {pairs['problems']} fresh problems had a wrong sample among "
                 f"{pairs['samples_per_problem']} from the SFT model ({pairs['wrong_share']:.1%} of samples wrong).",
                 "The final model on the first held-out problems (greedy):\n\n" + shown,
                 "Try it: `trajtune chat --model " + results["grpo"]["model"] + " --temperature 0`"]
-    return write_report(run_dir, "HF pipeline: pretrain -> SFT -> DPO -> GRPO on 2-digit addition", sections)
+    return write_report(run_dir, "HF pipeline: pretrain -> SFT -> DPO -> GRPO on 2-digit addition",
+                        sections), claims

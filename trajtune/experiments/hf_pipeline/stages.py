@@ -16,8 +16,9 @@ def heldout_eval(ctx, path: Path, config: Config) -> dict:
     """pass@1 on the held-out problems of the model saved at `path` (loaded from disk, as a user would):
     chat greedy, chat sampled (mean over `eval_samples` at temperature 1) and pass@k from those samples,
     through the chat template and stop tokens (what `trajtune chat` and GRPO see); completion greedy
-    (`a+b=` -> `c\\n`, the base model's question); the right answers' NLL. A reply counts only if it
-    ends with a stop token."""
+    (`a+b=` -> `c\\n`, the base model's question); the right answers' NLL; `per_problem`, each problem's
+    greedy 0/1 and share of right samples (a paired comparison's items). A reply counts only if it ends with a
+    stop token."""
     import torch
 
     from ...engine.distributed import launched_distributed
@@ -45,10 +46,15 @@ def heldout_eval(ctx, path: Path, config: Config) -> dict:
     raw = [tok(completion_prompt(t), add_special_tokens=False)["input_ids"] for t in tasks]
     base = correct(engine.sample(raw, n, greedy=True, stop_ids=newline, pad_id=pad), answers,
                    lambda x: tok.decode(x[:-1]))
-    return {"chat_greedy": mean(correct(greedy, answers, r.action_text)), "chat_sampled": mean(drawn),
+    chat = correct(greedy, answers, r.action_text)
+    per_task = [drawn[i * k:(i + 1) * k] for i in range(len(tasks))]
+    return {"chat_greedy": mean(chat), "chat_sampled": mean(drawn),
             "chat_answer_nll": answer_nll(engine, r, tasks),
-            "chat_pass_at_k": mean_pass_at_k([drawn[i * k:(i + 1) * k] for i in range(len(tasks))], k),
+            "chat_pass_at_k": mean_pass_at_k(per_task, k),
             "completion_greedy": mean(base),
+            # each problem's score, in the held-out order: two models on the same problems compare paired
+            "per_problem": {"chat_greedy": [float(x) for x in chat], "chat_sampled": [mean(x) for x in per_task],
+                            "completion_greedy": [float(x) for x in base]},
             "examples": [[question(t), r.action_text(x)] for t, x in zip(tasks[:6], greedy.tokens, strict=False)]}
 
 

@@ -1,5 +1,5 @@
 """Importance-weighted SFT ("Supervised Fine Tuning on Curated Data is Reinforcement Learning (and can be
-improved)", seeds/iw-sft-paper-part2.txt; REPRODUCE C1-C4), two experiments:
+improved)", part 2, §3.2-3.5: the seed iw-SFT, docs/seeds.md; REPRODUCE C1-C4), two experiments:
 
     bandit.py   the paper's two-arm bandit (§3.5): SFT's 2/3 fixed point, clipped / smoothed
                 iw-SFT above it, too-peaked weights raising the spread              C1, C2, C3

@@ -21,6 +21,7 @@ Losses: `objectives.sft.weighted_sft_loss` (weight 1 for SFT) with `objectives.i
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +32,10 @@ from ...config import check_ranges
 from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
-from ...runs.report import (Claim, Panel, claims_table, claims_verdict, fmt, image, line_plot, markdown_table, panel_plot,
-                            write_report)
+from ...runs.report import (Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image, line_plot,
+                            markdown_table, panel_plot, write_report)
 from ...runs.rundir import RunDir, run_lock
+from ...runs.verdicts import Estimate, bootstrap, decide, two_shares
 
 
 @dataclass
@@ -50,6 +52,9 @@ class Config:
     """collect -> filter -> fit rounds (C1, C2)"""
     n_per_round: int = 20_000
     """pi_ref samples per round (C1, C2)"""
+    runs: int = 8
+    """independent runs of C1-C2 (batched: one [runs, 2] logit table); a claim is judged on their mean with its
+    standard error over the runs, the curves show the mean"""
     steps: int = 40
     """SGD steps per round"""
     lr: float = 4.0
@@ -70,7 +75,8 @@ class Config:
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"iw_sft_bandit: {name} is a probability, got {getattr(self, name)}")
         check_ranges(self, "iw_sft_bandit",
-                     counts=("threads", "rounds", "n_per_round", "steps", "c3_n_per_round", "c3_rounds", "c3_runs"),
+                     counts=("threads", "rounds", "n_per_round", "runs", "steps", "c3_n_per_round", "c3_rounds",
+                             "c3_runs"),
                      positive=("lr",))
         if len(self.step_clip) != 2 or not 0 <= self.step_clip[0] <= self.step_clip[1]:
             raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got {self.step_clip}")
@@ -142,9 +148,8 @@ def _run(config: Config, run_dir: Path) -> Path:
     env = TwoArmBandit((config.p_left, config.p_right))
     print(f"iw-SFT bandit: {config.rounds} rounds x {config.n_per_round} samples; "
           f"C3: {config.c3_runs} runs x {config.c3_rounds} rounds x {config.c3_n_per_round} samples", flush=True)
-    # C1, C2: plenty of data
-    curves = {name: [{**h, "p_right": h["p_right"][0], "reward": h["reward"][0]} for h in
-                     train_on_filtered(env, v, a, config, config.n_per_round, config.rounds, 1, config.seed)]
+    # C1, C2: plenty of data, `runs` runs (per round: pi(right) and reward of every run)
+    curves = {name: train_on_filtered(env, v, a, config, config.n_per_round, config.rounds, config.runs, config.seed)
               for name, (v, a) in variants(config).items()}
     # C3: little data, many seeds
     spread = {}
@@ -152,50 +157,73 @@ def _run(config: Config, run_dir: Path) -> Path:
         last = train_on_filtered(env, v, a, config, config.c3_n_per_round, config.c3_rounds, config.c3_runs,
                                  config.seed + 1)[-1]
         p = last["p_right"]
-        spread[name] = {"mean": statistics.fmean(p), "sd": statistics.stdev(p) if len(p) > 1 else 0.0,
+        sd = bootstrap(p, statistics.stdev, seed=config.seed) if len(p) > 1 else Estimate(0.0, 0.0, len(p))
+        spread[name] = {"mean": statistics.fmean(p), "sd": sd.value, "sd_se": sd.se, "runs": len(p),
                         "wrong_arm": sum(x < 0.5 for x in p) / len(p), "reward": statistics.fmean(last["reward"])}
     return write_bandit_report(run_dir, config, env, curves, spread)
 
 
+def over_runs(values: list[float], minus: float, what: str) -> Estimate:
+    """mean(values) - minus over independent runs, with the standard error of the mean over the runs."""
+    n = len(values)
+    return Estimate(statistics.fmean(values) - minus, statistics.stdev(values) / math.sqrt(n) if n > 1 else 0.0, n,
+                    f"{what}, {n} run{'s' if n != 1 else ''}")
+
+
 def bandit_claims(config: Config, env: TwoArmBandit, curves: dict, spread: dict) -> list[Claim]:
-    """C1-C3 from the variants' curves (C1-C2) and the little-data spread (C3)."""
+    """C1-C3 from the variants' curves (C1-C2: the last round's pi(right) and reward of every run, judged on their
+    mean with its standard error over the runs) and the little-data spread (C3: each sd with its bootstrap SE over
+    the runs, the wrong-arm shares binomial)."""
     fixed_p = float(env.filtered_action_distribution(torch.tensor([0.5, 0.5]))[RIGHT])
     fixed_r = env.expected_reward(torch.tensor([1 - fixed_p, fixed_p]))
-    sft, clip = curves["SFT"][-1], curves["iw-SFT clip"][-1]
-    smooth = {a: curves[f"iw-SFT smooth a={a:g}"][-1] for a in config.alphas}
+    last = {name: c[-1] for name, c in curves.items()}
+    sft, clip = last["SFT"], last["iw-SFT clip"]
+    smooth = {a: last[f"iw-SFT smooth a={a:g}"] for a in config.alphas}
     sds = [spread[f"iw-SFT smooth a={a:g}"]["sd"] for a in config.alphas]
     a_peak = max(config.alphas)
     a_min = config.alphas[sds.index(min(sds))]
     s_peak, s_min, s_clip, s_sft = (spread[f"iw-SFT smooth a={a_peak:g}"], spread[f"iw-SFT smooth a={a_min:g}"],
                                     spread["iw-SFT clip"], spread["SFT"])
-    claims = [
+    mean = statistics.fmean
+    c1 = [over_runs(sft["p_right"], fixed_p, "pi(right) - 2/3"), over_runs(sft["reward"], fixed_r, "reward - 5/6")]
+    c2 = [over_runs(x["reward"], fixed_r, f"{name} - 5/6") for name, x in (("clip", clip),
+                                                                                  ("a=1", smooth.get(1.0, sft)))]
+    c3 = [Estimate(s_peak["sd"] - 2 * s_sft["sd"], math.sqrt(s_peak["sd_se"] ** 2 + 4 * s_sft["sd_se"] ** 2),
+                   s_peak["runs"], f"sd a={a_peak:g} - 2 SFT, bootstrap"),
+          two_shares(s_peak["wrong_arm"] * s_peak["runs"], s_peak["runs"], s_sft["wrong_arm"] * s_sft["runs"],
+                     s_sft["runs"], f"wrong arm a={a_peak:g} - SFT"),
+          Estimate(s_peak["sd"] - s_clip["sd"], math.sqrt(s_peak["sd_se"] ** 2 + s_clip["sd_se"] ** 2),
+                   s_peak["runs"], f"sd a={a_peak:g} - clip, bootstrap")]
+    return [
         Claim("C1", "SFT on filtered data: pi(right), reward", "2/3, 5/6 (0.667, 0.833)",
-              f"{fmt(sft['p_right'], 3)}, {fmt(sft['reward'], 3)}", "exactly the 2/3, 5/6 fixed point",
-              abs(sft["p_right"] - fixed_p) <= 0.02 and abs(sft["reward"] - fixed_r) <= 0.02),
-        Claim("C2", "iw-SFT clip (0.2, 1.8) / smooth a=0.5 / a=1: reward", "tighter bound, better policy",
-              f"{fmt(clip['reward'], 3)} / {fmt(smooth.get(0.5, sft)['reward'], 3)} / {fmt(smooth.get(1.0, sft)['reward'], 3)}",
-              "reward clearly above 5/6", clip["reward"] > fixed_r + 0.05 and smooth.get(1.0, sft)["reward"] > fixed_r + 0.05),
-        Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right) "
-              f"for alpha {'/'.join(f'{a:g}' for a in config.alphas)}; clip",
+              f"{fmt(mean(sft['p_right']), 3)}, {fmt(mean(sft['reward']), 3)}",
+              "the 2/3, 5/6 fixed point (each within 0.02)",
+              *decide(*((e, test, bound) for e in c1 for test, bound in (("<=", 0.02), (">=", -0.02))))),
+        Claim("C2", "iw-SFT clip / smooth a=0.5 / a=1: reward", "tighter bound, better policy",
+              f"{fmt(mean(clip['reward']), 3)} / {fmt(mean(smooth.get(0.5, sft)['reward']), 3)} / "
+              f"{fmt(mean(smooth.get(1.0, sft)['reward']), 3)}",
+              "reward clearly above 5/6 (by more than 0.05; clip, per-step ratios in (0.2, 1.8), and a=1)", *decide(*((e, ">", 0.05) for e in c2))),
+        Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right)",
               "too-peaked weights raise variance",
-              "/".join(fmt(x) for x in sds) + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
+              f"alpha {'/'.join(f'{a:g}' for a in config.alphas)}: " + "/".join(fmt(x) for x in sds) + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
               f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} {100 * s_min['wrong_arm']:.0f}%, "
               f"a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, clip {100 * s_clip['wrong_arm']:.0f}%",
               "the most peaked weights raise the spread over plain SFT's (>= 2x) and put more runs on the wrong "
               "arm than plain SFT; clipping keeps the spread below the most peaked weights'",
-              s_peak["sd"] >= 2 * s_sft["sd"] and s_peak["wrong_arm"] > s_sft["wrong_arm"] and s_clip["sd"] < s_peak["sd"]),
+              *decide(*((e, ">", 0.0) for e in c3))),
     ]
-    return claims
 
 
 def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves: dict, spread: dict) -> Path:
     claims = bandit_claims(config, env, curves, spread)
     rounds = list(range(1, config.rounds + 1))
     shown = ["SFT", "iw-SFT clip"] + [f"iw-SFT smooth a={a:g}" for a in config.alphas if a in (0.5, 1.0, 2.0)]
-    line_plot(run_dir / "p_right.png", {k: (rounds, [h["p_right"] for h in curves[k]]) for k in shown},
-              "C1-C2: pi(right) per round (20,000 samples a round)", "round", "pi(right)", (0.4, 1.02))
-    line_plot(run_dir / "reward.png", {k: (rounds, [h["reward"] for h in curves[k]]) for k in shown},
-              "C1-C2: expected reward per round", "round", "expected reward", (0.7, 1.01))
+    mean = statistics.fmean
+    line_plot(run_dir / "p_right.png", {k: (rounds, [mean(h["p_right"]) for h in curves[k]]) for k in shown},
+              f"C1-C2: pi(right) per round ({config.n_per_round:,} samples a round; mean of {config.runs} runs)",
+              "round", "pi(right)", (0.4, 1.02))
+    line_plot(run_dir / "reward.png", {k: (rounds, [mean(h["reward"]) for h in curves[k]]) for k in shown},
+              f"C1-C2: expected reward per round (mean of {config.runs} runs)", "round", "expected reward", (0.7, 1.01))
     alphas = config.alphas
     flat = {"smooth (by alpha)": "-o", "clip (any alpha)": "--", "plain SFT": ":"}
     c3 = {key: {"smooth (by alpha)": (alphas, [spread[f"iw-SFT smooth a={a:g}"][key] for a in alphas]),
@@ -204,16 +232,19 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     panel_plot(run_dir / "c3_spread.png", [Panel("sd of final pi(right) over runs", c3["sd"], styles=flat),
                                            Panel("share of runs on the wrong arm", c3["wrong_arm"], (0, 1.02), flat)],
                f"C3: {config.c3_n_per_round} samples per round, {config.c3_runs} runs", "alpha (weight exp(alpha rho))")
-    rows = [(k, fmt(c[-1]["p_right"], 3), fmt(c[-1]["reward"], 3), fmt(statistics.fmean(h["ess"] for h in c), 2),
+    rows = [(k, fmt(mean(c[-1]["p_right"]), 3), fmt(mean(c[-1]["reward"]), 3), fmt(mean(h["ess"] for h in c), 2),
              fmt(spread[k]["mean"], 3), fmt(spread[k]["sd"], 3), f"{100 * spread[k]['wrong_arm']:.0f}%",
              fmt(spread[k]["reward"], 3)) for k, c in curves.items()]
-    table = markdown_table(["variant", "pi(right)", "reward", "mean ESS/K", "C3 mean pi(right)", "C3 sd",
+    table = markdown_table(["variant", f"pi(right), mean of {config.runs} runs", f"reward, mean of {config.runs} runs",
+                            "mean ESS/K", "C3 mean pi(right)", "C3 sd",
                             "C3 wrong arm", "C3 reward"], rows)
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
-    print(claims_table(claims))
-    return write_report(run_dir, "iw-SFT on the two-arm bandit (paper §3.5)", [
+    print(claims_summary(claims))
+    return write_report(run_dir, "iw-SFT on the two-arm bandit (iw-SFT paper §3.5)", [
         f"{claims_verdict(claims)}. Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform pi_ref, filtered to R = 1. "
-        f"C1-C2: {config.rounds} rounds x {config.n_per_round} samples, {config.steps} SGD steps (lr {config.lr}) per round. "
+        f"C1-C2: {config.runs} runs x {config.rounds} rounds x {config.n_per_round} samples, {config.steps} SGD steps "
+        f"(lr {config.lr}) per round; the table gives their mean, a claim is judged on it with its standard error "
+        "over the runs (the column beside the verdict; inside twice that, \"not distinguishable\"). "
         f"C3: {config.c3_runs} runs x {config.c3_rounds} rounds x {config.c3_n_per_round} samples.",
         "## Claims\n\n" + claims_table(claims), "## All variants\n\n" + table,
         image(run_dir / "p_right.png", "pi(right)") + " " + image(run_dir / "reward.png", "reward") + " "

@@ -1,15 +1,15 @@
 """The smollm2 recipe's reports: per seed, the held-out table (base / sft / grpo; accuracy and format rate, greedy
-and sampled), the replies side by side, the learning curves and a verdict; over seeds, each gain's mean against
-its seed-to-seed spread (`verdict`)."""
+and sampled), the replies side by side, the learning curves and each gain's verdict; over seeds, each gain pooled
+over the seeds with its standard error (`gain_claims`, decided by `runs.verdicts`, the one helper of every recipe)."""
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
-from collections.abc import Sequence
 from pathlib import Path
 
+from ...runs.report import Claim, pooled_claims
+from ...runs.verdicts import Estimate, paired, share_se, two_shares
 from .config import MODEL_STAGES, Config
 
 METRICS = {"greedy_accuracy": "accuracy (greedy)", "sampled_accuracy": "accuracy (sampled)",
@@ -17,47 +17,61 @@ METRICS = {"greedy_accuracy": "accuracy (greedy)", "sampled_accuracy": "accuracy
 """the held-out numbers of each model, as the tables name them"""
 GAINS = {"learned": ("base", "grpo"), "warm start": ("base", "sft"), "RL": ("sft", "grpo")}
 """the gains judged over seeds: (before, after) models"""
+GAIN_IDS = {"learned": "L", "warm start": "W", "RL": "RL"}
+"""each gain's claim id, with .g (greedy) or .s (sampled): L.g, W.s, RL.g ..."""
 JUDGED = ("greedy_accuracy", "sampled_accuracy")
 """the metrics a gain is judged on"""
 LABEL = {"base": "base (pretrained)", "sft": "after the warm start (SFT)", "grpo": "after RL (GRPO)"}
 
 
-# --- verdicts ---------------------------------------------------------------------------------
-def verdict(gains: Sequence[float]) -> str:
-    """The verdict on one gain measured once per seed: "rises" when every seed's gain is > 0 and their mean exceeds
-    their spread (max - min over seeds); "falls" when every gain is < 0 and the mean's size exceeds the spread;
-    otherwise "within the seed spread" (with one seed there is no spread: "one seed, no spread")."""
-    gains = [float(g) for g in gains]
-    if len(gains) < 2:
-        return "one seed, no spread"
-    m, spread = statistics.fmean(gains), max(gains) - min(gains)
-    if min(gains) > 0 and m > spread:
-        return "rises"
-    if max(gains) < 0 and -m > spread:
-        return "falls"
-    return "within the seed spread"
+# --- verdicts: every gain decided by runs.verdicts with its standard error --------------------------------------
+def accuracy_se(p: float, config: Config) -> float:
+    """The standard error of a held-out accuracy `p` (one model, one seed), binomial over the `n_eval` problems --
+    for the sampled accuracy too: its `eval_samples` replies per problem share the problem's difficulty, so they
+    are not independent trials (over all replies the SE would be up to sqrt(eval_samples) too small)."""
+    return share_se(p, config.n_eval)
 
 
-def binomial_se(p: float, n: int) -> float:
-    """The standard error of a share `p` measured on `n` independent trials."""
-    return math.sqrt(max(p * (1 - p), 0.0) / n) if n else float("nan")
+def gain(before: dict, after: dict, metric: str, config: Config) -> Estimate:
+    """after - before of one held-out accuracy on the same problems: paired per problem when both evaluations kept
+    their per-problem scores (`stages.heldout_eval`'s per_problem), else two binomial shares over the problems."""
+    kind = metric.split("_")[0]  # greedy / sampled
+    if "per_problem" in before and "per_problem" in after:
+        return paired(before["per_problem"][kind], after["per_problem"][kind], f"paired {config.n_eval} problems")
+    n = config.n_eval
+    return two_shares(after[metric] * n, n, before[metric] * n, n, f"binomial {n} problems")
+
+
+def gain_claims(per_seed: dict[int, dict], config: Config) -> list[Claim]:
+    """One claim per gain (`GAINS`) and judged metric (`JUDGED`): the accuracy rose from `before` to `after`, decided
+    on its estimate -- over the seeds when there are several (`runs.report.pooled_claims`: the per-seed estimates
+    pooled, `verdicts.over_seeds`)."""
+    def claims(ev: dict) -> list[Claim]:
+        return [Claim.compare(f"{GAIN_IDS[name]}.{k[0]}", f"{name} ({a} -> {b}), {METRICS[k]}", "-",
+                              f"{ev[a][k]:.1%} -> {ev[b][k]:.1%}", "the held-out accuracy rises",
+                              gain(ev[a], ev[b], k, config), ">")
+                for name, (a, b) in GAINS.items() for k in JUDGED]
+
+    by_seed = {s: claims(r["eval"]) for s, r in per_seed.items()}
+    return by_seed[next(iter(by_seed))] if len(by_seed) == 1 else pooled_claims(by_seed)
 
 
 # --- one seed ---------------------------------------------------------------------------------
 def summary(config: Config, results: dict) -> dict:
     """What the seeds report reads (summary.json): each model's held-out numbers and each stage's wall time."""
     return {"seed": config.seed, "n_eval": config.n_eval, "eval_samples": config.eval_samples,
-            "eval": {s: {k: results[s]["eval"][k] for k in (*METRICS, "per_op")} for s in MODEL_STAGES},
+            "eval": {s: {k: results[s]["eval"][k] for k in (*METRICS, "per_op", "per_problem") if k in results[s]["eval"]}
+                     for s in MODEL_STAGES},
             "examples": {s: results[s]["eval"]["examples"] for s in MODEL_STAGES},
             "wall_s": {s: results[s]["time"]["wall_s"] for s in MODEL_STAGES}}
 
 
 def table(evals: dict[str, dict], config: Config) -> str:
-    """One row per model: accuracy and format rate, greedy and sampled, with the binomial standard error."""
+    """One row per model: accuracy and format rate, greedy and sampled, with the binomial standard error over the
+    problems (`accuracy_se`)."""
     from ...runs.report import markdown_table
 
-    n = {"greedy": config.n_eval, "sampled": config.n_eval * config.eval_samples}
-    rows = [[LABEL[s]] + [f"{e[k]:.1%} ± {binomial_se(e[k], n[k.split('_')[0]]):.1%}" for k in METRICS]
+    rows = [[LABEL[s]] + [f"{e[k]:.1%} ± {accuracy_se(e[k], config):.1%}" for k in METRICS]
             + [", ".join(f"{op} {v:.0%}" for op, v in e["per_op"].items())] for s, e in evals.items()]
     return markdown_table(["model", *METRICS.values(), "greedy accuracy per operation"], rows)
 
@@ -97,21 +111,14 @@ def curves(run_dir: Path, seeds: dict[int, Path] | None = None) -> list[str]:
     return out
 
 
-def one_seed_verdict(evals: dict[str, dict], config: Config) -> str:
-    """Per gain, its size against its binomial standard error (one seed: the sampling noise of the held-out set,
-    not the seed-to-seed spread, which only --seeds measures)."""
-    lines = []
-    for name, (a, b) in GAINS.items():
-        parts = []
-        for k in JUDGED:
-            n = config.n_eval * (1 if k.startswith("greedy") else config.eval_samples)
-            d = evals[b][k] - evals[a][k]
-            se = math.sqrt(binomial_se(evals[a][k], n) ** 2 + binomial_se(evals[b][k], n) ** 2)
-            parts.append(f"{METRICS[k]} {evals[a][k]:.1%} -> {evals[b][k]:.1%} ({d:+.1%}, "
-                         f"{d / se if se else float('inf'):+.1f} standard errors)")
-        lines.append(f"- {name} ({a} -> {b}): " + "; ".join(parts))
-    return ("One seed: each gain against the binomial standard error of the held-out set; whether it exceeds the "
-            "seed-to-seed spread needs `--seeds 0,1,2`.\n\n" + "\n".join(lines))
+def verdict_section(claims: list[Claim], seeds: int) -> str:
+    """The gains' claims table with its count: each gain beside the difference ± 2 SE that decided it."""
+    from ...runs.report import claims_table, claims_verdict
+
+    over = (f"pooled over {seeds} seeds (each seed's estimate; the SE never below the seeds' mean sampling SE)"
+            if seeds > 1 else "one seed: the held-out set's sampling noise; the seed-to-seed spread needs `--seeds 0,1,2`")
+    return (f"{claims_verdict(claims)}: each gain against its standard error, {over}. A gain inside twice its "
+            "standard error is \"not distinguishable\".\n\n" + claims_table(claims))
 
 
 def intro(config: Config) -> str:
@@ -131,35 +138,39 @@ def write_report(run_dir: Path, config: Config, results: dict) -> Path:
     """report.md / report.html and summary.json of one seed."""
     from ...runs.report import write_report as write
 
+    from ...runs.report import claims_summary
+    from ...runs.view import write_view_if_recorded
+
     s = summary(config, results)
     (run_dir / "summary.json").write_text(json.dumps(s, indent=1), encoding="utf-8")
+    claims = gain_claims({config.seed: s}, config)
+    write_view_if_recorded(run_dir)
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in s["wall_s"].items())
-    sections = [intro(config), one_seed_verdict(s["eval"], config), table(s["eval"], config),
+    sections = [intro(config), verdict_section(claims, 1), table(s["eval"], config),
                 "The first held-out problems, each model's greedy / first sampled reply:\n\n" + side_by_side(s["examples"]),
                 *curves(run_dir), f"Wall time per stage (evaluation included): {walls}; "
                 f"{sum(s['wall_s'].values()):.0f} s in all.",
                 f"Try it: `trajtune chat --model {results['grpo']['model']} --temperature 0`"]
+    print(claims_summary(claims))
     return write(run_dir, f"SmolLM2-135M learns arithmetic on a CPU: warm start, then GRPO (seed {config.seed})",
                  sections)
 
 
 # --- over seeds -------------------------------------------------------------------------------
-def gains_table(per_seed: dict[int, dict]) -> tuple[str, list[str]]:
-    """The gains over seeds (per seed, mean, sd, spread, verdict) and one headline line per gain."""
+def gains_table(per_seed: dict[int, dict], config: Config) -> str:
+    """The gains per seed (each with its own ± 2 SE), their mean and sd over the seeds."""
     from ...runs.report import markdown_table
+    from ...runs.verdicts import Z
 
-    seeds, rows, lines = sorted(per_seed), [], []
+    seeds, rows = sorted(per_seed), []
     for name, (a, b) in GAINS.items():
         for k in JUDGED:
-            g = [per_seed[s]["eval"][b][k] - per_seed[s]["eval"][a][k] for s in seeds]
-            sd = statistics.stdev(g) if len(g) > 1 else 0.0
-            v = verdict(g)
-            rows.append([f"{name} ({a} -> {b})", METRICS[k], *(f"{x:+.1%}" for x in g),
-                         f"{statistics.fmean(g):+.1%}", f"{sd:.1%}", f"{max(g) - min(g):.1%}", v])
-            lines.append(f"{name} ({a} -> {b}), {METRICS[k]}: {statistics.fmean(g):+.1%} mean gain, spread "
-                         f"{max(g) - min(g):.1%}: {v}")
-    return markdown_table(["gain", "metric", *(f"seed {s}" for s in seeds), "mean", "sd", "spread (max - min)",
-                           "verdict"], rows), lines
+            est = [gain(per_seed[s]["eval"][a], per_seed[s]["eval"][b], k, config) for s in seeds]
+            g = [e.value for e in est]
+            rows.append([f"{name} ({a} -> {b})", METRICS[k],
+                         *(f"{e.value:+.1%} ± {Z * e.se:.1%}" for e in est), f"{statistics.fmean(g):+.1%}",
+                         f"{statistics.stdev(g) if len(g) > 1 else 0.0:.1%}"])
+    return markdown_table(["gain", "metric", *(f"seed {s} (± 2 SE)" for s in seeds), "mean", "sd over seeds"], rows)
 
 
 def levels_table(per_seed: dict[int, dict]) -> str:
@@ -173,29 +184,32 @@ def levels_table(per_seed: dict[int, dict]) -> str:
 
 
 def write_seeds_report(run_dir: Path, config: Config, per_seed: dict[int, dict]) -> Path:
-    """report.md / report.html over seeds: the headline (did it learn; did RL add to the warm start), the gains
-    table, each model's levels, the curves of every seed, one seed's replies side by side."""
-    from ...runs.report import seed_links, write_report as write
+    """report.md / report.html over seeds: the headline (did it learn; did RL add to the warm start, each gain
+    judged pooled over the seeds with its standard error, `gain_claims`), the gains per seed, each model's levels,
+    the curves of every seed, one seed's replies side by side; prints the claims' summary."""
+    from ...runs.report import claims_summary, seed_links, write_report as write
 
     seeds = sorted(per_seed)
-    gains, lines = gains_table(per_seed)
-    learned = [verdict([per_seed[s]["eval"]["grpo"][k] - per_seed[s]["eval"]["base"][k] for s in seeds]) for k in JUDGED]
-    rl = [verdict([per_seed[s]["eval"]["grpo"][k] - per_seed[s]["eval"]["sft"][k] for s in seeds]) for k in JUDGED]
-    head = ("**It learned**: the held-out accuracy gain (base -> after RL), greedy and sampled, exceeds its "
-            f"seed-to-seed spread over {len(seeds)} seeds." if all(v == "rises" for v in learned) else
-            "**It did not learn measurably**: the held-out accuracy gain (base -> after RL) does not exceed its "
-            f"seed-to-seed spread over {len(seeds)} seeds for " + ", ".join(
-                METRICS[k] for k, v in zip(JUDGED, learned, strict=True) if v != "rises") + ".")
-    head += (" RL adds to the warm start beyond the spread." if all(v == "rises" for v in rl) else
-             " RL's own gain (after the warm start -> after RL) is " + "; ".join(
-                 f"{METRICS[k]}: {v}" for k, v in zip(JUDGED, rl, strict=True)) + ".")
+    claims = gain_claims(per_seed, config)
+    by_id = {c.id: c for c in claims}
+    learned = [by_id[f"L.{k[0]}"] for k in JUDGED]
+    rl = [by_id[f"RL.{k[0]}"] for k in JUDGED]
+    head = ("**It learned**: the held-out accuracy gain (base -> after RL), greedy and sampled, clears twice its "
+            f"standard error pooled over {len(seeds)} seeds." if all(c.holds is True for c in learned) else
+            "**It did not learn measurably**: the held-out accuracy gain (base -> after RL) does not clear twice its "
+            f"standard error over {len(seeds)} seeds for " + ", ".join(
+                f"{c.what.split(', ')[-1]} ({c.verdict})" for c in learned if c.holds is not True) + ".")
+    head += (" RL adds to the warm start beyond the noise." if all(c.holds is True for c in rl) else
+             " RL's own gain (after the warm start -> after RL): " + "; ".join(
+                 f"{c.what.split(', ')[-1]} {c.verdict}, {c.evidence}" for c in rl) + ".")
     walls = [sum(per_seed[s]["wall_s"].values()) for s in seeds]
-    sections = [intro(config), head + "\n\n" + "\n".join(f"- {x}" for x in lines),
-                "Gains per seed (accuracy after minus before, held-out); the verdict `rises` needs every seed's gain "
-                "above 0 and the mean above the spread (max - min over seeds):\n\n" + gains, levels_table(per_seed),
+    sections = [intro(config), head, verdict_section(claims, len(seeds)),
+                "Gains per seed (accuracy after minus before, held-out), each with twice its standard error:\n\n"
+                + gains_table(per_seed, config), levels_table(per_seed),
                 *curves(run_dir, {s: run_dir / f"seed-{s}" for s in seeds}),
                 f"Seed {seeds[0]}, the first held-out problems, each model's greedy / first sampled reply:\n\n"
                 + side_by_side(per_seed[seeds[0]]["examples"]),
                 "Wall time per seed (evaluation included): " + ", ".join(
                     f"seed {s} {w:.0f} s" for s, w in zip(seeds, walls, strict=True)) + ". Per seed: " + seed_links(seeds)]
+    print(claims_summary(claims))
     return write(run_dir, f"SmolLM2-135M learns arithmetic on a CPU, over seeds {', '.join(map(str, seeds))}", sections)

@@ -31,7 +31,9 @@ def heldout_eval(ctx, path: str | Path, config: Config) -> dict:
     """The model saved at `path` (loaded from disk, as a user would) on the held-out problems, through its chat
     template and stop tokens (what `trajtune chat` and GRPO see): greedy, and `eval_samples` samples per problem at
     the sampling section's temperature. accuracy: the reply (ended by a stop token) is the answer; format: it is
-    one integer. `examples`: the first `n_examples` problems' greedy and first sampled replies."""
+    one integer. `per_problem`: each problem's greedy 0/1 and its share of right samples (two models on the same
+    problems compare paired, `report.gain`). `examples`: the first `n_examples` problems' greedy and first sampled
+    replies."""
     import torch
 
     from ...models.hf import load_policy, load_tokenizer
@@ -52,12 +54,15 @@ def heldout_eval(ctx, path: str | Path, config: Config) -> dict:
         texts = [r.action_text(x) for x in out.tokens]
         right = [bool(st) and t.strip() == a for t, st, a in zip(texts, out.stopped, answers, strict=True)]
         form = [bool(st) and is_number(t) for t, st in zip(texts, out.stopped, strict=True)]
-        return texts, mean(right), mean(form)
+        return texts, right, mean(form)
 
     answers = [p.answer for p in problems]
-    g_text, g_acc, g_form = scored(greedy, answers)
-    s_text, s_acc, s_form = scored(drawn, [a for a in answers for _ in range(k)])
-    return {"greedy_accuracy": g_acc, "greedy_format": g_form, "sampled_accuracy": s_acc, "sampled_format": s_form,
+    g_text, g_right, g_form = scored(greedy, answers)
+    s_text, s_right, s_form = scored(drawn, [a for a in answers for _ in range(k)])
+    per_problem = {"greedy": [float(x) for x in g_right],  # each problem's score: a paired comparison's items
+                   "sampled": [mean(s_right[i * k:(i + 1) * k]) for i in range(len(problems))]}
+    return {"greedy_accuracy": mean(g_right), "greedy_format": g_form, "sampled_accuracy": mean(s_right),
+            "sampled_format": s_form, "per_problem": per_problem,
             "per_op": {op: mean(t.strip() == p.answer for t, p in zip(g_text, problems, strict=True) if p.op == op)
                        for op in config.ops if any(p.op == op for p in problems)},
             "examples": [[p.question, p.answer, g_text[i], s_text[i * k]]
