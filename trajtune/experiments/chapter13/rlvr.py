@@ -50,7 +50,9 @@ def source_for(policy, r: Renderer, **kw) -> EpisodeSource:
 def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     """Greedy accuracy, pass@j (j <= k, from k samples per problem), distinct answers, first-token entropy, and
     "tokens": the generated (POLICY) tokens of the greedy pass and of the k samples per problem, in all and per
-    sample (the stop token included)."""
+    sample (the stop token included). "per_problem": each held-out problem's greedy 0/1, right samples (of k) and
+    distinct answers, in the held-out order: what a paired comparison of two models on the same problems needs
+    (`runs.verdicts.paired`)."""
     tasks = list(heldout_tasks())
     greedy = sample_episodes(source_for(engine.sample, r, greedy=True), tasks, 1, 0)
     trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major: k samples of task 0 first
@@ -67,6 +69,8 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     return {"greedy": sum(t.reward for t in greedy) / len(greedy),
             "pass_at": {str(j): mean_pass_at_k(correct, j) for j in KS if j <= k},
             "distinct": distinct_answers(answers, k),
+            "per_problem": {"greedy": [int(t.reward >= 1) for t in greedy], "correct": [sum(c) for c in correct],
+                            "distinct": [len(set(a)) for a in answers], "k": k},
             "entropy": float(entropy_from_logits(logits).mean()),
             "tokens": {name: {"total": generated_tokens(ts), "per_sample": generated_tokens(ts) / len(ts)}
                        for name, ts in (("greedy", greedy), ("sampled", trajs))}}
