@@ -1,8 +1,10 @@
 """The RLHF book's 19 Suggested Experiments as one CPU recipe (`trajtune run rlhf_book`), with verdicts.
 
-The book ends chapters 4, 5, 6, 8, 9 and 12 with experiments to run on its companion code (checklist section S).
+The book ends chapters 4, 5, 6, 8, 9 and 12 with experiments to run on its companion code, each chapter's
+"Suggested Experiments" section (ch.4 §4.4, ch.5 §5.8, ch.6 §6.5, ch.8 §8.6, ch.9 §9.4, ch.12 §12.3.4).
 Here each becomes a few stages on the built-in tiny models and gyms, and the report gives, per experiment, the
-book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence. The upstream
+book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence, decided
+through `runs.verdicts` with its uncertainty (`evidence.py`: which standard error each kind of number has). The upstream
 stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
 
     pretrain -> sft_narrow     the char-level base model (ch.4 starts from it) and instruct policy (ch.6.4, ch.8)
@@ -28,8 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...runs.report import (Claim, claims_table, claims_verdict, episodes_note, markdown_table, write_claims_over_seeds,
-                            write_report)
+from ...runs.report import Claim, claims_table, claims_verdict, markdown_table, write_claims_over_seeds, write_report
 from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
 from . import daa, distill, pg, rs, sft
 from .evidence import SECTIONS
@@ -121,9 +122,8 @@ def write_book_report(run_dir: Path, config: Config, results: dict) -> tuple[Pat
              "clears two standard errors (shown beside it, with what they are taken over: held-out problems paired, "
              "sampled replies binomial, training steps Welch); inside them it is *not distinguishable*. A claim "
              "that does not hold is reported with its numbers, not tuned away.")
-    note = episodes_note(run_dir)
-    return write_report(run_dir, "The RLHF book's Suggested Experiments",
-                        [intro + (f"\n\n{note}" if note else ""),
+    return write_report(run_dir, "The RLHF book's Suggested Experiments",  # it links view.html (episodes_note)
+                        [intro,
                          "## The 19 experiments\n\n" + index_table(claims, config),
                          "## Claims\n\n" + claims_table(claims), *RECIPE.sections(run_dir, results, config),
                          "## Time per stage (seconds)\n\n" + stage_times(results)]), claims

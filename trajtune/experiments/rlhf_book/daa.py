@@ -237,8 +237,7 @@ def claims(results: dict, config) -> list[Claim]:
                                  '"If data changes move results more than loss changes, that confirms data dominates '
                                  'small algorithmic differences": the spread over pair counts exceeds the spread over '
                                  "DPO / IPO / dpo_norm",
-                                 minus(spread_data, spread_loss, f"spread over pair counts - over losses, binomial "
-                                                                 f"over {n} each")))
+                                 minus(spread_data, spread_loss, f"binomial, {n} samples each")))
     return out
 
 

@@ -34,20 +34,20 @@ def change(xs: Sequence[float], k: int, what: str) -> Estimate:
     """mean(last k steps) - mean(first k steps) of a per-step metric, with the Welch SE over those steps."""
     xs = finite(xs)
     k = max(1, min(k, len(xs) // 2 or 1))
-    return relabel(difference(xs[-k:], xs[:k]), f"{what}, last {k} vs first {k} steps")
+    return relabel(difference(xs[-k:], xs[:k]), f"{what}, last {k} vs first {k} steps, Welch")
 
 
 def level(xs: Sequence[float], minus: float, what: str) -> Estimate:
     """mean(xs) - `minus` over a run's steps, with the SE sd / sqrt(steps)."""
     xs = finite(xs)
     se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-    return Estimate(statistics.fmean(xs) - minus, se, len(xs), f"{what}, mean of {len(xs)} steps")
+    return Estimate(statistics.fmean(xs) - minus, se, len(xs), f"{what}, over {len(xs)} steps")
 
 
 def share(p: float, n: int, minus: float, what: str) -> Estimate:
     """A share `p` of `n` sampled replies minus a threshold, with its binomial SE (taken at (hits + 1) / (n + 2),
     as `verdicts.two_shares` does, so 0/40 is not judged on a zero SE)."""
-    return Estimate(p - minus, share_se((p * n + 1) / (n + 2), n), n, f"{what}, binomial over {n}")
+    return Estimate(p - minus, share_se((p * n + 1) / (n + 2), n), n, f"{what}, binomial, {n}")
 
 
 def minus(a: Estimate, b: Estimate, what: str, scale: float = 1.0) -> Estimate:
@@ -94,8 +94,8 @@ def decide(parts: Sequence[Part]) -> tuple[Holds, Estimate | None, str]:
     pick = next((p for p, v in zip(parts, verdicts) if v is False), None) \
         or next((p for p, v in zip(parts, verdicts) if v == NOISE), None) or parts[0]
     est = pick.estimate
-    if est is not None and pick.name and pick.name not in est.what:
-        est = relabel(est, f"{pick.name}: {est.what}" if est.what else pick.name)
+    if est is not None and pick.name:  # the part's name and how its noise was taken ('paired over 256', 'Welch')
+        est = relabel(est, f"{pick.name}; {est.what.split(', ', 1)[-1]}" if est.what else pick.name)
     why = "" if holds is True else pick.name
     return holds, est, why
 

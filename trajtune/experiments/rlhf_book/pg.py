@@ -255,7 +255,7 @@ def claims(results: dict, config) -> list[Claim]:
                                          f"groups without contrast (mean over the steps): {gs} rollouts {fmt(mean(a))}, "
                                          f"{d.group_size} rollouts {fmt(mean(b))}",
                                          '"Few rollouts -> little contrast": a larger share of groups all right or all '
-                                         "wrong", difference(a, b, f"no-contrast share, Welch over {len(a)} steps each")))
+                                         "wrong", difference(a, b, f"Welch, {len(a)} steps each")))
         for t in d.sweep_temperature:
             r = results.get(f"pg_t{t:g}")
             if not r:
@@ -263,7 +263,7 @@ def claims(results: dict, config) -> list[Claim]:
             if t < d.temperature:
                 a, b = r["curves"]["book/distinct_share"], base["book/distinct_share"]
                 est = minus(level(a, 0, "distinct"), level(b, 0, "distinct"),
-                            f"distinct share - 0.5 x T {d.temperature:g}'s, over {len(a)} steps", 0.5)
+                            f"vs half of T {d.temperature:g}'s, {len(a)} steps each", 0.5)
                 out.append(Claim.compare("S6.3b", f"very low temperature ({t:g})", cite(6),
                                          f"distinct replies per group, first step: {fmt(a[0])} vs {fmt(b[0])} at T "
                                          f"{d.temperature:g}; mean over the steps {fmt(mean(a))} vs {fmt(mean(b))}",
@@ -271,7 +271,7 @@ def claims(results: dict, config) -> list[Claim]:
                                          f"per group of temperature {d.temperature:g}, over the run", est, "<"))
             elif t > d.temperature:
                 a, b = r["curves"]["book/format"], base["book/format"]
-                est = relabel(difference(b, a), f"malformed share - T {d.temperature:g}'s, Welch over {len(a)} steps each")
+                est = relabel(difference(b, a), f"Welch, {len(a)} steps each")
                 out.append(Claim.compare("S6.3c", f"very high temperature ({t:g})", cite(6),
                                          f"malformed replies (mean over the steps): {fmt(1 - mean(a))} vs "
                                          f"{fmt(1 - mean(b))} at T {d.temperature:g}",

@@ -237,7 +237,8 @@ def acc(r: dict) -> float:
 def versus(a: dict, b: dict, what: str) -> Estimate:
     """a's held-out greedy accuracy minus b's, paired over the 256 held-out sums (both policies answer the same
     problems: a problem both get right or both wrong adds no noise)."""
-    return paired(b["after"]["per_problem"]["greedy"], a["after"]["per_problem"]["greedy"], f"{what}, paired over 256")
+    return paired(b["after"]["per_problem"]["greedy"], a["after"]["per_problem"]["greedy"],
+                  f"{what}, paired over {len(a['after']['per_problem']['greedy'])}")
 
 
 def kept_share(r: dict) -> tuple[float, int]:
@@ -273,7 +274,7 @@ def claims(results: dict, config) -> list[Claim]:
                                      f"correct {fmt(a['kept_correct'])} vs {fmt(b['kept_correct'])}, {a['kept']} "
                                      "samples each",
                                      '"the RM-selected run must beat its random control" (S9.2): higher held-out '
-                                     "greedy accuracy", versus(a, b, f"{top} - {rnd}")))
+                                     "greedy accuracy", versus(a, b, "held-out greedy")))
     ns = [(s["n"], results.get("rs_top_per_prompt" if name == "main" else f"rs_{name}"))
           for name, s in d.settings().items() if name == "main" or name.startswith("n")]
     ns = sorted((n, r) for n, r in ns if r)
@@ -298,7 +299,7 @@ def claims(results: dict, config) -> list[Claim]:
         def gain(lo: dict, hi: dict) -> list[int]:  # per held-out problem: greedy right at the larger N - the smaller
             return [b - a for a, b in zip(lo["after"]["per_problem"]["greedy"], hi["after"]["per_problem"]["greedy"])]
 
-        est = paired(gain(r0, r1), gain(t0, t1), "verifier's gain - random pick's, paired over 256")
+        est = paired(gain(r0, r1), gain(t0, t1), "gain difference, paired over 256")
         out.append(Claim.compare("S9.3b", "more completions, a scorer that cannot separate", cite(9),
                                  f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, random "
                                  f"pick {fmt(g_rnd)} (random pick's kept correct: "
@@ -318,7 +319,7 @@ def claims(results: dict, config) -> list[Claim]:
                                  '"rerun the matched pairs. Does RS rescue weak generations, or merely select among '
                                  'already-good ones?": the pair\'s rule (top beats random) on the weaker policy; the '
                                  "coverage bounds what selection can find",
-                                 versus(wt, wr, "weak top_per_prompt - weak random_per_prompt")))
+                                 versus(wt, wr, "held-out greedy")))
     return out
 
 
