@@ -276,12 +276,13 @@ def section(run_dir: Path, results: dict, config) -> str:
                              "; ".join(f"`{x}`" for x in r["after"]["examples"][:2])])
     if rows:
         parts.append("**S8.2 / S8.3** every loss at every LR (ORPO's beta is unused):\n\n" + markdown_table(
-            ["loss", "LR", "beta", "loss first", "loss last", "train acc", "held-out acc", "preference", "format",
+            ["loss", "LR", "beta", "loss first", "loss last", "train pair accuracy (last step)",
+             "held-out pair accuracy", "preference", "format",
              "distinct", "KL", "samples"], rows))
     data = [results.get(f"daa_dpo_pairs{n}") for n in d.pairs]
     if main and all(data):
         parts.append("**S8.4** DPO at the first LR on fewer pairs:\n\n" + markdown_table(
-            ["pairs", "held-out acc", "preference", "format", "KL"],
+            ["pairs", "held-out pair accuracy", "preference", "format", "KL"],
             [[r["pairs"], fmt(r["heldout_accuracy"]), fmt(r["after"]["reward"]), fmt(r["after"]["format"]),
               fmt(r["after"]["kl"], 1)] for r in data + [main]]))
     return "\n\n".join(parts)

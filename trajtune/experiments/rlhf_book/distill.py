@@ -339,14 +339,14 @@ def section(run_dir: Path, results: dict, config) -> str:
             line_plot(run_dir / f"{stem}.png", series, f"S12: {title}", "step", f"{unit} ({key})")
             parts.append(image(run_dir / f"{stem}.png", title))
         rows = [[k, r["settings"]["rollouts"], r["settings"]["kl_top_k"], r["settings"]["prompts"], f"{r['settings']['lr']:g}",
-                 fmt(ends(r["curves"]["rollout/reward"], 5)[1]), fmt(mean(r["curves"]["distill/skipped_share"])),
+                 fmt(ends(r["curves"]["rollout/reward"], max(1, d.steps // 5))[1]), fmt(mean(r["curves"]["distill/skipped_share"])),
                  fmt(mean(r["curves"]["distill/top_k_mass"]), 3), f"{r['cpu_s']:.1f}", fmt(r["after"]["greedy"]),
                  fmt(r["after"]["sampled"]), fmt(r["after"]["hinted"]),
                  fmt_est(versus_cold_start(cold, r)) + (" (collapsed)" if collapsed(cold, r) else "") if cold else "-"]
                 for k, r in runs.items()]
         parts.append("Every run (training columns: over its steps; held-out: the held-out words; the last column: held-out "
                      "greedy minus the cold start's, ± 2 SE paired over the words, *collapsed* when it falls beyond "
-                     "them: no S12.2 claim is judged on a collapsed run):\n\n" + markdown_table(["run", "rollouts", "kl_top_k", "prompts/step", "lr", "reward (last 5)",
+                     "them: no S12.2 claim is judged on a collapsed run):\n\n" + markdown_table(["run", "rollouts", "kl_top_k", "prompts/step", "lr", f"reward (last {max(1, d.steps // 5)} steps)",
                                      "skipped share", "top-K mass", "CPU s", "held-out greedy", "held-out sampled",
                                      "held-out hinted (teacher)", "held-out greedy vs cold start"],
                                     rows))
