@@ -13,7 +13,7 @@ The units of noise this recipe has, and the estimate each gives:
 
 A claim made of parts (`Part`) is decided by `decide`: it holds when every part does (`verdicts.both`), and the
 estimate shown beside it is the part that decided it (the first that fails, else the first inside the noise, else
-the first part), so the uncertainty a reader sees is the one that settled the verdict.
+the first part with an estimate), so the uncertainty a reader sees is the one that settled the verdict.
 """
 
 from __future__ import annotations
@@ -87,12 +87,13 @@ class Part:
 
 def decide(parts: Sequence[Part]) -> tuple[Holds, Estimate | None, str]:
     """(verdict, the estimate that decided it, why): every part must hold. The deciding part is the first that
-    fails, else the first inside the noise, else the first part; `why` names it when the claim does not hold or is
-    not distinguishable ('' when it holds)."""
+    fails, else the first inside the noise, else the first part with an estimate; `why` names it when the claim
+    does not hold or is not distinguishable ('' when it holds)."""
     verdicts = [p.holds for p in parts]
     holds = both(*verdicts)
     pick = next((p for p, v in zip(parts, verdicts) if v is False), None) \
-        or next((p for p, v in zip(parts, verdicts) if v == NOISE), None) or parts[0]
+        or next((p for p, v in zip(parts, verdicts) if v == NOISE), None) \
+        or next((p for p in parts if p.estimate is not None), parts[0])
     est = pick.estimate
     if est is not None and pick.name:  # the part's name and how its noise was taken ('paired over 256', 'Welch')
         est = relabel(est, f"{pick.name}; {est.what.split(', ', 1)[-1]}" if est.what else pick.name)

@@ -181,7 +181,7 @@ def claims(results: dict, config) -> list[Claim]:
             Part(f"LR {worst:g} ends 0.05 above its minimum NLL", over[worst], ">", 0.05)])
         out.append(Claim("S4.2", "the SFT LR sweep", cite(4),
                          "first step stopping cleanly (over 0.8 of replies, beyond the noise): "
-                         + ", ".join(f"LR {lr:g} {s}" for lr, s in clean.items())
+                         + ", ".join(f"LR {lr:g} {'never' if s is None else s}" for lr, s in clean.items())
                          + "; held-out NLL at the end above its minimum: "
                          + ", ".join(f"LR {lr:g} {fmt(v.value, 3)}" for lr, v in over.items())
                          + "; unseen-word format at the end: "
