@@ -213,7 +213,10 @@ def test_chapter13_math_eval_reports_its_token_budget():
     torch.manual_seed(0)
     engine = make_engine(TinyTransformer(TinyConfig(tok.vocab_size, 16, 1, 2, max_len=32)))
     out = math_eval(engine, Renderer(tok), 2, seed=0)
-    assert set(out) == {"greedy", "pass_at", "distinct", "entropy", "tokens"}
+    assert set(out) == {"greedy", "pass_at", "distinct", "entropy", "tokens", "per_problem"}
+    per = out["per_problem"]  # one number per held-out problem: what a paired verdict needs
+    assert len(per["correct"]) == len(per["greedy"]) == len(per["distinct"]) == N_TEST and per["k"] == 2
+    assert sum(per["greedy"]) / N_TEST == pytest.approx(out["greedy"])
     for name, n in (("greedy", N_TEST), ("sampled", 2 * N_TEST)):
         t = out["tokens"][name]
         assert t["per_sample"] == pytest.approx(t["total"] / n) and 1 <= t["per_sample"] <= MAX_ANSWER
