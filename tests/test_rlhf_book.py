@@ -5,6 +5,7 @@ cache by hand; bad settings are refused."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -111,11 +112,18 @@ def test_one_chapter_and_the_seeds_report(tmp_path):
 
 
 @pytest.mark.slow
-def test_recipe_end_to_end(tmp_path):
+def test_recipe_end_to_end(tmp_path, capsys):
     config = tiny(["sft", "pg", "daa", "rs", "distill"])
     names = [s.name for s in stages(config)]
     assert names[:3] == ["pretrain", "coldstart", "sft_narrow"] and "daa_orpo_lr1" in names and "rs_weak_top" in names
     text = run(config, tmp_path).read_text()
+    printed = capsys.readouterr().out.splitlines()
+    summary = next(i for i, line in enumerate(printed) if " claims hold" in line)  # the terminal: the summary, no table
+    assert all(len(line) <= 120 and not line.startswith("|") for line in printed[summary:])
+    table = (tmp_path / "claims.md").read_text()
+    assert [line.split()[0] for line in printed[summary + 1:]] == re.findall(r"^\| (S[\d.]+[a-z]?) \|", table, re.M)
+    assert (tmp_path / "view.html").exists() and "[view.html](view.html)" in text  # written first, then linked
+    assert "seeds/rlhf-book.md" not in text and "RLHF book, ch.9 §9.4" in text
     for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3a", "S9.3b", "S9.4", "S12.1", "S12.2a",
                 "S12.2b"):
         assert f"| {cid} |" in text, cid

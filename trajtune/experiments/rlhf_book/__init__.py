@@ -1,8 +1,10 @@
 """The RLHF book's 19 Suggested Experiments as one CPU recipe (`trajtune run rlhf_book`), with verdicts.
 
-The book ends chapters 4, 5, 6, 8, 9 and 12 with experiments to run on its companion code (checklist section S).
+The book ends chapters 4, 5, 6, 8, 9 and 12 with experiments to run on its companion code, each chapter's
+"Suggested Experiments" section (ch.4 §4.4, ch.5 §5.8, ch.6 §6.5, ch.8 §8.6, ch.9 §9.4, ch.12 §12.3.4).
 Here each becomes a few stages on the built-in tiny models and gyms, and the report gives, per experiment, the
-book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence. The upstream
+book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence, decided
+through `runs.verdicts` with its uncertainty (`evidence.py`: which standard error each kind of number has). The upstream
 stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
 
     pretrain -> sft_narrow     the char-level base model (ch.4 starts from it) and instruct policy (ch.6.4, ch.8)
@@ -28,9 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...runs.report import Claim, claims_table, claims_verdict, markdown_table, write_report, write_claims_over_seeds
+from ...runs.report import Claim, claims_table, claims_verdict, markdown_table, write_claims_over_seeds, write_report
 from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
 from . import daa, distill, pg, rs, sft
+from .evidence import SECTIONS
 
 CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs, "distill": distill}
 """chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
@@ -106,21 +109,28 @@ def index_table(claims: list[Claim], config: Config) -> str:
     return markdown_table(["#", "experiment", "status / verdict"], rows)
 
 
-def write_book_report(run_dir: Path, config: Config, results: dict) -> Path:
-    """claims.md and report.md (+ .html, plots): N of M claims hold, the 19-experiment index, then each chapter."""
+def write_book_report(run_dir: Path, config: Config, results: dict) -> tuple[Path, list[Claim]]:
+    """claims.md and report.md (+ .html, plots): N of M claims hold, the 19-experiment index, then each chapter;
+    the link to view.html (the recorded episodes, written by the runner before this report). Returns (report path,
+    claims): the runner prints `claims_summary(claims)`."""
     claims = all_claims(results, config)
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     intro = (f"Seed {config.seed}. {claims_verdict(claims)}. "
-             "Each claim quotes the book's Suggested Experiments (seeds/rlhf-book.md; checklist section S); the "
-             "models are tiny and every number comes from this run. A claim that does not hold is reported with its "
-             "numbers, not tuned away.")
-    return write_report(run_dir, "The RLHF book's Suggested Experiments",
-                        [intro, "## The 19 experiments\n\n" + index_table(claims, config),
+             "Each claim quotes the book's Suggested Experiments (RLHF book, the Suggested Experiments section of "
+             "ch.4, 6, 8, 9 and 12: " + ", ".join(f"ch.{c} §{SECTIONS[c]}" for c in (4, 6, 8, 9, 12)) + "); the "
+             "models are tiny and every number comes from this run. A comparison holds only when its difference "
+             "clears two standard errors (shown beside it, with what they are taken over: held-out problems paired, "
+             "sampled replies binomial, training steps Welch); inside them it is *not distinguishable*. A claim "
+             "that does not hold is reported with its numbers, not tuned away.")
+    return write_report(run_dir, "The RLHF book's Suggested Experiments",  # it links view.html (episodes_note)
+                        [intro,
+                         "## The 19 experiments\n\n" + index_table(claims, config),
                          "## Claims\n\n" + claims_table(claims), *RECIPE.sections(run_dir, results, config),
-                         "## Time per stage (seconds)\n\n" + stage_times(results)])
+                         "## Time per stage (seconds)\n\n" + stage_times(results)]), claims
 
 
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
+    """Run (or resume) every stage, write view.html and the report, print the claims' summary."""
     return run_and_report(f"rlhf_book (seed {config.seed}): {', '.join(config.chapters)}", stages(config), config,
                           run_dir, write_book_report)
 

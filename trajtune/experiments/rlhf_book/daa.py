@@ -33,11 +33,13 @@ import torch
 from ...algorithms.dpo import DPOConfig, preference_loss_fn, train_dpo, with_reference
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...runs.report import Claim, Panel, fmt, image, markdown_table, panel_plot
+from ...runs.verdicts import Estimate, two_shares
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ..chapter13.instruct import corpus, instruct_source
 from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
+from .evidence import Part, change, cite, decide, level, minus, share
 
 LOSSES = ("dpo", "ipo", "dpo_norm", "simpo", "orpo")
 PREFIX = {"dpo": "dpo", "ipo": "dpo", "dpo_norm": "dpo", "simpo": "simpo", "orpo": "orpo"}
@@ -109,7 +111,8 @@ def stage_daa(ctx, loss: str, lr: float, n_pairs: int) -> dict:
         ([f"{p}/chosen_reward", f"{p}/rejected_reward"] if p != "orpo" else ["orpo/nll"])
     out = {"loss": loss, "lr": lr, "beta": d.betas[loss], "pairs": len(train),
            "curves": {k: [h[k] for h in history] for k in keys},
-           "heldout_accuracy": heldout_accuracy(engine, held, dpo), "after": after, "distinct": distinct_share(replies)}
+           "heldout_accuracy": heldout_accuracy(engine, held, dpo), "heldout_pairs": len(test), "after": after,
+           "distinct": distinct_share(replies), "samples": len(replies)}
     if before is not None:
         out["before"] = {**before, "distinct": distinct_share(sample_replies(ref, config, seed))}
     return out
@@ -144,6 +147,19 @@ def outcome(r: dict) -> float:
     return r["after"]["reward"]
 
 
+def spread(values: list[float], n: int, what: str) -> Estimate:
+    """max - min of shares each measured on n samples, with the binomial SE of that one difference."""
+    hi, lo = max(values), min(values)
+    return two_shares(hi * n, n, lo * n, n, f"{what}, binomial over {n} each")
+
+
+def sensitivity(runs: list[dict]) -> Estimate:
+    """The larger of the ranges over LRs of the samples' preference and format, with its binomial SE."""
+    n = runs[0]["samples"]
+    return max((spread([r["after"][key] for r in runs], n, f"{key} range over LRs") for key in ("reward", "format")),
+               key=lambda e: e.value)
+
+
 def claims(results: dict, config) -> list[Claim]:
     d, out = config.daa, []
     main = results.get(name("dpo", 0))
@@ -152,10 +168,17 @@ def claims(results: dict, config) -> list[Claim]:
         k = max(1, d.steps // 5)
         m0, m1 = _mean(c["dpo/margin"], k)
         a0, a1 = _mean(c["dpo/accuracy"], k)
-        b, a = main["before"], main["after"]
-        moves = m1 > m0 and m1 > 0 and a1 > a0
-        kept = main["distinct"] >= 0.5 * b["distinct"] and a["format"] >= b["format"] - 0.1
-        out.append(Claim("S8.1", "DPO: loss, accuracy, margins, rewards", "ch.8",
+        b, a, n = main["before"], main["after"], main["samples"]
+        holds, est, why = decide([
+            Part("margin rise", change(c["dpo/margin"], k, "margin")),
+            Part("margin above 0", level(c["dpo/margin"][-k:], 0, "margin of the last steps")),
+            Part("accuracy rise", change(c["dpo/accuracy"], k, "accuracy")),
+            Part("distinct replies kept (>= half)", minus(share(main["distinct"], n, 0, "distinct"),
+                                                          share(b["distinct"], n, 0, "distinct"),
+                                                          f"distinct - 0.5 x SFT's, binomial over {n}", 0.5), ">="),
+            Part("format kept (within 0.1)", two_shares(a["format"] * n, n, b["format"] * n, n,
+                                                        f"format DPO - SFT, binomial over {n}"), ">=", -0.1)])
+        out.append(Claim("S8.1", "DPO: loss, accuracy, margins, rewards", cite(8),
                          f"margin (first / last {k} steps) {fmt(m0, 3)} -> {fmt(m1, 3)}, accuracy {fmt(a0)} -> {fmt(a1)}, "
                          f"chosen reward {fmt(c['dpo/chosen_reward'][-1], 3)}, rejected {fmt(c['dpo/rejected_reward'][-1], 3)}; "
                          f"samples: distinct {fmt(b['distinct'])} -> {fmt(main['distinct'])}, format {fmt(b['format'])} -> "
@@ -163,52 +186,59 @@ def claims(results: dict, config) -> list[Claim]:
                          '"The implicit reward margin should move the right way while sample generations do not '
                          'collapse": the margin and accuracy of the last steps above the first\'s (margin > 0), and '
                          "the samples keep >= half their distinct replies and their format within 0.1",
-                         moves and kept))
+                         holds, est, why=why))
     rows = {loss: [results.get(name(loss, i)) for i in range(len(d.lrs))] for loss in d.losses}
     if all(all(rows[x]) for x in ("dpo", "ipo") if x in rows) and "ipo" in rows:
         dp, ip = rows["dpo"][0], rows["ipo"][0]
         l_d, l_i = dp["curves"]["train/loss"][0], ip["curves"]["train/loss"][0]
-        out.append(Claim("S8.2", "DPO vs IPO vs dpo_norm: scale", "ch.8",
+        n = ip["heldout_pairs"]
+        gap = two_shares(ip["heldout_accuracy"] * n, n, dp["heldout_accuracy"] * n, n,
+                         f"held-out pair accuracy IPO - DPO, binomial over {n}")
+        holds, est, why = decide([
+            Part("IPO's accuracy above 0.5", share(ip["heldout_accuracy"], n, 0.5, "IPO held-out pair accuracy - 0.5")),
+            Part("IPO's accuracy within 0.1 of DPO's (above)", gap, ">=", -0.1),
+            Part("IPO's accuracy within 0.1 of DPO's (below)", gap, "<=", 0.1),
+            Part("IPO's first loss >= 10x DPO's (one batch, exact)", None, exact=l_i >= 10 * l_d)])
+        out.append(Claim("S8.2", "DPO vs IPO vs dpo_norm: scale", cite(8),
                          f"first-step loss: DPO {fmt(l_d, 3)}, IPO {fmt(l_i, 3)}; held-out pair accuracy DPO "
                          f"{fmt(dp['heldout_accuracy'])}, IPO {fmt(ip['heldout_accuracy'])}"
                          + (f", dpo_norm {fmt(rows['dpo_norm'][0]['heldout_accuracy'])}" if rows.get("dpo_norm", [None])[0]
                             else ""),
                          '"IPO\'s loss is on a different scale, so judge it by accuracy and margin": IPO\'s loss >= 10x '
                          "DPO's at the start, and its held-out pair accuracy within 0.1 of DPO's (> 0.5)",
-                         l_i >= 10 * l_d and ip["heldout_accuracy"] > 0.5
-                         and abs(ip["heldout_accuracy"] - dp["heldout_accuracy"]) <= 0.1))
+                         holds, est, why=why))
     if len(d.lrs) > 1 and all(all(v) for v in rows.values()):
         sens = {loss: sensitivity(v) for loss, v in rows.items()}
         ref_free = [x for x in ("simpo", "orpo") if x in sens]
         if ref_free:
-            out.append(Claim("S8.3", "SimPO and ORPO: LR sensitivity", "ch.8",
+            holds, est, why = decide([Part(f"{x} more sensitive than DPO", minus(sens[x], sens["dpo"],
+                                                                               f"{x} - DPO change between LRs, binomial"))
+                                      for x in ref_free])
+            out.append(Claim("S8.3", "SimPO and ORPO: LR sensitivity", cite(8),
                              "change in the samples' preference / format between LRs "
                              f"{', '.join(fmt(lr, 5) for lr in d.lrs)}: "
-                             + ", ".join(f"{k} {fmt(v)}" for k, v in sens.items()),
+                             + ", ".join(f"{k} {fmt(v.value)}" for k, v in sens.items()),
                              '"Both are more sensitive to log-prob scaling and LR": each reference-free loss\'s change '
                              "between LRs (the larger of |d preference| and |d format|) exceeds DPO's",
-                             all(sens[x] > sens["dpo"] for x in ref_free)))
+                             holds, est, why=why))
     data = [results.get(f"daa_dpo_pairs{n}") for n in d.pairs]
     same_lr = [rows[x][0] for x in d.losses if x in ("dpo", "ipo", "dpo_norm") and rows[x][0]]
     if main and all(data) and len(same_lr) > 1:
         by_data = [main] + data
-        spread_data = max(map(outcome, by_data)) - min(map(outcome, by_data))
-        spread_loss = max(map(outcome, same_lr)) - min(map(outcome, same_lr))
-        out.append(Claim("S8.4", "data changes vs loss changes", "ch.8",
-                         "preference of the samples: by pairs ("
-                         + ", ".join(f"{r['pairs']} {fmt(outcome(r))}" for r in by_data) + f"; spread {fmt(spread_data)}); "
-                         "by loss at the same LR (" + ", ".join(f"{r['loss']} {fmt(outcome(r))}" for r in same_lr)
-                         + f"; spread {fmt(spread_loss)})",
-                         '"If data changes move results more than loss changes, that confirms data dominates small '
-                         'algorithmic differences": the spread over pair counts exceeds the spread over DPO / IPO / '
-                         "dpo_norm", spread_data > spread_loss))
+        n = main["samples"]
+        spread_data = spread([outcome(r) for r in by_data], n, "preference range over pair counts")
+        spread_loss = spread([outcome(r) for r in same_lr], n, "preference range over losses")
+        out.append(Claim.compare("S8.4", "data changes vs loss changes", cite(8),
+                                 "preference of the samples: by pairs ("
+                                 + ", ".join(f"{r['pairs']} {fmt(outcome(r))}" for r in by_data)
+                                 + f"; spread {fmt(spread_data.value)}); by loss at the same LR ("
+                                 + ", ".join(f"{r['loss']} {fmt(outcome(r))}" for r in same_lr)
+                                 + f"; spread {fmt(spread_loss.value)})",
+                                 '"If data changes move results more than loss changes, that confirms data dominates '
+                                 'small algorithmic differences": the spread over pair counts exceeds the spread over '
+                                 "DPO / IPO / dpo_norm",
+                                 minus(spread_data, spread_loss, f"binomial, {n} samples each")))
     return out
-
-
-def sensitivity(runs: list[dict]) -> float:
-    """The larger of the ranges over LRs of the samples' preference and format."""
-    rs, fs = [r["after"]["reward"] for r in runs], [r["after"]["format"] for r in runs]
-    return max(max(rs) - min(rs), max(fs) - min(fs))
 
 
 def section(run_dir: Path, results: dict, config) -> str:
@@ -246,12 +276,13 @@ def section(run_dir: Path, results: dict, config) -> str:
                              "; ".join(f"`{x}`" for x in r["after"]["examples"][:2])])
     if rows:
         parts.append("**S8.2 / S8.3** every loss at every LR (ORPO's beta is unused):\n\n" + markdown_table(
-            ["loss", "LR", "beta", "loss first", "loss last", "train acc", "held-out acc", "preference", "format",
+            ["loss", "LR", "beta", "loss first", "loss last", "train pair accuracy (last step)",
+             "held-out pair accuracy", "preference", "format",
              "distinct", "KL", "samples"], rows))
     data = [results.get(f"daa_dpo_pairs{n}") for n in d.pairs]
     if main and all(data):
         parts.append("**S8.4** DPO at the first LR on fewer pairs:\n\n" + markdown_table(
-            ["pairs", "held-out acc", "preference", "format", "KL"],
+            ["pairs", "held-out pair accuracy", "preference", "format", "KL"],
             [[r["pairs"], fmt(r["heldout_accuracy"]), fmt(r["after"]["reward"]), fmt(r["after"]["format"]),
               fmt(r["after"]["kl"], 1)] for r in data + [main]]))
     return "\n\n".join(parts)

@@ -36,11 +36,13 @@ from ...engine import OptimConfig
 from ...envs.base import SingleTurnEnv
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import EpisodeSource, sample_episodes
 from ...text.render import Renderer
 from ...text.tokenizers import CharTokenizer
+from .evidence import Part, change, cite, decide, finite, fmt_est, level, relabel
 
 MAX_LEN = 48
 
@@ -166,13 +168,15 @@ def source(engine, r: Renderer, **kw) -> EpisodeSource:
 
 @torch.no_grad()
 def evaluate(engine, r: Renderer, held: tuple[str, ...], d: Demo, seed: int) -> dict:
-    """Held-out accuracy (greedy, sampled), the hinted (teacher's) sampled accuracy, and a few replies."""
+    """Held-out accuracy (greedy, sampled), the hinted (teacher's) sampled accuracy, and a few replies;
+    "per_problem": {"greedy": each held-out word's greedy 0/1} (a paired comparison with the cold start)."""
     plain = [ReverseTask(w) for w in held]
     greedy = sample_episodes(source(engine, r, greedy=True), plain, 1, 0)
     sampled = sample_episodes(source(engine, r), plain, d.eval_samples, seed)
     hinted = sample_episodes(source(engine, r), [ReverseTask(w, w[::-1]) for w in held], d.eval_samples, seed + 1)
     acc = lambda ts: sum(t.reward for t in ts) / len(ts)  # noqa: E731
     return {"greedy": acc(greedy), "sampled": acc(sampled), "hinted": acc(hinted),
+            "per_problem": {"greedy": [int(t.reward >= 1) for t in greedy]}, "samples": len(sampled),
             "examples": [f"{t.info['task']} -> {t.info['reply']!r}" for t in greedy[:4]]}
 
 
@@ -236,6 +240,18 @@ def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+def versus_cold_start(cold: dict, run: dict) -> Estimate:
+    """A run's held-out greedy accuracy minus the cold start's, paired over the held-out words."""
+    a, b = cold["per_problem"]["greedy"], run["after"]["per_problem"]["greedy"]
+    return paired(a, b, f"held-out greedy vs cold start, paired over {len(a)} words")
+
+
+def collapsed(cold: dict, run: dict) -> bool:
+    """SDPO made the student worse than its cold start beyond the noise (held-out greedy, paired): a run that
+    collapsed cannot show what a sweep setting does (its skips and its top-K mass are those of a broken model)."""
+    return judge(versus_cold_start(cold, run), "<") is True
+
+
 def claims(results: dict, config) -> list[Claim]:
     d, out = config.distill, []
     k = max(1, d.steps // 5)
@@ -244,41 +260,65 @@ def claims(results: dict, config) -> list[Claim]:
         c = main["curves"]
         r0, r1 = ends(c["rollout/reward"], k)
         s0, s1 = ends(c["distill/skipped_share"], k)
-        out.append(Claim("S12.1", "SDPO on string reversal", "ch.12",
+        holds, est, why = decide([
+            Part("reward rise", change(c["rollout/reward"], k, "reward")),
+            Part("skipped share fall", change(c["distill/skipped_share"], k, "skipped share"), "<"),
+            Part("last steps' reward above 0.8", level(finite(c["rollout/reward"])[-k:], 0.8, "reward - 0.8"))])
+        out.append(Claim("S12.1", "SDPO on string reversal", cite(12),
                          f"first / last {k} steps: reward {fmt(r0)} -> {fmt(r1)}, skipped share {fmt(s0)} -> {fmt(s1)}; "
                          f"held-out greedy {fmt(cold['greedy'])} -> {fmt(main['after']['greedy'])}, sampled "
                          f"{fmt(cold['sampled'])} -> {fmt(main['after']['sampled'])} (teacher, hinted: "
-                         f"{fmt(cold['hinted'])})",
+                         f"{fmt(cold['hinted'])} -> {fmt(main['after']['hinted'])})",
                          '"As the student improves, skipped falls and reward climbs toward 1": reward rises and '
-                         "the skipped share falls (last fifth vs first), and the last fifth's reward >= 0.8 (toward 1)",
-                         r1 > r0 and s1 < s0 and r1 >= 0.8))
+                         f"the skipped share falls (last {k} steps vs first {k}), and the last {k} steps' reward is "
+                         "above 0.8 (toward 1)", holds, est, why=why))
     runs = {n: results.get(n) for n in d.runs()}
-    if main:
+    if cold and main:
+        def broken(*rs: dict) -> str:
+            """why a comparison of these runs is not judged ('' when none collapsed)"""
+            bad = [(n, r) for n, r in runs.items() if r and any(r is x for x in rs) and collapsed(cold, r)]
+            return ("collapsed: " + ", ".join(f"{n} held-out greedy {fmt(cold['greedy'])} -> {fmt(r['after']['greedy'])}"
+                                             for n, r in bad)) if bad else ""
+
         small = [(s, runs.get(f"sdpo_n{s}")) for s in d.sweep_rollouts if s < d.rollouts]
         for s, r in small:
             if not r:
                 continue
-            a, b = mean(r["curves"]["distill/skipped_share"]), mean(main["curves"]["distill/skipped_share"])
-            ta = mean(r["curves"]["rollout/policy_tokens"]) * s * r["settings"]["prompts"]
-            tb = mean(main["curves"]["rollout/policy_tokens"]) * d.rollouts * d.prompts_per_step
-            out.append(Claim("S12.2a", f"rollouts {s} vs {d.rollouts}", "ch.12",
-                             f"skipped share over the run: {s} rollouts {fmt(a)}, {d.rollouts} rollouts {fmt(b)}; "
-                             f"generated tokens per step {ta:.0f} vs {tb:.0f}",
-                             '"More rollouts make a correct sibling easier to find (fewer skips) at more generation '
-                             'cost": fewer skips and more generated tokens with more rollouts', b < a and tb > ta))
+            a, b = r["curves"]["distill/skipped_share"], main["curves"]["distill/skipped_share"]
+            ta = [x * s * r["settings"]["prompts"] for x in finite(r["curves"]["rollout/policy_tokens"])]
+            tb = [x * d.rollouts * d.prompts_per_step for x in finite(main["curves"]["rollout/policy_tokens"])]
+            ours = (f"skipped share (mean over the steps): {s} rollouts {fmt(mean(a))}, {d.rollouts} rollouts "
+                    f"{fmt(mean(b))}; generated tokens per step {mean(ta):.0f} vs {mean(tb):.0f}")
+            claim = ('"More rollouts make a correct sibling easier to find (fewer skips) at more generation cost": fewer '
+                     "skips and more generated tokens per step with more rollouts")
+            why = broken(r, main)
+            if why:
+                out.append(Claim("S12.2a", f"rollouts {s} vs {d.rollouts}", cite(12), ours, claim, None, why=why))
+                continue
+            holds, est, why = decide([Part("fewer skips", relabel(difference(a, b), "skipped share, fewer - more "
+                                                                   f"rollouts, Welch over {len(finite(a))} steps")),
+                                      Part("more tokens", relabel(difference(tb, ta), "tokens per step, more - fewer "
+                                                                   "rollouts, Welch over steps"))])
+            out.append(Claim("S12.2a", f"rollouts {s} vs {d.rollouts}", cite(12), ours, claim, holds, est, why=why))
         for kk in d.sweep_top_k:
             r = runs.get(f"sdpo_k{kk}")
             if not r or kk == d.kl_top_k:
                 continue
             lo, hi = (r, main) if kk < d.kl_top_k else (main, r)
-            m_lo, m_hi = mean(lo["curves"]["distill/top_k_mass"]), mean(hi["curves"]["distill/top_k_mass"])
-            out.append(Claim("S12.2b", f"kl_top_k {kk} vs {d.kl_top_k}", "ch.12",
-                             f"student mass inside the top K: K {lo['settings']['kl_top_k']} {fmt(m_lo, 3)}, K "
-                             f"{hi['settings']['kl_top_k']} {fmt(m_hi, 3)}; CPU s of the run {lo['cpu_s']:.1f} vs "
-                             f"{hi['cpu_s']:.1f}; held-out greedy {fmt(lo['after']['greedy'])} vs {fmt(hi['after']['greedy'])}",
-                             '"kl_top_k trades KL fidelity against compute": the larger K covers more of the student\'s '
-                             "mass (a closer KL). The compute half is not judged: with a 35-token vocabulary the "
-                             "top-K's cost is lost in the step's (CPU seconds shown)", m_hi > m_lo))
+            m_lo, m_hi = lo["curves"]["distill/top_k_mass"], hi["curves"]["distill/top_k_mass"]
+            ours = (f"student mass inside the top K (mean over the steps): K {lo['settings']['kl_top_k']} "
+                    f"{fmt(mean(m_lo), 3)}, K {hi['settings']['kl_top_k']} {fmt(mean(m_hi), 3)}; CPU s of the run "
+                    f"{lo['cpu_s']:.1f} vs {hi['cpu_s']:.1f}; held-out greedy {fmt(lo['after']['greedy'])} vs "
+                    f"{fmt(hi['after']['greedy'])}")
+            claim = ('"kl_top_k trades KL fidelity against compute": the larger K covers more of the student\'s mass '
+                     "(a closer KL). The compute half is not judged: with a 35-token vocabulary the top-K's cost is "
+                     "lost in the step's (CPU seconds shown)")
+            why = broken(lo, hi) or ("" if finite(m_lo) and finite(m_hi) else "no top-K mass logged: no update")
+            if why:
+                out.append(Claim("S12.2b", f"kl_top_k {kk} vs {d.kl_top_k}", cite(12), ours, claim, None, why=why))
+                continue
+            out.append(Claim.compare("S12.2b", f"kl_top_k {kk} vs {d.kl_top_k}", cite(12), ours, claim,
+                                     relabel(difference(m_hi, m_lo), f"Welch, {len(finite(m_lo))} steps each")))
     return out
 
 
@@ -299,12 +339,16 @@ def section(run_dir: Path, results: dict, config) -> str:
             line_plot(run_dir / f"{stem}.png", series, f"S12: {title}", "step", f"{unit} ({key})")
             parts.append(image(run_dir / f"{stem}.png", title))
         rows = [[k, r["settings"]["rollouts"], r["settings"]["kl_top_k"], r["settings"]["prompts"], f"{r['settings']['lr']:g}",
-                 fmt(ends(r["curves"]["rollout/reward"], 5)[1]), fmt(mean(r["curves"]["distill/skipped_share"])),
+                 fmt(ends(r["curves"]["rollout/reward"], max(1, d.steps // 5))[1]), fmt(mean(r["curves"]["distill/skipped_share"])),
                  fmt(mean(r["curves"]["distill/top_k_mass"]), 3), f"{r['cpu_s']:.1f}", fmt(r["after"]["greedy"]),
-                 fmt(r["after"]["sampled"]), fmt(r["after"]["hinted"])] for k, r in runs.items()]
-        parts.append(markdown_table(["run", "rollouts", "kl_top_k", "prompts/step", "lr", "reward (last 5)",
+                 fmt(r["after"]["sampled"]), fmt(r["after"]["hinted"]),
+                 fmt_est(versus_cold_start(cold, r)) + (" (collapsed)" if collapsed(cold, r) else "") if cold else "-"]
+                for k, r in runs.items()]
+        parts.append("Every run (training columns: over its steps; held-out: the held-out words; the last column: held-out "
+                     "greedy minus the cold start's, ± 2 SE paired over the words, *collapsed* when it falls beyond "
+                     "them: no S12.2 claim is judged on a collapsed run):\n\n" + markdown_table(["run", "rollouts", "kl_top_k", "prompts/step", "lr", f"reward (last {max(1, d.steps // 5)} steps)",
                                      "skipped share", "top-K mass", "CPU s", "held-out greedy", "held-out sampled",
-                                     "held-out hinted (teacher)"],
+                                     "held-out hinted (teacher)", "held-out greedy vs cold start"],
                                     rows))
     lrs = [k for k in runs if k.startswith("sdpo_lr")]
     if lrs:

@@ -40,12 +40,14 @@ from ...checkpoint import write_json
 from ...envs.arithmetic import arithmetic_tokenizer, train_tasks
 from ...models.tiny import load_model
 from ...runs.report import Claim, bar_plot, fmt, image, markdown_table
+from ...runs.verdicts import Estimate, paired, two_shares
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...text.render import Renderer
 from ...trajectory import Trajectory
 from ..chapter13.rlvr import calc_model, demos, math_eval, source_for
+from .evidence import Part, cite, decide
 
 SELECTIONS = {"top_per_prompt": ("top_per_prompt", False), "random_per_prompt": ("top_per_prompt", True),
               "top_k_overall": ("top_overall", False), "random_k_overall": ("top_overall", True)}
@@ -232,6 +234,18 @@ def acc(r: dict) -> float:
     return r["after"]["greedy"]
 
 
+def versus(a: dict, b: dict, what: str) -> Estimate:
+    """a's held-out greedy accuracy minus b's, paired over the 256 held-out sums (both policies answer the same
+    problems: a problem both get right or both wrong adds no noise)."""
+    return paired(b["after"]["per_problem"]["greedy"], a["after"]["per_problem"]["greedy"],
+                  f"{what}, paired over {len(a['after']['per_problem']['greedy'])}")
+
+
+def kept_share(r: dict) -> tuple[float, int]:
+    """(hits, n): the kept samples that are correct."""
+    return r["kept_correct"] * r["kept"], r["kept"]
+
+
 def claims(results: dict, config) -> list[Claim]:
     d, out = config.rs, []
     cache = results.get("rs_cache")
@@ -243,57 +257,69 @@ def claims(results: dict, config) -> list[Claim]:
                    and r["policy"] == "coldstart"]
         ok = cache["reread"]["hit"] and all(r["cache_hit"] for r in readers) and len(keys) == len(built)
         gen = sum(v["seconds"] for v in built)
-        out.append(Claim("S9.1", "a reusable rollout cache", "ch.9",
+        out.append(Claim("S9.1", "a reusable rollout cache", cite(9),
                          f"{len(built)} settings -> {len(keys)} entries, built in {gen:.1f} s; the main entry re-read in "
                          f"{cache['reread']['seconds']:.2f} s; {sum(r['cache_hit'] for r in readers)} of {len(readers)} "
                          "selection runs read the cache",
                          '"Build the rollout cache once ... Later configs reuse it if generation and scoring settings '
                          'are unchanged": every selection run reads its entry without generating, and each distinct '
-                         "setting has its own entry", ok))
+                         "setting has its own entry (counts, no noise)", ok))
     for cid, top, rnd in (("S9.2a", "top_per_prompt", "random_per_prompt"),
                           ("S9.2b", "top_k_overall", "random_k_overall")):
         a, b = sel[top], sel[rnd]
         if a and b:
-            out.append(Claim(cid, f"{top} vs {rnd}", "ch.9",
-                             f"held-out greedy {fmt(acc(a))} vs {fmt(acc(b))} (pass@1 {fmt(a['after']['pass_at']['1'])} "
-                             f"vs {fmt(b['after']['pass_at']['1'])}); kept correct {fmt(a['kept_correct'])} vs "
-                             f"{fmt(b['kept_correct'])}, {a['kept']} samples each",
-                             '"the RM-selected run must beat its random control" (S9.2): higher held-out greedy '
-                             "accuracy", acc(a) > acc(b)))
+            out.append(Claim.compare(cid, f"{top} vs {rnd}", cite(9),
+                                     f"held-out greedy {fmt(acc(a))} vs {fmt(acc(b))} (pass@1 "
+                                     f"{fmt(a['after']['pass_at']['1'])} vs {fmt(b['after']['pass_at']['1'])}); kept "
+                                     f"correct {fmt(a['kept_correct'])} vs {fmt(b['kept_correct'])}, {a['kept']} "
+                                     "samples each",
+                                     '"the RM-selected run must beat its random control" (S9.2): higher held-out '
+                                     "greedy accuracy", versus(a, b, "held-out greedy")))
     ns = [(s["n"], results.get("rs_top_per_prompt" if name == "main" else f"rs_{name}"))
           for name, s in d.settings().items() if name == "main" or name.startswith("n")]
     ns = sorted((n, r) for n, r in ns if r)
     if len(ns) > 1:
-        kept = [r["kept_correct"] for _, r in ns]
-        out.append(Claim("S9.3a", "more completions, a scorer that separates", "ch.9",
+        parts = [Part(f"kept correct N {n0} -> {n1}", two_shares(*kept_share(r1), *kept_share(r0),
+                                                                 f"kept correct, N {n1} - N {n0}, binomial"))
+                 for (n0, r0), (n1, r1) in zip(ns, ns[1:])]
+        parts.append(Part(f"held-out N {ns[-1][0]} - N {ns[0][0]}",
+                          versus(ns[-1][1], ns[0][1], f"held-out greedy, N {ns[-1][0]} - N {ns[0][0]}")))
+        holds, est, why = decide(parts)
+        out.append(Claim("S9.3a", "more completions, a scorer that separates", cite(9),
                          "N: " + ", ".join(f"{n}: kept correct {fmt(r['kept_correct'])}, held-out {fmt(acc(r))}"
                                            for n, r in ns),
                          '"More completions help only if the RM can separate good from bad": with the verifier '
                          "(which separates), the kept set's correct share rises with N and held-out greedy accuracy at "
-                         "the largest N beats the smallest", all(x < y for x, y in zip(kept, kept[1:]))
-                         and acc(ns[-1][1]) > acc(ns[0][1])))
+                         "the largest N beats the smallest", holds, est, why=why))
     rnd = sorted((n, results.get(f"rs_n{n}_random") or (sel["random_per_prompt"] if n == d.n else None))
                  for n in {d.n, *d.sweep_n})
     if len(ns) > 1 and all(r for _, r in rnd):
-        g_top, g_rnd = acc(ns[-1][1]) - acc(ns[0][1]), acc(rnd[-1][1]) - acc(rnd[0][1])
-        out.append(Claim("S9.3b", "more completions, a scorer that cannot separate", "ch.9",
-                         f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, random pick "
-                         f"{fmt(g_rnd)} (random pick's kept correct: "
-                         + ", ".join(f"N {n} {fmt(r['kept_correct'])}" for n, r in rnd) + ")",
-                         '"More completions help only if the RM can separate good from bad": a random pick (a scorer '
-                         "that cannot separate) gains less from more completions than the verifier's pick",
-                         g_rnd < g_top))
+        (_, t0), (_, t1), (_, r0), (_, r1) = ns[0], ns[-1], rnd[0], rnd[-1]
+        g_top, g_rnd = acc(t1) - acc(t0), acc(r1) - acc(r0)
+        def gain(lo: dict, hi: dict) -> list[int]:  # per held-out problem: greedy right at the larger N - the smaller
+            return [b - a for a, b in zip(lo["after"]["per_problem"]["greedy"], hi["after"]["per_problem"]["greedy"])]
+
+        est = paired(gain(r0, r1), gain(t0, t1), "gain difference, paired over 256")
+        out.append(Claim.compare("S9.3b", "more completions, a scorer that cannot separate", cite(9),
+                                 f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, random "
+                                 f"pick {fmt(g_rnd)} (random pick's kept correct: "
+                                 + ", ".join(f"N {n} {fmt(r['kept_correct'])}" for n, r in rnd) + ")",
+                                 '"More completions help only if the RM can separate good from bad": a random pick (a '
+                                 "scorer that cannot separate) gains less from more completions than the verifier's pick",
+                                 est))
     weak, wt, wr = results.get("rs_weak"), results.get("rs_weak_top"), results.get("rs_weak_random")
     strong = sel["top_per_prompt"]
     if weak and wt and wr and strong:
-        out.append(Claim("S9.4", "the matched pair from a weaker policy", "ch.9",
-                         f"weak calculator greedy {fmt(weak['greedy'])} (cold start {fmt(strong['before']['greedy'])}); "
-                         f"prompts with a correct sample: weak {fmt(wt['coverage'])}, cold start {fmt(strong['coverage'])}; "
-                         f"weak top {fmt(acc(wt))} vs random {fmt(acc(wr))} (gain {fmt(acc(wt) - weak['greedy'])} over "
-                         f"the weak start; cold start's gain {fmt(acc(strong) - strong['before']['greedy'])})",
-                         '"rerun the matched pairs. Does RS rescue weak generations, or merely select among '
-                         'already-good ones?": the pair\'s rule (top beats random) on the weaker policy; the coverage '
-                         "bounds what selection can find", acc(wt) > acc(wr)))
+        out.append(Claim.compare("S9.4", "the matched pair from a weaker policy", cite(9),
+                                 f"weak calculator greedy {fmt(weak['greedy'])} (cold start "
+                                 f"{fmt(strong['before']['greedy'])}); prompts with a correct sample: weak "
+                                 f"{fmt(wt['coverage'])}, cold start {fmt(strong['coverage'])}; weak top {fmt(acc(wt))} "
+                                 f"vs random {fmt(acc(wr))} (gain {fmt(acc(wt) - weak['greedy'])} over the weak start; "
+                                 f"cold start's gain {fmt(acc(strong) - strong['before']['greedy'])})",
+                                 '"rerun the matched pairs. Does RS rescue weak generations, or merely select among '
+                                 'already-good ones?": the pair\'s rule (top beats random) on the weaker policy; the '
+                                 "coverage bounds what selection can find",
+                                 versus(wt, wr, "held-out greedy")))
     return out
 
 
@@ -317,8 +343,8 @@ def section(run_dir: Path, results: dict, config) -> str:
         bar_plot(run_dir / "book-s9-rs.png", bars, "S9: held-out greedy accuracy after RS", "accuracy",
                  xlabel="run (rejection-sampling setting)")
         parts.append("**S9.2-S9.4** every run:\n\n" + markdown_table(
-            ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy", "pass@1",
-             "pass@16"],
+            ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy", "held-out pass@1",
+             f"held-out pass@{config.pass_k}"],
             [[k, r["policy"], r["setting"]["n"], r["setting"]["temperature"], r["setting"]["top_p"], r["kept"],
               fmt(r["kept_correct"]), fmt(r["coverage"]), fmt(acc(r)), fmt(r["after"]["pass_at"]["1"]),
               fmt(r["after"]["pass_at"].get(str(config.pass_k), float("nan")))] for k, r in runs.items()])

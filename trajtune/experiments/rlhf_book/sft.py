@@ -20,17 +20,23 @@ How this departs from the book's companion code, and why:
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from ...algorithms.sft import train_sft
 from ...envs.instruct import SEEN, UNSEEN, InstructTask, demo_sets
 from ...models.tiny import load_model
 from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.verdicts import NOISE, Estimate, Holds, difference, judge
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
-from ..chapter13.instruct import corpus, corpus_loss, demo, instruct_source, renderer
+from ...trajectory import collate
+from ..chapter13.instruct import corpus, demo, instruct_source, renderer
+from .evidence import Part, cite, decide, share
 
 
 @dataclass
@@ -61,12 +67,39 @@ def watch(engine, config, d: Demo, held_out, seed: int) -> dict:
     unseen = sample_episodes(instruct_source(engine, "format", config.max_reply), [InstructTask(w) for w in UNSEEN],
                              d.samples, seed + 1)
     every = seen + unseen
-    return {"stop": sum(t.info["n_unterminated"] == 0 for t in every) / len(every),
-            "format_seen": sum(t.info["format_ok"] for t in seen) / len(seen),
+    nll, chars = demo_nll(engine, held_out, pad)
+    return {"stop": sum(t.info["n_unterminated"] == 0 for t in every) / len(every), "replies_n": len(every),
+            "format_seen": sum(t.info["format_ok"] for t in seen) / len(seen), "seen_n": len(seen),
             "format_unseen": sum(t.info["format_ok"] for t in unseen) / len(unseen),
             "length": sum(len(t.info["reply"]) for t in every) / len(every),
-            "heldout_nll": corpus_loss(engine, held_out, pad),
+            "lengths": [len(t.info["reply"]) for t in every],
+            "heldout_nll": sum(nll) / sum(chars), "demo_nll": nll, "demo_chars": chars,
             "replies": [f"{t.info['word']} -> {t.info['reply']!r}" for t in (seen[0], unseen[0])]}
+
+
+@torch.no_grad()
+def demo_nll(engine, demos: list, pad_id: int, batch: int = 64) -> tuple[list[float], list[float]]:
+    """Each held-out demonstration's summed NLL (nats) and its character count: their ratio of sums is the
+    held-out NLL per character (chapter 13's `corpus_loss`), the per-demonstration sums give its paired SE."""
+    nll, chars = [], []
+    for i in range(0, len(demos), batch):
+        b = collate(demos[i : i + batch], pad_id)
+        lp = engine.forward(b).logprobs  # [B, T-1]
+        nll += (-(lp * b.action_mask).sum(-1)).tolist()
+        chars += b.action_mask.sum(-1).float().tolist()
+    return nll, chars
+
+
+def nll_rise(a: dict, b: dict) -> Estimate:
+    """b's held-out NLL per character minus a's (the same demonstrations): the difference of two ratios
+    sum(nll) / sum(chars), with its SE from the per-demonstration residuals (the ratio estimator's linearization:
+    z_i = d_i - value * c_i, SE = sqrt(n / (n - 1) * sum z_i^2) / sum c_i)."""
+    d = [y - x for x, y in zip(a["demo_nll"], b["demo_nll"])]
+    c, n = a["demo_chars"], len(d)
+    value = sum(d) / sum(c)
+    z = [di - value * ci for di, ci in zip(d, c)]
+    se = math.sqrt(n / (n - 1) * sum(x * x for x in z)) / sum(c) if n > 1 else 0.0
+    return Estimate(value, se, n, f"held-out NLL, paired over {n} demonstrations")
 
 
 def stage_sft(ctx, lr: float) -> dict:
@@ -97,15 +130,25 @@ def stages(config) -> list[Stage]:
     return [Stage(name(i), stage_sft, after=("pretrain",), args=(lr,)) for i, lr in enumerate(config.sft_book.lrs)]
 
 
+def stop_clean(c: dict, stop: float = 0.8) -> Holds:
+    """Whether the replies at this watched step stop with <|end|> on more than `stop` of them, beyond the noise."""
+    return judge(share(c["stop"], c["replies_n"], stop, "stop share"), ">")
+
+
 def first_clean(curve: list[dict], stop: float = 0.8) -> int | None:
-    """The first watched step where at least `stop` of the replies end with <|end|> (None: never)."""
-    return next((c["step"] for c in curve if c["stop"] >= stop), None)
+    """The first watched step where more than `stop` of the replies end with <|end|>, beyond the noise (None: never)."""
+    return next((c["step"] for c in curve if stop_clean(c, stop) is True), None)
 
 
-def overfit(curve: list[dict]) -> float:
-    """How far the held-out NLL ends above its minimum over the run (nats per character)."""
-    nll = [c["heldout_nll"] for c in curve]
-    return nll[-1] - min(nll)
+def lowest(curve: list[dict]) -> dict:
+    """The watched step with the lowest held-out NLL."""
+    return min(curve, key=lambda c: c["heldout_nll"])
+
+
+def overfit(curve: list[dict]) -> Estimate:
+    """How far the held-out NLL ends above its minimum over the run (nats per character), paired over the
+    held-out demonstrations."""
+    return nll_rise(lowest(curve), curve[-1])
 
 
 def claims(results: dict, config) -> list[Claim]:
@@ -114,27 +157,38 @@ def claims(results: dict, config) -> list[Claim]:
     main = runs[len(runs) // 2]
     if main:
         c0, c1 = main["curve"][0], main["curve"][-1]
-        out.append(Claim("S4.1", "SFT a base model, watched every N steps", "ch.4",
+        holds, est, why = decide([
+            Part("step 0 stops on at most 0.2", share(c0["stop"], c0["replies_n"], 0.2, "stop share at step 0 - 0.2"),
+                 "<"),
+            Part("the end stops on more than 0.8", share(c1["stop"], c1["replies_n"], 0.8, "stop share at the end - 0.8")),
+            Part("shorter replies", difference(c1["lengths"], c0["lengths"], f"reply length, end - step 0, Welch over "
+                                               f"{len(c0['lengths'])} replies each"), "<")])
+        out.append(Claim("S4.1", "SFT a base model, watched every N steps", cite(4),
                          f"step 0: stop {fmt(c0['stop'])}, format {fmt(c0['format_seen'])}, length {c0['length']:.0f}; "
                          f"step {c1['step']}: stop {fmt(c1['stop'])}, format {fmt(c1['format_seen'])}, length "
                          f"{c1['length']:.0f} (LR {main['lr']:g}); e.g. {c0['replies'][0]} -> {c1['replies'][0]}",
                          '"At step 0 the model rambles ... After a few hundred steps the same prompts get concise answers '
-                         'that terminate": at step 0 at most 0.2 of replies stop within the budget, at the end at least '
-                         "0.8, and replies are shorter", c0["stop"] <= 0.2 and c1["stop"] >= 0.8
-                         and c1["length"] < c0["length"]))
+                         'that terminate": at step 0 under 0.2 of replies stop within the budget, at the end over '
+                         "0.8, and replies are shorter", holds, est, why=why))
     if all(runs):
         clean = {r["lr"]: first_clean(r["curve"]) for r in runs}
+        steps = [stop_clean(c) for r in runs for c in r["curve"]]  # some step of some LR clearly over 0.8?
+        some_clean = True if True in steps else NOISE if NOISE in steps else False
         over = {r["lr"]: overfit(r["curve"]) for r in runs}
-        out.append(Claim("S4.2", "the SFT LR sweep", "ch.4",
-                         "first step stopping cleanly (>= 0.8): " + ", ".join(f"LR {lr:g} {s}" for lr, s in clean.items())
-                         + "; held-out NLL above its minimum at the end: "
-                         + ", ".join(f"LR {lr:g} {fmt(v, 3)}" for lr, v in over.items())
+        worst = max(over, key=lambda lr: over[lr].value)
+        holds, est, why = decide([
+            Part("some LR stops cleanly", None, exact=some_clean),
+            Part(f"LR {worst:g} ends 0.05 above its minimum NLL", over[worst], ">", 0.05)])
+        out.append(Claim("S4.2", "the SFT LR sweep", cite(4),
+                         "first step stopping cleanly (over 0.8 of replies, beyond the noise): "
+                         + ", ".join(f"LR {lr:g} {'never' if s is None else s}" for lr, s in clean.items())
+                         + "; held-out NLL at the end above its minimum: "
+                         + ", ".join(f"LR {lr:g} {fmt(v.value, 3)}" for lr, v in over.items())
                          + "; unseen-word format at the end: "
                          + ", ".join(f"LR {r['lr']:g} {fmt(r['curve'][-1]['format_unseen'])}" for r in runs),
                          '"Find the LR where the model first answers and stops cleanly, vs where it overfits into '
                          '\'template-shaped slop\'": some LR stops cleanly within the run, and some LR ends with its '
-                         "held-out NLL >= 0.05 above its minimum",
-                         any(s is not None for s in clean.values()) and max(over.values()) >= 0.05))
+                         "held-out NLL more than 0.05 above its minimum", holds, est, why=why))
     return out
 
 
