@@ -99,26 +99,49 @@ def both(*verdicts: Holds) -> Holds:
     return True
 
 
-Part = tuple[Estimate, str, float]
-"""one test of a claim made of several: (estimate, '>' | '<' | '<=' | '>=', margin), as `judge` takes them"""
+@dataclass(frozen=True)
+class Part:
+    """One test of a claim made of several (pass@1 up AND pass@16 flat): its name, the estimate and how it is judged
+    (`judge(estimate, test, margin)`); a part with no estimate is exact (a count, a cache hit) and `exact` is its
+    verdict. `decide` also takes a bare (estimate, test, margin) tuple for an unnamed part."""
 
+    name: str
+    estimate: Estimate | None
+    test: str = ">"
+    margin: float = 0.0
+    exact: Holds = None
 
-def decide(*parts: Part) -> tuple[Holds, Estimate]:
-    """A claim made of several tests (pass@1 up AND pass@16 flat): `both` of their verdicts, and the estimate that
-    decided it, to show beside the verdict -- the first part that fails, else the first inside the noise, else the
-    closest call (the part that clears its margin by the fewest standard errors)."""
-    if not parts:
-        raise ValueError("decide: no parts")
-    verdicts = [judge(est, test, margin) for est, test, margin in parts]
+    @property
+    def holds(self) -> Holds:
+        return self.exact if self.estimate is None else judge(self.estimate, self.test, self.margin)  # type: ignore[arg-type]
 
-    def clearance(part: Part) -> float:
-        est, test, margin = part
-        gap = est.value - margin if test in (">", ">=") else margin - est.value
+    def clearance(self) -> float:
+        """By how many standard errors the estimate clears its margin in the claimed direction (inf when exact)."""
+        if self.estimate is None:
+            return math.inf
+        est = self.estimate
+        gap = est.value - self.margin if self.test in (">", ">=") else self.margin - est.value
         return gap / est.se if est.se > 0 else math.copysign(math.inf, gap)
 
-    deciding = ([p for v, p in zip(verdicts, parts) if v is False] or [p for v, p in zip(verdicts, parts) if v == NOISE]
-                or [min(parts, key=clearance)])
-    return both(*verdicts), deciding[0][0]
+
+def deciding_part(*parts: Part | tuple[Estimate, str, float]) -> tuple[Holds, Part]:
+    """A claim made of several parts -> (`both` of their verdicts, the part that decided it, to show beside the
+    verdict): the first part that fails, else the first inside the noise, else the closest call (the part that
+    clears its margin by the fewest standard errors)."""
+    if not parts:
+        raise ValueError("decide: no parts")
+    tests = [p if isinstance(p, Part) else Part("", *p) for p in parts]
+    verdicts = [t.holds for t in tests]
+    pick = (next((t for t, v in zip(tests, verdicts) if v is False), None)
+            or next((t for t, v in zip(tests, verdicts) if v == NOISE), None)
+            or min(tests, key=Part.clearance))
+    return both(*verdicts), pick
+
+
+def decide(*parts: Part | tuple[Estimate, str, float]) -> tuple[Holds, Estimate | None]:
+    """`deciding_part`'s verdict and the deciding part's estimate: decide((up, ">", 0.1), (flat, "<=", 0.02))."""
+    holds, pick = deciding_part(*parts)
+    return holds, pick.estimate
 
 
 def share_se(p: float, n: int) -> float:
@@ -140,6 +163,11 @@ def share(hits: float, n: int, bar: float = 0.0, what: str = "") -> Estimate:
     """One share hits/n on n independent trials, less a fixed `bar` (61/64 replies against 0.9: +0.053), its SE
     taken at (hits + 1) / (n + 2) as in `two_shares`, so 0/128 or 64/64 is not judged on a zero SE."""
     return Estimate(hits / n - bar, share_se((hits + 1) / (n + 2), n), n, what or f"binomial over {n}")
+
+
+def minus(a: Estimate, b: Estimate, what: str, scale: float = 1.0) -> Estimate:
+    """a - scale * b of two independent estimates: SE sqrt(se_a^2 + scale^2 se_b^2)."""
+    return Estimate(a.value - scale * b.value, math.hypot(a.se, scale * b.se), min(a.n, b.n), what)
 
 
 def shares(a: float, b: float, n: int, what: str = "binomial") -> Estimate:

@@ -39,7 +39,8 @@ from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ..chapter13.instruct import corpus, instruct_source
 from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
-from .evidence import Part, change, cite, decide, level, minus, share
+from ...runs.verdicts import Part, minus
+from .evidence import change, cite, decide, level, share
 
 LOSSES = ("dpo", "ipo", "dpo_norm", "simpo", "orpo")
 PREFIX = {"dpo": "dpo", "ipo": "dpo", "dpo_norm": "dpo", "simpo": "simpo", "orpo": "orpo"}

@@ -42,7 +42,8 @@ from ...seeding import derive
 from ...sources.episodes import EpisodeSource, sample_episodes
 from ...text.render import Renderer
 from ...text.tokenizers import CharTokenizer
-from .evidence import Part, change, cite, decide, finite, fmt_est, level, relabel
+from ...runs.verdicts import Part
+from .evidence import change, cite, decide, finite, fmt_est, level, relabel
 
 MAX_LEN = 48
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 from typing import Sequence
 
-from ...runs.verdicts import NOISE, Estimate, Holds, bootstrap, both, difference, judge, share_se
+from ...runs import verdicts
+from ...runs.verdicts import Estimate, Holds, Part, bootstrap, deciding_part, difference
+
 
 def finite(xs: Sequence[float]) -> list[float]:
     """The values that are numbers (a step without an update logs NaN)."""
@@ -37,22 +38,16 @@ def change(xs: Sequence[float], k: int, what: str) -> Estimate:
     return relabel(difference(xs[-k:], xs[:k]), f"{what}, last {k} vs first {k} steps, Welch")
 
 
-def level(xs: Sequence[float], minus: float, what: str) -> Estimate:
-    """mean(xs) - `minus` over a run's steps, with the SE sd / sqrt(steps)."""
+def level(xs: Sequence[float], bar: float, what: str) -> Estimate:
+    """mean(xs) - `bar` over a run's steps, with the SE sd / sqrt(steps)."""
     xs = finite(xs)
     se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-    return Estimate(statistics.fmean(xs) - minus, se, len(xs), f"{what}, over {len(xs)} steps")
+    return Estimate(statistics.fmean(xs) - bar, se, len(xs), f"{what}, over {len(xs)} steps")
 
 
-def share(p: float, n: int, minus: float, what: str) -> Estimate:
-    """A share `p` of `n` sampled replies minus a threshold, with its binomial SE (taken at (hits + 1) / (n + 2),
-    as `verdicts.two_shares` does, so 0/40 is not judged on a zero SE)."""
-    return Estimate(p - minus, share_se((p * n + 1) / (n + 2), n), n, f"{what}, binomial, {n}")
-
-
-def minus(a: Estimate, b: Estimate, what: str, scale: float = 1.0) -> Estimate:
-    """a - scale * b of two independent estimates: SE sqrt(se_a^2 + scale^2 se_b^2)."""
-    return Estimate(a.value - scale * b.value, math.hypot(a.se, scale * b.se), min(a.n, b.n), what)
+def share(p: float, n: int, bar: float, what: str) -> Estimate:
+    """A share `p` of `n` sampled replies minus a threshold: `verdicts.share` from the share instead of the hits."""
+    return verdicts.share(p * n, n, bar, f"{what}, binomial, {n}")
 
 
 def relabel(est: Estimate, what: str) -> Estimate:
@@ -69,31 +64,11 @@ def step_noise(losses: Sequence[float], seed: int = 0) -> Estimate:
     return bootstrap(diffs, statistics.stdev, seed, what=f"sd of {len(diffs)} step-to-step changes, bootstrap")
 
 
-@dataclass(frozen=True)
-class Part:
-    """One part of a claim: its name, the estimate and how it is judged (`verdicts.judge(est, test, margin)`);
-    `verdict` overrides the judgement for a part that is exact (a count, a cache hit)."""
-
-    name: str
-    estimate: Estimate | None
-    test: str = ">"
-    margin: float = 0.0
-    exact: Holds = None
-
-    @property
-    def holds(self) -> Holds:
-        return self.exact if self.estimate is None else judge(self.estimate, self.test, self.margin)  # type: ignore[arg-type]
-
-
 def decide(parts: Sequence[Part]) -> tuple[Holds, Estimate | None, str]:
     """(verdict, the estimate that decided it, why): every part must hold. The deciding part is the first that
-    fails, else the first inside the noise, else the first part with an estimate; `why` names it when the claim
+    fails, else the first inside the noise, else the closest call (`verdicts.deciding_part`); `why` names it when the claim
     does not hold or is not distinguishable ('' when it holds)."""
-    verdicts = [p.holds for p in parts]
-    holds = both(*verdicts)
-    pick = next((p for p, v in zip(parts, verdicts) if v is False), None) \
-        or next((p for p, v in zip(parts, verdicts) if v == NOISE), None) \
-        or next((p for p in parts if p.estimate is not None), parts[0])
+    holds, pick = deciding_part(*parts)
     est = pick.estimate
     if est is not None and pick.name:  # the part's name and how its noise was taken ('paired over 256', 'Welch')
         est = relabel(est, f"{pick.name}; {est.what.split(', ', 1)[-1]}" if est.what else pick.name)

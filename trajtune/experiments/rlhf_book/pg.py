@@ -46,7 +46,8 @@ from ...trajectory import Trajectory
 from ..chapter13.instruct import MAX_LEN, renderer
 from ..chapter13.preference import evaluate_policy
 from ..chapter13.rlvr import MAX_ANSWER, math_eval
-from .evidence import Part, change, cite, decide, fmt_est, level, minus, relabel, step_noise
+from ...runs.verdicts import Part, minus
+from .evidence import change, cite, decide, fmt_est, level, relabel, step_noise
 
 for _key, _doc in (
         ("book/correctness", "rlhf_book S6: mean partial credit of the step's replies (share of the answer's digits right)"),

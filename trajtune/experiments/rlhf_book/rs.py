@@ -47,7 +47,8 @@ from ...sources.episodes import sample_episodes
 from ...text.render import Renderer
 from ...trajectory import Trajectory
 from ..chapter13.rlvr import calc_model, demos, math_eval, source_for
-from .evidence import Part, cite, decide
+from ...runs.verdicts import Part
+from .evidence import cite, decide
 
 SELECTIONS = {"top_per_prompt": ("top_per_prompt", False), "random_per_prompt": ("top_per_prompt", True),
               "top_k_overall": ("top_overall", False), "random_k_overall": ("top_overall", True)}

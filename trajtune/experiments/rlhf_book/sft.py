@@ -36,7 +36,8 @@ from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...trajectory import collate
 from ..chapter13.instruct import corpus, demo, instruct_source, renderer
-from .evidence import Part, cite, decide, share
+from ...runs.verdicts import Part
+from .evidence import cite, decide, share
 
 
 @dataclass
