@@ -756,25 +756,23 @@ def pooled_claims(per_seed: Mapping[int, Sequence[Claim]]) -> list[Claim]:
 
 def write_claims_over_seeds(run_dir: str | Path, title: str, per_seed: Mapping[int, Sequence[Claim]]) -> Path:
     """report.md / .html of a recipe run per seed (`trajtune run R --seeds 0,1,2`): every claim's verdict and numbers
-    on every seed, how many seeds it holds on, its verdict over the seeds (`pooled_verdicts`: the estimate pooled
-    over seeds, with its uncertainty), and the per-seed reports linked (run_dir/seed-S/report.html)."""
+    on every seed, how many seeds it holds on, its verdict over the seeds (`pooled_claims`: the estimate pooled
+    over seeds, with its uncertainty), and the per-seed reports linked (run_dir/seed-S/report.html). Prints the
+    pooled claims' summary (`claims_summary`), as a one-seed run prints its own."""
     rows: dict[str, list] = {}
     for claims in per_seed.values():
         for claim in claims:
             rows.setdefault(claim.id, [claim.id, claim.claim]).append(f"{claim.verdict}: {claim.ours}")
     seeds = list(per_seed)
     holds = {cid: sum(cell.startswith("holds") for cell in r[2:]) for cid, r in rows.items()}
-    pooled = pooled_verdicts(per_seed)
+    pooled = {c.id: c for c in pooled_claims(per_seed)}
     table = markdown_table(["#", "claim", *[f"seed {s}" for s in seeds], "holds on", "over the seeds"],
                            [[*r, f"{holds[cid]} of {len(seeds)}",
-                             VERDICT_WORDS[pooled[cid][0]] + (f": {pooled[cid][1]}" if pooled[cid][1] else "")]
+                             VERDICT_WORDS[pooled[cid].holds] + (f": {pooled[cid].evidence}" if pooled[cid].evidence
+                                                                 else "")]
                             for cid, r in rows.items()])
-    links = seed_links(seeds)
-    held = sum(v is True for v, _ in pooled.values())
-    judged = sum(v is not None for v, _ in pooled.values())
-    noise = sum(v == NOISE for v, _ in pooled.values())
-    return write_report(run_dir, title, [f"**{held} of {judged} claims hold over seeds {', '.join(map(str, seeds))}**"
-                                         + (f" ({noise} not distinguishable from noise)" if noise else "")
-                                         + f"; a difference is pooled over the seeds with its uncertainty. Per-seed "
-                                         f"reports: {links}.",
+    print(f"over seeds {', '.join(map(str, seeds))}: " + claims_summary(list(pooled.values())), flush=True)
+    return write_report(run_dir, title, [f"{claims_verdict(list(pooled.values()))} over seeds "
+                                         f"{', '.join(map(str, seeds))}; a difference is pooled over the seeds with "
+                                         f"its uncertainty. Per-seed reports: {seed_links(seeds)}.",
                                          "## Verdicts per seed\n\n" + table])
