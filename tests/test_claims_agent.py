@@ -203,7 +203,7 @@ def test_a5_held_out_follows_the_pooled_rounds_not_one_point():
     assert _claim(r, "A5").holds is True
     r["rft"]["curve"] = curve([(0.15, 0.15), (0.61, 0.45), (0.70, 0.5), (0.74, 0.45), (0.72, 0.5)])
     a5 = _claim(r, "A5")
-    assert a5.holds is False and [p.what for p in a5.parts if p.holds is False] == ["held-out after rounds - guess level"]
+    assert a5.holds is False and [p.what for p in a5.parts if p.holds is False] == ["held-out (rounds pooled) - guess"]
 
 
 def test_a2_and_a3_levels_and_guess_level():

@@ -191,7 +191,7 @@ def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
     a1 = r["diagnostics"]["a1"]
     pol, tool, tot = a1["owners"]["policy"], a1["owners"]["tool"], a1["total"]
     near = lambda x: abs(x - a1["log_vocab"]) / a1["log_vocab"] < 0.1  # noqa: E731
-    out.append(claim_of("A1", "token owners in 20 oracle demos; loss at init",
+    out.append(claim_of("A1", "token owners, 20 oracle demos; init loss",
                         "policy 260 of 1,338 (19%), tool 838 (63%); masked 5.91 / unmasked 5.88, log V 5.76",
                         f"policy {pol} of {tot} ({pol / tot:.0%}), tool {tool} ({tool / tot:.0%}); masked "
                         f"{a1['masked_loss']:.2f} / unmasked {a1['unmasked_loss']:.2f}, log V {a1['log_vocab']:.2f}",
@@ -200,7 +200,7 @@ def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
                          Part("losses within 10% of log V", exact=near(a1["masked_loss"]) and near(a1["unmasked_loss"]))]))
     w = r["weak_base"]["describe"]
     nd_tr, nd_ho = c.describe_samples * N_TRAIN, c.describe_samples * N_HELDOUT
-    out.append(claim_of("A2", "weak base: SFT on blind + random play", "train 0.144, held-out 0.138, invalid/ep 0.06, "
+    out.append(claim_of("A2", "weak base (blind + random play)", "train 0.144, held-out 0.138, invalid/ep 0.06, "
                         "reads 0.29, entropy 0.25", _desc(w),
                         f"invalid/ep < 0.1; pass not above guess level ({GUESS_LEVEL:.2f}) by 2 SE",
                         [Part("invalid/ep < 0.1", exact=w["invalid"] < 0.1),
@@ -208,7 +208,7 @@ def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
                          Part("held-out - guess level", minus(rate(w["heldout"], nd_ho), GUESS_LEVEL), "<=")]))
     o, oc = r["oracle_sft"]["describe"], r["oracle_sft"]["curve"]
     ratio = w["entropy"] / max(o["entropy"], 1e-9)
-    out.append(claim_of("A3", "oracle SFT from the weak base, 60 steps", "0.16/0.05 -> 0.99/0.93; entropy 0.25 -> 0.02",
+    out.append(claim_of("A3", "oracle SFT, 60 steps", "0.16/0.05 -> 0.99/0.93; entropy 0.25 -> 0.02",
                         f"{oc[0]['eval/pass_rate']:.2f}/{oc[0]['eval/heldout_pass_rate']:.2f} -> {o['train']:.2f}/"
                         f"{o['heldout']:.2f}; entropy {w['entropy']:.3f} -> {o['entropy']:.3f} ({ratio:.0f}x)",
                         "train >= 0.95, held-out >= 0.85, entropy drops ~10x (we require >= 5x): levels, as the "
@@ -217,7 +217,7 @@ def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
                          Part("entropy drops >= 5x", exact=ratio >= 5)]))
     a4 = r["diagnostics"]["a4"]
     ok4 = a4["max_abs_diff"] <= 1e-5 * a4["max_abs_grad"] if not math.isnan(a4["max_abs_diff"]) else None
-    out.append(claim_of("A4", "gradient identity, one weak-base batch", "max abs diff 1.4e-9; cosine(baseline PG, RFT) 0.985",
+    out.append(claim_of("A4", "gradient identity", "max abs diff 1.4e-9; cosine(baseline PG, RFT) 0.985",
                         f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff {a4['max_abs_diff']:.1e} "
                         f"(max grad {a4['max_abs_grad']:.1e}); cosine {a4['cosine_baseline']:.3f}",
                         "grad(0/1 PG) = ratio x grad(SFT on kept) to round-off (rel. 1e-5)",
@@ -265,7 +265,7 @@ def rft_parts(c, r: dict) -> dict[str, Part]:
         "slows": Part("largest gain - last", Estimate(g_big.value - g_last.value, math.hypot(g_big.se, g_last.se),
                                                       n_tr, "binomial, 4 points"), ">"),
         "bound": Part("best train - base's share", minus(rate(max(trains), n_tr), base_coverage(r) / N_TRAIN), "<="),
-        "held": Part("held-out after rounds - guess level", minus(rate(held, n_held), GUESS_LEVEL), "<="),
+        "held": Part("held-out (rounds pooled) - guess", minus(rate(held, n_held), GUESS_LEVEL), "<="),
         "blind": Part("round-0 kept starting with an edit - 0.5",
                       minus(rate(rounds[0]["first_action_edit_share"], kept0, f"binomial, {kept0} kept"), 0.5), ">"),
     }
@@ -280,7 +280,7 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
     never = sorted({f for f in FAMILIES} - {t.split("/")[0] for rd in rounds for t in rd["solved"]})
     gains = [b - a for a, b in zip(trains, trains[1:])]
     held, _ = pooled_points(rc[1:], "eval/heldout_pass_rate", c.eval_samples * N_HELDOUT)
-    out.append(claim_of("A5", "expert iteration, 4 rounds x 320 samples",
+    out.append(claim_of("A5", "expert iteration, 4 rounds",
                         "pass 0.15 -> 0.33 -> 0.68 -> 0.75, held-out 0.10-0.23; `init` never solved",
                         "train " + " -> ".join(f"{x:.2f}" for x in trains) + f" (last round {gains[-1]:+.2f}, largest "
                         f"{max(gains):+.2f}); held-out " + " -> ".join(f"{x:.2f}" for x in helds[1:])
@@ -293,27 +293,27 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
                         "2 SE, pooled over the rounds); kept mostly blind guesses (each part by 2 SE)",
                         list(rft_parts(c, r).values())))
     a6 = r["diagnostics"]["a6"]
-    out.append(claim_of("A6", "dpo_loss at beta 0.5, margins 0 / +4 / -4", "0.6931 / 0.1269 / 2.1269",
+    out.append(claim_of("A6", "dpo_loss, beta 0.5, margins 0/+4/-4", "0.6931 / 0.1269 / 2.1269",
                         " / ".join(f"{v:.4f}" for v in a6.values()), "exactly these values",
                         [Part("the three values", exact=[round(v, 4) for v in a6.values()] == [0.6931, 0.1269, 2.1269])]))
     d, dn = r["dpo"]["curve"], r["dpo_nll"]["curve"]
     n_tr, n_ho = c.eval_samples * N_TRAIN, c.eval_samples * N_HELDOUT
     inv = lambda cv, i: cv[i]["eval/invalid_per_episode"]  # noqa: E731
     peak = max(range(1, len(d)), key=lambda i: inv(d, i))
-    out.append(claim_of("A7", f"offline DPO, {c.dpo.steps} steps, beta {c.dpo.beta}",
+    out.append(claim_of("A7", f"offline DPO, {c.dpo.steps} steps",
                         "d_rejected -45, d_chosen +0.7, train 0.41, held-out 0.00, invalid/ep 2.0", _dpo_text(d),
                         "rejected log-prob falls without bound (exact, on its pairs), malformed calls rise many-fold "
                         "(peak > 3x the start and > 0.3, by 2 SE), held-out does not improve (not up by 2 SE)",
                         [Part("d_rejected <= -10 and still falling",
                               exact=last(d, "d_rejected") <= -10 and last(d, "d_rejected") < d[len(d) // 2]["d_rejected"]),
-                         Part("peak malformed calls/ep - 3x start",
+                         Part("peak malformed/ep - 3x start",
                               counts(inv(d, peak), 3 * inv(d, 0), n_tr), ">", 0.0),
-                         Part("peak malformed calls/ep", counts(inv(d, peak), 0.0, n_tr), ">", 0.3),
+                         Part("peak malformed/ep", counts(inv(d, peak), 0.0, n_tr), ">", 0.3),
                          Part("held-out, last - first", shares(last(d, "eval/heldout_pass_rate"),
                                                                d[0]["eval/heldout_pass_rate"], n_ho), "<=")]))
-    out.append(claim_of("A8", "DPO + NLL on chosen (weight 1)", "train 0.69, held-out 0.17, invalid/ep 0.61",
+    out.append(claim_of("A8", "DPO + NLL on chosen", "train 0.69, held-out 0.17, invalid/ep 0.61",
                         _dpo_text(dn), "fewer malformed calls and higher train pass than A7 (each by 2 SE)",
-                        [Part("malformed calls/ep, DPO - DPO+NLL", counts(last(d, "eval/invalid_per_episode"),
+                        [Part("malformed/ep, DPO - DPO+NLL", counts(last(d, "eval/invalid_per_episode"),
                                                                           last(dn, "eval/invalid_per_episode"), n_tr)),
                          Part("train, DPO+NLL - DPO", shares(last(dn, "eval/pass_rate"), last(d, "eval/pass_rate"), n_tr))]))
     return out
@@ -340,7 +340,7 @@ def _recipe_claims(c, r: dict) -> list[Claim]:
     o, rounds = r["oracle_sft"]["describe"], r["rft"]["rounds"]
     f = {name: final(r, stage) for name, stage in RECIPES.items()}
     cold = r["sft_rl"]["curve"][0]
-    out.append(claim_of("A9", "four recipes (train/held-out)",
+    out.append(claim_of("A9", "four recipes",
                         "SFT 0.99/0.93; RFT 0.74/0.15; SFT->RL 0.96/0.95; RL only 0.36/0.30",
                         "; ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in f.items())
                         + f"; the cold start (SFT step {cold['step']}) {cold['eval/pass_rate']:.2f}/"
@@ -350,7 +350,7 @@ def _recipe_claims(c, r: dict) -> list[Claim]:
     p = r["oracle_sft"]["probes"]
     ks = sorted(p, key=int)
     inf = [p[k]["informative"] for k in ks]
-    out.append(claim_of("A10", "informative groups (weak, SFT@20, SFT@60)", "0.60 / 0.70 / 0.10",
+    out.append(claim_of("A10", "informative groups (probe)", "0.60 / 0.70 / 0.10",
                         " / ".join(f"{x:.2f}" for x in inf),
                         "long SFT leaves few groups with reward variance (below SFT@20 by 2 SE over the 10 groups; <= 0.3)",
                         [Part("SFT@20 - SFT@60", shares(inf[1], inf[-1], N_HELDOUT, f"binomial, {N_HELDOUT} groups")),
@@ -360,16 +360,16 @@ def _recipe_claims(c, r: dict) -> list[Claim]:
     mechanism = ("; the seed's mechanism (malformed calls, 0.62/ep) reproduces" if t["invalid"] >= 0.3 else
                  f"; NOT by the seed's mechanism: malformed calls {t['invalid']:.2f}/ep (seed 0.62), so the "
                  "mis-rendered demos break what the policy chooses, not the call syntax")
-    out.append(claim_of("A11", "SFT on demos without wrapper tokens", "train 0.075, invalid/ep 0.62",
+    out.append(claim_of("A11", "SFT without wrapper tokens", "train 0.075, invalid/ep 0.62",
                         f"train {t['train']:.2f}, held-out {t['heldout']:.2f}, invalid/ep {t['invalid']:.2f}, reads "
                         f"{t['reads']:.2f}; NLL on correctly rendered demos {r['template_mismatch']['nll_right_format']:.2f}"
                         + mechanism,
                         "fails in the real rollout format (train <= 0.3, and below oracle SFT by > 0.5 by 2 SE)",
                         [Part("train <= 0.3", exact=t["train"] <= 0.3),
-                         Part("train, oracle SFT - mismatched", shares(o["train"], t["train"], nd_tr), ">", 0.5)]))
+                         Part("train, SFT - mismatched", shares(o["train"], t["train"], nd_tr), ">", 0.5)]))
     rd = rounds[1] if len(rounds) > 1 else rounds[0]
     tv = share_shift(rd["shares_raw"], rd["shares_dedup"])
-    out.append(claim_of("A12", "dedup of the RFT kept set (round 1)",
+    out.append(claim_of("A12", "dedup of RFT's kept set",
                         "84 kept -> 21 distinct action sequences; shares raw minmax 0.21 range 0.37 compare 0.35 zero "
                         "0.07, deduped 0.43 / 0.24 / 0.19 / 0.14 (total variation 0.29)",
                         f"{rd['kept']} kept -> {rd['distinct']} distinct; shares raw " + _shares(rd["shares_raw"])
