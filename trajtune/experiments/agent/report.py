@@ -460,7 +460,8 @@ PHRASE: dict[Holds, str] = {True: "holds", False: "does not hold", NOISE: "is no
 
 def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[Holds, Part | None]] | None = None) -> str:
     """One sentence per conclusion: what it says, on how many seeds it holds (and where it was inside the noise),
-    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part) the verdict over the seeds.
+    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part, `decided`) the verdict over
+    the seeds; on one seed, `pooled` gives the deciding difference beside the verdict.
     `verdicts`: conclusion -> its verdict on every seed."""
     n = len(next(iter(verdicts.values())))
     out = [f"The chapter's four conclusions (§15.5) on our gym, {'on this seed' if n == 1 else f'over {n} seeds'}:"]
@@ -470,6 +471,9 @@ def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[H
         head = f"({i + 1}) {k[0].upper()}{k[1:]}"
         if n == 1:
             body = f"{head}: this {PHRASE[vs[0]]}"
+            part = pooled[k][1] if pooled is not None else None
+            if part is not None and part.est is not None:
+                body += f" ({part.what} {part.est})"
         else:
             body = (f"{head}: this holds on {held} of {n} seeds"
                     + (f" and is not distinguishable from noise on {noise}" if noise else ""))
@@ -607,8 +611,8 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks "
         f"(unseen names; 10 more of unseen code as a probe). {claims_verdict(cl)}. Whole run "
         f"{wall:.0f}s wall ({c.runner.workers} worker process(es)).\n\n"
-        + conclusions_text({k: [v] for k, v in concl.items()})
-        + " A single seed: `trajtune run agent --seeds 0,1,2` judges them over three." + warning,
+        + conclusions_text({k: [v] for k, v in concl.items()}, {k: decided(v) for k, v in conclusion_parts(c, r).items()})
+        + " A single seed: `trajtune run agent --seeds 0,1,2,3,4` judges them over five." + warning,
         "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl) + "\n\nA3 (start), A5, A7-A9 and A13 read the "
         "evaluation points; A2, A3 (end) and A11 the final-policy evaluation (both described below the tables "
         "that use them); A10 its own probe.",
