@@ -312,7 +312,9 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
                          Part("held-out, last - first", shares(last(d, "eval/heldout_pass_rate"),
                                                                d[0]["eval/heldout_pass_rate"], n_ho), "<=")]))
     out.append(claim_of("A8", "DPO + NLL on chosen", "train 0.69, held-out 0.17, invalid/ep 0.61",
-                        _dpo_text(dn), "fewer malformed calls and higher train pass than A7 (each by 2 SE)",
+                        _dpo_text(dn) + f"; DPO (A7) ends at train {last(d, 'eval/pass_rate'):.2f}, invalid/ep "
+                        f"{last(d, 'eval/invalid_per_episode'):.2f}",
+                        "fewer malformed calls and higher train pass than A7 at the last point (each by 2 SE)",
                         [Part("malformed/ep, DPO - DPO+NLL", counts(last(d, "eval/invalid_per_episode"),
                                                                           last(dn, "eval/invalid_per_episode"), n_tr)),
                          Part("train, DPO+NLL - DPO", shares(last(dn, "eval/pass_rate"), last(d, "eval/pass_rate"), n_tr))]))
@@ -492,10 +494,13 @@ def _desc(d: dict) -> str:
 
 
 def _dpo_text(curve: list[dict]) -> str:
+    """A DPO run's last point, and the peak of its malformed calls (what A7 judges) beside the last value."""
     x = curve[-1]
+    peak = max(curve[1:] or curve, key=lambda p: p["eval/invalid_per_episode"])
     return (f"d_rejected {x['d_rejected']:+.1f}, d_chosen {x['d_chosen']:+.2f}, train {x['eval/pass_rate']:.2f}, "
-            f"held-out {x['eval/heldout_pass_rate']:.2f}, invalid/ep {x['eval/invalid_per_episode']:.2f} "
-            f"(start {curve[0]['eval/invalid_per_episode']:.2f})")
+            f"held-out {x['eval/heldout_pass_rate']:.2f} (start {curve[0]['eval/heldout_pass_rate']:.2f}), invalid/ep "
+            f"{x['eval/invalid_per_episode']:.2f} (start {curve[0]['eval/invalid_per_episode']:.2f}, peak "
+            f"{peak['eval/invalid_per_episode']:.2f} at step {peak['step']})")
 
 
 def _shares(s: dict) -> str:
