@@ -241,6 +241,16 @@ def coverage_note(r: dict) -> str:
             "of 16)")
 
 
+def _sources_text(r: dict) -> str:
+    """Where the final RFT policy's held-out passes come from (the generalization stage's `heldout_sources`)."""
+    x = r.get("generalization", {}).get("heldout_sources", {}).get("rft")
+    if x is None:
+        return ""
+    return (f"; its final held-out passes ({x['passes']}): {x['blind_one']:.0%} one blind edit, "
+            f"{x['blind_stacked']:.0%} stacked blind edits, {x['after_read']:.0%} an edit after a read "
+            f"(first action a read in {x['first_read']:.0%} of its held-out episodes)")
+
+
 def rft_parts(c, r: dict) -> dict[str, Part]:
     """A5's parts (conclusion 2 reads two of them): expert iteration rises, flattens, stays below what the base
     solves, its held-out stays at guess level, and its round-0 kept episodes are mostly blind guesses.
@@ -287,7 +297,7 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
                         + f" (pooled {held:.2f}, guess level {GUESS_LEVEL:.2f}); base solves {solvable * 20:.0f}/20 "
                         f"tasks{coverage_note(r)}; never solved: {', '.join(never) or 'none'}; round-0 kept starting "
                         f"with an edit {rounds[0]['first_action_edit_share']:.0%}, with a read "
-                        f"{rounds[0].get('first_action_read_share', 0.0):.0%}",
+                        f"{rounds[0].get('first_action_read_share', 0.0):.0%}" + _sources_text(r),
                         "train rises > 0.2 and flattens (last round's gain <= 0.1, below the largest) at or below the "
                         f"share of tasks the base solves; held-out at guess level ({GUESS_LEVEL:.2f}: not above it by "
                         "2 SE, pooled over the rounds); kept mostly blind guesses (each part by 2 SE)",
