@@ -1,10 +1,14 @@
 """The agent experiment's report: claims A1-A13 beside the seed's numbers, curves, costs, timings.
 
 `write_agent_report` turns the stages' results (`experiments/agent/stages.py`) into
-run_dir/report.md + report.html + PNG figures and a flat summary.json;
-`write_seeds_report` puts several seeds' summaries side by side as mean +- sd.
+run_dir/report.md + report.html + PNG figures and a flat summary.json (numbers, verdicts, and every
+claim's parts with their estimates); `write_seeds_report` puts several seeds' summaries side by side
+as mean +- sd and judges every claim again on its parts pooled over the seeds.
 The claim checks are written out here (A1-A4, A5-A8, A9-A13: three functions), so
-the thresholds are visible next to the REPRODUCE.md wording they test.
+the thresholds are visible next to the REPRODUCE.md wording they test. Each claim is a list of `Part`s:
+a comparison decided by `runs.verdicts.judge` on an `Estimate` (the difference and its standard error),
+or an exact check; the claim holds when every part holds (`verdicts.both`), and is "not
+distinguishable" when a comparison sits inside its noise.
 """
 
 from __future__ import annotations
