@@ -246,3 +246,14 @@ def test_blind_and_random_play_without_an_op_never_solve_its_family():
     assert bugfix_policy("blind", 3).guess("x") == bugfix_policy("blind", 3, OPS).guess("x")  # the default is every op
     with pytest.raises(ValueError, match="non-empty subset"):
         bugfix_policy("random", 0, ("fix_everything",))
+
+
+def test_the_issue_carries_the_function_name_and_nothing_else_task_specific():
+    """Seed ch.15 §15.3: the one shortcut a blind policy has is the function name in the issue (useless on a held-out
+    name it never saw). Every issue is the same words around the name: no wording of the symptom, no family or op
+    word, nothing a held-out issue shares with a training issue of its family and not with the others."""
+    tasks = make_tasks("all") + make_tasks("renamed")
+    frames = {tuple("{name}" if w == t.entry else w for w in WORD_PATTERN.findall(t.issue)) for t in tasks}
+    assert frames == {("fix", "the", "bug", "in", "{name}")}
+    words = {w for t in tasks for w in WORD_PATTERN.findall(t.issue) if w != t.entry}
+    assert not words & (set(FAMILIES) | set(OPS) | {"min", "max", "range", "zero", "divide", "compare"})

@@ -60,6 +60,7 @@ def test_every_stage_checkpoints_and_reports(small_run):
     probes = json.loads((run_dir / "generalization" / "results.json").read_text())
     for split in ("renamed", "novel"):
         assert set(probes[split]) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in probes[split].values())
+    assert set(probes["heldout_sources"]) == set(agent.GENERALIZATION)  # where each final policy's held-out passes come from
     report = (run_dir / "report.md").read_text()
     assert "novel (unseen code)" in report and "four conclusions" in report
     held = sum(v is True for v in json.loads((run_dir / "summary.json").read_text())["holds"].values())
@@ -312,3 +313,24 @@ def test_a_kernels_child_stopped_by_ctrl_c_is_an_interruption_not_a_failure(tmp_
     monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=1))
     with pytest.raises(RunFailed, match="exit code 1"):
         run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])
+
+
+def test_pass_sources_tell_blind_guesses_stacked_edits_and_reads_apart():
+    """Where held-out passes come from (A5's mechanism): the oracle reads before it edits, blind play guesses one
+    op; an episode that edits twice before reading stacks its guesses (another family's op is a no-op)."""
+    from trajtune.envs.bugfix import BugFixEnv
+    from trajtune.experiments.bugfix import pass_sources
+
+    gym = Gym()
+    oracle = pass_sources(scripted_play(gym, "oracle", [0], gym.heldout))
+    assert oracle["passes"] == 10 and oracle["after_read"] == 1.0 and oracle["first_read"] == 1.0
+    blind = pass_sources(scripted_play(gym, "blind", range(8), gym.heldout))
+    assert blind["passes"] > 0 and blind["blind_one"] == 1.0 and blind["first_read"] == 0.0
+    task = next(t for t in gym.heldout if t.family == "compare")
+    env = BugFixEnv()
+    env.reset(task)
+    for action in ("edit fix_range_end", "edit fix_compare", "read", "submit"):
+        result = env.step(action)
+    stacked = dataclasses.replace(scripted_play(gym, "oracle", [0], [task])[0], reward=result.reward, info=result.info)
+    assert pass_sources([stacked]) == {"passes": 1, "blind_one": 0.0, "blind_stacked": 1.0, "after_read": 0.0,
+                                       "first_read": 0.0}

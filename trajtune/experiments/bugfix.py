@@ -194,6 +194,23 @@ def pass_rate(trajs: Sequence[Trajectory]) -> float:
     return mean(t.reward >= 1.0 for t in trajs)
 
 
+def pass_sources(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """Where a policy's passes come from: the share of passing episodes whose every edit came before any read,
+    with one edit (`blind_one`: a guess, what the seed's RFT keeps) or several (`blind_stacked`: another family's op
+    leaves a listing unchanged, so blind edits stack), and the share with an edit after a read (`after_read`);
+    `passes`: how many passed, `first_read`: the share of all episodes whose first action is a read."""
+    def blind(t: Trajectory) -> bool:
+        acts = t.info["actions"]
+        return "read" not in acts or all(i < acts.index("read") for i, a in enumerate(acts) if a.startswith("edit "))
+
+    won = [t for t in trajs if t.reward >= 1.0]
+    n = max(len(won), 1)
+    return {"passes": len(won), "blind_one": sum(blind(t) and len(t.info["edits"]) == 1 for t in won) / n,
+            "blind_stacked": sum(blind(t) and len(t.info["edits"]) > 1 for t in won) / n,
+            "after_read": sum(not blind(t) for t in won) / n,
+            "first_read": mean(bool(t.info["actions"]) and t.info["actions"][0] == "read" for t in trajs)}
+
+
 def evaluate(engine: Engine, gym: Gym, n_per_task: int, seed: int) -> dict[str, float]:
     """Train and held-out pass rates (hidden tests), invalid calls and reads per train episode.
 

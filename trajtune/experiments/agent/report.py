@@ -1,21 +1,28 @@
 """The agent experiment's report: claims A1-A13 beside the seed's numbers, curves, costs, timings.
 
 `write_agent_report` turns the stages' results (`experiments/agent/stages.py`) into
-run_dir/report.md + report.html + PNG figures and a flat summary.json;
-`write_seeds_report` puts several seeds' summaries side by side as mean +- sd.
+run_dir/report.md + report.html + PNG figures and a flat summary.json (numbers, verdicts, and every
+claim's parts with their estimates); `write_seeds_report` puts several seeds' summaries side by side
+as mean +- sd and judges every claim again on its parts pooled over the seeds.
 The claim checks are written out here (A1-A4, A5-A8, A9-A13: three functions), so
-the thresholds are visible next to the REPRODUCE.md wording they test.
+the thresholds are visible next to the REPRODUCE.md wording they test. Each claim is a list of `Part`s:
+a comparison decided by `runs.verdicts.judge` on an `Estimate` (the difference and its standard error),
+or an exact check; the claim holds when every part holds (`verdicts.both`), and is "not
+distinguishable" when a comparison sits inside its noise.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
-from ...envs.bugfix_tasks import FAMILIES
-from ...runs.report import (Claim, Panel, claims_table, claims_verdict, fmt, image, line_plot, markdown_table, mean_sd,
-                            panel_plot, seed_links, write_report)
+from ...envs.bugfix_tasks import FAMILIES, make_tasks
+from ...runs.report import (VERDICT_WORDS, Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image,
+                            line_plot, markdown_table, mean_sd, panel_plot, seed_links, write_report)
+from ...runs.verdicts import (NOISE, Z, Estimate, Holds, both, judge, over_seeds, share_se, shares, two_shares)
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
 GAP_COLUMNS = ("train", "heldout", "renamed", "novel")
@@ -42,7 +49,15 @@ def final_policies_text(c) -> str:
             "curves' last point by sampling noise (the same policy, another draw).")
 
 
-GUESS_LEVEL = 0.25  # blind play passes ~0.2 (envs/scripted.py)
+def guess_level(split: str = "heldout") -> float:
+    """What a blind guess passes: one op edits the tasks of its family only, so a policy that never reads passes at
+    most the largest family's share of the split (2 of 10 held-out tasks, 4 of 20 train tasks: 0.2), whichever op
+    it guesses and however it spreads its guesses over the ops (seed §15.3's "guess level")."""
+    tasks = make_tasks(split)
+    return max(sum(t.family == f for t in tasks) for f in FAMILIES) / len(tasks)
+
+
+GUESS_LEVEL = guess_level()
 
 
 def last(curve: list[dict], key: str) -> float:
@@ -73,41 +88,144 @@ def rl_only_stability(r: dict) -> tuple[bool, str]:
     return ok, f"malformed calls {inv0:.2f} -> {inv1:.2f} per episode, train pass {p0:.2f} -> {p1:.2f}"
 
 
+# --- verdicts with their uncertainty (runs/verdicts.py) ----------------------------------------
+# Each comparative part of a claim is an `Estimate` (the difference and its standard error) judged by
+# `verdicts.judge`; a level read off an exact quantity (a loss at init, a gradient identity, the shares of one
+# kept set before and after dedup, DPO's log-prob drift on its fixed pairs) is a plain True / False. A claim is
+# `verdicts.both` of its parts, so it holds only when every comparison clears its noise, and is "not
+# distinguishable" when one sits inside it. The seeds report pools every part over seeds (`pool_parts`).
+@dataclass(frozen=True)
+class Part:
+    """One part of a claim: `est` judged by `test` against `margin`, or (est None) an exact check `exact`."""
+
+    what: str
+    est: Estimate | None = None
+    test: str = ">"
+    margin: float = 0.0
+    exact: bool | None = None
+
+    @property
+    def holds(self) -> Holds:
+        return judge(self.est, self.test, self.margin) if self.est is not None else self.exact
+
+    def text(self) -> str:
+        """'held-out - guess level +0.04 ± 0.06 (2 SE; binomial, 160 episodes), claim <= 0: holds'."""
+        word = {True: "holds", False: "fails", NOISE: "not distinguishable", None: "not judged"}[self.holds]
+        if self.est is None:
+            return f"{self.what}: {word}"
+        return f"{self.what} {self.est}, claim {self.test} {self.margin:g}: {word}"
+
+    def to_json(self) -> dict:
+        e = self.est
+        return {"what": self.what, "test": self.test, "margin": self.margin, "exact": self.exact,
+                "est": None if e is None else {"value": e.value, "se": e.se, "n": e.n, "what": e.what}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Part":
+        e = d["est"]
+        return cls(d["what"], None if e is None else Estimate(e["value"], e["se"], e["n"], e["what"]), d["test"],
+                   d["margin"], d["exact"])
+
+
+def clearance(p: Part) -> float:
+    """How many standard errors a statistical part's value clears its margin by, in the claimed direction."""
+    e = p.est
+    gap = (e.value - p.margin) if p.test in (">", ">=") else (p.margin - e.value)  # type: ignore[union-attr]
+    return gap / e.se if e.se > 0 else math.copysign(math.inf, gap)  # type: ignore[union-attr]
+
+
+def decided(parts: list[Part]) -> tuple[Holds, Part | None]:
+    """`both` of the parts' verdicts, and the part to show beside it: a failed part (an exact one first, else the
+    statistical one that fails by most), else the part inside the noise closest to failing, else the statistical
+    part that clears its margin by the fewest standard errors (the closest call); None when all are exact."""
+    holds = both(*(p.holds for p in parts))
+    if any(p.holds is False and p.est is None for p in parts):
+        return holds, next(p for p in parts if p.holds is False and p.est is None)
+    stats = [p for p in parts if p.est is not None]
+    for want in (False, NOISE, True):
+        pick = [p for p in stats if p.holds == want]
+        if pick:
+            return holds, min(pick, key=clearance)
+    return holds, None
+
+
+def claim_of(id: str, what: str, seed: str, ours: str, claim: str, parts: list[Part]) -> Claim:
+    """A Claim decided by its parts (`decided`): the estimate shown beside the verdict is the deciding part's, named
+    ('+0.275 ± 0.200 (2 SE; held-out, SFT->RL - RL only > 0.2; binomial)'); `why` names a failed exact part."""
+    holds, shown = decided(parts)
+    why = "" if shown is None or shown.est is not None else shown.what
+    est = None if shown is None or shown.est is None else Estimate(
+        shown.est.value, shown.est.se, shown.est.n, f"{shown.what} {shown.test} {shown.margin:g}; {shown.est.what.split(',')[0]}")
+    c = Claim(id, what, seed, ours, claim, holds, est, why=why)
+    c.parts = parts  # type: ignore[attr-defined]  # every part, for the report's detail and the seeds report
+    return c
+
+
+def rate(p: float, n: int, what: str = "") -> Estimate:
+    """A share `p` of `n` episodes as an estimate of itself (binomial SE at (hits + 1) / (n + 2), as `two_shares`)."""
+    return Estimate(p, share_se((p * n + 1) / (n + 2), n), n, what or f"binomial, {n} episodes")
+
+
+def minus(est: Estimate, level: float, what: str = "") -> Estimate:
+    """est - a known level (same SE)."""
+    return Estimate(est.value - level, est.se, est.n, what or est.what)
+
+
+def counts(a: float, b: float, n: int, what: str = "") -> Estimate:
+    """Mean count per episode a minus b, each over n episodes, with Poisson SEs (var = mean): malformed calls per
+    episode are counts, and the evaluation records their mean only (a lower bound on their noise: the counts
+    cluster in the episodes that run on to the turn limit)."""
+    return Estimate(a - b, math.sqrt((a + b + 2 / n) / n), n, what or f"Poisson, {n} episodes each")
+
+
+def pooled_points(points: list[dict], key: str, n: int) -> tuple[float, int]:
+    """The share of `key` over several evaluation points of n episodes each -> (share, episodes)."""
+    return sum(p[key] for p in points) / len(points), n * len(points)
+
+
 # --- claims ------------------------------------------------------------------------------------
 def claims(c, r: dict) -> list[Claim]:
     """A1-A13 in order: each claim's check beside the seed's numbers and its REPRODUCE.md wording."""
-    return _format_and_gradient_claims(r) + _expert_iteration_and_dpo_claims(c, r) + _recipe_claims(r)
+    return _format_and_gradient_claims(c, r) + _expert_iteration_and_dpo_claims(c, r) + _recipe_claims(c, r)
 
 
-def _format_and_gradient_claims(r: dict) -> list[Claim]:
+def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
     """A1-A4: token owners and the loss at init, the weak base, oracle SFT, the gradient identity."""
     out = []
     a1 = r["diagnostics"]["a1"]
     pol, tool, tot = a1["owners"]["policy"], a1["owners"]["tool"], a1["total"]
     near = lambda x: abs(x - a1["log_vocab"]) / a1["log_vocab"] < 0.1  # noqa: E731
-    out.append(Claim("A1", "owners of predicted tokens, 20 oracle demos; loss at init",
-                     "policy 260 of 1,338 (19%), tool 838 (63%); masked 5.91 / unmasked 5.88, log V 5.76",
-                     f"policy {pol} of {tot} ({pol / tot:.0%}), tool {tool} ({tool / tot:.0%}); masked "
-                     f"{a1['masked_loss']:.2f} / unmasked {a1['unmasked_loss']:.2f}, log V {a1['log_vocab']:.2f}",
-                     "a minority of tokens are actions; both losses about log V at init",
-                     pol / tot < 0.5 and near(a1["masked_loss"]) and near(a1["unmasked_loss"])))
+    out.append(claim_of("A1", "token owners, 20 oracle demos; init loss",
+                        "policy 260 of 1,338 (19%), tool 838 (63%); masked 5.91 / unmasked 5.88, log V 5.76",
+                        f"policy {pol} of {tot} ({pol / tot:.0%}), tool {tool} ({tool / tot:.0%}); masked "
+                        f"{a1['masked_loss']:.2f} / unmasked {a1['unmasked_loss']:.2f}, log V {a1['log_vocab']:.2f}",
+                        "a minority of tokens are actions; both losses about log V at init (exact counts and losses)",
+                        [Part("actions a minority", exact=pol / tot < 0.5),
+                         Part("losses within 10% of log V", exact=near(a1["masked_loss"]) and near(a1["unmasked_loss"]))]))
     w = r["weak_base"]["describe"]
-    out.append(Claim("A2", "weak base: SFT on blind + random play", "train 0.144, held-out 0.138, invalid/ep 0.06, "
-                     "reads 0.29, entropy 0.25", _desc(w), "invalid/ep < 0.1 and pass <= 0.25 (guess level)",
-                     w["invalid"] < 0.1 and w["train"] <= GUESS_LEVEL and w["heldout"] <= GUESS_LEVEL))
+    nd_tr, nd_ho = c.describe_samples * N_TRAIN, c.describe_samples * N_HELDOUT
+    out.append(claim_of("A2", "weak base (blind + random play)", "train 0.144, held-out 0.138, invalid/ep 0.06, "
+                        "reads 0.29, entropy 0.25", _desc(w),
+                        f"invalid/ep < 0.1; pass not above guess level ({GUESS_LEVEL:.2f}) by 2 SE",
+                        [Part("invalid/ep < 0.1", exact=w["invalid"] < 0.1),
+                         Part("train - guess level", minus(rate(w["train"], nd_tr), GUESS_LEVEL), "<="),
+                         Part("held-out - guess level", minus(rate(w["heldout"], nd_ho), GUESS_LEVEL), "<=")]))
     o, oc = r["oracle_sft"]["describe"], r["oracle_sft"]["curve"]
     ratio = w["entropy"] / max(o["entropy"], 1e-9)
-    out.append(Claim("A3", "oracle SFT from the weak base, 60 steps", "0.16/0.05 -> 0.99/0.93; entropy 0.25 -> 0.02",
-                     f"{oc[0]['eval/pass_rate']:.2f}/{oc[0]['eval/heldout_pass_rate']:.2f} -> {o['train']:.2f}/"
-                     f"{o['heldout']:.2f}; entropy {w['entropy']:.3f} -> {o['entropy']:.3f} ({ratio:.0f}x)",
-                     "train >= 0.95, held-out >= 0.85, entropy drops ~10x (we require >= 5x)",
-                     o["train"] >= 0.95 and o["heldout"] >= 0.85 and ratio >= 5))
+    out.append(claim_of("A3", "oracle SFT, 60 steps", "0.16/0.05 -> 0.99/0.93; entropy 0.25 -> 0.02",
+                        f"{oc[0]['eval/pass_rate']:.2f}/{oc[0]['eval/heldout_pass_rate']:.2f} -> {o['train']:.2f}/"
+                        f"{o['heldout']:.2f}; entropy {w['entropy']:.3f} -> {o['entropy']:.3f} ({ratio:.0f}x)",
+                        "train >= 0.95, held-out >= 0.85, entropy drops ~10x (we require >= 5x): levels, as the "
+                        "seed's",
+                        [Part("train >= 0.95", exact=o["train"] >= 0.95), Part("held-out >= 0.85", exact=o["heldout"] >= 0.85),
+                         Part("entropy drops >= 5x", exact=ratio >= 5)]))
     a4 = r["diagnostics"]["a4"]
     ok4 = a4["max_abs_diff"] <= 1e-5 * a4["max_abs_grad"] if not math.isnan(a4["max_abs_diff"]) else None
-    out.append(Claim("A4", "gradient identity on one weak-base batch", "max abs diff 1.4e-9; cosine(baseline PG, RFT) 0.985",
-                     f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff {a4['max_abs_diff']:.1e} "
-                     f"(max grad {a4['max_abs_grad']:.1e}); cosine {a4['cosine_baseline']:.3f}",
-                     "grad(0/1 PG) = ratio x grad(SFT on kept) to round-off (rel. 1e-5)", ok4))
+    out.append(claim_of("A4", "gradient identity", "max abs diff 1.4e-9; cosine(baseline PG, RFT) 0.985",
+                        f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff {a4['max_abs_diff']:.1e} "
+                        f"(max grad {a4['max_abs_grad']:.1e}); cosine {a4['cosine_baseline']:.3f}",
+                        "grad(0/1 PG) = ratio x grad(SFT on kept) to round-off (rel. 1e-5)",
+                        [Part("gradients equal to round-off", exact=ok4)]))
     return out
 
 
@@ -127,93 +245,174 @@ def coverage_note(r: dict) -> str:
             "of 16)")
 
 
+def _sources_text(r: dict) -> str:
+    """Where the final RFT policy's held-out passes come from (the generalization stage's `heldout_sources`)."""
+    x = r.get("generalization", {}).get("heldout_sources", {}).get("rft")
+    if x is None:
+        return ""
+    return (f"; its final held-out passes ({x['passes']}): {x['blind_one']:.0%} one blind edit, "
+            f"{x['blind_stacked']:.0%} stacked blind edits, {x['after_read']:.0%} an edit after a read "
+            f"(first action a read in {x['first_read']:.0%} of its held-out episodes)")
+
+
+def rft_parts(c, r: dict) -> dict[str, Part]:
+    """A5's parts (conclusion 2 reads two of them): expert iteration rises, flattens, stays below what the base
+    solves, its held-out stays at guess level, and its round-0 kept episodes are mostly blind guesses.
+
+    rise:     last train point - first, > 0.2 by 2 SE (two evaluation points, binomial)
+    flattens: the last round's gain is not above 0.1 by 2 SE, and the largest gain beats it by 2 SE
+    bound:    no train point above the share of tasks the base solves by 2 SE
+    held-out: the held-out pass over every evaluation after a round, pooled (rounds x eval_samples x 10 tasks
+              episodes), not above guess level by 2 SE -- one 40-episode point is not the plateau
+    blind:    the share of round-0 kept episodes that start with an edit > 0.5 by 2 SE (binomial over the kept)"""
+    rounds, rc = r["rft"]["rounds"], r["rft"]["curve"]
+    n_tr, n_ho = c.eval_samples * N_TRAIN, c.eval_samples * N_HELDOUT
+    trains = [p["eval/pass_rate"] for p in rc]
+    gains = [b - a for a, b in zip(trains, trains[1:])]
+    big = max(range(len(gains)), key=lambda i: gains[i])
+    g_last, g_big = (shares(trains[-1], trains[-2], n_tr), shares(trains[big + 1], trains[big], n_tr))
+    held, n_held = pooled_points(rc[1:], "eval/heldout_pass_rate", n_ho)
+    kept0 = rounds[0]["kept"]
+    return {
+        "rise": Part("train, last - first", shares(trains[-1], trains[0], n_tr), ">", 0.2),
+        "flat": Part("last round's gain", g_last, "<=", 0.1),
+        "slows": Part("largest gain - last", Estimate(g_big.value - g_last.value, math.hypot(g_big.se, g_last.se),
+                                                      n_tr, "binomial, 4 points"), ">"),
+        "bound": Part("best train - base's share", minus(rate(max(trains), n_tr), base_coverage(r) / N_TRAIN), "<="),
+        "held": Part("held-out (rounds pooled) - guess", minus(rate(held, n_held), GUESS_LEVEL), "<="),
+        "blind": Part("round-0 kept starting with an edit - 0.5",
+                      minus(rate(rounds[0]["first_action_edit_share"], kept0, f"binomial, {kept0} kept"), 0.5), ">"),
+    }
+
+
 def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
     """A5-A8: expert iteration's rise and plateau, dpo_loss values, DPO's drift, DPO + NLL."""
     out = []
     rounds, rc = r["rft"]["rounds"], r["rft"]["curve"]
-    solvable = base_coverage(r) / 20
+    solvable = base_coverage(r) / N_TRAIN
     trains, helds = [p["eval/pass_rate"] for p in rc], [p["eval/heldout_pass_rate"] for p in rc]
     never = sorted({f for f in FAMILIES} - {t.split("/")[0] for rd in rounds for t in rd["solved"]})
     gains = [b - a for a, b in zip(trains, trains[1:])]
-    flattens = len(gains) >= 2 and gains[-1] <= 0.5 * max(gains) and gains[-1] <= 0.1
-    ok5 = (max(trains) >= trains[0] + 0.2 and flattens and max(trains) <= solvable and max(helds[1:]) <= GUESS_LEVEL
-           and rounds[0]["first_action_edit_share"] > 0.5)
-    out.append(Claim("A5", "expert iteration: 4 rounds x 320 samples x 15 steps",
-                     "pass 0.15 -> 0.33 -> 0.68 -> 0.75, held-out 0.10-0.23; `init` never solved",
-                     "train " + " -> ".join(f"{x:.2f}" for x in trains) + f" (last round {gains[-1]:+.2f}, largest "
-                     f"{max(gains):+.2f}); held-out {min(helds[1:]):.2f}-{max(helds[1:]):.2f}; "
-                     f"base solves {solvable * 20:.0f}/20 tasks{coverage_note(r)}; never solved: {', '.join(never) or 'none'}; "
-                     f"round-0 kept starting with an edit {rounds[0]['first_action_edit_share']:.0%}"
-                     + ("" if max(helds[1:]) <= GUESS_LEVEL else
-                        f"; held-out above guess level ({rounds[0].get('first_action_read_share', 0.0):.0%} of round-0 "
-                        "kept episodes read first)"),
-                     f"train rises >= 0.2 and flattens (last round's gain <= half the largest and <= 0.1) below the "
-                     f"share of tasks the base solves; held-out <= {GUESS_LEVEL} (guess level); kept mostly blind guesses",
-                     ok5))
+    held, _ = pooled_points(rc[1:], "eval/heldout_pass_rate", c.eval_samples * N_HELDOUT)
+    out.append(claim_of("A5", "expert iteration, 4 rounds",
+                        "pass 0.15 -> 0.33 -> 0.68 -> 0.75, held-out 0.10-0.23; `init` never solved",
+                        "train " + " -> ".join(f"{x:.2f}" for x in trains) + f" (last round {gains[-1]:+.2f}, largest "
+                        f"{max(gains):+.2f}); held-out " + " -> ".join(f"{x:.2f}" for x in helds[1:])
+                        + f" (pooled {held:.2f}, guess level {GUESS_LEVEL:.2f}); base solves {solvable * 20:.0f}/20 "
+                        f"tasks{coverage_note(r)}; never solved: {', '.join(never) or 'none'}; round-0 kept starting "
+                        f"with an edit {rounds[0]['first_action_edit_share']:.0%}, with a read "
+                        f"{rounds[0].get('first_action_read_share', 0.0):.0%}" + _sources_text(r),
+                        "train rises > 0.2 and flattens (last round's gain <= 0.1, below the largest) at or below the "
+                        f"share of tasks the base solves; held-out at guess level ({GUESS_LEVEL:.2f}: not above it by "
+                        "2 SE, pooled over the rounds); kept mostly blind guesses (each part by 2 SE)",
+                        list(rft_parts(c, r).values())))
     a6 = r["diagnostics"]["a6"]
-    out.append(Claim("A6", "dpo_loss at beta 0.5, margins 0 / +4 / -4", "0.6931 / 0.1269 / 2.1269",
-                     " / ".join(f"{v:.4f}" for v in a6.values()), "exactly these values",
-                     [round(v, 4) for v in a6.values()] == [0.6931, 0.1269, 2.1269]))
+    out.append(claim_of("A6", "dpo_loss, beta 0.5, margins 0/+4/-4", "0.6931 / 0.1269 / 2.1269",
+                        " / ".join(f"{v:.4f}" for v in a6.values()), "exactly these values",
+                        [Part("the three values", exact=[round(v, 4) for v in a6.values()] == [0.6931, 0.1269, 2.1269])]))
     d, dn = r["dpo"]["curve"], r["dpo_nll"]["curve"]
-    ok7 = (last(d, "d_rejected") <= -10 and last(d, "d_rejected") < d[len(d) // 2]["d_rejected"]
-           and max(p["eval/invalid_per_episode"] for p in d[1:]) >= max(3 * d[0]["eval/invalid_per_episode"], 0.3)
-           and last(d, "eval/heldout_pass_rate") <= d[0]["eval/heldout_pass_rate"] + 0.05)
-    out.append(Claim("A7", f"offline DPO, {c.dpo.steps} full-batch steps, beta {c.dpo.beta}",
-                     "d_rejected -45, d_chosen +0.7, train 0.41, held-out 0.00, invalid/ep 2.0", _dpo_text(d),
-                     "rejected log-prob falls without bound, malformed calls rise many-fold, held-out does not improve", ok7))
-    out.append(Claim("A8", "DPO + NLL on chosen (weight 1)", "train 0.69, held-out 0.17, invalid/ep 0.61", _dpo_text(dn),
-                     "fewer malformed calls and higher train pass than A7",
-                     last(dn, "eval/invalid_per_episode") < last(d, "eval/invalid_per_episode")
-                     and last(dn, "eval/pass_rate") > last(d, "eval/pass_rate")))
+    n_tr, n_ho = c.eval_samples * N_TRAIN, c.eval_samples * N_HELDOUT
+    inv = lambda cv, i: cv[i]["eval/invalid_per_episode"]  # noqa: E731
+    peak = max(range(1, len(d)), key=lambda i: inv(d, i))
+    out.append(claim_of("A7", f"offline DPO, {c.dpo.steps} steps",
+                        "d_rejected -45, d_chosen +0.7, train 0.41, held-out 0.00, invalid/ep 2.0", _dpo_text(d),
+                        "rejected log-prob falls without bound (exact, on its pairs), malformed calls rise many-fold "
+                        "(peak > 3x the start and > 0.3, by 2 SE), held-out does not improve (not up by 2 SE)",
+                        [Part("d_rejected <= -10 and still falling",
+                              exact=last(d, "d_rejected") <= -10 and last(d, "d_rejected") < d[len(d) // 2]["d_rejected"]),
+                         Part("peak malformed/ep - 3x start",
+                              counts(inv(d, peak), 3 * inv(d, 0), n_tr), ">", 0.0),
+                         Part("peak malformed/ep", counts(inv(d, peak), 0.0, n_tr), ">", 0.3),
+                         Part("held-out, last - first", shares(last(d, "eval/heldout_pass_rate"),
+                                                               d[0]["eval/heldout_pass_rate"], n_ho), "<=")]))
+    out.append(claim_of("A8", "DPO + NLL on chosen", "train 0.69, held-out 0.17, invalid/ep 0.61",
+                        _dpo_text(dn) + f"; DPO (A7) ends at train {last(d, 'eval/pass_rate'):.2f}, invalid/ep "
+                        f"{last(d, 'eval/invalid_per_episode'):.2f}",
+                        "fewer malformed calls and higher train pass than A7 at the last point (each by 2 SE)",
+                        [Part("malformed/ep, DPO - DPO+NLL", counts(last(d, "eval/invalid_per_episode"),
+                                                                          last(dn, "eval/invalid_per_episode"), n_tr)),
+                         Part("train, DPO+NLL - DPO", shares(last(dn, "eval/pass_rate"), last(d, "eval/pass_rate"), n_tr))]))
     return out
 
 
-def _recipe_claims(r: dict) -> list[Claim]:
+def recipe_parts(c, r: dict) -> dict[str, Part]:
+    """A9's parts (conclusion 3 reads two): the recipes' last evaluation points, binomial over their episodes."""
+    f = {name: final(r, stage) for name, stage in RECIPES.items()}
+    n = (c.eval_samples * N_TRAIN, c.eval_samples * N_HELDOUT)
+    low = min(f["SFT (oracle)"][1], f["SFT -> RL"][1])
+    gap = shares(f["SFT (oracle)"][1], f["SFT -> RL"][1], n[1])
+    return {
+        "sft~rl high": Part("held-out, SFT - SFT->RL", gap, "<=", 0.15),
+        "sft~rl low": Part("held-out, SFT - SFT->RL", gap, ">=", -0.15),
+        "vs rft": Part("held-out, min(SFT, SFT->RL) - RFT", shares(low, f["RFT"][1], n[1]), ">", 0.3),
+        "cold train": Part("train, SFT->RL - RL only", shares(f["SFT -> RL"][0], f["RL only"][0], n[0]), ">", 0.2),
+        "cold held": Part("held-out, SFT->RL - RL only", shares(f["SFT -> RL"][1], f["RL only"][1], n[1]), ">", 0.2),
+    }
+
+
+def _recipe_claims(c, r: dict) -> list[Claim]:
     """A9-A13: the four recipes, informative groups, template mismatch, dedup, reward hacking."""
     out = []
     o, rounds = r["oracle_sft"]["describe"], r["rft"]["rounds"]
     f = {name: final(r, stage) for name, stage in RECIPES.items()}
-    ok9 = (abs(f["SFT (oracle)"][1] - f["SFT -> RL"][1]) <= 0.15 and min(f["SFT (oracle)"][1], f["SFT -> RL"][1]) >= f["RFT"][1] + 0.3
-           and all(f["SFT -> RL"][i] >= f["RL only"][i] + 0.2 for i in (0, 1)))
     cold = r["sft_rl"]["curve"][0]
-    out.append(Claim("A9", "four recipes from the weak base (train/held-out)",
-                     "SFT 0.99/0.93; RFT 0.74/0.15; SFT->RL 0.96/0.95; RL only 0.36/0.30",
-                     "; ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in f.items())
-                     + f"; the cold start (SFT step {cold['step']}) {cold['eval/pass_rate']:.2f}/"
-                     f"{cold['eval/heldout_pass_rate']:.2f} (seed 0.80/0.85)",
-                     "SFT ~ SFT->RL (held-out within 0.15) >= RFT + 0.3; SFT->RL >= RL only + 0.2 (train and held-out)", ok9))
+    out.append(claim_of("A9", "four recipes",
+                        "SFT 0.99/0.93; RFT 0.74/0.15; SFT->RL 0.96/0.95; RL only 0.36/0.30",
+                        "; ".join(f"{k} {a:.2f}/{b:.2f}" for k, (a, b) in f.items())
+                        + f"; the cold start (SFT step {cold['step']}) {cold['eval/pass_rate']:.2f}/"
+                        f"{cold['eval/heldout_pass_rate']:.2f} (seed 0.80/0.85)",
+                        "SFT ~ SFT->RL (held-out within 0.15) > RFT + 0.3; SFT->RL > RL only + 0.2 (train and "
+                        "held-out); each by 2 SE", list(recipe_parts(c, r).values())))
     p = r["oracle_sft"]["probes"]
     ks = sorted(p, key=int)
     inf = [p[k]["informative"] for k in ks]
-    out.append(Claim("A10", "informative groups on the held-out probe (weak, SFT@20, SFT@60)", "0.60 / 0.70 / 0.10",
-                     " / ".join(f"{x:.2f}" for x in inf), "long SFT leaves few groups with reward variance (< SFT@20, <= 0.3)",
-                     inf[-1] < inf[1] and inf[-1] <= 0.3))
+    out.append(claim_of("A10", "informative groups (probe)", "0.60 / 0.70 / 0.10",
+                        " / ".join(f"{x:.2f}" for x in inf),
+                        "long SFT leaves few groups with reward variance (below SFT@20 by 2 SE over the 10 groups; <= 0.3)",
+                        [Part("SFT@20 - SFT@60", shares(inf[1], inf[-1], N_HELDOUT, f"binomial, {N_HELDOUT} groups")),
+                         Part("SFT@60 <= 0.3", exact=inf[-1] <= 0.3)]))
     t = r["template_mismatch"]["describe"]
+    nd_tr = c.describe_samples * N_TRAIN
     mechanism = ("; the seed's mechanism (malformed calls, 0.62/ep) reproduces" if t["invalid"] >= 0.3 else
                  f"; NOT by the seed's mechanism: malformed calls {t['invalid']:.2f}/ep (seed 0.62), so the "
                  "mis-rendered demos break what the policy chooses, not the call syntax")
-    out.append(Claim("A11", "SFT on demos rendered without wrapper tokens", "train 0.075, invalid/ep 0.62",
-                     f"train {t['train']:.2f}, held-out {t['heldout']:.2f}, invalid/ep {t['invalid']:.2f}, reads {t['reads']:.2f}; "
-                     f"NLL on correctly rendered demos {r['template_mismatch']['nll_right_format']:.2f}" + mechanism,
-                     "fails in the real rollout format (train <= 0.3, far below oracle SFT)",
-                     t["train"] <= 0.3 and t["train"] <= o["train"] - 0.5))
+    out.append(claim_of("A11", "SFT without wrapper tokens", "train 0.075, invalid/ep 0.62",
+                        f"train {t['train']:.2f}, held-out {t['heldout']:.2f}, invalid/ep {t['invalid']:.2f}, reads "
+                        f"{t['reads']:.2f}; NLL on correctly rendered demos {r['template_mismatch']['nll_right_format']:.2f}"
+                        + mechanism,
+                        "fails in the real rollout format (train <= 0.3, and below oracle SFT by > 0.5 by 2 SE)",
+                        [Part("train <= 0.3", exact=t["train"] <= 0.3),
+                         Part("train, SFT - mismatched", shares(o["train"], t["train"], nd_tr), ">", 0.5)]))
     rd = rounds[1] if len(rounds) > 1 else rounds[0]
     tv = share_shift(rd["shares_raw"], rd["shares_dedup"])
-    out.append(Claim("A12", "dedup of the RFT kept set (round 1)",
-                     "84 kept -> 21 distinct action sequences; shares raw minmax 0.21 range 0.37 compare 0.35 zero 0.07, "
-                     "deduped 0.43 / 0.24 / 0.19 / 0.14 (total variation 0.29)",
-                     f"{rd['kept']} kept -> {rd['distinct']} distinct; shares raw " + _shares(rd["shares_raw"])
-                     + "; deduped " + _shares(rd["shares_dedup"]) + f" (total variation {tv:.2f})",
-                     "dedup changes the family shares: fewer distinct than kept and total variation distance >= 0.1",
-                     rd["distinct"] < rd["kept"] and tv >= 0.1))
+    out.append(claim_of("A12", "dedup of RFT's kept set",
+                        "84 kept -> 21 distinct action sequences; shares raw minmax 0.21 range 0.37 compare 0.35 zero "
+                        "0.07, deduped 0.43 / 0.24 / 0.19 / 0.14 (total variation 0.29)",
+                        f"{rd['kept']} kept -> {rd['distinct']} distinct; shares raw " + _shares(rd["shares_raw"])
+                        + "; deduped " + _shares(rd["shares_dedup"]) + f" (total variation {tv:.2f})",
+                        "dedup changes the family shares: fewer distinct than kept and total variation distance >= 0.1 "
+                        "(exact: dedup of one kept set, no sampling between the two)",
+                        [Part("fewer distinct than kept", exact=rd["distinct"] < rd["kept"]),
+                         Part("total variation >= 0.1", exact=tv >= 0.1)]))
     hr, hc = r["hacking"]["rounds"], r["hacking"]["curve"]
     pub, hid = [x["eval/public_pass_rate"] for x in hc], [x["eval/hidden_pass_rate"] for x in hc]
-    ok13 = (pub[-1] > pub[1] and hr[-1]["hack_share"] > hr[0]["hack_share"]
-            and hid[-1] - hid[1] < pub[-1] - pub[1] and pub[-1] - hid[-1] >= 0.3)
-    out.append(Claim("A13", "RFT filtered by public tests (reward hacking)", "kept hacks 42% -> 64%; public 0.97 vs hidden 0.36",
-                     "kept hacks " + " -> ".join(f"{x['hack_share']:.0%}" for x in hr)
-                     + f"; public {' -> '.join(f'{x:.2f}' for x in pub[1:])} vs hidden {' -> '.join(f'{x:.2f}' for x in hid[1:])}",
-                     "filter pass climbs while hidden pass stalls; hack share of the kept set grows", ok13))
+    n_tr = c.eval_samples * N_TRAIN
+    pub_gain, hid_gain = shares(pub[-1], pub[1], n_tr), shares(hid[-1], hid[1], n_tr)
+    out.append(claim_of("A13", "RFT filtered by public tests",
+                        "kept hacks 42% -> 64%; public 0.97 vs hidden 0.36",
+                        "kept hacks " + " -> ".join(f"{x['hack_share']:.0%}" for x in hr)
+                        + f"; public {' -> '.join(f'{x:.2f}' for x in pub[1:])} vs hidden "
+                        f"{' -> '.join(f'{x:.2f}' for x in hid[1:])}",
+                        "filter pass climbs while hidden pass stalls (public gain beats hidden gain, public ends > 0.3 "
+                        "above hidden); hack share of the kept set grows (each by 2 SE)",
+                        [Part("public, last round - first", pub_gain),
+                         Part("public gain - hidden gain", Estimate(pub_gain.value - hid_gain.value,
+                                                                    math.hypot(pub_gain.se, hid_gain.se), n_tr,
+                                                                    "binomial, 4 points")),
+                         Part("public - hidden, last round", rate(pub[-1] - hid[-1], n_tr), ">", 0.3),
+                         Part("kept hack share, last round - first",
+                              two_shares(hr[-1]["hack_share"] * hr[-1]["kept"], hr[-1]["kept"],
+                                         hr[0]["hack_share"] * hr[0]["kept"], hr[0]["kept"], "binomial over the kept"))]))
     return out
 
 
@@ -231,40 +430,76 @@ CONCLUSIONS = (
 )
 
 
-def conclusions(r: dict) -> dict[str, bool]:
-    """Seed §15.5's four conclusions, each judged from the recipes' curves (the claims they rest on):
+def rising(curve: list[dict], key: str, n: int) -> Estimate:
+    """The trend of a curve's end: the mean of its last third of evaluation points minus the mean of the third
+    before (k = max(1, points // 3) points each, n episodes a point), binomial over the pooled episodes. Unpaired,
+    though every point samples with the same random numbers: those correlate the points, so this SE is, if
+    anything, too large. One dip or one jump at a single point does not make a trend."""
+    k = max(1, len(curve) // 3)
+    late, mid = curve[-k:], curve[-2 * k:-k] or curve[:1]
+    a, na = pooled_points(late, key, n)
+    b, nb = pooled_points(mid, key, n)
+    return two_shares(a * na, na, b * nb, nb, f"binomial, last {len(late)} vs previous {len(mid)} points")
 
-    1. oracle SFT reaches train >= 0.95 / held-out >= 0.85 (A3) and no other recipe ends more than 0.1 (the
-       seed's noise level) above its held-out pass (whether SFT -> RL also catches up is A9's)
-    2. RFT plateaus below what the base solves and its held-out stays at guess level (A5)
-    3. SFT(20) -> RL(40) beats RL only (60) by >= 0.2 on train and held-out (A9)
-    4. RL only's train pass still rises over its second half (last point >= mid point + 0.05)
+
+def conclusion_parts(c, r: dict) -> dict[str, list[Part]]:
+    """Seed §15.5's four conclusions, each judged from the claims' parts it rests on (every part by 2 SE):
+
+    1. oracle SFT reaches train >= 0.95 / held-out >= 0.85 (A3's levels) and no other recipe's held-out ends above
+       SFT's by 2 SE (whether SFT -> RL also catches up is A9's)
+    2. RFT stays at or below what the base solves and its held-out at guess level (A5's `bound` and `held`)
+    3. SFT(20) -> RL(40) beats RL only (60) by > 0.2 on train and held-out (A9's `cold train`, `cold held`)
+    4. RL only's train pass still rises: its last third of evaluation points above the third before (`rising`)
     """
     f = {name: final(r, stage) for name, stage in RECIPES.items()}
-    o = r["oracle_sft"]["describe"]
-    rl = r["rl_only"]["curve"]
-    rc = r["rft"]["curve"]
-    solvable = base_coverage(r) / 20
+    n_ho = c.eval_samples * N_HELDOUT
+    a3 = next(x for x in _format_and_gradient_claims(c, r) if x.id == "A3").parts  # type: ignore[attr-defined]
+    rft, rec = rft_parts(c, r), recipe_parts(c, r)
     return {
-        CONCLUSIONS[0]: o["train"] >= 0.95 and o["heldout"] >= 0.85
-        and all(f[k][1] <= f["SFT (oracle)"][1] + 0.1 for k in f),
-        CONCLUSIONS[1]: max(p["eval/pass_rate"] for p in rc) <= solvable
-        and max(p["eval/heldout_pass_rate"] for p in rc[1:]) <= GUESS_LEVEL,
-        CONCLUSIONS[2]: all(f["SFT -> RL"][i] >= f["RL only"][i] + 0.2 for i in (0, 1)),
-        CONCLUSIONS[3]: rl[-1]["eval/pass_rate"] >= rl[len(rl) // 2]["eval/pass_rate"] + 0.05,
+        CONCLUSIONS[0]: a3[:2] + [Part(f"held-out, {k} - SFT", shares(f[k][1], f["SFT (oracle)"][1], n_ho), "<=")
+                                  for k in f if k != "SFT (oracle)"],
+        CONCLUSIONS[1]: [rft["bound"], rft["held"]],
+        CONCLUSIONS[2]: [rec["cold train"], rec["cold held"]],
+        CONCLUSIONS[3]: [Part("RL only train, last third - the third before",
+                              rising(r["rl_only"]["curve"], "eval/pass_rate", c.eval_samples * N_TRAIN))],
     }
 
 
-def conclusions_text(held: dict[str, int], n_seeds: int) -> str:
-    """Two or three sentences: which of the four conclusions hold on how many seeds."""
-    yes = [f"({i + 1}) {k}" for i, k in enumerate(CONCLUSIONS) if held[k] * 2 > n_seeds]
-    no = [f"({i + 1}) {k} ({held[k]}/{n_seeds})" for i, k in enumerate(CONCLUSIONS) if held[k] * 2 <= n_seeds]
-    out = [f"Of the chapter's four conclusions (§15.5), on our gym over {n_seeds} seed(s): "
-           + (f"{'; '.join(yes)} hold{'s' if len(yes) == 1 else ''} on most seeds" if yes else "none holds on most seeds")
-           + "."]
-    if no:
-        out.append(f"Not on most seeds: {'; '.join(no)}; the claims table says why, with the numbers.")
-    return " ".join(out)
+def conclusions(c, r: dict) -> dict[str, Holds]:
+    """Each conclusion's verdict: True, False or NOISE (a part inside its noise), `decided` over its parts."""
+    return {k: decided(parts)[0] for k, parts in conclusion_parts(c, r).items()}
+
+
+PHRASE: dict[Holds, str] = {True: "holds", False: "does not hold", NOISE: "is not distinguishable from noise",
+                            None: "is not judged"}
+
+
+def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[Holds, Part | None]] | None = None) -> str:
+    """One sentence per conclusion: what it says, on how many seeds it holds (and where it was inside the noise),
+    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part, `decided`) the verdict over
+    the seeds; on one seed, `pooled` gives the deciding difference beside the verdict.
+    `verdicts`: conclusion -> its verdict on every seed."""
+    n = len(next(iter(verdicts.values())))
+    out = [f"The chapter's four conclusions (§15.5) on our gym, {'on this seed' if n == 1 else f'over {n} seeds'}:"]
+    for i, k in enumerate(CONCLUSIONS):
+        vs = verdicts[k]
+        held, noise = sum(v is True for v in vs), sum(v == NOISE for v in vs)
+        head = f"({i + 1}) {k[0].upper()}{k[1:]}"
+        if n == 1:
+            body = f"{head}: this {PHRASE[vs[0]]}"
+            part = pooled[k][1] if pooled is not None else None
+            if part is not None and part.est is not None:
+                body += f" ({part.what} {part.est})"
+        else:
+            body = (f"{head}: this holds on {held} of {n} seeds"
+                    + (f" and is not distinguishable from noise on {noise}" if noise else ""))
+            if pooled is not None:
+                v, part = pooled[k]
+                body += f"; over the seeds it {PHRASE[v]}"
+                if part is not None and part.est is not None:
+                    body += f" ({part.what} {part.est})"
+        out.append(body + ".")
+    return " ".join(out) + " The claims table gives the numbers."
 
 
 def _desc(d: dict) -> str:
@@ -273,10 +508,13 @@ def _desc(d: dict) -> str:
 
 
 def _dpo_text(curve: list[dict]) -> str:
+    """A DPO run's last point, and the peak of its malformed calls (what A7 judges) beside the last value."""
     x = curve[-1]
+    peak = max(curve[1:] or curve, key=lambda p: p["eval/invalid_per_episode"])
     return (f"d_rejected {x['d_rejected']:+.1f}, d_chosen {x['d_chosen']:+.2f}, train {x['eval/pass_rate']:.2f}, "
-            f"held-out {x['eval/heldout_pass_rate']:.2f}, invalid/ep {x['eval/invalid_per_episode']:.2f} "
-            f"(start {curve[0]['eval/invalid_per_episode']:.2f})")
+            f"held-out {x['eval/heldout_pass_rate']:.2f} (start {curve[0]['eval/heldout_pass_rate']:.2f}), invalid/ep "
+            f"{x['eval/invalid_per_episode']:.2f} (start {curve[0]['eval/invalid_per_episode']:.2f}, peak "
+            f"{peak['eval/invalid_per_episode']:.2f} at step {peak['step']})")
 
 
 def _shares(s: dict) -> str:
@@ -301,7 +539,12 @@ def summary(c, r: dict, cl: list[Claim]) -> dict:
               "RL only train, first eval": r["rl_only"]["curve"][0]["eval/pass_rate"],
               "RL only invalid/ep, first eval": r["rl_only"]["curve"][0]["eval/invalid_per_episode"],
               "RL only invalid/ep, last eval": r["rl_only"]["curve"][-1]["eval/invalid_per_episode"]})
-    out = {"numbers": s, "holds": {x.id: x.holds for x in cl}, "conclusions": conclusions(r)}
+    parts = conclusion_parts(c, r)
+    out = {"numbers": s, "holds": {x.id: x.holds for x in cl},
+           "claims": {x.id: {"what": x.what, "claim": x.claim} for x in cl},
+           "parts": {x.id: [p.to_json() for p in x.parts] for x in cl},  # type: ignore[attr-defined]
+           "conclusions": {k: decided(v)[0] for k, v in parts.items()},
+           "conclusion_parts": {k: [p.to_json() for p in v] for k, v in parts.items()}}
     if "generalization" in r:  # train / held-out / train renamed / novel of each final policy
         g = r["generalization"]
         out["generalization"] = {st: {"train": r[st]["describe"]["train"], "heldout": r[st]["describe"]["heldout"],
@@ -377,7 +620,8 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     gap_rows = [[st] + [fmt(g[k]) for k in GAP_COLUMNS] for st, g in gen.items()]
     times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time'].get('sampling_s', 0.0) / max(x['time']['wall_s'], 1e-9):.0%}"]
              for st, x in r.items()]
-    concl = conclusions(r)
+    concl = conclusions(c, r)
+    decisions = [[x.id, x.verdict, "; ".join(p.text() for p in x.parts)] for x in cl]  # type: ignore[attr-defined]
     stable, rl_numbers = rl_only_stability(r)
     warning = ("" if stable else
                f"\n\n**RL only collapsed on this seed**: {rl_numbers} (the bar: malformed calls end at most 0.5 above "
@@ -386,11 +630,18 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks "
         f"(unseen names; 10 more of unseen code as a probe). {claims_verdict(cl)}. Whole run "
         f"{wall:.0f}s wall ({c.runner.workers} worker process(es)).\n\n"
-        + conclusions_text({k: int(v) for k, v in concl.items()}, 1)
-        + " A single seed: `trajtune run agent --seeds 0,1,2` judges them over three." + warning,
+        + conclusions_text({k: [v] for k, v in concl.items()}, {k: decided(v) for k, v in conclusion_parts(c, r).items()})
+        + " A single seed: `trajtune run agent --seeds 0,1,2,3,4` judges them over five." + warning,
         "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl) + "\n\nA3 (start), A5, A7-A9 and A13 read the "
         "evaluation points; A2, A3 (end) and A11 the final-policy evaluation (both described below the tables "
         "that use them); A10 its own probe.",
+        f"## How each verdict was decided\n\nEvery comparison is judged with its uncertainty (`runs/verdicts.py`): "
+        f"a difference ± {Z:g} standard errors (binomial over the episodes evaluated, Poisson for malformed-call "
+        "counts); a '>' part holds when the difference clears its margin by 2 SE, is *not distinguishable* inside "
+        "them, fails beyond them the other way; a '<=' / '>=' part (an effect absent, a level at most / at least) "
+        "holds unless the difference clears the margin the wrong way. Exact parts (losses, gradients, dedup of one "
+        "kept set) are checked as they are. A claim holds when every part holds.\n\n"
+        + markdown_table(["claim", "verdict", "parts"], decisions),
         "## The four recipes: pass rate vs gradient steps (train/held-out)\n\n" + eval_points_text(c) + "\n\n"
         + markdown_table(["recipe"] + [f"point {i}" for i in range(width - 1)], curves) + "\n\n" + "\n".join(plots(run_dir, c, r)),
         "## Cost (training-time episodes; evaluation episodes not counted)\n\nTrain / held-out: the last evaluation "
@@ -426,24 +677,56 @@ def _seeds_generalization(summaries: dict[int, dict], seeds: list[int]) -> list[
     stages = list(summaries[seeds[0]]["generalization"])
     rows = [[st] + [mean_sd([summaries[s]["generalization"][st].get(k, float("nan")) for s in seeds]) for k in GAP_COLUMNS]
             for st in stages]
-    table = markdown_table(["policy", *GAP_HEADERS], rows)
-    print(table, flush=True)
-    return ["## Unseen names, unseen code (mean ± sd)\n\n" + GAP_TEXT + "\n\n" + table]
+    return ["## Unseen names, unseen code (mean ± sd)\n\n" + GAP_TEXT + "\n\n" + markdown_table(["policy", *GAP_HEADERS], rows)]
 
 
-def claims_summary(cl: list[Claim]) -> str:
-    return "\n".join(f"  {x.id:<4} {x.verdict.replace('*', ''):<15} {x.ours}" for x in cl)
+def pool_parts(per_seed: list[list[Part]]) -> list[Part]:
+    """One claim's parts on several seeds -> the parts over the seeds: each estimate pooled by `verdicts.over_seeds`
+    (the between-seed sd, never below the seeds' own sampling noise) and judged again; an exact part holds over the
+    seeds where it holds on every seed (not judged where any seed could not judge it)."""
+    out = []
+    for parts in zip(*per_seed, strict=True):
+        p = parts[0]
+        if p.est is not None:
+            out.append(Part(p.what, over_seeds([x.est for x in parts]), p.test, p.margin))  # type: ignore[misc]
+        else:
+            ex = [x.exact for x in parts]
+            out.append(Part(p.what, exact=None if any(e is None for e in ex) else all(ex)))
+    return out
+
+
+def pooled_claims(summaries: dict[int, dict]) -> list[Claim]:
+    """Every claim decided over the seeds (`pool_parts` of its parts on every seed): what `trajtune run --seeds`
+    prints (`runs.report.claims_summary`) and the seeds report's 'over the seeds' column."""
+    seeds = sorted(summaries)
+    first = summaries[seeds[0]]
+    out = []
+    for cid, meta in first["claims"].items():
+        parts = pool_parts([[Part.from_json(d) for d in summaries[s]["parts"][cid]] for s in seeds])
+        out.append(claim_of(cid, meta["what"], "", f"over seeds {', '.join(map(str, seeds))}", meta["claim"], parts))
+    return out
+
+
+def pooled_conclusions(summaries: dict[int, dict]) -> dict[str, tuple[Holds, Part | None]]:
+    """Each conclusion's verdict over the seeds and the part shown beside it."""
+    seeds = sorted(summaries)
+    return {k: decided(pool_parts([[Part.from_json(d) for d in summaries[s]["conclusion_parts"][k]] for s in seeds]))
+            for k in CONCLUSIONS}
+
+
+WORD = {True: "holds", False: "no", NOISE: "noise", None: "n/a"}
+"""a verdict in a narrow table cell ('noise': not distinguishable from noise)"""
 
 
 def robustness(paths: dict[str, dict[int, dict]]) -> tuple[str, str]:
-    """Each claim's verdict on every (seed, float path): `paths` is CPU kernel set (`--kernels`) -> seed -> summary.
-    -> (first-screen line, table section). A claim whose verdict changes with the kernel set alone (same seed)
-    flips with float rounding."""
+    """Each claim's verdict on every (seed, float path), and over the seeds on each float path: `paths` is CPU kernel
+    set (`--kernels`) -> seed -> summary. -> (first-screen line, table section). A claim whose verdict changes with
+    the kernel set alone (same seed) flips with float rounding."""
     kernels = list(paths)
     seeds = sorted(paths[kernels[0]])
     ids = list(paths[kernels[0]][seeds[0]]["holds"])
     cols = [(s, k) for s in seeds for k in kernels]
-    word = {True: "holds", False: "no", None: "n/a"}
+    pooled = {k: {c.id: c for c in pooled_claims(paths[k])} for k in kernels}
     rows, flips, every = [], [], []
     for i in ids:
         v = {(s, k): paths[k][s]["holds"].get(i) for s, k in cols}
@@ -452,55 +735,82 @@ def robustness(paths: dict[str, dict[int, dict]]) -> tuple[str, str]:
             flips.append(f"{i} (seed {', '.join(map(str, flipped))})")
         if all(x is True for x in v.values()):
             every.append(i)
-        rows.append([i, f"{sum(x is True for x in v.values())}/{len(cols)}", ", ".join(map(str, flipped)) or "-",
-                     *[word[v[c]] for c in cols]])
+        noise = sum(x == NOISE for x in v.values())
+        rows.append([i, f"{sum(x is True for x in v.values())}/{len(cols)}" + (f" ({noise} noise)" if noise else ""),
+                     ", ".join(map(str, flipped)) or "-", *[WORD[v[c]] for c in cols],
+                     *[f"{VERDICT_WORDS[pooled[k][i].holds]}: {pooled[k][i].evidence or '-'}" for k in kernels]])
+    held = {k: sum(c.holds is True for c in pooled[k].values()) for k in kernels}
     line = (f"Over seeds {', '.join(map(str, seeds))} under the {' and '.join(kernels)} CPU kernels ({len(cols)} runs): "
-            f"{len(every)} of {len(ids)} claims hold on every run; "
+            f"{len(every)} of {len(ids)} claims hold on every run; pooled over the seeds, "
+            + ", ".join(f"{held[k]} of {len(ids)} hold on {k}" for k in kernels) + "; "
             + (f"verdicts that flip with the float path alone: {'; '.join(flips)}." if flips
                else "no verdict flips with the float path alone."))
-    table = markdown_table(["claim", "held", "flips on seed"] + [f"seed {s}, {k}" for s, k in cols], rows)
+    table = markdown_table(["claim", "held", "flips on seed"] + [f"seed {s}, {k}" for s, k in cols]
+                           + [f"over the seeds, {k}" for k in kernels], rows)
     return line, ("## Robustness: every claim on every seed and float path\n\nThe same seeds run again under another "
                   "set of torch's CPU kernels (ATEN_CPU_CAPABILITY), which sums floats in another order, as another CPU "
-                  f"does (`--kernels {','.join(kernels)}`; those runs are in kernels-K/seed-S).\n\n" + table)
+                  f"does (`--kernels {','.join(kernels)}`; those runs are in kernels-K/seed-S). 'noise': not "
+                  "distinguishable from noise on that run. The last columns pool each claim's parts over the seeds "
+                  "of one float path (`verdicts.over_seeds`) and show the deciding difference ± 2 SE.\n\n" + table)
+
+
+def wrap(text: str, width: int = 120, indent: str = "  ") -> str:
+    """A terminal paragraph in lines of at most `width` characters."""
+    return textwrap.fill(text, width=width, subsequent_indent=indent, break_on_hyphens=False)
 
 
 def write_seeds_report(run_dir: Path, summaries: dict[int, dict],
                        float_paths: dict[str, dict[int, dict]] | None = None) -> Path:
-    """Mean +- sd over seeds of the headline numbers, and how often each claim held; with `float_paths` (CPU kernel
-    set -> seed -> summary, `--kernels`) each claim's verdict on every seed and float path."""
+    """Mean +- sd over seeds of the headline numbers, every claim on every seed and pooled over the seeds with its
+    uncertainty; with `float_paths` (CPU kernel set -> seed -> summary, `--kernels`) each claim's verdict on every
+    seed and float path. Prints `claims_summary` of the pooled claims (never a markdown table)."""
     seeds = sorted(summaries)
     keys = list(summaries[seeds[0]]["numbers"])
     rows = [[k, mean_sd([summaries[s]["numbers"][k] for s in seeds])] + [fmt(summaries[s]["numbers"][k]) for s in seeds]
             for k in keys]
-    ids = list(summaries[seeds[0]]["holds"])
-    holds = [[i, f"{sum(summaries[s]['holds'][i] is True for s in seeds)}/{len(seeds)}"]
-             + [{True: "holds", False: "no", None: "n/a"}[summaries[s]["holds"][i]] for s in seeds] for i in ids]
+    pooled = pooled_claims(summaries)
+    holds = [[c.id, f"{sum(summaries[s]['holds'][c.id] is True for s in seeds)}/{len(seeds)}"]
+             + [WORD[summaries[s]["holds"][c.id]] for s in seeds] + [c.verdict, c.evidence or "-"] for c in pooled]
     recipes = [[n, mean_sd([summaries[s]["numbers"][f"{n} train"] for s in seeds]),
                 mean_sd([summaries[s]["numbers"][f"{n} held-out"] for s in seeds])] for n in RECIPES]
-    held = {k: sum(bool(summaries[s].get("conclusions", {}).get(k)) for s in seeds) for k in CONCLUSIONS}
-    concl_rows = [[f"{i + 1}. {k}", f"{held[k]}/{len(seeds)}"]
-                  + [{True: "holds", False: "no"}[bool(summaries[s].get("conclusions", {}).get(k))] for s in seeds]
+    per_seed = {k: [summaries[s]["conclusions"][k] for s in seeds] for k in CONCLUSIONS}
+    concl_pooled = pooled_conclusions(summaries)
+    concl_rows = [[f"{i + 1}. {k}", f"{sum(v is True for v in per_seed[k])}/{len(seeds)}"]
+                  + [WORD[v] for v in per_seed[k]]
+                  + [VERDICT_WORDS[concl_pooled[k][0]], str(concl_pooled[k][1].est) if concl_pooled[k][1] and
+                     concl_pooled[k][1].est else "-"]
                   for i, k in enumerate(CONCLUSIONS)]
     collapsed = [s for s in seeds if "RL only invalid/ep, last eval" in summaries[s]["numbers"] and not (
         summaries[s]["numbers"]["RL only invalid/ep, last eval"] <= summaries[s]["numbers"]["RL only invalid/ep, first eval"] + 0.5
         and summaries[s]["numbers"]["RL only train"] >= summaries[s]["numbers"]["RL only train, first eval"])]
-    warning = "" if not collapsed else "\n\n**RL only collapsed on seed(s) " + ", ".join(
+    collapse_text = "RL only collapsed on seed(s) " + ", ".join(
         f"{s} (malformed calls {summaries[s]['numbers']['RL only invalid/ep, first eval']:.2f} -> "
         f"{summaries[s]['numbers']['RL only invalid/ep, last eval']:.2f} per episode, train "
         f"{summaries[s]['numbers']['RL only train, first eval']:.2f} -> {summaries[s]['numbers']['RL only train']:.2f})"
-        for s in collapsed) + "**."
+        for s in collapsed) + "."
+    warning = f"\n\n**{collapse_text}**" if collapsed else ""
     robust_line, robust_table = robustness(float_paths) if float_paths else ("", "")
-    sections = [f"Seeds {', '.join(map(str, seeds))}; each seed's full report: {seed_links(seeds)}.\n\n"
-                + conclusions_text(held, len(seeds)) + warning + (f"\n\n{robust_line}" if robust_line else ""),
+    sections = [f"Seeds {', '.join(map(str, seeds))}; each seed's full report: {seed_links(seeds)}. "
+                f"{claims_verdict(pooled)} over the seeds (each claim's parts pooled over the seeds with their "
+                "uncertainty).\n\n" + conclusions_text(per_seed, concl_pooled) + warning
+                + (f"\n\n{robust_line}" if robust_line else ""),
                 "## The chapter's four conclusions (§15.5), per seed\n\n"
-                + markdown_table(["conclusion", "held"] + [f"seed {s}" for s in seeds], concl_rows),
+                + markdown_table(["conclusion", "held"] + [f"seed {s}" for s in seeds]
+                                 + ["over the seeds", f"deciding difference ± {Z:g} SE"], concl_rows),
                 "## The four recipes (final train / held-out pass, mean ± sd)\n\nEach recipe's last evaluation point "
                 "(the per-seed reports' curves), not their final-policy evaluation.\n\n" + markdown_table(["recipe", "train", "held-out"], recipes),
-                "## Claims held per seed\n\n" + markdown_table(["claim", "held"] + [f"seed {s}" for s in seeds], holds),
+                "## Claims held per seed, and over the seeds\n\n'noise': not distinguishable from noise on that seed. "
+                "Over the seeds: every part of the claim pooled over the seeds (`verdicts.over_seeds`: their mean, "
+                "with the between-seed SE, never below the seeds' own sampling SE) and judged again; the deciding "
+                "difference is the part that failed or sat inside the noise.\n\n"
+                + markdown_table(["claim", "held"] + [f"seed {s}" for s in seeds]
+                                 + ["over the seeds", f"deciding difference ± {Z:g} SE"], holds),
                 robust_table,
                 *_seeds_generalization(summaries, seeds),
                 "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds], rows)]
-    print(markdown_table(["recipe", "train", "held-out"], recipes), flush=True)
+    print(f"over seeds {', '.join(map(str, seeds))}: " + claims_summary(pooled), flush=True)
+    if collapsed:
+        print(wrap(collapse_text), flush=True)
     if robust_line:
-        print(robust_line, flush=True)
+        print(wrap(robust_line), flush=True)
     return write_report(run_dir, f"Agent post-training over {len(seeds)} seeds", sections)

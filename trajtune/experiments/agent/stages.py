@@ -23,8 +23,8 @@ from ...runs.hooks import Hook
 from ...sources.episodes import Measured
 from ...sources.overlap import overlapped
 from ..bugfix import (Gym, costs, describe, measured, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
-                      preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym, total_costs,
-                      train_weak_base)
+                      pass_sources, preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym,
+                      total_costs, train_weak_base)
 from . import diagnostics as diag
 from ...seeding import derive
 
@@ -216,14 +216,18 @@ GENERALIZATION = ("oracle_sft", "rft", "sft_rl", "rl_only")
 def generalization(ctx: StageContext) -> dict:
     """Two probes beside the held-out split (unseen names over the training cues), for each final policy:
     `renamed`, the training tasks under held-out names (code unchanged), with the random numbers of its
-    `describe` train episodes, so train -> renamed is what an unseen name alone costs; and `novel`,
+    `describe` train episodes, so train -> renamed is what an unseen name alone costs; `novel`,
     variants of unseen code (operators, keywords, shapes no training listing shows), with the random
-    numbers of its `describe` held-out episodes."""
+    numbers of its `describe` held-out episodes; and `heldout_sources`, where its `describe` held-out
+    episodes' passes come from (`bugfix.pass_sources`: blind guesses, stacked blind edits, edits after a read)."""
     c, gym = ctx.config, _gym(ctx)
     renamed, novel = make_tasks("renamed"), make_tasks("novel")
-    out: dict[str, dict] = {"renamed": {}, "novel": {}}
+    out: dict[str, dict] = {"renamed": {}, "novel": {}, "heldout_sources": {}}
     for stage in GENERALIZATION:
         engine = load_engine(ctx, f"{stage}/checkpoint", c.sft_optim)
         out["renamed"][stage] = pass_rate(episodes(engine, gym, renamed, c.describe_samples, eval_seed(c.seed, 1)))
         out["novel"][stage] = pass_rate(episodes(engine, gym, novel, c.describe_samples, eval_seed(c.seed, 1) + 1))
+        # the held-out episodes of the final-policy evaluation again (`describe`'s random numbers): where they pass
+        held = episodes(engine, gym, gym.heldout, c.describe_samples, eval_seed(c.seed, 1) + 1)
+        out["heldout_sources"][stage] = pass_sources(held)
     return out
