@@ -29,10 +29,22 @@ def test_the_boundary_is_two_standard_errors():
     assert judge(Estimate(0.2, 0.1), margin=0.05) == NOISE
 
 
-def test_absence_claims_hold_unless_the_effect_clears_the_noise():
-    assert judge(Estimate(0.01, 0.01), "<=") is True  # a rise inside the noise: "no rise" holds
+def test_bounds_hold_only_when_the_whole_band_is_on_their_side():
+    # "stays at guess level" (held-out - guess <= 0): +0.050 ± 0.069 was "holds" by a lenient rule; it is noise
+    assert judge(Estimate(0.05, 0.0345), "<=") == NOISE
+    assert judge(Estimate(0.05, 0.0345), "<=", 0.15) is True  # a tolerance the claim names, cleared
+    assert judge(Estimate(0.01, 0.01), "<=") == NOISE  # a rise inside the noise does not show there was none
+    assert judge(Estimate(-0.03, 0.01), "<=") is True
     assert judge(Estimate(0.05, 0.01), "<=") is False
     assert judge(Estimate(-0.05, 0.01), ">=") is False
+    assert judge(Estimate(0.93, 0.02), ">=", 0.95) == NOISE  # "format at least 0.95" on 0.93 ± 0.04
+    assert judge(Estimate(0.99, 0.004), ">=", 0.95) is True
+
+
+def test_guards_only_fail_on_a_clear_contradiction():
+    assert judge(Estimate(-0.01, 0.01), "not <") is True  # a dip inside the noise is no fall
+    assert judge(Estimate(-0.05, 0.01), "not <") is False
+    assert judge(Estimate(0.01, 0.01), "not >") is True and judge(Estimate(0.05, 0.01), "not >") is False
     with pytest.raises(ValueError):
         judge(Estimate(0, 1), "!=")
 

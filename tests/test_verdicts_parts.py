@@ -14,12 +14,12 @@ def test_share_is_never_judged_on_a_zero_standard_error():
 
 def test_decide_takes_every_part_and_shows_the_one_that_decided():
     up, flat = Estimate(0.20, 0.02), Estimate(0.01, 0.01)
-    holds, est = decide((up, ">", 0.1), (flat, "<=", 0.02))
+    holds, est = decide((up, ">", 0.1), (flat, "not >", 0.02))
     assert holds is True and est is flat  # both clear; the closest call (flat: 1 SE from its margin) is shown
     noisy = Estimate(0.12, 0.02)
-    assert decide((noisy, ">", 0.1), (flat, "<=", 0.02)) == (NOISE, noisy)  # 0.12 - 0.1 is inside 2 SE
+    assert decide((noisy, ">", 0.1), (flat, "not >", 0.02)) == (NOISE, noisy)  # 0.12 - 0.1 is inside 2 SE
     bad = Estimate(0.10, 0.02)
-    assert decide((noisy, ">", 0.1), (bad, "<=", 0.02)) == (False, bad)  # a failing part beats a noisy one
+    assert decide((noisy, ">", 0.1), (bad, "not >", 0.02)) == (False, bad)  # a failing part beats a noisy one
     assert decide((up, ">", 0.0)) == (True, up)
 
 

@@ -21,8 +21,9 @@ The standard errors (z = 2 throughout, a ~95% two-sided band):
     bootstrap  any statistic of one sample:    sd of the statistic over resamples (`bootstrap`, seeded)
     seeds      one estimate per seed:          between-seed sd / sqrt(k), never below the mean sampling SE / sqrt(k)
 
-A claim that an effect is *absent* ("random reward does not raise pass@1") is `judge(est, "<=")`: it holds unless
-the rise clears the noise. A claim on a run that cannot support it (a collapsed run, a stage that did not run) is
+A bound ("random reward does not raise pass@1 by more than 0.02", "format stays at least 0.9") is
+`judge(est, "<=", margin)` / `">="`: it holds only when the whole noise band lies on its side of the margin -- a
+rise inside the noise does not show that there was none. A claim on a run that cannot support it (a collapsed run, a stage that did not run) is
 not judged at all: `Claim(holds=None, why=...)`.
 """
 
@@ -67,13 +68,21 @@ class Estimate:
         return core + (f"; {self.what})" if self.what else ")")
 
 
-def judge(est: Estimate, claim: Literal[">", "<", "<=", ">="] = ">", margin: float = 0.0, z: float = Z) -> Holds:
+def judge(est: Estimate, claim: Literal[">", "<", "<=", ">=", "not <", "not >"] = ">", margin: float = 0.0,
+          z: float = Z) -> Holds:
     """The verdict of the claim `est.value <claim> margin`, given its noise.
 
     '>' / '<':   holds when the value clears `margin` by z SE in that direction, does not hold when it clears it
                  the other way, NOISE in between.
-    '<=' / '>=': a claim that an effect is absent (or at most / at least `margin`): holds unless the value clears
-                 `margin` by z SE the wrong way. There is no NOISE: the absence of a clear effect is what it claims.
+    '<=' / '>=': at most / at least `margin` ("stays at guess level": at most guess + a tolerance the claim names;
+                 "keeps its format": at least the start - 0.1): holds when the whole band [value - z SE,
+                 value + z SE] lies on the claimed side (touching the margin counts), does not hold when it lies
+                 beyond it, NOISE when it straddles it. The absence of a clear effect is not evidence of its
+                 absence: "does not rise" with margin 0 holds only on a value clearly below 0, so such a claim
+                 names the tolerance it means.
+    'not <' / 'not >': a guard, never a claim's deciding test: holds unless the value is clearly below (above)
+                 `margin` -- "and it never clearly falls between two evaluations" beside a main part that clears
+                 its own noise. Alone it would let noise decide, which is what this module exists to prevent.
     """
     lo, hi = est.value - z * est.se, est.value + z * est.se
     if claim == ">":
@@ -81,10 +90,14 @@ def judge(est: Estimate, claim: Literal[">", "<", "<=", ">="] = ">", margin: flo
     if claim == "<":
         return True if hi < margin else False if lo > margin else NOISE
     if claim == "<=":
-        return not lo > margin
+        return True if hi <= margin else False if lo > margin else NOISE
     if claim == ">=":
+        return True if lo >= margin else False if hi < margin else NOISE
+    if claim == "not <":
         return not hi < margin
-    raise ValueError(f"claim must be one of > < <= >=, got {claim!r}")
+    if claim == "not >":
+        return not lo > margin
+    raise ValueError(f"claim must be one of > < <= >= 'not <' 'not >', got {claim!r}")
 
 
 def both(*verdicts: Holds) -> Holds:
@@ -120,7 +133,7 @@ class Part:
         if self.estimate is None:
             return math.inf
         est = self.estimate
-        gap = est.value - self.margin if self.test in (">", ">=") else self.margin - est.value
+        gap = est.value - self.margin if self.test in (">", ">=", "not <") else self.margin - est.value
         return gap / est.se if est.se > 0 else math.copysign(math.inf, gap)
 
 

@@ -33,8 +33,8 @@ def instruct_claims(r: dict) -> list[Claim]:
     def two(a: dict, b: dict, key: str, what: str) -> Estimate:  # a's share minus b's
         return two_shares(a[key] * replies(a, key), replies(a, key), b[key] * replies(b, key), replies(b, key), what)
 
-    b1 = decide(*((level(base[k], replies(base, k), k), "<=", 0.05) for k in ("seen", "unseen")))
-    b2a = decide((level(nar["seen"], replies(nar, "seen"), "narrow seen"), ">=", 0.8),
+    b1 = decide(*((level(base[k], replies(base, k), k), "not >", 0.05) for k in ("seen", "unseen")))
+    b2a = decide((level(nar["seen"], replies(nar, "seen"), "narrow seen"), "not <", 0.8),
                  (two(nar, bro, "seen", "narrow - broad"), ">", 0.0))
     b2c = decide(*((paired(base["window_losses"], m["window_losses"], f"{name}, paired "
                            f"{len(base['window_losses'])} windows"), ">", 0.1) for name, m in (("narrow", nar), ("broad", bro))))
@@ -86,15 +86,15 @@ def preference_claims(r: dict, betas) -> list[Claim]:
         return two_shares(b[key] * b["n"], b["n"], a[key] * a["n"], a["n"], what)
 
     b4 = decide((rise(sft, big, "reward", f"best-of-{ns[-1]} - SFT"), ">", 0.2),
-                *((rise(a, b, "reward", f"{m} -> best-of-{n}"), ">=", 0.0)
+                *((rise(a, b, "reward", f"{m} -> best-of-{n}"), "not <", 0.0)
                   for (m, a), (n, b) in zip([("SFT", sft), *((n, bon[n]) for n in ns)], [(n, bon[n]) for n in ns])),
-                (rise(sft, big, "format", f"format, best-of-{ns[-1]} - SFT"), ">=", -0.1))
+                (rise(sft, big, "format", f"format, best-of-{ns[-1]} - SFT"), "not <", -0.1))
     b5c = decide(*((Estimate(d["end_share"], d["end_share_se"], d["n"], f"beta {d['beta']:g}, bootstrap {d['n']}"),
-                    "<=", 0.15) for d in dpo))
+                    "not >", 0.15) for d in dpo))
     return [
         Claim.compare("B3", "Bradley-Terry reward model, held-out pairs", "100%", pct(rm["rm_accuracy"]),
                       ">= 95% held-out pair accuracy", level(rm["rm_accuracy"], rm["n_test_pairs"], "pairs"),
-                      ">=", 0.95),
+                      "not <", 0.95),
         Claim("B4", f"best-of-n, n = {'/'.join(ns)} (SFT first)", "27% -> 38/62/88%, format 94%",
               " -> ".join(pct(x) for x in bon_rewards) + f", format {pct(big['format'])} (SFT {pct(sft['format'])})",
               f"reward rises with n (no step clearly down; best-of-{ns[-1]} above SFT by more than 20 points), "
@@ -108,7 +108,7 @@ def preference_claims(r: dict, betas) -> list[Claim]:
         Claim.compare("B5b", "DPO format adherence", "92/73/32% (SFT 95%)",
                       "/".join(pct(d["format"]) for d in dpo) + f" (SFT {pct(sft['format'])})",
                       "small beta breaks the format: at the smallest beta at most half the replies keep it (seed 32%)",
-                      level(smallest["format"], smallest["n"], f"beta {smallest['beta']:g} format"), "<=", 0.5),
+                      level(smallest["format"], smallest["n"], f"beta {smallest['beta']:g} format"), "not >", 0.5),
         Claim("B5c", "DPO's log-ratio on the last two tokens", "9/5/4%",
               "/".join(pct(d["end_share"]) for d in dpo)
               + ("" if max(d["end_share"] for d in dpo) <= 0.15 else
@@ -148,20 +148,20 @@ def rlvr_claims(r: dict) -> list[Claim]:
               f"{pct(before['pass_at'][k])} -> {pct(after['pass_at'][k])}",
               f"pass@1 up (by more than 10 points; seed +22), pass@{k} flat or down (not above +2 points)",
               *decide((change(before, after, "pass@1", "pass@1"), ">", 0.1),
-                      (change(before, after, "pass@k", f"pass@{k}"), "<=", 0.02))),
+                      (change(before, after, "pass@k", f"pass@{k}"), "not >", 0.02))),
         Claim.compare("B6b", f"distinct answers in {k} samples; first-digit entropy", "7.3 -> 4.3; 0.23 -> 0.16 nats",
                       f"{fmt(before['distinct'], 1)} -> {fmt(after['distinct'], 1)}; {fmt(before['entropy'])} -> "
                       f"{fmt(after['entropy'])} nats",
                       "fewer distinct answers", change(before, after, "distinct", "distinct"), "<", 0.0),
         Claim("B6c", "share of GRPO groups with no signal (mean over steps)", "about a third", pct(signal.value),
               "about a third of groups carry no signal (between 20% and 50%)",
-              *decide((signal, ">=", 0.2), (signal, "<=", 0.5))),
+              *decide((signal, "not <", 0.2), (signal, "not >", 0.5))),
         Claim("B7", f"control: more SFT steps: pass@1, pass@{k}", "75%, 99% (GRPO 47%, 80%)",
               f"{pct(ctl['pass_at']['1'])}, {pct(ctl['pass_at'][k])} "
               f"(GRPO {pct(after['pass_at']['1'])}, {pct(after['pass_at'][k])})",
               f"when demonstrations are cheap, SFT wins (pass@1 above GRPO's, pass@{k} not below)",
               *decide((change(after, ctl, "pass@1", "pass@1"), ">", 0.0),
-                      (change(after, ctl, "pass@k", f"pass@{k}"), ">=", 0.0))),
+                      (change(after, ctl, "pass@k", f"pass@{k}"), "not <", 0.0))),
     ]
 
 

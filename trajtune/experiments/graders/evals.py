@@ -258,7 +258,7 @@ def claims(results: dict, config) -> list[Claim]:
                          "RLHF book ch.16 §16.6c: benchmarks improving \"when models are trained with RL on random "
                          "rewards -- a contrived setup that should only increase performance if a model has certain "
                          "types of data contamination\". The calculator is decontaminated (E3): pass@1 must not rise "
-                         "by more than 2 paired SE", rnd, "<=", 0.0)]
+                         "by more than 2 paired SE", rnd, "not >", 0.0)]
     over_control = paired(per["evals_random"], per["evals_grpo"], f"GRPO - random control, paired over {n} problems")
     holds, est = decide(*[(real, ">", 0.0), (over_control, ">", 0.0)])
     out.append(Claim("E2", "GRPO with the verifier, same budget", "the real run beats its random control",
@@ -278,7 +278,7 @@ def claims(results: dict, config) -> list[Claim]:
                      not d["clean_flagged"] and d["planted_flagged"] == d["expected"]))
     bounded = all(pol[s]["maj_at"][k] <= pol[s]["pass_at"][k] + 1e-9 for s in POLICIES)  # a vote picks a sampled answer
     holds, est = decide(*[(paired(pol[s]["maj_per_problem"]["1"], pol[s]["maj_per_problem"][k],
-                                   f"{POLICIES[s]} maj@{k} - maj@1, paired over {n} problems"), ">=", 0.0)
+                                   f"{POLICIES[s]} maj@{k} - maj@1, paired over {n} problems"), "not <", 0.0)
                            for s in POLICIES])
     rows = "; ".join(f"{POLICIES[s]} {fmt(pol[s]['maj_at']['1'])} / {fmt(pol[s]['maj_at'][k])} / "
                      f"{fmt(pol[s]['pass_at'][k])}" for s in POLICIES)
@@ -300,7 +300,7 @@ def claims(results: dict, config) -> list[Claim]:
         "RLHF book ch.16 §16.5a: \"controlling evaluation scores by the total number of tokens for inference is "
         f"important\": the policies are compared at the same budget (tokens per sample within "
         f"{100 * demo.token_spread:.0f}%, not beyond it by more than 2 SE), so no difference in E1/E2 is bought "
-        "with tokens", spread, "<=", demo.token_spread))
+        "with tokens", spread, "not >", demo.token_spread))
     elo, bt = ev["ratings"]["elo"], ev["ratings"]["bt"]
     holds, est, why = rating_order(pol, ev["ratings"])
     out.append(Claim("E6", "Elo and Bradley-Terry from the verifier's pairwise verdicts", "-",
@@ -315,7 +315,7 @@ def claims(results: dict, config) -> list[Claim]:
     for s in POLICIES:
         letter = share(round(mc[s]["letter"] * n), n, 0.5)
         parts.append((Estimate(abs(letter.value), letter.se, n, f"{POLICIES[s]} |label - 1/2|, binomial over {n}"),
-                      "<=", 0.0))
+                      "not >", 0.0))
         parts.append((share(round(mc[s]["answer_sum"] * n), n, 0.5, f"{POLICIES[s]} answer string - 1/2, "
                                                                      f"binomial over {n}"), ">", 0.0))
     holds, est = decide(*parts)

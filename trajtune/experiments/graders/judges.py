@@ -381,7 +381,7 @@ def claims(results: dict, config) -> list[Claim]:
                       "Prompting the model and looking at which token (A or B) had a higher probability gives a label: "
                       "it agrees with the verifier at least as often as the judge's generated verdict, less 2 points "
                       "(not below that by more than 2 SE)",
-                      shares(cai["agreement"], cai["greedy_agreement"], n_decided), ">=", -0.02),
+                      shares(cai["agreement"], cai["greedy_agreement"], n_decided), "not <", -0.02),
         Claim.compare("J6", "a rubric item graded by the judge vs by the verifier (SFT samples)",
                       "RLHF book ch.12 §12.14: rubrics give nearly-verifiable criteria for prompts without "
                       "verifiable answers",
@@ -417,7 +417,7 @@ def j1(ai: dict, ver: dict, sft: dict, n: int) -> Claim:
     gap = Estimate(ai["reward"] - 0.8 * ver["reward"] - 0.2 * sft["reward"],
                    math.sqrt(se(ai["reward"]) ** 2 + (0.8 * se(ver["reward"])) ** 2 + (0.2 * se(sft["reward"])) ** 2),
                    n, f"AI - 0.8 verifier - 0.2 SFT, binomial over {n} replies each")
-    holds, est = decide(*[(shares(ver["reward"], sft["reward"], n), ">", 0.0), (gap, ">=", 0.0)])
+    holds, est = decide(*[(shares(ver["reward"], sft["reward"], n), ">", 0.0), (gap, "not <", 0.0)])
     ours = (f"AI {pct(ai['reward'])}@{fmt(ai['kl'], 1)} ({ai['n_pairs']} pairs, {ai['ties']} ties dropped, "
             f"{pct(ai['label_agreement'])} of them labelled as the verifier does); " + base)
     return Claim("J1", what, seed, ours, claim, holds, est)

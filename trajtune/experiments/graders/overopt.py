@@ -332,7 +332,7 @@ def kl_grows(curves: list[list[dict]]) -> tuple[Holds, Estimate]:
     between two evaluations (a dip inside the noise is not a fall). When it holds, the estimate shown is the
     smaller rise (in SE) of step 0 -> the end: the headline, not a step that did not fall."""
     rises = [(change(curve[0], curve[-1], KL), ">", 0.0) for curve in curves]
-    steps = [(change(a, b, KL), ">=", 0.0) for curve in curves for a, b in zip(curve, curve[1:])]
+    steps = [(change(a, b, KL), "not <", 0.0) for curve in curves for a, b in zip(curve, curve[1:])]
     holds, est = decide(*rises + steps)
     return (holds, decide(*rises)[1]) if holds is True else (holds, est)
 
@@ -349,7 +349,7 @@ def claims(results: dict, config) -> list[Claim]:
                      "peak above step 0, the end below the peak, the proxy higher at the end than at gold's peak, each "
                      "by more than 2 SE of the probe's replies", holds, est))
     half = single[len(single) // 2]
-    holds, est = decide(*[(change(half, single[-1], PROXY), ">", 0.0), (change(half, single[-1], TEST), "<=", 0.0)])
+    holds, est = decide(*[(change(half, single[-1], PROXY), ">", 0.0), (change(half, single[-1], TEST), "not >", 0.0)])
     out.append(Claim("O2", "train RM vs test RM (halves)", "train-RM gains stop transferring to the test RM",
                      f"from step {half['step']} to {single[-1]['step']}: proxy (train RM) "
                      f"{single[-1][PROXY] - half[PROXY]:+.2f}, test RM {single[-1][TEST] - half[TEST]:+.2f} (test RM "

@@ -395,7 +395,7 @@ def claims(results: dict, config) -> list[Claim]:
         holds, est = decide(*[(share(round(pl["pair_accuracy"] * n_pairs), n_pairs, 0.5,
                                       f"binomial over {n_pairs} pairs"), ">", 0.0),
                                (shares(pl["pair_accuracy"], b["pair_accuracy"], n_pairs,
-                                       f"PL - BT, binomial over {n_pairs} pairs"), ">=", -0.05)])
+                                       f"PL - BT, binomial over {n_pairs} pairs"), "not <", -0.05)])
         out.append(Claim("R7", "K-wise Plackett-Luce vs all-pairs BT", "RLHF book ch.5 §5.4-5.5",
                          f"held-out pair accuracy PL {fmt(pl['pair_accuracy'])}, BT {fmt(b['pair_accuracy'])}; top-1 "
                          f"PL {fmt(pl['top1'])}, BT {fmt(b['top1'])} ({kw['test_lists']} lists of 4, {n_pairs} pairs)",

@@ -198,7 +198,7 @@ def bandit_claims(config: Config, env: TwoArmBandit, curves: dict, spread: dict)
         Claim("C1", "SFT on filtered data: pi(right), reward", "2/3, 5/6 (0.667, 0.833)",
               f"{fmt(mean(sft['p_right']), 3)}, {fmt(mean(sft['reward']), 3)}",
               "the 2/3, 5/6 fixed point (each within 0.02)",
-              *decide(*((e, test, bound) for e in c1 for test, bound in (("<=", 0.02), (">=", -0.02))))),
+              *decide(*((e, test, bound) for e in c1 for test, bound in (("not >", 0.02), ("not <", -0.02))))),
         Claim("C2", "iw-SFT clip / smooth a=0.5 / a=1: reward", "tighter bound, better policy",
               f"{fmt(mean(clip['reward']), 3)} / {fmt(mean(smooth.get(0.5, sft)['reward']), 3)} / "
               f"{fmt(mean(smooth.get(1.0, sft)['reward']), 3)}",

@@ -176,9 +176,9 @@ def claims(results: dict, config) -> list[Claim]:
             Part("accuracy rise", change(c["dpo/accuracy"], k, "accuracy")),
             Part("distinct replies kept (>= half)", minus(share(main["distinct"], n, 0, "distinct"),
                                                           share(b["distinct"], n, 0, "distinct"),
-                                                          f"distinct - 0.5 x SFT's, binomial over {n}", 0.5), ">="),
+                                                          f"distinct - 0.5 x SFT's, binomial over {n}", 0.5), "not <"),
             Part("format kept (within 0.1)", two_shares(a["format"] * n, n, b["format"] * n, n,
-                                                        f"format DPO - SFT, binomial over {n}"), ">=", -0.1)])
+                                                        f"format DPO - SFT, binomial over {n}"), "not <", -0.1)])
         out.append(Claim("S8.1", "DPO: loss, accuracy, margins, rewards", cite(8),
                          f"margin (first / last {k} steps) {fmt(m0, 3)} -> {fmt(m1, 3)}, accuracy {fmt(a0)} -> {fmt(a1)}, "
                          f"chosen reward {fmt(c['dpo/chosen_reward'][-1], 3)}, rejected {fmt(c['dpo/rejected_reward'][-1], 3)}; "
@@ -197,8 +197,8 @@ def claims(results: dict, config) -> list[Claim]:
                          f"held-out pair accuracy IPO - DPO, binomial over {n}")
         holds, est, why = decide([
             Part("IPO's accuracy above 0.5", share(ip["heldout_accuracy"], n, 0.5, "IPO held-out pair accuracy - 0.5")),
-            Part("IPO's accuracy within 0.1 of DPO's (above)", gap, ">=", -0.1),
-            Part("IPO's accuracy within 0.1 of DPO's (below)", gap, "<=", 0.1),
+            Part("IPO's accuracy within 0.1 of DPO's (above)", gap, "not <", -0.1),
+            Part("IPO's accuracy within 0.1 of DPO's (below)", gap, "not >", 0.1),
             Part("IPO's first loss >= 10x DPO's (one batch, exact)", None, exact=l_i >= 10 * l_d)])
         out.append(Claim("S8.2", "DPO vs IPO vs dpo_norm: scale", cite(8),
                          f"first-step loss: DPO {fmt(l_d, 3)}, IPO {fmt(l_i, 3)}; held-out pair accuracy DPO "
