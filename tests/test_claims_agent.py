@@ -203,7 +203,7 @@ def test_a5_held_out_follows_the_pooled_rounds_not_one_point():
     assert _claim(r, "A5").holds is True
     r["rft"]["curve"] = curve([(0.15, 0.15), (0.61, 0.45), (0.70, 0.5), (0.74, 0.45), (0.72, 0.5)])
     a5 = _claim(r, "A5")
-    assert a5.holds is False and [p.what for p in a5.parts if p.holds is False] == ["held-out (rounds pooled) - guess"]
+    assert a5.holds is False and [p.name for p in a5.parts if p.holds is False] == ["held-out (rounds pooled) - guess"]
 
 
 def test_a2_and_a3_levels_and_guess_level():
@@ -229,7 +229,7 @@ def test_a7_a8_comparisons_inside_the_noise_are_not_distinguishable():
     r["dpo"]["curve"][-1].update({"eval/pass_rate": 0.57, "eval/invalid_per_episode": 2.0})
     r["dpo_nll"]["curve"][-1].update({"eval/pass_rate": 0.60, "eval/invalid_per_episode": 0.6})
     a8 = _claim(r, "A8")
-    assert a8.holds == NOISE and "train" in next(p.what for p in a8.parts if p.holds == NOISE)
+    assert a8.holds == NOISE and "train" in next(p.name for p in a8.parts if p.holds == NOISE)
     r["dpo"]["curve"][-1].update({"eval/heldout_pass_rate": 0.14 + 0.15})  # 6 of 40 more than at the start
     assert _claim(r, "A7").holds is True
     r["dpo"]["curve"][-1].update({"eval/heldout_pass_rate": 0.6})

@@ -119,7 +119,7 @@ class Part:
     verdict. `decide` also takes a bare (estimate, test, margin) tuple for an unnamed part."""
 
     name: str
-    estimate: Estimate | None
+    estimate: Estimate | None = None
     test: str = ">"
     margin: float = 0.0
     exact: Holds = None
@@ -136,19 +136,42 @@ class Part:
         gap = est.value - self.margin if self.test in (">", ">=", "not <") else self.margin - est.value
         return gap / est.se if est.se > 0 else math.copysign(math.inf, gap)
 
+    def text(self) -> str:
+        """'held-out - guess level +0.04 ± 0.06 (2 SE; binomial, 160 episodes), claim not > 0: holds'."""
+        word = {True: "holds", False: "fails", NOISE: "not distinguishable", None: "not judged"}[self.holds]
+        if self.estimate is None:
+            return f"{self.name}: {word}"
+        return f"{self.name} {self.estimate}, claim {self.test} {self.margin:g}: {word}"
+
+    def to_json(self) -> dict:
+        e = self.estimate
+        return {"what": self.name, "test": self.test, "margin": self.margin, "exact": self.exact,
+                "est": None if e is None else {"value": e.value, "se": e.se, "n": e.n, "what": e.what}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Part":
+        e = d["est"]
+        return cls(d["what"], None if e is None else Estimate(e["value"], e["se"], e["n"], e["what"]), d["test"],
+                   d["margin"], d["exact"])
+
 
 def deciding_part(*parts: Part | tuple[Estimate, str, float]) -> tuple[Holds, Part]:
     """A claim made of several parts -> (`both` of their verdicts, the part that decided it, to show beside the
-    verdict): the first part that fails, else the first inside the noise, else the closest call (the part that
-    clears its margin by the fewest standard errors)."""
+    verdict): a failed exact part first, else of the parts with an estimate the failed one that fails by most, else
+    the one inside the noise closest to failing, else the closest call (the part that clears its margin by the
+    fewest standard errors); the first part when all are exact and hold."""
     if not parts:
         raise ValueError("decide: no parts")
     tests = [p if isinstance(p, Part) else Part("", *p) for p in parts]
-    verdicts = [t.holds for t in tests]
-    pick = (next((t for t, v in zip(tests, verdicts) if v is False), None)
-            or next((t for t, v in zip(tests, verdicts) if v == NOISE), None)
-            or min(tests, key=Part.clearance))
-    return both(*verdicts), pick
+    holds = both(*(t.holds for t in tests))
+    failed_exact = [t for t in tests if t.estimate is None and t.holds is False]
+    if failed_exact:
+        return holds, failed_exact[0]
+    for want in (False, NOISE, True):
+        pick = [t for t in tests if t.estimate is not None and t.holds == want]
+        if pick:
+            return holds, min(pick, key=Part.clearance)
+    return holds, tests[0]
 
 
 def decide(*parts: Part | tuple[Estimate, str, float]) -> tuple[Holds, Estimate | None]:

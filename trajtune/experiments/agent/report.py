@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 from ...envs.bugfix_tasks import FAMILIES, make_tasks
 from ...runs.report import (VERDICT_WORDS, Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image,
                             line_plot, markdown_table, mean_sd, panel_plot, seed_links, write_report)
-from ...runs.verdicts import (NOISE, Z, Estimate, Holds, both, judge, over_seeds, share_se, shares, two_shares)
+from ...runs.verdicts import (NOISE, Z, Estimate, Holds, Part, deciding_part, over_seeds, share_se, shares,
+                               two_shares)
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
 GAP_COLUMNS = ("train", "heldout", "renamed", "novel")
@@ -94,68 +94,14 @@ def rl_only_stability(r: dict) -> tuple[bool, str]:
 # kept set before and after dedup, DPO's log-prob drift on its fixed pairs) is a plain True / False. A claim is
 # `verdicts.both` of its parts, so it holds only when every comparison clears its noise, and is "not
 # distinguishable" when one sits inside it. The seeds report pools every part over seeds (`pool_parts`).
-@dataclass(frozen=True)
-class Part:
-    """One part of a claim: `est` judged by `test` against `margin`, or (est None) an exact check `exact`."""
-
-    what: str
-    est: Estimate | None = None
-    test: str = ">"
-    margin: float = 0.0
-    exact: bool | None = None
-
-    @property
-    def holds(self) -> Holds:
-        return judge(self.est, self.test, self.margin) if self.est is not None else self.exact
-
-    def text(self) -> str:
-        """'held-out - guess level +0.04 ± 0.06 (2 SE; binomial, 160 episodes), claim <= 0: holds'."""
-        word = {True: "holds", False: "fails", NOISE: "not distinguishable", None: "not judged"}[self.holds]
-        if self.est is None:
-            return f"{self.what}: {word}"
-        return f"{self.what} {self.est}, claim {self.test} {self.margin:g}: {word}"
-
-    def to_json(self) -> dict:
-        e = self.est
-        return {"what": self.what, "test": self.test, "margin": self.margin, "exact": self.exact,
-                "est": None if e is None else {"value": e.value, "se": e.se, "n": e.n, "what": e.what}}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Part":
-        e = d["est"]
-        return cls(d["what"], None if e is None else Estimate(e["value"], e["se"], e["n"], e["what"]), d["test"],
-                   d["margin"], d["exact"])
-
-
-def clearance(p: Part) -> float:
-    """How many standard errors a statistical part's value clears its margin by, in the claimed direction."""
-    e = p.est
-    gap = (e.value - p.margin) if p.test in (">", ">=", "not <") else (p.margin - e.value)  # type: ignore[union-attr]
-    return gap / e.se if e.se > 0 else math.copysign(math.inf, gap)  # type: ignore[union-attr]
-
-
-def decided(parts: list[Part]) -> tuple[Holds, Part | None]:
-    """`both` of the parts' verdicts, and the part to show beside it: a failed part (an exact one first, else the
-    statistical one that fails by most), else the part inside the noise closest to failing, else the statistical
-    part that clears its margin by the fewest standard errors (the closest call); None when all are exact."""
-    holds = both(*(p.holds for p in parts))
-    if any(p.holds is False and p.est is None for p in parts):
-        return holds, next(p for p in parts if p.holds is False and p.est is None)
-    stats = [p for p in parts if p.est is not None]
-    for want in (False, NOISE, True):
-        pick = [p for p in stats if p.holds == want]
-        if pick:
-            return holds, min(pick, key=clearance)
-    return holds, None
-
-
 def claim_of(id: str, what: str, seed: str, ours: str, claim: str, parts: list[Part]) -> Claim:
-    """A Claim decided by its parts (`decided`): the estimate shown beside the verdict is the deciding part's, named
+    """A Claim decided by its parts (`verdicts.deciding_part`): the estimate shown beside the verdict is the deciding part's, named
     ('+0.275 ± 0.200 (2 SE; held-out, SFT->RL - RL only > 0.2; binomial)'); `why` names a failed exact part."""
-    holds, shown = decided(parts)
-    why = "" if shown is None or shown.est is not None else shown.what
-    est = None if shown is None or shown.est is None else Estimate(
-        shown.est.value, shown.est.se, shown.est.n, f"{shown.what} {shown.test} {shown.margin:g}; {shown.est.what.split(',')[0]}")
+    holds, shown = deciding_part(*parts)
+    why = "" if shown.estimate is not None or holds is True else shown.name
+    est = None if shown.estimate is None else Estimate(
+        shown.estimate.value, shown.estimate.se, shown.estimate.n,
+        f"{shown.name} {shown.test} {shown.margin:g}; {shown.estimate.what.split(',')[0]}")
     c = Claim(id, what, seed, ours, claim, holds, est, why=why)
     c.parts = parts  # type: ignore[attr-defined]  # every part, for the report's detail and the seeds report
     return c
@@ -466,8 +412,8 @@ def conclusion_parts(c, r: dict) -> dict[str, list[Part]]:
 
 
 def conclusions(c, r: dict) -> dict[str, Holds]:
-    """Each conclusion's verdict: True, False or NOISE (a part inside its noise), `decided` over its parts."""
-    return {k: decided(parts)[0] for k, parts in conclusion_parts(c, r).items()}
+    """Each conclusion's verdict: True, False or NOISE (a part inside its noise), `decided` over its parts (`verdicts.deciding_part`)."""
+    return {k: deciding_part(*parts)[0] for k, parts in conclusion_parts(c, r).items()}
 
 
 PHRASE: dict[Holds, str] = {True: "holds", False: "does not hold", NOISE: "is not distinguishable from noise",
@@ -476,7 +422,7 @@ PHRASE: dict[Holds, str] = {True: "holds", False: "does not hold", NOISE: "is no
 
 def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[Holds, Part | None]] | None = None) -> str:
     """One sentence per conclusion: what it says, on how many seeds it holds (and where it was inside the noise),
-    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part, `decided`) the verdict over
+    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part, `verdicts.deciding_part`) the verdict over
     the seeds; on one seed, `pooled` gives the deciding difference beside the verdict.
     `verdicts`: conclusion -> its verdict on every seed."""
     n = len(next(iter(verdicts.values())))
@@ -488,16 +434,16 @@ def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[H
         if n == 1:
             body = f"{head}: this {PHRASE[vs[0]]}"
             part = pooled[k][1] if pooled is not None else None
-            if part is not None and part.est is not None:
-                body += f" ({part.what} {part.est})"
+            if part is not None and part.estimate is not None:
+                body += f" ({part.name} {part.estimate})"
         else:
             body = (f"{head}: this holds on {held} of {n} seeds"
                     + (f" and is not distinguishable from noise on {noise}" if noise else ""))
             if pooled is not None:
                 v, part = pooled[k]
                 body += f"; over the seeds it {PHRASE[v]}"
-                if part is not None and part.est is not None:
-                    body += f" ({part.what} {part.est})"
+                if part is not None and part.estimate is not None:
+                    body += f" ({part.name} {part.estimate})"
         out.append(body + ".")
     return " ".join(out) + " The claims table gives the numbers."
 
@@ -543,7 +489,7 @@ def summary(c, r: dict, cl: list[Claim]) -> dict:
     out = {"numbers": s, "holds": {x.id: x.holds for x in cl},
            "claims": {x.id: {"what": x.what, "claim": x.claim} for x in cl},
            "parts": {x.id: [p.to_json() for p in x.parts] for x in cl},  # type: ignore[attr-defined]
-           "conclusions": {k: decided(v)[0] for k, v in parts.items()},
+           "conclusions": {k: deciding_part(*v)[0] for k, v in parts.items()},
            "conclusion_parts": {k: [p.to_json() for p in v] for k, v in parts.items()}}
     if "generalization" in r:  # train / held-out / train renamed / novel of each final policy
         g = r["generalization"]
@@ -630,7 +576,7 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks "
         f"(unseen names; 10 more of unseen code as a probe). {claims_verdict(cl)}. Whole run "
         f"{wall:.0f}s wall ({c.runner.workers} worker process(es)).\n\n"
-        + conclusions_text({k: [v] for k, v in concl.items()}, {k: decided(v) for k, v in conclusion_parts(c, r).items()})
+        + conclusions_text({k: [v] for k, v in concl.items()}, {k: deciding_part(*v) for k, v in conclusion_parts(c, r).items()})
         + " A single seed: `trajtune run agent --seeds 0,1,2,3,4` judges them over five." + warning,
         "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl) + "\n\nA3 (start), A5, A7-A9 and A13 read the "
         "evaluation points; A2, A3 (end) and A11 the final-policy evaluation (both described below the tables "
@@ -689,11 +635,11 @@ def pool_parts(per_seed: list[list[Part]]) -> list[Part]:
     out = []
     for parts in zip(*per_seed, strict=True):
         p = parts[0]
-        if p.est is not None:
-            out.append(Part(p.what, over_seeds([x.est for x in parts]), p.test, p.margin))  # type: ignore[misc]
+        if p.estimate is not None:
+            out.append(Part(p.name, over_seeds([x.estimate for x in parts]), p.test, p.margin))  # type: ignore[misc]
         else:
             ex = [x.exact for x in parts]
-            out.append(Part(p.what, exact=None if any(e is None for e in ex) else all(ex)))
+            out.append(Part(p.name, exact=None if any(e is None for e in ex) else all(ex)))
     return out
 
 
@@ -712,7 +658,7 @@ def pooled_claims(summaries: dict[int, dict]) -> list[Claim]:
 def pooled_conclusions(summaries: dict[int, dict]) -> dict[str, tuple[Holds, Part | None]]:
     """Each conclusion's verdict over the seeds and the part shown beside it."""
     seeds = sorted(summaries)
-    return {k: decided(pool_parts([[Part.from_json(d) for d in summaries[s]["conclusion_parts"][k]] for s in seeds]))
+    return {k: deciding_part(*pool_parts([[Part.from_json(d) for d in summaries[s]["conclusion_parts"][k]] for s in seeds]))
             for k in CONCLUSIONS}
 
 
@@ -779,8 +725,8 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict],
     concl_pooled = pooled_conclusions(summaries)
     concl_rows = [[f"{i + 1}. {k}", f"{sum(v is True for v in per_seed[k])}/{len(seeds)}"]
                   + [WORD[v] for v in per_seed[k]]
-                  + [VERDICT_WORDS[concl_pooled[k][0]], str(concl_pooled[k][1].est) if concl_pooled[k][1] and
-                     concl_pooled[k][1].est else "-"]
+                  + [VERDICT_WORDS[concl_pooled[k][0]], str(concl_pooled[k][1].estimate) if concl_pooled[k][1] and
+                     concl_pooled[k][1].estimate else "-"]
                   for i, k in enumerate(CONCLUSIONS)]
     collapsed = [s for s in seeds if "RL only invalid/ep, last eval" in summaries[s]["numbers"] and not (
         summaries[s]["numbers"]["RL only invalid/ep, last eval"] <= summaries[s]["numbers"]["RL only invalid/ep, first eval"] + 0.5
