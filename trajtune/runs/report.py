@@ -75,12 +75,13 @@ class Claim:
         """The deciding difference and its noise ('+0.016 ± 0.046 (2 SE; binomial)'), '' for none."""
         return str(self.estimate) if self.estimate is not None else ""
 
-    def line(self, width: int = 120) -> str:
-        """One terminal line (<= width characters): id, verdict, and what decided it."""
-        text = f"  {self.id:<6} {VERDICT_WORDS[self.holds].replace('*', ''):<19} {self.what}"
+    def line(self, width: int = 120, id_width: int = 6) -> str:
+        """One terminal line (<= width characters): id, verdict, and what decided it (the deciding difference, else
+        `why`: a failed exact part, the reason it was not judged)."""
+        text = f"  {self.id:<{id_width}} {VERDICT_WORDS[self.holds].replace('*', ''):<19} {self.what}"
         if self.evidence:
             text += f": {self.evidence}"
-        elif self.holds is None and self.why:
+        elif self.why and self.holds is not True:
             text += f" ({self.why})"
         return text if len(text) <= width else text[:width - 1] + "…"
 
@@ -108,7 +109,8 @@ def claims_verdict(claims: Sequence[Claim], bold: bool = True) -> str:
 def claims_summary(claims: Sequence[Claim]) -> str:
     """What a recipe prints at its end: 'N of M claims hold (...)' and one short line per claim (<= 120 characters;
     the details stay in the report) -- never the markdown table."""
-    return "\n".join([claims_verdict(claims, bold=False), *(c.line() for c in claims)])
+    id_width = max([6, *(len(c.id) for c in claims)])
+    return "\n".join([claims_verdict(claims, bold=False), *(c.line(id_width=id_width) for c in claims)])
 
 
 def seed_links(seeds: Sequence[int]) -> str:
