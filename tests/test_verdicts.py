@@ -106,3 +106,17 @@ def test_pooled_verdicts_judge_the_estimate_over_seeds():
     assert pooled["X"][0] is True and pooled["X"][1].n == 3
     assert pooled["Y"] == (NOISE, None)
     assert pooled_verdicts({0: seed(0.1), 1: seed(-0.1, other=False)})["Y"][0] is False
+
+
+def test_ratio_is_the_bootstrap_where_that_is_stable_and_does_not_depend_on_order():
+    from trajtune.runs.verdicts import ratio
+
+    rng = random.Random(0)
+    num, den = [rng.gauss(0.3, 1) for _ in range(128)], [rng.gauss(1, 1) for _ in range(128)]
+    est = ratio(num, den)
+    boot = bootstrap(list(zip(num, den)), lambda xs: sum(a for a, _ in xs) / sum(b for _, b in xs), seed=0)
+    assert est.value == pytest.approx(boot.value) and est.se == pytest.approx(boot.se, rel=0.15)
+    assert ratio(num[::-1], den[::-1]).se == pytest.approx(est.se, rel=1e-9)  # another order, the same noise
+    assert ratio([0.0, 0.0], [0.0, 0.0]).se == 0.0  # the reference against itself: nothing to measure
+    with pytest.raises(ValueError, match="same"):
+        ratio([1.0], [1.0, 2.0])

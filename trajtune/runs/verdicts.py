@@ -19,6 +19,7 @@ The standard errors (z = 2 throughout, a ~95% two-sided band):
     paired     per-item differences d_i:       sd(d) / sqrt(n)          (`paired`: the same problems before/after)
     unpaired   two independent samples:        sqrt(var_a/n_a + var_b/n_b)  (`difference`)
     bootstrap  any statistic of one sample:    sd of the statistic over resamples (`bootstrap`, seeded)
+    ratio      sum(num) / sum(den) over items: the delta method (`ratio`; smooth, order-free)
     seeds      one estimate per seed:          between-seed sd / sqrt(k), never below the mean sampling SE / sqrt(k)
 
 A bound ("random reward does not raise pass@1 by more than 0.02", "format stays at least 0.9") is
@@ -240,6 +241,22 @@ def bootstrap(items: Sequence, statistic: Callable[[Sequence], float], seed: int
     stats = [statistic([items[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)]
     return Estimate(statistic(items), statistics.stdev(stats) if resamples > 1 else 0.0, n,
                     what or f"bootstrap, {resamples} resamples of {n}")
+
+
+def ratio(num: Sequence[float], den: Sequence[float], what: str = "") -> Estimate:
+    """sum(num) / sum(den) over n items (e.g. the share of each reply's log-ratio that sits on its last tokens) and
+    its delta-method standard error, sd(num - R den) / (sqrt(n) |mean(den)|): smooth in the data and independent of
+    the items' order, where a bootstrap of a ratio whose denominator nears 0 in some resamples is not (two
+    processes that sum in another order would report different noise). [n] and [n] -> Estimate."""
+    n = len(num)
+    if n != len(den) or n == 0:
+        raise ValueError(f"ratio: {n} numerators and {len(den)} denominators; they must be the same, non-empty items")
+    total = sum(den)
+    r = sum(num) / total if total else float("nan")
+    if n < 2 or not total:
+        return Estimate(r, 0.0, n, what or f"ratio over {n}")
+    resid = [a - r * b for a, b in zip(num, den)]
+    return Estimate(r, statistics.stdev(resid) / (math.sqrt(n) * abs(total / n)), n, what or f"delta method, {n}")
 
 
 def over_seeds(estimates: Sequence[Estimate]) -> Estimate:

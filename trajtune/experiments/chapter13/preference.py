@@ -30,7 +30,7 @@ from ...sources.scoring import pair_accuracy, reward_model_scores
 from ...engine import Engine
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyTransformer, load_model
-from ...runs.verdicts import bootstrap
+from ...runs.verdicts import ratio
 from ...trajectory import collate
 from .instruct import corpus, demo, instruct_source, renderer
 from ...seeding import derive
@@ -48,8 +48,9 @@ def sft_model(run_dir: Path) -> TinyTransformer:
 @torch.no_grad()
 def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
     """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share, and the
-    noise of each (`n` replies; `kl_se` the standard error of the mean KL; `end_share_se` a bootstrap over replies,
-    `runs.verdicts.bootstrap`)."""
+    noise of each (`n` replies; `kl_se` the standard error of the mean KL; `end_share_se` the delta-method SE of the
+    ratio over replies, `runs.verdicts.ratio`: a bootstrap of it followed the float path when the log-ratio sum
+    nears 0)."""
     pad = corpus()[0].pad_id
     trajs = sample_episodes(instruct_source(policy, "preference", config.max_reply), [InstructTask(w) for w in SEEN],
                             config.eval_per_word, seed)
@@ -60,19 +61,12 @@ def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
     last = (position * mask).amax(-1, keepdim=True)  # [B, 1] index of each reply's last POLICY token
     tail = mask * (position >= last - 1)  # the last two POLICY tokens of each reply
     per_reply = log_ratio.sum(-1)  # [B]
-    items = list(zip((log_ratio * tail).sum(-1).tolist(), per_reply.tolist()))  # (tail, whole) per reply
-
-    def end_share(xs) -> float:
-        total = sum(w for _, w in xs)
-        return sum(t for t, _ in xs) / total if total else float("nan")
-
     n = len(trajs)
-    whole = end_share(items)  # nan for the reference itself (no log-ratio at all): nothing to resample
-    share = bootstrap(items, end_share, seed=seed) if n > 1 and whole == whole else None
+    share = ratio((log_ratio * tail).sum(-1).tolist(), per_reply.tolist())  # nan for the reference itself
     return {"reward": sum(t.reward for t in trajs) / n, "n": n,
             "format": sum(t.info["format_ok"] for t in trajs) / n,
             "kl": float(per_reply.mean()), "kl_se": float(per_reply.std() / n ** 0.5) if n > 1 else 0.0,
-            "end_share": whole, "end_share_se": share.se if share else 0.0,
+            "end_share": share.value, "end_share_se": share.se,
             "examples": [t.info["reply"] for t in trajs[:: config.eval_per_word][:3]]}
 
 

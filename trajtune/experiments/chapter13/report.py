@@ -89,7 +89,7 @@ def preference_claims(r: dict, betas) -> list[Claim]:
                 *((rise(a, b, "reward", f"{m} -> best-of-{n}"), "not <", 0.0)
                   for (m, a), (n, b) in zip([("SFT", sft), *((n, bon[n]) for n in ns)], [(n, bon[n]) for n in ns])),
                 (rise(sft, big, "format", f"format, best-of-{ns[-1]} - SFT"), "not <", -0.1))
-    b5c = decide(*((Estimate(d["end_share"], d["end_share_se"], d["n"], f"beta {d['beta']:g}, bootstrap {d['n']}"),
+    b5c = decide(*((Estimate(d["end_share"], d["end_share_se"], d["n"], f"beta {d['beta']:g}, delta method {d['n']}"),
                     "not >", 0.15) for d in dpo))
     return [
         Claim.compare("B3", "Bradley-Terry reward model, held-out pairs", "100%", pct(rm["rm_accuracy"]),
