@@ -27,4 +27,5 @@ def test_recipe_on_the_real_model(real_model, tmp_path):
     assert ev["sft"]["greedy_format"] >= ev["base"]["greedy_format"] + 0.5, ev["sft"]["examples"]
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows if r["stage"] == "grpo" and "rollout/reward" in r] == [1, 2]
-    assert "accuracy (greedy)" in report and "standard errors" in report
+    assert "accuracy (greedy)" in report  # the held-out table
+    assert "difference ± 2 SE" in report and "standard error" in report  # each gain beside the noise that decides it
