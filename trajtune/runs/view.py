@@ -185,7 +185,8 @@ def load_decoder(path: Path) -> Decoder:
     try:
         hf = AutoTokenizer.from_pretrained(str(folder))
     except Exception as e:  # noqa: BLE001 - any failure to read it is the user's path
-        raise ConfigError(f"trajtune view: cannot read a tokenizer from {path}: {e}") from None
+        raise ConfigError(f"trajtune view: cannot read a tokenizer from {path}: "
+                          f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
     return Decoder(str(folder), len(hf), lambda ids: hf.decode(ids, skip_special_tokens=False,
                                                                 clean_up_tokenization_spaces=False), False)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from ...envs.bugfix_tasks import FAMILIES, make_tasks
 from ...runs.report import (VERDICT_WORDS, Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image,
                             line_plot, markdown_table, mean_sd, panel_plot, seed_links, write_report)
-from ...runs.verdicts import (NOISE, Z, Estimate, Holds, Part, deciding_part, over_seeds, share_se, shares,
+from ...runs.verdicts import (NOISE, Z, Estimate, Holds, Part, deciding_part, over_seeds, share, shares,
                                two_shares)
 
 RECIPES = {"SFT (oracle)": "oracle_sft", "RFT": "rft", "SFT -> RL": "sft_rl", "RL only": "rl_only"}
@@ -108,8 +108,8 @@ def claim_of(id: str, what: str, seed: str, ours: str, claim: str, parts: list[P
 
 
 def rate(p: float, n: int, what: str = "") -> Estimate:
-    """A share `p` of `n` episodes as an estimate of itself (binomial SE at (hits + 1) / (n + 2), as `two_shares`)."""
-    return Estimate(p, share_se((p * n + 1) / (n + 2), n), n, what or f"binomial, {n} episodes")
+    """A share `p` of `n` episodes as an estimate of itself (`verdicts.share` from the share instead of the hits)."""
+    return share(p * n, n, what=what or f"binomial, {n} episodes")
 
 
 def minus(est: Estimate, level: float, what: str = "") -> Estimate:
