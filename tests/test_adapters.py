@@ -105,6 +105,16 @@ def test_reasoning_gym_recipe_reduced(tmp_path, capsys):
     assert (run_dir / "rl" / "episodes.jsonl").exists()  # what `trajtune view` shows
 
 
+@pytest.mark.skipif(HAS_RG, reason="checks the message when reasoning-gym is missing, and it is installed")
+def test_a_recipe_whose_library_is_missing_says_what_to_install_in_one_line(tmp_path, capsys):
+    from trajtune.cli import main
+
+    assert main(["run", "reasoning_gym", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install reasoning-gym" in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("trajtune: error:")]) == 1
+
+
 # --- TextArena ----------------------------------------------------------------------------------
 def binary_search(messages):
     """GuessTheNumber's best player: halve the range on every hint."""

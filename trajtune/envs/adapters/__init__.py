@@ -16,10 +16,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from ...config import ConfigError
+
+
+class MissingPackage(ConfigError, ImportError):
+    """An adapter's library is not installed: a user error (the command line says it in one line, exit 2),
+    and an ImportError for code that tries an optional import."""
+
 
 def require(module: str, install: str) -> ModuleType:
-    """Import an optional library, or fail with the command that installs it."""
+    """Import an optional library, or fail with the command that installs it (`MissingPackage`)."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"this adapter needs the {module!r} package: {install} ({e})") from e
+        raise MissingPackage(f"this adapter needs the {module!r} package: {install} ({e})") from e
