@@ -24,7 +24,6 @@ from trajtune.sources.base import Source
 from trajtune.sources.episodes import EpisodeRunner, EpisodeSource, Here, Measured
 from trajtune.sources.overlap import Overlapped
 from trajtune.sources.process import SamplerProcess
-from trajtune.sources.rewards import RewardSet
 from trajtune.sources.scoring import Scored
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
@@ -132,7 +131,7 @@ def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
     renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
     base = EpisodeSource(engine.sample, SingleTurnEnv, renderer)
     process = SamplerProcess(engine)  # not started: nothing runs
-    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, RewardSet([])), Overlapped(base, process),
+    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, []), Overlapped(base, process),
                              EpisodeSource(process, SingleTurnEnv, renderer)]
     for source in sources:
         assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__

@@ -217,6 +217,7 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
     import torch
 
     from trajtune.sources.base import Draw
+    from trajtune.sources.graders import weighted
     from trajtune.sources.scoring import Scored
 
     from test_sources import Scripted
@@ -233,12 +234,12 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
                                    "    return [None if c in ('none', 'hang') else 1.0 for c in completions]\n"
                                    "def b(completions, **kw):\n"
                                    "    return [None if c in ('none', 'b0') else 2.0 for c in completions]\n")
-    functions = RewardSet([RewardFunction(spec=f"{tmp_path / 'r.py'}:{f}") for f in "ab"], timeout=0.5)
+    functions = [RewardFunction(spec=f"{tmp_path / 'r.py'}:{f}", timeout=0.5) for f in "ab"]
     engine = types.SimpleNamespace(step=0, is_main=True)
     replies = ["ok", "none", "b0", "hang", "ok2"]
     trajs = [Trajectory([1, 2], [Owner.PROMPT, Owner.POLICY], [0, 0], group=i // 2, info={"actions": [r]})
              for i, r in enumerate(replies)]
-    with Scored(Fixed(trajs), engine, functions, weights=[1.0, 0.5], max_steps=1) as source:
+    with Scored(Fixed(trajs), engine, weighted(functions, [1.0, 0.5]), max_steps=1) as source:
         episodes = source.take(Draw(_tasks(5), 1, torch.Generator()))
         kept = episodes.trainable
         assert [t.info["actions"][0] for t in kept] == ["ok", "b0", "ok2"] and [t.group for t in kept] == [0, 1, 2]
@@ -249,7 +250,7 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
         assert episodes.metrics["time/reward_s"] > 0
         with pytest.raises(RewardError, match="no reward source scored any of the batch's 2 completions"):
             none = [Trajectory([1, 2], [Owner.PROMPT, Owner.POLICY], [0, 0], info={"actions": ["none"]}) for _ in "ab"]
-            Scored(Fixed(none), engine, functions).take(Draw(_tasks(2), 1, torch.Generator()))
+            Scored(Fixed(none), engine, weighted(functions)).take(Draw(_tasks(2), 1, torch.Generator()))
 
 
 def _grpo(work, out, *flags):
@@ -299,7 +300,7 @@ def test_a_trained_reward_model_is_a_reward(work, tmp_path, capsys):
     import torch
 
     from trajtune.cli import main
-    from trajtune.experiments.hf.sampling import reward_model
+    from trajtune.experiments.hf.graders import reward_model
     from trajtune.metrics import read_metrics
 
     assert main(["rm", "--model", str(work / "model"), "--data", str(work / "pairs.jsonl"), "--steps", "2",

@@ -57,7 +57,8 @@ from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
+from .graders import check_grader_inputs
+from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
 from .prepare import Prepared, fit, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
@@ -143,7 +144,7 @@ Config = GRPORun
 
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
     prepared = prompt_data(config)
-    check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    check_grader_inputs(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
     if config.ptx_data:
         ptx_trajectories(config, prepared)  # its rows parse and fit, before the model loads
     if config.gold_reward:  # the gold functions import and find their columns in the probe's prompts

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...processes import exit_with_parent
+from ..graders import Grades, check_faults, grade_all
 from .functions import (CallResult, RewardBatch, RewardError, RewardState, _Bad, _group, _listing, _short,
                         callable_name, check, invoke, load_reward_function, signature_of)
 
@@ -129,19 +130,91 @@ class _Call:
 
 
 class RewardFunction:
-    """One reward function, by spec ('file.py:fn': runs in worker processes) or as a callable
-    (runs in threads of this process). `label` is how messages name it."""
+    """One reward function as a grader (`trajtune.sources.graders.Grader`), by spec ('file.py:fn': runs in
+    worker processes) or as a callable (runs in threads of this process). `label` is how messages name it.
 
-    def __init__(self, fn: Callable | None = None, *, spec: str = "", name: str = ""):
+    timeout:         seconds one call may take (0: no limit); a call past it is stopped and its rows fail
+    max_fault_share: while looking for the rows a failed batch call hung on, more than this share of the batch
+                     stops the search (the batch fails either way: `graders.check_faults`)"""
+
+    finished_only = False
+    main_only = True
+
+    def __init__(self, fn: Callable | None = None, *, spec: str = "", name: str = "", timeout: float = 60.0,
+                 max_fault_share: float = 0.5):
         if spec:
             fn = load_reward_function(spec)
         if fn is None:
             raise ValueError("RewardFunction: give a callable or a spec")
         self.fn, self.spec, self.name = fn, spec, name or callable_name(fn)
+        self.timeout, self.max_fault_share = timeout, max_fault_share
         self.columns, self.accepts = signature_of(fn)
-        self.label = f"reward function {self.name}" + (f" ({spec})" if spec else "")
         self._idle: list[_Worker] = []
         self._busy: list[_Worker] = []
+
+    @property
+    def label(self) -> str:
+        return f"reward function {self.name}" + (f" ({self.spec})" if self.spec else "")
+
+    def start(self, batch: RewardBatch, state: RewardState) -> Callable[[], Grades]:
+        """Call the function once on the whole batch (a worker started and the module imported first, outside
+        the time limit); the returned wait: where the call raised or overran, call it row by row to find the
+        rows, then check every value. Raises RewardError (`trajtune.sources.rewards`)."""
+        self.start_workers(1)
+        call = self.submit(batch.kwargs(state=state))
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+
+        def wait() -> Grades:
+            left = None if deadline is None else max(1e-6, deadline - time.monotonic())
+            out = wait_all([call], left)[0]
+            failed: dict[int, str] = {}
+            if out is None or out.error:
+                out, hung = self._locate(batch, out, state)
+                failed = {i: f"{self.label} ran past its time limit ({self.timeout:g} s) on {batch.where[i]}"
+                          for i in hung}
+            values, problems = check(out, len(batch), self.label, batch)
+            if problems:
+                raise RewardError(problems)
+            metrics = {f"reward/{self.name}/{k}": statistics.fmean(xs) for k, xs in _group(out.metrics).items()}
+            return Grades(values, metrics, failed, out.extras)
+
+        return wait
+
+    def _locate(self, batch: RewardBatch, first: CallResult | None,
+                state: RewardState | None) -> tuple[CallResult, set[int]]:
+        """Call the function row by row after its batch call raised (`first.error`) or overran (`first` None).
+        Returns an CallResult of the per-row values, and the rows that overran alone. Raises RewardError
+        for the rows that raised (or, if none did alone, for the batch call's error)."""
+        n, cap = len(batch), self.max_fault_share * len(batch)
+        values: list = [None] * n
+        raised: dict[int, str] = {}
+        hung: set[int] = set()
+        for start in range(0, n, LOCATE_WORKERS):
+            wave = list(range(start, min(n, start + LOCATE_WORKERS)))
+            self.start_workers(len(wave))
+            for i, out in zip(wave, wait_all([self.submit(batch.kwargs([i], state)) for i in wave], self.timeout)):
+                if out is None:
+                    hung.add(i)
+                elif out.error:
+                    raised[i] = out.error
+                elif out.values is not None and len(out.values) == 1:
+                    values[i] = out.values[0]
+                else:
+                    values[i] = _Bad(f"{out.returned or out.values!r} for one completion")
+            hangs_on_all = start == 0 and len(hung) == len(wave)  # the whole first wave overran
+            if hangs_on_all or len(hung) > cap:  # the batch fails either way: do not wait for the rest
+                hung |= set(range(start + len(wave), n))
+                break
+        if raised or (first is not None and not hung):
+            rows = sorted(raised)
+            error = raised[rows[0]] if rows else first.error
+            first_row = f"{batch.where[rows[0]]} (completion {_short(batch.text(rows[0]))})" if rows else ""
+            head = (f"{self.label} raised on the batch of {n} completions, but on none of them alone:" if not rows else
+                    f"{self.label} raised on {first_row}:" if len(rows) == 1 else
+                    f"{self.label} raised on {len(rows)} of {n} completions ({_listing(rows, batch)}); on the first, "
+                    f"{first_row}:")
+            raise RewardError(f"{head}\n{error}")
+        return CallResult(values=values), hung
 
     def submit(self, kwargs: dict) -> _Call:
         """Start one call on `kwargs` (filtered to what the function accepts) and return at once."""
@@ -151,13 +224,13 @@ class RewardFunction:
             ours, theirs = Pipe(duplex=False)
             threading.Thread(target=_send_outcome, args=(theirs, self.fn, kwargs), daemon=True).start()
             return _Call(ours, None, self)
-        self.start(1)
+        self.start_workers(1)
         worker = self._idle.pop()
         self._busy.append(worker)
         worker.conn.send(("call", self.spec, kwargs))
         return _Call(worker.conn, worker, self)
 
-    def start(self, k: int) -> None:
+    def start_workers(self, k: int) -> None:
         """Have `k` idle workers (specs only), the function imported in each: started together, and
         before any call's time limit runs (a module that imports torch takes seconds)."""
         if not self.spec or len(self._idle) >= k:
@@ -238,17 +311,14 @@ class Scores:
 
 
 class RewardSet:
-    """Reward functions called once per batch, concurrently, each call under `timeout` seconds
-    (0: no limit); `max_fault_share`: the share of a batch that may fail by time-outs."""
+    """Reward functions scored together outside `Scored` (grpo's --gold-reward): their names made unique (two
+    called `reward` from two files are named by file too), each call under `timeout` seconds (0: no limit);
+    `max_fault_share`: the share of a batch that may fail by time-outs. Close it to stop the workers."""
 
     def __init__(self, functions: Sequence[RewardFunction], timeout: float = 60.0, max_fault_share: float = 0.5):
-        names = [f.name for f in functions]
-        self.functions = list(functions)
-        for f in self.functions:  # two functions called `reward` from two files: name them by file too
-            if names.count(f.name) > 1 and f.spec:
-                f.name = f"{Path(f.spec.rsplit(':', 1)[0]).stem}.{f.name}"
-        if len({f.name for f in self.functions}) < len(self.functions):
-            raise RewardError(f"the same reward function is given twice: {names}")
+        self.functions = unique_names(functions)
+        for f in self.functions:
+            f.timeout, f.max_fault_share = timeout, max_fault_share
         self.timeout, self.max_fault_share = timeout, max_fault_share
 
     def close(self) -> None:
@@ -263,64 +333,27 @@ class RewardSet:
         self.close()
 
     def score(self, batch: RewardBatch, state: RewardState | None = None) -> Scores:
-        """1. call every function on the whole batch at once; 2. where a call raised or overran, call
-        it row by row to find the rows; 3. check every value. Raises RewardError (module docstring)."""
-        n, metrics, extras = len(batch), {}, [dict() for _ in range(len(batch))]
-        for f in self.functions:
-            f.start(1)
-        outcomes = wait_all([f.submit(batch.kwargs(state=state)) for f in self.functions], self.timeout)
-        values, failed = [], {}
-        for f, out in zip(self.functions, outcomes, strict=True):
-            if out is None or out.error:
-                out, hung = self._locate(f, batch, out, state)
-                failed.update({i: f"{f.label} ran past its time limit ({self.timeout:g} s) on {batch.where[i]}"
-                               for i in hung if i not in failed})
-            vals, problems = check(out, n, f.label, batch)
-            if problems:
-                raise RewardError(problems)
-            values.append(vals)
-            for name, xs in _group(out.metrics).items():
-                metrics[f"reward/{f.name}/{name}"] = statistics.fmean(xs)
-            for col, xs in out.extras.items():
-                for i, x in zip(range(n), xs):
+        """Every function's grades of the batch, called at the same time (`graders.grade_all`), and the rows that
+        failed (`graders.check_faults`). Raises RewardError (module docstring)."""
+        grades = grade_all(self.functions, batch, state or RewardState())
+        failed = check_faults(grades, batch, self.max_fault_share)
+        extras: list[dict] = [dict() for _ in range(len(batch))]
+        for g in grades:
+            for col, xs in g.extras.items():
+                for i, x in zip(range(len(batch)), xs):
                     extras[i][col] = x
-        if len(failed) > self.max_fault_share * n:
-            raise RewardError(f"{len(failed)} of {n} completions got no reward (limit {self.max_fault_share:.0%}): "
-                              + _listing(sorted(failed), batch, lambda i: failed[i]))
-        return Scores(values, failed, metrics, extras)
+        return Scores([g.scores for g in grades], failed, {k: v for g in grades for k, v in g.metrics.items()},
+                      extras)
 
-    def _locate(self, f: RewardFunction, batch: RewardBatch, first: CallResult | None,
-                state: RewardState | None) -> tuple[CallResult, set[int]]:
-        """Call `f` row by row after its batch call raised (`first.error`) or overran (`first` None).
-        Returns an CallResult of the per-row values, and the rows that overran alone. Raises RewardError
-        for the rows that raised (or, if none did alone, for the batch call's error)."""
-        n, cap = len(batch), self.max_fault_share * len(batch)
-        values: list = [None] * n
-        raised: dict[int, str] = {}
-        hung: set[int] = set()
-        for start in range(0, n, LOCATE_WORKERS):
-            wave = list(range(start, min(n, start + LOCATE_WORKERS)))
-            f.start(len(wave))
-            for i, out in zip(wave, wait_all([f.submit(batch.kwargs([i], state)) for i in wave], self.timeout)):
-                if out is None:
-                    hung.add(i)
-                elif out.error:
-                    raised[i] = out.error
-                elif out.values is not None and len(out.values) == 1:
-                    values[i] = out.values[0]
-                else:
-                    values[i] = _Bad(f"{out.returned or out.values!r} for one completion")
-            hangs_on_all = start == 0 and len(hung) == len(wave)  # the whole first wave overran
-            if hangs_on_all or len(hung) > cap:  # the batch fails either way: do not wait for the rest
-                hung |= set(range(start + len(wave), n))
-                break
-        if raised or (first is not None and not hung):
-            rows = sorted(raised)
-            error = raised[rows[0]] if rows else first.error
-            first_row = f"{batch.where[rows[0]]} (completion {_short(batch.text(rows[0]))})" if rows else ""
-            head = (f"{f.label} raised on the batch of {n} completions, but on none of them alone:" if not rows else
-                    f"{f.label} raised on {first_row}:" if len(rows) == 1 else
-                    f"{f.label} raised on {len(rows)} of {n} completions ({_listing(rows, batch)}); on the first, "
-                    f"{first_row}:")
-            raise RewardError(f"{head}\n{error}")
-        return CallResult(values=values), hung
+
+def unique_names(functions: Sequence[RewardFunction]) -> list[RewardFunction]:
+    """The functions, two with the same name from two files renamed '<file stem>.<name>'; the same function
+    twice is a RewardError."""
+    names = [f.name for f in functions]
+    out = list(functions)
+    for f in out:
+        if names.count(f.name) > 1 and f.spec:
+            f.name = f"{Path(f.spec.rsplit(':', 1)[0]).stem}.{f.name}"
+    if len({f.name for f in out}) < len(out):
+        raise RewardError(f"the same reward function is given twice: {names}")
+    return out
