@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class Grades:
     """What one grader gave a batch of N completions."""
 
-    scores: list[float | None]
+    scores: Sequence[float | None]
     """[N] a finite number per completion, or None where the grader does not apply (or could not grade it)"""
     metrics: dict[str, float] = field(default_factory=dict)
     """reward/<name>/... of this call (what a function logged, a judge's unparseable share, ...)"""

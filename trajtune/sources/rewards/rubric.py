@@ -267,7 +267,7 @@ class RubricReward:
                 out.append(rubric_score(row, weights, self.how, hard, self.hard_rules))
         self.metrics = {f"reward/{self.name}/ungraded": sum(v is None for v in out) / max(1, len(out))}
         for k, item in enumerate(items):
-            graded = [row[k] for row in grades if row[k] is not None]
+            graded = [bool(row[k]) for row in grades if row[k] is not None]
             if graded:
                 self.metrics[f"reward/{self.name}/pass/{slug(item.title)}"] = sum(graded) / len(graded)
         return out

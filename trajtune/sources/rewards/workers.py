@@ -207,7 +207,7 @@ class RewardFunction:
                 break
         if raised or (first is not None and not hung):
             rows = sorted(raised)
-            error = raised[rows[0]] if rows else first.error
+            error = raised[rows[0]] if rows else first.error if first is not None else ""
             first_row = f"{batch.where[rows[0]]} (completion {_short(batch.text(rows[0]))})" if rows else ""
             head = (f"{self.label} raised on the batch of {n} completions, but on none of them alone:" if not rows else
                     f"{self.label} raised on {first_row}:" if len(rows) == 1 else
@@ -287,7 +287,7 @@ def wait_all(calls: Sequence[_Call], timeout: float | None) -> list[CallResult |
             if not ready:
                 break
             for conn in ready:
-                call = pending.pop(conn)
+                call = pending.pop(conn)  # type: ignore[call-overload]  # wait() gives back the connections
                 got[id(call)] = call.receive()
     finally:
         for call in pending.values():
@@ -342,7 +342,7 @@ class RewardSet:
             for col, xs in g.extras.items():
                 for i, x in zip(range(len(batch)), xs):
                     extras[i][col] = x
-        return Scores([g.scores for g in grades], failed, {k: v for g in grades for k, v in g.metrics.items()},
+        return Scores([list(g.scores) for g in grades], failed, {k: v for g in grades for k, v in g.metrics.items()},
                       extras)
 
 
