@@ -21,7 +21,7 @@ A grader maps the episodes (and the tasks they answer) to one score each, or Non
                              reward sources, an environment's verifier)
     batch_grader(scorer)     a `RewardBatch` scorer: a `sources.scoring.RewardModel`, a
                              `sources.ensemble.RewardEnsemble`, a judge, any `RewardBatch -> [N]` callable
-    reward_set_graders(set)  each TRL-style reward function of a `sources.rewards.RewardSet`, by name
+    graders_of(graders)      each `sources.graders.Grader` (grpo's --gold-reward functions), by name
     verifier_grader(verify)  a per-row verifier `verify(task, reply) -> reward` (or `(reward, checks)`)
 
 Metrics (registered below): overopt/proxy, overopt/gold (the first gold grader), overopt/gold/<name> (every
@@ -44,7 +44,8 @@ from .metrics import register
 from .objectives.kl import sequence_kl
 from .sources.base import Source
 from .sources.episodes import sample_episodes
-from .sources.rewards import RewardBatch
+from .sources import graders
+from .sources.rewards import RewardBatch, RewardState
 from .trajectory import Owner, Trajectory, collate
 
 register("overopt/proxy", "over-optimization probe: mean proxy reward (what the run optimizes) of the fixed "
@@ -100,22 +101,24 @@ def verifier_grader(verify: Callable[[Any, str], Any]) -> Grader:
     return grade
 
 
-def reward_set_graders(functions) -> dict[str, Grader]:
-    """Every function of a `sources.rewards.RewardSet` (TRL-style reward functions) as a grader, by its name.
-    The set is called once per batch of episodes: the first grader's call scores every function, the others read
-    it. A row whose call ran past the time limit scores None."""
+def graders_of(of: Sequence[graders.Grader], max_fault_share: float = 0.5) -> dict[str, Grader]:
+    """Every `sources.graders.Grader` (TRL-style reward functions: grpo's --gold-reward) as a probe grader, by its
+    name. They are started together once per batch of episodes (`graders.grade_all`): the first probe grader's
+    call grades with all of them, the others read it. A row a call failed on (past its time limit) scores None;
+    more than `max_fault_share` of the rows is a RewardError (`graders.check_faults`)."""
     last: dict = {}
 
     def grader(k: int) -> Grader:
         def grade(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> list:
             if last.get("trajs") is not trajs:
-                last.update(trajs=trajs, scores=functions.score(reward_batch(tasks, trajs)))
-            scores = last["scores"]
-            return [None if i in scores.failed else v for i, v in enumerate(scores.values[k])]
+                batch = reward_batch(tasks, trajs)
+                grades = graders.grade_all(of, batch, RewardState())
+                last.update(trajs=trajs, grades=grades, failed=graders.check_faults(grades, batch, max_fault_share))
+            return [None if i in last["failed"] else v for i, v in enumerate(last["grades"][k].scores)]
 
         return grade
 
-    return {f.name: grader(k) for k, f in enumerate(functions.functions)}
+    return {g.name: grader(k) for k, g in enumerate(of)}
 
 
 def mean_score(scores: Sequence) -> float:

@@ -25,7 +25,7 @@ the value. `combine` is the weighted sum; a row that every source left None is u
 (TRL excludes it from the baseline; the HF commands drop it from the update).
 
 A `RewardFunction` is a grader (`trajtune.sources.graders.Grader`): `Scored` takes it, weighted, with the
-other graders; `RewardSet` scores several outside `Scored` (grpo's --gold-reward).
+other graders (`unique_names`: two functions called `reward` from two files are named by file too).
 
 How the calls run (`RewardFunction.start`, workers.py):
   * the functions of one batch are called at the same time, one call each;
@@ -44,8 +44,8 @@ Nothing here imports torch: a worker starts in ~0.1 s plus the reward module's o
 
 from .functions import (RESERVED, RewardBatch, RewardError, RewardState, callable_name, check_columns, combine,
                         load_reward_function, reward_verifier, signature_of, source_metrics, user_traceback)
-from .workers import LOAD_TIMEOUT_S, LOCATE_WORKERS, RewardFunction, RewardSet, Scores, unique_names, wait_all
+from .workers import LOAD_TIMEOUT_S, LOCATE_WORKERS, RewardFunction, unique_names, wait_all
 
 __all__ = ["RESERVED", "RewardBatch", "RewardError", "RewardState", "callable_name", "check_columns", "combine",
            "load_reward_function", "reward_verifier", "signature_of", "source_metrics", "user_traceback",
-           "LOAD_TIMEOUT_S", "LOCATE_WORKERS", "RewardFunction", "RewardSet", "Scores", "unique_names", "wait_all"]
+           "LOAD_TIMEOUT_S", "LOCATE_WORKERS", "RewardFunction", "unique_names", "wait_all"]

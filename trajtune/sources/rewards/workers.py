@@ -1,14 +1,14 @@
 """Where reward calls run: worker processes for functions given as specs, threads for callables.
 
-`RewardSet.score(batch)` calls every function once on the whole batch, at the same time, each
-under the time limit; a function given as a spec ('file.py:fn', 'module:fn') runs in its own
+`RewardFunction.start(batch, state)` calls the function once on the whole batch under its time limit (the
+graders of a batch are started together, so several functions run at the same time); a function given as a spec ('file.py:fn', 'module:fn') runs in its own
 worker process (started once, reused, the module imported there), so a call past the limit is
 stopped by killing the process, which nothing in the function can block (a hung C call, a
 GIL-holding regex); a plain callable runs in a thread of this process, where the limit only stops
 the waiting. A batch call that raises or overruns is called again row by row (`LOCATE_WORKERS` at
 a time) to find the rows: an exception stops the run with a `RewardError` showing the user's
 traceback once and naming the rows; a row that overruns alone fails (its episode gets no reward),
-and more failed rows than `max_fault_share` of the batch stop the run. A worker starts in ~0.1 s
+and more failed rows than `max_fault_share` of the batch stop the run (`graders.check_faults`). A worker starts in ~0.1 s
 plus the reward module's own imports (nothing here imports torch).
 """
 
@@ -20,14 +20,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ...processes import exit_with_parent
-from ..graders import Grades, check_faults, grade_all
+from ..graders import Grades
 from .functions import (CallResult, RewardBatch, RewardError, RewardState, _Bad, _group, _listing, _short,
                         callable_name, check, invoke, load_reward_function, signature_of)
 
@@ -293,57 +292,6 @@ def wait_all(calls: Sequence[_Call], timeout: float | None) -> list[CallResult |
         for call in pending.values():
             call.cancel()
     return [got.get(id(c)) for c in calls]
-
-
-# --- scoring a batch ---------------------------------------------------------------------------
-@dataclass
-class Scores:
-    """What `RewardSet.score` found for a batch of N completions and K functions."""
-
-    values: list[list[float | None]]
-    """[K][N] each function's reward per completion (None: does not apply, or the row failed)"""
-    failed: dict[int, str]
-    """row -> why it got no reward (a call that ran past the time limit)"""
-    metrics: dict[str, float]
-    """what the functions logged with log_metric, as reward/<function>/<name> (mean)"""
-    extras: list[dict]
-    """[N] what they logged with log_extra"""
-
-
-class RewardSet:
-    """Reward functions scored together outside `Scored` (grpo's --gold-reward): their names made unique (two
-    called `reward` from two files are named by file too), each call under `timeout` seconds (0: no limit);
-    `max_fault_share`: the share of a batch that may fail by time-outs. Close it to stop the workers."""
-
-    def __init__(self, functions: Sequence[RewardFunction], timeout: float = 60.0, max_fault_share: float = 0.5):
-        self.functions = unique_names(functions)
-        for f in self.functions:
-            f.timeout, f.max_fault_share = timeout, max_fault_share
-        self.timeout, self.max_fault_share = timeout, max_fault_share
-
-    def close(self) -> None:
-        """Stop the worker processes (a later `score` starts new ones)."""
-        for f in self.functions:
-            f.close()
-
-    def __enter__(self) -> "RewardSet":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def score(self, batch: RewardBatch, state: RewardState | None = None) -> Scores:
-        """Every function's grades of the batch, called at the same time (`graders.grade_all`), and the rows that
-        failed (`graders.check_faults`). Raises RewardError (module docstring)."""
-        grades = grade_all(self.functions, batch, state or RewardState())
-        failed = check_faults(grades, batch, self.max_fault_share)
-        extras: list[dict] = [dict() for _ in range(len(batch))]
-        for g in grades:
-            for col, xs in g.extras.items():
-                for i, x in zip(range(len(batch)), xs):
-                    extras[i][col] = x
-        return Scores([list(g.scores) for g in grades], failed, {k: v for g in grades for k, v in g.metrics.items()},
-                      extras)
 
 
 def unique_names(functions: Sequence[RewardFunction]) -> list[RewardFunction]:
