@@ -15,7 +15,8 @@ Over-Optimization; Bai et al. 2022 split the preference data in half for a train
                 POLICY tokens of log pi - log pi_ref (the k1 estimator, `objectives.kl.sequence_kl`),
                 then the mean over completions -- the book's Monte Carlo KL (ch.15, checklist 15.2)
 
-A grader maps the episodes (and the tasks they answer) to one score each, or None where it does not apply:
+A probe grader (`ProbeGrader`) maps the episodes (and the tasks they answer) to one score each, or None where
+it does not apply:
 
     episode_rewards()        the reward the source gave each episode (a `Scored` source's weighted
                              reward sources, an environment's verifier)
@@ -61,7 +62,7 @@ register("overopt/sd/*", "over-optimization probe: the standard deviation over t
 register("overopt/graded", "over-optimization probe: completions the probe's scores and KL are over (sampled "
          "and trainable)")
 
-Grader = Callable[[Sequence[Any], Sequence[Trajectory]], list]
+ProbeGrader = Callable[[Sequence[Any], Sequence[Trajectory]], list]
 """(tasks, episodes) -> [N] scores (float, or None where the grader does not apply); episode i answers tasks[i]"""
 
 
@@ -81,17 +82,17 @@ def reward_batch(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> RewardBat
                        [getattr(task, "where", "") or task.name for task in tasks])
 
 
-def episode_rewards() -> Grader:
+def episode_rewards() -> ProbeGrader:
     """The reward each episode came with from its source."""
     return lambda tasks, trajs: [t.reward for t in trajs]
 
 
-def batch_grader(scorer: Callable[[RewardBatch], Sequence]) -> Grader:
+def batch_grader(scorer: Callable[[RewardBatch], Sequence]) -> ProbeGrader:
     """A `RewardBatch` scorer (a reward model, an ensemble, a judge) as a grader."""
     return lambda tasks, trajs: list(scorer(reward_batch(tasks, trajs)))
 
 
-def verifier_grader(verify: Callable[[Any, str], Any]) -> Grader:
+def verifier_grader(verify: Callable[[Any, str], Any]) -> ProbeGrader:
     """A per-row verifier `verify(task, reply) -> reward or (reward, checks)` as a grader."""
 
     def grade(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> list:
@@ -101,14 +102,14 @@ def verifier_grader(verify: Callable[[Any, str], Any]) -> Grader:
     return grade
 
 
-def graders_of(of: Sequence[graders.Grader], max_fault_share: float = 0.5) -> dict[str, Grader]:
+def graders_of(of: Sequence[graders.Grader], max_fault_share: float = 0.5) -> dict[str, ProbeGrader]:
     """Every `sources.graders.Grader` (TRL-style reward functions: grpo's --gold-reward) as a probe grader, by its
     name. They are started together once per batch of episodes (`graders.grade_all`): the first probe grader's
     call grades with all of them, the others read it. A row a call failed on (past its time limit) scores None;
     more than `max_fault_share` of the rows is a RewardError (`graders.check_faults`)."""
     last: dict = {}
 
-    def grader(k: int) -> Grader:
+    def grader(k: int) -> ProbeGrader:
         def grade(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> list:
             if last.get("trajs") is not trajs:
                 batch = reward_batch(tasks, trajs)
@@ -170,8 +171,8 @@ class OverOptProbe:
     `history` keeps every call's row (with its step).
     """
 
-    def __init__(self, policy, reference, source: Source, tasks: Sequence[Any], n: int, proxy: Grader,
-                 gold: Mapping[str, Grader], pad_id: int, seed: int):
+    def __init__(self, policy, reference, source: Source, tasks: Sequence[Any], n: int, proxy: ProbeGrader,
+                 gold: Mapping[str, ProbeGrader], pad_id: int, seed: int):
         if not tasks or n < 1:
             raise ValueError(f"OverOptProbe: needs evaluation tasks and n >= 1 samples each (got {len(tasks)} tasks, "
                              f"n={n})")
@@ -228,7 +229,8 @@ def fit_scaling_law(kl: Sequence[float], gold: Sequence[float], form: str = "rl"
     if form not in ("bon", "rl"):
         raise ValueError(f"fit_scaling_law: form must be 'bon' or 'rl', got {form!r}")
     if len(kl) != len(gold) or len(kl) < 3:
-        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, {len(gold)}")
+        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, "
+                         f"{len(gold)}")
     if min(kl) < 0:
         raise ValueError("fit_scaling_law: a KL is negative")
     base = gold[min(range(len(kl)), key=lambda i: kl[i])]

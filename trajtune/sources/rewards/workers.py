@@ -1,15 +1,16 @@
 """Where reward calls run: worker processes for functions given as specs, threads for callables.
 
 `RewardFunction.start(batch, state)` calls the function once on the whole batch under its time limit (the
-graders of a batch are started together, so several functions run at the same time); a function given as a spec ('file.py:fn', 'module:fn') runs in its own
-worker process (started once, reused, the module imported there), so a call past the limit is
-stopped by killing the process, which nothing in the function can block (a hung C call, a
-GIL-holding regex); a plain callable runs in a thread of this process, where the limit only stops
-the waiting. A batch call that raises or overruns is called again row by row (`LOCATE_WORKERS` at
-a time) to find the rows: an exception stops the run with a `RewardError` showing the user's
-traceback once and naming the rows; a row that overruns alone fails (its episode gets no reward),
-and more failed rows than `max_fault_share` of the batch stop the run (`graders.check_faults`). A worker starts in ~0.1 s
-plus the reward module's own imports (nothing here imports torch).
+graders of a batch are started together, so several functions run at the same time); a function given as a
+spec ('file.py:fn', 'module:fn') runs in its own worker process (started once, reused, the module imported
+there), so a call past the limit is stopped by killing the process, which nothing in the function can block
+(a hung C call, a GIL-holding regex); a plain callable runs in a thread of this process, where the limit only
+stops the waiting. A batch call that raises or overruns is called again row by row (`LOCATE_WORKERS` at a
+time) to find the rows: an exception stops the run with a `RewardError` showing the user's traceback once and
+naming the rows; a row that overruns alone fails (its episode gets no reward), and more failed rows than
+`max_fault_share` of the batch stop the run (`graders.check_faults`). A worker starts in ~0.1 s plus the
+reward module's own imports (nothing here imports torch). `unique_names` names two functions called `reward`
+from two files by their files.
 """
 
 from __future__ import annotations
