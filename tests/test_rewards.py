@@ -124,7 +124,8 @@ def test_what_is_not_a_reward_is_an_error_naming_the_function_the_row_and_the_va
 
 def test_none_numbers_of_numpy_and_bools_are_rewards():
     np = pytest.importorskip("numpy")
-    fn = lambda completions, **kw: np.array([1, 0, 1]) if completions[0] == "x" else [None, True, np.float32(0.5)]  # noqa: E731
+    def fn(completions, **kw):
+        return np.array([1, 0, 1]) if completions[0] == "x" else [None, True, np.float32(0.5)]
     with graded(RewardFunction(fn, name="f")) as score:
         assert score(_batch(["x", "b", "c"])).values == [[1.0, 0.0, 1.0]]
         assert score(_batch(["y", "b", "c"])).values == [[None, 1.0, 0.5]]
@@ -180,7 +181,8 @@ def test_a_hanging_callable_stops_the_waiting(tmp_path):
     import threading
 
     release = threading.Event()
-    fn = lambda completions, **kw: [0.0 if release.wait(30) else 0.0] if "slow" in completions else [1.0] * len(completions)  # noqa: E731
+    def fn(completions, **kw):
+        return [0.0 if release.wait(30) else 0.0] if "slow" in completions else [1.0] * len(completions)
     try:
         with graded(RewardFunction(fn, name="f"), timeout=0.3) as score:
             scores = score(_batch(["a", "slow", "b"]))
@@ -215,7 +217,8 @@ def work(tmp_path_factory):
     make_random_model(d / "model", "qwen2", "tiny")
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(4):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            row = {"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}
+            f.write(json.dumps(row) + "\n")
     with open(d / "pairs.jsonl", "w") as f:
         for i in range(4):
             f.write(json.dumps({"prompt": f"what is {i}+5?", "chosen": f"{i + 5}", "rejected": "hello world"}) + "\n")
@@ -268,8 +271,10 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
         kept = episodes.trainable
         assert [t.info["actions"][0] for t in kept] == ["ok", "b0", "ok2"] and [t.group for t in kept] == [0, 1, 2]
         assert [t.reward for t in kept] == [2.0, 1.0, 2.0]  # 1 + 0.5 * 2; b0: b is None, a alone
-        assert [t.outcome for t in trajs] == [Outcome.OK, Outcome.UNSCORED, Outcome.OK, Outcome.REWARD_ERROR, Outcome.OK]
-        assert "ran past its time limit" in trajs[3].info["reward_error"] and trajs[2].info["rewards"] == {"a": 1.0, "b": None}
+        assert [t.outcome for t in trajs] == [Outcome.OK, Outcome.UNSCORED, Outcome.OK, Outcome.REWARD_ERROR,
+                                              Outcome.OK]
+        assert "ran past its time limit" in trajs[3].info["reward_error"]
+        assert trajs[2].info["rewards"] == {"a": 1.0, "b": None}
         assert episodes.metrics["reward/unscored"] == 1 and episodes.metrics["reward/failed"] == 1
         assert episodes.metrics["time/reward_s"] > 0
         with pytest.raises(RewardError, match="no reward source scored any of the batch's 2 completions"):
@@ -336,7 +341,8 @@ def test_a_trained_reward_model_is_a_reward(work, tmp_path, capsys):
     assert math.isclose(row["rollout/reward"], 2 * row["reward/reward_model/mean"] + row["reward/length/mean"])
 
     class Ctx:
-        engine = staticmethod(lambda model, optim=None, **kw: __import__("trajtune.engine").engine.make_engine(model, optim, **kw))
+        engine = staticmethod(lambda model, optim=None, **kw: __import__("trajtune.engine").engine.make_engine(
+            model, optim, **kw))
 
     from trajtune.experiments.hf.model import ModelConfig
 

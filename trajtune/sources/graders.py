@@ -13,9 +13,10 @@ not apply (left out of the weighted sum), and reports metrics of that call (`Gra
 A model-graded kind scores finished completions only (`finished_only`: `Scored` gives an unfinished one its
 penalty instead). Graders are started together and then waited for in order (`Grader.start` returns the wait),
 so reward functions in worker processes run at the same time. `Weighted` pairs a grader with its weight;
-`Scored([Weighted(f, 1.0), Weighted(rm, 0.5)])` gives each episode the weighted sum over the graders that scored
-it (`rewards.combine`). How a command builds the list from its options: `trajtune.experiments.hf.graders`
-(its registry `GRADERS`: a new kind is its class and one line there). Nothing here imports torch.
+`Scored(source, engine, [Weighted(f, 1.0), Weighted(rm, 0.5)])` gives each episode the weighted sum over the
+graders that scored it (`rewards.combine`). How a command builds the list from its options:
+`trajtune.experiments.hf.graders` (its registry `GRADERS`: a new kind is its class and one line there). Nothing
+here imports torch.
 """
 
 from __future__ import annotations
