@@ -74,7 +74,7 @@ def _check_functions(config, name: str) -> None:
     check_ranges(config, name, label=flag, non_negative=("reward_timeout",))
 
 
-def _function_inputs(config, tasks: Sequence) -> None:
+def _functions_in(config, tasks: Sequence) -> None:
     functions = unique_names([RewardFunction(spec=s) for s in config.reward])  # imports, names and duplicates
     check_columns(functions, tasks)
 
@@ -175,10 +175,10 @@ def _rubric_inputs(config, tasks: Sequence) -> None:
 
 
 GRADERS: dict[str, GraderKind] = {
-    "reward": GraderKind(_functions, "module:function", True, _check_functions, _function_inputs),
-    "reward_model": GraderKind(_models, "DIR", False, _check_models, _model_inputs),
-    "reward_judge": GraderKind(_judge, "DIR", False, _check_judge, _judge_inputs),
-    "rubric": GraderKind(_rubric, "FILE", False, check_inputs=_rubric_inputs),
+    "reward": GraderKind(_functions, "module:function", each=True, check=_check_functions, check_inputs=_functions_in),
+    "reward_model": GraderKind(_models, "DIR", check=_check_models, check_inputs=_model_inputs),
+    "reward_judge": GraderKind(_judge, "DIR", check=_check_judge, check_inputs=_judge_inputs),
+    "rubric": GraderKind(_rubric, "FILE", check_inputs=_rubric_inputs),
 }
 """option -> the kind of grader it makes, in --reward-weights order (module docstring)"""
 
