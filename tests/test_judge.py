@@ -9,7 +9,8 @@ import pytest
 from trajtune.engine.decoding import Samples
 from trajtune.sources.judge import (MT_BENCH_PAIR_SYSTEM, TEMPLATES, Judge, JudgeTemplate, load_judge, parse_verdict,
                                     shorten, swap_consistent)
-from trajtune.sources.rewards import RewardBatch, RewardSet
+from trajtune.sources.graders import Weighted
+from trajtune.sources.rewards import RewardBatch
 from trajtune.sources.scoring import Scored
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
@@ -148,7 +149,7 @@ def test_pointwise_reward_batches_caches_and_goes_through_scored():
     scaled(batch)
     assert scaled.metrics["reward/judge/cache_hits"] == 0.0  # cache off: asked again (a judge that trains)
 
-    # Scored uses the judge as one of its `models`, unchanged
+    # Scored uses the judge as one of its graders
     from trajtune.sources.data import PromptTask
     from trajtune.trajectory import Owner, Trajectory
 
@@ -161,7 +162,7 @@ def test_pointwise_reward_batches_caches_and_goes_through_scored():
     class Eng:
         is_main, step = True, 0
 
-    scored = Scored(None, Eng(), RewardSet([]), models=[judge])
+    scored = Scored(None, Eng(), [Weighted(judge)])
     metrics = scored.score(trajs, [PromptTask("hi", "Say hi")] * 2)
     assert trajs[0].reward == 9.0 and trajs[1].outcome.name == "UNSCORED"
     assert metrics["reward/unscored"] == 1.0

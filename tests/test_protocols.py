@@ -21,11 +21,15 @@ from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.runs.hooks import Hook
 from trajtune.runs.recorder import EpisodeRecorder
 from trajtune.sources.base import Source
+from trajtune.sources.ensemble import RewardEnsemble
 from trajtune.sources.episodes import EpisodeRunner, EpisodeSource, Here, Measured
+from trajtune.sources.graders import Grader
+from trajtune.sources.judge import Judge
 from trajtune.sources.overlap import Overlapped
 from trajtune.sources.process import SamplerProcess
-from trajtune.sources.rewards import RewardSet
-from trajtune.sources.scoring import Scored
+from trajtune.sources.rewards import RewardFunction
+from trajtune.sources.rewards.rubric import Rubric, RubricItem, RubricReward
+from trajtune.sources.scoring import RewardModel, Scored
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 
@@ -132,7 +136,7 @@ def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
     renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
     base = EpisodeSource(engine.sample, SingleTurnEnv, renderer)
     process = SamplerProcess(engine)  # not started: nothing runs
-    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, RewardSet([])), Overlapped(base, process),
+    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, []), Overlapped(base, process),
                              EpisodeSource(process, SingleTurnEnv, renderer)]
     for source in sources:
         assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__
@@ -143,6 +147,21 @@ def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
         assert mismatches(runner, EpisodeRunner) == [], type(runner).__name__
     hooks: list[Hook] = [EpisodeRecorder("episodes.jsonl")]
     assert all(isinstance(h, Hook) for h in hooks)
+
+
+def test_each_grader_is_a_grader():
+    engine = make_engine(tiny())
+    renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
+    model = RewardModel(engine, renderer)
+    met = lambda completions, **kw: [1.0] * len(completions)  # noqa: E731 - a rubric item's verifier
+    graders: list[Grader] = [RewardFunction(met, name="met"), model, RewardEnsemble([model]),
+                             Judge(engine, renderer, "compact_pair"), RubricReward(Rubric([RubricItem("a", "a", 1.0,
+                                                                                                      check=met)]))]
+    assert {"name", "finished_only", "main_only", "start", "close"} <= set(members(Grader))
+    for grader in graders:
+        assert mismatches(grader, Grader) == [], type(grader).__name__
+    assert [g.main_only for g in graders] == [True, False, False, False, False]  # user code runs once, on rank 0
+    assert [g.finished_only for g in graders] == [False, True, True, True, True]  # models: finished completions
 
 
 def test_the_runtime_check_catches_a_broken_implementation():

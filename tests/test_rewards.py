@@ -2,15 +2,18 @@
 one call per batch, concurrent, cut after --reward-timeout; every failure names the function, the row
 (file:line) and, for an exception, the user's own traceback; a trained reward model is a reward."""
 
+import contextlib
 import json
 import math
 import time
+import types
 
 import pytest
 
 from trajtune.sources.data import PromptTask
-from trajtune.sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardSet, RewardState, check_columns,
-                              combine, load_reward_function, source_metrics)
+from trajtune.sources.graders import check_faults, grade_all
+from trajtune.sources.rewards import (RewardBatch, RewardError, RewardFunction, RewardState, check_columns, combine,
+                              load_reward_function, source_metrics)
 
 
 def _tasks(n=4, where="prompts.jsonl", conversational=False, **columns):
@@ -21,6 +24,25 @@ def _tasks(n=4, where="prompts.jsonl", conversational=False, **columns):
 
 def _batch(replies, **kw):
     return RewardBatch.of(_tasks(len(replies), **kw), replies, [[7, i] for i in range(len(replies))])
+
+
+@contextlib.contextmanager
+def graded(*functions, timeout=60.0):
+    """`score(batch, state)` -> the functions' values [K][N], the failed rows and their metrics, the functions
+    started together as `Scored` starts its graders; their workers stopped after."""
+    for f in functions:
+        f.timeout = timeout
+
+    def score(batch, state=None):
+        grades = grade_all(functions, batch, state or RewardState())
+        return types.SimpleNamespace(values=[list(g.scores) for g in grades], failed=check_faults(grades, batch, 0.5),
+                                     metrics={k: v for g in grades for k, v in g.metrics.items()})
+
+    try:
+        yield score
+    finally:
+        for f in functions:
+            f.close()
 
 
 # --- the library -------------------------------------------------------------------------------
@@ -49,9 +71,9 @@ def short(completions, **kw):
     return [None if c[-1]["content"] == "skip" else -len(c[-1]["content"]) / 10 for c in completions]
 """)
     batch = _batch(["5", "6", "skip", "5"], conversational=True, answer="5", level=[1, 2, 3, 4])
-    with RewardSet([RewardFunction(spec=f"{tmp_path / 'r.py'}:exact"), RewardFunction(spec=f"{tmp_path / 'r.py'}:short")],
-                   timeout=30) as rs:
-        scores = rs.score(batch, RewardState(3, 10))
+    with graded(RewardFunction(spec=f"{tmp_path / 'r.py'}:exact"), RewardFunction(spec=f"{tmp_path / 'r.py'}:short"),
+                timeout=30) as score:
+        scores = score(batch, RewardState(3, 10))
     assert scores.values == [[1.0, 0.0, 0.0, 1.0], [-0.1, -0.1, None, -0.1]] and not scores.failed
     assert scores.metrics == {"reward/exact/hits": 2.0}
     (call,) = [json.loads(line) for line in (tmp_path / "exact.log").read_text().splitlines()]  # ONE call, whole batch
@@ -74,8 +96,8 @@ def test_a_function_that_raises_shows_the_users_traceback_once_and_names_the_row
                                    "    for c in completions:\n"
                                    "        out.append(1 / len(c.strip()))\n"
                                    "    return out\n")
-    with pytest.raises(RewardError) as e, RewardSet([RewardFunction(spec=f"{tmp_path / 'r.py'}:boom")]) as rs:
-        rs.score(_batch(["a", " ", "b", ""], where="data/prompts.jsonl"))
+    with pytest.raises(RewardError) as e, graded(RewardFunction(spec=f"{tmp_path / 'r.py'}:boom")) as score:
+        score(_batch(["a", " ", "b", ""], where="data/prompts.jsonl"))
     msg = str(e.value)
     assert msg.startswith(f"reward function boom ({tmp_path / 'r.py'}:boom) raised on 2 of 4 completions "
                           "(data/prompts.jsonl:2, data/prompts.jsonl:4)"), msg
@@ -95,16 +117,18 @@ def test_a_function_that_raises_shows_the_users_traceback_once_and_names_the_row
 def test_what_is_not_a_reward_is_an_error_naming_the_function_the_row_and_the_value(returned, says):
     fn = eval(f"lambda prompts, completions, **kw: {returned}")  # a callable: runs in a thread of this process
     with pytest.raises(RewardError, match="reward function <lambda>") as e:
-        RewardSet([RewardFunction(fn)]).score(_batch(["a", "b", "c"]))
+        with graded(RewardFunction(fn)) as score:
+            score(_batch(["a", "b", "c"]))
     assert says in str(e.value), str(e.value)
 
 
 def test_none_numbers_of_numpy_and_bools_are_rewards():
     np = pytest.importorskip("numpy")
-    fn = lambda completions, **kw: np.array([1, 0, 1]) if completions[0] == "x" else [None, True, np.float32(0.5)]  # noqa: E731
-    rs = RewardSet([RewardFunction(fn, name="f")])
-    assert rs.score(_batch(["x", "b", "c"])).values == [[1.0, 0.0, 1.0]]
-    assert rs.score(_batch(["y", "b", "c"])).values == [[None, 1.0, 0.5]]
+    def fn(completions, **kw):
+        return np.array([1, 0, 1]) if completions[0] == "x" else [None, True, np.float32(0.5)]
+    with graded(RewardFunction(fn, name="f")) as score:
+        assert score(_batch(["x", "b", "c"])).values == [[1.0, 0.0, 1.0]]
+        assert score(_batch(["y", "b", "c"])).values == [[None, 1.0, 0.5]]
 
 
 def test_a_column_the_function_needs_is_checked_in_every_row(tmp_path):
@@ -132,24 +156,24 @@ def test_a_hanging_row_is_cut_after_the_timeout_and_fails_alone(tmp_path):
                                    "def pid(prompts, completions, **kw):\n"
                                    "    return [float(os.getpid())] * len(completions)\n")
     f = RewardFunction(spec=f"{tmp_path / 'r.py'}:f")
-    with RewardSet([f], timeout=0.5) as rs:
+    with graded(f, timeout=0.5) as score:
         t0 = time.monotonic()
-        scores = rs.score(_batch(["a", "bb", "slow", "c", "dd"]))
+        scores = score(_batch(["a", "bb", "slow", "c", "dd"]))
         took = time.monotonic() - t0
         assert scores.values == [[1.0, 2.0, None, 1.0, 2.0]]  # the others scored row by row
         assert scores.failed == {2: f"reward function f ({tmp_path / 'r.py'}:f) ran past its time limit (0.5 s) "
                                     "on prompts.jsonl:3"}
         assert took < 6, took  # the batch call (0.5 s) + one wave of per-row calls (0.5 s), not 600 s
-        assert rs.score(_batch(["a", "b"])).values == [[1.0, 1.0]]  # the killed worker was replaced
+        assert score(_batch(["a", "b"])).values == [[1.0, 1.0]]  # the killed worker was replaced
         with pytest.raises(RewardError, match=r"3 of 4 completions got no reward \(limit 50%\)"):
-            rs.score(_batch(["slow", "slow", "slow", "a"]))
+            score(_batch(["slow", "slow", "slow", "a"]))
 
 
 def test_a_slow_import_is_not_counted_in_the_time_limit(tmp_path):
     (tmp_path / "r.py").write_text("import time\ntime.sleep(0.8)  # e.g. importing torch\n"
                                    "def f(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
-    with RewardSet([RewardFunction(spec=f"{tmp_path / 'r.py'}:f")], timeout=0.5) as rs:
-        assert rs.score(_batch(["a", "b"])).values == [[1.0, 1.0]]
+    with graded(RewardFunction(spec=f"{tmp_path / 'r.py'}:f"), timeout=0.5) as score:
+        assert score(_batch(["a", "b"])).values == [[1.0, 1.0]]
 
 
 def test_a_hanging_callable_stops_the_waiting(tmp_path):
@@ -157,9 +181,11 @@ def test_a_hanging_callable_stops_the_waiting(tmp_path):
     import threading
 
     release = threading.Event()
-    fn = lambda completions, **kw: [0.0 if release.wait(30) else 0.0] if "slow" in completions else [1.0] * len(completions)  # noqa: E731
+    def fn(completions, **kw):
+        return [0.0 if release.wait(30) else 0.0] if "slow" in completions else [1.0] * len(completions)
     try:
-        scores = RewardSet([RewardFunction(fn, name="f")], timeout=0.3).score(_batch(["a", "slow", "b"]))
+        with graded(RewardFunction(fn, name="f"), timeout=0.3) as score:
+            scores = score(_batch(["a", "slow", "b"]))
         assert scores.values == [[1.0, None, 1.0]] and list(scores.failed) == [1]
     finally:
         release.set()
@@ -191,7 +217,8 @@ def work(tmp_path_factory):
     make_random_model(d / "model", "qwen2", "tiny")
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(4):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            row = {"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}
+            f.write(json.dumps(row) + "\n")
     with open(d / "pairs.jsonl", "w") as f:
         for i in range(4):
             f.write(json.dumps({"prompt": f"what is {i}+5?", "chosen": f"{i + 5}", "rejected": "hello world"}) + "\n")
@@ -217,6 +244,7 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
     import torch
 
     from trajtune.sources.base import Draw
+    from trajtune.sources.graders import weighted
     from trajtune.sources.scoring import Scored
 
     from test_sources import Scripted
@@ -233,23 +261,25 @@ def test_episodes_no_source_scored_or_whose_call_hung_are_left_out_of_the_update
                                    "    return [None if c in ('none', 'hang') else 1.0 for c in completions]\n"
                                    "def b(completions, **kw):\n"
                                    "    return [None if c in ('none', 'b0') else 2.0 for c in completions]\n")
-    functions = RewardSet([RewardFunction(spec=f"{tmp_path / 'r.py'}:{f}") for f in "ab"], timeout=0.5)
+    functions = [RewardFunction(spec=f"{tmp_path / 'r.py'}:{f}", timeout=0.5) for f in "ab"]
     engine = types.SimpleNamespace(step=0, is_main=True)
     replies = ["ok", "none", "b0", "hang", "ok2"]
     trajs = [Trajectory([1, 2], [Owner.PROMPT, Owner.POLICY], [0, 0], group=i // 2, info={"actions": [r]})
              for i, r in enumerate(replies)]
-    with Scored(Fixed(trajs), engine, functions, weights=[1.0, 0.5], max_steps=1) as source:
+    with Scored(Fixed(trajs), engine, weighted(functions, [1.0, 0.5]), max_steps=1) as source:
         episodes = source.take(Draw(_tasks(5), 1, torch.Generator()))
         kept = episodes.trainable
         assert [t.info["actions"][0] for t in kept] == ["ok", "b0", "ok2"] and [t.group for t in kept] == [0, 1, 2]
         assert [t.reward for t in kept] == [2.0, 1.0, 2.0]  # 1 + 0.5 * 2; b0: b is None, a alone
-        assert [t.outcome for t in trajs] == [Outcome.OK, Outcome.UNSCORED, Outcome.OK, Outcome.REWARD_ERROR, Outcome.OK]
-        assert "ran past its time limit" in trajs[3].info["reward_error"] and trajs[2].info["rewards"] == {"a": 1.0, "b": None}
+        assert [t.outcome for t in trajs] == [Outcome.OK, Outcome.UNSCORED, Outcome.OK, Outcome.REWARD_ERROR,
+                                              Outcome.OK]
+        assert "ran past its time limit" in trajs[3].info["reward_error"]
+        assert trajs[2].info["rewards"] == {"a": 1.0, "b": None}
         assert episodes.metrics["reward/unscored"] == 1 and episodes.metrics["reward/failed"] == 1
         assert episodes.metrics["time/reward_s"] > 0
         with pytest.raises(RewardError, match="no reward source scored any of the batch's 2 completions"):
             none = [Trajectory([1, 2], [Owner.PROMPT, Owner.POLICY], [0, 0], info={"actions": ["none"]}) for _ in "ab"]
-            Scored(Fixed(none), engine, functions).take(Draw(_tasks(2), 1, torch.Generator()))
+            Scored(Fixed(none), engine, weighted(functions)).take(Draw(_tasks(2), 1, torch.Generator()))
 
 
 def _grpo(work, out, *flags):
@@ -299,7 +329,7 @@ def test_a_trained_reward_model_is_a_reward(work, tmp_path, capsys):
     import torch
 
     from trajtune.cli import main
-    from trajtune.experiments.hf.sampling import reward_model
+    from trajtune.experiments.hf.graders import reward_model
     from trajtune.metrics import read_metrics
 
     assert main(["rm", "--model", str(work / "model"), "--data", str(work / "pairs.jsonl"), "--steps", "2",
@@ -311,7 +341,8 @@ def test_a_trained_reward_model_is_a_reward(work, tmp_path, capsys):
     assert math.isclose(row["rollout/reward"], 2 * row["reward/reward_model/mean"] + row["reward/length/mean"])
 
     class Ctx:
-        engine = staticmethod(lambda model, optim=None, **kw: __import__("trajtune.engine").engine.make_engine(model, optim, **kw))
+        engine = staticmethod(lambda model, optim=None, **kw: __import__("trajtune.engine").engine.make_engine(
+            model, optim, **kw))
 
     from trajtune.experiments.hf.model import ModelConfig
 

@@ -78,7 +78,7 @@ def test_orm_and_prm_save_their_kind_and_score_as_saved(work, tmp_path, capsys):
     # as a reward source, the PRM cuts a sampled completion into steps at its separator and scores each step
     from trajtune.engine import make_engine
     from trajtune.experiments.hf.model import ModelConfig
-    from trajtune.experiments.hf.sampling import reward_model
+    from trajtune.experiments.hf.graders import reward_model
     from trajtune.sources.rewards import RewardBatch
 
     class Ctx:

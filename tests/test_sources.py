@@ -17,7 +17,6 @@ from trajtune.sources.episodes import Measured
 from trajtune.sources.overlap import Overlapped
 from trajtune.sources.process import SamplerProcess
 from trajtune.sources.scoring import Scored
-from trajtune.sources.rewards import RewardSet
 from trajtune.trajectory import Outcome
 
 from test_algorithms import TASKS, TOK, collect_for, demo, engine
@@ -151,7 +150,7 @@ def test_every_source_meets_the_protocol():
     """At runtime (the method names; tests/test_protocols.py's type check verifies the signatures too)."""
     e = engine()
     base = collect_for(e)
-    for source in (base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, e, RewardSet([])), Overlapped(base, SamplerProcess(e)),
+    for source in (base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, e, []), Overlapped(base, SamplerProcess(e)),
                    Replay([], [], [])):
         assert isinstance(source, Source), type(source).__name__
 

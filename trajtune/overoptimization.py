@@ -15,13 +15,14 @@ Over-Optimization; Bai et al. 2022 split the preference data in half for a train
                 POLICY tokens of log pi - log pi_ref (the k1 estimator, `objectives.kl.sequence_kl`),
                 then the mean over completions -- the book's Monte Carlo KL (ch.15, checklist 15.2)
 
-A grader maps the episodes (and the tasks they answer) to one score each, or None where it does not apply:
+A probe grader (`ProbeGrader`) maps the episodes (and the tasks they answer) to one score each, or None where
+it does not apply:
 
     episode_rewards()        the reward the source gave each episode (a `Scored` source's weighted
                              reward sources, an environment's verifier)
     batch_grader(scorer)     a `RewardBatch` scorer: a `sources.scoring.RewardModel`, a
                              `sources.ensemble.RewardEnsemble`, a judge, any `RewardBatch -> [N]` callable
-    reward_set_graders(set)  each TRL-style reward function of a `sources.rewards.RewardSet`, by name
+    graders_of(graders)      each `sources.graders.Grader` (grpo's --gold-reward functions), by name
     verifier_grader(verify)  a per-row verifier `verify(task, reply) -> reward` (or `(reward, checks)`)
 
 Metrics (registered below): overopt/proxy, overopt/gold (the first gold grader), overopt/gold/<name> (every
@@ -44,7 +45,8 @@ from .metrics import register
 from .objectives.kl import sequence_kl
 from .sources.base import Source
 from .sources.episodes import sample_episodes
-from .sources.rewards import RewardBatch
+from .sources import graders
+from .sources.rewards import RewardBatch, RewardState
 from .trajectory import Owner, Trajectory, collate
 
 register("overopt/proxy", "over-optimization probe: mean proxy reward (what the run optimizes) of the fixed "
@@ -60,7 +62,7 @@ register("overopt/sd/*", "over-optimization probe: the standard deviation over t
 register("overopt/graded", "over-optimization probe: completions the probe's scores and KL are over (sampled "
          "and trainable)")
 
-Grader = Callable[[Sequence[Any], Sequence[Trajectory]], list]
+ProbeGrader = Callable[[Sequence[Any], Sequence[Trajectory]], list]
 """(tasks, episodes) -> [N] scores (float, or None where the grader does not apply); episode i answers tasks[i]"""
 
 
@@ -80,17 +82,17 @@ def reward_batch(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> RewardBat
                        [getattr(task, "where", "") or task.name for task in tasks])
 
 
-def episode_rewards() -> Grader:
+def episode_rewards() -> ProbeGrader:
     """The reward each episode came with from its source."""
     return lambda tasks, trajs: [t.reward for t in trajs]
 
 
-def batch_grader(scorer: Callable[[RewardBatch], Sequence]) -> Grader:
+def batch_grader(scorer: Callable[[RewardBatch], Sequence]) -> ProbeGrader:
     """A `RewardBatch` scorer (a reward model, an ensemble, a judge) as a grader."""
     return lambda tasks, trajs: list(scorer(reward_batch(tasks, trajs)))
 
 
-def verifier_grader(verify: Callable[[Any, str], Any]) -> Grader:
+def verifier_grader(verify: Callable[[Any, str], Any]) -> ProbeGrader:
     """A per-row verifier `verify(task, reply) -> reward or (reward, checks)` as a grader."""
 
     def grade(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> list:
@@ -100,22 +102,24 @@ def verifier_grader(verify: Callable[[Any, str], Any]) -> Grader:
     return grade
 
 
-def reward_set_graders(functions) -> dict[str, Grader]:
-    """Every function of a `sources.rewards.RewardSet` (TRL-style reward functions) as a grader, by its name.
-    The set is called once per batch of episodes: the first grader's call scores every function, the others read
-    it. A row whose call ran past the time limit scores None."""
+def graders_of(of: Sequence[graders.Grader], max_fault_share: float = 0.5) -> dict[str, ProbeGrader]:
+    """Every `sources.graders.Grader` (TRL-style reward functions: grpo's --gold-reward) as a probe grader, by its
+    name. They are started together once per batch of episodes (`graders.grade_all`): the first probe grader's
+    call grades with all of them, the others read it. A row a call failed on (past its time limit) scores None;
+    more than `max_fault_share` of the rows is a RewardError (`graders.check_faults`)."""
     last: dict = {}
 
-    def grader(k: int) -> Grader:
+    def grader(k: int) -> ProbeGrader:
         def grade(tasks: Sequence[Any], trajs: Sequence[Trajectory]) -> list:
             if last.get("trajs") is not trajs:
-                last.update(trajs=trajs, scores=functions.score(reward_batch(tasks, trajs)))
-            scores = last["scores"]
-            return [None if i in scores.failed else v for i, v in enumerate(scores.values[k])]
+                batch = reward_batch(tasks, trajs)
+                grades = graders.grade_all(of, batch, RewardState())
+                last.update(trajs=trajs, grades=grades, failed=graders.check_faults(grades, batch, max_fault_share))
+            return [None if i in last["failed"] else v for i, v in enumerate(last["grades"][k].scores)]
 
         return grade
 
-    return {f.name: grader(k) for k, f in enumerate(functions.functions)}
+    return {g.name: grader(k) for k, g in enumerate(of)}
 
 
 def mean_score(scores: Sequence) -> float:
@@ -167,8 +171,8 @@ class OverOptProbe:
     `history` keeps every call's row (with its step).
     """
 
-    def __init__(self, policy, reference, source: Source, tasks: Sequence[Any], n: int, proxy: Grader,
-                 gold: Mapping[str, Grader], pad_id: int, seed: int):
+    def __init__(self, policy, reference, source: Source, tasks: Sequence[Any], n: int, proxy: ProbeGrader,
+                 gold: Mapping[str, ProbeGrader], pad_id: int, seed: int):
         if not tasks or n < 1:
             raise ValueError(f"OverOptProbe: needs evaluation tasks and n >= 1 samples each (got {len(tasks)} tasks, "
                              f"n={n})")
@@ -225,7 +229,8 @@ def fit_scaling_law(kl: Sequence[float], gold: Sequence[float], form: str = "rl"
     if form not in ("bon", "rl"):
         raise ValueError(f"fit_scaling_law: form must be 'bon' or 'rl', got {form!r}")
     if len(kl) != len(gold) or len(kl) < 3:
-        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, {len(gold)}")
+        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, "
+                         f"{len(gold)}")
     if min(kl) < 0:
         raise ValueError("fit_scaling_law: a KL is negative")
     base = gold[min(range(len(kl)), key=lambda i: kl[i])]

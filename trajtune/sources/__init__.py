@@ -15,13 +15,14 @@
     overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
-    scoring.py     `Scored`: rewards from reward functions and reward models; `RewardModel`
+    graders.py     the `Grader` Protocol (reward functions, reward models, ensembles, judges, rubrics), `Weighted`
+    scoring.py     `Scored`: an episode's reward, the weighted sum of its graders' scores; `RewardModel`
     data.py        datasets in TRL's formats: demonstrations, preference pairs, prompt tasks
 
 A loop's source is a composition, written out where it is built (the experiments):
 
     source = EpisodeSource(engine.sample, make_env, renderer, max_turns=6)       # on-policy, in the trainer
-    source = Scored(EpisodeSource(...), engine, RewardSet(functions))           # + TRL reward functions
+    source = Scored(EpisodeSource(...), engine, weighted(graders))              # + reward functions, models
     source = overlapped(engine, OverlapConfig(max_staleness=1),                  # one step ahead, in a process
                         lambda policy: EpisodeSource(policy, make_env, renderer))
 """

@@ -9,16 +9,22 @@ elsewhere, so a conservative combination of their scores is harder to exploit:
                     variance, the issue's and TRL-style tooling the std; population std, over the M members)
 
 `combine_ensemble` is the pure function on a [M, B] score tensor; `RewardEnsemble` wraps scorers that take a
-`RewardBatch` (a `trajtune.sources.scoring.RewardModel`, a judge, any callable) and is one itself, with the
+`RewardBatch` (a `trajtune.sources.scoring.RewardModel`, a judge, any callable) and is one itself -- and a grader
+(`trajtune.sources.graders.Grader`) -- with the
 members' disagreement of its last call in `metrics` (reward/<name>/member_std: the mean over completions of
 the std over members).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Sequence, get_args
+from typing import TYPE_CHECKING, Callable, Literal, Sequence, get_args
 
 import torch
+
+from .graders import Grades
+
+if TYPE_CHECKING:
+    from .rewards import RewardBatch, RewardState
 
 Combine = Literal["mean", "min", "mean_minus_std"]
 COMBINES: tuple[str, ...] = get_args(Combine)
@@ -47,6 +53,9 @@ class RewardEnsemble:
     A completion some member left None (does not apply) is None in the ensemble too: the members must agree on
     what they score. `metrics` holds reward/<name>/member_std of the last call."""
 
+    finished_only = True
+    main_only = False
+
     def __init__(self, members: Sequence[Callable], how: str = "mean", k: float = 1.0, name: str = "reward_ensemble"):
         if not members:
             raise ValueError("RewardEnsemble: no members")
@@ -70,3 +79,10 @@ class RewardEnsemble:
                 out[i] = v
             self.metrics = {f"reward/{self.name}/member_std": float(scores.std(0, unbiased=False).mean())}
         return out
+
+    def start(self, batch: RewardBatch, state: RewardState) -> Callable[[], Grades]:
+        """As a grader (`trajtune.sources.graders.Grader`): its scores and `metrics`, computed in the wait."""
+        return lambda: Grades(self(batch), self.metrics)
+
+    def close(self) -> None:
+        pass

@@ -22,8 +22,8 @@ its tokenizer cannot encode (a toy vocabulary) gets no reply: unparseable too, a
 Position swap (`Judge.compare`): every pair is judged as (a, b) and as (b, a). Two verdicts that agree give
 the label; verdicts that disagree are a tie, counted (reward/<name>/inconsistent: their share of the pairs).
 
-As a reward (`Judge.__call__`, the `RewardModel` duck type: `RewardBatch` -> list[float | None], `.name`,
-`.metrics` like `RewardEnsemble`, so `Scored(..., models=[judge])` uses it unchanged):
+As a grader (`trajtune.sources.graders.Grader`; `Judge.__call__`: `RewardBatch` -> list[float | None], its
+`.metrics` those of the last call, so `Scored(..., [Weighted(judge)])` uses it):
 
     pointwise  the rating (mt_bench_single: 1-10; `scale` maps it to [0, 1] when set)
     pairwise   each completion against the row's `reference` column (AlpacaEval-style), or, without one, against
@@ -41,12 +41,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 from ..engine.distributed import sharded_map
 from ..metrics import register
 from ..text.tokenizers import UnknownSymbolError
-from .rewards import RewardBatch
+from .graders import Grades
+from .rewards import RewardBatch, RewardState
 
 Kind = Literal["pairwise", "pointwise", "yes_no"]
 Verdict = Literal["A", "B", "tie"]
@@ -204,6 +205,9 @@ class Judge:
     cache:           keep every reply by judge prompt (a frozen judge only)
     """
 
+    finished_only = True
+    main_only = False
+
     def __init__(self, engine, renderer, template: str | JudgeTemplate = "mt_bench_single", *,
                  ask_template: str | JudgeTemplate = "yes_no", name: str = "judge", reference: str | None = None,
                  scale01: bool = False, max_new_tokens: int = 512, batch_size: int = 64, cache: bool = True):
@@ -293,7 +297,15 @@ class Judge:
             raise ValueError(f"Judge {self.name}: template {self.template.name!r} is {self.template.kind}, not {kind}")
         return self.template
 
-    # --- as a reward source --------------------------------------------------------------------
+    # --- as a grader ---------------------------------------------------------------------------
+    def start(self, batch: RewardBatch, state: RewardState) -> Callable[[], Grades]:
+        """Its scores (`__call__`) computed in the wait; its grades' metrics are `metrics` itself, which a rubric's
+        asks after it add to."""
+        return lambda: Grades(self(batch), self.metrics)
+
+    def close(self) -> None:
+        pass
+
     def __call__(self, batch: RewardBatch) -> list[float | None]:
         questions = [question_text(p) for p in batch.prompts]
         answers = [batch.text(i) for i in range(len(batch))]

@@ -1,19 +1,20 @@
-"""Rewards from scorers: `Scored(source, engine, functions, models)` gives a source's episodes the weighted
-sum of reward functions (TRL's, `trajtune.sources.rewards`) and reward models (`RewardModel`).
+"""Rewards from graders: `Scored(source, engine, graders)` gives a source's episodes the weighted sum of their
+graders' scores (`graders.Weighted`: reward functions, TRL's, `trajtune.sources.rewards`; reward models,
+`RewardModel`; ensembles, judges, rubrics).
 
 One draw's scoring, top to bottom:
 
-    1. score    every reward function once on the whole batch of completions, at the same time, in worker
-                processes under their time limit (rank 0 calls them; the rewards are broadcast under
-                torchrun), and every reward model on the rendered prompt + completion (sharded, gathered)
-    2. combine  reward = the `weights` sum over the sources that scored the episode (None left out)
-    3. mark     an episode whose reward call timed out is REWARD_ERROR, one no source scored UNSCORED
+    1. score    every grader once on the whole batch of completions: the reward functions at the same time, in
+                worker processes under their time limit (rank 0 calls them; the rewards are broadcast under
+                torchrun), then every reward model on the rendered prompt + completion (sharded, gathered)
+    2. combine  reward = the weighted sum over the graders that scored the episode (None left out)
+    3. mark     an episode whose reward call timed out is REWARD_ERROR, one no grader scored UNSCORED
                 (`trajectory.Outcome`): no loss or group baseline sees them
 
 A reward function that raises or returns a non-reward stops the run with a message naming it, the
-rows and its traceback (`RewardError`). The episodes come back with reward/<source>/mean and /std,
-what the functions logged (reward/<function>/<name>), reward/failed, reward/unscored and
-time/reward_s in their metrics. The episodes are one-turn answers to prompt tasks
+rows and its traceback (`RewardError`). The episodes come back with reward/<grader>/mean and /std,
+what the graders logged (reward/<function>/<name>, a judge's reward/judge/...), reward/failed, reward/unscored
+and time/reward_s in their metrics. The episodes are one-turn answers to prompt tasks
 (`trajtune.sources.data.PromptTask`): episode i answers `draw.tasks[i // draw.n]`.
 
 Reward models as scorers also serve evaluation and best-of-N: `reward_model_scores(engine, trajs,
@@ -24,9 +25,9 @@ or the step ends), `scorer(engine, kind, pad_id)` (the one a saved model's `Rewa
 
 The book's convention (ch.6 "Implementation", checklist 0.4): a reward model scores only finished
 completions. `Scored(..., unfinished=...)` gives an unfinished one (no stop token: cut at the token budget)
-a penalty instead of the model's score: by default 1 below the lowest score a reward model gave a finished
-completion of the same batch, so a truncated answer is worse than every finished one whatever the model's
-scale (TRL's `missing_eos_penalty` subtracts a fixed number from the score instead).
+a penalty instead of a `finished_only` grader's score: by default 1 below the lowest score that grader gave a
+finished completion of the same batch, so a truncated answer is worse than every finished one whatever the
+model's scale (TRL's `missing_eos_penalty` subtracts a fixed number from the score instead).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -44,7 +45,8 @@ from ..objectives.reward_model import AGGREGATES, aggregate_scores, last_token_v
 from ..objectives.reward_model import step_ends as _step_ends
 from ..trajectory import Outcome, Owner, Trajectory, collate
 from .base import Draw, Episodes, Source, Wrapper
-from .rewards import RewardBatch, RewardError, RewardSet, RewardState, Scores, combine, source_metrics
+from .graders import Grades, Weighted, check_faults, grade_all
+from .rewards import RewardBatch, RewardError, RewardState, combine, source_metrics
 
 log = logging.getLogger("trajtune.sources.scoring")
 
@@ -148,14 +150,24 @@ def pair_accuracy(engine, pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id
 
 
 class RewardModel:
-    """A trained reward model as a reward source: its score of the prompt + completion, rendered with the reward
-    model's own chat template as it was trained (`renderer.render_samples`' last sample), scored in shares over
-    the ranks. `engine`: a frozen engine on the model (with its value head); `kind`: how it scores (a
+    """A trained reward model as a grader (`graders.Grader`): its score of the prompt + completion, rendered with
+    the reward model's own chat template as it was trained (`renderer.render_samples`' last sample), scored in
+    shares over the ranks. `engine`: a frozen engine on the model (with its value head); `kind`: how it scores (a
     Bradley-Terry model: the head at the last token; orm / prm: `token_reward_scores` with its aggregation, a
     PRM's steps cut at `kind.step_separator`)."""
 
+    finished_only = True
+    main_only = False
+
     def __init__(self, engine, renderer, name: str = RM_NAME, kind: RewardKind | None = None):
         self.engine, self.renderer, self.name, self.kind = engine, renderer, name, kind or RewardKind()
+        self.metrics: dict[str, float] = {}
+
+    def start(self, batch: RewardBatch, state: RewardState) -> Callable[[], Grades]:
+        return lambda: Grades(self(batch), self.metrics)
+
+    def close(self) -> None:
+        pass
 
     def __call__(self, batch: RewardBatch) -> list[float]:
         trajs = [self.render(prompt, batch.text(i), batch.where[i])
@@ -198,29 +210,27 @@ def unfinished_scores(scores: Sequence[float | None], unfinished: Sequence[bool]
 
 
 class Scored(Wrapper):
-    """`inner`'s episodes with rewards from `functions` and `models`, weighted (module docstring).
+    """`inner`'s episodes with rewards from `graders`, weighted (module docstring).
 
-    engine:    the policy's engine (its step is the functions' `trainer_state.global_step`; under torchrun
-               rank 0 calls the functions)
-    functions: a `RewardSet` (closed with the source)
-    models:    `RewardModel`s, after the functions in `weights`' order
-    weights:   one per source (functions, then models); empty: 1 each
+    engine:    the policy's engine (its step is the graders' `trainer_state.global_step`; under torchrun rank 0
+               starts the `main_only` graders, reward functions, and broadcasts their grades)
+    graders:   the one weighted list (`graders.Weighted`: a grader and its weight; closed with the source)
     max_steps: the run's optimizer steps (`trainer_state.max_steps`)
-    unfinished, score_unfinished: a reward model's score of an unfinished episode (no stop token: cut at the token
-               budget, info['n_unterminated'] > 0) is replaced by `unfinished_scores(..., unfinished)` (None: 1
-               below the batch's lowest finished score), unless `score_unfinished`
+    unfinished, score_unfinished: a `finished_only` grader's score of an unfinished episode (no stop token: cut at
+               the token budget, info['n_unterminated'] > 0) is replaced by `unfinished_scores(..., unfinished)`
+               (None: 1 below the batch's lowest finished score), unless `score_unfinished`
+    max_fault_share: more rows failed (a reward call past its time limit) than this share of a batch stop the run
     """
 
-    def __init__(self, inner: Source, engine, functions: RewardSet, models: Sequence[RewardModel] = (),
-                 weights: Sequence[float] = (), max_steps: int = 0, unfinished: float | None = None,
-                 score_unfinished: bool = False):
+    def __init__(self, inner: Source, engine, graders: Sequence[Weighted], max_steps: int = 0,
+                 unfinished: float | None = None, score_unfinished: bool = False, max_fault_share: float = 0.5):
         super().__init__(inner)
-        self.engine, self.functions, self.models = engine, functions, list(models)
-        self.names = [f.name for f in functions.functions] + [m.name for m in self.models]
-        self.weights = list(weights) or [1.0] * len(self.names)
-        if len(self.weights) != len(self.names):
-            raise ValueError(f"Scored: {len(self.weights)} weights for {len(self.names)} reward sources {self.names}")
-        self.max_steps = max_steps
+        self.engine, self.graders = engine, list(graders)
+        self.names = [w.grader.name for w in self.graders]
+        if len(set(self.names)) < len(self.names):
+            raise ValueError(f"Scored: two graders have the same name: {self.names}")
+        self.weights = [w.weight for w in self.graders]
+        self.max_steps, self.max_fault_share = max_steps, max_fault_share
         self.unfinished, self.score_unfinished = unfinished, score_unfinished
 
     def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
@@ -235,67 +245,77 @@ class Scored(Wrapper):
         """Give every episode its reward (or its failed outcome) -> the batch's reward metrics."""
         batch = RewardBatch.of(tasks, [(t.info.get("actions") or [""])[-1] for t in trajs],
                                [t.tokens_of(Owner.POLICY) for t in trajs])
-        scores = self._call_functions(batch)
-        modelled: list[list[float | None]] = [list(m(batch)) for m in self.models]
+        grades = self._grade(batch)
+        failed = check_faults(grades, batch, self.max_fault_share)
         cut = [bool(t.info.get("n_unterminated", 0)) for t in trajs]
-        if not self.score_unfinished:
-            modelled = [unfinished_scores(v, cut, self.unfinished) for v in modelled]
-        values = scores.values + modelled
+        finished_only = [w.grader.finished_only for w in self.graders]
+        values = [unfinished_scores(g.scores, cut, self.unfinished) if only and not self.score_unfinished
+                  else list(g.scores) for g, only in zip(grades, finished_only, strict=True)]
+        extras: list[dict] = [dict() for _ in range(len(batch))]
+        for g in grades:
+            for col, xs in g.extras.items():
+                for i, x in zip(range(len(batch)), xs):
+                    extras[i][col] = x
         totals = combine(values, self.weights)
         unscored = []
         for i, (t, total) in enumerate(zip(trajs, totals, strict=True)):
             t.info["rewards"] = {name: v[i] for name, v in zip(self.names, values, strict=True)}
-            if scores.extras[i]:
-                t.info["reward_extra"] = scores.extras[i]
+            if extras[i]:
+                t.info["reward_extra"] = extras[i]
             if not t.trainable:  # its environment failed: no reward to give
                 continue
-            if i in scores.failed:
-                t.info["reward_error"] = scores.failed[i]
+            if i in failed:
+                t.info["reward_error"] = failed[i]
                 t.outcome = Outcome.REWARD_ERROR
             elif total is None:
                 unscored.append(i)
                 t.outcome = Outcome.UNSCORED
             else:
                 t.reward = total
-        self._report(batch, scores, unscored)
-        model_metrics = {k: v for m in self.models for k, v in getattr(m, "metrics", {}).items()}
-        if self.models:
-            model_metrics["reward/unfinished"] = float(sum(cut))
-        return {**source_metrics(self.names, values), **scores.metrics, **model_metrics,
-                "reward/failed": float(len(scores.failed)), "reward/unscored": float(len(unscored))}
+        self._report(batch, failed, unscored)
+        metrics = {k: v for g in grades for k, v in g.metrics.items()}
+        if any(finished_only):
+            metrics["reward/unfinished"] = float(sum(cut))
+        return {**source_metrics(self.names, values), **metrics,
+                "reward/failed": float(len(failed)), "reward/unscored": float(len(unscored))}
 
-    def _call_functions(self, batch: RewardBatch) -> Scores:
-        """The functions' Scores: called on rank 0 only, broadcast (every rank gets the same rewards)."""
-        if not self.functions.functions:
-            return Scores([], {}, {}, [{} for _ in range(len(batch))])
-        out: Scores | RewardError | None = None
-        if self.engine.is_main:
+    def _grade(self, batch: RewardBatch) -> list[Grades]:
+        """Every grader's Grades: the `main_only` ones started together on rank 0 and their grades (or the
+        RewardError one raised) broadcast, then the others on every rank, in order."""
+        state = RewardState(self.engine.step, self.max_steps)
+        main = [w.grader for w in self.graders if w.grader.main_only]
+        out: list[Grades] | RewardError | None = None
+        if main and self.engine.is_main:
             try:
-                out = self.functions.score(batch, RewardState(self.engine.step, self.max_steps))
+                out = grade_all(main, batch, state)
             except RewardError as e:
                 out = e
-        out = broadcast_object(out)
+        if main:
+            out = broadcast_object(out)
         if isinstance(out, RewardError):
             raise out
-        assert out is not None
-        return out
+        ranked = iter(out or [])
+        rest = iter(grade_all([w.grader for w in self.graders if not w.grader.main_only], batch, state))
+        return [next(ranked) if w.grader.main_only else next(rest) for w in self.graders]
 
-    def _report(self, batch: RewardBatch, scores: Scores, unscored: list[int]) -> None:
+    def _report(self, batch: RewardBatch, failed: dict[int, str], unscored: list[int]) -> None:
         n = len(batch)
         if len(unscored) == n:
             raise RewardError(f"no reward source scored any of the batch's {n} completions (every one returned "
                               f"None, e.g. for {batch.where[0]}); None means 'does not apply to this row' (or a "
-                              "judge's verdict that did not parse), and every row needs at least one source that applies")
+                              "judge's verdict that did not parse), and every row needs at least one source that "
+                              "applies")
         if not self.engine.is_main:
             return
-        for i in sorted(scores.failed)[:3]:
-            log.warning("%s: the episode gets no reward and is left out of this update", scores.failed[i])
+        for i in sorted(failed)[:3]:
+            log.warning("%s: the episode gets no reward and is left out of this update", failed[i])
         if unscored:
             log.warning("every reward source returned None for %d of %d completions (%s ...): left out of this "
                         "update (TRL: unscorable)", len(unscored), n, batch.where[unscored[0]])
 
     def close(self) -> None:
         try:
-            self.functions.close()
+            for w in self.graders:
+                w.grader.close()
         finally:
             self.inner.close()

@@ -67,8 +67,8 @@ from ...runs.verdicts import Estimate, Holds, decide, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.ensemble import RewardEnsemble
-from ...sources.rewards import RewardSet
 from ...sources.episodes import sample_episodes
+from ...sources.graders import Grades, Weighted
 from ...sources.scoring import Scored, pair_accuracy, reward_model_scores
 from ...trajectory import Owner, Trajectory
 from ..chapter13 import adam
@@ -140,8 +140,16 @@ class TinyRewardModel:
     The reply goes in as the tokens the policy sampled (`completion_ids`, its <|end|> included when it stopped),
     after the prompt as the one renderer writes it: token for token what the pairs were (`chapter13.instruct.demo`)."""
 
+    finished_only, main_only = True, False  # a grader (trajtune.sources.graders.Grader)
+
     def __init__(self, engine, name: str):
         self.engine, self.name, self.renderer = engine, name, renderer()
+
+    def start(self, batch, state):
+        return lambda: Grades(self(batch))
+
+    def close(self) -> None:
+        pass
 
     def __call__(self, batch) -> list[float]:
         trajs = []
@@ -195,7 +203,7 @@ def stage_rl(ctx, which: str) -> dict:
     torch.manual_seed(config.seed)
     engine = ctx.engine(sft, d.rl_optim)
     rl = dataclasses.replace(d.rl, seed=derive(config.seed, 1400, stride=7919))
-    source = Scored(instruct_source(engine, "preference", config.max_reply), engine, RewardSet([]), [proxy])
+    source = Scored(instruct_source(engine, "preference", config.max_reply), engine, [Weighted(proxy)])
     gold = {"ends_with_period": verifier_grader(lambda task, reply: float(ends_with_period(reply))),
             "test_rm": batch_grader(test_rm),
             "format": verifier_grader(lambda task, reply: float(format_ok(task.word, reply))),

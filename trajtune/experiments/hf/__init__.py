@@ -10,6 +10,8 @@
     rft     hf_rft      rft.py   RFTRun           rft    train_rft           (a reward function)
 
 `trajtune rm-eval` (rm_eval.py) scores a saved reward model on held-out pairs without a run directory.
+grpo / rft / online dpo score with the graders their options name (graders.py: the registry `GRADERS`, option ->
+grader kind; sampling.py: how they sample).
 
 Each config is a model section (`ModelConfig`: path, LoRA, precision, checkpointing,
 device, lengths), the data file, the loop's own dataclass nested whole (`sft: SFTConfig`,

@@ -49,7 +49,8 @@ from .common import announce, check_run, finish, hf_optim, OutputConfig, preflig
 from .model import ModelConfig, load_engine
 from .options import flag
 from .prepare import Prepared, held_out_pairs, kto_data, pair_data, planned, prompt_data
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
+from .graders import check_grader_inputs
+from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
 from .schedule import ScheduleConfig, check_schedule
 
 register("eval/dpo_loss", "the preference loss (--loss: dpo, dpo_norm, ipo, odpo, rebel, simpo or orpo) on held-out "
@@ -131,7 +132,7 @@ Config = DPORun
 def prepare(config: DPORun, run_dir: Path) -> Prepared:
     if config.online:  # prompt rows, the reward sources checked; held-out pairs for evaluation
         prepared = prompt_data(config)
-        check_rewards(config, prepared.items)
+        check_grader_inputs(config, prepared.items)
         prepared.eval_items = held_out_pairs(config, prepared) if config.eval_data else []
         return planned(config, prepared, "dpo", config.dpo.batch_size, "prompts")
     if config.dpo.loss == "kto":

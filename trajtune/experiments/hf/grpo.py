@@ -51,13 +51,14 @@ from typing import ClassVar, get_type_hints
 from ...algorithms.rl import RLConfig, train_rl
 from ...engine import OptimConfig
 from ...seeding import derive
-from ...overoptimization import OverOptProbe, episode_rewards, reward_set_graders
-from ...sources.rewards import RewardFunction, RewardSet, check_columns
+from ...overoptimization import OverOptProbe, episode_rewards, graders_of
+from ...sources.rewards import RewardFunction, check_columns, unique_names
 from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
+from .graders import check_grader_inputs
+from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
 from .prepare import Prepared, fit, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
@@ -143,12 +144,11 @@ Config = GRPORun
 
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
     prepared = prompt_data(config)
-    check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    check_grader_inputs(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
     if config.ptx_data:
         ptx_trajectories(config, prepared)  # its rows parse and fit, before the model loads
     if config.gold_reward:  # the gold functions import and find their columns in the probe's prompts
-        gold = [RewardFunction(spec=spec) for spec in config.gold_reward]
-        RewardSet(gold)
+        gold = unique_names([RewardFunction(spec=spec) for spec in config.gold_reward])
         check_columns(gold, prepared.items[: config.eval_prompts])
     return prepared
 
@@ -233,10 +233,11 @@ def overopt_probe(ctx, engine, data: Prepared, c: GRPORun, stack: contextlib.Exi
     reference = ctx.checkpointer.reference(engine, 1 if ctx.resuming else 0)
     sampler = c if c.sampling.backend != "vllm" else replace(c, sampling=replace(c.sampling, backend="sampler"))
     source = stack.enter_context(prompt_source(ctx, engine, data, sampler, c.rl.steps))
-    gold = stack.enter_context(RewardSet([RewardFunction(spec=spec) for spec in c.gold_reward],
-                                         timeout=c.reward_timeout))
+    gold = unique_names([RewardFunction(spec=spec, timeout=c.reward_timeout) for spec in c.gold_reward])
+    for f in gold:
+        stack.callback(f.close)
     return OverOptProbe(engine, reference, source, data.items[: c.eval_prompts], c.eval_samples, episode_rewards(),
-                        reward_set_graders(gold), data.pad_id, seed=derive(c.rl.seed, 14))
+                        graders_of(gold), data.pad_id, seed=derive(c.rl.seed, 14))
 
 
 def dry_run(config: GRPORun, run_dir: Path) -> str:

@@ -280,7 +280,7 @@ def planned(config, prepared: Prepared, loop: str, per_step: int, noun: str) -> 
 
 def prompt_data(config) -> Prepared:
     """Prompt rows -> tasks whose prompt + --max-new-tokens fits the budget (the reward functions are
-    checked against them by grpo / rft's own prepare: trajtune.experiments.hf.sampling.check_rewards)."""
+    checked against them by grpo / rft's own prepare: trajtune.experiments.hf.graders.check_grader_inputs)."""
     tokenizer, renderer, rows, limit, said = _start(config)
     new = config.sampling.max_new_tokens
     lengths = prompt_lengths(D.prompt_tasks(rows), renderer)

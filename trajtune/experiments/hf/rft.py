@@ -18,7 +18,8 @@ from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
+from .graders import check_grader_inputs
+from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
 from .prepare import Prepared, prompt_data
 
 
@@ -48,7 +49,7 @@ Config = RFTRun
 
 def prepare(config: RFTRun, run_dir: Path) -> Prepared:
     prepared = prompt_data(config)
-    check_rewards(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    check_grader_inputs(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
     return prepared
 
 

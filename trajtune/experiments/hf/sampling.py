@@ -6,16 +6,16 @@ One step's source, top to bottom (`trajtune.sources`):
     EpisodeSource   the step's prompts x group size, one-turn episodes (sharded over ranks under torchrun,
                     all-gathered: every rank holds the whole batch, task-major, group ids kept), sampled with
                     the sampling section
-    Scored          every --reward function once on the whole batch, at the same time, in worker processes
-                    under --reward-timeout (rank 0 calls them, the rewards are broadcast), and the
-                    --reward-model on the rendered prompt + completion (sharded, gathered); several
-                    --reward-model directories are one source, `reward_ensemble`, their scores combined by
-                    --reward-model-combine (mean, min, mean_minus_std with --reward-model-k;
-                    trajtune.sources.ensemble). A reward model scores finished completions only: one cut at
-                    --max-new-tokens gets --unfinished-reward instead (the book's convention, ch.6; TRL's
-                    missing_eos_penalty). Reward = the --reward-weights sum over the sources that scored the
-                    episode (None left out); an episode no source scored, or whose reward call timed out, is
-                    left out of the update
+    Scored          the run's graders (trajtune.experiments.hf.graders): every --reward function once on the
+                    whole batch, at the same time, in worker processes under --reward-timeout (rank 0 calls
+                    them, the rewards are broadcast), and the --reward-model on the rendered prompt +
+                    completion (sharded, gathered); several --reward-model directories are one source,
+                    `reward_ensemble`, their scores combined by --reward-model-combine (mean, min,
+                    mean_minus_std with --reward-model-k; trajtune.sources.ensemble); then --reward-judge and
+                    --rubric. A model scores finished completions only: one cut at --max-new-tokens gets
+                    --unfinished-reward instead (the book's convention, ch.6; TRL's missing_eos_penalty).
+                    Reward = the --reward-weights sum over the graders that scored the episode (None left
+                    out); an episode no grader scored, or whose reward call timed out, is left out of the update
     Overlapped      (grpo --max-staleness 1) the next step's episodes sampled and scored while this one trains,
                     in a sampler process one update behind (trajtune.sources.overlap)
 
@@ -26,7 +26,6 @@ rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<s
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -34,10 +33,9 @@ from ...config import ConfigError, check_choices, check_ranges
 from ...sources.base import Source
 from ...sources.episodes import EpisodeSource
 from ...sources.overlap import OverlapConfig, overlapped
-from ...sources.rewards import RewardError, RewardFunction, RewardSet, check_columns
-from ...sources.ensemble import RewardEnsemble
-from ...sources.scoring import RM_NAME, RewardModel, Scored
+from ...sources.scoring import Scored
 from ...sources.vllm import VLLMConfig
+from .graders import build_graders, check_graders, close_graders
 from .model import ModelConfig
 from .options import flag
 
@@ -56,8 +54,9 @@ class PromptRewardRun:
     TRL's signature fn(prompts, completions, completion_ids, **columns) -> list[float | None], each called
     once per batch of completions (trajtune.sources.rewards)"""
     reward_weights: list[float] = field(default_factory=list)
-    """weight of each reward source in order (the --reward functions, then --reward-model; empty: 1 each);
-    an episode's reward is the weighted sum over the sources that scored it (None left out)"""
+    """weight of each reward source in order (the --reward functions, then --reward-model, --reward-judge, --rubric:
+    trajtune.experiments.hf.graders.GRADERS; empty: 1 each); an episode's reward is the weighted sum over the
+    sources that scored it (None left out)"""
     reward_timeout: float = 60.0
     """seconds one call of a reward function may take (0: no limit); a call past it is stopped (its worker
     process killed) and the completions it hung on get no reward (left out of the update)"""
@@ -136,113 +135,16 @@ class SamplingConfig:
 
 
 def check_sampling(config, name: str) -> None:
-    """grpo / rft: a reward source, one weight per source, and room for a prompt within the length budget.
-    A single `reward_model` string (a recipe's) becomes a list of one."""
-    if isinstance(config.reward_model, str):
-        config.reward_model = [config.reward_model] if config.reward_model else []
-    if not (config.reward or config.reward_model or config.reward_judge or config.rubric):
-        raise ValueError(f"{name}: needs a reward source: --reward module:function, --reward-model DIR, "
-                         "--reward-judge DIR or --rubric FILE (reward / reward_model / reward_judge / rubric in a recipe)")
-    if len(set(config.reward_model)) != len(config.reward_model):
-        raise ValueError(f"{name}: --reward-model names a directory twice ({config.reward_model})")
-    if not (config.reward_model_k >= 0 and math.isfinite(config.reward_model_k)):
-        raise ValueError(f"{name}: --reward-model-k must be a finite number >= 0, got {config.reward_model_k}")
-    if config.unfinished_reward is not None and not math.isfinite(config.unfinished_reward):
-        raise ValueError(f"{name}: --unfinished-reward must be a finite number, got {config.unfinished_reward}")
-    check_ranges(config, name, label=flag, counts=("judge_max_new_tokens",))
-    n = len(config.reward) + bool(config.reward_model) + bool(config.reward_judge) + bool(config.rubric)
-    if config.reward_weights and len(config.reward_weights) != n:
-        models = " ".join(config.reward_model)
-        sources = [f"--reward {r}" for r in config.reward] + ([f"--reward-model {models}"] if models else [])
-        sources += ([f"--reward-judge {config.reward_judge}"] if config.reward_judge else [])
-        sources += [f"--rubric {config.rubric}"] if config.rubric else []
-        raise ValueError(f"{name}: --reward-weights has {len(config.reward_weights)} numbers for {n} reward sources "
-                         f"({', '.join(sources)}); give one weight per source, in this order")
-    check_ranges(config, name, label=flag, non_negative=("reward_timeout",))
-    if not all(math.isfinite(w) for w in config.reward_weights):
-        raise ValueError(f"{name}: --reward-weights must be finite numbers, got {config.reward_weights}")
+    """grpo / rft: the graders' options (`graders.check_graders`: a reward source, one weight per source) and
+    room for a prompt within the length budget. A single `reward_model` string (a recipe's) becomes a list of
+    one."""
+    check_graders(config, name)
     if config.sampling.max_new_tokens >= config.model.max_length:
         raise ValueError(f"{name}: --max-new-tokens {config.sampling.max_new_tokens} leaves no room for a prompt "
                          f"within --max-length {config.model.max_length} (prompt + completion budget)")
 
 
-def check_rewards(config, tasks: list) -> None:
-    """Before any model loads: every --reward imports, every column it names is in every row, and
-    --reward-model is a reward model saved by `trajtune rm` (the stage loads them again: its
-    arguments are specs, picklable; a module is imported once per process)."""
-    functions = [RewardFunction(spec=s) for s in config.reward]
-    RewardSet(functions)  # names and duplicates
-    check_columns(functions, tasks)
-    from ...config import ConfigError
-    from .rm_eval import read_kind
-
-    for path in config.reward_model:
-        try:
-            read_kind(path)  # a value head, and a readable reward_model.json where there is one
-        except ConfigError as e:
-            raise RewardError(f"--reward-model {e}") from None
-    if config.reward_judge:
-        from ...models.hf import check_model_dir
-
-        check_model_dir(config.reward_judge)
-    if config.rubric:
-        from ...sources.rewards.rubric import load_rubric
-
-        rubric = load_rubric(config.rubric)
-        unchecked = [i.title for i in rubric.items if i.check is None]
-        if unchecked and not config.reward_judge:
-            raise RewardError(f"--rubric {config.rubric}: items {unchecked} have no 'check' verifier, so a judge must "
-                              "grade them: give --reward-judge MODEL_DIR, or a 'check' (file.py:fn) to each item")
-
-
 # --- the source ---------------------------------------------------------------------------
-def reward_model(ctx, path: str, model: ModelConfig, name: str = RM_NAME) -> RewardModel:
-    """A reward model saved by `trajtune rm` as a reward source: its score of the prompt + completion (as its
-    `reward_model.json` says: the head at the last token, or an ORM / PRM's aggregate), rendered with the reward
-    model's own chat template, on a frozen engine beside the policy's."""
-    from ...engine.distributed import launched_distributed
-    from ...models import hf
-    from ...text.chat import ChatRenderer
-    from .rm_eval import read_kind
-
-    kind = read_kind(path)
-    renderer = ChatRenderer(hf.load_tokenizer(path))
-    policy = hf.load_policy(path, value_head=True)
-    device = None if model.device == "cuda" and launched_distributed() else model.device
-    engine = ctx.engine(policy, None, frozen=True, device=device,
-                        autocast=None if model.precision == "fp32" else model.precision)
-    return RewardModel(engine, renderer, name, kind)
-
-
-def reward_models(ctx, config, columns=frozenset()) -> list:
-    """The model-graded reward sources of grpo / rft, in --reward-weights order after the functions: the reward
-    models (none, one `RewardModel`, or several as one `RewardEnsemble`: --reward-model-combine, --reward-model-k),
-    then --reward-judge (`trajtune.sources.judge.Judge`), then --rubric (`RubricReward`, its unchecked items asked
-    of the judge). `columns`: the prompt rows' columns (a pairwise judge compares with `reference` when they have it)."""
-    from ...sources.judge import load_judge
-
-    paths = config.reward_model
-    if len(paths) <= 1:
-        out: list = [reward_model(ctx, p, config.model) for p in paths]
-    else:
-        members = [reward_model(ctx, p, config.model, name=f"{RM_NAME}{i}") for i, p in enumerate(paths)]
-        out = [RewardEnsemble(members, config.reward_model_combine, config.reward_model_k)]
-    judge = None
-    if config.reward_judge:
-        from ...engine.distributed import launched_distributed
-
-        device = None if config.model.device == "cuda" and launched_distributed() else config.model.device  # rank's GPU
-        judge = load_judge(config.reward_judge, config.judge_template, device=device, precision=config.model.precision,
-                           max_new_tokens=config.judge_max_new_tokens,
-                           reference="reference" if "reference" in columns else None)
-        out.append(judge)
-    if config.rubric:
-        from ...sources.rewards.rubric import RubricReward
-
-        out.append(RubricReward(config.rubric, judge=judge))
-    return out
-
-
 def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapConfig | None = None) -> Source:
     """grpo / rft's source (module docstring): one-turn episodes of the prompt tasks, sampled with the sampling
     section and scored as a batch. With the built-in sampler every episode samples from its own seed
@@ -255,12 +157,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
     if engine.shard is not None and not own_seeds:
         raise ConfigError(f"--backend {sampling.backend} cannot sample sharded under torchrun (it has no "
                           "per-episode seeds); use --backend sampler")
-    functions = RewardSet([RewardFunction(spec=spec) for spec in config.reward], timeout=config.reward_timeout)
-    try:
-        models = reward_models(ctx, config, {k for task in data.items for k in task.columns})
-    except BaseException:
-        functions.close()
-        raise
+    graders = build_graders(ctx, config, frozenset(k for task in data.items for k in task.columns))
 
     def build(policy) -> Source:
         episodes = EpisodeSource(policy, SingleTurnEnv, data.renderer, shard=engine.shard, episode_seeds=own_seeds,
@@ -268,7 +165,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
                                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                                  draw=sampling.draw if sampling.backend == "sampler" else "race",
                                  share_prompts=sampling.share_prompts and sampling.backend == "sampler")
-        return Scored(episodes, engine, functions, models, config.reward_weights, max_steps,
+        return Scored(episodes, engine, graders, max_steps,
                       unfinished=None if config.score_unfinished else config.unfinished_reward,
                       score_unfinished=config.score_unfinished)
 
@@ -280,7 +177,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
             runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
                                  max_model_len=data.limit, seed=loop.seed)
         except BaseException:
-            functions.close()
+            close_graders(graders)
             raise
         return overlapped(engine, overlap or OverlapConfig(), build, runner=runner)
     here = functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id)

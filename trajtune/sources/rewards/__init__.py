@@ -24,7 +24,10 @@ the wrong length, or no list at all is a `RewardError` naming the function, the 
 the value. `combine` is the weighted sum; a row that every source left None is unscorable
 (TRL excludes it from the baseline; the HF commands drop it from the update).
 
-How the calls run (`RewardSet.score`, workers.py):
+A `RewardFunction` is a grader (`trajtune.sources.graders.Grader`): `Scored` takes it, weighted, with the
+other graders (`unique_names`: two functions called `reward` from two files are named by file too).
+
+How the calls run (`RewardFunction.start`, workers.py):
   * the functions of one batch are called at the same time, one call each;
   * a function given as a spec ('file.py:fn', 'module:fn') runs in its own worker process
     (started once, reused, the module imported there): a call that runs past `timeout`
@@ -35,14 +38,14 @@ How the calls run (`RewardSet.score`, workers.py):
     time, each under the time limit) to find the rows: an exception stops the run with a
     `RewardError` that shows the function's own traceback once and names the rows
     ('prompts.jsonl:3'); a row that overruns alone fails (its episode gets no reward: `failed`),
-    and more failed rows than `max_fault_share` of the batch stop the run.
+    and more failed rows than `max_fault_share` of the batch stop the run (`graders.check_faults`).
 Nothing here imports torch: a worker starts in ~0.1 s plus the reward module's own imports.
 """
 
 from .functions import (RESERVED, RewardBatch, RewardError, RewardState, callable_name, check_columns, combine,
                         load_reward_function, reward_verifier, signature_of, source_metrics, user_traceback)
-from .workers import LOAD_TIMEOUT_S, LOCATE_WORKERS, RewardFunction, RewardSet, Scores, wait_all
+from .workers import LOAD_TIMEOUT_S, LOCATE_WORKERS, RewardFunction, unique_names, wait_all
 
 __all__ = ["RESERVED", "RewardBatch", "RewardError", "RewardState", "callable_name", "check_columns", "combine",
            "load_reward_function", "reward_verifier", "signature_of", "source_metrics", "user_traceback",
-           "LOAD_TIMEOUT_S", "LOCATE_WORKERS", "RewardFunction", "RewardSet", "Scores", "wait_all"]
+           "LOAD_TIMEOUT_S", "LOCATE_WORKERS", "RewardFunction", "unique_names", "wait_all"]

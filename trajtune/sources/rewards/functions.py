@@ -131,7 +131,7 @@ def signature_of(fn: Callable) -> tuple[list[str], set[str] | None]:
 
 def reward_verifier(fn: Callable):
     """A TRL-style reward function as a per-row trajtune verifier `(task, reply) -> (reward, checks)`
-    (for a `SingleTurnEnv`; the HF commands score whole batches with `RewardSet` instead)."""
+    (for a `SingleTurnEnv`; the HF commands score whole batches with `RewardFunction` graders instead)."""
 
     def verifier(task, reply: str):
         batch = RewardBatch.of([task], [reply], [[]])

@@ -40,8 +40,9 @@ from typing import Any, Callable, Literal, Sequence
 
 from ...config import ConfigError
 from ...metrics import register
+from ..graders import Grades
 from ..judge import question_text
-from .functions import RewardBatch, callable_name, invoke, load_reward_function
+from .functions import RewardBatch, RewardState, callable_name, invoke, load_reward_function
 
 How = Literal["positive", "clipped", "sum"]
 HOWS: tuple[str, ...] = ("positive", "clipped", "sum")
@@ -196,14 +197,17 @@ def _format_b(x: Any, k: int, source: str) -> RubricItem:
 
 # --- the scorer ---------------------------------------------------------------------------
 class RubricReward:
-    """A rubric as a reward source, the `RewardModel` duck type (`RewardBatch` -> list[float | None], `.name`,
-    `.metrics`): `Scored(..., models=[rubric])`.
+    """A rubric as a grader (`trajtune.sources.graders.Grader`; called: `RewardBatch` -> list[float | None], its
+    `.metrics` those of the last call): `Scored(..., [Weighted(rubric)])`.
 
     rubric:      a `Rubric` (or a path: `load_rubric`)
     judge:       grades the items without a `check` (`Judge.ask`); needed only when there are such items
     how:         "positive" (default), "clipped" or "sum" (`rubric_score`)
     hard_rules:  a response that misses a [Hard Rule] item scores 0
     """
+
+    finished_only = True
+    main_only = False
 
     def __init__(self, rubric: Rubric | str | Path, judge=None, how: str = "positive", hard_rules: bool = False,
                  name: str = "rubric"):
@@ -263,10 +267,17 @@ class RubricReward:
                 out.append(rubric_score(row, weights, self.how, hard, self.hard_rules))
         self.metrics = {f"reward/{self.name}/ungraded": sum(v is None for v in out) / max(1, len(out))}
         for k, item in enumerate(items):
-            graded = [row[k] for row in grades if row[k] is not None]
+            graded = [bool(row[k]) for row in grades if row[k] is not None]
             if graded:
                 self.metrics[f"reward/{self.name}/pass/{slug(item.title)}"] = sum(graded) / len(graded)
         return out
+
+    def start(self, batch: RewardBatch, state: RewardState) -> Callable[[], Grades]:
+        """As a grader (`trajtune.sources.graders.Grader`): its scores and `metrics`, computed in the wait."""
+        return lambda: Grades(self(batch), self.metrics)
+
+    def close(self) -> None:
+        pass
 
 
 def slug(title: str) -> str:

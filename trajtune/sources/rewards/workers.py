@@ -1,15 +1,16 @@
 """Where reward calls run: worker processes for functions given as specs, threads for callables.
 
-`RewardSet.score(batch)` calls every function once on the whole batch, at the same time, each
-under the time limit; a function given as a spec ('file.py:fn', 'module:fn') runs in its own
-worker process (started once, reused, the module imported there), so a call past the limit is
-stopped by killing the process, which nothing in the function can block (a hung C call, a
-GIL-holding regex); a plain callable runs in a thread of this process, where the limit only stops
-the waiting. A batch call that raises or overruns is called again row by row (`LOCATE_WORKERS` at
-a time) to find the rows: an exception stops the run with a `RewardError` showing the user's
-traceback once and naming the rows; a row that overruns alone fails (its episode gets no reward),
-and more failed rows than `max_fault_share` of the batch stop the run. A worker starts in ~0.1 s
-plus the reward module's own imports (nothing here imports torch).
+`RewardFunction.start(batch, state)` calls the function once on the whole batch under its time limit (the
+graders of a batch are started together, so several functions run at the same time); a function given as a
+spec ('file.py:fn', 'module:fn') runs in its own worker process (started once, reused, the module imported
+there), so a call past the limit is stopped by killing the process, which nothing in the function can block
+(a hung C call, a GIL-holding regex); a plain callable runs in a thread of this process, where the limit only
+stops the waiting. A batch call that raises or overruns is called again row by row (`LOCATE_WORKERS` at a
+time) to find the rows: an exception stops the run with a `RewardError` showing the user's traceback once and
+naming the rows; a row that overruns alone fails (its episode gets no reward), and more failed rows than
+`max_fault_share` of the batch stop the run (`graders.check_faults`). A worker starts in ~0.1 s plus the
+reward module's own imports (nothing here imports torch). `unique_names` names two functions called `reward`
+from two files by their files.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ...processes import exit_with_parent
+from ..graders import Grades
 from .functions import (CallResult, RewardBatch, RewardError, RewardState, _Bad, _group, _listing, _short,
                         callable_name, check, invoke, load_reward_function, signature_of)
 
@@ -129,19 +130,91 @@ class _Call:
 
 
 class RewardFunction:
-    """One reward function, by spec ('file.py:fn': runs in worker processes) or as a callable
-    (runs in threads of this process). `label` is how messages name it."""
+    """One reward function as a grader (`trajtune.sources.graders.Grader`), by spec ('file.py:fn': runs in
+    worker processes) or as a callable (runs in threads of this process). `label` is how messages name it.
 
-    def __init__(self, fn: Callable | None = None, *, spec: str = "", name: str = ""):
+    timeout:         seconds one call may take (0: no limit); a call past it is stopped and its rows fail
+    max_fault_share: while looking for the rows a failed batch call hung on, more than this share of the batch
+                     stops the search (the batch fails either way: `graders.check_faults`)"""
+
+    finished_only = False
+    main_only = True
+
+    def __init__(self, fn: Callable | None = None, *, spec: str = "", name: str = "", timeout: float = 60.0,
+                 max_fault_share: float = 0.5):
         if spec:
             fn = load_reward_function(spec)
         if fn is None:
             raise ValueError("RewardFunction: give a callable or a spec")
         self.fn, self.spec, self.name = fn, spec, name or callable_name(fn)
+        self.timeout, self.max_fault_share = timeout, max_fault_share
         self.columns, self.accepts = signature_of(fn)
-        self.label = f"reward function {self.name}" + (f" ({spec})" if spec else "")
         self._idle: list[_Worker] = []
         self._busy: list[_Worker] = []
+
+    @property
+    def label(self) -> str:
+        return f"reward function {self.name}" + (f" ({self.spec})" if self.spec else "")
+
+    def start(self, batch: RewardBatch, state: RewardState) -> Callable[[], Grades]:
+        """Call the function once on the whole batch (a worker started and the module imported first, outside
+        the time limit); the returned wait: where the call raised or overran, call it row by row to find the
+        rows, then check every value. Raises RewardError (`trajtune.sources.rewards`)."""
+        self.start_workers(1)
+        call = self.submit(batch.kwargs(state=state))
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+
+        def wait() -> Grades:
+            left = None if deadline is None else max(1e-6, deadline - time.monotonic())
+            out = wait_all([call], left)[0]
+            failed: dict[int, str] = {}
+            if out is None or out.error:
+                out, hung = self._locate(batch, out, state)
+                failed = {i: f"{self.label} ran past its time limit ({self.timeout:g} s) on {batch.where[i]}"
+                          for i in hung}
+            values, problems = check(out, len(batch), self.label, batch)
+            if problems:
+                raise RewardError(problems)
+            metrics = {f"reward/{self.name}/{k}": statistics.fmean(xs) for k, xs in _group(out.metrics).items()}
+            return Grades(values, metrics, failed, out.extras)
+
+        return wait
+
+    def _locate(self, batch: RewardBatch, first: CallResult | None,
+                state: RewardState | None) -> tuple[CallResult, set[int]]:
+        """Call the function row by row after its batch call raised (`first.error`) or overran (`first` None).
+        Returns an CallResult of the per-row values, and the rows that overran alone. Raises RewardError
+        for the rows that raised (or, if none did alone, for the batch call's error)."""
+        n, cap = len(batch), self.max_fault_share * len(batch)
+        values: list = [None] * n
+        raised: dict[int, str] = {}
+        hung: set[int] = set()
+        for start in range(0, n, LOCATE_WORKERS):
+            wave = list(range(start, min(n, start + LOCATE_WORKERS)))
+            self.start_workers(len(wave))
+            for i, out in zip(wave, wait_all([self.submit(batch.kwargs([i], state)) for i in wave], self.timeout)):
+                if out is None:
+                    hung.add(i)
+                elif out.error:
+                    raised[i] = out.error
+                elif out.values is not None and len(out.values) == 1:
+                    values[i] = out.values[0]
+                else:
+                    values[i] = _Bad(f"{out.returned or out.values!r} for one completion")
+            hangs_on_all = start == 0 and len(hung) == len(wave)  # the whole first wave overran
+            if hangs_on_all or len(hung) > cap:  # the batch fails either way: do not wait for the rest
+                hung |= set(range(start + len(wave), n))
+                break
+        if raised or (first is not None and not hung):
+            rows = sorted(raised)
+            error = raised[rows[0]] if rows else first.error if first is not None else ""
+            first_row = f"{batch.where[rows[0]]} (completion {_short(batch.text(rows[0]))})" if rows else ""
+            head = (f"{self.label} raised on the batch of {n} completions, but on none of them alone:" if not rows else
+                    f"{self.label} raised on {first_row}:" if len(rows) == 1 else
+                    f"{self.label} raised on {len(rows)} of {n} completions ({_listing(rows, batch)}); on the first, "
+                    f"{first_row}:")
+            raise RewardError(f"{head}\n{error}")
+        return CallResult(values=values), hung
 
     def submit(self, kwargs: dict) -> _Call:
         """Start one call on `kwargs` (filtered to what the function accepts) and return at once."""
@@ -151,13 +224,13 @@ class RewardFunction:
             ours, theirs = Pipe(duplex=False)
             threading.Thread(target=_send_outcome, args=(theirs, self.fn, kwargs), daemon=True).start()
             return _Call(ours, None, self)
-        self.start(1)
+        self.start_workers(1)
         worker = self._idle.pop()
         self._busy.append(worker)
         worker.conn.send(("call", self.spec, kwargs))
         return _Call(worker.conn, worker, self)
 
-    def start(self, k: int) -> None:
+    def start_workers(self, k: int) -> None:
         """Have `k` idle workers (specs only), the function imported in each: started together, and
         before any call's time limit runs (a module that imports torch takes seconds)."""
         if not self.spec or len(self._idle) >= k:
@@ -214,7 +287,7 @@ def wait_all(calls: Sequence[_Call], timeout: float | None) -> list[CallResult |
             if not ready:
                 break
             for conn in ready:
-                call = pending.pop(conn)
+                call = pending.pop(conn)  # type: ignore[call-overload]  # wait() gives back the connections
                 got[id(call)] = call.receive()
     finally:
         for call in pending.values():
@@ -222,105 +295,14 @@ def wait_all(calls: Sequence[_Call], timeout: float | None) -> list[CallResult |
     return [got.get(id(c)) for c in calls]
 
 
-# --- scoring a batch ---------------------------------------------------------------------------
-@dataclass
-class Scores:
-    """What `RewardSet.score` found for a batch of N completions and K functions."""
-
-    values: list[list[float | None]]
-    """[K][N] each function's reward per completion (None: does not apply, or the row failed)"""
-    failed: dict[int, str]
-    """row -> why it got no reward (a call that ran past the time limit)"""
-    metrics: dict[str, float]
-    """what the functions logged with log_metric, as reward/<function>/<name> (mean)"""
-    extras: list[dict]
-    """[N] what they logged with log_extra"""
-
-
-class RewardSet:
-    """Reward functions called once per batch, concurrently, each call under `timeout` seconds
-    (0: no limit); `max_fault_share`: the share of a batch that may fail by time-outs."""
-
-    def __init__(self, functions: Sequence[RewardFunction], timeout: float = 60.0, max_fault_share: float = 0.5):
-        names = [f.name for f in functions]
-        self.functions = list(functions)
-        for f in self.functions:  # two functions called `reward` from two files: name them by file too
-            if names.count(f.name) > 1 and f.spec:
-                f.name = f"{Path(f.spec.rsplit(':', 1)[0]).stem}.{f.name}"
-        if len({f.name for f in self.functions}) < len(self.functions):
-            raise RewardError(f"the same reward function is given twice: {names}")
-        self.timeout, self.max_fault_share = timeout, max_fault_share
-
-    def close(self) -> None:
-        """Stop the worker processes (a later `score` starts new ones)."""
-        for f in self.functions:
-            f.close()
-
-    def __enter__(self) -> "RewardSet":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def score(self, batch: RewardBatch, state: RewardState | None = None) -> Scores:
-        """1. call every function on the whole batch at once; 2. where a call raised or overran, call
-        it row by row to find the rows; 3. check every value. Raises RewardError (module docstring)."""
-        n, metrics, extras = len(batch), {}, [dict() for _ in range(len(batch))]
-        for f in self.functions:
-            f.start(1)
-        outcomes = wait_all([f.submit(batch.kwargs(state=state)) for f in self.functions], self.timeout)
-        values, failed = [], {}
-        for f, out in zip(self.functions, outcomes, strict=True):
-            if out is None or out.error:
-                out, hung = self._locate(f, batch, out, state)
-                failed.update({i: f"{f.label} ran past its time limit ({self.timeout:g} s) on {batch.where[i]}"
-                               for i in hung if i not in failed})
-            vals, problems = check(out, n, f.label, batch)
-            if problems:
-                raise RewardError(problems)
-            values.append(vals)
-            for name, xs in _group(out.metrics).items():
-                metrics[f"reward/{f.name}/{name}"] = statistics.fmean(xs)
-            for col, xs in out.extras.items():
-                for i, x in zip(range(n), xs):
-                    extras[i][col] = x
-        if len(failed) > self.max_fault_share * n:
-            raise RewardError(f"{len(failed)} of {n} completions got no reward (limit {self.max_fault_share:.0%}): "
-                              + _listing(sorted(failed), batch, lambda i: failed[i]))
-        return Scores(values, failed, metrics, extras)
-
-    def _locate(self, f: RewardFunction, batch: RewardBatch, first: CallResult | None,
-                state: RewardState | None) -> tuple[CallResult, set[int]]:
-        """Call `f` row by row after its batch call raised (`first.error`) or overran (`first` None).
-        Returns an CallResult of the per-row values, and the rows that overran alone. Raises RewardError
-        for the rows that raised (or, if none did alone, for the batch call's error)."""
-        n, cap = len(batch), self.max_fault_share * len(batch)
-        values: list = [None] * n
-        raised: dict[int, str] = {}
-        hung: set[int] = set()
-        for start in range(0, n, LOCATE_WORKERS):
-            wave = list(range(start, min(n, start + LOCATE_WORKERS)))
-            f.start(len(wave))
-            for i, out in zip(wave, wait_all([f.submit(batch.kwargs([i], state)) for i in wave], self.timeout)):
-                if out is None:
-                    hung.add(i)
-                elif out.error:
-                    raised[i] = out.error
-                elif out.values is not None and len(out.values) == 1:
-                    values[i] = out.values[0]
-                else:
-                    values[i] = _Bad(f"{out.returned or out.values!r} for one completion")
-            hangs_on_all = start == 0 and len(hung) == len(wave)  # the whole first wave overran
-            if hangs_on_all or len(hung) > cap:  # the batch fails either way: do not wait for the rest
-                hung |= set(range(start + len(wave), n))
-                break
-        if raised or (first is not None and not hung):
-            rows = sorted(raised)
-            error = raised[rows[0]] if rows else first.error
-            first_row = f"{batch.where[rows[0]]} (completion {_short(batch.text(rows[0]))})" if rows else ""
-            head = (f"{f.label} raised on the batch of {n} completions, but on none of them alone:" if not rows else
-                    f"{f.label} raised on {first_row}:" if len(rows) == 1 else
-                    f"{f.label} raised on {len(rows)} of {n} completions ({_listing(rows, batch)}); on the first, "
-                    f"{first_row}:")
-            raise RewardError(f"{head}\n{error}")
-        return CallResult(values=values), hung
+def unique_names(functions: Sequence[RewardFunction]) -> list[RewardFunction]:
+    """The functions, two with the same name from two files renamed '<file stem>.<name>'; the same function
+    twice is a RewardError."""
+    names = [f.name for f in functions]
+    out = list(functions)
+    for f in out:
+        if names.count(f.name) > 1 and f.spec:
+            f.name = f"{Path(f.spec.rsplit(':', 1)[0]).stem}.{f.name}"
+    if len({f.name for f in out}) < len(out):
+        raise RewardError(f"the same reward function is given twice: {names}")
+    return out
