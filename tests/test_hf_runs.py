@@ -33,7 +33,7 @@ from trajtune.checkpoint import CheckpointError, atomic_dir  # noqa: E402
 from trajtune.cli import main  # noqa: E402
 from trajtune.metrics import Console, MetricsLogger, check_tracker, make_tracker, read_metrics  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
-from trajtune.runs.report import write_run_report  # noqa: E402
+from trajtune.runs.metrics_report import write_run_report  # noqa: E402
 from trajtune.runs.rundir import RunDir, RunDirBusy, run_lock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,8 +19,9 @@ import textwrap
 from pathlib import Path
 
 from ...envs.bugfix_tasks import FAMILIES, make_tasks
-from ...runs.report import (VERDICT_WORDS, Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image,
-                            line_plot, markdown_table, mean_sd, panel_plot, seed_links, write_report)
+from ...runs.plots import Panel, line_plot, panel_plot
+from ...runs.report import (VERDICT_WORDS, Claim, claims_summary, claims_table, claims_verdict, fmt, image,
+                            markdown_table, mean_sd, seed_links, write_report)
 from ...runs.verdicts import (NOISE, Z, Estimate, Holds, Part, deciding_part, over_seeds, share, shares,
                                two_shares)
 

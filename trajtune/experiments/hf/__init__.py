@@ -40,8 +40,9 @@ sharded). The run directory:
     report.md, report.html, report-*.png   first the reward sources and settings (`common.settings_text`) and how
                            far the weights moved (`common.weight_change`), a line for each way the run learned nothing
                            (no reward variance in any group, most completions cut at --max-new-tokens, a loss that
-                           never moved, gradient norm 0, the saved model equal to its input: `runs.report.run_warnings`;
-                           the command's terminal output ends with the same lines on stderr), a few sampled
+                           never moved, gradient norm 0, the saved model equal to its input:
+                           `runs.metrics_report.run_warnings`; the command's terminal output ends with the same lines
+                           on stderr), a few sampled
                            completions of the first and last recorded steps, the key metrics; then the curves (loss,
                            reward, KL, accuracy, lr, eval; a metric that never changed written as its value)
     view.html              grpo, rft: the recorded episodes token by token (`runs.view`), linked from the report

@@ -326,14 +326,14 @@ def run_method(config, run_dir, stage_fn, prepare: Callable[[Any, Path], Any]) -
 
 def report_and_say(run_dir: Path, config, name: str, results: dict, prepared) -> Path:
     """The end of a command (rank 0): view.html of the episodes it recorded (`runs.view.write_view_if_recorded`),
-    report.md / report.html (`runs.report.write_run_report`: the settings, the warnings, a few sampled
+    report.md / report.html (`runs.metrics_report.write_run_report`: the settings, the warnings, a few sampled
     completions, the curves), then on the terminal what was saved and where, and last, on stderr, the report's
     warnings (no learning signal, a loss that never moved, a gradient norm of 0, a model saved unchanged): what a
     user reads first after a run is why it learned nothing, if it did not. Returns report.md's path."""
     from ...metrics import read_metrics
     from ...models.hub import given_as
     from ...runs.recorder import FILE, read_episodes
-    from ...runs.report import changed_weights, plain, run_warnings, write_run_report
+    from ...runs.metrics_report import changed_weights, plain, run_warnings, write_run_report
     from ...runs.view import write_view_if_recorded
 
     write_view_if_recorded(run_dir)

@@ -72,7 +72,7 @@ def table(results: dict, config: Config) -> str:
 def stage_plot(path: Path, results: dict, config: Config) -> Path:
     """Held-out pass@1 after each stage: a group of bars per stage (in order), one per metric, each with its
     value written on it; the legend right of the axes."""
-    from ...runs.report import grouped_bar_plot
+    from ...runs.plots import grouped_bar_plot
 
     metrics = (("completion_greedy", "completion pass@1 (greedy)"), ("chat_greedy", "chat pass@1 (greedy)"),
                ("chat_sampled", "chat pass@1 (sampled, T=1)"), ("chat_pass_at_k", f"chat pass@{config.eval_samples}"))
@@ -84,7 +84,8 @@ def stage_plot(path: Path, results: dict, config: Config) -> Path:
 def curve_plots(run_dir: Path) -> list[str]:
     """Training curves from metrics.jsonl: loss of pretrain / sft / dpo, GRPO's mean reward."""
     from ...metrics import read_metrics
-    from ...runs.report import image, line_plot
+    from ...runs.plots import line_plot
+    from ...runs.report import image
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     series = lambda stage, key: ([r["step"] for r in rows if r.get("stage") == stage and key in r],  # noqa: E731

@@ -32,8 +32,8 @@ from ...config import check_ranges
 from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
-from ...runs.report import (Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image, line_plot,
-                            markdown_table, panel_plot, write_report)
+from ...runs.plots import Panel, line_plot, panel_plot
+from ...runs.report import Claim, claims_summary, claims_table, claims_verdict, fmt, image, markdown_table, write_report
 from ...runs.rundir import RunDir, run_lock
 from ...runs.verdicts import Estimate, bootstrap, decide, two_shares
 

@@ -29,8 +29,9 @@ from ...algorithms.sft import SFTConfig
 from ...config import check_ranges
 from ...engine.distributed import is_main
 from ...engine import OptimConfig
-from ...runs.report import (Claim, claims_summary, claims_table, claims_verdict, fmt, image, line_plot,
-                            markdown_table, mean_sd, pooled_claims, write_report)
+from ...runs.plots import line_plot
+from ...runs.report import (Claim, claims_summary, claims_table, claims_verdict, fmt, image, markdown_table, mean_sd,
+                            pooled_claims, write_report)
 from ...runs.verdicts import Estimate, two_shares
 from ...runs.view import write_view_if_recorded
 from ...runs.stages import Stage, StageContext, StageOptions, run_stages

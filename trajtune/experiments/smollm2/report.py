@@ -90,7 +90,8 @@ def curves(run_dir: Path, seeds: dict[int, Path] | None = None) -> list[str]:
     """The learning curves from metrics.jsonl (of each seed's directory with `seeds`): SFT's loss, GRPO's mean
     reward (the share of right samples)."""
     from ...metrics import read_metrics
-    from ...runs.report import image, line_plot
+    from ...runs.plots import line_plot
+    from ...runs.report import image
 
     dirs = seeds or {None: run_dir}
     loss, reward = {}, {}
