@@ -18,7 +18,7 @@ error and the next one runs; the summary table at the end lists every result.
 Steps:
   1. versions: torch, transformers, the GPU's name, whether `import vllm` works (if not, the vLLM rows are
      skipped: reason printed);
-  2. the model: its folder, layers, head size, where it came from (`trajtune.models.hub.provenance`);
+  2. the model: its folder, layers, head size, where it came from (`trajtune.models.cache.provenance`);
   3. tokens/s of trajtune's sampler (`engine.sample(backend="sampler", draw="cdf")`) and HF generate
      (`backend="generate"`) on the device, fp32 weights and bf16 autocast, 64 prompts x 64 new tokens (--quick:
      8 x 16), random prompts of 8-24 ids, no stop token (every row writes every token; the count is checked),
@@ -244,7 +244,7 @@ def main() -> int:
             cfg = cfg.get("text_config", cfg)
             head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
             try:
-                from trajtune.models.hub import provenance
+                from trajtune.models.cache import provenance
 
                 source = provenance(model_dir) or {}
             except ImportError:

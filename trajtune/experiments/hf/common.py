@@ -192,7 +192,7 @@ def finish(ctx, engine, policy, tokenizer, history: list[dict], home: str = "", 
         results["weight_change"] = change
     base = getattr(getattr(getattr(ctx, "config", None), "model", None), "path", "")
     if base:
-        from ...models.hub import provenance
+        from ...models.cache import provenance
 
         results["base_model"] = {"path": str(base), **({"source": provenance(base)} if provenance(base) else {})}
     return results
@@ -381,8 +381,9 @@ def resolve_models(config) -> None:
 
 def model_origin(path: str) -> tuple[str, str]:
     """How a run report names the model it started from -> (`spec` (the folder it resolved to), and for a converted
-    checkpoint a paragraph saying what it is: `trajtune.models.hub.provenance`, e.g. a dequantized Q4_1 GGUF)."""
-    from ...models.hub import given_as, provenance
+    checkpoint a paragraph saying what it is: `trajtune.models.cache.provenance`, e.g. a dequantized Q4_1 GGUF)."""
+    from ...models.cache import provenance
+    from ...models.hub import given_as
 
     spec = given_as(path)
     source = provenance(path) or {}
