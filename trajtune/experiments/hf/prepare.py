@@ -24,7 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from ...sources import data as D
+from ...sources import data as D, reward_data as RD
 from ...config import ConfigError
 from ...engine.distributed import is_main
 from .options import flag
@@ -159,7 +159,7 @@ def kto_data(config) -> Prepared:
         return f"{t.info['source']}: field 'completion': {len(t)} tokens (prompt included)" if len(t) > limit else None
 
     def examples(rows, noun):
-        kept = fit(D.kto_examples(rows, renderer), said, config.model.drop_long, too_long, noun)
+        kept = fit(RD.kto_examples(rows, renderer), said, config.model.drop_long, too_long, noun)
         if len(kept) < 2:
             raise D.DataError(f"KTO needs at least 2 {noun} (a completion is compared with another row's prompt: "
                               f"the reference point), got {len(kept)}")
@@ -229,13 +229,13 @@ def reward_model_data(config) -> Prepared:
 
     def convert(rows: list, noun: str) -> list:
         if objective == "orm":
-            items = [(t, outcome_labels(t, y)) for t, y in D.labelled_examples(rows, renderer)]
+            items = [(t, outcome_labels(t, y)) for t, y in RD.labelled_examples(rows, renderer)]
             length = lambda x: (len(x[0]), x[0].info["source"], "completion")  # noqa: E731
         elif objective == "prm":
-            items = [(t, process_labels(t, y)) for t, y in D.stepwise_examples(rows, renderer, config.step_separator)]
+            items = [(t, process_labels(t, y)) for t, y in RD.stepwise_examples(rows, renderer, config.step_separator)]
             length = lambda x: (len(x[0]), x[0].info["source"], "completions")  # noqa: E731
         elif ranked:
-            items = D.ranked_lists(rows, renderer)
+            items = RD.ranked_lists(rows, renderer)
             length = lambda x: (max(len(t) for t in x), x[0].info["source"], "completions")  # noqa: E731
         else:
             items = D.preference_pairs(rows, renderer)
