@@ -615,7 +615,7 @@ def test_a_gpu_that_is_not_there_is_named(monkeypatch):
     import torch
 
     from trajtune.config import ConfigError
-    from trajtune.experiments.hf.common import check_device
+    from trajtune.experiments.hf.recipe import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -94,7 +94,7 @@ def test_run_warnings_name_each_way_a_run_learned_nothing(tmp_path):
 
 def test_hf_settings_name_what_each_command_trains_with():
     from trajtune.experiments.hf import dpo, grpo, rft, rm, sft
-    from trajtune.experiments.hf.common import settings_text
+    from trajtune.experiments.hf.recipe import settings_text
     from trajtune.experiments.hf.model import ModelConfig
 
     base = {"data": "x.jsonl", "model": ModelConfig(path="m")}

@@ -13,7 +13,7 @@ one policy, every entry point).
 
 Who calls it: `trajtune run` (`cli.cmd_run`: names and holds the directory, checks every seed's before the
 first runs, --dry-run), the Hugging Face commands (`cli.hf.cmd_hf`: the same with their own policy for a
-finished run, and --overwrite), `experiments.hf.common.run_method` (checks before the data, begins after
+finished run, and --overwrite), `experiments.hf.recipe.run_method` (checks before the data, begins after
 it), and the stage runner (`run_stages` begins every staged run, knowing its stages).
 
 What a run finds, and does:

@@ -29,7 +29,7 @@ and from the command line, `trajtune grpo --model runs/sft/model --data prompts.
 --reward my_rewards.py:exact --kl-coef 0.05` (trajtune/cli/hf.py generates one flag per
 leaf field, `options.py`): the same config, the same run.
 
-The recipe path (`common.run_method`): the run directory's policy (`trajtune.runs.rundir`: a
+The recipe path (`recipe.run_method`): the run directory's policy (`trajtune.runs.rundir`: a
 changed option on resume refused, naming it), every check before the model loads (`prepare.py`:
 the rows with file:line:field, every length against --max-length and the model's context,
 --drop-long; each method's `dry_run` makes them alone), config.json, then one stage through
@@ -37,7 +37,7 @@ the rows with file:line:field, every length against --max-length and the model's
 sharded). The run directory:
 
     metrics.jsonl, config.json
-    report.md, report.html, report-*.png   first the reward sources and settings (`common.settings_text`) and how
+    report.md, report.html, report-*.png   first the reward sources and settings (`recipe.settings_text`) and how
                            far the weights moved (`common.weight_change`), a line for each way the run learned nothing
                            (no reward variance in any group, most completions cut at --max-new-tokens, a loss that
                            never moved, gradient norm 0, the saved model equal to its input:

@@ -54,7 +54,8 @@ from ...seeding import derive
 from ...overoptimization import OverOptProbe, episode_rewards, reward_set_graders
 from ...sources.rewards import RewardFunction, RewardSet, check_columns
 from ...metrics import register
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
 from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source

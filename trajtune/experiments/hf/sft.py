@@ -19,7 +19,8 @@ from typing import ClassVar, Sequence
 
 from ...algorithms.sft import SFTConfig, train_sft
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import ModelConfig, load_engine
 from .prepare import Prepared, planned, sft_data
 from .schedule import ScheduleConfig, check_schedule

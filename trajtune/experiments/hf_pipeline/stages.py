@@ -123,11 +123,11 @@ def method_config(cls, ctx, previous: str, data: str, **sections):
 
 
 def checked(ctx, c, module):
-    """What the method's command checks before its model loads (`hf/common.check`: the device, the rows,
+    """What the method's command checks before its model loads (`hf/recipe.check`: the device, the rows,
     every length, the reward functions, the schedule), with the stage directory as the method's run
     directory: the pipeline's runner keeps the resume state (<stage>/resume), so the method finds no run
     of its own there."""
-    from ..hf.common import check
+    from ..hf.recipe import check
 
     return check(c, ctx.dir, module.prepare)
 
@@ -136,7 +136,7 @@ def stage_pretrain(ctx) -> dict:
     """`sft.train` (what `trajtune sft` runs) on raw text: every token trained."""
     from ...models.hf import load_tokenizer
     from ..hf import sft
-    from ..hf.common import check_device
+    from ..hf.recipe import check_device
     from ..hf.prepare import budget, planned
 
     c = method_config(sft.SFTRun, ctx, "base", "pretrain.jsonl", sft=ctx.config.pretrain,
