@@ -16,7 +16,11 @@
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     scoring.py     `Scored`: rewards from reward functions and reward models; `RewardModel`
+    ensemble.py    `RewardEnsemble`: several graders as one (mean, min, mean - k std)
+    judge.py       LLM-as-a-judge: the book's MT-Bench templates, greedy verdicts, position swap, cache
+    difficulty.py  the offline difficulty filter: keep prompts a policy solves 20-80% of the time
     data.py        datasets in TRL's formats: demonstrations, preference pairs, prompt tasks
+    reward_data.py reward-model and KTO data: ranked lists, outcome labels, step labels
 
 A loop's source is a composition, written out where it is built (the experiments):
 

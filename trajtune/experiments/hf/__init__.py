@@ -11,6 +11,11 @@
 
 `trajtune rm-eval` (rm_eval.py) scores a saved reward model on held-out pairs without a run directory.
 
+What the methods share: model.py (the model section: LoRA, precision, memory, lengths), sampling.py (grpo / rft:
+the sampling section, the rewards, the source), schedule.py (epochs or steps, the learning-rate schedule),
+options.py (one flag per config field), prepare.py (every check before the model loads), recipe.py (the recipe
+path: `run_method`, `preflight`), common.py (the stage's plumbing: snapshots, the final save, `weight_change`).
+
 Each config is a model section (`ModelConfig`: path, LoRA, precision, checkpointing,
 device, lengths), the data file, the loop's own dataclass nested whole (`sft: SFTConfig`,
 `rl: RLConfig` ...), `optim: OptimConfig` and `output: OutputConfig` -- so every loop setting is
