@@ -225,7 +225,8 @@ def fit_scaling_law(kl: Sequence[float], gold: Sequence[float], form: str = "rl"
     if form not in ("bon", "rl"):
         raise ValueError(f"fit_scaling_law: form must be 'bon' or 'rl', got {form!r}")
     if len(kl) != len(gold) or len(kl) < 3:
-        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, {len(gold)}")
+        raise ValueError(f"fit_scaling_law: needs equal kl and gold lists of at least 3 points, got {len(kl)}, "
+                         f"{len(gold)}")
     if min(kl) < 0:
         raise ValueError("fit_scaling_law: a KL is negative")
     base = gold[min(range(len(kl)), key=lambda i: kl[i])]

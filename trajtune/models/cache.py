@@ -101,7 +101,8 @@ def gguf_info(path: Path) -> dict:
     quant = None
     if "general.file_type" in fields:
         try:
-            quant = gguf.LlamaFileType(int(fields["general.file_type"])).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+            quant = (gguf.LlamaFileType(int(fields["general.file_type"])).name.removeprefix("MOSTLY_")
+                     .removeprefix("ALL_"))
         except ValueError:
             quant = None
     if quant is None and kinds:  # the commonest tensor type of the file

@@ -49,7 +49,8 @@ class Decoder:
 
     `texts(ids)` -> (text per token, completed_by per token): joined, the texts are the decoded sequence; a token
     that ends inside a character has text "" and completed_by = the index of the next token that ends on a character
-    boundary, which shows the characters they make together (None elsewhere). Ids outside [0, size) show as "#<id>" (`outside` counts them)."""
+    boundary, which shows the characters they make together (None elsewhere). Ids outside [0, size) show as "#<id>"
+    (`outside` counts them)."""
 
     def __init__(self, source: str, size: int, decode: Callable[[list[int]], str], whole_tokens: bool,
                  word_level: bool = False):

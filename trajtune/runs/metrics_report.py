@@ -66,7 +66,8 @@ def run_warnings(rows: Sequence[dict], weight_change: Mapping | None = None) -> 
         same = f"mean reward {short(min(reward))}; " if reward and min(reward) == max(reward) else ""
         out.append(f"**No learning signal:** at every one of the {len(signal)} steps, every group's completions got "
                    f"the same reward ({same}`rollout/no_signal_share` 1): with a group baseline (GRPO, RLOO) every "
-                   "advantage was 0 and the reward taught the policy nothing; check the reward function on a few real completions.")
+                   "advantage was 0 and the reward taught the policy nothing; check the reward function on a few real "
+                   "completions.")
     cut = _values(rows, "rollout/truncated_share")
     if cut and statistics.fmean(cut) > 0.5:
         out.append(f"**Most completions were cut at the token budget:** {statistics.fmean(cut):.0%} of sampled "
@@ -81,7 +82,8 @@ def run_warnings(rows: Sequence[dict], weight_change: Mapping | None = None) -> 
                    "weights never changed.")
     if weight_change and weight_change.get("tensors") and not weight_change.get("changed"):
         out.append(f"**The saved model is its input, unchanged:** all {weight_change['tensors']} weight tensors of "
-                   f"`{weight_change.get('model', 'model/')}` equal those of `{weight_change.get('input', 'the input')}` "
+                   f"`{weight_change.get('model', 'model/')}` equal those of "
+                   f"`{weight_change.get('input', 'the input')}` "
                    "bit for bit: the run trained nothing.")
     return out
 
@@ -128,7 +130,8 @@ def sampled_completions(episodes: Sequence[dict], rows: Sequence[dict],
     for stage, steps in by_stage.items():
         recorded = sorted(steps)
         mine = [r for r in rows if r.get("stage", stage) == stage]
-        unit = "round" if any("train/round" in r for r in mine) else "step"  # RFT records per round (its rows: per step)
+        # RFT records per round (its rows: per step)
+        unit = "round" if any("train/round" in r for r in mine) else "step"
         ran = int(max((_number(r.get("train/round" if unit == "round" else "step")) or 0 for r in mine),
                       default=recorded[-1]))
         said = (f"{unit} {recorded[0]} only" if len(recorded) == 1 else
@@ -151,7 +154,8 @@ def sampled_completions(episodes: Sequence[dict], rows: Sequence[dict],
                 said_text = (" ⏎ ".join(map(str, actions)) if actions else decode(policy) if decode is not None
                              else " ".join(map(str, policy)))
                 reward = e.get("reward")
-                table.append((step, _md_text(asked.strip(), 80), _md_text(said_text), _md_text(str(info.get("expected", "-")), 40),
+                table.append((step, _md_text(asked.strip(), 80), _md_text(said_text), _md_text(str(info.get("expected",
+                                                                                                            "-")), 40),
                               short(float(reward)) if isinstance(reward, (int, float)) else str(reward),
                               "cut at the token budget" if info.get("stop_reason") == "length" else "ended"))
         parts.append(markdown_table([unit, "prompt", "completion", "expected", "reward", "stopped"], table))
@@ -185,7 +189,8 @@ def write_run_report(run_dir: str | Path, title: str, intro: str = "", warnings:
         return write_report(run_dir, title, sections)
     table = [(stage, key, len(ys), *(f"{v:.4g}" for v in (ys[0], ys[-1], min(ys), max(ys))))
              for (stage, key), (_, ys) in curves.items()]
-    sections.append("## Every plotted metric, per stage\n\n" + markdown_table(["stage", "metric", "rows", "first", "last", "min", "max"], table))
+    sections.append("## Every plotted metric, per stage\n\n" + markdown_table(["stage", "metric", "rows", "first",
+                                                                               "last", "min", "max"], table))
     stages = {stage for stage, _ in curves}
     figures, flat = [], []
     for stem, plot_title, keys in RUN_PLOTS:

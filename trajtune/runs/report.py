@@ -146,7 +146,8 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 
 def claims_table(claims: Sequence[Claim]) -> str:
-    """The reference (the seed document's or the book's numbers) beside ours, with the claim, whether it holds, and (when any claim is decided by a
+    """The reference (the seed document's or the book's numbers) beside ours, with the claim, whether it holds, and
+    (when any claim is decided by a
     difference) that difference with its noise: the verdict is read beside the uncertainty that decided it."""
     if any(c.estimate is not None for c in claims):
         return markdown_table(["#", "experiment", "reference", "ours", "claim", f"difference ± {Z:g} SE", "verdict"],

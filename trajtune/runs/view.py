@@ -5,8 +5,8 @@
 
 `write_view` writes the page: `trajtune view` (trajtune/cli/view.py) calls it, and so does a recipe before its
 report, which then links the page (the agent recipe). It reads every RUN_DIR/<stage>/episodes.jsonl (written while
-training: trajtune/runs/recorder.py) and writes one self-contained page (inline CSS and JS, no server, no network): per episode its stage,
-step, task, the answer its data expects (info["expected"], where the row has one), reward, why it
+training: trajtune/runs/recorder.py) and writes one self-contained page (inline CSS and JS, no server, no network): per
+episode its stage, step, task, the answer its data expects (info["expected"], where the row has one), reward, why it
 stopped (a "length" badge when the reply was cut at the token budget), flags (hacked: passed the
 public checks, not the hidden ones; failed: the environment raised), the whole `info`, and every
 token coloured by its owner (template, prompt, policy, tool); a token is never split across lines.
@@ -56,7 +56,8 @@ def find_episodes(run_dir: Path) -> list[Path]:
         what = " and ".join(kinds)
         raise ConfigError(f"trajtune view: {run_dir} is a run of {what} (stage{'s' * (len(stages) > 1)} "
                           f"{', '.join(stages)}), and {what} sample{'s' * (len(kinds) == 1)} no episodes: "
-                          f"{'they train' if len(kinds) > 1 else 'it trains'} on the data's own replies, so there is nothing to view (the RL and RFT stages, "
+                          f"{'they train' if len(kinds) > 1 else 'it trains'} on the data's own replies, so there is "
+                          "nothing to view (the RL and RFT stages, "
                           "e.g. `trajtune grpo` and `trajtune rft`, record the episodes this page shows)")
     if not found:
         raise ConfigError(f"trajtune view: {run_dir} has no {FILE} (the RL / RFT stages of a run record a few "
@@ -156,7 +157,8 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
                 cls += " off"  # sampler and trainer disagree: ratio outside [0.8, 1.25]
             shown = repr(text) if whole is None else f"(first bytes of the character of token {whole})"
             table.append(f"<tr><td>{i}</td><td class='tx'>{html.escape(shown)}</td><td>{_fmt(st['sampler'])}</td>"
-                         f"<td>{_fmt(st['trainer'])}</td><td>{_fmt(st['advantage'])}</td><td>{_fmt(st['ratio'])}</td></tr>")
+                         f"<td>{_fmt(st['trainer'])}</td><td>{_fmt(st['advantage'])}</td>"
+                         f"<td>{_fmt(st['ratio'])}</td></tr>")
         tokens.append(f'<span class="{cls}" title="{html.escape(tip, quote=True)}">{html.escape(text)}</span>')
     badges = "".join(f'<span class="badge {k}">{k}</span>' for k, v in f.items() if v)
     if stop == "length":
@@ -168,7 +170,8 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
             f"group {row.get('group')} · task <code>{html.escape(str(row.get('task', '')))}</code>"
             + ("" if want is None else f" · expected <code class='expected'>{html.escape(_show(want))}</code>")
             + " · reward "
-            f"<b class='reward'>{html.escape(_fmt(reward_num) if isinstance(reward, (int, float)) else str(reward))}</b>"
+            "<b class='reward'>"
+            f"{html.escape(_fmt(reward_num) if isinstance(reward, (int, float)) else str(reward))}</b>"
             f" · stop {html.escape(stop)} {badges}")
     return (f'<section class="episode" {data}><div class="head">{head}</div>'
             f'<div class="tokens">{"".join(tokens)}</div>'
@@ -189,18 +192,21 @@ main{padding:8px 16px;max-width:100%}
 .episode{background:#fff;border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px 10px;overflow-wrap:anywhere}
 .head{margin-bottom:6px}
 .tokens{font:13px/1.9 ui-monospace,monospace;white-space:pre-wrap;tab-size:4;overflow-x:auto}
-.t{border-radius:3px;padding:1px 1px;margin:0 2px 0 0;display:inline-block;white-space:pre;word-break:keep-all;overflow-wrap:normal}
+.t{border-radius:3px;padding:1px 1px;margin:0 2px 0 0;display:inline-block;white-space:pre;word-break:keep-all;\
+overflow-wrap:normal}
 .t.nl{display:inline}
 .t.part{min-width:.5em}.t.part::before{font-size:.75em;content:"\\2026";color:#888}
 .template{background:#e4e4e4;color:#777}.prompt{background:#dbe8ff}.policy{background:#c9f2c9}.tool{background:#ffe2bf}
 .t.off{outline:2px solid #d33}
-.badge{font-size:11px;border-radius:8px;padding:1px 7px;margin-left:6px;color:#fff;display:inline-block;white-space:nowrap}
+.badge{font-size:11px;border-radius:8px;padding:1px 7px;margin-left:6px;color:#fff;display:inline-block;\
+white-space:nowrap}
 .badge.hacked{background:#c2185b}.badge.failed{background:#b71c1c}.badge.kept{background:#555}
 .badge.length{background:#e65100}code.expected{background:#fff3c4;padding:0 4px}
 details{max-width:100%;overflow-x:auto}
 pre{white-space:pre-wrap;overflow-wrap:anywhere}
 table.side{border-collapse:collapse;font-size:12px;margin:4px 0}
-table.side td,table.side th{border:1px solid #ddd;padding:1px 6px;text-align:right;white-space:nowrap;overflow-wrap:normal}
+table.side td,table.side th{border:1px solid #ddd;padding:1px 6px;text-align:right;white-space:nowrap;\
+overflow-wrap:normal}
 td.tx{text-align:left;font-family:ui-monospace,monospace;white-space:pre-wrap}
 .warn{background:#fff3e0;border:1px solid #e65100;border-radius:6px;padding:6px 10px;margin:8px 0}
 .tokenizers ul{margin:4px 0}

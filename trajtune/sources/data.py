@@ -163,7 +163,8 @@ def _json_array(path: Path, text: str) -> list[Row]:
         if text.startswith(",", i):
             i = _skip_space(text, i + 1)
             if text.startswith("]", i):
-                raise DataError(f"{path}:{_line(text, i)}: not valid JSON: a ',' after the last element of the JSON array")
+                raise DataError(f"{path}:{_line(text, i)}: not valid JSON: a ',' after the last element of the JSON "
+                                "array")
         elif not text.startswith("]", i):
             raise DataError(f"{path}:{_line(text, i)}: not valid JSON: expected ',' or ']' after element "
                             f"{len(rows) - 1} of the JSON array")
@@ -247,7 +248,8 @@ def check_format(rows: Sequence[Row], expected: Sequence[str]) -> None:
     for row in rows:
         fmt = detect_format(row)
         if fmt not in expected:
-            raise DataError(f"{row.where}: a {fmt!r} row, but this command needs {' or '.join(repr(e) for e in expected)} rows")
+            raise DataError(f"{row.where}: a {fmt!r} row, but this command needs "
+                            f"{' or '.join(repr(e) for e in expected)} rows")
 
 
 # --- field validation --------------------------------------------------------------
@@ -267,17 +269,21 @@ def row_messages(row: Row, name: str, value: Any, default_role: str) -> list[dic
             raise DataError(f"{row.where}: field {name!r} is empty ({value!r})")
         return [{"role": default_role, "content": value}]
     if not isinstance(value, list) or not value:
-        raise DataError(f"{row.where}: field {name!r} must be a string or a non-empty list of messages, got {type(value).__name__}")
+        raise DataError(f"{row.where}: field {name!r} must be a string or a non-empty list of messages, got "
+                        f"{type(value).__name__}")
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise DataError(f"{row.where}: field {name!r}[{i}] must be an object with 'role' and 'content'")
         if m.get("role") not in ROLES:
-            raise DataError(f"{row.where}: field {name!r}[{i}].role is {m.get('role')!r}; expected one of {list(ROLES)}")
+            raise DataError(f"{row.where}: field {name!r}[{i}].role is {m.get('role')!r}; expected one of "
+                            f"{list(ROLES)}")
         content = m.get("content")
         if not isinstance(content, str) and not m.get("tool_calls"):
-            raise DataError(f"{row.where}: field {name!r}[{i}].content must be a string (or the message needs tool_calls)")
+            raise DataError(f"{row.where}: field {name!r}[{i}].content must be a string (or the message needs "
+                            "tool_calls)")
         if m["role"] in ("user", "assistant") and not m.get("tool_calls") and not content.strip():
-            what = "an empty assistant turn (nothing to train on)" if m["role"] == "assistant" else "an empty user message"
+            what = ("an empty assistant turn (nothing to train on)" if m["role"] == "assistant"
+                    else "an empty user message")
             raise DataError(f"{row.where}: field {name!r}[{i}].content is empty ({content!r}): {what}")
     return [dict(m) for m in value]
 

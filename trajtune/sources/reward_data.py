@@ -59,7 +59,8 @@ def ranked_lists(rows: Sequence[Row], renderer: ChatRenderer) -> list[list[Traje
             order.sort(key=lambda i: -values[i])
         ranked = []
         for i in order:
-            samples = render_row(renderer, row, prompt + row_messages(row, f"completions[{i}]", completions[i], "assistant"),
+            samples = render_row(renderer, row, prompt + row_messages(row, f"completions[{i}]", completions[i],
+                                                                      "assistant"),
                               len(prompt))
             if not samples:
                 raise DataError(f"{row.where}: field 'completions'[{i}] has no assistant message to score")

@@ -66,7 +66,8 @@ def rl_only_stability(r: dict) -> tuple[bool, str]:
 # `verdicts.both` of its parts, so it holds only when every comparison clears its noise, and is "not
 # distinguishable" when one sits inside it. The seeds report pools every part over seeds (`pool_parts`).
 def claim_of(id: str, what: str, seed: str, ours: str, claim: str, parts: list[Part]) -> Claim:
-    """A Claim decided by its parts (`verdicts.deciding_part`): the estimate shown beside the verdict is the deciding part's, named
+    """A Claim decided by its parts (`verdicts.deciding_part`): the estimate shown beside the verdict is the deciding
+    part's, named
     ('+0.275 ± 0.200 (2 SE; held-out, SFT->RL - RL only > 0.2; binomial)'); `why` names a failed exact part."""
     holds, shown = deciding_part(*parts)
     why = "" if shown.estimate is not None or holds is True else shown.name
@@ -118,7 +119,8 @@ def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
                         f"{a1['masked_loss']:.2f} / unmasked {a1['unmasked_loss']:.2f}, log V {a1['log_vocab']:.2f}",
                         "a minority of tokens are actions; both losses about log V at init (exact counts and losses)",
                         [Part("actions a minority", exact=pol / tot < 0.5),
-                         Part("losses within 10% of log V", exact=near(a1["masked_loss"]) and near(a1["unmasked_loss"]))]))
+                         Part("losses within 10% of log V",
+                              exact=near(a1["masked_loss"]) and near(a1["unmasked_loss"]))]))
     w = r["weak_base"]["describe"]
     nd_tr, nd_ho = c.describe_samples * N_TRAIN, c.describe_samples * N_HELDOUT
     out.append(claim_of("A2", "weak base (blind + random play)", "train 0.144, held-out 0.138, invalid/ep 0.06, "
@@ -134,12 +136,14 @@ def _format_and_gradient_claims(c, r: dict) -> list[Claim]:
                         f"{o['heldout']:.2f}; entropy {w['entropy']:.3f} -> {o['entropy']:.3f} ({ratio:.0f}x)",
                         "train >= 0.95, held-out >= 0.85, entropy drops ~10x (we require >= 5x): levels, as the "
                         "seed's",
-                        [Part("train >= 0.95", exact=o["train"] >= 0.95), Part("held-out >= 0.85", exact=o["heldout"] >= 0.85),
+                        [Part("train >= 0.95", exact=o["train"] >= 0.95), Part("held-out >= 0.85",
+                                                                               exact=o["heldout"] >= 0.85),
                          Part("entropy drops >= 5x", exact=ratio >= 5)]))
     a4 = r["diagnostics"]["a4"]
     ok4 = a4["max_abs_diff"] <= 1e-5 * a4["max_abs_grad"] if not math.isnan(a4["max_abs_diff"]) else None
     out.append(claim_of("A4", "gradient identity", "max abs diff 1.4e-9; cosine(baseline PG, RFT) 0.985",
-                        f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff {a4['max_abs_diff']:.1e} "
+                        f"kept {a4['kept']}/{a4['episodes']}, ratio {a4['ratio']:.4f}, max abs diff "
+                        f"{a4['max_abs_diff']:.1e} "
                         f"(max grad {a4['max_abs_grad']:.1e}); cosine {a4['cosine_baseline']:.3f}",
                         "grad(0/1 PG) = ratio x grad(SFT on kept) to round-off (rel. 1e-5)",
                         [Part("gradients equal to round-off", exact=ok4)]))
@@ -226,7 +230,8 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
     a6 = r["diagnostics"]["a6"]
     out.append(claim_of("A6", "dpo_loss, beta 0.5, margins 0/+4/-4", "0.6931 / 0.1269 / 2.1269",
                         " / ".join(f"{v:.4f}" for v in a6.values()), "exactly these values",
-                        [Part("the three values", exact=[round(v, 4) for v in a6.values()] == [0.6931, 0.1269, 2.1269])]))
+                        [Part("the three values", exact=[round(v, 4) for v in a6.values()] == [0.6931, 0.1269,
+                                                                                               2.1269])]))
     d, dn = r["dpo"]["curve"], r["dpo_nll"]["curve"]
     n_tr, n_ho = c.eval_samples * N_TRAIN, c.eval_samples * N_HELDOUT
     inv = lambda cv, i: cv[i]["eval/invalid_per_episode"]  # noqa: E731
@@ -236,7 +241,8 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
                         "rejected log-prob falls without bound (exact, on its pairs), malformed calls rise many-fold "
                         "(peak > 3x the start and > 0.3, by 2 SE), held-out does not improve (not up by 2 SE)",
                         [Part("d_rejected <= -10 and still falling",
-                              exact=last(d, "d_rejected") <= -10 and last(d, "d_rejected") < d[len(d) // 2]["d_rejected"]),
+                              exact=last(d, "d_rejected") <= -10 and last(d,
+                                                                          "d_rejected") < d[len(d) // 2]["d_rejected"]),
                          Part("peak malformed/ep - 3x start",
                               counts(inv(d, peak), 3 * inv(d, 0), n_tr), ">", 0.0),
                          Part("peak malformed/ep", counts(inv(d, peak), 0.0, n_tr), ">", 0.3),
@@ -248,7 +254,8 @@ def _expert_iteration_and_dpo_claims(c, r: dict) -> list[Claim]:
                         "fewer malformed calls and higher train pass than A7 at the last point (each by 2 SE)",
                         [Part("malformed/ep, DPO - DPO+NLL", counts(last(d, "eval/invalid_per_episode"),
                                                                           last(dn, "eval/invalid_per_episode"), n_tr)),
-                         Part("train, DPO+NLL - DPO", shares(last(dn, "eval/pass_rate"), last(d, "eval/pass_rate"), n_tr))]))
+                         Part("train, DPO+NLL - DPO", shares(last(dn, "eval/pass_rate"), last(d, "eval/pass_rate"),
+                                                             n_tr))]))
     return out
 
 
@@ -285,7 +292,8 @@ def _recipe_claims(c, r: dict) -> list[Claim]:
     inf = [p[k]["informative"] for k in ks]
     out.append(claim_of("A10", "informative groups (probe)", "0.60 / 0.70 / 0.10",
                         " / ".join(f"{x:.2f}" for x in inf),
-                        "long SFT leaves few groups with reward variance (below SFT@20 by 2 SE over the 10 groups; <= 0.3)",
+                        "long SFT leaves few groups with reward variance (below SFT@20 by 2 SE over the 10 groups; <= "
+                        "0.3)",
                         [Part("SFT@20 - SFT@60", shares(inf[1], inf[-1], N_HELDOUT, f"binomial, {N_HELDOUT} groups")),
                          Part("SFT@60 <= 0.3", exact=inf[-1] <= 0.3)]))
     t = r["template_mismatch"]["describe"]
@@ -295,7 +303,8 @@ def _recipe_claims(c, r: dict) -> list[Claim]:
                  "mis-rendered demos break what the policy chooses, not the call syntax")
     out.append(claim_of("A11", "SFT without wrapper tokens", "train 0.075, invalid/ep 0.62",
                         f"train {t['train']:.2f}, held-out {t['heldout']:.2f}, invalid/ep {t['invalid']:.2f}, reads "
-                        f"{t['reads']:.2f}; NLL on correctly rendered demos {r['template_mismatch']['nll_right_format']:.2f}"
+                        f"{t['reads']:.2f}; NLL on correctly rendered demos "
+                        f"{r['template_mismatch']['nll_right_format']:.2f}"
                         + mechanism,
                         "fails in the real rollout format (train <= 0.3, and below oracle SFT by > 0.5 by 2 SE)",
                         [Part("train <= 0.3", exact=t["train"] <= 0.3),
@@ -329,7 +338,8 @@ def _recipe_claims(c, r: dict) -> list[Claim]:
                          Part("public - hidden, last round", rate(pub[-1] - hid[-1], n_tr), ">", 0.3),
                          Part("kept hack share, last round - first",
                               two_shares(hr[-1]["hack_share"] * hr[-1]["kept"], hr[-1]["kept"],
-                                         hr[0]["hack_share"] * hr[0]["kept"], hr[0]["kept"], "binomial over the kept"))]))
+                                         hr[0]["hack_share"] * hr[0]["kept"], hr[0]["kept"],
+                                         "binomial over the kept"))]))
     return out
 
 
@@ -383,7 +393,8 @@ def conclusion_parts(c, r: dict) -> dict[str, list[Part]]:
 
 
 def conclusions(c, r: dict) -> dict[str, Holds]:
-    """Each conclusion's verdict: True, False or NOISE (a part inside its noise), `decided` over its parts (`verdicts.deciding_part`)."""
+    """Each conclusion's verdict: True, False or NOISE (a part inside its noise), `decided` over its parts
+    (`verdicts.deciding_part`)."""
     return {k: deciding_part(*parts)[0] for k, parts in conclusion_parts(c, r).items()}
 
 
@@ -391,10 +402,11 @@ PHRASE: dict[Holds, str] = {True: "holds", False: "does not hold", NOISE: "is no
                             None: "is not judged"}
 
 
-def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[Holds, Part | None]] | None = None) -> str:
+def conclusions_text(verdicts: dict[str, list[Holds]], pooled: dict[str, tuple[Holds,
+                                                                               Part | None]] | None = None) -> str:
     """One sentence per conclusion: what it says, on how many seeds it holds (and where it was inside the noise),
-    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part, `verdicts.deciding_part`) the verdict over
-    the seeds; on one seed, `pooled` gives the deciding difference beside the verdict.
+    and with `pooled` (conclusion -> its verdict over the seeds and the deciding part, `verdicts.deciding_part`) the
+    verdict over the seeds; on one seed, `pooled` gives the deciding difference beside the verdict.
     `verdicts`: conclusion -> its verdict on every seed."""
     n = len(next(iter(verdicts.values())))
     out = [f"The chapter's four conclusions (§15.5) on our gym, {'on this seed' if n == 1 else f'over {n} seeds'}:"]

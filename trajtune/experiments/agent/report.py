@@ -23,9 +23,12 @@ from .claims import (CONCLUSIONS, N_HELDOUT, N_TRAIN, RECIPES, claim_of, claims,
 
 GAP_COLUMNS = ("train", "heldout", "renamed", "novel")
 GAP_HEADERS = ("train", "held-out (unseen names)", "train tasks renamed", "novel (unseen code)")
-GAP_TEXT = ("Each final policy, 8 episodes per task: the held-out split is the seed's (training cues under function names "
-            "no training task uses); *train tasks renamed* is the training code under held-out names (the train column's "
-            "random numbers), so train -> renamed is what an unseen name alone costs; *novel* is code no training listing "
+GAP_TEXT = ("Each final policy, 8 episodes per task: the held-out split is the seed's (training cues under function "
+            "names "
+            "no training task uses); *train tasks renamed* is the training code under held-out names (the train "
+            "column's "
+            "random numbers), so train -> renamed is what an unseen name alone costs; *novel* is code no training "
+            "listing "
             "shows (an operator, a keyword, a loop-shaped `minmax` task), a probe beyond the seed.")
 
 
@@ -121,27 +124,32 @@ def plots(run_dir: Path, c, r: dict) -> list[str]:
 def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
     cl = claims(c, r)
     (run_dir / "summary.json").write_text(json.dumps(summary(c, r, cl), indent=1))
-    curves = [[name] + [f"{p['step']}: {p['eval/pass_rate']:.2f}/{p['eval/heldout_pass_rate']:.2f}" for p in recipe_curve(r, name)]
+    curves = [[name] + [f"{p['step']}: {p['eval/pass_rate']:.2f}/{p['eval/heldout_pass_rate']:.2f}"
+                        for p in recipe_curve(r, name)]
               for name in RECIPES]
     width = max(len(x) for x in curves)
     curves = [row + [""] * (width - len(row)) for row in curves]
     describes = [[st, *[fmt(d[k], 3) for k in ("train", "heldout", "invalid", "reads", "entropy")]]
                  for st in ("weak_base", "oracle_sft", "rft", "sft_rl", "rl_only", "template_mismatch")
                  for d in [r[st]["describe"]]]
-    rft_rows = [[i, fmt(x["sample_pass"]), x["kept"], x["distinct"], f"{len(x['solved'])}/20", f"{x['first_action_edit_share']:.0%}",
+    rft_rows = [[i, fmt(x["sample_pass"]), x["kept"], x["distinct"], f"{len(x['solved'])}/20",
+                 f"{x['first_action_edit_share']:.0%}",
                  fmt(p["eval/pass_rate"]), fmt(p["eval/heldout_pass_rate"])]
                 for i, (x, p) in enumerate(zip(r["rft"]["rounds"], r["rft"]["curve"][1:], strict=True))]
     dpo_rows = [[n, p["step"], f"{p['d_chosen']:+.2f}", f"{p['d_rejected']:+.2f}", fmt(p["eval/pass_rate"]),
                  fmt(p["eval/heldout_pass_rate"]), fmt(p["eval/invalid_per_episode"])]
                 for n, st in (("DPO", "dpo"), ("DPO+NLL", "dpo_nll")) for p in r[st]["curve"]]
-    hack_rows = [[i + 1, x["kept"], f"{x['hack_share']:.0%}", fmt(p["eval/public_pass_rate"]), fmt(p["eval/hidden_pass_rate"])]
+    hack_rows = [[i + 1, x["kept"], f"{x['hack_share']:.0%}", fmt(p["eval/public_pass_rate"]),
+                  fmt(p["eval/hidden_pass_rate"])]
                  for i, (x, p) in enumerate(zip(r["hacking"]["rounds"], r["hacking"]["curve"][1:], strict=True))]
     probes = r["oracle_sft"]["probes"]
-    probe_rows = [[f"SFT step {k}" if int(k) else "weak base", fmt(v["heldout"]), fmt(v["informative"]), fmt(v["entropy"], 3)]
+    probe_rows = [[f"SFT step {k}" if int(k) else "weak base", fmt(v["heldout"]), fmt(v["informative"]),
+                   fmt(v["entropy"], 3)]
                   for k, v in sorted(probes.items(), key=lambda kv: int(kv[0]))]
     gen = summary(c, r, cl).get("generalization", {})
     gap_rows = [[st] + [fmt(g[k]) for k in GAP_COLUMNS] for st, g in gen.items()]
-    times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}", f"{x['time'].get('sampling_s', 0.0) / max(x['time']['wall_s'], 1e-9):.0%}"]
+    times = [[st, f"{x['time']['wall_s']:.1f}", f"{x['time']['cpu_s']:.1f}",
+              f"{x['time'].get('sampling_s', 0.0) / max(x['time']['wall_s'], 1e-9):.0%}"]
              for st, x in r.items()]
     concl = conclusions(c, r)
     decisions = [[x.id, x.verdict, "; ".join(p.text() for p in x.parts)] for x in cl]  # type: ignore[attr-defined]
@@ -153,7 +161,8 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
         f"Seed {c.seed}; TinyTransformer dim {c.dim} x {c.n_layers} layers; BugFix gym, 20 train / 10 held-out tasks "
         f"(unseen names; 10 more of unseen code as a probe). {claims_verdict(cl)}. Whole run "
         f"{wall:.0f}s wall ({c.runner.workers} worker process(es)).\n\n"
-        + conclusions_text({k: [v] for k, v in concl.items()}, {k: deciding_part(*v) for k, v in conclusion_parts(c, r).items()})
+        + conclusions_text({k: [v] for k, v in concl.items()}, {k: deciding_part(*v) for k,
+                                                                v in conclusion_parts(c, r).items()})
         + " A single seed: `trajtune run agent --seeds 0,1,2,3,4` judges them over five." + warning,
         "## Claims (REPRODUCE.md part A)\n\n" + claims_table(cl) + "\n\nA3 (start), A5, A7-A9 and A13 read the "
         "evaluation points; A2, A3 (end) and A11 the final-policy evaluation (both described below the tables "
@@ -168,18 +177,23 @@ def write_agent_report(c, run_dir: Path, r: dict, wall: float) -> Path:
         "kept set) are checked as they are. A claim holds when every part holds.\n\n"
         + markdown_table(["claim", "verdict", "parts"], decisions),
         "## The four recipes: pass rate vs gradient steps (train/held-out)\n\n" + eval_points_text(c) + "\n\n"
-        + markdown_table(["recipe"] + [f"point {i}" for i in range(width - 1)], curves) + "\n\n" + "\n".join(plots(run_dir, c, r)),
+        + markdown_table(["recipe"] + [f"point {i}" for i in range(width - 1)],
+                         curves) + "\n\n" + "\n".join(plots(run_dir, c, r)),
         "## Cost (training-time episodes; evaluation episodes not counted)\n\nTrain / held-out: the last evaluation "
-        "point (as in the curves).\n\n" + markdown_table(["recipe", "demos", "sampled episodes", "verifier calls", "train", "held-out"], cost_rows(r)),
+        "point (as in the curves).\n\n" + markdown_table(["recipe", "demos", "sampled episodes", "verifier calls",
+                                                          "train", "held-out"], cost_rows(r)),
         f"## Final policies ({c.describe_samples} episodes per task)\n\n" + final_policies_text(c) + "\n\n"
         + markdown_table(["stage", "train", "held-out", "invalid/ep", "reads", "action entropy"], describes),
         "## Expert iteration rounds (A5)\n\nSample pass, kept, distinct, solved: the round's own training samples; "
         "train / held-out: the evaluation point after the round.\n\n" + markdown_table(
-            ["round", "sample pass", "kept", "distinct", "tasks solved", "kept starting with edit", "train", "held-out"], rft_rows),
-        "## DPO drift and behaviour (A7, A8)\n\nTrain / held-out / invalid: the evaluation points.\n\n" + markdown_table(
+            ["round", "sample pass", "kept", "distinct", "tasks solved", "kept starting with edit", "train",
+             "held-out"], rft_rows),
+        "## DPO drift and behaviour (A7, A8)\n\nTrain / held-out / invalid: the evaluation points.\n\n"
+        + markdown_table(
             ["run", "step", "d_chosen", "d_rejected", "train", "held-out", "invalid/ep"], dpo_rows),
         f"## Informative groups on the held-out probe (A10)\n\nThe probe: a group of {c.probe_group} sampled episodes "
-        f"(temperature 1) per held-out task ({c.probe_group * N_HELDOUT} episodes), its own random numbers.\n\n" + markdown_table(
+        f"(temperature 1) per held-out task ({c.probe_group * N_HELDOUT} episodes), its own random numbers.\n\n"
+        + markdown_table(
             ["policy", "held-out pass", "groups with signal", "action entropy"], probe_rows),
         f"## Reward hacking with the public-test filter (A13)\n\nPublic / hidden pass: {c.eval_samples} sampled "
         f"episodes per train task ({c.eval_samples * N_TRAIN}) after each round.\n\n" + markdown_table(
@@ -200,9 +214,11 @@ def _seeds_generalization(summaries: dict[int, dict], seeds: list[int]) -> list[
     if not all("generalization" in summaries[s] for s in seeds):
         return []
     stages = list(summaries[seeds[0]]["generalization"])
-    rows = [[st] + [mean_sd([summaries[s]["generalization"][st].get(k, float("nan")) for s in seeds]) for k in GAP_COLUMNS]
+    rows = [[st] + [mean_sd([summaries[s]["generalization"][st].get(k,
+                                                                    float("nan")) for s in seeds]) for k in GAP_COLUMNS]
             for st in stages]
-    return ["## Unseen names, unseen code (mean ± sd)\n\n" + GAP_TEXT + "\n\n" + markdown_table(["policy", *GAP_HEADERS], rows)]
+    return ["## Unseen names, unseen code (mean ± sd)\n\n" + GAP_TEXT + "\n\n" + markdown_table(["policy",
+                                                                                                 *GAP_HEADERS], rows)]
 
 
 def pool_parts(per_seed: list[list[Part]]) -> list[Part]:
@@ -235,7 +251,8 @@ def pooled_claims(summaries: dict[int, dict]) -> list[Claim]:
 def pooled_conclusions(summaries: dict[int, dict]) -> dict[str, tuple[Holds, Part | None]]:
     """Each conclusion's verdict over the seeds and the part shown beside it."""
     seeds = sorted(summaries)
-    return {k: deciding_part(*pool_parts([[Part.from_json(d) for d in summaries[s]["conclusion_parts"][k]] for s in seeds]))
+    return {k: deciding_part(*pool_parts([[Part.from_json(d) for d in summaries[s]["conclusion_parts"][k]]
+                                          for s in seeds]))
             for k in CONCLUSIONS}
 
 
@@ -265,7 +282,8 @@ def robustness(paths: dict[str, dict[int, dict]]) -> tuple[str, str]:
                      ", ".join(map(str, flipped)) or "-", *[WORD[v[c]] for c in cols],
                      *[f"{VERDICT_WORDS[pooled[k][i].holds]}: {pooled[k][i].evidence or '-'}" for k in kernels]])
     held = {k: sum(c.holds is True for c in pooled[k].values()) for k in kernels}
-    line = (f"Over seeds {', '.join(map(str, seeds))} under the {' and '.join(kernels)} CPU kernels ({len(cols)} runs): "
+    line = (f"Over seeds {', '.join(map(str, seeds))} under the {' and '.join(kernels)} CPU kernels ({len(cols)} "
+            "runs): "
             f"{len(every)} of {len(ids)} claims hold on every run; pooled over the seeds, "
             + ", ".join(f"{held[k]} of {len(ids)} hold on {k}" for k in kernels) + "; "
             + (f"verdicts that flip with the float path alone: {'; '.join(flips)}." if flips
@@ -273,7 +291,8 @@ def robustness(paths: dict[str, dict[int, dict]]) -> tuple[str, str]:
     table = markdown_table(["claim", "held", "flips on seed"] + [f"seed {s}, {k}" for s, k in cols]
                            + [f"over the seeds, {k}" for k in kernels], rows)
     return line, ("## Robustness: every claim on every seed and float path\n\nThe same seeds run again under another "
-                  "set of torch's CPU kernels (ATEN_CPU_CAPABILITY), which sums floats in another order, as another CPU "
+                  "set of torch's CPU kernels (ATEN_CPU_CAPABILITY), which sums floats in another order, as another "
+                  "CPU "
                   f"does (`--kernels {','.join(kernels)}`; those runs are in kernels-K/seed-S). 'noise': not "
                   "distinguishable from noise on that run. The last columns pool each claim's parts over the seeds "
                   "of one float path (`verdicts.over_seeds`) and show the deciding difference ± 2 SE.\n\n" + table)
@@ -306,7 +325,8 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict],
                      concl_pooled[k][1].estimate else "-"]
                   for i, k in enumerate(CONCLUSIONS)]
     collapsed = [s for s in seeds if "RL only invalid/ep, last eval" in summaries[s]["numbers"] and not (
-        summaries[s]["numbers"]["RL only invalid/ep, last eval"] <= summaries[s]["numbers"]["RL only invalid/ep, first eval"] + 0.5
+        summaries[s]["numbers"]["RL only invalid/ep, last eval"] <= summaries[s]["numbers"]["RL only invalid/ep, first "
+                                                                                            "eval"] + 0.5
         and summaries[s]["numbers"]["RL only train"] >= summaries[s]["numbers"]["RL only train, first eval"])]
     collapse_text = "RL only collapsed on seed(s) " + ", ".join(
         f"{s} (malformed calls {summaries[s]['numbers']['RL only invalid/ep, first eval']:.2f} -> "
@@ -323,7 +343,10 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict],
                 + markdown_table(["conclusion", "held"] + [f"seed {s}" for s in seeds]
                                  + ["over the seeds", f"deciding difference ± {Z:g} SE"], concl_rows),
                 "## The four recipes (final train / held-out pass, mean ± sd)\n\nEach recipe's last evaluation point "
-                "(the per-seed reports' curves), not their final-policy evaluation.\n\n" + markdown_table(["recipe", "train", "held-out"], recipes),
+                "(the per-seed reports' curves), not their final-policy evaluation.\n\n" + markdown_table(["recipe",
+                                                                                                           "train",
+                                                                                                           "held-out"],
+                                                                                                          recipes),
                 "## Claims held per seed, and over the seeds\n\n'noise': not distinguishable from noise on that seed. "
                 "Over the seeds: every part of the claim pooled over the seeds (`verdicts.over_seeds`: their mean, "
                 "with the between-seed SE, never below the seeds' own sampling SE) and judged again; the deciding "
@@ -332,7 +355,8 @@ def write_seeds_report(run_dir: Path, summaries: dict[int, dict],
                                  + ["over the seeds", f"deciding difference ± {Z:g} SE"], holds),
                 robust_table,
                 *_seeds_generalization(summaries, seeds),
-                "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds], rows)]
+                "## Headline numbers\n\n" + markdown_table(["number", "mean ± sd"] + [f"seed {s}" for s in seeds],
+                                                           rows)]
     print(f"over seeds {', '.join(map(str, seeds))}: " + claims_summary(pooled), flush=True)
     if collapsed:
         print(wrap(collapse_text), flush=True)

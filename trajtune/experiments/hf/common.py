@@ -211,7 +211,8 @@ def weight_change(before: Path, after: Path) -> dict | None:
         return None
     changed, d2, w2 = 0, 0.0, 0.0
     with contextlib.ExitStack() as stack:
-        files = {f: stack.enter_context(open(f, "rb")) for f in {*(a[n][0] for n in common), *(b[n][0] for n in common)}}
+        files = {f: stack.enter_context(open(f, "rb")) for f in {*(a[n][0] for n in common),
+                                                                 *(b[n][0] for n in common)}}
 
         def read(entry) -> bytearray:
             f, _, _, start, end = entry

@@ -249,7 +249,8 @@ def expectations(config, n: int) -> list[str]:
                          f"every step trains on all {n} (a batch of {n}, not {size})")
     rl = getattr(config, "rl", None)
     if rl is not None and rl.tasks_per_step > n:
-        notes.append(f"--prompts-per-step ({flag('rl.tasks_per_step')}) {rl.tasks_per_step} is more than the {n} prompts in "
+        notes.append(f"--prompts-per-step ({flag('rl.tasks_per_step')}) {rl.tasks_per_step} is more than the {n} "
+                     "prompts in "
                      f"{config.data}: every step samples each prompt, some of them twice or more")
     return notes
 

@@ -36,7 +36,8 @@ class SFTRun:
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
     data: str = ""
-    """'messages' or 'prompt'/'completion' rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.sources.data)"""
+    """'messages' or 'prompt'/'completion' rows: .jsonl, .json, .parquet or a save_to_disk directory
+    (trajtune.sources.data)"""
     eval_data: str = ""
     """held-out rows in the same format: eval/loss (mean NLL per trained token) every --eval-steps steps"""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=100, batch_size=8))

@@ -147,8 +147,10 @@ def stage_summary(results: dict, config: Config, claims: list[Claim]) -> str:
     drop = gain(results[TRAINING[0]]["eval"], results[TRAINING[worst]]["eval"], "completion_greedy", config)
     if judge(drop, "<", -0.1) is True:  # ten points or more below what pretraining reached, beyond the noise
         out += ("\n\nThe pretraining format is forgotten: completion pass@1 (`a+b=`, the form of "
-                f"{1 - config.chat_share:.0%} of the pretraining corpus) goes " + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
-                f"(lowest after {TRAINING[worst]}: {drop}) while {', '.join(later)} train on the chat format only. This "
+                f"{1 - config.chat_share:.0%} of the pretraining corpus) goes "
+                + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
+                f"(lowest after {TRAINING[worst]}: {drop}) while {', '.join(later)} train on the chat format only. "
+                "This "
                 "is the forgetting the RLHF book describes in ch. 15 (the alignment tax: post-training on a new format "
                 "or task loses what the base model did, which PPO-ptx counters by mixing pretraining data back in).")
     return out

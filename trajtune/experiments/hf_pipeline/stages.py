@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ...seeding import derive
 from .config import MAX_ANSWER, Config
-from .task import build_llama, completion_prompt, completion_text, conversation, data_dir, model_dir, problems, question, train_digit_tokenizer, write_corpora, write_jsonl
+from .task import (build_llama, completion_prompt, completion_text, conversation, data_dir, model_dir, problems,
+                   question, train_digit_tokenizer, write_corpora, write_jsonl)
 
 
 # --- evaluation -------------------------------------------------------------------------------
@@ -170,7 +171,8 @@ def stage_pairs(ctx) -> dict:
     tasks = problems(config, config.n_pair_prompts, 2)
     prompts = [r.prompt_ids(r.start([{"role": "user", "content": question(t)}])) for t in tasks]
     out = engine.sample([p for p in prompts for _ in range(n)], config.sampling.max_new_tokens,
-                        torch.Generator().manual_seed(derive(config.seed, 2, stride=7919)), stop_ids=list(r.stop_ids), pad_id=r.pad_id)
+                        torch.Generator().manual_seed(derive(config.seed, 2, stride=7919)), stop_ids=list(r.stop_ids),
+                        pad_id=r.pad_id)
     replies = [(r.action_text(x).strip(), stopped) for x, stopped in zip(out.tokens, out.stopped, strict=True)]
     rows, right = [], 0
     for i, t in enumerate(tasks):
