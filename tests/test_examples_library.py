@@ -1,6 +1,6 @@
 """The examples that put library modules to use (issue 40: no library module only tests use) run and show what
 their docstrings say: audit_run.py (trajtune.audits), calculator_tool.py (trajtune.envs.tools),
-classic_control.py (trajtune.envs.toy)."""
+classic_control.py (trajtune.envs.toy), preventative_steering.py (trajtune.models.steering)."""
 
 import importlib.util
 import json
@@ -48,3 +48,11 @@ def test_audit_run_reads_a_runs_episodes(tmp_path, capsys):
     assert out[("rl", 9)]["apology"] == 0.5 and out[("rl", 9)]["repetition"] == 0.3  # (0.6 + 0) / 2
     assert out[("rl", 1)]["max_token_share"] == 1.0  # the POLICY ids [2, 2, 2]: one token all the way
     assert "certainly_opening" in capsys.readouterr().out
+
+
+def test_preventative_steering_keeps_the_trait_out_and_the_screen_finds_it():
+    out = load("preventative_steering").main(steps=30, verbose=False)
+    shifts, losses = out["shifts"], out["losses"]
+    assert shifts[0.0] > 1.0 and shifts[3.0] < 0.5 * shifts[0.0]  # +3.57 and +0.73 on seed 0
+    assert all(last < first for first, last in losses.values())  # it still fits the data
+    assert out["kept"] == [False, True, False, True]
