@@ -3,5 +3,4 @@
     render.py          the renderer and Transcript: the one place conversations become tokens, owners per token
     chat.py            a Hugging Face tokenizer's own chat template, every token tagged with its owner
     tokenizers.py      character- and word-level tokenizers for the toy gyms
-    eval_prompts.py    evaluation prompts in the book's regimes: MMLU-style few-shot, Tülu 3's multiple-choice CoT
 """
