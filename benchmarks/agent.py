@@ -48,7 +48,8 @@ def main() -> None:
         print(f"{name:<18} {t['wall_s']:>7.1f} {t['cpu_s']:>7.1f} {share:>9.0%} {1 - share:>9.0%}")
     print(f"{'sum of stages':<18} {sampling + training:>7.1f} {'':>7} {sampling / (sampling + training):>9.0%} "
           f"{training / (sampling + training):>9.0%}")
-    print(f"\nwhole run: {wall:.1f}s wall, {cpu:.1f}s CPU (user+sys, all processes), {config.runner.workers} worker(s), "
+    print(f"\nwhole run: {wall:.1f}s wall, {cpu:.1f}s CPU (user+sys, all processes), "
+          f"{config.runner.workers} worker(s), "
           f"{os.cpu_count()} CPUs; target < 300s wall")
     print(report)
 

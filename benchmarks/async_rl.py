@@ -1,4 +1,5 @@
-"""Overlapped RL (OverlapConfig.max_staleness = 1, trajtune.sources.overlap) vs the synchronous loop: wall time of the same RL run.
+"""Overlapped RL (OverlapConfig.max_staleness = 1, trajtune.sources.overlap) vs the synchronous loop: wall time of the
+same RL run.
 
     python benchmarks/async_rl.py                     # both workloads, 60 steps, 2 alternating repeats each
     python benchmarks/async_rl.py --workloads agent --steps 16 --repeats 1
@@ -70,7 +71,8 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     model.load_state_dict(weak_state)
     engine = make_engine(model, c.rl_optim)
     cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
-    source = overlapped(engine, OverlapConfig(max_staleness=staleness), lambda policy: gym.source(engine, policy=policy))
+    source = overlapped(engine, OverlapConfig(max_staleness=staleness), lambda policy: gym.source(engine,
+                                                                                                  policy=policy))
     clock = StepClock()
     t0 = time.perf_counter()
     with source:
@@ -101,7 +103,8 @@ def hf_files(d: Path, size: str = "tiny") -> Path:
     model = make_random_model(d / f"model-{size}", "llama", size)
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(64):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}],
+                                "answer": str(i + 5)}) + "\n")
     (d / "rewards.py").write_text("def has_answer(prompts, completions, answer, **kw):\n"
                                   "    return [float(a in c[-1]['content']) for c, a in zip(completions, answer)]\n")
     return model
@@ -227,7 +230,8 @@ def main() -> int:
                 go = lambda s, rep: agent_run(weak, s, args.steps)  # noqa: E731
             else:
                 model = hf_files(d, args.hf_size)
-                go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}", args.hf_new_tokens)  # noqa: E731
+                # noqa: E731
+                go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}", args.hf_new_tokens)
             steps, loops, walls, cpus = ({0: [], 1: []} for _ in range(4))
             shares = []
             for rep in range(args.repeats):
@@ -241,7 +245,8 @@ def main() -> int:
                     cpus[staleness].append(cpu)
                     if staleness == 0:  # how much of a synchronous step is collecting (what can overlap)
                         shares.append(collect_s / args.steps / statistics.median(per_step(times)))
-                    print(f"  {workload:<5} max_staleness {staleness}: {statistics.median(per_step(times)):.3f} s/step, "
+                    print(f"  {workload:<5} max_staleness {staleness}: {statistics.median(per_step(times)):.3f} "
+                          "s/step, "
                           f"loop {loop:.1f} s, run {wall:.1f} s, CPU s trainer {cpu[0]:.1f} + sampler {cpu[1]:.1f}",
                           flush=True)
             med = lambda xs: statistics.median(xs)  # noqa: E731

@@ -215,7 +215,8 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log, "w")
         cmd = [sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(model_dir), "--port", str(self.port),
-               "--dtype", "float32", "--gpu-memory-utilization", str(memory)]  # the trainer's fp32 (vLLM's "auto" would take a float32 checkpoint to 16 bits)
+               # the trainer's fp32 (vLLM's "auto" would take a float32 checkpoint to 16 bits)
+               "--dtype", "float32", "--gpu-memory-utilization", str(memory)]
         if not torch.cuda.is_available():
             cmd += ["--", "--enforce-eager"]  # as Colocated on a CPU: no torch.compile warm-up (minutes on 2 cores)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -428,7 +429,8 @@ def print_tables(results: dict, grpo: dict, args, params: dict) -> None:
                   + f" | {ratio('generate')} | {ratio('vllm')} | {ratio('server')} |")
     if grpo:
         P, G, N = args.grpo_shape
-        print(f"\n## One GRPO step ({P} prompts x {G} completions, <= {N} new tokens; median of steps 2..{args.grpo_steps})\n")
+        print(f"\n## One GRPO step ({P} prompts x {G} completions, <= {N} new tokens; median of steps "
+              f"2..{args.grpo_steps})\n")
         print("| size | backend | step s | sampling s | sync s | policy tokens / episode | sync/logprob_diff |")
         print("|---|---|---|---|---|---|---|")
         for (size, backend), r in grpo.items():
@@ -495,7 +497,8 @@ def main() -> None:
         vv = f"not importable ({type(e).__name__})"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"# generation benchmark: torch {torch.__version__}, transformers {tv}, vllm {vv}; {cores} cores, "
-          f"{torch.get_num_threads()} torch threads, {args.clock} clock, load average {load()}; fp32, CPU: vLLM's CPU build with enforce_eager. Wall times on a shared "
+          f"{torch.get_num_threads()} torch threads, {args.clock} clock, load average {load()}; fp32, CPU: vLLM's CPU "
+          "build with enforce_eager. Wall times on a shared "
           "machine measure its load as much as the code: compare the ratios, and rerun on an idle machine.",
           flush=True)
     results, grpo, params = {}, {}, {}

@@ -18,7 +18,7 @@ error and the next one runs; the summary table at the end lists every result.
 Steps:
   1. versions: torch, transformers, the GPU's name, whether `import vllm` works (if not, the vLLM rows are
      skipped: reason printed);
-  2. the model: its folder, layers, head size, where it came from (`trajtune.models.hub.provenance`);
+  2. the model: its folder, layers, head size, where it came from (`trajtune.models.cache.provenance`);
   3. tokens/s of trajtune's sampler (`engine.sample(backend="sampler", draw="cdf")`) and HF generate
      (`backend="generate"`) on the device, fp32 weights and bf16 autocast, 64 prompts x 64 new tokens (--quick:
      8 x 16), random prompts of 8-24 ids, no stop token (every row writes every token; the count is checked),
@@ -153,7 +153,8 @@ def write_grpo_data(d: Path) -> tuple[Path, Path]:
     data, rewards = d / "prompts.jsonl", d / "rewards.py"
     with open(data, "w") as f:
         for i in range(16):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
+                                "answer": str(i + 5)}) + "\n")
     rewards.write_text("def has_digit(prompts, completions, answer, **kw):\n"
                        "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n")
     return data, rewards
@@ -180,7 +181,9 @@ def grpo(d: Path, model_dir: Path, label: str, device: str, steps: int, shape: t
     rows = read_metrics(out)
     for prev, r in zip([None] + rows, rows):
         dt = f"wall_s={r['time'] - prev['time']:.4g} " if prev is not None else "(first step) "
-        say("   step", r.get("step"), dt + " ".join(f"{k}={r[k]:.4g}" for k in ( "time/sampling_s", "time/sync_s", "sync/logprob_diff", "sync/logprob_diff_mean",
+        say("   step", r.get("step"), dt + " ".join(f"{k}={r[k]:.4g}" for k in ( "time/sampling_s", "time/sync_s",
+                                                                                "sync/logprob_diff",
+                                                                                "sync/logprob_diff_mean",
             "rollout/policy_tokens", "rollout/reward") if isinstance(r.get(k), (int, float))))
     later = rows[1:] or rows
     steps_s = [b["time"] - a["time"] for a, b in zip(rows, rows[1:])]  # consecutive rows' time stamps
@@ -218,7 +221,8 @@ def main() -> int:
         if not torch.cuda.is_available():
             say("CUDA is not available: nothing to check (use --device cpu --quick for the CPU test)")
             return 1
-        say(f"GPU: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB), "
+        say(f"GPU: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} "
+            "GiB), "
             f"CUDA {torch.version.cuda}, bf16 supported: {torch.cuda.is_bf16_supported()}")
     else:
         say(f"CPU: {os.cpu_count()} cores, {torch.get_num_threads()} torch threads")
@@ -244,7 +248,7 @@ def main() -> int:
             cfg = cfg.get("text_config", cfg)
             head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
             try:
-                from trajtune.models.hub import provenance
+                from trajtune.models.cache import provenance
 
                 source = provenance(model_dir) or {}
             except ImportError:

@@ -54,7 +54,8 @@ DPO_PAIRS = 4
 VARIANTS = {"trajtune": {}, "trajtune, chunking off": {"logits_chunk": 0}, "TRL": None}
 """the random model's rows: variant -> trajtune's engine options (None: TRL with its defaults)"""
 REAL = {"trajtune": {}, "trajtune, checkpointing": {"policy_kw": {"gradient_checkpointing": True}},
-        "TRL, checkpointing off": {"checkpointing": False}, "TRL": {}, "trajtune, log_kl copy": {"rl_kw": {"log_kl": "copy"}}}
+        "TRL, checkpointing off": {"checkpointing": False}, "TRL": {},
+        "trajtune, log_kl copy": {"rl_kw": {"log_kl": "copy"}}}
 """--model's rows: variant -> run_trajtune's / run_trl's options (TRL's default: gradient checkpointing on); the
 last for GRPO only (the resident reference copy trajtune's KL log held before issue 38)"""
 PAIRS = (("off", "trajtune", "TRL, checkpointing off"), ("on", "trajtune, checkpointing", "TRL"))
@@ -94,7 +95,8 @@ def child(variant: str, kind: str, model_dir: Path, d: Path, real: bool = False)
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kinds", nargs="+", default=["SFT", "DPO", "GRPO"])
-    ap.add_argument("--model", default=None, help="a real model (module docstring): folder, smollm2-135m, hub id, .gguf")
+    ap.add_argument("--model", default=None,
+                    help="a real model (module docstring): folder, smollm2-135m, hub id, .gguf")
     ap.add_argument("--child", nargs=4, metavar=("VARIANT", "KIND", "MODEL", "DATA"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -140,14 +142,16 @@ def main() -> int:
                 r = json.loads(line[0][len("RESULT "):])
                 results[kind, variant] = r
                 print(f"{kind:<5} {variant:<28} peak RSS {r['peak'] / 2**20:7.0f} MiB "
-                      f"(+{(r['peak'] - r['base']) / 2**20:.0f} MiB over the {r['base'] / 2**20:.0f} MiB before the step)",
+                      f"(+{(r['peak'] - r['base']) / 2**20:.0f} MiB over the {r['base'] / 2**20:.0f} MiB before the "
+                      "step)",
                       flush=True)
     print("load average (1, 5, 15 min) " + ", ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
     gib = lambda x: f"{x / 2**30:.2f}"  # noqa: E731
     if args.model:
         real_table(results, args.kinds, model_dir, gib)
         return 0
-    print("\n| method | trajtune peak RSS (GiB) | trajtune, chunking off | TRL 1.16 | trajtune / TRL |\n|---|---|---|---|---|")
+    print("\n| method | trajtune peak RSS (GiB) | trajtune, chunking off | TRL 1.16 | trajtune / TRL |"
+          "\n|---|---|---|---|---|")
     for kind in args.kinds:
         a, off, b = (results[kind, v]["peak"] if results[kind, v] else None for v in VARIANTS)
         cells = [gib(x) if x else "failed" for x in (a, off, b)]
@@ -162,17 +166,20 @@ def real_table(results: dict, kinds: list[str], model_dir: Path, gib) -> None:
     n = load_policy(model_dir).num_parameters()
     fixed = 16 * n
     print(f"\n{n:,} parameters: fixed part (weights, gradients, AdamW's two moments in fp32) {gib(fixed)} GiB\n")
-    print("| method | gradient checkpointing | trajtune peak (GiB) | TRL peak (GiB) | trajtune / TRL | trajtune above the "
+    print("| method | gradient checkpointing | trajtune peak (GiB) | TRL peak (GiB) | trajtune / TRL | trajtune above "
+          "the "
           "fixed part | TRL above it | trajtune / TRL above it |\n|---|---|---|---|---|---|---|---|")
     for kind in kinds:
         for setting, ours, theirs in PAIRS:
             a, b = (results.get((kind, v)) for v in (ours, theirs))
             if not a or not b:
-                print(f"| {kind} | {setting} | {gib(a['peak']) if a else 'failed'} | {gib(b['peak']) if b else 'failed'} "
+                print(f"| {kind} | {setting} | {gib(a['peak']) if a else 'failed'} | "
+                      f"{gib(b['peak']) if b else 'failed'} "
                       "| - | - | - | - |")
                 continue
             pa, pb = a["peak"], b["peak"]
-            print(f"| {kind} | {setting} | {gib(pa)} | {gib(pb)} | {pa / pb:.2f} | {gib(pa - fixed)} | {gib(pb - fixed)} "
+            print(f"| {kind} | {setting} | {gib(pa)} | {gib(pb)} | {pa / pb:.2f} | {gib(pa - fixed)} | "
+                  f"{gib(pb - fixed)} "
                   f"| {(pa - fixed) / (pb - fixed):.2f} |")
     old = results.get(("GRPO", "trajtune, log_kl copy"))
     if old:

@@ -45,17 +45,21 @@ def timed(fn, repeats: int):
 
 def tiny_table(args) -> None:
     torch.manual_seed(0)
-    model = TinyTransformer(TinyConfig(vocab_size=300, dim=args.dim, n_layers=args.layers, n_heads=4, max_len=512)).eval()
+    model = TinyTransformer(TinyConfig(vocab_size=300, dim=args.dim, n_layers=args.layers, n_heads=4,
+                                       max_len=512)).eval()
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(8, 25, (args.batch,), generator=g)]
+    prompts = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(8, 25, (args.batch,),
+                                                                                             generator=g)]
     print(f"TinyTransformer dim={args.dim} layers={args.layers} ({model.num_parameters():,} params), "
           f"batch {args.batch}, prompts 8-24 tokens")
     print(f"{'new tokens':>10} | {'KV cache tok/s':>14} | {'recompute tok/s':>15} | {'speed-up':>8}")
     print(f"{'-' * 10}-+-{'-' * 14}-+-{'-' * 15}-+-{'-' * 8}")
     for n in args.lengths:
         kw = dict(max_new_tokens=n, temperature=1.0)
-        t_cache, a = timed(lambda: sample(model, prompts, generator=torch.Generator().manual_seed(1), **kw), args.repeats)
-        t_full, b = timed(lambda: sample(model, prompts, generator=torch.Generator().manual_seed(1), use_cache=False, **kw), args.repeats)
+        t_cache, a = timed(lambda: sample(model, prompts, generator=torch.Generator().manual_seed(1), **kw),
+                           args.repeats)
+        t_full, b = timed(lambda: sample(model, prompts, generator=torch.Generator().manual_seed(1), use_cache=False,
+                                         **kw), args.repeats)
         assert a.tokens == b.tokens, "cached and recomputed sampling disagree"
         toks = sum(len(t) for t in a.tokens)
         print(f"{n:>10} | {toks / t_cache:>14,.0f} | {toks / t_full:>15,.0f} | {t_full / t_cache:>7.1f}x", flush=True)
@@ -95,7 +99,8 @@ def hf_table(args) -> None:
                 t_be, be = timed(lambda: backend(prompts, n, torch.Generator().manual_seed(1)), args.repeats)
                 toks = sum(len(t) for t in ours.tokens)
                 assert toks == args.hf_batch * n and out.shape[1] - P == n and sum(len(t) for t in be.tokens) == toks
-                print(f"{size:>5} | {n:>4} | {toks / t_ours:>14,.0f} | {toks / t_hf:>17,.0f} | {t_hf / t_ours:>5.2f}x | "
+                print(f"{size:>5} | {n:>4} | {toks / t_ours:>14,.0f} | {toks / t_hf:>17,.0f} | {t_hf / t_ours:>5.2f}x "
+                      "| "
                       f"{toks / t_be:>22,.0f} | {t_be / t_ours:>5.2f}x", flush=True)
 
 

@@ -129,7 +129,8 @@ def write_data(d: Path, repeat: int = 1, tokenizer=None, sft_tokens: int = 0) ->
                                 "rejected": [{"role": "assistant", "content": rejected}]}) + "\n")
     with open(d / "grpo.jsonl", "w") as f:
         for i in range(N_ROWS):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i} + 5?"}],
+                                "answer": str(i + 5)}) + "\n")
 
 
 def _fit(tok, question: str, answer: str, n: int) -> str:
@@ -189,7 +190,8 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
     torch.manual_seed(0)
     tok = load_tokenizer(model_dir)
     r = ChatRenderer(tok)
-    engine = make_engine(load_policy(model_dir, **(policy_kw or {})), OptimConfig(lr=1e-5, grad_clip=1.0, fused=True), **engine_kw)
+    engine = make_engine(load_policy(model_dir, **(policy_kw or {})), OptimConfig(lr=1e-5, grad_clip=1.0, fused=True),
+                         **engine_kw)
     clock = StepClock()
     step = engine.optim_step
 
@@ -212,7 +214,8 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
         collect = EpisodeSource(engine.sample, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
                                max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens, draw=DRAW,
                                share_prompts=engine_kw.get("share_prefix", True))
-        train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group, advantage="grpo",
+        train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group,
+                                                  advantage="grpo",
                                                    aggregation="sequence", **(rl_kw or {})), r.pad_id)
     return clock.intervals()
 
@@ -469,7 +472,8 @@ def model_peak(model_dir: Path, tokens: int, reps: int = 10) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", nargs="*", default=["tiny", "small"], help="sizes of the speed rows (none: only --flops)")
+    ap.add_argument("--sizes", nargs="*", default=["tiny", "small"],
+                    help="sizes of the speed rows (none: only --flops)")
     ap.add_argument("--model", default=None,
                     help="a real model instead of the random sizes: a Hugging Face folder, or (trajtune.models.hub) "
                          "smollm2-135m, a hub id or a .gguf file; prints the padding share of the batches and SFT's "
@@ -511,7 +515,8 @@ def main() -> int:
 
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, "
           f"{torch.get_num_threads()} threads, CPU fp32, {args.clock} clock, trajtune draw {args.draw}; load average "
-          f"{os.getloadavg()[0]:.1f} at the start (1, 5, 15 min: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + ")",
+          f"{os.getloadavg()[0]:.1f} at the start (1, 5, 15 min: "
+          + ", ".join(f"{x:.2f}" for x in os.getloadavg()) + ")",
           flush=True)
     rows, flop = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -572,7 +577,8 @@ def main() -> int:
         print("\n| FLOP row (20.5M Llama) | trajtune s/step | trajtune % of peak | TRL s/step | TRL % of peak "
               "| trajtune / TRL | matmul peak |\n|---|---|---|---|---|---|---|")
         for k, a, b, f, peak in flop:
-            what = {"SFT": "SFT 16 x 256", "GRPO": "GRPO 8 x 8 x 64 new"}.get(k, "GRPO, trajtune's defaults (less math)")
+            what = {"SFT": "SFT 16 x 256", "GRPO": "GRPO 8 x 8 x 64 new"}.get(k,
+                                                                              "GRPO, trajtune's defaults (less math)")
             print(f"| {what} | {a:.2f} | {f / a / peak:.0%} | {b:.2f} | {f / b / peak:.0%} | {a / b:.2f} "
                   f"| {peak / 1e9:.0f} GFLOP/s |" if f is not None else
                   f"| {what} | {a:.2f} | - | {b:.2f} | - | {a / b:.2f} | {peak / 1e9:.0f} GFLOP/s |")

@@ -119,10 +119,12 @@ def main(s: Settings, verbose: bool = True) -> dict:
         for row in history:
             if "eval/reward" in row:
                 print(f"step {row['step']:4d}  train reward {row['rollout/reward']:.3f}  "
-                      f"success rate {row['eval/reward']:.3f}  invalid/episode {row.get('rollout/invalid_per_episode', 0):.2f}")
+                      f"success rate {row['eval/reward']:.3f}  invalid/episode "
+                      f"{row.get('rollout/invalid_per_episode', 0):.2f}")
         print(after.table(max_rows=None))
         print(f"success rate {before.mean_reward:.2f} -> {after.mean_reward:.2f}  "
-              f"(measured with this script's defaults, seed 0, on a 2-core Intel Xeon: 0.10 -> 0.38; another CPU's rounding can end elsewhere)")
+              f"(measured with this script's defaults, seed 0, on a 2-core Intel Xeon: 0.10 -> 0.38; another CPU's "
+              "rounding can end elsewhere)")
     return {"before": before, "after": after, "history": history}
 
 

@@ -103,7 +103,8 @@ class Settings:
             raise ValueError(f"--letters {self.letters!r}: needs one or more distinct letters")
         if not 1 <= self.min_length <= self.max_length <= MAX_LENGTH:
             raise ValueError(f"--min-length {self.min_length} --max-length {self.max_length}: needs 1 <= min <= max "
-                             f"<= {MAX_LENGTH} (a longer prompt and reply do not fit the model's {MAX_TOKENS} positions)")
+                             f"<= {MAX_LENGTH} (a longer prompt and reply do not fit the model's {MAX_TOKENS} "
+                             "positions)")
         strings = sum(len(self.letters) ** n for n in range(self.min_length, self.max_length + 1))
         if not 1 <= self.n_eval < strings:
             raise ValueError(f"--n-eval {self.n_eval}: needs 1 <= n-eval < {strings}, the strings of those lengths "

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from trajtune.experiments import agent
-from trajtune.experiments.agent.report import claims, share_shift
+from trajtune.experiments.agent.claims import claims, share_shift
 from trajtune.runs.verdicts import NOISE
 
 
@@ -146,7 +146,7 @@ def test_a11_says_when_the_seeds_mechanism_does_not_reproduce():
 
 
 def test_the_four_conclusions_are_judged_and_summarised():
-    from trajtune.experiments.agent.report import CONCLUSIONS, conclusions, conclusions_text
+    from trajtune.experiments.agent.claims import CONCLUSIONS, conclusions, conclusions_text
 
     assert all(v is True for v in conclusions(agent.Config(), seed_like()).values())
     breaks = {
@@ -183,7 +183,7 @@ def _claim(r, cid):
 def test_still_rising_is_a_trend_not_one_point():
     """(4) used to hold when the last point beat the middle one by 0.05: one jump (or a dip in the middle) made
     it. Now the last third of the points is compared with the third before, with its noise."""
-    from trajtune.experiments.agent.report import CONCLUSIONS, conclusions
+    from trajtune.experiments.agent.claims import CONCLUSIONS, conclusions
 
     r = seed_like()
     r["rl_only"]["curve"] = curve([(0.16, 0.05), (0.30, 0.2), (0.36, 0.3), (0.25, 0.3), (0.36, 0.3), (0.36, 0.3),
@@ -209,7 +209,7 @@ def test_a5_held_out_follows_the_pooled_rounds_not_one_point():
 def test_a2_and_a3_levels_and_guess_level():
     """A1-A4: the weak base's 'no skill' is a comparison with guess level (what a blind guess passes, 0.2): 0.23 on
     160 episodes is inside its noise (the bare 0.2 threshold would fail it), 0.35 is not. A3's levels stay levels."""
-    from trajtune.experiments.agent.report import GUESS_LEVEL
+    from trajtune.experiments.agent.claims import GUESS_LEVEL
 
     assert GUESS_LEVEL == 0.2
     r = seed_like()

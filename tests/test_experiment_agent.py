@@ -18,7 +18,8 @@ from trajtune.config import ConfigError
 from trajtune.engine import TorchEngine, make_engine
 from trajtune.experiments import agent
 from trajtune.experiments.agent import diagnostics as agent_diagnostics
-from trajtune.experiments.agent.report import rl_only_stability, robustness, write_seeds_report
+from trajtune.experiments.agent.claims import rl_only_stability
+from trajtune.experiments.agent.report import robustness, write_seeds_report
 from trajtune.experiments.bugfix import Gym, new_model, scripted_play
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.models.tiny import load_model

@@ -33,7 +33,7 @@ from trajtune.checkpoint import CheckpointError, atomic_dir  # noqa: E402
 from trajtune.cli import main  # noqa: E402
 from trajtune.metrics import Console, MetricsLogger, check_tracker, make_tracker, read_metrics  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
-from trajtune.runs.report import write_run_report  # noqa: E402
+from trajtune.runs.metrics_report import write_run_report  # noqa: E402
 from trajtune.runs.rundir import RunDir, RunDirBusy, run_lock  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -615,7 +615,7 @@ def test_a_gpu_that_is_not_there_is_named(monkeypatch):
     import torch
 
     from trajtune.config import ConfigError
-    from trajtune.experiments.hf.common import check_device
+    from trajtune.experiments.hf.recipe import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -71,7 +71,8 @@ def test_kto_rows_and_the_dpo_command(tmp_path):
     from trajtune.cli import main
     from trajtune.metrics import is_documented, read_metrics
     from trajtune.models.hf_random import make_random_model, train_tokenizer
-    from trajtune.sources.data import DataError, Row, kto_examples
+    from trajtune.sources.data import DataError, Row
+    from trajtune.sources.reward_data import kto_examples
     from trajtune.text.chat import ChatRenderer
 
     r = ChatRenderer(train_tokenizer())

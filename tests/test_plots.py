@@ -1,4 +1,4 @@
-"""Plots readable as drawn (trajtune/runs/report.py's figure helpers and the recipes' calls of them): both axes
+"""Plots readable as drawn (trajtune/runs/plots.py's figure helpers and the recipes' calls of them): both axes
 labelled, legends outside the data, integer ticks where x counts steps or rounds, categories as bars with their
 values written on them, one unit per panel. The figures are inspected before they are saved (`*_figure`, or
 `save_figure` patched to look at what a recipe draws)."""
@@ -6,9 +6,9 @@ values written on them, one unit per panel. The figures are inspected before the
 import matplotlib.pyplot as plt
 import pytest
 
-from trajtune.runs import report
-from trajtune.runs.report import (Panel, bar_figure, figure_problems, grouped_bar_figure, line_figure, line_plot,
-                                  panel_figure)
+from trajtune.runs import plots as figures
+from trajtune.runs.plots import (Panel, bar_figure, figure_problems, grouped_bar_figure, line_figure, line_plot,
+                                 panel_figure)
 
 
 def integer_ticks(ax) -> bool:
@@ -79,14 +79,14 @@ def test_different_units_get_different_panels_each_labelled():
 def drawn(monkeypatch):
     """Every figure a recipe saves through the helpers: its problems and whether x has integer ticks, by file name."""
     seen = {}
-    save = report.save_figure
+    save = figures.save_figure
 
     def looking(fig, path):
         seen[path.name] = (figure_problems(fig), [integer_ticks(ax) for ax in fig.axes],
                            [type(c).__name__ for ax in fig.axes for c in ax.containers])
         return save(fig, path)
 
-    monkeypatch.setattr(report, "save_figure", looking)
+    monkeypatch.setattr(figures, "save_figure", looking)
     return seen
 
 
@@ -156,6 +156,6 @@ def test_what_a_reader_would_misread_is_drawn_as_what_it_is():
     (line,) = fig.axes[0].get_lines()
     assert line.get_label() == "loss" and line.get_marker() in ("None", "", None) and integer_ticks(fig.axes[0])
     plt.close(fig)
-    from trajtune.runs.report import flat_value
+    from trajtune.runs.plots import flat_value
     assert flat_value([0.0, 0.0]) == "0 (constant)" and flat_value([0.3]) == "" and flat_value([0.1, 0.2]) == ""
     assert flat_value([1e-3, 1e-3 + 1e-12]) == ""  # a tiny change of a large value is a change, not noise

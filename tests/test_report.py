@@ -1,4 +1,5 @@
-from trajtune.runs.report import Claim, claims_table, fmt, line_plot, markdown_table, mean_sd, write_report
+from trajtune.runs.plots import line_plot
+from trajtune.runs.report import Claim, claims_table, fmt, markdown_table, mean_sd, write_report
 
 
 def test_tables_and_numbers():
@@ -54,7 +55,7 @@ def episode(step, task, text, reward=0.0, stop="stop", **more):
 
 
 def test_sampled_completions_say_which_steps_were_recorded_and_show_text_as_written():
-    from trajtune.runs.report import sampled_completions
+    from trajtune.runs.metrics_report import sampled_completions
 
     rows = [{"stage": "grpo", "step": s} for s in range(1, 5)]
     once = [episode(1, f"row{i}", "4 + 2 = *6*", reward=0.0, stop="length") for i in range(6)]
@@ -75,7 +76,7 @@ def test_sampled_completions_say_which_steps_were_recorded_and_show_text_as_writ
 
 def test_run_warnings_name_a_model_saved_unchanged_and_a_run_report_writes_flat_groups_as_values(tmp_path):
     from trajtune.metrics import MetricsLogger
-    from trajtune.runs.report import changed_weights, run_warnings, write_run_report
+    from trajtune.runs.metrics_report import changed_weights, run_warnings, write_run_report
 
     same = {"tensors": 26, "changed": 0, "l2": 0.0, "relative": 0.0, "input": "in", "model": "out/model"}
     assert run_warnings([], same) == ["**The saved model is its input, unchanged:** all 26 weight tensors of "

@@ -68,7 +68,7 @@ def test_a_report_links_view_html_when_episodes_were_recorded(tmp_path):
 
 def test_run_warnings_name_each_way_a_run_learned_nothing(tmp_path):
     from trajtune.metrics import MetricsLogger
-    from trajtune.runs.report import run_warnings, write_run_report
+    from trajtune.runs.metrics_report import run_warnings, write_run_report
 
     learning = [{"step": s, "train/loss": 1.0 / s, "train/grad_norm": 0.5, "rollout/reward": 0.1 * s,
                  "rollout/no_signal_share": 0.5, "rollout/truncated_share": 0.2} for s in (1, 2, 3)]
@@ -94,7 +94,7 @@ def test_run_warnings_name_each_way_a_run_learned_nothing(tmp_path):
 
 def test_hf_settings_name_what_each_command_trains_with():
     from trajtune.experiments.hf import dpo, grpo, rft, rm, sft
-    from trajtune.experiments.hf.common import settings_text
+    from trajtune.experiments.hf.recipe import settings_text
     from trajtune.experiments.hf.model import ModelConfig
 
     base = {"data": "x.jsonl", "model": ModelConfig(path="m")}

@@ -193,36 +193,36 @@ def test_margin_and_category_columns(chat, tmp_path):
 
 
 def test_ranked_rows_best_first_or_by_scores(chat, tmp_path):
-    from trajtune.sources import data as D
+    from trajtune.sources import data as D, reward_data as RD
 
     rows = _rows(tmp_path, [{"prompt": "2+3?", "completions": ["5", "6", "7"]},
                             {"prompt": "2+3?", "completions": ["7", "5", "6"], "scores": [1, 9, 4]},
                             {"prompt": "2+3?", "chosen": "5", "rejected": "6"}])
-    a, b, c = D.ranked_lists(rows, chat)
+    a, b, c = RD.ranked_lists(rows, chat)
     assert [t.ids for t in a] == [t.ids for t in b] and len(c) == 2 and c[0].ids == a[0].ids
     for bad, msg in [({"completions": ["5"]}, "at least 2 completions"),
                      ({"completions": ["5", "6"], "scores": [1]}, "'scores' must be a list of 2 numbers"),
                      ({"completions": ["5", "6"], "scores": [1, None]}, r"'scores'\[1\] must be a finite number")]:
         with pytest.raises(D.DataError, match=msg):
-            D.ranked_lists(_rows(tmp_path, [{"prompt": "2+3?", **bad}]), chat)
+            RD.ranked_lists(_rows(tmp_path, [{"prompt": "2+3?", **bad}]), chat)
 
 
 def test_labelled_rows_for_an_orm(chat, tmp_path):
-    from trajtune.sources import data as D
+    from trajtune.sources import data as D, reward_data as RD
 
-    (t, y), (_, n) = D.labelled_examples(_rows(tmp_path, [{"prompt": "2+3?", "completion": "5", "label": True},
+    (t, y), (_, n) = RD.labelled_examples(_rows(tmp_path, [{"prompt": "2+3?", "completion": "5", "label": True},
                                                           {"prompt": "2+3?", "completion": "6", "label": 0}]), chat)
     assert (y, n) == (1, 0) and t.tokens_of(2)
     for bad, msg in [({}, "missing field 'label'"), ({"label": 2}, "'label' must be 0, 1, true or false")]:
         with pytest.raises(D.DataError, match=f"d.jsonl:1: .*{msg}"):
-            D.labelled_examples(_rows(tmp_path, [{"prompt": "2+3?", "completion": "5", **bad}]), chat)
+            RD.labelled_examples(_rows(tmp_path, [{"prompt": "2+3?", "completion": "5", **bad}]), chat)
 
 
 def test_stepwise_rows_put_each_label_on_its_steps_last_token(chat, tmp_path):
-    from trajtune.sources import data as D
+    from trajtune.sources import data as D, reward_data as RD
 
     rows = _rows(tmp_path, [{"prompt": "2+3+4?", "completions": ["2+3=5", "5+4=9"], "labels": [True, False]}])
-    [(t, y)] = D.stepwise_examples(rows, chat, "\n")
+    [(t, y)] = RD.stepwise_examples(rows, chat, "\n")
     assert y == [1, 0]
     first, last = t.info["step_ends"]
     policy = [i for i, o in enumerate(t.owners) if o == 2]
@@ -234,7 +234,7 @@ def test_stepwise_rows_put_each_label_on_its_steps_last_token(chat, tmp_path):
                      ({"completions": ["2+3=5\n", "x"], "labels": [1, 1]}, "contains the step separator")]:
         row = {"prompt": "2+3+4?", "completions": ["2+3=5", "5+4=9"], "labels": [1, 0], **bad}
         with pytest.raises(D.DataError, match=msg):
-            D.stepwise_examples(_rows(tmp_path, [row]), chat, "\n")
+            RD.stepwise_examples(_rows(tmp_path, [row]), chat, "\n")
 
 
 def test_orm_sequence_form_is_the_sigmoid_of_the_mean_logit():

@@ -14,7 +14,8 @@ import torch
 
 from trajtune.cli import main
 from trajtune.runs.recorder import episode_row
-from trajtune.runs.view import load_decoder, write_view
+from trajtune.runs.decoders import load_decoder
+from trajtune.runs.view import write_view
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Owner, Trajectory
 

@@ -107,7 +107,8 @@ def longer_preferred(preferred_lengths: Sequence[float], other_lengths: Sequence
     """Share of pairs (of different lengths) whose preferred completion is the longer one: 0.5 when length does not
     decide, near 1 for a verbosity-biased grader. nan when every pair has equal lengths."""
     if len(preferred_lengths) != len(other_lengths):
-        raise ValueError(f"longer_preferred: {len(preferred_lengths)} preferred lengths for {len(other_lengths)} others")
+        raise ValueError(f"longer_preferred: {len(preferred_lengths)} preferred lengths for {len(other_lengths)} "
+                         "others")
     unequal = [(a, b) for a, b in zip(preferred_lengths, other_lengths) if a != b]
     return sum(a > b for a, b in unequal) / len(unequal) if unequal else float("nan")
 

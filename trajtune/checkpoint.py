@@ -179,7 +179,8 @@ def load_tensors(file: Path) -> dict[str, torch.Tensor]:
 
 def save_model_weights(model: torch.nn.Module, file: Path) -> None:
     """Save weights (tied weights handled); refuses NaN/Inf weights so a checkpoint is never poisoned."""
-    bad = [name for name, t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = [name for name,
+           t in model.state_dict().items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
         raise CheckpointError(f"refusing to save non-finite weights to {file}: {', '.join(bad[:3])}"
                               + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))

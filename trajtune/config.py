@@ -197,7 +197,8 @@ def field_docs(cls) -> dict[str, str]:
         return docs
     body = tree.body[0].body
     for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None),
+                                                                                   ast.Constant):
             docs[a.target.id] = str(b.value.value).strip()
     return docs
 

@@ -101,7 +101,8 @@ def find_contamination(train: Iterable[str], evaluation: Sequence[str], ngram: i
     if ngram:
         rules.append(("ngram", _Needles([tuple(words(t)) for t in evaluation], ngram, stride), words, " ".join))
     if chars:
-        rules.append(("chars", _Needles([normalize_chars(t) for t in evaluation], chars, stride), normalize_chars, "".join))
+        rules.append(("chars", _Needles([normalize_chars(t) for t in evaluation], chars, stride), normalize_chars,
+                      "".join))
     found: dict[int, Match] = {}
     n_train = 0
     for j, text in enumerate(train):

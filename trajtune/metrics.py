@@ -46,13 +46,15 @@ METRICS: dict[str, str] = {
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used for this step",
     "train/tokens": "number of trained-on (POLICY) tokens in the step's batch",
-    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged); RFT: the round's count",
+    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged); RFT: the "
+                     "round's count",
     "train/kept_episodes": "episodes the RL step trained on (after dropping zero-variance groups)",
     "train/round": "expert-iteration / iw-SFT round (1-based)",
     # --- eval: measured without gradient
     "eval/accuracy": "exact-match accuracy of greedy answers",
     "eval/loss": "mean NLL per trained-on token on evaluation data",
-    "alarm/eval_drop": "with Run(eval_alarm=...): the largest drop, in points, of a watched static evaluation below its first (0: none past the threshold; book App. C bad-job detection)",
+    "alarm/eval_drop": "with Run(eval_alarm=...): the largest drop, in points, of a watched static evaluation below "
+                       "its first (0: none past the threshold; book App. C bad-job detection)",
     "eval/pass_rate": "share of evaluation episodes with reward >= 1",
     "eval/heldout_pass_rate": "share of held-out-task evaluation episodes with reward >= 1 (agent experiment)",
     "eval/invalid_per_episode": "mean invalid environment calls per evaluation episode (train tasks)",
@@ -61,8 +63,10 @@ METRICS: dict[str, str] = {
     "eval/hidden_pass_rate": "share of evaluation episodes that submitted and pass the hidden tests (A13)",
     "eval/pair_accuracy": "share of held-out preference pairs the reward model orders correctly",
     "eval/reward": "mean reward of the held-out evaluation episodes (evaluation.score_policy)",
-    "eval/pass@*": "pass@k of the held-out evaluation: the unbiased estimate over its n samples per task (evaluation.score_policy)",
-    "eval/env_errors": "held-out evaluation episodes whose environment failed (left out of the scores; evaluation.score_policy)",
+    "eval/pass@*": "pass@k of the held-out evaluation: the unbiased estimate over its n samples per task "
+                   "(evaluation.score_policy)",
+    "eval/env_errors": "held-out evaluation episodes whose environment failed (left out of the scores; "
+                       "evaluation.score_policy)",
     # --- rollout: statistics of the step's sampled episodes (algorithms.common.rollout_metrics)
     "rollout/pass_rate": "share of sampled episodes with reward >= 1",
     "rollout/reward": "mean reward of sampled episodes",
@@ -70,11 +74,14 @@ METRICS: dict[str, str] = {
     "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
     "rollout/truncated_share": "share of sampled episodes with a turn cut at the token budget (max new tokens) "
                                "before it ended (info n_unterminated > 0)",
-    "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group baseline)",
+    "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group "
+                               "baseline)",
     "rollout/infra_failures": "episodes of the step whose environment or reward call failed (`trajectory.Outcome`): "
-                              "left out of the loss and of their group's baseline; reward and pass rate are over the others",
+                              "left out of the loss and of their group's baseline; reward and pass rate are over the "
+                              "others",
     # --- time: wall seconds of the step's sources (added up per stage: results.json "time")
-    "time/sampling_s": "wall seconds the step's episodes took (sampling and environments; drawn ahead: in the background)",
+    "time/sampling_s": "wall seconds the step's episodes took (sampling and environments; drawn ahead: in the "
+                       "background)",
     "time/reward_s": "wall seconds the step's reward functions and reward models took",
     # --- cost: what an experiment counts per draw (a `Measured` source)
     "cost/sampled": "episodes sampled in the step (the agent experiment's cost table)",
@@ -92,7 +99,8 @@ METRICS: dict[str, str] = {
     "pg/clip_frac": "share of POLICY tokens whose ratio was clipped",
     "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler",
     "pg/tis_capped_frac": "share of tokens whose TIS weight hit the cap",
-    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the step whose update waited for it (sources.process)",
+    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the "
+                         "step whose update waited for it (sources.process)",
     "policy/entropy": "mean entropy (nats) of the policy at POLICY tokens",
     # --- value head (PPO)
     "value/loss": "value-regression loss 0.5 (V - return)^2",

@@ -9,7 +9,8 @@ import json
 import torch
 
 from trajtune.runs.recorder import episode_row
-from trajtune.runs.view import load_decoder, write_view
+from trajtune.runs.decoders import load_decoder
+from trajtune.runs.view import write_view
 from trajtune.trajectory import Owner, Trajectory
 
 REPLY = "こんにちは、世界！日本語で答えます。"

@@ -10,6 +10,10 @@
     trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
     trajtune decontaminate --train F --eval F   # evaluation rows sharing 8 words / 50 characters with training data
     trajtune models fetch smollm2-135m    # a real model into the cache (--model smollm2-135m then works everywhere)
+
+This module: run, list and the subcommands' entry; each other command is a module of its own:
+hf.py (sft | rm | dpo | grpo | rft | rm-eval), chat.py, gym.py, view.py, decontaminate.py, merge.py, models.py,
+vllm_serve.py.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def check_device(name: str):
     """`name` as a torch.device, refused (before the model loads) as every HF command refuses it."""
     import torch
 
-    from ..experiments.hf.common import check_device as check
+    from ..experiments.hf.recipe import check_device as check
 
     check(name)
     return torch.device(name)

@@ -199,7 +199,7 @@ def cmd_hf(args) -> int:
     """Build the command's config from its flags and run the experiment's recipe path (`run_method`) in
     its run directory, under the commands' policy (`hf_run_dir`)."""
     from ..engine.distributed import init_distributed, is_main
-    from ..experiments.hf.common import resolve_models, run_method
+    from ..experiments.hf.recipe import resolve_models, run_method
 
     module = importlib.import_module(METHODS[args.hf_command])
     config = config_from_args(args, module.Config)

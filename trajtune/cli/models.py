@@ -34,15 +34,15 @@ def add_models_parser(subparsers) -> None:
 
 
 def cmd_list(args) -> int:
-    from ..models import hub
+    from ..models import cache, hub
 
-    print(f"catalog (--model NAME; trajtune models fetch NAME), cache {hub.models_dir()}:")
+    print(f"catalog (--model NAME; trajtune models fetch NAME), cache {cache.models_dir()}:")
     for e in hub.CATALOG.values():
         folder = hub.cached_model(e.name)
         state = f"cached: {folder}" if folder else f"not fetched ({e.download_mb} MB download)"
         print(f"  {e.name}  {e.license}  {state}\n    {e.description}\n    from {e.package}: {e.member} "
               f"(sha256 {e.sha256[:16]}...)")
-    cached = hub.cached_models()
+    cached = cache.cached_models()
     print(f"cached model folders ({len(cached)}):" if cached else "no cached model folders")
     names = {e.folder_name: e.name for e in hub.CATALOG.values()}
     for path, size, source in cached:

@@ -49,7 +49,8 @@ BLOCKED_EVENT_PREFIXES = (
 
 
 class Forbidden(BaseException):
-    """Raised when submitted code tries something the sandbox refuses (BaseException: not swallowed by `except Exception`)."""
+    """Raised when submitted code tries something the sandbox refuses (BaseException: not swallowed by `except
+    Exception`)."""
 
 
 class Timeout(BaseException):

@@ -124,7 +124,8 @@ def check_tasks(tasks: Iterable[Any], env: Any = None) -> None:
 
 
 def _where(i: int, task: Any) -> str:
-    """How an error names task i: its position, type and (short) repr -- built only for the error (a repr can be long)."""
+    """How an error names task i: its position, type and (short) repr -- built only for the error (a repr can be
+    long)."""
     return f"task {i} ({type(task).__name__}: {_short(task)})"
 
 
@@ -140,7 +141,8 @@ def _is_scalar_tensor(x: Any) -> bool:
 
 class InvalidStep(TypeError):
     """An environment call returned what the Env contract does not allow: `check_verdict` here (a verifier's
-    result), `trajtune.sources.faults.check_step` / `check_reset` (an Env's); the rollout makes it a fault of the episode."""
+    result), `trajtune.sources.faults.check_step` / `check_reset` (an Env's); the rollout makes it a fault of the
+    episode."""
 
 
 def check_reward(reward: Any, where: Callable[[], str]) -> float:

@@ -150,7 +150,8 @@ def results_text(task: BugFixTask, outcomes: Sequence[str]) -> str:
     """The submit observation: public test calls and one word each (pass fail error timeout forbidden)."""
     words = [o.split(":")[0] for o in outcomes]
     head = f"public tests : {words.count('pass')} / {len(words)} passed"
-    return "\n".join([head] + [f"{call_text(task.entry, args)} {w}" for (args, _), w in zip(task.public, words, strict=True)])
+    return "\n".join([head] + [f"{call_text(task.entry, args)} {w}" for (args, _), w in zip(task.public, words,
+                                                                                            strict=True)])
 
 
 class BugFixEnv:

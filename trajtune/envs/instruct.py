@@ -162,7 +162,8 @@ def preference_pairs(demos: dict[str, list[str]], words: Sequence[str] = SEEN, p
 
 
 def instruct_verifier(reward: str = "format"):
-    """verifier(task, reply) -> (reward, checks); reward "format" (starts with the word) or "preference" (ends with '.')."""
+    """verifier(task, reply) -> (reward, checks); reward "format" (starts with the word) or "preference" (ends with
+    '.')."""
     if reward not in REWARDS:
         raise ValueError(f"instruct reward must be one of {REWARDS}, got {reward!r}")
 

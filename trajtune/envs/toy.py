@@ -14,7 +14,8 @@ book's Euler dynamics with cart mass m_c, pole mass m_p, pole half-length l, gra
     alpha       = (a + m_p l theta_dot^2 sin theta) / (m_c + m_p)
     theta_ddot  = (g sin theta - cos theta alpha) / (l (4/3 - m_p cos^2 theta / (m_c + m_p)))
     x_ddot      = alpha - m_p l theta_ddot cos theta / (m_c + m_p)
-    x' = x + dt x_dot,  x_dot' = x_dot + dt x_ddot,  theta' = theta + dt theta_dot,  theta_dot' = theta_dot + dt theta_ddot
+    x' = x + dt x_dot,  x_dot' = x_dot + dt x_ddot,  theta' = theta + dt theta_dot,  theta_dot' = theta_dot + dt
+    theta_ddot
 
 reward 1 each step the pole stays balanced and the cart on the track (|x| <= 2.4, |theta| <= 12 degrees); the
 episode ends (reward 0 for that step) when either bound is violated, or after `max_steps`. The constants default

@@ -26,6 +26,10 @@ imports them.
     graders         the RLHF book, part 1: judges, rubrics, AI feedback, ORM/PRM, over-optimization, evals  graders/
     rlhf_book       the RLHF book's Suggested Experiments (S4, S6, S8, S9, S12) with verdicts      rlhf_book/
     smollm2         SmolLM2-135M-Instruct (real, pretrained) learns arithmetic: warm start -> GRPO, over seeds  smollm2/
+    reasoning_gym   GRPO on a reasoning-gym dataset with the tiny model                       reasoning_gym.py
+    textarena       GRPO on a TextArena game with the tiny model                              textarena.py
+                    (both through task_rl.py: RL on a task library's tasks)
+    (shared)        the BugFix gym as both BugFix experiments use it                           bugfix.py
 """
 
 from __future__ import annotations

@@ -136,7 +136,8 @@ def costs(trajs: Sequence[Trajectory]) -> dict[str, int]:
 
 register("rollout/malformed_token_share", "share of the step's POLICY tokens in calls the gym could not parse (BugFix: "
          "invalid calls; a policy losing its format fills its turns with them)")
-register("rollout/turns_gap", "in groups whose rewards differ: mean policy turns of a failing episode minus of a passing "
+register("rollout/turns_gap", "in groups whose rewards differ: mean policy turns of a failing episode minus of a "
+                              "passing "
          "one (> 0: the token-sum loss gives the once-per-turn tokens, e.g. the call's closing token, a net push down)")
 
 
@@ -307,12 +308,14 @@ def train_weak_base(ctx: StageContext, gym: Gym, seed: int, sft: SFTConfig, opti
         raise ValueError(f"blind_spot must be one of {', '.join(FAMILY_OP)} or None; got {blind_spot!r}")
     ops = tuple(op for op in OPS if blind_spot is None or op != FAMILY_OP[blind_spot])
     seeds = [seed * 100 + s for s in range(play_seeds)]
-    play = scripted_play(gym, "blind", seeds, gym.train, ops=ops) + scripted_play(gym, "random", seeds, gym.train, ops=ops)
+    play = scripted_play(gym, "blind", seeds, gym.train, ops=ops) + scripted_play(gym, "random", seeds, gym.train,
+                                                                                  ops=ops)
     engine = ctx.engine(new_model(seed, gym, dim, n_layers, n_heads, tied, positions), optim)
     train_sft(engine, play, sft, gym.pad_id, run=ctx.run())
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
     out = {"describe": describe(engine, gym, describe_samples, eval_seed(seed, 1)),
-           "scripted_episodes": len(play), "blind_pass": sum(t.reward for t in play[: len(play) // 2]) / (len(play) // 2)}
+           "scripted_episodes": len(play),
+           "blind_pass": sum(t.reward for t in play[: len(play) // 2]) / (len(play) // 2)}
     if coverage_samples:
         sample = episodes(engine, gym, gym.train, coverage_samples, derive(seed, 23))
         out["coverage"] = sorted({t.info["task"] for t in sample if t.reward >= 1.0})

@@ -224,7 +224,7 @@ def stage_rl(ctx) -> dict:
 
     from ..models import hf
     from ..text.chat import ChatRenderer
-    from .hf.common import user_errors
+    from .hf.recipe import user_errors
     from .hf.model import load_engine
     from .hf.prepare import budget
 

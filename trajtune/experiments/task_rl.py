@@ -21,8 +21,8 @@ def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Sou
                     train: Sequence, held_out: Sequence, describe: str, *, engine=None, here=None,
                     runner=None) -> dict:
     """The stage's RL run on `episodes(policy)` (a source of the task's episodes sampled by `policy`: the engine's
-    sampler, or a sampler process when the recipe's `overlap` asks for one); `experiment` goes into the checkpoint's meta,
-    `describe` heads the printed line. Optional: `engine`, the engine already built on `model` (default
+    sampler, or a sampler process when the recipe's `overlap` asks for one); `experiment` goes into the checkpoint's
+    meta, `describe` heads the printed line. Optional: `engine`, the engine already built on `model` (default
     `ctx.engine(model, config.optim)`); `here`, the training episodes' sampler (default `engine.sample`); `runner`, a
     sampler holding its own weights (a `sources.vllm.VLLMRunner`) the training episodes go through instead, closed
     with the source (`overlap.overlapped`). The held-out evaluation always samples with `engine.sample`.
@@ -42,7 +42,8 @@ def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Sou
     with overlapped(engine, config.overlap, episodes, here, runner=runner) as source:
         history = train_rl(engine, train, source, config.rl, tok.pad_id, ctx.run(evaluate))
     ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})
-    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
+    curve = [(r["step"], r["rollout/reward"], r["eval/reward"],
+              r["eval/pass@1"]) for r in history if "eval/reward" in r]
     return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve}
 
 

@@ -271,7 +271,8 @@ class HFPolicy(nn.Module):
         `supports_shared_prefix`); the outputs are still those of `ids`' rows."""
         real = torch.ones_like(ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()  # [B, t]
         step = (real.long().cumsum(-1) - 1).clamp(min=0)  # [B, t]
-        kwargs = {"use_cache": False}  # no cache: else transformers builds a DynamicCache and copies every K / V into it
+        # no cache: else transformers builds a DynamicCache and copies every K / V into it
+        kwargs = {"use_cache": False}
         if packing is not None:
             if cache is not None:
                 raise ValueError("HFPolicy.forward: a SharedPrefix packing cannot continue a KV cache")

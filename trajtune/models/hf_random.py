@@ -27,7 +27,8 @@ CHATML_TEMPLATE = (
     "{%- if not (tools and loop.first and m.role == 'system') -%}"
     "<|im_start|>{{ m.role }}\n"
     "{% if m.content %}{{ m.content }}{% endif %}"
-    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% endif %}"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{% "
+    "endif %}"
     "<|im_end|>\n"
     "{%- endif -%}"
     "{%- endfor -%}"
@@ -57,12 +58,15 @@ DEFAULT_CORPUS = [
 ]
 
 SIZES = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
-    "small": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2),
+    "small": dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=4),
 }
 
 
-def train_tokenizer(corpus: Iterable[str] = DEFAULT_CORPUS, vocab_size: int = 512, chat_template: str = CHATML_TEMPLATE):
+def train_tokenizer(corpus: Iterable[str] = DEFAULT_CORPUS, vocab_size: int = 512,
+                    chat_template: str = CHATML_TEMPLATE):
     """A byte-level BPE `PreTrainedTokenizerFast` (any text encodes) with ChatML specials and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

@@ -106,7 +106,8 @@ def persona_vector(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tens
     """The mean-difference persona vector (Chen et al.): positive [N, D], negative [M, D] activations (one row per
     response, e.g. `mean_activation` of each) -> [D] = mean(positive) - mean(negative)."""
     if positive.dim() != 2 or negative.dim() != 2 or positive.shape[1] != negative.shape[1]:
-        raise ValueError(f"persona_vector: need [N, D] and [M, D], got {tuple(positive.shape)} and {tuple(negative.shape)}")
+        raise ValueError(f"persona_vector: need [N, D] and [M, D], got {tuple(positive.shape)} and "
+                         f"{tuple(negative.shape)}")
     return positive.mean(0) - negative.mean(0)
 
 
@@ -168,7 +169,8 @@ def steering(model: nn.Module, layer: int, vector: torch.Tensor, alpha: float,
 @contextlib.contextmanager
 def capping(model: nn.Module, layer: int, vector: torch.Tensor, tau: float) -> Iterator[None]:
     """Inside the block, block `layer`'s output is `cap(h, vector, tau)` (the Assistant-axis cap)."""
-    handle = _layer(model, layer).register_forward_hook(lambda mod, inp, out: _edit_output(out, lambda h: cap(h, vector, tau)))
+    handle = _layer(model, layer).register_forward_hook(lambda mod, inp, out: _edit_output(out, lambda h: cap(h, vector,
+                                                                                                              tau)))
     try:
         yield
     finally:

@@ -128,7 +128,8 @@ class Block(nn.Module):
         self.qkv = nn.Linear(c.dim, 3 * c.dim)
         self.proj = nn.Linear(c.dim, c.dim)
         self.ln2 = nn.LayerNorm(c.dim)
-        self.mlp = nn.Sequential(nn.Linear(c.dim, c.mlp_ratio * c.dim), nn.GELU(), nn.Linear(c.mlp_ratio * c.dim, c.dim))
+        self.mlp = nn.Sequential(nn.Linear(c.dim, c.mlp_ratio * c.dim), nn.GELU(), nn.Linear(c.mlp_ratio * c.dim,
+                                                                                             c.dim))
         self.drop = nn.Dropout(c.dropout)
 
     def forward(self, x, allowed, cache: KVCache | None = None, layer: int = 0, rotary=None):
@@ -235,7 +236,8 @@ class TinyTransformer(nn.Module):
         x = self.tok_emb(ids)
         if self.pos_emb is not None:
             x = x + self.pos_emb(pos)
-        rotary = _rotary(pos, self.config.dim // self.config.n_heads, x.dtype) if self.config.positions == "rope" else None
+        rotary = _rotary(pos, self.config.dim // self.config.n_heads,
+                         x.dtype) if self.config.positions == "rope" else None
         for i, block in enumerate(self.blocks):
             x = block(x, allowed, cache, i, rotary)
         if cache is not None:
@@ -269,7 +271,8 @@ MODEL_CLASSES = {"TinyTransformer": (TinyTransformer, TinyConfig)}
 """model class name (config.json "model") -> (model class, config class)"""
 
 
-def save_model(path: str | os.PathLike, model: TinyTransformer, tokenizer: Tokenizer | None = None, meta: dict | None = None) -> Path:
+def save_model(path: str | os.PathLike, model: TinyTransformer, tokenizer: Tokenizer | None = None,
+               meta: dict | None = None) -> Path:
     """Save a model (and optionally its tokenizer and a JSON-able `meta` dict) to directory `path`."""
     name = type(model).__name__
     if name not in MODEL_CLASSES:

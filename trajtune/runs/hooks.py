@@ -36,7 +36,8 @@ class Hook:
 
     def on_episodes(self, engine: "Engine", step: int, trajs: Sequence[Trajectory], batch: Batch | None = None,
                     kept: Sequence[Trajectory] | None = None, every: int | None = None) -> None:
-        """Step (or round) `step` sampled `trajs` (`every`: the loop's own recording period, e.g. 1 for RFT's rounds)."""
+        """Step (or round) `step` sampled `trajs` (`every`: the loop's own recording period, e.g. 1 for RFT's
+        rounds)."""
 
     def on_save_point(self, engine: "Engine", completed: int, allowed: bool) -> None:
         """A step ended after `completed` steps; `allowed`: the loop's state can be saved consistently here."""

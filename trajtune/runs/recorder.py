@@ -1,8 +1,8 @@
 """A few of a run's episodes, token by token, saved while it trains (what `trajtune view` shows).
 
 At step 1 and every `every` steps, a loop hands its step's trajectories (and the batch it scored)
-to `Run.record_episodes`, which hands them to its hooks; this one (a `runs.hooks.Hook`) keeps `k` of them (`per_group` from each of the first
-groups, so a group's contrast is visible) and appends one JSON line per episode to
+to `Run.record_episodes`, which hands them to its hooks; this one (a `runs.hooks.Hook`) keeps `k` of them (`per_group`
+from each of the first groups, so a group's contrast is visible) and appends one JSON line per episode to
 RUN_DIR/<stage>/episodes.jsonl:
 
     stage, step, index (its row in the step), group, task, reward, outcome, kept (RFT: selected or not),

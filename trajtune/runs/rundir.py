@@ -13,7 +13,7 @@ one policy, every entry point).
 
 Who calls it: `trajtune run` (`cli.cmd_run`: names and holds the directory, checks every seed's before the
 first runs, --dry-run), the Hugging Face commands (`cli.hf.cmd_hf`: the same with their own policy for a
-finished run, and --overwrite), `experiments.hf.common.run_method` (checks before the data, begins after
+finished run, and --overwrite), `experiments.hf.recipe.run_method` (checks before the data, begins after
 it), and the stage runner (`run_stages` begins every staged run, knowing its stages).
 
 What a run finds, and does:
@@ -168,7 +168,8 @@ class RunDir:
                 except FileExistsError:
                     continue
                 except OSError as e:
-                    error = f"cannot create a run directory in {root}: {e.strerror or e}; choose one with {policy.get('option', '--run-dir')}"
+                    error = (f"cannot create a run directory in {root}: {e.strerror or e}; choose one with "
+                             f"{policy.get('option', '--run-dir')}")
                     break
         path, error = distributed.broadcast_object((str(path), error))
         if error:

@@ -24,8 +24,8 @@ The standard errors (z = 2 throughout, a ~95% two-sided band):
 
 A bound ("random reward does not raise pass@1 by more than 0.02", "format stays at least 0.9") is
 `judge(est, "<=", margin)` / `">="`: it holds only when the whole noise band lies on its side of the margin -- a
-rise inside the noise does not show that there was none. A claim on a run that cannot support it (a collapsed run, a stage that did not run) is
-not judged at all: `Claim(holds=None, why=...)`.
+rise inside the noise does not show that there was none. A claim on a run that cannot support it (a collapsed run, a
+stage that did not run) is not judged at all: `Claim(holds=None, why=...)`.
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ class Part:
 
     @property
     def holds(self) -> Holds:
-        return self.exact if self.estimate is None else judge(self.estimate, self.test, self.margin)  # type: ignore[arg-type]
+        # type: ignore[arg-type]
+        return self.exact if self.estimate is None else judge(self.estimate, self.test, self.margin)
 
     def clearance(self) -> float:
         """By how many standard errors the estimate clears its margin in the claimed direction (inf when exact)."""

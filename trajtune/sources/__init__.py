@@ -17,7 +17,11 @@
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     graders.py     the `Grader` Protocol (reward functions, reward models, ensembles, judges, rubrics), `Weighted`
     scoring.py     `Scored`: an episode's reward, the weighted sum of its graders' scores; `RewardModel`
+    ensemble.py    `RewardEnsemble`: several graders as one (mean, min, mean - k std)
+    judge.py       LLM-as-a-judge: the book's MT-Bench templates, greedy verdicts, position swap, cache
+    difficulty.py  the offline difficulty filter: keep prompts a policy solves 20-80% of the time
     data.py        datasets in TRL's formats: demonstrations, preference pairs, prompt tasks
+    reward_data.py reward-model and KTO data: ranked lists, outcome labels, step labels
 
 A loop's source is a composition, written out where it is built (the experiments):
 

@@ -19,16 +19,9 @@ and, for reward models (`trajtune rm --objective ...`; book ch.5), columns that 
                         category: a string           the pair's group in `trajtune rm-eval`'s table
 
 A pair's score difference (score_chosen - score_rejected, else margin; `trajtune.algorithms.dpo.score_difference`
-reads it from the chosen episode's info) is ODPO's offset and REBEL's regression target (`trajtune dpo --loss odpo|rebel`, book ch.8.2).
-    ranked              prompt, completions: [K >= 2 strings or assistant messages], best first, or with
-                        scores: [K numbers] (higher is better)   -> `ranked_lists` (plackett-luce; bt: all pairs)
-    labelled            prompt, completion, label: 0/1 or bool (TRL's unpaired format)
-                                                     -> (episode, label): an outcome reward model (orm), or
-                                                        KTO's thumbs up / down (`kto_examples`)
-    stepwise            prompt, completions: [steps], labels: [one 0/1 or bool per step] (TRL's stepwise
-                        format)                       -> (episode, step labels): a process reward model (prm);
-                        the steps are joined by a separator into one assistant message and each step's label
-                        sits on its last token (the separator after it; the last step's: the turn's end)
+reads it from the chosen episode's info) is ODPO's offset and REBEL's regression target (`trajtune dpo --loss
+odpo|rebel`, book ch.8.2). Ranked lists, outcome labels (ORM, KTO) and step labels (PRM) are rows of their own:
+`sources/reward_data.py`.
 
 `prompt`, `completion`, `chosen` and `rejected` are either strings (the
 "standard" format: a string prompt is one user message, a string completion one
@@ -62,7 +55,7 @@ from typing import Any, Iterable, Sequence
 
 from ..text.chat import ChatRenderer, TemplateError
 from ..text.render import TrainOn, select_turns
-from ..trajectory import Owner, Trajectory
+from ..trajectory import Trajectory
 
 FORMATS = ("messages", "completion", "preference", "prompt")
 ROLES = ("system", "user", "assistant", "tool")
@@ -170,7 +163,8 @@ def _json_array(path: Path, text: str) -> list[Row]:
         if text.startswith(",", i):
             i = _skip_space(text, i + 1)
             if text.startswith("]", i):
-                raise DataError(f"{path}:{_line(text, i)}: not valid JSON: a ',' after the last element of the JSON array")
+                raise DataError(f"{path}:{_line(text, i)}: not valid JSON: a ',' after the last element of the JSON "
+                                "array")
         elif not text.startswith("]", i):
             raise DataError(f"{path}:{_line(text, i)}: not valid JSON: expected ',' or ']' after element "
                             f"{len(rows) - 1} of the JSON array")
@@ -254,17 +248,18 @@ def check_format(rows: Sequence[Row], expected: Sequence[str]) -> None:
     for row in rows:
         fmt = detect_format(row)
         if fmt not in expected:
-            raise DataError(f"{row.where}: a {fmt!r} row, but this command needs {' or '.join(repr(e) for e in expected)} rows")
+            raise DataError(f"{row.where}: a {fmt!r} row, but this command needs "
+                            f"{' or '.join(repr(e) for e in expected)} rows")
 
 
 # --- field validation --------------------------------------------------------------
-def _field(row: Row, name: str) -> Any:
+def row_field(row: Row, name: str) -> Any:
     if name not in row.data or row.data[name] is None:
         raise DataError(f"{row.where}: missing field {name!r}")
     return row.data[name]
 
 
-def _messages(row: Row, name: str, value: Any, default_role: str) -> list[dict]:
+def row_messages(row: Row, name: str, value: Any, default_role: str) -> list[dict]:
     """A field as a list of messages: a string becomes one `default_role` message.
 
     Empty text fails: an empty string field, an assistant message with empty content and
@@ -274,32 +269,36 @@ def _messages(row: Row, name: str, value: Any, default_role: str) -> list[dict]:
             raise DataError(f"{row.where}: field {name!r} is empty ({value!r})")
         return [{"role": default_role, "content": value}]
     if not isinstance(value, list) or not value:
-        raise DataError(f"{row.where}: field {name!r} must be a string or a non-empty list of messages, got {type(value).__name__}")
+        raise DataError(f"{row.where}: field {name!r} must be a string or a non-empty list of messages, got "
+                        f"{type(value).__name__}")
     for i, m in enumerate(value):
         if not isinstance(m, dict):
             raise DataError(f"{row.where}: field {name!r}[{i}] must be an object with 'role' and 'content'")
         if m.get("role") not in ROLES:
-            raise DataError(f"{row.where}: field {name!r}[{i}].role is {m.get('role')!r}; expected one of {list(ROLES)}")
+            raise DataError(f"{row.where}: field {name!r}[{i}].role is {m.get('role')!r}; expected one of "
+                            f"{list(ROLES)}")
         content = m.get("content")
         if not isinstance(content, str) and not m.get("tool_calls"):
-            raise DataError(f"{row.where}: field {name!r}[{i}].content must be a string (or the message needs tool_calls)")
+            raise DataError(f"{row.where}: field {name!r}[{i}].content must be a string (or the message needs "
+                            "tool_calls)")
         if m["role"] in ("user", "assistant") and not m.get("tool_calls") and not content.strip():
-            what = "an empty assistant turn (nothing to train on)" if m["role"] == "assistant" else "an empty user message"
+            what = ("an empty assistant turn (nothing to train on)" if m["role"] == "assistant"
+                    else "an empty user message")
             raise DataError(f"{row.where}: field {name!r}[{i}].content is empty ({content!r}): {what}")
     return [dict(m) for m in value]
 
 
 def _message_list(row: Row) -> list[dict]:
     """The 'messages' field: a list of messages (a string is not a conversation in TRL's formats either)."""
-    value = _field(row, "messages")
+    value = row_field(row, "messages")
     if isinstance(value, str):
         raise DataError(f"{row.where}: field 'messages' is a string ({value[:40]!r}); it must be a list of "
                         '{"role": ..., "content": ...} messages (for a prompt and its answer as two strings, use '
                         "'prompt' and 'completion' fields)")
-    return _messages(row, "messages", value, "user")
+    return row_messages(row, "messages", value, "user")
 
 
-def _render(renderer: ChatRenderer, row: Row, messages: list[dict], context: int = 0) -> list[Trajectory]:
+def render_row(renderer: ChatRenderer, row: Row, messages: list[dict], context: int = 0) -> list[Trajectory]:
     """Render a row's conversation; the first `context` messages are its prompt (never trained)."""
     try:
         return renderer.render_samples(messages, info={"source": row.where}, context=context)
@@ -316,8 +315,8 @@ def conversation(row: Row) -> tuple[list[dict], int]:
     if "messages" in d:
         msgs, context = _message_list(row), 0
     else:
-        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
-        completion = _messages(row, "completion", _field(row, "completion"), "assistant")
+        prompt = row_messages(row, "prompt", row_field(row, "prompt"), "user")
+        completion = row_messages(row, "completion", row_field(row, "completion"), "assistant")
         if not any(m["role"] == "assistant" for m in completion):
             raise DataError(f"{row.where}: field 'completion' has no assistant message to train on "
                             "(the prompt's messages are context, never trained)")
@@ -334,7 +333,7 @@ def sft_trajectories(rows: Sequence[Row], renderer: ChatRenderer, train_on: Trai
     check_format(rows, ("messages", "completion"))
     out = []
     for row in rows:
-        out += select_turns(_render(renderer, row, *conversation(row)), train_on)
+        out += select_turns(render_row(renderer, row, *conversation(row)), train_on)
     return out
 
 
@@ -342,12 +341,12 @@ def preference_conversations(row: Row) -> tuple[list[dict], list[dict], int]:
     """(chosen, rejected, prompt length in messages) of a preference row. The prompt is explicit
     ('prompt') or implicit: the longest run of leading messages `chosen` and `rejected` share (TRL's
     `extract_prompt`). Its assistant turns are context; only what follows it is scored."""
-    chosen, rejected = _field(row, "chosen"), _field(row, "rejected")
+    chosen, rejected = row_field(row, "chosen"), row_field(row, "rejected")
     if "prompt" in row.data:
-        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
-        return (prompt + _messages(row, "chosen", chosen, "assistant"),
-                prompt + _messages(row, "rejected", rejected, "assistant"), len(prompt))
-    c, r = _messages(row, "chosen", chosen, "assistant"), _messages(row, "rejected", rejected, "assistant")
+        prompt = row_messages(row, "prompt", row_field(row, "prompt"), "user")
+        return (prompt + row_messages(row, "chosen", chosen, "assistant"),
+                prompt + row_messages(row, "rejected", rejected, "assistant"), len(prompt))
+    c, r = row_messages(row, "chosen", chosen, "assistant"), row_messages(row, "rejected", rejected, "assistant")
     if isinstance(chosen, str) or isinstance(rejected, str):
         raise DataError(f"{row.where}: missing field 'prompt' (string 'chosen'/'rejected' need an explicit prompt)")
     if c == r:
@@ -370,7 +369,7 @@ def preference_pairs(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[
         sides = []
         chosen, rejected, context = preference_conversations(row)
         for name, conv in zip(("chosen", "rejected"), (chosen, rejected), strict=True):
-            samples = _render(renderer, row, conv, context)
+            samples = render_row(renderer, row, conv, context)
             if not samples:
                 raise DataError(f"{row.where}: field {name!r} has no assistant message to score")
             sides.append(samples[-1])
@@ -389,7 +388,7 @@ def prompt_tasks(rows: Sequence[Row]) -> list[PromptTask]:
             prompt = msgs[: next((k for k, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))]
         if prompt is None:
             raise DataError(f"{row.where}: missing field 'prompt'")
-        checked = _messages(row, "prompt", prompt, "user")  # a string stays a string (the TRL form of the task)
+        checked = row_messages(row, "prompt", prompt, "user")  # a string stays a string (the TRL form of the task)
         if not isinstance(prompt, str):
             prompt = checked
         columns = {k: v for k, v in row.data.items() if k not in ("prompt", "messages")}
@@ -398,8 +397,8 @@ def prompt_tasks(rows: Sequence[Row]) -> list[PromptTask]:
 
 
 
-# --- reward-model data: margins, ranked lists, outcome and step labels ----------------------------------
-def _number(row: Row, name: str, value: Any, index: int | None = None) -> float:
+# --- a preference row's reward-model columns (ranked lists, outcome and step labels: reward_data.py) ---------
+def row_number(row: Row, name: str, value: Any, index: int | None = None) -> float:
     """A finite number (not a bool) from field `name` (its element `index`)."""
     where = f"{name!r}" if index is None else f"{name!r}[{index}]"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -407,20 +406,12 @@ def _number(row: Row, name: str, value: Any, index: int | None = None) -> float:
     return float(value)
 
 
-def _binary(row: Row, name: str, value: Any, index: int | None = None) -> int:
-    """A 0/1 label: true, false, 0 or 1."""
-    where = f"{name!r}" if index is None else f"{name!r}[{index}]"
-    if isinstance(value, bool) or value in (0, 1):
-        return int(value)
-    raise DataError(f"{row.where}: field {where} must be 0, 1, true or false, got {value!r}")
-
-
 def pair_columns(row: Row) -> dict[str, Any]:
     """A preference row's optional columns: 'margin' (a number >= 0), 'score_chosen' and 'score_rejected'
     (numbers, both or neither; with a margin too, it must equal their difference) and 'category' (a string)."""
     out: dict[str, Any] = {}
     if row.data.get("margin") is not None:
-        out["margin"] = _number(row, "margin", row.data["margin"])
+        out["margin"] = row_number(row, "margin", row.data["margin"])
         if out["margin"] < 0:
             raise DataError(f"{row.where}: field 'margin' must be >= 0 (how much better 'chosen' is), got "
                             f"{row.data['margin']!r}")
@@ -430,7 +421,7 @@ def pair_columns(row: Row) -> dict[str, Any]:
         raise DataError(f"{row.where}: field {scores[0]!r} without {other!r} (a pair's scores come in twos)")
     if scores:
         for k in SCORE_COLUMNS:
-            out[k] = _number(row, k, row.data[k])
+            out[k] = row_number(row, k, row.data[k])
         diff = out["score_chosen"] - out["score_rejected"]
         if "margin" in out and not math.isclose(out["margin"], diff, rel_tol=1e-6, abs_tol=1e-9):
             raise DataError(f"{row.where}: field 'margin' ({out['margin']}) is not 'score_chosen' - 'score_rejected' "
@@ -444,138 +435,3 @@ def pair_columns(row: Row) -> dict[str, Any]:
 
 SCORE_COLUMNS = ("score_chosen", "score_rejected")
 """a preference row's per-side scores (the names of UltraFeedback-binarized, TRL's usual DPO data)"""
-
-
-def ranked_lists(rows: Sequence[Row], renderer: ChatRenderer) -> list[list[Trajectory]]:
-    """Ranked rows (and preference rows, as K = 2 lists) -> each prompt's completions rendered, best first.
-
-    A ranked row: 'prompt' and 'completions' (K >= 2), best first, or with 'scores' (K numbers, higher is
-    better; equal scores keep the row's order)."""
-    out = []
-    for row in rows:
-        if "chosen" in row.data or "rejected" in row.data:
-            out.append(list(preference_pairs([row], renderer)[0]))
-            continue
-        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
-        completions = _field(row, "completions")
-        if not isinstance(completions, list) or len(completions) < 2:
-            raise DataError(f"{row.where}: field 'completions' must be a list of at least 2 completions (a ranked "
-                            f"list, best first), got {type(completions).__name__}"
-                            + (f" of {len(completions)}" if isinstance(completions, list) else ""))
-        order = list(range(len(completions)))
-        if row.data.get("scores") is not None:
-            scores = row.data["scores"]
-            if not isinstance(scores, list) or len(scores) != len(completions):
-                raise DataError(f"{row.where}: field 'scores' must be a list of {len(completions)} numbers (one per "
-                                "completion)")
-            values = [_number(row, "scores", v, i) for i, v in enumerate(scores)]
-            order.sort(key=lambda i: -values[i])
-        ranked = []
-        for i in order:
-            samples = _render(renderer, row, prompt + _messages(row, f"completions[{i}]", completions[i], "assistant"),
-                              len(prompt))
-            if not samples:
-                raise DataError(f"{row.where}: field 'completions'[{i}] has no assistant message to score")
-            ranked.append(samples[-1])
-        out.append(ranked)
-    return out
-
-
-def labelled_examples(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[Trajectory, int]]:
-    """'prompt'/'completion' (or 'messages') rows with a 0/1 'label' -> (episode, label): an outcome reward
-    model's data (the label is the completion's correctness, copied onto its tokens by the loop)."""
-    out = []
-    for row in rows:
-        if "label" not in row.data or row.data["label"] is None:
-            raise DataError(f"{row.where}: missing field 'label' (0/1 or true/false: is the completion correct?)")
-        label = _binary(row, "label", row.data["label"])
-        samples = _render(renderer, row, *conversation(row))
-        if not samples:
-            raise DataError(f"{row.where}: no assistant message to score")
-        out.append((samples[-1], label))
-    return out
-
-
-def kto_examples(rows: Sequence[Row], renderer: ChatRenderer) -> list[tuple[Trajectory, bool]]:
-    """KTO's data (RLHF book ch.11.5, thumbs up / down; TRL's unpaired preference format) -> (episode, desirable):
-    'prompt' / 'completion' (or 'messages') rows with a 'label' (true / false, 1 / 0), each its own example; a
-    preference row gives two, its 'chosen' desirable and its 'rejected' undesirable (how TRL unpairs pairs)."""
-    out: list[tuple[Trajectory, bool]] = []
-    for row in rows:
-        if "chosen" in row.data or "rejected" in row.data:
-            chosen, rejected = preference_pairs([row], renderer)[0]
-            out += [(chosen, True), (rejected, False)]
-        elif "label" not in row.data or row.data["label"] is None:
-            raise DataError(f"{row.where}: missing field 'label' (true: a thumbs-up completion, false: thumbs-down); "
-                            "KTO reads 'prompt'/'completion'/'label' rows or 'prompt'/'chosen'/'rejected' pairs")
-        else:
-            out += [(t, bool(y)) for t, y in labelled_examples([row], renderer)]
-    return out
-
-
-def _encode(renderer, text: str) -> list[int]:
-    """`text`'s token ids without special tokens (a Hugging Face tokenizer, or a toy tokenizer's encode)."""
-    tok = renderer.tokenizer
-    if hasattr(tok, "encode") and not callable(getattr(tok, "apply_chat_template", None)):
-        return list(tok.encode(text))
-    return list(tok(text, add_special_tokens=False)["input_ids"])
-
-
-def step_trajectory(renderer, prompt: list[dict], steps: Sequence[str], separator: str, where: str = "") -> Trajectory:
-    """One assistant message of `steps` joined by `separator`, rendered after `prompt`, with
-    info['step_ends']: the position of the last token of each step (the separator that follows it; the last
-    step's: the turn's last POLICY token, its end). A DataError (naming `where`) when the tokenizer merges a
-    step's separator with the text after it, so that no token ends the step."""
-    content = separator.join(steps)
-    samples = renderer.render_samples(prompt + [{"role": "assistant", "content": content}],
-                                      info={"source": where}, context=len(prompt))
-    if not samples:
-        raise DataError(f"{where}: no assistant message to score")
-    traj = samples[-1]
-    policy = [i for i, o in enumerate(traj.owners) if o == Owner.POLICY]
-    ids = [traj.ids[i] for i in policy]
-    whole = _encode(renderer, content)
-    at = next((j for j in range(len(ids) - len(whole) + 1) if ids[j : j + len(whole)] == whole), None)
-    if at is None:
-        raise DataError(f"{where}: the steps' tokens differ inside the rendered conversation (the chat template "
-                        "changes the completion's text); cannot place the step labels")
-    ends = []
-    for k in range(len(steps) - 1):
-        prefix = _encode(renderer, separator.join(steps[: k + 1]) + separator)
-        if whole[: len(prefix)] != prefix:
-            raise DataError(f"{where}: step {k}'s last token is merged with the next step's text by the tokenizer "
-                            f"(separator {separator!r}); choose a separator the tokenizer ends a token on, e.g. '\\n'")
-        ends.append(policy[at + len(prefix) - 1])
-    ends.append(policy[-1])
-    traj.info["step_ends"] = ends
-    return traj
-
-
-def split_steps(text: str, separator: str) -> list[str]:
-    """A completion's steps: its text cut at `separator` (empty pieces dropped; at least the whole text)."""
-    steps = [s for s in text.split(separator) if s.strip()]
-    return steps or [text]
-
-
-def stepwise_examples(rows: Sequence[Row], renderer, separator: str = "\n") -> list[tuple[Trajectory, list[int]]]:
-    """Stepwise rows ('prompt', 'completions': steps, 'labels': one 0/1 per step) -> (episode with
-    info['step_ends'], step labels): a process reward model's data (`step_trajectory`)."""
-    if not separator:
-        raise DataError("the step separator must not be empty")
-    out = []
-    for row in rows:
-        prompt = _messages(row, "prompt", _field(row, "prompt"), "user")
-        steps, labels = _field(row, "completions"), _field(row, "labels")
-        if not isinstance(steps, list) or not steps:
-            raise DataError(f"{row.where}: field 'completions' must be a non-empty list of step strings")
-        for i, step in enumerate(steps):
-            if not isinstance(step, str) or not step.strip():
-                raise DataError(f"{row.where}: field 'completions'[{i}] must be a non-empty string (one step)")
-            if separator in step:
-                raise DataError(f"{row.where}: field 'completions'[{i}] contains the step separator {separator!r}")
-        if not isinstance(labels, list) or len(labels) != len(steps):
-            raise DataError(f"{row.where}: field 'labels' must be a list of {len(steps)} labels (one per step), got "
-                            f"{labels!r}")
-        y = [_binary(row, "labels", v, i) for i, v in enumerate(labels)]
-        out.append((step_trajectory(renderer, prompt, steps, separator, row.where), y))
-    return out

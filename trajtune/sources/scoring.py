@@ -178,7 +178,8 @@ class RewardModel:
         """The prompt + completion as the model was trained on it (a PRM: the completion's steps marked)."""
         opening = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         if self.kind.objective == "prm":
-            from .data import DataError, split_steps, step_trajectory
+            from .data import DataError
+            from .reward_data import split_steps, step_trajectory
 
             try:
                 return step_trajectory(self.renderer, opening, split_steps(text, self.kind.step_separator),

@@ -168,7 +168,8 @@ class ChatRenderer:
                     spans.append((len(text), len(head), Owner.TEMPLATE, turn))
                 if not full.startswith(head):
                     raise TemplateError(f"message {i}: the template renders this assistant turn differently from its "
-                                        "generation prompt (add_generation_prompt=True); cannot tell what the model writes")
+                                        "generation prompt (add_generation_prompt=True); cannot tell what the model "
+                                        "writes")
                 end = self._policy_end(full, len(head))
                 spans += [(len(head), end, Owner.POLICY, turn), (end, len(full), Owner.TEMPLATE, turn)]
                 n_assistant += 1
@@ -184,7 +185,8 @@ class ChatRenderer:
         out = [self._tokenize(t, s, reward, info) for t, s in samples if any(o == Owner.POLICY for _, _, o, _ in s)]
         return out
 
-    def render(self, messages: Sequence[Mapping[str, Any]], reward: float = 0.0, info: dict | None = None) -> Trajectory:
+    def render(self, messages: Sequence[Mapping[str, Any]], reward: float = 0.0,
+               info: dict | None = None) -> Trajectory:
         """Render a conversation as one trajectory (errors if the template splits it; use render_samples)."""
         samples = self.render_samples(messages, reward, info)
         if len(samples) != 1:
@@ -212,7 +214,8 @@ class ChatRenderer:
             spans, prev = [], ""
             for i, m in enumerate(messages):
                 if m.get("role") not in ("system", "user", "assistant", "tool"):
-                    raise TemplateError(f"start: message {i} has role {m.get('role')!r} (system, user, assistant or tool)")
+                    raise TemplateError(f"start: message {i} has role {m.get('role')!r} (system, user, assistant or "
+                                        "tool)")
                 full = self.text(messages[: i + 1])
                 spans += self._content_spans(full, len(prev), m, _content_owner(m["role"]), 0)
                 prev = full
@@ -252,7 +255,8 @@ class ChatRenderer:
             traj.append(self._encode(before[end:]), Owner.TEMPLATE, turn)  # e.g. the "\n" after <|im_end|>
         full = self.text(messages + [dict(message)])
         n = len(before)
-        spans = [(s - n, e - n, o, t) for s, e, o, t in self._content_spans(full, n, message, CONTENT_OWNERS[role], turn)]
+        spans = [(s - n, e - n, o, t) for s, e, o, t in self._content_spans(full, n, message, CONTENT_OWNERS[role],
+                                                                            turn)]
         piece = self._tokenize(full[n:], spans, 0.0, None)
         for tid, owner in zip(piece.ids, piece.owners, strict=True):
             traj.append([tid], owner, turn)
@@ -305,7 +309,8 @@ class ChatRenderer:
 
     @staticmethod
     def _content_spans(full: str, start: int, message: Mapping[str, Any], owner: Owner, turn: int) -> list:
-        """Spans of one non-assistant message's text `full[start:]`: the content string is `owner`, the rest TEMPLATE."""
+        """Spans of one non-assistant message's text `full[start:]`: the content string is `owner`, the rest
+        TEMPLATE."""
         content = message.get("content")
         at = full.find(content, start) if isinstance(content, str) and content else -1
         if at < 0:

@@ -295,7 +295,8 @@ def select_turns(samples: Sequence[Trajectory], mode: TrainOn = "all") -> list[T
     wanted = trained[-1:] if mode == "last" else trained
     out = []
     for k in wanted:
-        sample = next(s for s in samples if any(t == k and o == Owner.POLICY for t, o in zip(s.turns, s.owners, strict=True)))
+        sample = next(s for s in samples if any(t == k and o == Owner.POLICY for t, o in zip(s.turns, s.owners,
+                                                                                             strict=True)))
         end = len(sample)
         if mode == "unroll":  # cut after turn k's last POLICY token
             end = max(i for i, (t, o) in enumerate(zip(sample.turns, sample.owners, strict=True))

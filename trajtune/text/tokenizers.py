@@ -96,7 +96,8 @@ class Tokenizer:
         for i in ids:
             i = int(i)
             if not 0 <= i < self.vocab_size:
-                raise UnknownSymbolError(f"{type(self).__name__}: id {i} is outside the vocabulary (size {self.vocab_size})")
+                raise UnknownSymbolError(f"{type(self).__name__}: id {i} is outside the vocabulary (size "
+                                         f"{self.vocab_size})")
             if skip_special and i < len(self.specials):
                 continue
             syms.append(self.itos[i])

@@ -55,7 +55,8 @@ def textarena_tasks(env_id: str, n: int, seed: int = 0) -> list[TextArenaTask]:
         import difflib
 
         close = difflib.get_close_matches(env_id, list(ENV_REGISTRY), n=3)
-        raise ValueError(f"textarena {ta.__name__} has no game {env_id!r}" + (f"; did you mean {close}?" if close else ""))
+        raise ValueError(f"textarena {ta.__name__} has no game {env_id!r}"
+                         + (f"; did you mean {close}?" if close else ""))
     if n < 1:
         raise ValueError(f"textarena_tasks: n must be >= 1, got {n}")
     return [TextArenaTask(env_id, seed + i) for i in range(n)]
@@ -131,7 +132,8 @@ class TextArenaEnv:
         rewards, game_info = self.game.close()
         mine = (game_info or {}).get(self.player, {})
         raw = (rewards or {}).get(self.player, 0.0)
-        info = {**self.info, "turns": mine.get("turn_count", len(self.info["actions"])), "reason": mine.get("reason", "")}
+        info = {**self.info, "turns": mine.get("turn_count", len(self.info["actions"])), "reason": mine.get("reason",
+                                                                                                            "")}
         if mine.get("invalid_move"):
             info["n_invalid"] += 1
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):

@@ -100,8 +100,9 @@ by Ctrl-C resumes from run_dir/<stage>/resume, and a rerun of one stage is
 `--set 'config.runner.rerun=["dpo"]'`. `report.py` writes the report: claims beside
 the seed's numbers, learning curves, cost table.
 
-    stages.py       the stage functions        report.py   claims A1-A13, plots, the seeds report
-    diagnostics.py  A1, A4, A6 and A11's NLL   ../bugfix.py  the gym, measurements, weak base (shared with iw-SFT)
+    stages.py       the stage functions        report.py   the report: tables, plots, the seeds report
+    diagnostics.py  A1, A4, A6 and A11's NLL   claims.py   claims A1-A13 and the four conclusions, checked
+                                               ../bugfix.py  the gym, measurements, weak base (shared with iw-SFT)
 """
 
 from __future__ import annotations

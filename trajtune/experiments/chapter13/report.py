@@ -6,8 +6,9 @@ import math
 import statistics
 from pathlib import Path
 
-from ...runs.report import (Claim, claims_table, claims_verdict, fmt, grouped_bar_plot, image, line_plot, markdown_table,
-                            claims_summary, mean_sd, pooled_claims, seed_links, write_report)
+from ...runs.plots import grouped_bar_plot, line_plot
+from ...runs.report import (Claim, claims_table, claims_verdict, fmt, image, markdown_table, claims_summary, mean_sd,
+                            pooled_claims, seed_links, write_report)
 from ...runs.verdicts import Estimate, decide, paired, share, share_se, two_shares
 
 

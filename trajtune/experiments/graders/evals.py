@@ -34,7 +34,8 @@ from ...evaluation import (MultipleChoice, bradley_terry_ratings, elo_ratings, g
                            mean_pass_at_k, score_multiple_choice)
 from ...metrics import register
 from ...models.tiny import load_model
-from ...runs.report import Claim, bar_plot, fmt, grouped_bar_plot, image, line_plot, markdown_table
+from ...runs.plots import bar_plot, grouped_bar_plot, line_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.stages import Stage
 from ...runs.verdicts import NOISE, Z, Estimate, Holds, decide, judge, paired, share
 from ...sources.base import Draw, Episodes, Wrapper

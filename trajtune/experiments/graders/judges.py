@@ -54,7 +54,8 @@ from ...config import check_ranges
 from ...engine import OptimConfig
 from ...envs.instruct import SEEN, InstructTask, ends_with_period, first_letter_ok, format_ok, preference_pairs
 from ...models.tiny import load_model
-from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.plots import line_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.stages import Stage
 from ...runs.verdicts import Estimate, Holds, decide, judge, share, share_se, shares, two_shares
 from ...seeding import derive

@@ -48,7 +48,8 @@ from ...envs.instruct import SEEN, InstructTask, preference_pairs
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
 from ...objectives.reward_model import AGGREGATES
 from ...config import check_choices
-from ...runs.report import Claim, Panel, bar_plot, fmt, image, line_plot, markdown_table, panel_plot
+from ...runs.plots import Panel, bar_plot, line_plot, panel_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.stages import Stage
 from ...runs.verdicts import Estimate, decide, difference, judge, share, shares
 from ...seeding import derive

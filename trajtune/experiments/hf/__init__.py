@@ -13,6 +13,11 @@
 grpo / rft / online dpo score with the graders their options name (graders.py: the registry `GRADERS`, option ->
 grader kind; sampling.py: how they sample).
 
+What the methods share: model.py (the model section: LoRA, precision, memory, lengths), sampling.py (grpo / rft:
+the sampling section, the rewards, the source), schedule.py (epochs or steps, the learning-rate schedule),
+options.py (one flag per config field), prepare.py (every check before the model loads), recipe.py (the recipe
+path: `run_method`, `preflight`), common.py (the stage's plumbing: snapshots, the final save, `weight_change`).
+
 Each config is a model section (`ModelConfig`: path, LoRA, precision, checkpointing,
 device, lengths), the data file, the loop's own dataclass nested whole (`sft: SFTConfig`,
 `rl: RLConfig` ...), `optim: OptimConfig` and `output: OutputConfig` -- so every loop setting is
@@ -31,7 +36,7 @@ and from the command line, `trajtune grpo --model runs/sft/model --data prompts.
 --reward my_rewards.py:exact --kl-coef 0.05` (trajtune/cli/hf.py generates one flag per
 leaf field, `options.py`): the same config, the same run.
 
-The recipe path (`common.run_method`): the run directory's policy (`trajtune.runs.rundir`: a
+The recipe path (`recipe.run_method`): the run directory's policy (`trajtune.runs.rundir`: a
 changed option on resume refused, naming it), every check before the model loads (`prepare.py`:
 the rows with file:line:field, every length against --max-length and the model's context,
 --drop-long; each method's `dry_run` makes them alone), config.json, then one stage through
@@ -39,11 +44,12 @@ the rows with file:line:field, every length against --max-length and the model's
 sharded). The run directory:
 
     metrics.jsonl, config.json
-    report.md, report.html, report-*.png   first the reward sources and settings (`common.settings_text`) and how
+    report.md, report.html, report-*.png   first the reward sources and settings (`recipe.settings_text`) and how
                            far the weights moved (`common.weight_change`), a line for each way the run learned nothing
                            (no reward variance in any group, most completions cut at --max-new-tokens, a loss that
-                           never moved, gradient norm 0, the saved model equal to its input: `runs.report.run_warnings`;
-                           the command's terminal output ends with the same lines on stderr), a few sampled
+                           never moved, gradient norm 0, the saved model equal to its input:
+                           `runs.metrics_report.run_warnings`; the command's terminal output ends with the same lines
+                           on stderr), a few sampled
                            completions of the first and last recorded steps, the key metrics; then the curves (loss,
                            reward, KL, accuracy, lr, eval; a metric that never changed written as its value)
     view.html              grpo, rft: the recorded episodes token by token (`runs.view`), linked from the report

@@ -45,7 +45,8 @@ from ...config import ConfigError
 from ...algorithms.kto import eval_kto, kto_batches, train_kto
 from ...engine import OptimConfig
 from ...metrics import register
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import ModelConfig, load_engine
 from .options import flag
 from .prepare import Prepared, held_out_pairs, kto_data, pair_data, planned, prompt_data

@@ -54,7 +54,8 @@ from ...seeding import derive
 from ...overoptimization import OverOptProbe, episode_rewards, graders_of
 from ...sources.rewards import RewardFunction, check_columns, unique_names
 from ...metrics import register
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import load_engine
 from ...sources.overlap import OverlapConfig, check_overlap
 from .graders import check_grader_inputs

@@ -24,7 +24,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
-from ...sources import data as D
+from ...sources import data as D, reward_data as RD
 from ...config import ConfigError
 from ...engine.distributed import is_main
 from .options import flag
@@ -45,7 +45,8 @@ class Prepared:
     """config sections the data resolved (`planned`: the loop section with its steps, optim with its
     warm-up and decay, the schedule section spent): the stage runs `dataclasses.replace(config, **overrides)`"""
     template_kwargs: dict = field(default_factory=dict)
-    """extra chat-template variables (`template_kwargs`: reasoning on / off, effort), for rendering and sampling alike"""
+    """extra chat-template variables (`template_kwargs`: reasoning on / off, effort), for rendering and sampling
+    alike"""
 
     @cached_property
     def renderer(self):
@@ -123,7 +124,8 @@ def sft_data(config) -> Prepared:
             where = t.info["source"]
             return f"{where}: field {field_of.get(where, 'messages')!r}: {len(t)} tokens" if len(t) > limit else None
 
-        return fit(D.sft_trajectories(rows, renderer, config.sft.train_on), said, config.model.drop_long, too_long, noun)
+        return fit(D.sft_trajectories(rows, renderer, config.sft.train_on), said, config.model.drop_long, too_long,
+                   noun)
 
     held_out = trajectories(D.read_rows(config.eval_data), "evaluation samples") if config.eval_data else []
     return Prepared(tokenizer, trajectories(rows, "samples"), limit, held_out, template_kwargs=renderer.template_kwargs)
@@ -159,7 +161,7 @@ def kto_data(config) -> Prepared:
         return f"{t.info['source']}: field 'completion': {len(t)} tokens (prompt included)" if len(t) > limit else None
 
     def examples(rows, noun):
-        kept = fit(D.kto_examples(rows, renderer), said, config.model.drop_long, too_long, noun)
+        kept = fit(RD.kto_examples(rows, renderer), said, config.model.drop_long, too_long, noun)
         if len(kept) < 2:
             raise D.DataError(f"KTO needs at least 2 {noun} (a completion is compared with another row's prompt: "
                               f"the reference point), got {len(kept)}")
@@ -175,7 +177,8 @@ def held_out_pairs(config, prepared: Prepared) -> list:
 
     def too_long(pair):
         n = max(len(pair[0]), len(pair[1]))
-        return f"{pair[0].info['source']}: field 'chosen'/'rejected': {n} tokens (prompt included)" if n > limit else None
+        return (f"{pair[0].info['source']}: field 'chosen'/'rejected': {n} tokens (prompt included)" if n > limit
+                else None)
 
     pairs = fit(D.preference_pairs(D.read_rows(config.eval_data), prepared.renderer), said, config.model.drop_long,
                 too_long, "evaluation pairs")
@@ -224,18 +227,19 @@ def reward_model_data(config) -> Prepared:
     if ranked:
         with_margin = next((r for r in rows + held_rows if r.data.get("margin") is not None), None)
         if with_margin is not None:
-            raise D.DataError(f"{with_margin.where}: field 'margin': a per-pair margin applies to pairs trained as pairs, "
+            raise D.DataError(f"{with_margin.where}: field 'margin': a per-pair margin applies to pairs trained as "
+                              "pairs, "
                               "but this file has ranked rows (trained as lists); drop the column or the ranked rows")
 
     def convert(rows: list, noun: str) -> list:
         if objective == "orm":
-            items = [(t, outcome_labels(t, y)) for t, y in D.labelled_examples(rows, renderer)]
+            items = [(t, outcome_labels(t, y)) for t, y in RD.labelled_examples(rows, renderer)]
             length = lambda x: (len(x[0]), x[0].info["source"], "completion")  # noqa: E731
         elif objective == "prm":
-            items = [(t, process_labels(t, y)) for t, y in D.stepwise_examples(rows, renderer, config.step_separator)]
+            items = [(t, process_labels(t, y)) for t, y in RD.stepwise_examples(rows, renderer, config.step_separator)]
             length = lambda x: (len(x[0]), x[0].info["source"], "completions")  # noqa: E731
         elif ranked:
-            items = D.ranked_lists(rows, renderer)
+            items = RD.ranked_lists(rows, renderer)
             length = lambda x: (max(len(t) for t in x), x[0].info["source"], "completions")  # noqa: E731
         else:
             items = D.preference_pairs(rows, renderer)

@@ -16,7 +16,8 @@ from typing import ClassVar
 
 from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import load_engine
 from .graders import check_grader_inputs
 from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source

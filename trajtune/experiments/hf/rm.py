@@ -39,7 +39,8 @@ from ...algorithms.reward_model import (RewardModelConfig, train_ranked_reward_m
                                         train_token_reward_model)
 from ...engine import OptimConfig
 from ...metrics import register
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import ModelConfig, load_engine
 from .prepare import Prepared, planned, reward_model_data
 from .rm_eval import KIND_FILE

@@ -86,7 +86,7 @@ def read_kind(model_dir: str | Path):
 def evaluate_dir(model_dir: str, data: str, batch_size: int = 16, max_length: int = 1024, device: str = "cpu") -> dict:
     """`trajtune rm-eval`: check the model and the rows (a `ConfigError` naming the directory, file, line or field),
     score every pair as the model's kind says, return `evaluate_pairs`' report."""
-    from .common import check_device, user_errors
+    from .recipe import check_device, user_errors
 
     if batch_size < 1 or max_length < 1:
         raise ConfigError("rm-eval: --batch-size and --max-length must be >= 1")

@@ -53,7 +53,8 @@ class ScheduleConfig:
 
 def check_schedule(config, loop: str) -> None:
     """Refuse options that say the same thing twice: --num-train-epochs with --steps (a --steps other than
-    the method's default), --warmup-ratio with --warmup-steps, --lr-scheduler-type linear / cosine with --decay-steps."""
+    the method's default), --warmup-ratio with --warmup-steps, --lr-scheduler-type linear / cosine with
+    --decay-steps."""
     s, optim = config.schedule, config.optim
     default_steps = getattr(_default_of(type(config), loop), "steps")
     steps = getattr(config, loop).steps

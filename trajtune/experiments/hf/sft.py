@@ -19,7 +19,8 @@ from typing import ClassVar, Sequence
 
 from ...algorithms.sft import SFTConfig, train_sft
 from ...engine import OptimConfig
-from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
+from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
+from .recipe import preflight, run_method
 from .model import ModelConfig, load_engine
 from .prepare import Prepared, planned, sft_data
 from .schedule import ScheduleConfig, check_schedule
@@ -35,7 +36,8 @@ class SFTRun:
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
     data: str = ""
-    """'messages' or 'prompt'/'completion' rows: .jsonl, .json, .parquet or a save_to_disk directory (trajtune.sources.data)"""
+    """'messages' or 'prompt'/'completion' rows: .jsonl, .json, .parquet or a save_to_disk directory
+    (trajtune.sources.data)"""
     eval_data: str = ""
     """held-out rows in the same format: eval/loss (mean NLL per trained token) every --eval-steps steps"""
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=100, batch_size=8))

@@ -20,7 +20,7 @@ matching `trajtune` command, the held-out pass@1 measured after every stage.
 Each training stage is the method's own stage function (`sft.train`, `dpo.train`, `grpo.train`: what
 `trajtune sft|dpo|grpo` run) on the method's own config (`SFTRun`, `DPORun`, `GRPORun`) built from this
 config, with the previous stage's `model/` as its --model and a file of `data/` as its --data, checked by
-the command's own checks (`hf/common.check`: device, rows, lengths, reward functions, schedule); it
+the command's own checks (`hf/recipe.check`: device, rows, lengths, reward functions, schedule); it
 writes `<stage>/model` (AutoModelForCausalLM loads it). One run directory, one metrics.jsonl, one runner:
 Ctrl-C saves the running stage in `<stage>/resume` and the same command continues it exactly; finished
 stages are read back.

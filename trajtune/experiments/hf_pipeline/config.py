@@ -43,7 +43,8 @@ class LlamaShape:
                                              "num_attention_heads", "num_key_value_heads", "max_position_embeddings"))
         if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"llama: hidden_size ({self.hidden_size}) must divide by num_attention_heads "
-                             f"({self.num_attention_heads}), and that by num_key_value_heads ({self.num_key_value_heads})")
+                             f"({self.num_attention_heads}), and that by num_key_value_heads "
+                             f"({self.num_key_value_heads})")
         if self.vocab_size < 260:
             raise ValueError(f"llama: vocab_size must be >= 260 (256 bytes, 3 specials), got {self.vocab_size}")
 

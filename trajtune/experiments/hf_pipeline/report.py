@@ -72,7 +72,7 @@ def table(results: dict, config: Config) -> str:
 def stage_plot(path: Path, results: dict, config: Config) -> Path:
     """Held-out pass@1 after each stage: a group of bars per stage (in order), one per metric, each with its
     value written on it; the legend right of the axes."""
-    from ...runs.report import grouped_bar_plot
+    from ...runs.plots import grouped_bar_plot
 
     metrics = (("completion_greedy", "completion pass@1 (greedy)"), ("chat_greedy", "chat pass@1 (greedy)"),
                ("chat_sampled", "chat pass@1 (sampled, T=1)"), ("chat_pass_at_k", f"chat pass@{config.eval_samples}"))
@@ -84,7 +84,8 @@ def stage_plot(path: Path, results: dict, config: Config) -> Path:
 def curve_plots(run_dir: Path) -> list[str]:
     """Training curves from metrics.jsonl: loss of pretrain / sft / dpo, GRPO's mean reward."""
     from ...metrics import read_metrics
-    from ...runs.report import image, line_plot
+    from ...runs.plots import line_plot
+    from ...runs.report import image
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     series = lambda stage, key: ([r["step"] for r in rows if r.get("stage") == stage and key in r],  # noqa: E731
@@ -146,8 +147,10 @@ def stage_summary(results: dict, config: Config, claims: list[Claim]) -> str:
     drop = gain(results[TRAINING[0]]["eval"], results[TRAINING[worst]]["eval"], "completion_greedy", config)
     if judge(drop, "<", -0.1) is True:  # ten points or more below what pretraining reached, beyond the noise
         out += ("\n\nThe pretraining format is forgotten: completion pass@1 (`a+b=`, the form of "
-                f"{1 - config.chat_share:.0%} of the pretraining corpus) goes " + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
-                f"(lowest after {TRAINING[worst]}: {drop}) while {', '.join(later)} train on the chat format only. This "
+                f"{1 - config.chat_share:.0%} of the pretraining corpus) goes "
+                + " -> ".join(f"{x:.1%}" for x in completion) + f" over {', '.join(TRAINING)} "
+                f"(lowest after {TRAINING[worst]}: {drop}) while {', '.join(later)} train on the chat format only. "
+                "This "
                 "is the forgetting the RLHF book describes in ch. 15 (the alignment tax: post-training on a new format "
                 "or task loses what the base model did, which PPO-ptx counters by mixing pretraining data back in).")
     return out

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ...seeding import derive
 from .config import MAX_ANSWER, Config
-from .task import build_llama, completion_prompt, completion_text, conversation, data_dir, model_dir, problems, question, train_digit_tokenizer, write_corpora, write_jsonl
+from .task import (build_llama, completion_prompt, completion_text, conversation, data_dir, model_dir, problems,
+                   question, train_digit_tokenizer, write_corpora, write_jsonl)
 
 
 # --- evaluation -------------------------------------------------------------------------------
@@ -123,11 +124,11 @@ def method_config(cls, ctx, previous: str, data: str, **sections):
 
 
 def checked(ctx, c, module):
-    """What the method's command checks before its model loads (`hf/common.check`: the device, the rows,
+    """What the method's command checks before its model loads (`hf/recipe.check`: the device, the rows,
     every length, the reward functions, the schedule), with the stage directory as the method's run
     directory: the pipeline's runner keeps the resume state (<stage>/resume), so the method finds no run
     of its own there."""
-    from ..hf.common import check
+    from ..hf.recipe import check
 
     return check(c, ctx.dir, module.prepare)
 
@@ -136,7 +137,7 @@ def stage_pretrain(ctx) -> dict:
     """`sft.train` (what `trajtune sft` runs) on raw text: every token trained."""
     from ...models.hf import load_tokenizer
     from ..hf import sft
-    from ..hf.common import check_device
+    from ..hf.recipe import check_device
     from ..hf.prepare import budget, planned
 
     c = method_config(sft.SFTRun, ctx, "base", "pretrain.jsonl", sft=ctx.config.pretrain,
@@ -170,7 +171,8 @@ def stage_pairs(ctx) -> dict:
     tasks = problems(config, config.n_pair_prompts, 2)
     prompts = [r.prompt_ids(r.start([{"role": "user", "content": question(t)}])) for t in tasks]
     out = engine.sample([p for p in prompts for _ in range(n)], config.sampling.max_new_tokens,
-                        torch.Generator().manual_seed(derive(config.seed, 2, stride=7919)), stop_ids=list(r.stop_ids), pad_id=r.pad_id)
+                        torch.Generator().manual_seed(derive(config.seed, 2, stride=7919)), stop_ids=list(r.stop_ids),
+                        pad_id=r.pad_id)
     replies = [(r.action_text(x).strip(), stopped) for x, stopped in zip(out.tokens, out.stopped, strict=True)]
     rows, right = [], 0
     for i, t in enumerate(tasks):

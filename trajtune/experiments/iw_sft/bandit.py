@@ -32,8 +32,8 @@ from ...config import check_ranges
 from ...envs.bandit import RIGHT, TwoArmBandit
 from ...objectives.importance import iw_sft_weights
 from ...objectives.sft import weighted_sft_loss
-from ...runs.report import (Claim, Panel, claims_summary, claims_table, claims_verdict, fmt, image, line_plot,
-                            markdown_table, panel_plot, write_report)
+from ...runs.plots import Panel, line_plot, panel_plot
+from ...runs.report import Claim, claims_summary, claims_table, claims_verdict, fmt, image, markdown_table, write_report
 from ...runs.rundir import RunDir, run_lock
 from ...runs.verdicts import Estimate, bootstrap, decide, two_shares
 
@@ -79,7 +79,8 @@ class Config:
                              "c3_runs"),
                      positive=("lr",))
         if len(self.step_clip) != 2 or not 0 <= self.step_clip[0] <= self.step_clip[1]:
-            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got {self.step_clip}")
+            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got "
+                             f"{self.step_clip}")
         if not self.alphas:
             raise ValueError("iw_sft_bandit: alphas must not be empty")
 
@@ -202,11 +203,14 @@ def bandit_claims(config: Config, env: TwoArmBandit, curves: dict, spread: dict)
         Claim("C2", "iw-SFT clip / smooth a=0.5 / a=1: reward", "tighter bound, better policy",
               f"{fmt(mean(clip['reward']), 3)} / {fmt(mean(smooth.get(0.5, sft)['reward']), 3)} / "
               f"{fmt(mean(smooth.get(1.0, sft)['reward']), 3)}",
-              "reward clearly above 5/6 (by more than 0.05; clip, per-step ratios in (0.2, 1.8), and a=1)", *decide(*((e, ">", 0.05) for e in c2))),
+              "reward clearly above 5/6 (by more than 0.05; clip, per-step ratios in (0.2, 1.8), and a=1)",
+              *decide(*((e, ">", 0.05) for e in c2))),
         Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right)",
               "too-peaked weights raise variance",
-              f"alpha {'/'.join(f'{a:g}' for a in config.alphas)}: " + "/".join(fmt(x) for x in sds) + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
-              f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} {100 * s_min['wrong_arm']:.0f}%, "
+              f"alpha {'/'.join(f'{a:g}' for a in config.alphas)}: " + "/".join(fmt(x) for x in sds)
+              + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
+              f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} "
+              f"{100 * s_min['wrong_arm']:.0f}%, "
               f"a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, clip {100 * s_clip['wrong_arm']:.0f}%",
               "the most peaked weights raise the spread over plain SFT's (>= 2x) and put more runs on the wrong "
               "arm than plain SFT; clipping keeps the spread below the most peaked weights'",
@@ -241,7 +245,8 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     print(claims_summary(claims))
     return write_report(run_dir, "iw-SFT on the two-arm bandit (iw-SFT paper §3.5)", [
-        f"{claims_verdict(claims)}. Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform pi_ref, filtered to R = 1. "
+        f"{claims_verdict(claims)}. Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform "
+        "pi_ref, filtered to R = 1. "
         f"C1-C2: {config.runs} runs x {config.rounds} rounds x {config.n_per_round} samples, {config.steps} SGD steps "
         f"(lr {config.lr}) per round; the table gives their mean, a claim is judged on it with its standard error "
         "over the runs (the column beside the verdict; inside twice that, \"not distinguishable\"). "

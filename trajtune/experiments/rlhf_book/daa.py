@@ -32,7 +32,8 @@ import torch
 
 from ...algorithms.dpo import DPOConfig, preference_loss_fn, train_dpo, with_reference
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
-from ...runs.report import Claim, Panel, fmt, image, markdown_table, panel_plot
+from ...runs.plots import Panel, panel_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import Estimate, two_shares
 from ...runs.stages import Stage
 from ...seeding import derive

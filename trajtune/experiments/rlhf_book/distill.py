@@ -35,7 +35,8 @@ from ...algorithms.sft import SFTConfig, train_sft
 from ...engine import OptimConfig
 from ...envs.base import SingleTurnEnv
 from ...models.tiny import TinyConfig, TinyTransformer, load_model
-from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.plots import line_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive

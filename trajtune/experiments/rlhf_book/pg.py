@@ -36,7 +36,8 @@ from ...envs.base import SingleTurnEnv
 from ...envs.instruct import SEEN, InstructTask, instruct_env
 from ...metrics import register
 from ...models.tiny import load_model
-from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.plots import line_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive

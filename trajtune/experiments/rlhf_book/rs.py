@@ -39,7 +39,8 @@ from ...algorithms.sft import SFTConfig, train_sft
 from ...checkpoint import write_json
 from ...envs.arithmetic import arithmetic_tokenizer, train_tasks
 from ...models.tiny import load_model
-from ...runs.report import Claim, bar_plot, fmt, image, markdown_table
+from ...runs.plots import bar_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import Estimate, paired, two_shares
 from ...runs.stages import Stage
 from ...seeding import derive

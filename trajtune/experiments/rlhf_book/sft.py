@@ -29,7 +29,8 @@ import torch
 from ...algorithms.sft import train_sft
 from ...envs.instruct import SEEN, UNSEEN, InstructTask, demo_sets
 from ...models.tiny import load_model
-from ...runs.report import Claim, fmt, image, line_plot, markdown_table
+from ...runs.plots import line_plot
+from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import NOISE, Estimate, Holds, difference, judge
 from ...runs.stages import Stage
 from ...seeding import derive

@@ -1,4 +1,5 @@
-"""The smollm2 recipe's config: the model, the task, every stage's loop, optimizer and sampling (a recipe's [config])."""
+"""The smollm2 recipe's config: the model, the task, every stage's loop, optimizer and sampling (a recipe's
+[config])."""
 
 from __future__ import annotations
 

@@ -60,7 +60,8 @@ def gain_claims(per_seed: dict[int, dict], config: Config) -> list[Claim]:
 def summary(config: Config, results: dict) -> dict:
     """What the seeds report reads (summary.json): each model's held-out numbers and each stage's wall time."""
     return {"seed": config.seed, "n_eval": config.n_eval, "eval_samples": config.eval_samples,
-            "eval": {s: {k: results[s]["eval"][k] for k in (*METRICS, "per_op", "per_problem") if k in results[s]["eval"]}
+            "eval": {s: {k: results[s]["eval"][k] for k in (*METRICS, "per_op",
+                                                            "per_problem") if k in results[s]["eval"]}
                      for s in MODEL_STAGES},
             "examples": {s: results[s]["eval"]["examples"] for s in MODEL_STAGES},
             "wall_s": {s: results[s]["time"]["wall_s"] for s in MODEL_STAGES}}
@@ -90,7 +91,8 @@ def curves(run_dir: Path, seeds: dict[int, Path] | None = None) -> list[str]:
     """The learning curves from metrics.jsonl (of each seed's directory with `seeds`): SFT's loss, GRPO's mean
     reward (the share of right samples)."""
     from ...metrics import read_metrics
-    from ...runs.report import image, line_plot
+    from ...runs.plots import line_plot
+    from ...runs.report import image
 
     dirs = seeds or {None: run_dir}
     loss, reward = {}, {}
@@ -116,7 +118,8 @@ def verdict_section(claims: list[Claim], seeds: int) -> str:
     from ...runs.report import claims_table, claims_verdict
 
     over = (f"pooled over {seeds} seeds (each seed's estimate; the SE never below the seeds' mean sampling SE)"
-            if seeds > 1 else "one seed: the held-out set's sampling noise; the seed-to-seed spread needs `--seeds 0,1,2`")
+            if seeds > 1 else "one seed: the held-out set's sampling noise; the seed-to-seed spread needs `--seeds "
+                              "0,1,2`")
     return (f"{claims_verdict(claims)}: each gain against its standard error, {over}. A gain inside twice its "
             "standard error is \"not distinguishable\".\n\n" + claims_table(claims))
 
@@ -147,7 +150,8 @@ def write_report(run_dir: Path, config: Config, results: dict) -> Path:
     write_view_if_recorded(run_dir)
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in s["wall_s"].items())
     sections = [intro(config), verdict_section(claims, 1), table(s["eval"], config),
-                "The first held-out problems, each model's greedy / first sampled reply:\n\n" + side_by_side(s["examples"]),
+                "The first held-out problems, each model's greedy / first sampled reply:\n\n"
+                + side_by_side(s["examples"]),
                 *curves(run_dir), f"Wall time per stage (evaluation included): {walls}; "
                 f"{sum(s['wall_s'].values()):.0f} s in all.",
                 f"Try it: `trajtune chat --model {results['grpo']['model']} --temperature 0`"]
@@ -210,6 +214,7 @@ def write_seeds_report(run_dir: Path, config: Config, per_seed: dict[int, dict])
                 f"Seed {seeds[0]}, the first held-out problems, each model's greedy / first sampled reply:\n\n"
                 + side_by_side(per_seed[seeds[0]]["examples"]),
                 "Wall time per seed (evaluation included): " + ", ".join(
-                    f"seed {s} {w:.0f} s" for s, w in zip(seeds, walls, strict=True)) + ". Per seed: " + seed_links(seeds)]
+                    f"seed {s} {w:.0f} s" for s, w in zip(seeds, walls,
+                                                          strict=True)) + ". Per seed: " + seed_links(seeds)]
     print(claims_summary(claims))
     return write(run_dir, f"SmolLM2-135M learns arithmetic on a CPU, over seeds {', '.join(map(str, seeds))}", sections)

@@ -92,9 +92,9 @@ def method_config(cls, ctx, model: str, data: str, **sections):
 
 
 def checked(ctx, c, module):
-    """What the method's command checks before its model loads (`hf/common.check`), with the stage directory as
+    """What the method's command checks before its model loads (`hf/recipe.check`), with the stage directory as
     the method's run directory (the recipe's runner keeps the resume state)."""
-    from ..hf.common import check
+    from ..hf.recipe import check
 
     return check(c, ctx.dir, module.prepare)
 

@@ -97,5 +97,6 @@ def write_data(config, data_dir: Path) -> dict[str, Path]:
                for p in training(config.n_grpo, config.seed * 101 + 2, ops, config.n_eval)]
     held = [{"prompt": opening(config.system, p), "answer": p.answer} for p in heldout(config.n_eval, ops)]
     (data_dir / "rewards.py").write_text(REWARD_FILE, encoding="utf-8")
-    return {"sft": write_jsonl(data_dir / "sft.jsonl", sft), "prompts": write_jsonl(data_dir / "prompts.jsonl", prompts),
+    return {"sft": write_jsonl(data_dir / "sft.jsonl", sft), "prompts": write_jsonl(data_dir / "prompts.jsonl",
+                                                                                    prompts),
             "heldout": write_jsonl(data_dir / "heldout.jsonl", held), "rewards": data_dir / "rewards.py"}

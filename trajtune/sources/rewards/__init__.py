@@ -40,6 +40,14 @@ How the calls run (`RewardFunction.start`, workers.py):
     ('prompts.jsonl:3'); a row that overruns alone fails (its episode gets no reward: `failed`),
     and more failed rows than `max_fault_share` of the batch stop the run (`graders.check_faults`).
 Nothing here imports torch: a worker starts in ~0.1 s plus the reward module's own imports.
+
+    functions.py   loading a spec, one call, the checks of what a function returns; RewardSet, combine
+    workers.py     the worker processes the spec'd functions run in (time limits, faults)
+    rubric.py      rubrics as rewards (a judge scores each criterion)
+    controls.py    the random-reward control
+    answers.py     answer extraction (\\boxed{}, '####', 'The answer is', a letter) and exact-match rewards
+    rlvr.py        RLVR knobs as rewards: format, partial credit, length penalties, tests passed
+    language.py    the language-consistency reward (the reasoning's share of words in a script)
 """
 
 from .functions import (RESERVED, RewardBatch, RewardError, RewardState, callable_name, check_columns, combine,

@@ -113,4 +113,5 @@ def exact_answer(completions, answer, **kwargs) -> list[float]:
 
 def exact_letter(completions, answer, **kwargs) -> list[float]:
     """TRL reward for multiple choice: 1.0 when the completion's last '(X)' is the row's `answer` letter."""
-    return [float(same_answer(t, str(a).strip("() "), "letter")) for t, a in zip(_texts(completions), answer, strict=True)]
+    return [float(same_answer(t, str(a).strip("() "), "letter")) for t, a in zip(_texts(completions), answer,
+                                                                                 strict=True)]
