@@ -41,8 +41,8 @@ How the calls run (`RewardFunction.start`, workers.py):
     and more failed rows than `max_fault_share` of the batch stop the run (`graders.check_faults`).
 Nothing here imports torch: a worker starts in ~0.1 s plus the reward module's own imports.
 
-    functions.py   loading a spec, one call, the checks of what a function returns; combine, unique_names
-    workers.py     the worker processes the spec'd functions run in (time limits, faults)
+    functions.py   loading a spec, one call, the checks of what a function returns; combine
+    workers.py     the worker processes the spec'd functions run in (time limits, faults); unique_names
     rubric.py      rubrics as rewards (a judge scores each criterion)
     controls.py    the random-reward control
     answers.py     answer extraction (\\boxed{}, '####', 'The answer is', a letter) and exact-match rewards
