@@ -42,7 +42,7 @@ from ...sources.episodes import sample_episodes
 from ...sources.rewards.controls import random_reward
 from ...sources.rewards.functions import RewardState
 from ...text.render import Renderer
-from ..chapter13.rlvr import source_for
+from ..shared.calculator import source_for
 
 POLICIES = {"coldstart": "cold start", "evals_grpo": "GRPO", "evals_random": "random-reward GRPO"}
 """stage -> the policy's name in the tables"""

@@ -17,7 +17,7 @@ prompt (its vocabulary has no brackets or digits, its context is 128 characters)
                          (RLAIF: swap-consistent; ties and unparseable dropped)
     judge_dpo_verifier   DPO on the same pairs labelled by the verifier (as chapter 13's B5)
 
-Both DPO runs are read with chapter 13's reward-at-KL harness (`chapter13.preference.evaluate_policy`, claim
+Both DPO runs are read with chapter 13's reward-at-KL harness (`shared.preference.evaluate_policy`, claim
 B5: true reward, sampled KL from the SFT model, format), on the same evaluation seed.
 
 How this departs from the book, and why:
@@ -62,8 +62,8 @@ from ...sources.episodes import sample_episodes
 from ...sources.judge import TEMPLATES, Judge, parse_verdict, swap_consistent
 from ...sources.rewards import RewardBatch
 from ...sources.rewards.rubric import Rubric, RubricItem, RubricReward, slug
-from ..chapter13.instruct import corpus, instruct_source, renderer
-from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
+from ..shared.instruct import corpus, instruct_source, renderer
+from ..shared.preference import evaluate_policy, rendered_pairs, sft_model
 
 PAIR, YES_NO = TEMPLATES["compact_pair"], TEMPLATES["compact_yes_no"]
 PERIOD = "ends with a period"

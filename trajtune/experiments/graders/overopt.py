@@ -71,9 +71,9 @@ from ...sources.rewards import RewardSet
 from ...sources.episodes import sample_episodes
 from ...sources.scoring import Scored, pair_accuracy, reward_model_scores
 from ...trajectory import Owner, Trajectory
-from ..chapter13 import adam
-from ..chapter13.instruct import corpus, instruct_source, renderer
-from ..chapter13.preference import rendered_pairs, sft_model
+from ..shared.recipe import adam
+from ..shared.instruct import corpus, instruct_source, renderer
+from ..shared.preference import rendered_pairs, sft_model
 
 RUNS = ("single", "ensemble")
 
@@ -138,7 +138,7 @@ class RatedTask(InstructTask):
 class TinyRewardModel:
     """A chapter-13 reward model as a `RewardBatch` scorer: the value head at the last token of the prompt + reply.
     The reply goes in as the tokens the policy sampled (`completion_ids`, its <|end|> included when it stopped),
-    after the prompt as the one renderer writes it: token for token what the pairs were (`chapter13.instruct.demo`)."""
+    after the prompt as the one renderer writes it: token for token what the pairs were (`shared.instruct.demo`)."""
 
     def __init__(self, engine, name: str):
         self.engine, self.name, self.renderer = engine, name, renderer()

@@ -57,9 +57,9 @@ from ...sources.rollout import scripted_rollout
 from ...sources.scoring import RewardKind, reward_model_scores, scorer, step_ends, token_reward_scores
 from ...text.render import Renderer
 from ...trajectory import collate
-from ..chapter13.instruct import corpus, demo, renderer
-from ..chapter13.preference import rendered_pairs, sft_model
-from ..chapter13.rlvr import source_for
+from ..shared.instruct import corpus, demo, renderer
+from ..shared.preference import rendered_pairs, sft_model
+from ..shared.calculator import source_for
 from ..hf.rm_eval import evaluate_pairs
 
 

@@ -37,8 +37,8 @@ from ...runs.verdicts import Estimate, two_shares
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
-from ..chapter13.instruct import corpus, instruct_source
-from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
+from ..shared.instruct import corpus, instruct_source
+from ..shared.preference import evaluate_policy, rendered_pairs, sft_model
 from ...runs.verdicts import Part, minus
 from .evidence import change, cite, decide, level, share
 

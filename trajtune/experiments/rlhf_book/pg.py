@@ -43,9 +43,9 @@ from ...seeding import derive
 from ...sources.episodes import EpisodeSource, Measured
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..chapter13.instruct import MAX_LEN, renderer
-from ..chapter13.preference import evaluate_policy
-from ..chapter13.rlvr import MAX_ANSWER, math_eval
+from ..shared.instruct import MAX_LEN, renderer
+from ..shared.preference import evaluate_policy
+from ..shared.calculator import MAX_ANSWER, math_eval
 from ...runs.verdicts import Part, minus
 from .evidence import change, cite, decide, fmt_est, level, relabel, step_noise
 

@@ -46,7 +46,7 @@ from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..chapter13.rlvr import calc_model, demos, math_eval, source_for
+from ..shared.calculator import calc_model, demos, math_eval, source_for
 from ...runs.verdicts import Part
 from .evidence import cite, decide
 

@@ -35,7 +35,7 @@ from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...trajectory import collate
-from ..chapter13.instruct import corpus, demo, instruct_source, renderer
+from ..shared.instruct import corpus, demo, instruct_source, renderer
 from ...runs.verdicts import Part
 from .evidence import cite, decide, share
 
