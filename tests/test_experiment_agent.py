@@ -13,7 +13,7 @@ from trajtune.algorithms.dpo import DPOConfig
 from trajtune.algorithms.rft import RFTConfig
 from trajtune.algorithms.rl import RLConfig
 from trajtune.algorithms.sft import SFTConfig
-from trajtune.cli import DEFAULT_RECIPE, cpu_kernels, load_recipe, main, parse_seeds, resolve_recipe
+from trajtune.cli import DEFAULT_RECIPE, load_recipe, main, parse_seeds, resolve_recipe
 from trajtune.config import ConfigError
 from trajtune.engine import TorchEngine, make_engine
 from trajtune.experiments import agent
@@ -214,6 +214,9 @@ def test_robustness_names_the_verdicts_that_flip_with_the_float_path(small_run, 
 
 
 def test_kernels_needs_seeds_and_a_report_with_float_paths(tmp_path, capsys):
+    """--kernels is the agent experiment's own option (`agent/kernels.py`); another experiment refuses it."""
+    from trajtune.experiments.agent.kernels import cpu_kernels
+
     here = cpu_kernels()
     for argv, says in ((["--kernels", f"{here},default"], "give --seeds too"),
                        (["--seeds", "0", "--kernels", here], "two or more"),
@@ -303,16 +306,15 @@ def test_a_kernels_child_stopped_by_ctrl_c_is_an_interruption_not_a_failure(tmp_
     import subprocess
     import types
 
-    from trajtune.cli import run_under_kernels
+    from trajtune.experiments.agent.kernels import run_under_kernels
     from trajtune.runs.stages import RunFailed
 
-    args = types.SimpleNamespace(set=None)
     monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=130))
     with pytest.raises(KeyboardInterrupt, match="saved its stages"):
-        run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])
+        run_under_kernels("avx2", tmp_path / "r.toml", [], tmp_path / "kernels-avx2", [0])
     monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=1))
     with pytest.raises(RunFailed, match="exit code 1"):
-        run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])
+        run_under_kernels("avx2", tmp_path / "r.toml", [], tmp_path / "kernels-avx2", [0])
 
 
 def test_pass_sources_tell_blind_guesses_stacked_edits_and_reads_apart():

@@ -133,3 +133,9 @@ def run(config: Config, run_dir: Path) -> Path:
     print(f"held-out exact-match accuracy (greedy): {result['before']:.1%} -> {result['after']:.1%}; "
           f"{right} of {len(result['examples'])} shown problems right (the curve and the answers: report.md)")
     return report
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -284,3 +284,8 @@ def run(config: Config, run_dir: Path) -> Path:
                              f"{config.sampling.backend} sampler",
                              f"Held-out mean reward ({config.eval_samples} episodes per held-out task)",
                              "solved" if config.gym == "bugfix" else "won", result)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+parse_options = None  # no options of its own

@@ -145,3 +145,9 @@ def run(config: Config, run_dir: Path) -> Path:
     return write_task_report(run_dir, f"TextArena: GRPO on {config.env_id}",
                              f"Held-out mean reward (the game's, {config.eval_samples} episodes per held-out game)",
                              "won", result)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

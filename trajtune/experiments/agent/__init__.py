@@ -126,7 +126,9 @@ from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ...runs.view import write_view_if_recorded
 from ...sources.overlap import OverlapConfig, check_overlap
+from ..base import Call
 from . import stages as st
+from .kernels import parse_options, run_under_kernels  # noqa: F401 (parse_options: the Experiment member)
 from .stages import GENERALIZATION
 
 
@@ -295,3 +297,23 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path],
 
     return write_seeds_report(Path(run_dir), read(per_seed),
                               {t: read(dirs) for t, dirs in (float_paths or {}).items()} or None)
+
+
+def run_over_seeds(config: Config, run_dir: Path, seeds: list[int], call: Call) -> Path | None:
+    """`trajtune run agent --seeds S,S [--kernels K,K]`: every seed here into run_dir/seed-<s>, then (--kernels) again
+    under each other CPU kernel set in a child run into run_dir/kernels-<k>/seed-<s> -> the seeds report."""
+    from ...runs.rundir import run_seeds
+
+    per_seed = run_seeds(run, config, run_dir, seeds)
+    kernels = getattr(call.options, "kernels", None)
+    paths = None
+    if kernels:
+        paths = {kernels[0]: per_seed}
+        for k in kernels[1:]:
+            paths[k] = run_under_kernels(k, call.recipe, call.overrides, Path(run_dir) / f"kernels-{k}", seeds)
+    return seeds_report(config, run_dir, per_seed, float_paths=paths) if is_main() else None
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run (and
+# `run_over_seeds`, `parse_options`: --kernels, kernels.py)
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone

@@ -72,6 +72,7 @@ from ..shared.recipe import adam, check_upstream, derive_seeds as shared_derive_
 from .preference import stage_dpo, stage_reward_model
 from .report import write_chapter13_report, write_seed_table
 from .rlvr import stage_grpo, stage_sft_control
+from ..base import over_seeds
 
 Part = Literal["instruct", "preference", "rlvr"]
 
@@ -231,3 +232,9 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     """B8: the mean ± sd table of the per-seed runs (`trajtune.runs.rundir.run_seeds`: seed -> its run directory)."""
     return write_seed_table(Path(run_dir), {s: read_results(stages(replace(config, seed=s)), d)
                                             for s, d in per_seed.items()}, config.dpo_betas)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -44,6 +44,7 @@ from ...runs.report import claims_table, claims_verdict, write_claims_over_seeds
 from ...runs.stages import StageOptions
 from ..shared.recipe import Parts, adam, check_upstream, derive_seeds, run_and_report, stage_times
 from . import evals, judges, overopt, reward_models
+from ..base import over_seeds
 
 PARTS = {"judges": judges, "reward_models": reward_models, "overopt": overopt, "evals": evals}
 """part name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
@@ -166,3 +167,9 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     """Every claim's verdict and numbers on every seed (`trajtune run graders --seeds 0,1,2`)."""
     return write_claims_over_seeds(run_dir, "The RLHF book, part 1: models as graders, over seeds",
                                    RECIPE.claims_over_seeds(config, per_seed))
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

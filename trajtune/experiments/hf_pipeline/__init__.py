@@ -58,7 +58,7 @@ from .config import Config
 from .report import write_pipeline_report
 from .stages import stage_base, stage_dpo, stage_grpo, stage_pairs, stage_pretrain, stage_sft
 
-__all__ = ["Config", "run", "stages"]
+__all__ = ["Config", "dry_run", "parse_options", "run", "run_over_seeds", "stages"]
 
 
 def stages() -> list[Stage]:
@@ -81,3 +81,9 @@ def run(config: Config, run_dir: Path) -> Path:
     report, claims = write_pipeline_report(run_dir, config, results)
     print(claims_summary(claims))
     return report
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

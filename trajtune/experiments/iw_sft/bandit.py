@@ -249,3 +249,9 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
         "## Claims\n\n" + claims_table(claims), "## All variants\n\n" + table,
         image(run_dir / "p_right.png", "pi(right)") + " " + image(run_dir / "reward.png", "reward") + " "
         + image(run_dir / "c3_spread.png", "C3")])
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -35,6 +35,7 @@ from ...runs.verdicts import Estimate, two_shares
 from ...runs.view import write_view_if_recorded
 from ...runs.stages import Stage, StageContext, StageOptions, run_stages
 from ..bugfix import eval_seed, evaluate, load_engine, seeded, stage_gym, train_weak_base
+from ..base import over_seeds
 
 BUDGET = ("rounds", "samples_per_task", "steps_per_round", "batch_size")
 """the settings `rft` and `iw` must share: equal sampling and training budgets"""
@@ -206,3 +207,9 @@ def _relative(path: Path, root: Path) -> str:
         return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
     except ValueError:
         return Path(path).resolve().as_posix()
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

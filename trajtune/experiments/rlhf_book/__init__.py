@@ -39,6 +39,7 @@ from ...runs.stages import StageOptions
 from ..shared.recipe import Parts, adam, check_upstream, derive_seeds, run_and_report, stage_times
 from . import daa, distill, pg, rs, sft
 from .evidence import SECTIONS
+from ..base import over_seeds
 
 CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs, "distill": distill}
 """chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
@@ -197,3 +198,9 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     """Every claim's verdict and numbers on every seed (`trajtune run rlhf_book --seeds 0,1,2`)."""
     return write_claims_over_seeds(run_dir, "The RLHF book's Suggested Experiments, over seeds",
                                    RECIPE.claims_over_seeds(config, per_seed))
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own
