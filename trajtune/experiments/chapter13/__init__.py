@@ -66,12 +66,11 @@ from ...algorithms.sft import SFTConfig
 from ...config import check_choices
 from ...engine import OptimConfig
 from ...runs.stages import Stage, StageOptions, read_results
-from ..shared.calculator import stage_coldstart
-from ..shared.instruct import stage_pretrain, stage_sft
-from ..shared.recipe import adam, check_upstream, derive_seeds as shared_derive_seeds, run_and_report
-from .preference import stage_dpo, stage_reward_model
+from ..shared.instruct import SFT_READS, stage_sft
+from ..shared.recipe import UPSTREAM, adam, check_upstream, derive_seeds as shared_derive_seeds, run_and_report
+from .preference import DPO_READS, REWARD_MODEL_READS, stage_dpo, stage_reward_model
 from .report import write_chapter13_report, write_seed_table
-from .rlvr import stage_grpo, stage_sft_control
+from .rlvr import CONTROL_READS, GRPO_READS, stage_grpo, stage_sft_control
 from ..base import over_seeds
 
 Part = Literal["instruct", "preference", "rlvr"]
@@ -202,19 +201,20 @@ def stages(config: Config) -> list[Stage]:
     """The stage graph, in priority order (longest chain first)."""
     out = []
     if "instruct" in config.parts:
-        out.append(Stage("pretrain", stage_pretrain))
+        out.append(UPSTREAM["pretrain"])
     if "rlvr" in config.parts:
-        out.append(Stage("coldstart", stage_coldstart))
+        out.append(UPSTREAM["coldstart"])
     if "instruct" in config.parts:
-        out.append(Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)))
+        out.append(UPSTREAM["sft_narrow"])
     if "rlvr" in config.parts:
-        out += [Stage("grpo", stage_grpo, after=("coldstart",)),
-                Stage("sft_control", stage_sft_control, after=("coldstart",))]
+        out += [Stage("grpo", stage_grpo, after=("coldstart",), reads=GRPO_READS),
+                Stage("sft_control", stage_sft_control, after=("coldstart",), reads=CONTROL_READS)]
     if "preference" in config.parts:
-        out += [Stage(f"dpo_beta{b:g}", stage_dpo, after=("sft_narrow",), args=(b,)) for b in config.dpo_betas]
-        out.append(Stage("reward_model", stage_reward_model, after=("sft_narrow",)))
+        out += [Stage(f"dpo_beta{b:g}", stage_dpo, after=("sft_narrow",), args=(b,), reads=DPO_READS)
+                for b in config.dpo_betas]
+        out.append(Stage("reward_model", stage_reward_model, after=("sft_narrow",), reads=REWARD_MODEL_READS))
     if "instruct" in config.parts:
-        out.append(Stage("sft_broad", stage_sft, after=("pretrain",), args=("broad",)))
+        out.append(Stage("sft_broad", stage_sft, after=("pretrain",), args=("broad",), reads=SFT_READS))
     return out
 
 

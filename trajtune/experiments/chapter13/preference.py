@@ -33,6 +33,13 @@ from ..shared.instruct import corpus, instruct_source
 from ..shared.preference import evaluate_policy, rendered_pairs, sft_model
 
 
+REWARD_MODEL_READS = ("seed", "reward_model", "reward_model_optim", "bon_ns", "bon_repeats", "eval_per_word",
+                      "max_reply")
+"""the config fields `stage_reward_model` reads (`Stage.reads`)"""
+DPO_READS = ("seed", "dpo", "dpo_optim", "eval_per_word", "max_reply")
+"""the config fields `stage_dpo` reads"""
+
+
 def stage_reward_model(ctx) -> dict:
     """B3 + B4: train the Bradley-Terry reward model, then best-of-n with it."""
     config = ctx.config

@@ -23,6 +23,12 @@ from ...seeding import derive
 from ..shared.calculator import demos, math_eval, source_for
 
 
+GRPO_READS = ("seed", "rl", "rl_optim", "overlap", "pass_k")
+"""the config fields `stage_grpo` reads (`Stage.reads`)"""
+CONTROL_READS = ("seed", "control", "calc_optim", "pass_k")
+"""the config fields `stage_sft_control` reads"""
+
+
 def stage_grpo(ctx) -> dict:
     """B6, second half: GRPO from the cold start; per-step reward and share of groups without signal
     (rollout/no_signal_share, in every step's row)."""

@@ -213,9 +213,11 @@ def decontamination(ctx, config, demo: Demo) -> dict:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage("evals_grpo", stage_grpo, after=("coldstart",), args=("verifier",)),
-            Stage("evals_random", stage_grpo, after=("coldstart",), args=("random",)),
-            Stage("evals", stage_evals, after=("coldstart", "evals_grpo", "evals_random"))]
+    grpo = ("seed", "evals", "rl_optim")  # `Stage.reads`
+    return [Stage("evals_grpo", stage_grpo, after=("coldstart",), args=("verifier",), reads=grpo),
+            Stage("evals_random", stage_grpo, after=("coldstart",), args=("random",), reads=grpo),
+            Stage("evals", stage_evals, after=("coldstart", "evals_grpo", "evals_random"),
+                  reads=("seed", "evals", "coldstart"))]
 
 
 # --- claims -----------------------------------------------------------------------------------------------------

@@ -98,9 +98,10 @@ class Demo:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage("judge_train", stage_judge_train, after=("sft_narrow",)),
-            Stage("judge_dpo_ai", stage_judge_dpo, after=("judge_train",), args=("ai",)),
-            Stage("judge_dpo_verifier", stage_judge_dpo, after=("sft_narrow",), args=("verifier",))]
+    dpo = ("seed", "judges", "dpo", "dpo_optim", "eval_per_word", "max_reply")  # `Stage.reads`
+    return [Stage("judge_train", stage_judge_train, after=("sft_narrow",), reads=("seed", "judges", "max_reply")),
+            Stage("judge_dpo_ai", stage_judge_dpo, after=("judge_train",), args=("ai",), reads=dpo),
+            Stage("judge_dpo_verifier", stage_judge_dpo, after=("sft_narrow",), args=("verifier",), reads=dpo)]
 
 
 # --- data -----------------------------------------------------------------------------------------

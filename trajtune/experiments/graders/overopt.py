@@ -111,10 +111,12 @@ def demo(config) -> Demo:
 
 def stages(config) -> list[Stage]:
     d = demo(config)
-    rms = [Stage(f"overopt_rm{k}", stage_rm, after=("sft_narrow",), args=(k,)) for k in range(d.members)]
-    rms.append(Stage("overopt_rm_test", stage_rm, after=("sft_narrow",), args=("test",)))
+    rm_reads, rl_reads = ("seed", "overopt"), ("seed", "overopt", "max_reply")  # `Stage.reads`
+    rms = [Stage(f"overopt_rm{k}", stage_rm, after=("sft_narrow",), args=(k,), reads=rm_reads)
+           for k in range(d.members)]
+    rms.append(Stage("overopt_rm_test", stage_rm, after=("sft_narrow",), args=("test",), reads=rm_reads))
     after = tuple(s.name for s in rms)
-    return [*(Stage(f"overopt_{which}", stage_rl, after=after, args=(which,)) for which in RUNS), *rms]
+    return [*(Stage(f"overopt_{which}", stage_rl, after=after, args=(which,), reads=rl_reads) for which in RUNS), *rms]
 
 
 # --- the pairs, the reward models -----------------------------------------------------------------

@@ -306,8 +306,10 @@ def stage_kwise(ctx) -> dict:
 
 # --- the recipe part ------------------------------------------------------------------------------------
 def stages(config) -> list[Stage]:
-    return [Stage("rm_orm", stage_orm, after=("coldstart",)), Stage("rm_prm", stage_prm),
-            Stage("rm_bt", stage_bt, after=("sft_narrow",)), Stage("rm_kwise", stage_kwise, after=("sft_narrow",))]
+    own = ("seed", "reward_models")  # `Stage.reads`
+    return [Stage("rm_orm", stage_orm, after=("coldstart",), reads=own), Stage("rm_prm", stage_prm, reads=own),
+            Stage("rm_bt", stage_bt, after=("sft_narrow",), reads=(*own, "reward_model", "reward_model_optim")),
+            Stage("rm_kwise", stage_kwise, after=("sft_narrow",), reads=own)]
 
 
 def auc_se(a: float, n_pos: int, n_neg: int) -> float:

@@ -107,8 +107,12 @@ def stage_method(ctx: StageContext, method: str) -> dict:
             "n_eval": {"train": len(gym.train) * c.eval_samples, "heldout": len(gym.heldout) * c.eval_samples}}
 
 
-STAGES = [Stage("weak_base", stage_weak_base), Stage("rft", stage_method, after=("weak_base",), args=("rft",)),
-          Stage("iw_sft", stage_method, after=("weak_base",), args=("iw_sft",))]
+STAGES = [Stage("weak_base", stage_weak_base, reads=("seed", "weak", "optim")),
+          Stage("rft", stage_method, after=("weak_base",), args=("rft",),
+                reads=("seed", "rft", "optim", "eval_samples")),
+          Stage("iw_sft", stage_method, after=("weak_base",), args=("iw_sft",),
+                reads=("seed", "iw", "optim", "eval_samples"))]
+"""`reads`: the config fields each stage reads (`Stage.reads`)"""
 
 
 def run(config: Config, run_dir: Path) -> Path:

@@ -131,10 +131,11 @@ def name(loss: str, i: int) -> str:
 
 
 def stages(config) -> list[Stage]:
-    d = config.daa
-    out = [Stage(name(loss, i), stage_daa, after=("sft_narrow",), args=(loss, lr, 0))
+    d, reads = config.daa, ("seed", "daa", "dpo_optim", "eval_per_word", "max_reply")  # `Stage.reads`
+    out = [Stage(name(loss, i), stage_daa, after=("sft_narrow",), args=(loss, lr, 0), reads=reads)
            for i, lr in enumerate(d.lrs) for loss in d.losses]
-    out += [Stage(f"daa_dpo_pairs{n}", stage_daa, after=("sft_narrow",), args=("dpo", d.lrs[0], n)) for n in d.pairs]
+    out += [Stage(f"daa_dpo_pairs{n}", stage_daa, after=("sft_narrow",), args=("dpo", d.lrs[0], n), reads=reads)
+            for n in d.pairs]
     return out
 
 

@@ -226,8 +226,9 @@ def stage_sdpo(ctx, name: str) -> dict:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage("rev_coldstart", stage_coldstart)] + [
-        Stage(name, stage_sdpo, after=("rev_coldstart",), args=(name,)) for name in config.distill.runs()]
+    return [Stage("rev_coldstart", stage_coldstart, reads=("seed", "distill"))] + [
+        Stage(name, stage_sdpo, after=("rev_coldstart",), args=(name,), reads=("seed", "distill"))
+        for name in config.distill.runs()]
 
 
 def ends(xs: list[float], k: int) -> tuple[float, float]:

@@ -181,8 +181,10 @@ def stage_instruct(ctx) -> dict:
 
 
 def stages(config) -> list[Stage]:
-    out = [Stage(name, stage_pg, after=("coldstart",), args=(name,)) for name in config.pg.runs()]
-    return out + [Stage("pg_instruct", stage_instruct, after=("sft_narrow",))]
+    out = [Stage(name, stage_pg, after=("coldstart",), args=(name,), reads=("seed", "pg", "rl_optim", "pass_k"))
+           for name in config.pg.runs()]
+    return out + [Stage("pg_instruct", stage_instruct, after=("sft_narrow",),
+                        reads=("seed", "pg", "rl_optim", "eval_per_word", "max_reply"))]
 
 
 def ends(xs: list[float], k: int) -> tuple[float, float]:

@@ -218,15 +218,22 @@ def stage_weak(ctx) -> dict:
 
 def stages(config) -> list[Stage]:
     d = config.rs
-    out = [Stage("rs_cache", stage_cache, after=("coldstart",))]
-    out += [Stage(f"rs_{s}", stage_select, after=("rs_cache",), args=(s, "main", "coldstart")) for s in SELECTIONS]
-    out += [Stage(f"rs_{name}", stage_select, after=("rs_cache",), args=("top_per_prompt", name, "coldstart"))
+    select = ("seed", "rs", "calc_optim", "pass_k")  # `Stage.reads` of stage_select
+    out = [Stage("rs_cache", stage_cache, after=("coldstart",), reads=("seed", "rs"))]
+    out += [Stage(f"rs_{s}", stage_select, after=("rs_cache",), args=(s, "main", "coldstart"), reads=select)
+            for s in SELECTIONS]
+    out += [Stage(f"rs_{name}", stage_select, after=("rs_cache",), args=("top_per_prompt", name, "coldstart"),
+                  reads=select)
             for name in d.settings() if name != "main"]
-    out += [Stage(f"rs_n{n}_random", stage_select, after=("rs_cache",), args=("random_per_prompt", f"n{n}", "coldstart"))
+    out += [Stage(f"rs_n{n}_random", stage_select, after=("rs_cache",),
+                  args=("random_per_prompt", f"n{n}", "coldstart"), reads=select)
             for n in d.sweep_n]  # S9.3's other side: a scorer that cannot separate (a random pick)
-    out += [Stage("rs_weak", stage_weak),
-            Stage("rs_weak_top", stage_select, after=("rs_weak",), args=("top_per_prompt", "main", "rs_weak")),
-            Stage("rs_weak_random", stage_select, after=("rs_weak",), args=("random_per_prompt", "main", "rs_weak"))]
+    out += [Stage("rs_weak", stage_weak,
+                  reads=("seed", "rs", "coldstart", "calc_optim", "calc_dim", "calc_layers", "n_heads", "pass_k")),
+            Stage("rs_weak_top", stage_select, after=("rs_weak",), args=("top_per_prompt", "main", "rs_weak"),
+                  reads=select),
+            Stage("rs_weak_random", stage_select, after=("rs_weak",), args=("random_per_prompt", "main", "rs_weak"),
+                  reads=select)]
     return out
 
 

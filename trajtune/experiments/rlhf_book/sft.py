@@ -128,7 +128,9 @@ def name(i: int) -> str:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage(name(i), stage_sft, after=("pretrain",), args=(lr,)) for i, lr in enumerate(config.sft_book.lrs)]
+    return [Stage(name(i), stage_sft, after=("pretrain",), args=(lr,), reads=("seed", "sft_book", "sft", "sft_optim",
+                                                                                "max_reply"))
+            for i, lr in enumerate(config.sft_book.lrs)]
 
 
 def stop_clean(c: dict, stop: float = 0.8) -> Holds:

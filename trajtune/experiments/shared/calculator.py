@@ -74,6 +74,10 @@ def calc_model(config, tok) -> TinyTransformer:
     return TinyTransformer(TinyConfig(tok.vocab_size, config.calc_dim, config.calc_layers, config.n_heads, max_len=32))
 
 
+COLDSTART_READS = ("seed", "calc_dim", "calc_layers", "n_heads", "coldstart", "calc_optim", "pass_k")
+"""the config fields `stage_coldstart` reads (`Stage.reads`)"""
+
+
 def stage_coldstart(ctx) -> dict:
     """B6, first half: the cold-start SFT calculator."""
     config = ctx.config

@@ -22,8 +22,8 @@ from ...engine import OptimConfig
 from ...engine.distributed import init_distributed, is_main
 from ...runs.report import claims_summary
 from ...runs.stages import Stage, read_results, run_stages
-from .calculator import stage_coldstart
-from .instruct import stage_pretrain, stage_sft
+from .calculator import COLDSTART_READS, stage_coldstart
+from .instruct import PRETRAIN_READS, SFT_READS, stage_pretrain, stage_sft
 
 
 def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
@@ -54,9 +54,9 @@ def derive_seeds(config, loops: tuple[str, ...]) -> None:
         setattr(config, name, replace(getattr(config, name), seed=config.seed))
 
 
-UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
-            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
-            "coldstart": Stage("coldstart", stage_coldstart)}
+UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain, reads=PRETRAIN_READS),
+            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",), reads=SFT_READS),
+            "coldstart": Stage("coldstart", stage_coldstart, reads=COLDSTART_READS)}
 """chapter 13's stages the recipes built on it start from (graders, rlhf_book): the instruct policy and the calculator"""
 
 

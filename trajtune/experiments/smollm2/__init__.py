@@ -45,8 +45,10 @@ __all__ = ["Config", "dry_run", "parse_options", "run", "run_over_seeds", "seeds
 
 
 def stages() -> list[Stage]:
-    return [Stage("base", stage_base), Stage("sft", stage_sft, after=("base",)),
-            Stage("grpo", stage_grpo, after=("sft",))]
+    evaluation = ("seed", "model", "system", "ops", "n_eval", "eval_samples", "n_examples", "sampling")  # heldout_eval
+    return [Stage("base", stage_base, reads=(*evaluation, "n_sft", "n_grpo")),
+            Stage("sft", stage_sft, after=("base",), reads=(*evaluation, "output", "sft", "sft_optim")),
+            Stage("grpo", stage_grpo, after=("sft",), reads=(*evaluation, "output", "grpo", "grpo_optim"))]
 
 
 def run(config: Config, run_dir: Path) -> Path:
