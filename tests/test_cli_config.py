@@ -88,3 +88,16 @@ def test_a_run_directory_that_cannot_be_written_is_one_message(tmp_path, capsys)
     assert main(["run", "addition", "--run-dir", str(run_dir), "--set", "config.sft.steps=1"]) == 2
     err = capsys.readouterr().err
     assert f"trajtune: error: cannot write to the run directory {run_dir}: Not a directory" in err
+
+
+def test_graders_and_rlhf_book_hold_only_what_they_read_and_refuse_chapter13s_other_keys():
+    """The recipes on chapter 13's models compose its settings by field (the upstream stages' and the few their parts
+    reuse), not by subclassing its Config: chapter 13's other keys are refused in one line naming them."""
+    for name, chosen in (("graders", "demos"), ("rlhf_book", "chapters")):
+        path = builtin_recipes()[name]
+        _, config, _ = load_recipe(path, ["config.dim=48"])
+        assert config.dim == 48 and not hasattr(config, "rl") and not hasattr(config, "parts")
+        with pytest.raises(ConfigError, match=r"unknown key 'rl'"):
+            load_recipe(path, ["config.rl.steps=3"])
+        with pytest.raises(ConfigError, match=rf"key 'parts' is now '{chosen}'"):
+            load_recipe(path, ['config.parts=["rlvr"]'])

@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="An experiment may take options of its own after these (`Experiment.parse_options`): "
                        "the agent's --kernels K,K (with --seeds: the seeds again under each other CPU kernel set).")
     r.add_argument("recipe", nargs="?", help="a recipe .toml file or the name of a built-in recipe")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe value, e.g. config.sft.steps=50")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a recipe value, e.g. config.sft.steps=50")
     r.add_argument("--run-dir", help="where to write metrics, checkpoints and the report (default runs/NAME-TIME)")
     r.add_argument("--dry-run", action="store_true", help="make every check a run makes before its first step (the "
                    "recipe, the run directory, the files it names) and stop; nothing is written")

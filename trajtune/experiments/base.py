@@ -58,8 +58,8 @@ class Experiment(Protocol):
         ...
 
 
-def over_seeds(run: Callable[[Any, Path], Path],
-               report: Callable[[Any, Path, dict[int, Path]], Path]) -> Callable[[Any, Path, list[int], Call], Path | None]:
+def over_seeds(run: Callable[[Any, Path], Path], report: Callable[[Any, Path, dict[int, Path]], Path]
+               ) -> Callable[[Any, Path, list[int], Call], Path | None]:
     """The usual `Experiment.run_over_seeds`: `run` once per seed into run_dir/seed-<s> (`runs.rundir.run_seeds`),
     then `report(config, run_dir, {seed: its run directory})` on the main rank."""
     from ..engine.distributed import is_main

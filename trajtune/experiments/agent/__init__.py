@@ -190,7 +190,8 @@ class Config:
     solves fewer of the tasks it can solve; 0: RFT's first round, as the seed)"""
     weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))
     """SFT on blind + random play (A2)"""
-    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10, length_buckets=4))
+    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10,
+                                                                length_buckets=4))
     """SFT on the 20 oracle demos from the weak base (A3; also the A11 mismatch run); snapshot every eval"""
     sft_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     """optimizer of every SFT-style stage (weak base, oracle SFT, RFT rounds, A11, A13)"""

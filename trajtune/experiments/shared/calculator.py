@@ -31,7 +31,8 @@ MAX_ANSWER = 4  # up to three digits and <|end|>, as the seed's 4 sampled charac
 
 
 def demos(r: Renderer, tasks) -> list[Trajectory]:
-    return [r.render([{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.answer}]) for t in tasks]
+    return [r.render([{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.answer}])
+            for t in tasks]
 
 
 def source_for(policy, r: Renderer, **kw) -> EpisodeSource:
@@ -89,5 +90,6 @@ def stage_coldstart(ctx) -> dict:
     data = demos(r, train_tasks(config.coldstart.steps * config.coldstart.batch_size, seed=config.seed))
     train_sft(engine, data, config.coldstart, tok.pad_id, ctx.run())
     ctx.save_model(model, tok, "model", meta={"stage": ctx.name})
-    return {"params": model.num_parameters(), **math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919))}
+    return {"params": model.num_parameters(),
+            **math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919))}
 

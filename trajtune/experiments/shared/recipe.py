@@ -57,7 +57,8 @@ def derive_seeds(config, loops: tuple[str, ...]) -> None:
 UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain, reads=PRETRAIN_READS),
             "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",), reads=SFT_READS),
             "coldstart": Stage("coldstart", stage_coldstart, reads=COLDSTART_READS)}
-"""chapter 13's stages the recipes built on it start from (graders, rlhf_book): the instruct policy and the calculator"""
+"""chapter 13's stages the recipes built on it start from (graders, rlhf_book): the instruct policy and the
+calculator"""
 
 
 def with_upstream(own: list[Stage]) -> list[Stage]:
