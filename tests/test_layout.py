@@ -199,6 +199,7 @@ def test_the_check_catches_what_a_module_reaches_through_another(monkeypatch, ca
 
 # --- experiments do not lean on each other -------------------------------------------------------------
 SHARED = {
+    "base": "the experiment contract (Experiment, Call, over_seeds)",
     "shared": "what chapter13, graders and rlhf_book share (the instruct policy, the calculator, their runner)",
     "hf": "the Hugging Face toolkit: model, sampling, data preparation, the hf_* loops (hf_pipeline, smollm2, hf_gym)",
     "bugfix": "the BugFix gym's policy, corpus and agent loop (agent, iw_sft_bugfix)",

@@ -121,7 +121,8 @@ def test_each_stage_records_the_fields_it_declares_and_its_after(tmp_path):
     out = run(Toy(runner=StageOptions(workers=2)), tmp_path)
     inputs = {n: r["inputs"] for n, r in out.items()}
     # "runner" is every stage's (its threads); run in worker processes, the record came back in results.json
-    assert inputs == {"a": {"config": ["runner", "x"], "stages": []}, "b": {"config": ["runner", "sec", "y"], "stages": []},
+    assert inputs == {"a": {"config": ["runner", "x"], "stages": []},
+                      "b": {"config": ["runner", "sec", "y"], "stages": []},
                       "c": {"config": ["runner", "z"], "stages": ["a"]}, "d": {"config": ["runner"], "stages": ["b"]}}
     assert json.loads((tmp_path / "c" / "results.json").read_text())["inputs"] == inputs["c"]
     assert json.loads((tmp_path / "config.json").read_text()) == to_dict(Toy(runner=StageOptions(workers=2)))
@@ -191,15 +192,17 @@ def test_what_no_stage_read_or_no_result_depends_on_is_accepted(tmp_path, capsys
     run(quiet, tmp_path)
     assert calls(tmp_path) == {"a": 1, "b": 1, "c": 1, "d": 1} and "changed" not in capsys.readouterr().out
     assert json.loads((tmp_path / "config.json").read_text())["runner"]["workers"] == 2  # still the latest config
-    with pytest.raises(ConfigError, match=r"runner\.threads 1 -> 2\), which changes stages it holds: a \(it read runner\), "
-                                          r"b \(it read runner\), c \(it read runner\), d \(it read runner\)"):
+    with pytest.raises(ConfigError, match=r"runner\.threads 1 -> 2\), which changes stages it holds: "
+                                          r"a \(it read runner\), b \(it read runner\), c \(it read runner\), "
+                                          r"d \(it read runner\)"):
         run(dataclasses.replace(quiet, runner=StageOptions(workers=2, threads=2)), tmp_path)  # every stage's threads
 
 
 def test_a_stage_without_a_record_counts_as_affected_by_any_change(tmp_path):
     run(Toy(), tmp_path)
     f = tmp_path / "b" / "results.json"
-    f.write_text(json.dumps({k: v for k, v in json.loads(f.read_text()).items() if k != "inputs"}))  # an older version's
+    older = {k: v for k, v in json.loads(f.read_text()).items() if k != "inputs"}  # an older version's results
+    f.write_text(json.dumps(older))
     with pytest.raises(ConfigError, match=r"b \(no record of what it read\), d \(after b\)"):
         run(Toy(unread=1), tmp_path)
 
@@ -294,12 +297,14 @@ def test_a_stage_cut_short_resumes_with_a_resumable_change_and_reruns_afresh_on_
 def test_refuse_policy_and_overwrite_after_the_checks(tmp_path):
     run(Toy(), tmp_path)
     hf = dict(if_finished="refuse", overwrite=False, command="sft", option="--out")
-    with pytest.raises(ConfigError, match=f"{tmp_path} holds a finished sft run .*Pass --overwrite .*choose another --out"):
+    with pytest.raises(ConfigError,
+                       match=f"{tmp_path} holds a finished sft run .*Pass --overwrite .*choose another --out"):
         RunDir(tmp_path, **hf).check(Toy())  # the same config: still refused
     (tmp_path / "model").mkdir()
     d = RunDir(tmp_path, **{**hf, "overwrite": True}, outputs=("model",))
     plan = d.check(Toy(x=5))
-    assert plan.clear and "--overwrite" in plan.describe() and (tmp_path / "a" / "results.json").exists()  # check: reads only
+    assert plan.clear and "--overwrite" in plan.describe()
+    assert (tmp_path / "a" / "results.json").exists()  # check: reads only
     with R.run_lock(tmp_path):
         d.begin(Toy(x=5))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".metrics.lock", "config.json"]
