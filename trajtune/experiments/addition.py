@@ -52,7 +52,8 @@ class Config:
     def __post_init__(self) -> None:
         check_ranges(self, "addition", counts=("n_train", "n_eval", "dim", "n_layers", "n_heads"))
         if self.n_train + self.n_eval > 10_000:
-            raise ValueError(f"addition: n_train + n_eval must be <= 10000 (the a+b pairs), got {self.n_train + self.n_eval}")
+            raise ValueError(f"addition: n_train + n_eval must be <= 10000 (the a+b pairs), "
+                             f"got {self.n_train + self.n_eval}")
         if self.dim % self.n_heads:
             raise ValueError(f"addition: dim={self.dim} is not divisible by n_heads={self.n_heads}")
 

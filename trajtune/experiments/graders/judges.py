@@ -444,7 +444,8 @@ def section(run_dir: Path, results: dict, config) -> str:
     if ai["reward"] is not None:
         points["DPO, AI labels (tiny judge)"] = ([ai["kl"]], [ai["reward"]])
     line_plot(run_dir / "judges_frontier.png", points,
-              f"DPO (beta {config.judges.dpo_beta:g}) on AI vs verifier labels", "KL from the SFT model (nats per reply)",
+              f"DPO (beta {config.judges.dpo_beta:g}) on AI vs verifier labels",
+              "KL from the SFT model (nats per reply)",
               "replies ending with a period", (0, 1.05),
               styles={"SFT": "*", "DPO, verifier labels": "s", "DPO, AI labels (tiny judge)": "o"})
     when_a, when_b = cai["p_a_when_a"], cai["p_a_when_b"]

@@ -444,7 +444,8 @@ def section(run_dir: Path, results: dict, config) -> str:
                                                                              ("min-ensemble", ensemble))
              for c in curve]
     plot_curves(Path(run_dir) / "overopt.png", single, ensemble)
-    examples = "\n".join(f"- {run}: " + "; ".join("`" + e.replace("`", "'") + "`" for e in results[f"overopt_{run}"]["examples"])
+    examples = "\n".join(f"- {run}: " + "; ".join("`" + e.replace("`", "'") + "`"
+                                                  for e in results[f"overopt_{run}"]["examples"])
                          for run in RUNS)
     return "\n\n".join([
         "## Over-optimization (ch.14)",

@@ -190,7 +190,8 @@ def bugfix_episodes(tasks, renderer: Renderer, seed: int) -> list[tuple]:
         right = task.op
         wrong = [op for op in OPS if op != right]
         scripts = ([["read", f"edit {right}", "submit"], [f"edit {right}", "submit"],
-                    ["read", "hardcode_tests", "submit"], ["read", f"edit {rng.choice(wrong)}", f"edit {right}", "submit"]]
+                    ["read", "hardcode_tests", "submit"],
+                    ["read", f"edit {rng.choice(wrong)}", f"edit {right}", "submit"]]
                    + [["read", f"edit {w}", "submit"] for w in wrong])
         for actions in scripts:
             t = scripted_rollout(Script(actions), BugFixEnv(), task, renderer, max_turns=6, max_action_tokens=8)
@@ -403,8 +404,8 @@ def claims(results: dict, config) -> list[Claim]:
                          f"PL {fmt(pl['top1'])}, BT {fmt(b['top1'])} ({kw['test_lists']} lists of 4, {n_pairs} pairs)",
                          '"There are many other formulations that can create suitable models of human preferences ... '
                          'a K-wise loss function based on the Plackett-Luce model" (RLHF book ch.5 K-Wise Loss '
-                         "Function, §5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more than 0.05 "
-                         "below all-pairs BT's (beyond 2 SE)", holds, est))
+                         "Function, §5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more "
+                         "than 0.05 below all-pairs BT's (beyond 2 SE)", holds, est))
     return out
 
 
@@ -413,7 +414,8 @@ def section(run_dir: Path, results: dict, config) -> str:
     orm, prm, bt, kw = (results.get(k) for k in ("rm_orm", "rm_prm", "rm_bt", "rm_kwise"))
     if orm:
         b = orm["bon"]
-        bar_plot(run_dir / "rm-orm-bon.png", {"random pick": b["random"], "ORM pick": b["orm"], "oracle pick": b["oracle"]},
+        bar_plot(run_dir / "rm-orm-bon.png",
+                 {"random pick": b["random"], "ORM pick": b["orm"], "oracle pick": b["oracle"]},
                  f"Best-of-{orm['n']} on 256 held-out sums", "pass rate", xlabel="which of the N samples is kept")
         q = orm["train_correct"]
         floor = -(q * math.log(q) + (1 - q) * math.log(1 - q)) if 0 < q < 1 else 0.0

@@ -78,7 +78,8 @@ class Config:
         check_ranges(self, "iw_sft_bugfix", counts=("eval_samples",))
         differ = [k for k in BUDGET if getattr(self.rft, k) != getattr(self.iw, k)]
         if differ:
-            raise ValueError(f"iw_sft_bugfix: rft and iw must spend the same budget; they differ in {', '.join(differ)}")
+            raise ValueError(f"iw_sft_bugfix: rft and iw must spend the same budget; they differ in "
+                             f"{', '.join(differ)}")
 
 
 def stage_weak_base(ctx: StageContext) -> dict:
@@ -165,7 +166,8 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
                      f"{int(rft['sampled'] / max(config.rft.rounds, 1))} samples: train pass")
     for key, label in (("eval/pass_rate", "train"), ("eval/heldout_pass_rate", "held-out")):
         line_plot(run_dir / f"pass_{label}.png",
-                  {m: ([c["step"] for c in results[m]["curve"]], [c[key] for c in results[m]["curve"]]) for m in ("rft", "iw_sft")},
+                  {m: ([c["step"] for c in results[m]["curve"]], [c[key] for c in results[m]["curve"]])
+                   for m in ("rft", "iw_sft")},
                   f"C4: {label} pass rate", "SFT step (4 rounds)", "pass rate", (0, 1.02))
     rows = [(m, *(fmt(c[k]) for c in [results[m]["curve"][-1]] for k in ("eval/pass_rate", "eval/heldout_pass_rate",
                                                                           "eval/invalid_per_episode")),
@@ -178,11 +180,12 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
     return write_report(run_dir, "iw-SFT vs expert iteration on the BugFix gym (C4)", [
         f"Seed {config.seed}. {claims_verdict([claim])}. Weak base: `experiments.bugfix.train_weak_base` "
         f"({config.weak.steps} SFT steps on blind + random play). "
-        f"iw-SFT weights: {config.iw.variant}, q refreshed every {config.iw.q_update_every} steps; ESS/K of the last step per round: "
+        f"iw-SFT weights: {config.iw.variant}, q refreshed every {config.iw.q_update_every} steps; "
+        "ESS/K of the last step per round: "
         + ", ".join(fmt(e) for e in ess) + ".",
         "## Claim\n\n" + claims_table([claim]) + "\n\n" + BOUND_TEXT,
-        "## Final numbers\n\n" + markdown_table(["method", "train pass", "held-out pass", "invalid/ep", "kept per round",
-                                                 "sampled episodes"], rows),
+        "## Final numbers\n\n" + markdown_table(["method", "train pass", "held-out pass", "invalid/ep",
+                                                 "kept per round", "sampled episodes"], rows),
         image(run_dir / "pass_train.png", "train") + " " + image(run_dir / "pass_held-out.png", "held-out")])
 
 
