@@ -119,7 +119,8 @@ def run(config: Config, run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     result = run_stages([Stage("rl", stage_rl)], config, run_dir, config.runner)["rl"]
     return write_task_report(run_dir, f"reasoning-gym: GRPO on {config.dataset}",
-                             f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per task)",
+                             f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per "
+                             "task)",
                              "exact", result,
                              [f"Example task: {result['example']['question']!r} -> {result['example']['answer']!r}", ""])
 

@@ -206,7 +206,8 @@ def bandit_claims(config: Config, env: TwoArmBandit, curves: dict, spread: dict)
         Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right)",
               "too-peaked weights raise variance",
               f"alpha {'/'.join(f'{a:g}' for a in config.alphas)}: " + "/".join(fmt(x) for x in sds) + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
-              f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} {100 * s_min['wrong_arm']:.0f}%, "
+              f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} "
+              f"{100 * s_min['wrong_arm']:.0f}%, "
               f"a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, clip {100 * s_clip['wrong_arm']:.0f}%",
               "the most peaked weights raise the spread over plain SFT's (>= 2x) and put more runs on the wrong "
               "arm than plain SFT; clipping keeps the spread below the most peaked weights'",
@@ -241,7 +242,8 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     print(claims_summary(claims))
     return write_report(run_dir, "iw-SFT on the two-arm bandit (iw-SFT paper §3.5)", [
-        f"{claims_verdict(claims)}. Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform pi_ref, filtered to R = 1. "
+        f"{claims_verdict(claims)}. Arms pay with P = ({config.p_left}, {config.p_right}); data from the uniform "
+        "pi_ref, filtered to R = 1. "
         f"C1-C2: {config.runs} runs x {config.rounds} rounds x {config.n_per_round} samples, {config.steps} SGD steps "
         f"(lr {config.lr}) per round; the table gives their mean, a claim is judged on it with its standard error "
         "over the runs (the column beside the verdict; inside twice that, \"not distinguishable\"). "

@@ -181,9 +181,12 @@ def claims(results: dict, config) -> list[Claim]:
             Part("format kept (within 0.1)", two_shares(a["format"] * n, n, b["format"] * n, n,
                                                         f"format DPO - SFT, binomial over {n}"), "not <", -0.1)])
         out.append(Claim("S8.1", "DPO: loss, accuracy, margins, rewards", cite(8),
-                         f"margin (first / last {k} steps) {fmt(m0, 3)} -> {fmt(m1, 3)}, accuracy {fmt(a0)} -> {fmt(a1)}, "
-                         f"chosen reward {fmt(c['dpo/chosen_reward'][-1], 3)}, rejected {fmt(c['dpo/rejected_reward'][-1], 3)}; "
-                         f"samples: distinct {fmt(b['distinct'])} -> {fmt(main['distinct'])}, format {fmt(b['format'])} -> "
+                         f"margin (first / last {k} steps) {fmt(m0, 3)} -> {fmt(m1, 3)}, accuracy {fmt(a0)} -> "
+                         f"{fmt(a1)}, "
+                         f"chosen reward {fmt(c['dpo/chosen_reward'][-1], 3)}, rejected "
+                         f"{fmt(c['dpo/rejected_reward'][-1], 3)}; "
+                         f"samples: distinct {fmt(b['distinct'])} -> {fmt(main['distinct'])}, format "
+                         f"{fmt(b['format'])} -> "
                          f"{fmt(a['format'])}, preference {fmt(b['reward'])} -> {fmt(a['reward'])}",
                          '"The implicit reward margin should move the right way while sample generations do not '
                          'collapse": the margin and accuracy of the last steps above the first\'s (margin > 0), and '
@@ -206,7 +209,8 @@ def claims(results: dict, config) -> list[Claim]:
                          f"{fmt(dp['heldout_accuracy'])}, IPO {fmt(ip['heldout_accuracy'])}"
                          + (f", dpo_norm {fmt(rows['dpo_norm'][0]['heldout_accuracy'])}" if rows.get("dpo_norm", [None])[0]
                             else ""),
-                         '"IPO\'s loss is on a different scale, so judge it by accuracy and margin": IPO\'s loss >= 10x '
+                         '"IPO\'s loss is on a different scale, so judge it by accuracy and margin": IPO\'s loss >= '
+                         '10x '
                          "DPO's at the start, and its held-out pair accuracy within 0.1 of DPO's (> 0.5)",
                          holds, est, why=why))
     if len(d.lrs) > 1 and all(all(v) for v in rows.values()):
@@ -214,7 +218,8 @@ def claims(results: dict, config) -> list[Claim]:
         ref_free = [x for x in ("simpo", "orpo") if x in sens]
         if ref_free:
             holds, est, why = decide([Part(f"{x} more sensitive than DPO", minus(sens[x], sens["dpo"],
-                                                                               f"{x} - DPO change between LRs, binomial"))
+                                                                               f"{x} - DPO change between LRs, "
+                                                                               "binomial"))
                                       for x in ref_free])
             out.append(Claim("S8.3", "SimPO and ORPO: LR sensitivity", cite(8),
                              "change in the samples' preference / format between LRs "

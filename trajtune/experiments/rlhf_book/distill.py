@@ -267,7 +267,8 @@ def claims(results: dict, config) -> list[Claim]:
             Part("skipped share fall", change(c["distill/skipped_share"], k, "skipped share"), "<"),
             Part("last steps' reward above 0.8", level(finite(c["rollout/reward"])[-k:], 0.8, "reward - 0.8"))])
         out.append(Claim("S12.1", "SDPO on string reversal", cite(12),
-                         f"first / last {k} steps: reward {fmt(r0)} -> {fmt(r1)}, skipped share {fmt(s0)} -> {fmt(s1)}; "
+                         f"first / last {k} steps: reward {fmt(r0)} -> {fmt(r1)}, skipped share {fmt(s0)} -> "
+                         f"{fmt(s1)}; "
                          f"held-out greedy {fmt(cold['greedy'])} -> {fmt(main['after']['greedy'])}, sampled "
                          f"{fmt(cold['sampled'])} -> {fmt(main['after']['sampled'])} (teacher, hinted: "
                          f"{fmt(cold['hinted'])} -> {fmt(main['after']['hinted'])})",

@@ -226,10 +226,13 @@ def claims(results: dict, config) -> list[Claim]:
                                                                             "no-contrast share - 0.5"), "<")])
         out.append(Claim("S6.1", "GRPO: correctness, format, binary, contrast", cite(6),
                          f"first / last {k} steps: correctness {fmt(c0)} -> {fmt(c1)}, format {fmt(f0)} -> {fmt(f1)}, "
-                         f"binary {fmt(b0)} -> {fmt(b1)}; groups all right or all wrong: {fmt(nc)} of groups on average "
+                         f"binary {fmt(b0)} -> {fmt(b1)}; groups all right or all wrong: {fmt(nc)} of groups on "
+                         "average "
                          f"(held-out greedy {fmt(g['after']['greedy'])})",
-                         '"Track avg_correctness, avg_format and avg_binary. Check that prompt groups contain contrast: '
-                         'an all-right or all-wrong group gives no group-relative signal": correctness and binary rise, '
+                         '"Track avg_correctness, avg_format and avg_binary. Check that prompt groups contain '
+                         'contrast: '
+                         'an all-right or all-wrong group gives no group-relative signal": correctness and binary '
+                         'rise, '
                          "and most groups have contrast (no-contrast share < 0.5)", holds, est, why=why))
     runs = {a: results.get(f"pg_{a}") for a in ("grpo", "rloo", "reinforce")}
     if all(runs.values()):
@@ -255,7 +258,8 @@ def claims(results: dict, config) -> list[Claim]:
             if r and gs < d.group_size:
                 a, b = r["curves"]["book/binary_no_contrast"], base["book/binary_no_contrast"]
                 out.append(Claim.compare("S6.3a", "few rollouts", cite(6),
-                                         f"groups without contrast (mean over the steps): {gs} rollouts {fmt(mean(a))}, "
+                                         f"groups without contrast (mean over the steps): {gs} rollouts "
+                                         f"{fmt(mean(a))}, "
                                          f"{d.group_size} rollouts {fmt(mean(b))}",
                                          '"Few rollouts -> little contrast": a larger share of groups all right or all '
                                          "wrong", difference(a, b, f"Welch, {len(a)} steps each")))
@@ -270,7 +274,8 @@ def claims(results: dict, config) -> list[Claim]:
                 out.append(Claim.compare("S6.3b", f"very low temperature ({t:g})", cite(6),
                                          f"distinct replies per group, first step: {fmt(a[0])} vs {fmt(b[0])} at T "
                                          f"{d.temperature:g}; mean over the steps {fmt(mean(a))} vs {fmt(mean(b))}",
-                                         '"Very low temperature -> samples collapse": at most half the distinct replies '
+                                         '"Very low temperature -> samples collapse": at most half the distinct '
+                                         'replies '
                                          f"per group of temperature {d.temperature:g}, over the run", est, "<"))
             elif t > d.temperature:
                 a, b = r["curves"]["book/format"], base["book/format"]
@@ -293,7 +298,8 @@ def claims(results: dict, config) -> list[Claim]:
         out.append(Claim("S6.4", "the same diagnostics on the instruct gym", cite(6),
                          f"first / last {k2} steps: reward (ends with '.') {fmt(b0)} -> {fmt(b1)}, groups without "
                          f"contrast {fmt(n0)} -> {fmt(n1)}, format {fmt(f0)} -> {fmt(f1)}",
-                         '"a ... PG config ... that reports the same group-contrast diagnostics" (S6.4): the diagnostics '
+                         '"a ... PG config ... that reports the same group-contrast diagnostics" (S6.4): the '
+                         'diagnostics '
                          "are logged every step, and GRPO raises the task's reward without breaking the reply's format "
                          "(format of the last steps within 0.1 of the first's). Groups without contrast are shown, not "
                          "judged: at 1.0 the reward is saturated and GRPO has no signal left", holds, est, why=why))

@@ -266,8 +266,10 @@ def claims(results: dict, config) -> list[Claim]:
         ok = cache["reread"]["hit"] and all(r["cache_hit"] for r in readers) and len(keys) == len(built)
         gen = sum(v["seconds"] for v in built)
         out.append(Claim("S9.1", "a reusable rollout cache", cite(9),
-                         f"{len(built)} settings -> {len(keys)} entries, built in {gen:.1f} s; the main entry re-read in "
-                         f"{cache['reread']['seconds']:.2f} s; {sum(r['cache_hit'] for r in readers)} of {len(readers)} "
+                         f"{len(built)} settings -> {len(keys)} entries, built in {gen:.1f} s; the main entry "
+                         "re-read in "
+                         f"{cache['reread']['seconds']:.2f} s; {sum(r['cache_hit'] for r in readers)} of "
+                         f"{len(readers)} "
                          "selection runs read the cache",
                          '"Build the rollout cache once ... Later configs reuse it if generation and scoring settings '
                          'are unchanged": every selection run reads its entry without generating, and each distinct '
@@ -309,11 +311,13 @@ def claims(results: dict, config) -> list[Claim]:
 
         est = paired(gain(r0, r1), gain(t0, t1), "gain difference, paired over 256")
         out.append(Claim.compare("S9.3b", "more completions, a scorer that cannot separate", cite(9),
-                                 f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, random "
+                                 f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, "
+                                 "random "
                                  f"pick {fmt(g_rnd)} (random pick's kept correct: "
                                  + ", ".join(f"N {n} {fmt(r['kept_correct'])}" for n, r in rnd) + ")",
                                  '"More completions help only if the RM can separate good from bad": a random pick (a '
-                                 "scorer that cannot separate) gains less from more completions than the verifier's pick",
+                                 "scorer that cannot separate) gains less from more completions than the verifier's "
+                                 "pick",
                                  est))
     weak, wt, wr = results.get("rs_weak"), results.get("rs_weak_top"), results.get("rs_weak_random")
     strong = sel["top_per_prompt"]
@@ -321,7 +325,8 @@ def claims(results: dict, config) -> list[Claim]:
         out.append(Claim.compare("S9.4", "the matched pair from a weaker policy", cite(9),
                                  f"weak calculator greedy {fmt(weak['greedy'])} (cold start "
                                  f"{fmt(strong['before']['greedy'])}); prompts with a correct sample: weak "
-                                 f"{fmt(wt['coverage'])}, cold start {fmt(strong['coverage'])}; weak top {fmt(acc(wt))} "
+                                 f"{fmt(wt['coverage'])}, cold start {fmt(strong['coverage'])}; weak top "
+                                 f"{fmt(acc(wt))} "
                                  f"vs random {fmt(acc(wr))} (gain {fmt(acc(wt) - weak['greedy'])} over the weak start; "
                                  f"cold start's gain {fmt(acc(strong) - strong['before']['greedy'])})",
                                  '"rerun the matched pairs. Does RS rescue weak generations, or merely select among '

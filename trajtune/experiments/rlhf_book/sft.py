@@ -170,7 +170,8 @@ def claims(results: dict, config) -> list[Claim]:
                          f"step 0: stop {fmt(c0['stop'])}, format {fmt(c0['format_seen'])}, length {c0['length']:.0f}; "
                          f"step {c1['step']}: stop {fmt(c1['stop'])}, format {fmt(c1['format_seen'])}, length "
                          f"{c1['length']:.0f} (LR {main['lr']:g}); e.g. {c0['replies'][0]} -> {c1['replies'][0]}",
-                         '"At step 0 the model rambles ... After a few hundred steps the same prompts get concise answers '
+                         '"At step 0 the model rambles ... After a few hundred steps the same prompts get concise '
+                         'answers '
                          'that terminate": at step 0 under 0.2 of replies stop within the budget, at the end over '
                          "0.8, and replies are shorter", holds, est, why=why))
     if all(runs):
