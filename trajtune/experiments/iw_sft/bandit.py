@@ -79,7 +79,8 @@ class Config:
                              "c3_runs"),
                      positive=("lr",))
         if len(self.step_clip) != 2 or not 0 <= self.step_clip[0] <= self.step_clip[1]:
-            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got {self.step_clip}")
+            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, "
+                             f"got {self.step_clip}")
         if not self.alphas:
             raise ValueError("iw_sft_bandit: alphas must not be empty")
 
@@ -202,10 +203,12 @@ def bandit_claims(config: Config, env: TwoArmBandit, curves: dict, spread: dict)
         Claim("C2", "iw-SFT clip / smooth a=0.5 / a=1: reward", "tighter bound, better policy",
               f"{fmt(mean(clip['reward']), 3)} / {fmt(mean(smooth.get(0.5, sft)['reward']), 3)} / "
               f"{fmt(mean(smooth.get(1.0, sft)['reward']), 3)}",
-              "reward clearly above 5/6 (by more than 0.05; clip, per-step ratios in (0.2, 1.8), and a=1)", *decide(*((e, ">", 0.05) for e in c2))),
+              "reward clearly above 5/6 (by more than 0.05; clip, per-step ratios in (0.2, 1.8), and a=1)",
+              *decide(*((e, ">", 0.05) for e in c2))),
         Claim("C3", f"{config.c3_n_per_round} samples/round, {config.c3_runs} runs: sd of final pi(right)",
               "too-peaked weights raise variance",
-              f"alpha {'/'.join(f'{a:g}' for a in config.alphas)}: " + "/".join(fmt(x) for x in sds) + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
+              f"alpha {'/'.join(f'{a:g}' for a in config.alphas)}: " + "/".join(fmt(x) for x in sds)
+              + f"; plain SFT {fmt(s_sft['sd'])}; clip {fmt(s_clip['sd'])}. "
               f"Runs ending on the wrong arm: SFT {100 * s_sft['wrong_arm']:.0f}%, a={a_min:g} "
               f"{100 * s_min['wrong_arm']:.0f}%, "
               f"a={a_peak:g} {100 * s_peak['wrong_arm']:.0f}%, clip {100 * s_clip['wrong_arm']:.0f}%",

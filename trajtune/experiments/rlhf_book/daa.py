@@ -207,8 +207,8 @@ def claims(results: dict, config) -> list[Claim]:
         out.append(Claim("S8.2", "DPO vs IPO vs dpo_norm: scale", cite(8),
                          f"first-step loss: DPO {fmt(l_d, 3)}, IPO {fmt(l_i, 3)}; held-out pair accuracy DPO "
                          f"{fmt(dp['heldout_accuracy'])}, IPO {fmt(ip['heldout_accuracy'])}"
-                         + (f", dpo_norm {fmt(rows['dpo_norm'][0]['heldout_accuracy'])}" if rows.get("dpo_norm", [None])[0]
-                            else ""),
+                         + (f", dpo_norm {fmt(rows['dpo_norm'][0]['heldout_accuracy'])}"
+                            if rows.get("dpo_norm", [None])[0] else ""),
                          '"IPO\'s loss is on a different scale, so judge it by accuracy and margin": IPO\'s loss >= '
                          '10x '
                          "DPO's at the start, and its held-out pair accuracy within 0.1 of DPO's (> 0.5)",
@@ -262,7 +262,8 @@ def section(run_dir: Path, results: dict, config) -> str:
             ("training loss", lambda k: k == "train/loss", None),
             ("pair accuracy", lambda k: k.endswith("/accuracy"), (0, 1.02)),
             ("margin, implicit rewards", lambda k: k != "train/loss" and not k.endswith("/accuracy"), None))]
-        panel_plot(run_dir / "book-s8-dpo.png", [p for p in panels if p.series], "S8.1: DPO statistics per step", "step")
+        panel_plot(run_dir / "book-s8-dpo.png", [p for p in panels if p.series], "S8.1: DPO statistics per step",
+                   "step")
         b = main["before"]
         parts.append("**S8.1** DPO's logged statistics:\n\n" + image(run_dir / "book-s8-dpo.png", "DPO per step")
                      + "\n\n" + markdown_table(["", "preference", "format", "distinct replies", "KL"],

@@ -50,7 +50,8 @@ from ...runs.verdicts import Part, minus
 from .evidence import change, cite, decide, fmt_est, level, relabel, step_noise
 
 for _key, _doc in (
-        ("book/correctness", "rlhf_book S6: mean partial credit of the step's replies (share of the answer's digits right)"),
+        ("book/correctness",
+         "rlhf_book S6: mean partial credit of the step's replies (share of the answer's digits right)"),
         ("book/format", "rlhf_book S6: share of the step's replies that are well formed (a number; a reply on the "
                         "instruct gym: starts with the word)"),
         ("book/binary", "rlhf_book S6: share of the step's replies that are exactly right"),
@@ -90,7 +91,8 @@ class Demo:
     """S6.4: GRPO steps on the instruct gym"""
 
     def __post_init__(self) -> None:
-        if min(self.steps, self.tasks_per_step, self.instruct_steps) < 1 or min([self.group_size, *self.sweep_group]) < 2:
+        if (min(self.steps, self.tasks_per_step, self.instruct_steps) < 1
+                or min([self.group_size, *self.sweep_group]) < 2):
             raise ValueError("rlhf_book pg: steps, tasks_per_step, instruct_steps >= 1 and group sizes >= 2")
         if not all(t > 0 for t in [self.temperature, *self.sweep_temperature]) or not self.lr > 0:
             raise ValueError("rlhf_book pg: temperatures and lr must be > 0")
@@ -138,7 +140,8 @@ def diagnostics(trajs: list[Trajectory]) -> dict[str, float]:
            "book/binary": sum(binary) / len(trajs),
            "book/binary_no_contrast": sum(len({bool(t.info.get("binary", t.reward >= 1)) for t in g}) == 1
                                           for g in groups.values()) / len(groups),
-           "book/distinct_share": sum(len({t.info["reply"] for t in g}) / len(g) for g in groups.values()) / len(groups)}
+           "book/distinct_share": sum(len({t.info["reply"] for t in g}) / len(g)
+                                      for g in groups.values()) / len(groups)}
     if all("correctness" in t.info for t in trajs):
         out["book/correctness"] = sum(t.info["correctness"] for t in trajs) / len(trajs)
     return out
@@ -245,7 +248,8 @@ def claims(results: dict, config) -> list[Claim]:
                   for a in ("rloo", "grpo")]
         holds, est, why = decide(parts)
         out.append(Claim("S6.2", "REINFORCE vs RLOO vs GRPO", cite(6),
-                         f"binary gain (last - first {k} steps): " + ", ".join(f"{a} {fmt(v.value)}" for a, v in gain.items())
+                         f"binary gain (last - first {k} steps): "
+                         + ", ".join(f"{a} {fmt(v.value)}" for a, v in gain.items())
                          + "; loss noise (sd of step-to-step change): "
                          + ", ".join(f"{a} {fmt(v.value, 3)}" for a, v in loss_noise.items()),
                          '"how fast correctness improves and how noisy the loss is. This shows the value of '
@@ -316,8 +320,8 @@ def cold_start_note(results: dict, runs: dict[str, dict]) -> str:
     better = [k for k, e in ests.items() if judge(e) is True]
     worse = [k for k, e in ests.items() if judge(e) is False]
     best = max(ests, key=lambda k: ests[k].value)
-    head = (f"**{len(better)} of {len(ests)} policy-gradient runs beat the calculator's cold start** on held-out greedy "
-            f"accuracy ({fmt(cold['greedy'])})" + (f": {', '.join(better)}" if better else ""))
+    head = (f"**{len(better)} of {len(ests)} policy-gradient runs beat the calculator's cold start** on held-out "
+            f"greedy accuracy ({fmt(cold['greedy'])})" + (f": {', '.join(better)}" if better else ""))
     return (head + f". The best, `{best}`, ends at {fmt(runs[best]['after']['greedy'])}: {ests[best]}"
             + (f"; below the cold start beyond the noise: {', '.join(worse)}" if worse else "") + ".")
 
@@ -349,8 +353,8 @@ def section(run_dir: Path, results: dict, config) -> str:
             rows.insert(0, ["cold start (`coldstart`, no RL)", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
                             fmt(cold["greedy"]), fmt(cold["pass_at"]["1"]), "0"])
         parts.append("Every run (training columns: means over its steps; held-out: the 256 sums, greedy and pass@1 "
-                     "from 16 samples; the last column: held-out greedy minus the cold start's, ± 2 SE paired over the "
-                     "256 sums):\n\n" + markdown_table(
+                     "from 16 samples; the last column: held-out greedy minus the cold start's, ± 2 SE paired over "
+                     "the 256 sums):\n\n" + markdown_table(
                          ["run", "advantage", "group", "T", "problems", "format weight", "binary", "format",
                           "no contrast", "distinct", "loss noise", "held-out greedy", "held-out pass@1",
                           "held-out greedy vs cold start"], rows))

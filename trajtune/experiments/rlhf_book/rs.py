@@ -356,8 +356,8 @@ def section(run_dir: Path, results: dict, config) -> str:
         bar_plot(run_dir / "book-s9-rs.png", bars, "S9: held-out greedy accuracy after RS", "accuracy",
                  xlabel="run (rejection-sampling setting)")
         parts.append("**S9.2-S9.4** every run:\n\n" + markdown_table(
-            ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy", "held-out pass@1",
-             f"held-out pass@{config.pass_k}"],
+            ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy",
+             "held-out pass@1", f"held-out pass@{config.pass_k}"],
             [[k, r["policy"], r["setting"]["n"], r["setting"]["temperature"], r["setting"]["top_p"], r["kept"],
               fmt(r["kept_correct"]), fmt(r["coverage"]), fmt(acc(r)), fmt(r["after"]["pass_at"]["1"]),
               fmt(r["after"]["pass_at"].get(str(config.pass_k), float("nan")))] for k, r in runs.items()])

@@ -163,7 +163,8 @@ def claims(results: dict, config) -> list[Claim]:
         holds, est, why = decide([
             Part("step 0 stops on at most 0.2", share(c0["stop"], c0["replies_n"], 0.2, "stop share at step 0 - 0.2"),
                  "<"),
-            Part("the end stops on more than 0.8", share(c1["stop"], c1["replies_n"], 0.8, "stop share at the end - 0.8")),
+            Part("the end stops on more than 0.8",
+                 share(c1["stop"], c1["replies_n"], 0.8, "stop share at the end - 0.8")),
             Part("shorter replies", difference(c1["lengths"], c0["lengths"], f"reply length, end - step 0, Welch over "
                                                f"{len(c0['lengths'])} replies each"), "<")])
         out.append(Claim("S4.1", "SFT a base model, watched every N steps", cite(4),
