@@ -68,7 +68,8 @@ def test_tiny_run_writes_metrics_report_and_checkpoint(tmp_path, capsys):
     assert "eval/accuracy" in rows[1] and "eval/accuracy" not in rows[0]
     for r in rows:
         assert all(is_documented(k) for k in r if "/" in k), r
-    assert (run_dir / "sft" / "checkpoint" / "model.safetensors").exists()  # the stage "sft" (trajtune.runs.stages layout)
+    # the stage "sft" (trajtune.runs.stages layout)
+    assert (run_dir / "sft" / "checkpoint" / "model.safetensors").exists()
     assert json.loads((run_dir / "config.json").read_text())["sft"]["steps"] == 4
 
 

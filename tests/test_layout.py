@@ -161,8 +161,10 @@ def test_no_module_reaches_what_its_layer_may_not_through_other_modules(path):
 def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     """The parser sees relative, absolute and `from . import` forms (a check that cannot fail is no check)."""
     fake = ROOT / "algorithms" / "_layout_probe.py"
-    source = "from ..experiments import agent\nfrom trajtune.cli import main\nfrom ..runs import stages\nfrom ..models import tiny\n"
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source if self == fake else Path.read_bytes(self).decode())
+    source = ("from ..experiments import agent\nfrom trajtune.cli import main\nfrom ..runs import stages\n"
+              "from ..models import tiny\n")
+    monkeypatch.setattr(Path, "read_text",
+                        lambda self, *a, **k: source if self == fake else Path.read_bytes(self).decode())
     found = imports(fake)
     assert {"trajtune.experiments.agent", "trajtune.cli", "trajtune.runs.stages", "trajtune.models.tiny"} <= found
     with pytest.raises(AssertionError, match="imports a higher layer"):

@@ -168,7 +168,8 @@ class RunDir:
                 except FileExistsError:
                     continue
                 except OSError as e:
-                    error = f"cannot create a run directory in {root}: {e.strerror or e}; choose one with {policy.get('option', '--run-dir')}"
+                    error = (f"cannot create a run directory in {root}: {e.strerror or e}; "
+                             f"choose one with {policy.get('option', '--run-dir')}")
                     break
         path, error = distributed.broadcast_object((str(path), error))
         if error:
