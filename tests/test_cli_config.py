@@ -102,3 +102,18 @@ def test_graders_and_rlhf_book_hold_only_what_they_read_and_refuse_chapter13s_ot
             load_recipe(path, ["config.rl.steps=3"])
         with pytest.raises(ConfigError, match=rf"key 'parts' is now '{chosen}'"):
             load_recipe(path, ['config.parts=["rlvr"]'])
+
+
+def test_the_recipes_on_chapter13s_models_keep_its_upstream_settings():
+    """graders and rlhf_book hold chapter 13's settings for the upstream stages (and the few their parts reuse) as
+    their own fields: the same defaults as chapter 13's, and exactly the fields those stages declare they read."""
+    from trajtune.experiments import chapter13, graders, rlhf_book
+    from trajtune.experiments.shared.recipe import UPSTREAM, UPSTREAM_FIELDS
+
+    assert {n for s in UPSTREAM.values() for n in s.reads or ()} == set(UPSTREAM_FIELDS)
+    ch13 = chapter13.Config()
+    for m in (graders, rlhf_book):
+        c = m.Config()
+        shared = [f.name for f in dataclasses.fields(c) if hasattr(ch13, f.name) and f.name != "runner"]
+        assert set(UPSTREAM_FIELDS) <= set(shared)
+        assert {n: getattr(c, n) for n in shared} == {n: getattr(ch13, n) for n in shared}, m.__name__

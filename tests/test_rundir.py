@@ -117,6 +117,14 @@ def test_a_declared_field_the_config_lacks_is_refused_before_anything_runs(tmp_p
     assert not (tmp_path / "a").exists()
 
 
+def test_a_stage_reading_a_field_it_does_not_declare_fails_naming_it(tmp_path):
+    """The declaration cannot fall behind the code: the stage's view of the config refuses an undeclared field."""
+    with pytest.raises(AttributeError, match=r"stage 'a' reads config\.x, which its Stage\(\.\.\., reads=\.\.\.\) "
+                                             r"does not declare"):
+        run(Toy(), tmp_path, [Stage("a", stage_a, reads=("y",))])
+    assert not (tmp_path / "a" / "results.json").exists()
+
+
 def test_each_stage_records_the_fields_it_declares_and_its_after(tmp_path):
     out = run(Toy(runner=StageOptions(workers=2)), tmp_path)
     inputs = {n: r["inputs"] for n, r in out.items()}
