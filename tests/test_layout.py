@@ -209,9 +209,8 @@ SHARED = {
 }
 """the declared shared modules of `trajtune/experiments/`: an experiment imports its own package, these and the
 library, never another experiment's internals"""
-KNOWN = {("hf_gym", "textarena")}
-"""imports of another experiment still to remove (hf_gym builds its TextArena vocabulary with textarena's
-`game_vocabulary`); the list is exact, so a new one fails"""
+KNOWN: set[tuple[str, str]] = set()
+"""imports of another experiment still to remove (none: the list is exact, so a new one fails)"""
 
 
 def experiment_of(module: str) -> str | None:
