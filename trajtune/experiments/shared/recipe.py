@@ -31,9 +31,7 @@ def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
     return OptimConfig(lr=lr, weight_decay=weight_decay, beta2=0.999, grad_clip=0.0)
 
 
-UPSTREAM_FIELDS = ("seed", "dim", "n_layers", "n_heads", "block_size", "val_windows", "pretrain", "pretrain_optim",
-                   "sft", "sft_optim", "adherence_samples", "max_reply", "calc_dim", "calc_layers", "coldstart",
-                   "calc_optim", "pass_k")
+UPSTREAM_FIELDS = tuple(dict.fromkeys(PRETRAIN_READS + SFT_READS + COLDSTART_READS))
 """the config fields the upstream stages read (`pretrain`, `sft_narrow`, `coldstart`): a recipe built on them holds
 these fields, with chapter 13's defaults, beside its own"""
 
