@@ -68,7 +68,8 @@ def test_tiny_run_writes_metrics_report_and_checkpoint(tmp_path, capsys):
     assert "eval/accuracy" in rows[1] and "eval/accuracy" not in rows[0]
     for r in rows:
         assert all(is_documented(k) for k in r if "/" in k), r
-    assert (run_dir / "sft" / "checkpoint" / "model.safetensors").exists()  # the stage "sft" (trajtune.runs.stages layout)
+    # the stage "sft" (trajtune.runs.stages layout)
+    assert (run_dir / "sft" / "checkpoint" / "model.safetensors").exists()
     assert json.loads((run_dir / "config.json").read_text())["sft"]["steps"] == 4
 
 
@@ -88,3 +89,31 @@ def test_a_run_directory_that_cannot_be_written_is_one_message(tmp_path, capsys)
     assert main(["run", "addition", "--run-dir", str(run_dir), "--set", "config.sft.steps=1"]) == 2
     err = capsys.readouterr().err
     assert f"trajtune: error: cannot write to the run directory {run_dir}: Not a directory" in err
+
+
+def test_graders_and_rlhf_book_hold_only_what_they_read_and_refuse_chapter13s_other_keys():
+    """The recipes on chapter 13's models compose its settings by field (the upstream stages' and the few their parts
+    reuse), not by subclassing its Config: chapter 13's other keys are refused in one line naming them."""
+    for name, chosen in (("graders", "demos"), ("rlhf_book", "chapters")):
+        path = builtin_recipes()[name]
+        _, config, _ = load_recipe(path, ["config.dim=48"])
+        assert config.dim == 48 and not hasattr(config, "rl") and not hasattr(config, "parts")
+        with pytest.raises(ConfigError, match=r"unknown key 'rl'"):
+            load_recipe(path, ["config.rl.steps=3"])
+        with pytest.raises(ConfigError, match=rf"key 'parts' is now '{chosen}'"):
+            load_recipe(path, ['config.parts=["rlvr"]'])
+
+
+def test_the_recipes_on_chapter13s_models_keep_its_upstream_settings():
+    """graders and rlhf_book hold chapter 13's settings for the upstream stages (and the few their parts reuse) as
+    their own fields: the same defaults as chapter 13's, and exactly the fields those stages declare they read."""
+    from trajtune.experiments import chapter13, graders, rlhf_book
+    from trajtune.experiments.shared.recipe import UPSTREAM, UPSTREAM_FIELDS
+
+    assert {n for s in UPSTREAM.values() for n in s.reads or ()} == set(UPSTREAM_FIELDS)
+    ch13 = chapter13.Config()
+    for m in (graders, rlhf_book):
+        c = m.Config()
+        shared = [f.name for f in dataclasses.fields(c) if hasattr(ch13, f.name) and f.name != "runner"]
+        assert set(UPSTREAM_FIELDS) <= set(shared)
+        assert {n: getattr(c, n) for n in shared} == {n: getattr(ch13, n) for n in shared}, m.__name__

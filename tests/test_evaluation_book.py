@@ -207,7 +207,7 @@ def test_token_budget_counts_generated_policy_tokens():
 
 def test_chapter13_math_eval_reports_its_token_budget():
     from trajtune.envs.arithmetic import N_TEST, arithmetic_tokenizer
-    from trajtune.experiments.chapter13.rlvr import MAX_ANSWER, math_eval
+    from trajtune.experiments.shared.calculator import MAX_ANSWER, math_eval
 
     tok = arithmetic_tokenizer()
     torch.manual_seed(0)

@@ -13,7 +13,7 @@ from trajtune.algorithms.dpo import DPOConfig
 from trajtune.algorithms.rft import RFTConfig
 from trajtune.algorithms.rl import RLConfig
 from trajtune.algorithms.sft import SFTConfig
-from trajtune.cli import DEFAULT_RECIPE, cpu_kernels, load_recipe, main, parse_seeds, resolve_recipe
+from trajtune.cli import DEFAULT_RECIPE, load_recipe, main, parse_seeds, resolve_recipe
 from trajtune.config import ConfigError
 from trajtune.engine import TorchEngine, make_engine
 from trajtune.experiments import agent
@@ -29,7 +29,8 @@ SMALL = agent.Config(
     runner=StageOptions(workers=1), weak=SFTConfig(steps=40, batch_size=16),
     oracle=SFTConfig(steps=6, batch_size=20, eval_every=3), cold_start_step=3,
     rft=RFTConfig(rounds=2, samples_per_task=2, steps_per_round=2, batch_size=8), hack_rounds=2,
-    dpo=DPOConfig(steps=4, eval_every=2), pair_samples=4, rl=RLConfig(steps=6, tasks_per_step=2, group_size=4, eval_every=3),
+    dpo=DPOConfig(steps=4, eval_every=2), pair_samples=4,
+    rl=RLConfig(steps=6, tasks_per_step=2, group_size=4, eval_every=3),
     eval_samples=1, describe_samples=1, probe_group=2, coverage_samples=2,
 )
 
@@ -61,7 +62,8 @@ def test_every_stage_checkpoints_and_reports(small_run):
     probes = json.loads((run_dir / "generalization" / "results.json").read_text())
     for split in ("renamed", "novel"):
         assert set(probes[split]) == set(agent.GENERALIZATION) and all(0 <= v <= 1 for v in probes[split].values())
-    assert set(probes["heldout_sources"]) == set(agent.GENERALIZATION)  # where each final policy's held-out passes come from
+    # where each final policy's held-out passes come from
+    assert set(probes["heldout_sources"]) == set(agent.GENERALIZATION)
     report = (run_dir / "report.md").read_text()
     assert "novel (unseen code)" in report and "four conclusions" in report
     held = sum(v is True for v in json.loads((run_dir / "summary.json").read_text())["holds"].values())
@@ -147,8 +149,8 @@ def test_a_changed_config_on_a_finished_run_is_refused_then_reruns_exactly_the_s
     out = capsys.readouterr().out
     ran = sorted(line.split()[1] for line in out.splitlines() if line.startswith("  stage "))
     assert ran == ["generalization", "rl_only", "sft_rl"], out
-    assert {n: b for n, b in results.items() if n not in ran} == {p.parent.name: p.read_bytes() for p in
-                                                                  run_dir.glob("*/results.json") if p.parent.name not in ran}
+    assert {n: b for n, b in results.items() if n not in ran} == {
+        p.parent.name: p.read_bytes() for p in run_dir.glob("*/results.json") if p.parent.name not in ran}
     rl = [r["step"] for r in read_metrics(run_dir) if r["stage"] == "rl_only" and "eval/pass_rate" in r]
     assert rl == [0, 3, 6, 8] and json.loads((run_dir / "config.json").read_text())["rl"]["steps"] == 8
 
@@ -215,6 +217,9 @@ def test_robustness_names_the_verdicts_that_flip_with_the_float_path(small_run, 
 
 
 def test_kernels_needs_seeds_and_a_report_with_float_paths(tmp_path, capsys):
+    """--kernels is the agent experiment's own option (`agent/kernels.py`); another experiment refuses it."""
+    from trajtune.experiments.agent.kernels import cpu_kernels
+
     here = cpu_kernels()
     for argv, says in ((["--kernels", f"{here},default"], "give --seeds too"),
                        (["--seeds", "0", "--kernels", here], "two or more"),
@@ -241,7 +246,8 @@ def test_an_interrupted_stage_resumes_to_the_same_results(small_run, tmp_path, m
     run_dir = tmp_path / "run"
     shutil.copytree(small_run[0], run_dir)
     shutil.rmtree(run_dir / stage)
-    rows = lambda d: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in read_metrics(d) if r["stage"] == stage]  # noqa: E731
+    rows = lambda d: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")}  # noqa: E731
+                      for r in read_metrics(d) if r["stage"] == stage]
     expected_rows = rows(run_dir)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in read_metrics(run_dir)
                                                    if r["stage"] != stage))
@@ -304,16 +310,15 @@ def test_a_kernels_child_stopped_by_ctrl_c_is_an_interruption_not_a_failure(tmp_
     import subprocess
     import types
 
-    from trajtune.cli import run_under_kernels
+    from trajtune.experiments.agent.kernels import run_under_kernels
     from trajtune.runs.stages import RunFailed
 
-    args = types.SimpleNamespace(set=None)
     monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=130))
     with pytest.raises(KeyboardInterrupt, match="saved its stages"):
-        run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])
+        run_under_kernels("avx2", tmp_path / "r.toml", [], tmp_path / "kernels-avx2", [0])
     monkeypatch.setattr(subprocess, "run", lambda argv, env: types.SimpleNamespace(returncode=1))
     with pytest.raises(RunFailed, match="exit code 1"):
-        run_under_kernels("avx2", tmp_path / "r.toml", args, tmp_path / "kernels-avx2", [0])
+        run_under_kernels("avx2", tmp_path / "r.toml", [], tmp_path / "kernels-avx2", [0])
 
 
 def test_pass_sources_tell_blind_guesses_stacked_edits_and_reads_apart():

@@ -179,3 +179,21 @@ def test_the_runtime_check_catches_a_broken_implementation():
     assert mismatches(Renamed(), Layout) == ["copy_weights: no parameter 'dst'",
                                                  "copy_weights: requires ['target'], which the Protocol does not pass"]
     assert "ranks: missing" in mismatches(Missing(), Collective) and "prepare: missing" not in mismatches(Missing(), Collective)
+
+
+def test_each_registered_experiment_is_an_experiment():
+    """`trajtune run` calls an experiment through `Experiment` alone: every registered module is one (mypy checks the
+    assignment below; the runtime check the members and the signature of `run`)."""
+    from trajtune.experiments import EXPERIMENTS, addition, agent, chapter13, graders, hf_gym, hf_pipeline
+    from trajtune.experiments import reasoning_gym, rlhf_book, smollm2, textarena
+    from trajtune.experiments.base import Experiment
+    from trajtune.experiments.hf import dpo, grpo, rft, rm, sft
+    from trajtune.experiments.iw_sft import bandit, bugfix
+
+    experiments: list[Experiment] = [addition, agent, chapter13, bandit, bugfix, sft, rm, dpo, grpo, rft, hf_pipeline,
+                                     reasoning_gym, textarena, hf_gym, graders, rlhf_book, smollm2]
+    assert sorted(m.__name__ for m in experiments) == sorted(EXPERIMENTS.values())  # type: ignore[attr-defined]
+    for m in experiments:
+        assert mismatches(m, Experiment) == [], m.__name__  # type: ignore[attr-defined]
+    assert agent.parse_options is not None and chapter13.parse_options is None and chapter13.run_over_seeds is not None
+

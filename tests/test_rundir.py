@@ -6,11 +6,9 @@ The toy stages live at module level (a worker process imports them from here, as
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -26,7 +24,7 @@ from trajtune.config import ConfigError, to_dict
 from trajtune.runs import rundir as R
 from trajtune.runs.resume import RunInterrupted
 from trajtune.runs.rundir import RunDir, RunDirBusy, run_seeds
-from trajtune.runs.stages import Stage, StageContext, StageOptions, recording, run_stages
+from trajtune.runs.stages import Stage, StageContext, StageOptions, run_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +86,8 @@ def stage_given(ctx, config):
     return {"total": config.unread, "calls": _count(ctx)}
 
 
-GRAPH = [Stage("a", stage_a), Stage("b", stage_b), Stage("c", stage_c, after=("a",)), Stage("d", stage_d, after=("b",))]
+GRAPH = [Stage("a", stage_a, reads=("x",)), Stage("b", stage_b, reads=("y", "sec")),
+         Stage("c", stage_c, after=("a",), reads=("z",)), Stage("d", stage_d, after=("b",), reads=())]
 
 
 def run(config: Toy, run_dir: Path, graph=GRAPH) -> dict:
@@ -109,41 +108,38 @@ def rerun(config: Toy, *names: str) -> Toy:
     return dataclasses.replace(config, runner=StageOptions(workers=1, rerun=list(names)))
 
 
-# --- what a stage read is recorded ---------------------------------------------------------------
-def test_recording_config_notes_top_level_reads_and_stays_a_config():
-    config = Toy()
-    c, read = recording(config)
-    assert read == set() and isinstance(c, Toy) and dataclasses.is_dataclass(c) and type(c).RESUMABLE == ("sec.steps",)
-    assert c.x == 1 and c.sec.steps == 2 and read == {"x", "sec"}  # a nested read notes its section
-    assert [f.name for f in dataclasses.fields(c)] == [f.name for f in dataclasses.fields(config)]
-    assert c.sec is config.sec and read == {"x", "sec"}  # fields() reads no value; sections are shared
-    assert repr(c) == repr(config) and read == {f.name for f in dataclasses.fields(Toy)}  # repr reads them all
-    read.clear()
-    moved = dataclasses.replace(c, seed=3)  # replace reads every field: all count
-    assert moved.seed == 3 and moved.x == 1 and isinstance(moved, Toy)
-    assert read == {f.name for f in dataclasses.fields(Toy)}
-    c2, read2 = recording(config)
-    assert to_dict(c2) == to_dict(config) and read2 == {f.name for f in dataclasses.fields(Toy)}
-    c3, read3 = recording(config)
-    plain = pickle.loads(pickle.dumps(c3))  # leaves the process: a plain config, every field counted
-    assert type(plain) is Toy and plain == config and read3 == {f.name for f in dataclasses.fields(Toy)}
-    c4, read4 = recording(config)
-    assert type(copy.deepcopy(c4)) is Toy and read4 == {f.name for f in dataclasses.fields(Toy)}
-    assert recording(None) == (None, None) and recording({"x": 1}) == ({"x": 1}, None)
+# --- what a stage reads is declared ------------------------------------------------------------------
+def test_a_declared_field_the_config_lacks_is_refused_before_anything_runs(tmp_path):
+    with pytest.raises(ValueError, match=r"stage 'a' declares it reads \['nope'\], which Toy does not have"):
+        run(Toy(), tmp_path, [Stage("a", stage_a, reads=("x", "nope"))])
+    with pytest.raises(ValueError, match="reads must be a tuple"):
+        Stage("a", stage_a, reads="x")
+    assert not (tmp_path / "a").exists()
 
 
-def test_each_stage_records_the_fields_it_read_and_its_after(tmp_path):
+def test_a_stage_reading_a_field_it_does_not_declare_fails_naming_it(tmp_path):
+    """The declaration cannot fall behind the code: the stage's view of the config refuses an undeclared field."""
+    with pytest.raises(AttributeError, match=r"stage 'a' reads config\.x, which its Stage\(\.\.\., reads=\.\.\.\) "
+                                             r"does not declare"):
+        run(Toy(), tmp_path, [Stage("a", stage_a, reads=("y",))])
+    assert not (tmp_path / "a" / "results.json").exists()
+
+
+def test_each_stage_records_the_fields_it_declares_and_its_after(tmp_path):
     out = run(Toy(runner=StageOptions(workers=2)), tmp_path)
     inputs = {n: r["inputs"] for n, r in out.items()}
-    # "runner" is every stage's (its threads); read in worker processes, the record came back in results.json
-    assert inputs == {"a": {"config": ["runner", "x"], "stages": []}, "b": {"config": ["runner", "sec", "y"], "stages": []},
+    # "runner" is every stage's (its threads); run in worker processes, the record came back in results.json
+    assert inputs == {"a": {"config": ["runner", "x"], "stages": []},
+                      "b": {"config": ["runner", "sec", "y"], "stages": []},
                       "c": {"config": ["runner", "z"], "stages": ["a"]}, "d": {"config": ["runner"], "stages": ["b"]}}
     assert json.loads((tmp_path / "c" / "results.json").read_text())["inputs"] == inputs["c"]
     assert json.loads((tmp_path / "config.json").read_text()) == to_dict(Toy(runner=StageOptions(workers=2)))
 
     config = Toy(unread=5)
-    given = run(config, tmp_path / "given", [Stage("e", stage_given, args=(config,))])["e"]
+    given = run(config, tmp_path / "given", [Stage("e", stage_given, args=(config,), reads=("unread",))])["e"]
     assert given["total"] == 5 and given["inputs"]["config"] == ["runner", "unread"]  # the config as an argument
+    whole = run(config, tmp_path / "whole", [Stage("e", stage_given, args=(config,))])["e"]  # none declared: all
+    assert whole["inputs"]["config"] == sorted(f.name for f in dataclasses.fields(Toy))
 
 
 # --- a changed config -------------------------------------------------------------------------
@@ -204,15 +200,17 @@ def test_what_no_stage_read_or_no_result_depends_on_is_accepted(tmp_path, capsys
     run(quiet, tmp_path)
     assert calls(tmp_path) == {"a": 1, "b": 1, "c": 1, "d": 1} and "changed" not in capsys.readouterr().out
     assert json.loads((tmp_path / "config.json").read_text())["runner"]["workers"] == 2  # still the latest config
-    with pytest.raises(ConfigError, match=r"runner\.threads 1 -> 2\), which changes stages it holds: a \(it read runner\), "
-                                          r"b \(it read runner\), c \(it read runner\), d \(it read runner\)"):
+    with pytest.raises(ConfigError, match=r"runner\.threads 1 -> 2\), which changes stages it holds: "
+                                          r"a \(it read runner\), b \(it read runner\), c \(it read runner\), "
+                                          r"d \(it read runner\)"):
         run(dataclasses.replace(quiet, runner=StageOptions(workers=2, threads=2)), tmp_path)  # every stage's threads
 
 
 def test_a_stage_without_a_record_counts_as_affected_by_any_change(tmp_path):
     run(Toy(), tmp_path)
     f = tmp_path / "b" / "results.json"
-    f.write_text(json.dumps({k: v for k, v in json.loads(f.read_text()).items() if k != "inputs"}))  # an older version's
+    older = {k: v for k, v in json.loads(f.read_text()).items() if k != "inputs"}  # an older version's results
+    f.write_text(json.dumps(older))
     with pytest.raises(ConfigError, match=r"b \(no record of what it read\), d \(after b\)"):
         run(Toy(unread=1), tmp_path)
 
@@ -246,15 +244,41 @@ def looping_stage(ctx: StageContext) -> dict:
     return {"resumed_at": start}
 
 
-LOOP = [Stage("loop", looping_stage)]
+LOOP = [Stage("loop", looping_stage, reads=("x", "y"))]
 
 
-def test_a_resumed_stage_keeps_what_it_read_before_the_cut(tmp_path):
+def test_a_resumed_stage_keeps_what_it_reads(tmp_path):
     with pytest.raises(RunInterrupted):
         run(Toy(), tmp_path, LOOP)
-    assert json.loads((tmp_path / "loop" / "resume" / "inputs.json").read_text()) == ["runner", "x", "y"]
     out = run(Toy(), tmp_path, LOOP)["loop"]
     assert out["resumed_at"] == 2 and out["inputs"]["config"] == ["runner", "x", "y"]  # x: read before the cut only
+
+
+def killed_stage(ctx: StageContext) -> dict:
+    """4 steps through ctx.run(), a checkpoint after each (checkpoint_every 1); on its first run the process dies at
+    step 2 with SIGKILL (`kill -9`: no handler runs, nothing is saved but the periodic checkpoint)."""
+    engine, run_ = FakeEngine(), ctx.run()
+    start, _ = run_.start(engine)
+    for step in run_.steps(start, 4):
+        engine.step += 1
+        if step == 2 and not start:
+            os.kill(os.getpid(), signal.SIGKILL)
+        run_.end_step(engine, step + 1, {"train/loss": float(ctx.config.y)})
+    return {"resumed_at": start}
+
+
+def test_a_stage_killed_between_clean_stops_keeps_its_record_of_what_it_reads(tmp_path):
+    """kill -9 after a periodic checkpoint: the rerun resumes the stage, and its results still say which config
+    fields it reads (a record lost with the process would be `null`, and a later change to y could not be
+    attributed to it)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    config = Toy(runner=StageOptions(workers=2, checkpoint_every=1))  # the stage runs in a worker: it dies, not pytest
+    graph = [Stage("killed", killed_stage, reads=("y",))]
+    with pytest.raises(BrokenProcessPool):
+        run(config, tmp_path, graph)
+    out = run(config, tmp_path, graph)["killed"]
+    assert out["resumed_at"] == 2 and out["inputs"]["config"] == ["runner", "y"]
 
 
 def test_a_stage_cut_short_resumes_with_a_resumable_change_and_reruns_afresh_on_another(tmp_path):
@@ -281,12 +305,14 @@ def test_a_stage_cut_short_resumes_with_a_resumable_change_and_reruns_afresh_on_
 def test_refuse_policy_and_overwrite_after_the_checks(tmp_path):
     run(Toy(), tmp_path)
     hf = dict(if_finished="refuse", overwrite=False, command="sft", option="--out")
-    with pytest.raises(ConfigError, match=f"{tmp_path} holds a finished sft run .*Pass --overwrite .*choose another --out"):
+    with pytest.raises(ConfigError,
+                       match=f"{tmp_path} holds a finished sft run .*Pass --overwrite .*choose another --out"):
         RunDir(tmp_path, **hf).check(Toy())  # the same config: still refused
     (tmp_path / "model").mkdir()
     d = RunDir(tmp_path, **{**hf, "overwrite": True}, outputs=("model",))
     plan = d.check(Toy(x=5))
-    assert plan.clear and "--overwrite" in plan.describe() and (tmp_path / "a" / "results.json").exists()  # check: reads only
+    assert plan.clear and "--overwrite" in plan.describe()
+    assert (tmp_path / "a" / "results.json").exists()  # check: reads only
     with R.run_lock(tmp_path):
         d.begin(Toy(x=5))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", ".metrics.lock", "config.json"]

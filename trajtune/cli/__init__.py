@@ -5,6 +5,7 @@
     trajtune run recipe.toml --set config.sft.steps=50 --run-dir runs/x
     trajtune run addition                 # a built-in recipe by name
     trajtune run --seeds 0,1,2            # the default recipe over three seeds, mean +- sd
+    trajtune run agent --seeds 0,1 --kernels avx512,avx2   # an experiment's own option (agent/kernels.py)
     trajtune run agent --dry-run          # every check a run makes before its first step; nothing written
     trajtune list                         # built-in recipes with one-line descriptions
     trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
@@ -21,19 +22,19 @@ from __future__ import annotations
 import argparse
 import builtins
 import errno
-import os
-import signal
 import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from ..sources.process import SyncError
 from ..checkpoint import CheckpointError
 from ..config import ConfigError, from_dict, load_toml, set_dotted
 from ..engine.distributed import init_distributed, is_main
 from ..experiments import get_experiment
-from ..runs.rundir import RunDir, run_seeds
+from ..experiments.base import Call, Experiment
+from ..runs.rundir import RunDir
 from ..runs.stages import RunFailed
 
 DEFAULT_RECIPE = "agent"
@@ -61,8 +62,8 @@ def resolve_recipe(name_or_path: str | None) -> Path:
     return recipes[name_or_path]
 
 
-def load_recipe(path: Path, overrides: list[str] = ()):
-    """Parse and validate a recipe: (experiment module, its Config instance, raw dict)."""
+def load_recipe(path: Path, overrides: list[str] = ()) -> tuple[Experiment, Any, dict]:
+    """Parse and validate a recipe: (the experiment, its Config instance, raw dict)."""
     raw = load_toml(path)
     for a in overrides:
         set_dotted(raw, a)
@@ -83,46 +84,73 @@ def load_recipe(path: Path, overrides: list[str] = ()):
     return module, config, raw
 
 
-def cmd_run(args) -> int:
+def cmd_run(args, extra: list[str] = ()) -> int:
     """Run a recipe in its run directory (`trajtune.runs.rundir.RunDir`: a fresh runs/<recipe>-TIME or
     --run-dir, held for the whole run; what an earlier run there means is the RunDir's policy, which the
-    experiment's stage runner applies before any stage runs)."""
+    experiment's stage runner applies before any stage runs). `extra`: the arguments this command does not know,
+    the experiment's own options (`Experiment.parse_options`, e.g. the agent's --kernels)."""
     path = resolve_recipe(args.recipe)
-    module, config, raw = load_recipe(path, args.set or [])
+    experiment, config, raw = load_recipe(path, args.set or [])
     name = raw["experiment"]
-    if args.seeds and not hasattr(module, "seeds_report"):
-        raise ConfigError(f"experiment {name!r} does not support --seeds (no seeds_report)")
+    if args.seeds and experiment.run_over_seeds is None:
+        raise ConfigError(f"experiment {name!r} does not support --seeds (no report over seeds)")
     seeds = parse_seeds(args.seeds) if args.seeds else None  # before the run directory exists
-    kernels = parse_kernels(args.kernels, seeds, module, name) if args.kernels else None
+    options = experiment_options(experiment, name, list(extra), seeds)
+    call = Call(path, list(args.set or []), options)
     rank, world = init_distributed()  # under torchrun (WORLD_SIZE > 1) join the process group; else (0, 1)
     print = builtins.print if rank == 0 else (lambda *a, **k: None)  # only rank 0 talks  # noqa: A001
     run_dir = RunDir(Path(args.run_dir)) if args.run_dir else RunDir.fresh(path.stem, create=not args.dry_run)
-    print(f"trajtune: running {path} (experiment {name}) in {run_dir.path}" + (f" on {world} processes" if world > 1 else ""), flush=True)
+    print(f"trajtune: running {path} (experiment {name}) in {run_dir.path}"
+          + (f" on {world} processes" if world > 1 else ""), flush=True)
     if args.dry_run:
-        print(dry_run(module, config, run_dir, seeds))
+        print(dry_run(experiment, config, run_dir, seeds))
         return 0
     t0 = time.time()
     with run_dir.hold():  # one run per directory: a second one is refused, naming this one
-        if seeds and kernels:  # the seeds here, then again under each other CPU kernel set (another float path)
-            per_seed = run_seeds(module.run, config, run_dir.path, seeds)
-            paths = {kernels[0]: per_seed}
-            for k in kernels[1:]:
-                paths[k] = run_under_kernels(k, path, args, run_dir.path / f"kernels-{k}", seeds)
-            report = module.seeds_report(config, run_dir.path, per_seed, float_paths=paths) if is_main() else None
-        elif seeds:
-            per_seed = run_seeds(module.run, config, run_dir.path, seeds)
-            report = module.seeds_report(config, run_dir.path, per_seed) if is_main() else None
+        if seeds and experiment.run_over_seeds is not None:
+            report = experiment.run_over_seeds(config, run_dir.path, seeds, call)
         else:
-            report = module.run(config, run_dir.path)
+            report = experiment.run(config, run_dir.path)
     print(f"done in {time.time() - t0:.0f}s")
     print(report)
     return 0
 
 
-def dry_run(module, config, run_dir: RunDir, seeds: list[int] | None) -> str:
+def experiment_arguments(argv: list[str], recipe: str | None, extra: list[str]) -> tuple[str | None, list[str]]:
+    """(the recipe, the experiment's own arguments) from what `trajtune run` parsed and left over. An experiment's
+    option takes one value (`--kernels K,K` or `--kernels=K,K`); argparse, not knowing the option, takes its value
+    for the recipe when the recipe is left out or comes later: give the value back to its option."""
+    if recipe is not None:
+        i = argv.index(recipe)
+        before = argv[i - 1] if i else ""
+        if before in extra and before.startswith("-") and "=" not in before:
+            j = extra.index(before) + 1
+            extra, recipe = extra[:j] + [recipe] + extra[j:], None
+    bare = [k for k, x in enumerate(extra) if not x.startswith("-")
+            and not (k and extra[k - 1].startswith("-") and "=" not in extra[k - 1])]
+    if recipe is None and bare:
+        recipe = extra[bare[0]]
+        extra = extra[: bare[0]] + extra[bare[0] + 1:]
+    return recipe, extra
+
+
+def experiment_options(experiment: Experiment, name: str, extra: list[str], seeds: list[int] | None):
+    """The experiment's own options, parsed and checked (`Experiment.parse_options`); an argument of an experiment
+    without options is refused naming it."""
+    import argparse
+
+    if experiment.parse_options is not None:
+        return experiment.parse_options(extra, seeds)
+    if extra:
+        raise ConfigError(f"experiment {name!r} does not support {' '.join(extra)} (`trajtune run` options: "
+                          "--set, --run-dir, --dry-run, --seeds; it has none of its own)")
+    return argparse.Namespace()
+
+
+def dry_run(experiment: Experiment, config, run_dir: RunDir, seeds: list[int] | None) -> str:
     """`trajtune run --dry-run`: every check a run makes before its first step, nothing written -> what a run
     would do. The run directory's policy (in use? refused? what is read back, what runs again), for each
-    seed's directory with --seeds; then the experiment's own `dry_run(config, run_dir)` hook where it has
+    seed's directory with --seeds; then the experiment's own `dry_run(config, run_dir)` where it has
     one: the files the recipe names (data, model directories, reward functions) exist and parse."""
     import dataclasses
 
@@ -132,9 +160,8 @@ def dry_run(module, config, run_dir: RunDir, seeds: list[int] | None) -> str:
     for d, c in dirs or [(run_dir, config)]:
         d.check_free()
         lines.append(d.check(c, rerun=getattr(getattr(c, "runner", None), "rerun", None)).describe())
-    hook = getattr(module, "dry_run", None)
-    if hook is not None:
-        lines.append(hook(config, run_dir.path))
+    if experiment.dry_run is not None:
+        lines.append(experiment.dry_run(config, run_dir.path))
     return "\n".join(["dry run: the recipe is valid", *lines, "nothing trained, nothing written"])
 
 
@@ -147,61 +174,6 @@ def parse_seeds(text: str) -> list[int]:
     if not seeds or len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds: expected distinct integers like 0,1,2, got {text!r}")
     return seeds
-
-
-KERNEL_SETS = ("avx512", "avx2", "default")
-"""ATen's CPU kernel sets on x86 (ATEN_CPU_CAPABILITY): each vectorises reductions its own way, so a run under
-another one follows another float path, as on another CPU"""
-
-
-def cpu_kernels(env: dict | None = None) -> str:
-    """The CPU kernel set torch picks in a fresh process with `env` (default: this one's environment)."""
-    import subprocess
-
-    out = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-                         env=env, capture_output=True, text=True, check=True)
-    return out.stdout.strip().lower()
-
-
-def parse_kernels(text: str, seeds: list[int] | None, module, name: str) -> list[str]:
-    """'avx512,avx2' -> ['avx512', 'avx2'] (for `--kernels`); the first is this machine's own (the seeds run here),
-    each other one must be one torch can switch to here."""
-    import inspect
-
-    if not seeds:
-        raise ConfigError("--kernels runs the --seeds again under each CPU kernel set; give --seeds too "
-                          "(e.g. --seeds 0,1,2)")
-    if "float_paths" not in inspect.signature(module.seeds_report).parameters:
-        raise ConfigError(f"experiment {name!r} does not support --kernels (its seeds report has no float paths)")
-    kernels = [x.strip().lower() for x in text.split(",") if x.strip()]
-    if len(kernels) < 2 or len(set(kernels)) != len(kernels) or not set(kernels) <= set(KERNEL_SETS):
-        raise ConfigError(f"--kernels: expected two or more distinct CPU kernel sets of {', '.join(KERNEL_SETS)} "
-                          f"(this machine's first), like avx512,avx2; got {text!r}")
-    here = cpu_kernels()
-    if kernels[0] != here:
-        raise ConfigError(f"--kernels: the first kernel set is this machine's own, {here} (the seeds run here first); "
-                          f"got {kernels[0]!r}")
-    for k in kernels[1:]:
-        got = cpu_kernels({**os.environ, "ATEN_CPU_CAPABILITY": k})
-        if got != k:
-            raise ConfigError(f"--kernels: torch cannot run the {k} kernels on this machine (it picked {got})")
-    return kernels
-
-
-def run_under_kernels(kernels: str, recipe: Path, args, run_dir: Path, seeds: list[int]) -> dict[int, Path]:
-    """The same recipe, overrides and seeds in a child `trajtune run` under ATEN_CPU_CAPABILITY=`kernels` (set before
-    torch loads; its stage processes inherit it), into run_dir -> {seed: its run directory}."""
-    import subprocess
-
-    argv = [sys.executable, "-m", "trajtune", "run", str(recipe), "--seeds", ",".join(map(str, seeds)),
-            "--run-dir", str(run_dir)] + [x for s in args.set or [] for x in ("--set", s)]
-    print(f"trajtune: the seeds again under the {kernels} CPU kernels, in {run_dir}", flush=True)
-    done = subprocess.run(argv, env={**os.environ, "ATEN_CPU_CAPABILITY": kernels})
-    if done.returncode in (130, -signal.SIGINT):  # Ctrl-C reached the child too: it saved and said so
-        raise KeyboardInterrupt(f"the run under the {kernels} CPU kernels in {run_dir} saved its stages")
-    if done.returncode:
-        raise RunFailed(f"the run under the {kernels} CPU kernels ({run_dir}) ended with exit code {done.returncode}")
-    return {s: run_dir / f"seed-{s}" for s in seeds}
 
 
 def cmd_list(args) -> int:
@@ -218,18 +190,17 @@ def cmd_list(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trajtune", description="Post-train language-model policies.")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run a recipe (default: the built-in default recipe)")
+    r = sub.add_parser("run", help="run a recipe (default: the built-in default recipe)",
+                       epilog="An experiment may take options of its own after these (`Experiment.parse_options`): "
+                       "the agent's --kernels K,K (with --seeds: the seeds again under each other CPU kernel set).")
     r.add_argument("recipe", nargs="?", help="a recipe .toml file or the name of a built-in recipe")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a recipe value, e.g. config.sft.steps=50")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a recipe value, e.g. config.sft.steps=50")
     r.add_argument("--run-dir", help="where to write metrics, checkpoints and the report (default runs/NAME-TIME)")
     r.add_argument("--dry-run", action="store_true", help="make every check a run makes before its first step (the "
                    "recipe, the run directory, the files it names) and stop; nothing is written")
     r.add_argument("--seeds", metavar="S,S,...", help="run once per seed (e.g. 0,1,2) into RUN_DIR/seed-S and report "
                    "mean +- sd (experiments with seeds_report)")
-    r.add_argument("--kernels", metavar="K,K,...", help="with --seeds: run the seeds again under each other CPU kernel "
-                   "set (ATEN_CPU_CAPABILITY: avx512, avx2, default; this machine's first, e.g. avx512,avx2): another "
-                   "float path, as on another CPU, into RUN_DIR/kernels-K/seed-S; the report gives each claim's "
-                   "verdict on every (seed, kernel set) (the agent recipe)")
     r.set_defaults(func=cmd_run)
     ls = sub.add_parser("list", help="list the built-in recipes")
     ls.set_defaults(func=cmd_list)
@@ -274,9 +245,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command. Exit codes: 0 done; 2 a user error found before or while starting (options,
     recipe, data, model files, device, run directory in use or finished); 1 the run failed (a save
     that could not be written, every step skipped); 130 interrupted (a checkpoint was written)."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.func is not cmd_run:  # only `trajtune run` hands arguments on (to the experiment)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.recipe, extra = experiment_arguments(sys.argv[1:] if argv is None else argv, args.recipe, extra)
     try:
-        return args.func(args)
+        return args.func(args, extra) if extra else args.func(args)
     except ConfigError as e:
         return _fail(f"{e}", 2)
     except (CheckpointError, RunFailed, SyncError) as e:

@@ -1,15 +1,20 @@
 """Experiments: runnable compositions of sources, weightings and evaluations, as stages.
 
-One package (or module) per experiment; each registered module defines a config
-dataclass `Config` (nesting the loop dataclasses it uses and `runner: StageOptions`)
-and `run(config, run_dir) -> Path` (the path of its report), and runs its stages
-through `trajtune.runs.stages.run_stages`; it builds the sources its loops take
-(`trajtune.sources`). Two hooks are optional:
+One package (or module) per experiment; each registered module is an `Experiment` (`base.py`, checked by mypy
+in tests/test_protocols.py): a config dataclass `Config` (nesting the loop dataclasses it uses and
+`runner: StageOptions`), `run(config, run_dir) -> Path` (the path of its report), which runs its stages through
+`trajtune.runs.stages.run_stages` (each declaring the config fields it reads), and what it offers beyond one run,
+each None where it offers nothing:
 
-    seeds_report(config, run_dir, per_seed) -> Path   `trajtune run --seeds 0,1,2`: the mean +- sd report
-                                                      over the per-seed runs (run_dir/seed-<s>)
-    dry_run(config, run_dir) -> str                   `trajtune run --dry-run`: the checks a run makes before
-                                                      its first step (the files it names exist and parse)
+    run_over_seeds(config, run_dir, seeds, call)   `trajtune run --seeds 0,1,2`: every seed (run_dir/seed-<s>), then
+                                                   the report over them (`base.over_seeds(run, seeds_report)`)
+    dry_run(config, run_dir) -> str                `trajtune run --dry-run`: the checks a run makes before its first
+                                                   step (the files it names exist and parse)
+    parse_options(argv, seeds) -> Namespace        its own `trajtune run` options (the agent's --kernels)
+
+An experiment imports no other experiment's internals: what several share is a declared shared module (`shared/`
+for chapter13, graders and rlhf_book; `hf/`; `bugfix.py`; `task_rl.py`) or the library (tests/test_layout.py).
+The modules here that are not experiments: `base.py` (the contract), `shared/`, `bugfix.py`, `task_rl.py`.
 
 Recipes (TOML files in `trajtune/recipes/`) name an experiment and set fields of its
 `Config`. The library (everything outside `experiments/` and the command line) never
@@ -35,6 +40,9 @@ imports them.
 from __future__ import annotations
 
 import importlib
+from typing import cast
+
+from .base import Experiment
 
 EXPERIMENTS: dict[str, str] = {
     "addition_sft": "trajtune.experiments.addition",
@@ -56,12 +64,12 @@ EXPERIMENTS: dict[str, str] = {
 }
 
 
-def get_experiment(name: str):
-    """The experiment module registered under `name` (with `Config` and `run`)."""
+def get_experiment(name: str) -> Experiment:
+    """The experiment registered under `name` (a module; tests/test_protocols.py checks each is an `Experiment`)."""
     if name not in EXPERIMENTS:
         import difflib
 
         close = difflib.get_close_matches(name, list(EXPERIMENTS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise KeyError(f"unknown experiment {name!r}{hint} (known: {', '.join(EXPERIMENTS)})")
-    return importlib.import_module(EXPERIMENTS[name])
+    return cast("Experiment", importlib.import_module(EXPERIMENTS[name]))

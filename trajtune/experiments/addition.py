@@ -52,8 +52,8 @@ class Config:
     def __post_init__(self) -> None:
         check_ranges(self, "addition", counts=("n_train", "n_eval", "dim", "n_layers", "n_heads"))
         if self.n_train + self.n_eval > 10_000:
-            raise ValueError(f"addition: n_train + n_eval must be <= 10000 (the a+b pairs), got "
-                             f"{self.n_train + self.n_eval}")
+            raise ValueError(f"addition: n_train + n_eval must be <= 10000 (the a+b pairs), "
+                             f"got {self.n_train + self.n_eval}")
         if self.dim % self.n_heads:
             raise ValueError(f"addition: dim={self.dim} is not divisible by n_heads={self.n_heads}")
 
@@ -134,3 +134,9 @@ def run(config: Config, run_dir: Path) -> Path:
     print(f"held-out exact-match accuracy (greedy): {result['before']:.1%} -> {result['after']:.1%}; "
           f"{right} of {len(result['examples'])} shown problems right (the curve and the answers: report.md)")
     return report
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -44,7 +44,7 @@ from ..sources.overlap import OverlapConfig, check_overlap
 from ..sources.vllm import VLLMConfig
 from .hf.model import ModelConfig
 from .hf.sampling import SamplingConfig
-from .task_rl import train_and_score, write_task_report
+from .task_rl import GUESS_BAD_MOVES, GUESS_MOVES, game_vocabulary, train_and_score, write_task_report
 
 register("rollout/turns", "mean policy turns per sampled episode (hf_gym: the multi-turn episodes' length)")
 
@@ -179,16 +179,14 @@ def gym_tasks(config: Config) -> tuple[list, list, list[str]]:
         texts = bugfix_corpus(tasks) + [results_text(t, ["forbidden"] * len(t.public)) for t in tasks]
         return train, held_out, texts
     from ..envs.adapters.textarena import textarena_tasks
-    from . import textarena
 
     try:
         train = textarena_tasks(config.env_id, config.n_train, config.seed)
     except ValueError as e:  # an unknown game: the adapter names close ones
         raise ConfigError(f"hf_gym: config.env_id: {e}") from None
     held_out = textarena_tasks(config.env_id, config.n_eval, 10_000 + config.seed)
-    scripted = textarena.Config(env_id=config.env_id, game_kwargs=dict(config.game_kwargs),
-                                action_template=config.action_template, seed=config.seed)
-    return train, held_out, textarena.game_vocabulary(scripted, train + held_out)
+    return train, held_out, game_vocabulary(train + held_out, config.action_template, dict(config.game_kwargs),
+                                            GUESS_MOVES, GUESS_BAD_MOVES, config.seed)
 
 
 def token_budget(config: Config, renderer, texts: Sequence[str]) -> int:
@@ -284,3 +282,8 @@ def run(config: Config, run_dir: Path) -> Path:
                              f"{config.sampling.backend} sampler",
                              f"Held-out mean reward ({config.eval_samples} episodes per held-out task)",
                              "solved" if config.gym == "bugfix" else "won", result)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+parse_options = None  # no options of its own

@@ -122,5 +122,11 @@ def run(config: Config, run_dir: Path) -> Path:
                              f"Held-out mean reward (reasoning-gym's score_answer, {config.eval_samples} samples per "
                              "task)",
                              "exact", result,
-                             [f"Example task: {result['example']['question']!r} -> {result['example']['answer']!r}",
-                              ""])
+                             [f"Example task: {result['example']['question']!r} -> "
+                              f"{result['example']['answer']!r}", ""])
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -2,11 +2,13 @@
 
 `train_and_score` trains the built-in model with the recipe's `rl` / `optim` settings on the train
 tasks and scores the policy on the held-out ones (`evaluation.score_policy`) before, at every
-`rl.eval_every` and after; `write_task_report` writes the report both recipes share.
+`rl.eval_every` and after; `write_task_report` writes the report both recipes share; `game_vocabulary` gathers
+what a TextArena game says to a scripted player (textarena.py and hf_gym.py build their vocabularies from it).
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -67,3 +69,30 @@ def write_task_report(run_dir: Path, title: str, headline: str, pass_label: str,
     report.write_text("\n".join(lines) + "\n")
     print("\n".join([lines[2].replace("**", ""), *extra]).rstrip() + "\n(the curve: report.md)")  # no markdown table
     return report
+
+
+GUESS_MOVES = [str(n) for n in range(1, 21)]
+"""the valid moves of GuessTheNumber (the textarena recipe's default game) a scripted player tries"""
+GUESS_BAD_MOVES = ["?", "0"]
+"""invalid ones it tries too (a malformed one, one out of range)"""
+
+
+def game_vocabulary(tasks, action_template: str, game_kwargs: dict, moves: Sequence[str], bad_moves: Sequence[str],
+                    seed: int) -> list[str]:
+    """Every message the games sent to a scripted random player (seeded), plus the moves: it makes each
+    invalid move of `bad_moves` (then a valid one, so the game goes on), repeats a guess, then plays valid
+    moves in random order until the game ends."""
+    from ..envs.adapters.textarena import TextArenaEnv
+
+    rng, texts = random.Random(seed), list(moves)
+    for task in tasks:
+        env = TextArenaEnv(action_template, **game_kwargs)
+        texts.append(env.reset(task))
+        valid = rng.sample(moves, len(moves))
+        moves_played = [m for bad in bad_moves for m in (bad, valid[0])] + valid  # every kind of warning, then play
+        for move in moves_played:
+            observation, _, done, info = env.step(move)
+            texts += [observation, info.get("reason", "")]
+            if done:
+                break
+    return texts

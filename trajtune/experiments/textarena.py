@@ -19,7 +19,6 @@ It first learns to answer with a number (an invalid move twice in a row ends the
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from ..models.tiny import TinyConfig, TinyTransformer
 from ..runs.stages import Stage, StageOptions, run_stages
 from ..text.render import Renderer
 from ..text.tokenizers import WordTokenizer
-from .task_rl import train_and_score, write_task_report
+from .task_rl import GUESS_BAD_MOVES, GUESS_MOVES, game_vocabulary, train_and_score, write_task_report
 
 
 @dataclass
@@ -46,9 +45,9 @@ class Config:
     """options of the game's constructor (e.g. {max_turns = 6} for GuessTheNumber)"""
     action_template: str = "[{}]"
     """the policy's text -> the game's move"""
-    moves: list[str] = field(default_factory=lambda: [str(n) for n in range(1, 21)])
+    moves: list[str] = field(default_factory=lambda: list(GUESS_MOVES))
     """the valid moves the scripted player tries while the vocabulary is gathered"""
-    bad_moves: list[str] = field(default_factory=lambda: ["?", "0"])
+    bad_moves: list[str] = field(default_factory=lambda: list(GUESS_BAD_MOVES))
     """invalid moves it tries too (a malformed one, one out of range), each followed by a valid one and a repeat"""
     n_train: int = 256
     """training games (seeds seed .. seed + n_train - 1)"""
@@ -89,26 +88,6 @@ class Config:
             raise ValueError("textarena: moves must list at least one move")
 
 
-def game_vocabulary(config: Config, tasks) -> list[str]:
-    """Every message the games sent to a scripted random player (seeded), plus the moves: it makes each
-    invalid move of `bad_moves` (then a valid one, so the game goes on), repeats a guess, then plays valid
-    moves in random order until the game ends."""
-    from ..envs.adapters.textarena import TextArenaEnv
-
-    rng, texts = random.Random(config.seed), list(config.moves)
-    for task in tasks:
-        env = TextArenaEnv(config.action_template, **config.game_kwargs)
-        texts.append(env.reset(task))
-        valid = rng.sample(config.moves, len(config.moves))
-        moves = [m for bad in config.bad_moves for m in (bad, valid[0])] + valid  # every kind of warning, then play
-        for move in moves:
-            observation, _, done, info = env.step(move)
-            texts += [observation, info.get("reason", "")]
-            if done:
-                break
-    return texts
-
-
 def stage_rl(ctx) -> dict:
     from ..envs.adapters.textarena import TextArenaEnv, textarena_tasks
 
@@ -119,7 +98,8 @@ def stage_rl(ctx) -> dict:
     except ValueError as e:  # an unknown game: the adapter names close ones
         raise ConfigError(f"textarena: config.env_id: {e}") from None
     held_out = textarena_tasks(config.env_id, config.n_eval, 10_000 + config.seed)
-    texts = game_vocabulary(config, train + held_out)
+    texts = game_vocabulary(train + held_out, config.action_template, config.game_kwargs, config.moves,
+                            config.bad_moves, config.seed)
     tok = WordTokenizer.from_corpus(texts)
     renderer = Renderer(tok)
     opening = max(len(renderer.generation_prompt([{"role": "user", "content": TextArenaEnv(
@@ -145,3 +125,9 @@ def run(config: Config, run_dir: Path) -> Path:
     return write_task_report(run_dir, f"TextArena: GRPO on {config.env_id}",
                              f"Held-out mean reward (the game's, {config.eval_samples} episodes per held-out game)",
                              "won", result)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -35,7 +35,7 @@ What a run finds, and does:
     --dry-run                           the same checks and the experiment's `dry_run` hook; nothing written
 
 Which stages a change affects is recorded, not guessed: a finished stage's results.json holds "inputs",
-the top-level config fields its function read (`stages.StageContext.config` counts them) and the stages
+the top-level config fields its function reads (declared, `stages.Stage.reads`) and the stages
 it waited for (`Stage.after`). A finished stage is affected iff it read a changed field, or waited
 (transitively) on an affected stage; one without a record (directories of older versions) by any change;
 a stage cut short (a checkpoint, no results) by any change but its config's `RESUMABLE` keys. Fields a
@@ -67,7 +67,7 @@ CONFIG = "config.json"
 RESULTS = "results.json"
 """run_dir/<stage>/results.json: the stage finished (what its function returned, "time", "inputs")"""
 INPUTS = "inputs"
-"""the results' record of what the stage read: {"config": [top-level fields] or None, "stages": [its after]}"""
+"""the results' record of what the stage reads: {"config": [top-level fields] or None, "stages": [its after]}"""
 LOCKS = (LOCK, ".metrics.lock")
 """what a run holds in its directory while it lives (a directory holding only these is unused)"""
 
@@ -168,8 +168,8 @@ class RunDir:
                 except FileExistsError:
                     continue
                 except OSError as e:
-                    error = (f"cannot create a run directory in {root}: {e.strerror or e}; choose one with "
-                             f"{policy.get('option', '--run-dir')}")
+                    error = (f"cannot create a run directory in {root}: {e.strerror or e}; "
+                             f"choose one with {policy.get('option', '--run-dir')}")
                     break
         path, error = distributed.broadcast_object((str(path), error))
         if error:

@@ -8,7 +8,8 @@ A stage is a name, a module-level function and the stages it needs:
         ctx.save_model(engine.model, tok)                       # -> run_dir/sft/checkpoint
         return {"final_loss": ...}                              # JSON-able results
 
-    run_stages([Stage("base", base), Stage("sft", sft, after=("base",), args=("narrow",))],
+    run_stages([Stage("base", base, reads=("base",)),
+                Stage("sft", sft, after=("base",), args=("narrow",), reads=("sft", "sft_optim"))],
                config, run_dir, config.runner)
 
 A stage reads what earlier stages left (their checkpoints) from `run_dir`. The layout:
@@ -16,7 +17,7 @@ A stage reads what earlier stages left (their checkpoints) from `run_dir`. The l
     run_dir/metrics.jsonl          every stage's metric rows, each with its "stage"
     run_dir/config.json            the config of the run (`trajtune.runs.rundir.RunDir.begin`)
     run_dir/<stage>/results.json   what the function returned, plus "time" (below) and "inputs": the config
-                                   fields it read and the stages it waited for; the stage is finished
+                                   fields it reads (`Stage.reads`) and the stages it waited for; it finished
     run_dir/<stage>/resume/        the checkpoint of a stage cut short (removed once it finishes)
     run_dir/<stage>/checkpoint/    `ctx.save_model(...)`, and whatever else the stage writes there
 
@@ -33,9 +34,10 @@ there is refused at once, naming the holder; `trajtune run` and the Hugging Face
 around the whole run) and begins through `RunDir.begin` before any stage runs: a config that differs
 from the directory's config.json is refused where it changes a finished stage (naming the keys, the
 stages and the `rerun` to pass), and the stages named to run again are forgotten first; then
-config.json is written. What a stage read is recorded, not guessed: `StageContext.config` notes the
-top-level fields the stage function reads (also through a helper it passes the config to), and its
-results.json keeps them beside its `after` (results["inputs"]). A fresh stage that finds metric rows
+config.json is written. What a stage reads is declared: `Stage.reads` names the top-level config fields
+(the sections) its function reads, also through a helper it passes the config to (None: the whole config),
+and its results.json keeps them beside its `after` (results["inputs"]); a declaration is known before
+the stage runs, so a stage killed (`kill -9`) and resumed keeps it. A fresh stage that finds metric rows
 of an earlier unfinished run (killed before any checkpoint) says it starts again from step 0 and
 drops them.
 
@@ -77,10 +79,6 @@ from .rundir import INPUTS, RESULTS, RunDir, run_lock
 
 if TYPE_CHECKING:
     from ..engine import Engine, OptimConfig
-
-READS = "inputs.json"
-"""run_dir/<stage>/resume/inputs.json: the config fields a stage cut short had read (its record adds them)"""
-
 
 class RunFailed(RuntimeError):
     """A run that ended without doing what it is for (e.g. every optimizer step skipped): one
@@ -125,23 +123,30 @@ class Stage:
     """stages that must finish first (whose files it reads)"""
     args: tuple = ()
     """extra positional arguments after ctx"""
+    reads: tuple[str, ...] | None = None
+    """the config's top-level fields (sections) `fn` reads, directly or through what it calls (None: every field):
+    its results' record (`inputs.config`, with the runner's field), which the run directory's policy compares a
+    changed config with (`trajtune.runs.rundir`). A stage that reads a field it does not declare is not rerun
+    when that field changes: declare every one"""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "after", (self.after,) if isinstance(self.after, str) else tuple(self.after))
         object.__setattr__(self, "args", tuple(self.args))
+        if self.reads is not None:
+            if isinstance(self.reads, str):
+                raise ValueError(f"stage {self.name!r}: reads must be a tuple of config fields, got {self.reads!r}")
+            object.__setattr__(self, "reads", tuple(self.reads))
 
 
 class StageContext:
     """What a stage function gets: its directory, logger, checkpointer, engine factory and counters."""
 
     def __init__(self, name: str, config: Any, run_dir: str | os.PathLike, options: StageOptions,
-                 logger: MetricsLogger | None = None):
+                 logger: MetricsLogger | None = None, reads: Sequence[str] | None = None):
         self.name, self.options, self.logger = name, options, logger
-        self.given = config
-        self.config, self.config_read = recording(config)
-        """the experiment's config, as a copy that notes which top-level fields the stage reads
-        (`config_read`; None where the config cannot be recorded): the record the run directory's
-        policy compares a changed config with (`trajtune.runs.rundir`)"""
+        self.config = config if reads is None else Declared(config, name, reads, options)
+        """the experiment's config: where the stage declares what it reads (`Stage.reads`), a view that reads those
+        fields through and refuses the config's other fields (`Declared`), so a declaration cannot fall behind"""
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir / name
         """run_dir/<name>: where the stage writes its checkpoints and results"""
@@ -200,43 +205,28 @@ class StageContext:
         return path
 
 
-def recording(config: Any) -> tuple[Any, set[str] | None]:
-    """(a copy of `config` that notes which of its top-level fields are read, the set it notes them in).
+class Declared:
+    """A stage's view of its config (`StageContext.config` where `Stage.reads` is declared): the declared fields and
+    the runner's read through, like every attribute that is not a field (methods, class constants); reading another
+    field raises an AttributeError naming the stage and the field, so a stage cannot read what its record omits."""
 
-    The copy is an instance of a subclass made for it, holding the same field values (the nested
-    sections are shared, not copied), so whatever a stage does with its config still works:
-    attributes, `isinstance`, `type(c).X`, `dataclasses.fields` / `replace` / `asdict` (`to_dict`),
-    `copy.deepcopy`. Whatever reads a whole config notes every field (`replace`, `to_dict`; a pickle,
-    e.g. to another process, where reads could not be seen, notes them all and sends a plain copy).
-    Nested sections are plain: reading `c.rl.steps` notes `rl`. A config that is not a dataclass
-    instance with a __dict__ (None in the runner's tests) is given as it is, with no record (None)."""
-    if not dataclasses.is_dataclass(config) or isinstance(config, type) or not hasattr(config, "__dict__"):
-        return config, None
-    cls, read = type(config), set()
-    names = frozenset(f.name for f in dataclasses.fields(cls))
+    __slots__ = ("_config", "_stage", "_refused")
 
-    def __getattribute__(self, name: str):
-        if name in names:
-            read.add(name)
-        return cls.__getattribute__(self, name)
+    def __init__(self, config: Any, stage: str, reads: Sequence[str], options: StageOptions):
+        fields = {f.name for f in dataclasses.fields(config)} if dataclasses.is_dataclass(config) else set()
+        self._config, self._stage = config, stage
+        self._refused = frozenset(n for n in fields if n not in reads and getattr(config, n) is not options)
 
-    def __reduce_ex__(self, protocol):
-        read.update(names)
-        return _plain, (cls, dict(vars(self)))
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_config", "_stage", "_refused"):  # copy/pickle probes, unset slots
+            raise AttributeError(name)
+        if name in self._refused:
+            raise AttributeError(f"stage {self._stage!r} reads config.{name}, which its Stage(..., reads=...) does not "
+                                 "declare: add it there (the record a changed config is compared with)")
+        return getattr(self._config, name)
 
-    sub = type(cls.__name__, (cls,), {"__getattribute__": __getattribute__, "__reduce_ex__": __reduce_ex__,
-                                      "__qualname__": cls.__qualname__, "__module__": cls.__module__,
-                                      "__doc__": cls.__doc__})
-    copy = object.__new__(sub)
-    copy.__dict__.update(vars(config))
-    return copy, read
-
-
-def _plain(cls: type, state: dict) -> Any:
-    """An instance of `cls` with these attributes (a recording config, unpickled)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(state)
-    return obj
+    def __repr__(self) -> str:
+        return f"Declared({self._stage!r}, {type(self._config).__name__})"
 
 
 # --- the runner ---------------------------------------------------------------------------
@@ -253,6 +243,7 @@ def run_stages(stages: Sequence[Stage], config: Any, run_dir: str | os.PathLike,
     where it changes a finished stage, unless `options.rerun` names every such stage; config.json."""
     run_dir = Path(run_dir)
     _check_graph(stages, options.rerun)
+    _check_reads(stages, config)
     if distributed.launched_distributed():
         distributed.init_distributed()
     with run_lock(run_dir):
@@ -351,6 +342,18 @@ def _check_graph(stages: Sequence[Stage], rerun: Sequence[str]) -> None:
         left = [s for s in left if s.name not in done]
 
 
+def _check_reads(stages: Sequence[Stage], config: Any) -> None:
+    """Every field a stage declares it reads is a field of the config -- before anything runs."""
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        return
+    names = {f.name for f in dataclasses.fields(config)}
+    for s in stages:
+        unknown = [n for n in s.reads or () if n not in names]
+        if unknown:
+            raise ValueError(f"stage {s.name!r} declares it reads {unknown}, which {type(config).__name__} does not "
+                             f"have; its fields: {', '.join(sorted(names))}")
+
+
 def read_results(stages: Sequence[Stage], run_dir: str | os.PathLike) -> dict[str, dict]:
     """{name: results} of the finished `stages` in `run_dir` (as `run_stages` returns them, unfinished left out)."""
     return _finished(stages, Path(run_dir), ())
@@ -371,7 +374,7 @@ def _run_stage(stage: Stage, config: Any, run_dir: Path, options: StageOptions) 
     torch.set_num_threads(options.threads)
     logger = MetricsLogger(run_dir) if distributed.is_main() else None
     try:
-        return _call(stage, StageContext(stage.name, config, run_dir, options, logger))
+        return _call(stage, StageContext(stage.name, config, run_dir, options, logger, stage.reads))
     finally:
         torch.set_num_threads(previous)
         if logger is not None:
@@ -390,21 +393,17 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
                       f"starting again from step 0 (its {dropped} metric rows were discarded)", flush=True)
     distributed.barrier()
     clock = StageClock(ctx.dir / "resume")  # times add up over a stage cut short and resumed
-    earlier = _earlier_reads(ctx)  # what the stage read before it was cut short (None: unknown)
-    args = tuple(ctx.config if a is ctx.given and a is not None else a for a in stage.args)  # reads noted too
     try:
         with ctx.checkpointer:  # Ctrl-C / SIGTERM: the loop saves at its next step and stops
-            out = stage.fn(ctx, *args)
+            out = stage.fn(ctx, *stage.args)
         if not isinstance(out, dict):
             raise TypeError(f"a stage function returns a dict, got {type(out).__name__}")
-        out = {**out, "time": clock.totals(**_counters(ctx, clock)), INPUTS: _inputs(stage, ctx, earlier)}
+        out = {**out, "time": clock.totals(**_counters(ctx, clock)), INPUTS: _inputs(stage, ctx)}
         text = json.dumps(out, indent=1)
     except BaseException as e:
         if main:
             with contextlib.suppress(OSError):  # a full disk must not hide the error that stopped the stage
                 clock.save(**_counters(ctx, clock))  # only where a checkpoint to resume from exists
-                if clock.file.parent.exists():
-                    write_json(ctx.dir / "resume" / READS, _inputs(stage, ctx, earlier)["config"])
         if not isinstance(e, KeyboardInterrupt):
             e.add_note(f"in stage {stage.name!r} ({ctx.dir})")
         raise
@@ -420,26 +419,16 @@ def _call(stage: Stage, ctx: StageContext) -> dict:
     return out
 
 
-def _earlier_reads(ctx: StageContext) -> list[str] | None:
-    """The config fields a stage cut short had read before (resume/inputs.json; [] on a fresh run). A stage
-    resumed from a checkpoint with no such file (killed after a periodic checkpoint) read something unknown: None."""
-    if not ctx.resuming:
-        return []
-    try:
-        earlier = json.loads((ctx.dir / "resume" / READS).read_text())
-    except (OSError, ValueError):
-        return None
-    return earlier if isinstance(earlier, list) else None
-
-
-def _inputs(stage: Stage, ctx: StageContext, earlier: list[str] | None) -> dict:
-    """results["inputs"]: the top-level config fields the stage read (None: not known), and its `after`.
-    The config's field holding the runner's options counts as read by every stage: its threads are
-    every stage's (and the fields of it that change no result are `StageOptions.NO_EFFECT`)."""
-    reads = None
-    if ctx.config_read is not None and earlier is not None:
-        runner = {f.name for f in dataclasses.fields(ctx.given) if getattr(ctx.given, f.name) is ctx.options}
-        reads = sorted(ctx.config_read | runner | set(earlier))
+def _inputs(stage: Stage, ctx: StageContext) -> dict:
+    """results["inputs"]: the top-level config fields the stage reads (`Stage.reads`; every field where it declares
+    none; None for a config that is not a dataclass instance), and its `after`. The config's field holding the
+    runner's options counts as read by every stage: its threads are every stage's (and the fields of it that change
+    no result are `StageOptions.NO_EFFECT`)."""
+    config, reads = ctx.config._config if isinstance(ctx.config, Declared) else ctx.config, None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        names = [f.name for f in dataclasses.fields(config)]
+        runner = {n for n in names if getattr(config, n) is ctx.options}
+        reads = sorted(set(names if stage.reads is None else stage.reads) | runner)
     return {"config": reads, "stages": list(stage.after)}
 
 

@@ -127,7 +127,9 @@ from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ...runs.view import write_view_if_recorded
 from ...sources.overlap import OverlapConfig, check_overlap
+from ..base import Call
 from . import stages as st
+from .kernels import parse_options, run_under_kernels  # noqa: F401 (parse_options: the Experiment member)
 from .stages import GENERALIZATION
 
 
@@ -189,7 +191,8 @@ class Config:
     solves fewer of the tasks it can solve; 0: RFT's first round, as the seed)"""
     weak: SFTConfig = field(default_factory=lambda: SFTConfig(steps=150, batch_size=32, length_buckets=4))
     """SFT on blind + random play (A2)"""
-    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10, length_buckets=4))
+    oracle: SFTConfig = field(default_factory=lambda: SFTConfig(steps=60, batch_size=32, eval_every=10,
+                                                                length_buckets=4))
     """SFT on the 20 oracle demos from the weak base (A3; also the A11 mismatch run); snapshot every eval"""
     sft_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=3e-3))
     """optimizer of every SFT-style stage (weak base, oracle SFT, RFT rounds, A11, A13)"""
@@ -247,18 +250,40 @@ class Config:
             raise ValueError(f"agent: {str(e).removeprefix('TinyConfig: ')}") from None
 
 
-STAGES: list[Stage] = [  # priority order
-    Stage("weak_base", st.weak_base),
-    Stage("oracle_sft", st.oracle_sft, after=("weak_base",)),
-    Stage("rl_only", st.rl_only, after=("weak_base",)),
-    Stage("sft_rl", st.sft_rl, after=("oracle_sft",)),
-    Stage("dpo", st.dpo, after=("weak_base",)),
-    Stage("dpo_nll", st.dpo_nll, after=("weak_base",)),
-    Stage("rft", st.rft, after=("weak_base",)),
-    Stage("hacking", st.hacking, after=("weak_base",)),
-    Stage("template_mismatch", st.template_mismatch, after=("weak_base",)),
-    Stage("diagnostics", st.diagnostics, after=("weak_base",)),
-    Stage("generalization", st.generalization, after=GENERALIZATION),
+STAGES: list[Stage] = [  # priority order; `reads`: the config fields each stage function reads (`Stage.reads`)
+    Stage("weak_base", st.weak_base,
+          reads=("coverage_samples", "describe_samples", "dim", "episode_seeds", "max_action_tokens", "max_turns",
+                 "n_heads", "n_layers", "positions", "seed", "sft_optim", "tied", "weak", "weak_blind_spot",
+                 "weak_play_seeds")),
+    Stage("oracle_sft", st.oracle_sft, after=("weak_base",),
+          reads=("cold_start_step", "describe_samples", "episode_seeds", "eval_samples", "max_action_tokens",
+                 "max_turns", "oracle", "probe_group", "seed", "sft_optim")),
+    Stage("rl_only", st.rl_only, after=("weak_base",),
+          reads=("describe_samples", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns", "overlap",
+                 "rl", "rl_optim", "seed")),
+    Stage("sft_rl", st.sft_rl, after=("oracle_sft",),
+          reads=("cold_start_step", "describe_samples", "episode_seeds", "eval_samples", "max_action_tokens",
+                 "max_turns", "overlap", "rl", "rl_optim", "seed")),
+    Stage("dpo", st.dpo, after=("weak_base",),
+          reads=("dpo", "dpo_optim", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns",
+                 "pair_samples", "seed")),
+    Stage("dpo_nll", st.dpo_nll, after=("weak_base",),
+          reads=("dpo", "dpo_nll_weight", "dpo_optim", "episode_seeds", "eval_samples", "max_action_tokens",
+                 "max_turns", "pair_samples", "seed")),
+    Stage("rft", st.rft, after=("weak_base",),
+          reads=("describe_samples", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns", "rft",
+                 "seed", "sft_optim")),
+    Stage("hacking", st.hacking, after=("weak_base",),
+          reads=("episode_seeds", "eval_samples", "hack_rounds", "max_action_tokens", "max_turns", "rft", "seed",
+                 "sft_optim")),
+    Stage("template_mismatch", st.template_mismatch, after=("weak_base",),
+          reads=("describe_samples", "episode_seeds", "max_action_tokens", "max_turns", "oracle", "seed",
+                 "sft_optim")),
+    Stage("diagnostics", st.diagnostics, after=("weak_base",),
+          reads=("dim", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns", "n_heads", "n_layers",
+                 "positions", "seed", "sft_optim", "tied")),
+    Stage("generalization", st.generalization, after=GENERALIZATION,
+          reads=("describe_samples", "episode_seeds", "max_action_tokens", "max_turns", "seed", "sft_optim")),
 ]
 STAGE_NAMES = [s.name for s in STAGES]
 
@@ -296,3 +321,23 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path],
 
     return write_seeds_report(Path(run_dir), read(per_seed),
                               {t: read(dirs) for t, dirs in (float_paths or {}).items()} or None)
+
+
+def run_over_seeds(config: Config, run_dir: Path, seeds: list[int], call: Call) -> Path | None:
+    """`trajtune run agent --seeds S,S [--kernels K,K]`: every seed here into run_dir/seed-<s>, then (--kernels) again
+    under each other CPU kernel set in a child run into run_dir/kernels-<k>/seed-<s> -> the seeds report."""
+    from ...runs.rundir import run_seeds
+
+    per_seed = run_seeds(run, config, run_dir, seeds)
+    kernels = getattr(call.options, "kernels", None)
+    paths = None
+    if kernels:
+        paths = {kernels[0]: per_seed}
+        for k in kernels[1:]:
+            paths[k] = run_under_kernels(k, call.recipe, call.overrides, Path(run_dir) / f"kernels-{k}", seeds)
+    return seeds_report(config, run_dir, per_seed, float_paths=paths) if is_main() else None
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run (and
+# `run_over_seeds`, `parse_options`: --kernels, kernels.py)
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone

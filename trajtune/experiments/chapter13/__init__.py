@@ -11,15 +11,15 @@ report puts beside ours (`report.py` holds the claim checks):
                   └─ B7 sft_control
 
     stage         module         shows                                               seed's numbers
-    pretrain      instruct.py    B1 a char LM continues text, ignores the format    val loss 1.77; format 0%
-    sft_narrow    instruct.py    B2 SFT on 16 words: a lookup table                  seen 95%; unseen 0%, letter 0%
-    sft_broad     instruct.py    B2 SFT on ~400 words: starts to learn the rule     seen 41%; unseen 16%, letter 81%
+    pretrain     shared/instruct B1 a char LM continues text, ignores the format    val loss 1.77; format 0%
+    sft_narrow   shared/instruct B2 SFT on 16 words: a lookup table                  seen 95%; unseen 0%, letter 0%
+    sft_broad    shared/instruct B2 SFT on ~400 words: starts to learn the rule     seen 41%; unseen 16%, letter 81%
                                     (both raise the loss on ordinary text)          val loss 1.78 -> 2.06 / 2.04
     reward_model  preference.py  B3 Bradley-Terry on "ends with a period"           100% held-out pair accuracy
                                  B4 best-of-n with it, n = 2/4/8                     27% -> 38/62/88%, format kept
     dpo_beta*     preference.py  B5 DPO beta 1/0.3/0.1: reward @ KL, format          62%@1.35, 80%@5.7, 81%@18.4;
                                     (less reward per nat than best-of-n)            format 92/73/32%
-    coldstart     rlvr.py        B6 a tiny calculator SFT'd on worked additions      pass@1 25%, pass@16 84%
+    coldstart    shared/calculator B6 a tiny calculator SFT'd on worked additions      pass@1 25%, pass@16 84%
     grpo          rlvr.py        B6 GRPO from it: pass@1 up, pass@16 flat,          pass@1 47%, pass@16 80%,
                                     fewer distinct answers, ~1/3 groups no signal   distinct 7.3 -> 4.3
     sft_control   rlvr.py        B7 200 more SFT steps instead of RL                 pass@1 75%, pass@16 99%
@@ -63,22 +63,17 @@ from ...algorithms.reward_model import RewardModelConfig
 from ...algorithms.rl import RLConfig
 from ...sources.overlap import OverlapConfig, check_overlap
 from ...algorithms.sft import SFTConfig
-from ...config import check_choices, check_ranges
-from ...engine.distributed import init_distributed, is_main
+from ...config import check_choices
 from ...engine import OptimConfig
-from ...runs.report import claims_summary
-from ...runs.stages import Stage, StageOptions, read_results, run_stages
-from .instruct import stage_pretrain, stage_sft
-from .preference import stage_dpo, stage_reward_model
+from ...runs.stages import Stage, StageOptions, read_results
+from ..shared.instruct import SFT_READS, stage_sft
+from ..shared.recipe import UPSTREAM, adam, check_upstream, derive_seeds as shared_derive_seeds, run_and_report
+from .preference import DPO_READS, REWARD_MODEL_READS, stage_dpo, stage_reward_model
 from .report import write_chapter13_report, write_seed_table
-from .rlvr import stage_coldstart, stage_grpo, stage_sft_control
+from .rlvr import CONTROL_READS, GRPO_READS, stage_grpo, stage_sft_control
+from ..base import over_seeds
 
 Part = Literal["instruct", "preference", "rlvr"]
-
-
-def adam(lr: float, weight_decay: float = 0.0) -> OptimConfig:
-    """The seed's optimizer: plain AdamW (betas 0.9/0.999), no warm-up, no clipping."""
-    return OptimConfig(lr=lr, weight_decay=weight_decay, beta2=0.999, grad_clip=0.0)
 
 
 @dataclass
@@ -188,11 +183,7 @@ class Config:
         check_overlap(self.overlap, self.rl, "chapter13")
         if "preference" in self.parts and "instruct" not in self.parts:
             raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
-        check_ranges(self, "chapter13",
-                     counts=("dim", "n_layers", "n_heads", "block_size", "val_windows", "adherence_samples",
-                             "max_reply", "bon_repeats", "eval_per_word", "calc_dim", "calc_layers", "pass_k"))
-        if self.dim % self.n_heads or self.calc_dim % self.n_heads:
-            raise ValueError(f"chapter13: dim ({self.dim}) and calc_dim ({self.calc_dim}) must be divisible by n_heads ({self.n_heads})")
+        check_upstream(self, "chapter13", counts=("bon_repeats", "eval_per_word"))
         if not self.bon_ns or min(self.bon_ns) < 1:
             raise ValueError(f"chapter13: bon_ns must be a non-empty list of n >= 1, got {self.bon_ns}")
         if not self.dpo_betas or not min(self.dpo_betas) > 0:
@@ -201,113 +192,30 @@ class Config:
 
 
 def derive_seeds(config: Config) -> None:
-    """Set every nested loop's `seed` from `config.seed` (replacing the nested configs, never
-    mutating shared ones): the seeds the recipe always used, so its numbers do not move."""
-    s = config.seed
-    for name in ("pretrain", "sft", "reward_model", "dpo", "coldstart", "rl"):
-        setattr(config, name, replace(getattr(config, name), seed=s))
-    config.control = replace(config.control, seed=s + 1)  # the control's batches differ from the cold start's
+    """Set every nested loop's `seed` from `config.seed` (`shared.recipe.derive_seeds`); the control's is seed + 1."""
+    shared_derive_seeds(config, ("pretrain", "sft", "reward_model", "dpo", "coldstart", "rl"))
+    config.control = replace(config.control, seed=config.seed + 1)  # its batches differ from the cold start's
 
 
 def stages(config: Config) -> list[Stage]:
     """The stage graph, in priority order (longest chain first)."""
     out = []
     if "instruct" in config.parts:
-        out.append(Stage("pretrain", stage_pretrain))
+        out.append(UPSTREAM["pretrain"])
     if "rlvr" in config.parts:
-        out.append(Stage("coldstart", stage_coldstart))
+        out.append(UPSTREAM["coldstart"])
     if "instruct" in config.parts:
-        out.append(Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)))
+        out.append(UPSTREAM["sft_narrow"])
     if "rlvr" in config.parts:
-        out += [Stage("grpo", stage_grpo, after=("coldstart",)),
-                Stage("sft_control", stage_sft_control, after=("coldstart",))]
+        out += [Stage("grpo", stage_grpo, after=("coldstart",), reads=GRPO_READS),
+                Stage("sft_control", stage_sft_control, after=("coldstart",), reads=CONTROL_READS)]
     if "preference" in config.parts:
-        out += [Stage(f"dpo_beta{b:g}", stage_dpo, after=("sft_narrow",), args=(b,)) for b in config.dpo_betas]
-        out.append(Stage("reward_model", stage_reward_model, after=("sft_narrow",)))
+        out += [Stage(f"dpo_beta{b:g}", stage_dpo, after=("sft_narrow",), args=(b,), reads=DPO_READS)
+                for b in config.dpo_betas]
+        out.append(Stage("reward_model", stage_reward_model, after=("sft_narrow",), reads=REWARD_MODEL_READS))
     if "instruct" in config.parts:
-        out.append(Stage("sft_broad", stage_sft, after=("pretrain",), args=("broad",)))
+        out.append(Stage("sft_broad", stage_sft, after=("pretrain",), args=("broad",), reads=SFT_READS))
     return out
-
-
-UPSTREAM = {"pretrain": Stage("pretrain", stage_pretrain),
-            "sft_narrow": Stage("sft_narrow", stage_sft, after=("pretrain",), args=("narrow",)),
-            "coldstart": Stage("coldstart", stage_coldstart)}
-"""chapter 13's stages the recipes built on it start from (graders, rlhf_book): the instruct policy and the calculator"""
-
-
-def with_upstream(own: list[Stage]) -> list[Stage]:
-    """`own` stages after the chapter-13 `UPSTREAM` stages they need (directly or through one another), longest
-    chain first."""
-    needed: set[str] = set()
-    todo = [a for s in own for a in s.after]
-    while todo:
-        name = todo.pop()
-        if name in UPSTREAM and name not in needed:
-            needed.add(name)
-            todo += list(UPSTREAM[name].after)
-    return [UPSTREAM[n] for n in ("pretrain", "coldstart", "sft_narrow") if n in needed] + own
-
-
-def run_and_report(label: str, stage_list: list[Stage], config, run_dir: Path, write) -> tuple[Path, dict[str, dict]]:
-    """Run (or resume) `stage_list` in run_dir, then `write(run_dir, config, results)` the report -> (report path,
-    claims); it leaves claims.md beside it and writes view.html first when a stage recorded episodes
-    (`runs.view.write_view_if_recorded`). Prints `runs.report.claims_summary` ("N of M claims hold" and one short
-    line per claim; the table stays in the report): (report path, {stage: results}). Under torchrun every rank
-    runs, rank 0 alone talks and writes. `label`: the first line printed. The one runner of chapter 13 and the
-    recipes built on it (graders, rlhf_book): every `write` returns (report path, claims)."""
-    from ...runs.view import write_view_if_recorded
-
-    run_dir = Path(run_dir)
-    init_distributed()  # under torchrun: join the process group (a no-op in one process, or if joined)
-    main = is_main()
-    if main:
-        print(f"{label}, {config.runner.workers} worker(s)", flush=True)
-    results = run_stages(stage_list, config, run_dir, config.runner)
-    report = run_dir / "report.md"
-    if main:
-        write_view_if_recorded(run_dir)  # before the report, which links it (`runs.report.episodes_note`)
-        report, claims = write(run_dir, config, results)
-        print(claims_summary(claims))
-    return report, results
-
-
-@dataclass(frozen=True)
-class Parts:
-    """A recipe made of parts on chapter 13's upstream stages (graders, rlhf_book). `modules`: part name -> its
-    module (stages(config), claims(results, config), section(run_dir, results, config)); `chosen`: the config field
-    that lists the parts to run."""
-
-    modules: dict
-    chosen: str
-
-    def names(self, config) -> list[str]:
-        return list(getattr(config, self.chosen))
-
-    def stages(self, config) -> list[Stage]:
-        """The upstream stages the chosen parts need, then the parts' stages."""
-        return with_upstream([s for name in self.names(config) for s in self.modules[name].stages(config)])
-
-    def claims(self, results: dict, config) -> list:
-        return [c for name in self.names(config) for c in self.modules[name].claims(results, config)]
-
-    def sections(self, run_dir: Path, results: dict, config) -> list[str]:
-        return [self.modules[name].section(run_dir, results, config) for name in self.names(config)]
-
-    def claims_over_seeds(self, config, per_seed: dict[int, Path]) -> dict[int, list]:
-        """seed -> its claims, read back from each seed's run directory (`trajtune run --seeds`)."""
-        out = {}
-        for s, d in per_seed.items():
-            c = replace(config, seed=s)
-            out[s] = self.claims(read_results(self.stages(c), d), c)
-        return out
-
-
-def stage_times(results: dict[str, dict]) -> str:
-    """A markdown table of every stage's wall and CPU seconds."""
-    from ...runs.report import markdown_table
-
-    rows = [(name, f"{r['time']['wall_s']:.0f}", f"{r['time']['cpu_s']:.0f}") for name, r in results.items()]
-    return markdown_table(["stage", "wall", "CPU"], rows)
 
 
 def run_with_results(config: Config, run_dir: Path) -> tuple[Path, dict[str, dict]]:
@@ -324,3 +232,9 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     """B8: the mean ± sd table of the per-seed runs (`trajtune.runs.rundir.run_seeds`: seed -> its run directory)."""
     return write_seed_table(Path(run_dir), {s: read_results(stages(replace(config, seed=s)), d)
                                             for s, d in per_seed.items()}, config.dpo_betas)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

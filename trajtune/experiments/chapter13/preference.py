@@ -11,63 +11,33 @@ lines for a seen word, one ending with '.', one not (`envs.instruct.preference_p
                       share of the log-ratio that sits on the last two tokens (last character
                       and <|end|>)
 
-All models start from the narrow SFT model of `instruct.py` (as in the seed).
+All models start from the narrow SFT model (`experiments.shared.instruct`, as in the seed); the pairs, the SFT
+model and the reward-at-KL evaluation are `experiments.shared.preference`'s.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from pathlib import Path
 
 import torch
 
 from ...algorithms.best_of_n import best_of_n, best_of_n_kl_bound
 from ...algorithms.dpo import train_dpo
 from ...algorithms.reward_model import train_reward_model
-from ...sources.episodes import sample_episodes
 from ...sources.scoring import pair_accuracy, reward_model_scores
-from ...engine import Engine
 from ...envs.instruct import SEEN, InstructTask, preference_pairs
-from ...models.tiny import TinyTransformer, load_model
-from ...runs.verdicts import ratio
-from ...trajectory import collate
-from .instruct import corpus, demo, instruct_source, renderer
+from ...models.tiny import TinyTransformer
 from ...seeding import derive
+from ..shared.instruct import corpus, instruct_source
+from ..shared.preference import evaluate_policy, rendered_pairs, sft_model
 
 
-def rendered_pairs(pairs):
-    r = renderer()
-    return [(demo(r, task, chosen), demo(r, task, rejected)) for task, chosen, rejected in pairs]
-
-
-def sft_model(run_dir: Path) -> TinyTransformer:
-    return load_model(Path(run_dir) / "sft_narrow" / "model")[0]
-
-
-@torch.no_grad()
-def evaluate_policy(policy: Engine, ref: Engine, config, seed: int) -> dict:
-    """Sample `eval_per_word` replies per seen word: true reward, format, sampled KL from ref, end share, and the
-    noise of each (`n` replies; `kl_se` the standard error of the mean KL; `end_share_se` the delta-method SE of the
-    ratio over replies, `runs.verdicts.ratio`: a bootstrap of it followed the float path when the log-ratio sum
-    nears 0)."""
-    pad = corpus()[0].pad_id
-    trajs = sample_episodes(instruct_source(policy, "preference", config.max_reply), [InstructTask(w) for w in SEEN],
-                            config.eval_per_word, seed)
-    batch = collate(trajs, pad)
-    mask = batch.action_mask  # [B, T-1] the reply's characters and its <|end|>
-    log_ratio = (policy.forward(batch).logprobs - ref.forward(batch).logprobs) * mask  # [B, T-1]
-    position = torch.arange(mask.shape[1]).expand_as(mask)
-    last = (position * mask).amax(-1, keepdim=True)  # [B, 1] index of each reply's last POLICY token
-    tail = mask * (position >= last - 1)  # the last two POLICY tokens of each reply
-    per_reply = log_ratio.sum(-1)  # [B]
-    n = len(trajs)
-    share = ratio((log_ratio * tail).sum(-1).tolist(), per_reply.tolist())  # nan for the reference itself
-    return {"reward": sum(t.reward for t in trajs) / n, "n": n,
-            "format": sum(t.info["format_ok"] for t in trajs) / n,
-            "kl": float(per_reply.mean()), "kl_se": float(per_reply.std() / n ** 0.5) if n > 1 else 0.0,
-            "end_share": share.value, "end_share_se": share.se,
-            "examples": [t.info["reply"] for t in trajs[:: config.eval_per_word][:3]]}
+REWARD_MODEL_READS = ("seed", "reward_model", "reward_model_optim", "bon_ns", "bon_repeats", "eval_per_word",
+                      "max_reply")
+"""the config fields `stage_reward_model` reads (`Stage.reads`)"""
+DPO_READS = ("seed", "dpo", "dpo_optim", "eval_per_word", "max_reply")
+"""the config fields `stage_dpo` reads"""
 
 
 def stage_reward_model(ctx) -> dict:

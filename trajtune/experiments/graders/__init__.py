@@ -7,7 +7,7 @@ gyms can verify (the chapter-13 instruct gym's `format_ok`, `first_letter_ok`, `
 calculator's exact answers; BugFix's tests) and reported beside that verifier: the mechanics are the point,
 and the same code runs with a real judge or reward model (the HF commands' `--reward-judge`, `--reward-model`).
 
-The upstream stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
+The upstream stages are chapter 13's (`trajtune.experiments.shared`: the same functions and settings):
 
     pretrain -> sft_narrow     the char-level instruct policy every instruct demo starts from
     coldstart                  the calculator every arithmetic demo starts from
@@ -33,19 +33,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from ...algorithms.sft import SFTConfig
+from ...algorithms.dpo import DPOConfig
+from ...algorithms.reward_model import RewardModelConfig
+from ...engine import OptimConfig
 
 from ...runs.report import claims_table, claims_verdict, write_claims_over_seeds, write_report
-from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
+from ...runs.stages import StageOptions
+from ..shared.recipe import Parts, adam, check_upstream, derive_seeds, run_and_report, stage_times
 from . import evals, judges, overopt, reward_models
+from ..base import over_seeds
 
 PARTS = {"judges": judges, "reward_models": reward_models, "overopt": overopt, "evals": evals}
 """part name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
 
 
 @dataclass
-class Config(Chapter13Config):
-    """Chapter 13's settings for the upstream stages (pretrain, sft_narrow, coldstart and their loops), plus
-    the parts. chapter13's `parts` is not read here: `demos` picks what runs."""
+class Config:
+    """The settings of the upstream stages (pretrain, sft_narrow, coldstart: chapter 13's, with its defaults), the
+    few more of chapter 13's its parts reuse, and the parts (its config holds only what its stages read)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"parts": "demos", "workers": "runner.workers", "threads": "runner.threads"}
+    """recipe keys of earlier versions -> where they went (chapter 13's other settings are not this recipe's)"""
+    seed: int = 0
+    """one seed for every stage (the loops' seeds are derived from it, `shared.recipe.derive_seeds`)"""
+    runner: StageOptions = field(default_factory=lambda: StageOptions(workers=2, threads=1))
+    """the stage runner: processes running independent stages, torch threads per process"""
 
     demos: list[str] = field(default_factory=lambda: list(PARTS))
     """which parts run: judges, reward_models, overopt, evals"""
@@ -58,8 +73,56 @@ class Config(Chapter13Config):
     evals: evals.Demo = field(default_factory=evals.Demo)
     """evaluation tools (evals.py)"""
 
+    # --- chapter 13's settings for the upstream stages (shared.recipe.UPSTREAM_FIELDS), with its defaults
+    dim: int = 96
+    """the instruct policy's base model width (`trajtune run chapter13`: B1)"""
+    n_layers: int = 3
+    """base model blocks"""
+    n_heads: int = 4
+    """attention heads (base model and calculator)"""
+    block_size: int = 64
+    """characters predicted per pretraining window"""
+    val_windows: int = 320
+    """held-out windows for the Shakespeare val loss"""
+    pretrain: SFTConfig = field(default_factory=lambda: SFTConfig(steps=600, batch_size=32, eval_every=100))
+    """pretraining on raw Shakespeare (`pretrain`)"""
+    pretrain_optim: OptimConfig = field(default_factory=lambda: adam(3e-3))
+    """pretraining optimizer"""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=300, batch_size=32))
+    """SFT on the narrow demonstrations (`sft_narrow`)"""
+    sft_optim: OptimConfig = field(default_factory=lambda: adam(1e-3))
+    """SFT optimizer"""
+    adherence_samples: int = 8
+    """sampled replies per word when measuring adherence"""
+    max_reply: int = 64
+    """reply budget in characters (tokens)"""
+    calc_dim: int = 64
+    """calculator model width"""
+    calc_layers: int = 2
+    """calculator blocks"""
+    coldstart: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500, batch_size=64))
+    """the calculator's cold-start SFT on worked 2-digit additions (`coldstart`)"""
+    calc_optim: OptimConfig = field(default_factory=lambda: adam(3e-3, weight_decay=0.01))
+    """the calculator's SFT optimizer"""
+    pass_k: int = 16
+    """samples per held-out problem for pass@k and distinct answers"""
+    # --- chapter 13's settings its parts reuse
+    eval_per_word: int = 8
+    """sampled replies per seen word in the reward-at-KL evaluation (`shared.preference.evaluate_policy`)"""
+    reward_model: RewardModelConfig = field(default_factory=lambda: RewardModelConfig(steps=60, batch_size=32))
+    """the Bradley-Terry reward model's loop (reward_models: each demo sets its steps)"""
+    reward_model_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """reward-model optimizer"""
+    dpo: DPOConfig = field(default_factory=lambda: DPOConfig(steps=100, batch_size=32))
+    """DPO from the narrow SFT model (judges: its `beta` comes from `judges.dpo_beta`)"""
+    dpo_optim: OptimConfig = field(default_factory=lambda: adam(1e-4))
+    """DPO optimizer"""
+    rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """GRPO optimizer"""
+
     def __post_init__(self) -> None:
-        super().__post_init__()
+        check_upstream(self, "graders", counts=("eval_per_word",))
+        derive_seeds(self, ("pretrain", "sft", "reward_model", "dpo", "coldstart"))
         unknown = [d for d in self.demos if d not in PARTS]
         if unknown or not self.demos:
             raise ValueError(f"graders: demos must be a non-empty list of {list(PARTS)}, got {self.demos}")
@@ -104,3 +167,9 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     """Every claim's verdict and numbers on every seed (`trajtune run graders --seeds 0,1,2`)."""
     return write_claims_over_seeds(run_dir, "The RLHF book, part 1: models as graders, over seeds",
                                    RECIPE.claims_over_seeds(config, per_seed))
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

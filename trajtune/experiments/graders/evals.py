@@ -43,7 +43,7 @@ from ...sources.episodes import sample_episodes
 from ...sources.rewards.controls import random_reward
 from ...sources.rewards.functions import RewardState
 from ...text.render import Renderer
-from ..chapter13.rlvr import source_for
+from ..shared.calculator import source_for
 
 POLICIES = {"coldstart": "cold start", "evals_grpo": "GRPO", "evals_random": "random-reward GRPO"}
 """stage -> the policy's name in the tables"""
@@ -214,9 +214,11 @@ def decontamination(ctx, config, demo: Demo) -> dict:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage("evals_grpo", stage_grpo, after=("coldstart",), args=("verifier",)),
-            Stage("evals_random", stage_grpo, after=("coldstart",), args=("random",)),
-            Stage("evals", stage_evals, after=("coldstart", "evals_grpo", "evals_random"))]
+    grpo = ("seed", "evals", "rl_optim")  # `Stage.reads`
+    return [Stage("evals_grpo", stage_grpo, after=("coldstart",), args=("verifier",), reads=grpo),
+            Stage("evals_random", stage_grpo, after=("coldstart",), args=("random",), reads=grpo),
+            Stage("evals", stage_evals, after=("coldstart", "evals_grpo", "evals_random"),
+                  reads=("seed", "evals", "coldstart"))]
 
 
 # --- claims -----------------------------------------------------------------------------------------------------

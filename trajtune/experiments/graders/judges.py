@@ -17,7 +17,7 @@ prompt (its vocabulary has no brackets or digits, its context is 128 characters)
                          (RLAIF: swap-consistent; ties and unparseable dropped)
     judge_dpo_verifier   DPO on the same pairs labelled by the verifier (as chapter 13's B5)
 
-Both DPO runs are read with chapter 13's reward-at-KL harness (`chapter13.preference.evaluate_policy`, claim
+Both DPO runs are read with chapter 13's reward-at-KL harness (`shared.preference.evaluate_policy`, claim
 B5: true reward, sampled KL from the SFT model, format), on the same evaluation seed.
 
 How this departs from the book, and why:
@@ -63,8 +63,8 @@ from ...sources.episodes import sample_episodes
 from ...sources.judge import TEMPLATES, Judge, parse_verdict, swap_consistent
 from ...sources.rewards import RewardBatch
 from ...sources.rewards.rubric import Rubric, RubricItem, RubricReward, slug
-from ..chapter13.instruct import corpus, instruct_source, renderer
-from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
+from ..shared.instruct import corpus, instruct_source, renderer
+from ..shared.preference import evaluate_policy, rendered_pairs, sft_model
 
 PAIR, YES_NO = TEMPLATES["compact_pair"], TEMPLATES["compact_yes_no"]
 PERIOD = "ends with a period"
@@ -99,9 +99,10 @@ class Demo:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage("judge_train", stage_judge_train, after=("sft_narrow",)),
-            Stage("judge_dpo_ai", stage_judge_dpo, after=("judge_train",), args=("ai",)),
-            Stage("judge_dpo_verifier", stage_judge_dpo, after=("sft_narrow",), args=("verifier",))]
+    dpo = ("seed", "judges", "dpo", "dpo_optim", "eval_per_word", "max_reply")  # `Stage.reads`
+    return [Stage("judge_train", stage_judge_train, after=("sft_narrow",), reads=("seed", "judges", "max_reply")),
+            Stage("judge_dpo_ai", stage_judge_dpo, after=("judge_train",), args=("ai",), reads=dpo),
+            Stage("judge_dpo_verifier", stage_judge_dpo, after=("sft_narrow",), args=("verifier",), reads=dpo)]
 
 
 # --- data -----------------------------------------------------------------------------------------
@@ -444,7 +445,8 @@ def section(run_dir: Path, results: dict, config) -> str:
     if ai["reward"] is not None:
         points["DPO, AI labels (tiny judge)"] = ([ai["kl"]], [ai["reward"]])
     line_plot(run_dir / "judges_frontier.png", points,
-              f"DPO (beta {config.judges.dpo_beta:g}) on AI vs verifier labels", "KL from the SFT model (nats per reply)",
+              f"DPO (beta {config.judges.dpo_beta:g}) on AI vs verifier labels",
+              "KL from the SFT model (nats per reply)",
               "replies ending with a period", (0, 1.05),
               styles={"SFT": "*", "DPO, verifier labels": "s", "DPO, AI labels (tiny judge)": "o"})
     when_a, when_b = cai["p_a_when_a"], cai["p_a_when_b"]

@@ -71,9 +71,9 @@ from ...sources.episodes import sample_episodes
 from ...sources.graders import Grades, Weighted
 from ...sources.scoring import Scored, pair_accuracy, reward_model_scores
 from ...trajectory import Owner, Trajectory
-from ..chapter13 import adam
-from ..chapter13.instruct import corpus, instruct_source, renderer
-from ..chapter13.preference import rendered_pairs, sft_model
+from ..shared.recipe import adam
+from ..shared.instruct import corpus, instruct_source, renderer
+from ..shared.preference import rendered_pairs, sft_model
 
 RUNS = ("single", "ensemble")
 
@@ -111,10 +111,12 @@ def demo(config) -> Demo:
 
 def stages(config) -> list[Stage]:
     d = demo(config)
-    rms = [Stage(f"overopt_rm{k}", stage_rm, after=("sft_narrow",), args=(k,)) for k in range(d.members)]
-    rms.append(Stage("overopt_rm_test", stage_rm, after=("sft_narrow",), args=("test",)))
+    rm_reads, rl_reads = ("seed", "overopt"), ("seed", "overopt", "max_reply")  # `Stage.reads`
+    rms = [Stage(f"overopt_rm{k}", stage_rm, after=("sft_narrow",), args=(k,), reads=rm_reads)
+           for k in range(d.members)]
+    rms.append(Stage("overopt_rm_test", stage_rm, after=("sft_narrow",), args=("test",), reads=rm_reads))
     after = tuple(s.name for s in rms)
-    return [*(Stage(f"overopt_{which}", stage_rl, after=after, args=(which,)) for which in RUNS), *rms]
+    return [*(Stage(f"overopt_{which}", stage_rl, after=after, args=(which,), reads=rl_reads) for which in RUNS), *rms]
 
 
 # --- the pairs, the reward models -----------------------------------------------------------------
@@ -138,7 +140,7 @@ class RatedTask(InstructTask):
 class TinyRewardModel:
     """A chapter-13 reward model as a `RewardBatch` scorer: the value head at the last token of the prompt + reply.
     The reply goes in as the tokens the policy sampled (`completion_ids`, its <|end|> included when it stopped),
-    after the prompt as the one renderer writes it: token for token what the pairs were (`chapter13.instruct.demo`)."""
+    after the prompt as the one renderer writes it: token for token what the pairs were (`shared.instruct.demo`)."""
 
     finished_only, main_only = True, False  # a grader (trajtune.sources.graders.Grader)
 
@@ -450,7 +452,8 @@ def section(run_dir: Path, results: dict, config) -> str:
                                                                              ("min-ensemble", ensemble))
              for c in curve]
     plot_curves(Path(run_dir) / "overopt.png", single, ensemble)
-    examples = "\n".join(f"- {run}: " + "; ".join("`" + e.replace("`", "'") + "`" for e in results[f"overopt_{run}"]["examples"])
+    examples = "\n".join(f"- {run}: " + "; ".join("`" + e.replace("`", "'") + "`"
+                                                  for e in results[f"overopt_{run}"]["examples"])
                          for run in RUNS)
     return "\n\n".join([
         "## Over-optimization (ch.14)",

@@ -58,9 +58,9 @@ from ...sources.rollout import scripted_rollout
 from ...sources.scoring import RewardKind, reward_model_scores, scorer, step_ends, token_reward_scores
 from ...text.render import Renderer
 from ...trajectory import collate
-from ..chapter13.instruct import corpus, demo, renderer
-from ..chapter13.preference import rendered_pairs, sft_model
-from ..chapter13.rlvr import source_for
+from ..shared.instruct import corpus, demo, renderer
+from ..shared.preference import rendered_pairs, sft_model
+from ..shared.calculator import source_for
 from ..hf.rm_eval import evaluate_pairs
 
 
@@ -191,7 +191,8 @@ def bugfix_episodes(tasks, renderer: Renderer, seed: int) -> list[tuple]:
         right = task.op
         wrong = [op for op in OPS if op != right]
         scripts = ([["read", f"edit {right}", "submit"], [f"edit {right}", "submit"],
-                    ["read", "hardcode_tests", "submit"], ["read", f"edit {rng.choice(wrong)}", f"edit {right}", "submit"]]
+                    ["read", "hardcode_tests", "submit"],
+                    ["read", f"edit {rng.choice(wrong)}", f"edit {right}", "submit"]]
                    + [["read", f"edit {w}", "submit"] for w in wrong])
         for actions in scripts:
             t = scripted_rollout(Script(actions), BugFixEnv(), task, renderer, max_turns=6, max_action_tokens=8)
@@ -307,8 +308,10 @@ def stage_kwise(ctx) -> dict:
 
 # --- the recipe part ------------------------------------------------------------------------------------
 def stages(config) -> list[Stage]:
-    return [Stage("rm_orm", stage_orm, after=("coldstart",)), Stage("rm_prm", stage_prm),
-            Stage("rm_bt", stage_bt, after=("sft_narrow",)), Stage("rm_kwise", stage_kwise, after=("sft_narrow",))]
+    own = ("seed", "reward_models")  # `Stage.reads`
+    return [Stage("rm_orm", stage_orm, after=("coldstart",), reads=own), Stage("rm_prm", stage_prm, reads=own),
+            Stage("rm_bt", stage_bt, after=("sft_narrow",), reads=(*own, "reward_model", "reward_model_optim")),
+            Stage("rm_kwise", stage_kwise, after=("sft_narrow",), reads=own)]
 
 
 def auc_se(a: float, n_pos: int, n_neg: int) -> float:
@@ -402,8 +405,8 @@ def claims(results: dict, config) -> list[Claim]:
                          f"PL {fmt(pl['top1'])}, BT {fmt(b['top1'])} ({kw['test_lists']} lists of 4, {n_pairs} pairs)",
                          '"There are many other formulations that can create suitable models of human preferences ... '
                          'a K-wise loss function based on the Plackett-Luce model" (RLHF book ch.5 K-Wise Loss '
-                         "Function, §5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more than 0.05 "
-                         "below all-pairs BT's (beyond 2 SE)", holds, est))
+                         "Function, §5.5): PL's held-out pair accuracy above 0.5 (by more than 2 SE) and not more "
+                         "than 0.05 below all-pairs BT's (beyond 2 SE)", holds, est))
     return out
 
 
@@ -412,7 +415,8 @@ def section(run_dir: Path, results: dict, config) -> str:
     orm, prm, bt, kw = (results.get(k) for k in ("rm_orm", "rm_prm", "rm_bt", "rm_kwise"))
     if orm:
         b = orm["bon"]
-        bar_plot(run_dir / "rm-orm-bon.png", {"random pick": b["random"], "ORM pick": b["orm"], "oracle pick": b["oracle"]},
+        bar_plot(run_dir / "rm-orm-bon.png",
+                 {"random pick": b["random"], "ORM pick": b["orm"], "oracle pick": b["oracle"]},
                  f"Best-of-{orm['n']} on 256 held-out sums", "pass rate", xlabel="which of the N samples is kept")
         q = orm["train_correct"]
         floor = -(q * math.log(q) + (1 - q) * math.log(1 - q)) if 0 < q < 1 else 0.0

@@ -99,3 +99,8 @@ def dry_run(config: SFTRun, run_dir: Path) -> str:
 def run(config: SFTRun, run_dir: Path) -> Path:
     """Check, train, save model/ in the Hugging Face format; returns the report."""
     return run_method(config, run_dir, train, prepare)
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+parse_options = None  # no options of its own

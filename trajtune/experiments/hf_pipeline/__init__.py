@@ -58,13 +58,20 @@ from .config import Config
 from .report import write_pipeline_report
 from .stages import stage_base, stage_dpo, stage_grpo, stage_pairs, stage_pretrain, stage_sft
 
-__all__ = ["Config", "run", "stages"]
+__all__ = ["Config", "dry_run", "parse_options", "run", "run_over_seeds", "stages"]
 
 
 def stages() -> list[Stage]:
-    return [Stage("base", stage_base), Stage("pretrain", stage_pretrain, after=("base",)),
-            Stage("sft", stage_sft, after=("pretrain",)), Stage("pairs", stage_pairs, after=("sft",)),
-            Stage("dpo", stage_dpo, after=("pairs",)), Stage("grpo", stage_grpo, after=("dpo",))]
+    evaluation = ("seed", "model", "n_eval", "eval_samples")  # every stage's held-out scores
+    return [Stage("base", stage_base, reads=(*evaluation, "llama", "chat_share", "n_pretrain", "n_sft", "n_grpo")),
+            Stage("pretrain", stage_pretrain, after=("base",),
+                  reads=(*evaluation, "output", "pretrain", "pretrain_optim", "pretrain_schedule")),
+            Stage("sft", stage_sft, after=("pretrain",),
+                  reads=(*evaluation, "output", "sft", "sft_optim", "sft_schedule")),
+            Stage("pairs", stage_pairs, after=("sft",), reads=("seed", "n_pair_prompts", "pair_samples", "sampling")),
+            Stage("dpo", stage_dpo, after=("pairs",),
+                  reads=(*evaluation, "output", "dpo", "dpo_optim", "dpo_schedule")),
+            Stage("grpo", stage_grpo, after=("dpo",), reads=(*evaluation, "output", "grpo", "grpo_optim", "sampling"))]
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -81,3 +88,9 @@ def run(config: Config, run_dir: Path) -> Path:
     report, claims = write_pipeline_report(run_dir, config, results)
     print(claims_summary(claims))
     return report
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

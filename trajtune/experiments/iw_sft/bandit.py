@@ -79,8 +79,8 @@ class Config:
                              "c3_runs"),
                      positive=("lr",))
         if len(self.step_clip) != 2 or not 0 <= self.step_clip[0] <= self.step_clip[1]:
-            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, got "
-                             f"{self.step_clip}")
+            raise ValueError(f"iw_sft_bandit: step_clip must be [low, high] with 0 <= low <= high, "
+                             f"got {self.step_clip}")
         if not self.alphas:
             raise ValueError("iw_sft_bandit: alphas must not be empty")
 
@@ -254,3 +254,9 @@ def write_bandit_report(run_dir: Path, config: Config, env: TwoArmBandit, curves
         "## Claims\n\n" + claims_table(claims), "## All variants\n\n" + table,
         image(run_dir / "p_right.png", "pi(right)") + " " + image(run_dir / "reward.png", "reward") + " "
         + image(run_dir / "c3_spread.png", "C3")])
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = None  # no report over seeds: `trajtune run --seeds` is refused
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

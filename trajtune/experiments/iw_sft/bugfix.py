@@ -36,6 +36,7 @@ from ...runs.verdicts import Estimate, two_shares
 from ...runs.view import write_view_if_recorded
 from ...runs.stages import Stage, StageContext, StageOptions, run_stages
 from ..bugfix import eval_seed, evaluate, load_engine, seeded, stage_gym, train_weak_base
+from ..base import over_seeds
 
 BUDGET = ("rounds", "samples_per_task", "steps_per_round", "batch_size")
 """the settings `rft` and `iw` must share: equal sampling and training budgets"""
@@ -78,7 +79,7 @@ class Config:
         check_ranges(self, "iw_sft_bugfix", counts=("eval_samples",))
         differ = [k for k in BUDGET if getattr(self.rft, k) != getattr(self.iw, k)]
         if differ:
-            raise ValueError("iw_sft_bugfix: rft and iw must spend the same budget; they differ in "
+            raise ValueError(f"iw_sft_bugfix: rft and iw must spend the same budget; they differ in "
                              f"{', '.join(differ)}")
 
 
@@ -108,8 +109,12 @@ def stage_method(ctx: StageContext, method: str) -> dict:
             "n_eval": {"train": len(gym.train) * c.eval_samples, "heldout": len(gym.heldout) * c.eval_samples}}
 
 
-STAGES = [Stage("weak_base", stage_weak_base), Stage("rft", stage_method, after=("weak_base",), args=("rft",)),
-          Stage("iw_sft", stage_method, after=("weak_base",), args=("iw_sft",))]
+STAGES = [Stage("weak_base", stage_weak_base, reads=("seed", "weak", "optim")),
+          Stage("rft", stage_method, after=("weak_base",), args=("rft",),
+                reads=("seed", "rft", "optim", "eval_samples")),
+          Stage("iw_sft", stage_method, after=("weak_base",), args=("iw_sft",),
+                reads=("seed", "iw", "optim", "eval_samples"))]
+"""`reads`: the config fields each stage reads (`Stage.reads`)"""
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -162,8 +167,8 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
                      f"{int(rft['sampled'] / max(config.rft.rounds, 1))} samples: train pass")
     for key, label in (("eval/pass_rate", "train"), ("eval/heldout_pass_rate", "held-out")):
         line_plot(run_dir / f"pass_{label}.png",
-                  {m: ([c["step"] for c in results[m]["curve"]],
-                       [c[key] for c in results[m]["curve"]]) for m in ("rft", "iw_sft")},
+                  {m: ([c["step"] for c in results[m]["curve"]], [c[key] for c in results[m]["curve"]])
+                   for m in ("rft", "iw_sft")},
                   f"C4: {label} pass rate", "SFT step (4 rounds)", "pass rate", (0, 1.02))
     rows = [(m, *(fmt(c[k]) for c in [results[m]["curve"][-1]] for k in ("eval/pass_rate", "eval/heldout_pass_rate",
                                                                           "eval/invalid_per_episode")),
@@ -176,13 +181,12 @@ def write_bugfix_report(run_dir: Path, config: Config, results: dict) -> Path:
     return write_report(run_dir, "iw-SFT vs expert iteration on the BugFix gym (C4)", [
         f"Seed {config.seed}. {claims_verdict([claim])}. Weak base: `experiments.bugfix.train_weak_base` "
         f"({config.weak.steps} SFT steps on blind + random play). "
-        f"iw-SFT weights: {config.iw.variant}, q refreshed every {config.iw.q_update_every} steps; ESS/K of the last "
-        "step per round: "
+        f"iw-SFT weights: {config.iw.variant}, q refreshed every {config.iw.q_update_every} steps; "
+        "ESS/K of the last step per round: "
         + ", ".join(fmt(e) for e in ess) + ".",
         "## Claim\n\n" + claims_table([claim]) + "\n\n" + BOUND_TEXT,
         "## Final numbers\n\n" + markdown_table(["method", "train pass", "held-out pass", "invalid/ep",
-                                                 "kept per round",
-                                                 "sampled episodes"], rows),
+                                                 "kept per round", "sampled episodes"], rows),
         image(run_dir / "pass_train.png", "train") + " " + image(run_dir / "pass_held-out.png", "held-out")])
 
 
@@ -211,3 +215,9 @@ def _relative(path: Path, root: Path) -> str:
         return Path(path).resolve().relative_to(Path(root).resolve()).as_posix()
     except ValueError:
         return Path(path).resolve().as_posix()
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

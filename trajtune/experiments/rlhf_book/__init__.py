@@ -5,7 +5,7 @@ The book ends chapters 4, 5, 6, 8, 9 and 12 with experiments to run on its compa
 Here each becomes a few stages on the built-in tiny models and gyms, and the report gives, per experiment, the
 book's expected observation, ours (a table or plot) and a verdict as strict as the book's sentence, decided
 through `runs.verdicts` with its uncertainty (`evidence.py`: which standard error each kind of number has). The upstream
-stages are chapter 13's (`trajtune.experiments.chapter13`, the same functions and settings):
+stages are chapter 13's (`trajtune.experiments.shared`: the same functions and settings):
 
     pretrain -> sft_narrow     the char-level base model (ch.4 starts from it) and instruct policy (ch.6.4, ch.8)
     coldstart                  the calculator (ch.9 starts from it)
@@ -29,11 +29,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
+
+from ...algorithms.sft import SFTConfig
+from ...engine import OptimConfig
 
 from ...runs.report import Claim, claims_table, claims_verdict, markdown_table, write_claims_over_seeds, write_report
-from ..chapter13 import Config as Chapter13Config, Parts, run_and_report, stage_times
+from ...runs.stages import StageOptions
+from ..shared.recipe import Parts, adam, check_upstream, derive_seeds, run_and_report, stage_times
 from . import daa, distill, pg, rs, sft
 from .evidence import SECTIONS
+from ..base import over_seeds
 
 CHAPTERS = {"sft": sft, "pg": pg, "daa": daa, "rs": rs, "distill": distill}
 """chapter name -> its module (Demo, stages(config), claims(results, config), section(run_dir, results, config))"""
@@ -63,9 +69,16 @@ EXPERIMENTS = [
 
 
 @dataclass
-class Config(Chapter13Config):
-    """Chapter 13's settings for the upstream stages (pretrain, sft_narrow, coldstart and their loops), plus the
-    chapters. chapter13's `parts` is not read here: `chapters` picks what runs."""
+class Config:
+    """The settings of the upstream stages (pretrain, sft_narrow, coldstart: chapter 13's, with its defaults), the
+    few more of chapter 13's its parts reuse, and the parts (its config holds only what its stages read)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"parts": "chapters", "workers": "runner.workers", "threads": "runner.threads"}
+    """recipe keys of earlier versions -> where they went (chapter 13's other settings are not this recipe's)"""
+    seed: int = 0
+    """one seed for every stage (the loops' seeds are derived from it, `shared.recipe.derive_seeds`)"""
+    runner: StageOptions = field(default_factory=lambda: StageOptions(workers=2, threads=1))
+    """the stage runner: processes running independent stages, torch threads per process"""
 
     chapters: list[str] = field(default_factory=lambda: list(CHAPTERS))
     """which chapters run: sft (S4), pg (S6), daa (S8), rs (S9), distill (S12)"""
@@ -80,8 +93,50 @@ class Config(Chapter13Config):
     distill: distill.Demo = field(default_factory=distill.Demo)
     """ch.12 self-distillation (distill.py)"""
 
+    # --- chapter 13's settings for the upstream stages (shared.recipe.UPSTREAM_FIELDS), with its defaults
+    dim: int = 96
+    """the instruct policy's base model width (`trajtune run chapter13`: B1)"""
+    n_layers: int = 3
+    """base model blocks"""
+    n_heads: int = 4
+    """attention heads (base model and calculator)"""
+    block_size: int = 64
+    """characters predicted per pretraining window"""
+    val_windows: int = 320
+    """held-out windows for the Shakespeare val loss"""
+    pretrain: SFTConfig = field(default_factory=lambda: SFTConfig(steps=600, batch_size=32, eval_every=100))
+    """pretraining on raw Shakespeare (`pretrain`)"""
+    pretrain_optim: OptimConfig = field(default_factory=lambda: adam(3e-3))
+    """pretraining optimizer"""
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(steps=300, batch_size=32))
+    """SFT on the narrow demonstrations (`sft_narrow`)"""
+    sft_optim: OptimConfig = field(default_factory=lambda: adam(1e-3))
+    """SFT optimizer"""
+    adherence_samples: int = 8
+    """sampled replies per word when measuring adherence"""
+    max_reply: int = 64
+    """reply budget in characters (tokens)"""
+    calc_dim: int = 64
+    """calculator model width"""
+    calc_layers: int = 2
+    """calculator blocks"""
+    coldstart: SFTConfig = field(default_factory=lambda: SFTConfig(steps=500, batch_size=64))
+    """the calculator's cold-start SFT on worked 2-digit additions (`coldstart`)"""
+    calc_optim: OptimConfig = field(default_factory=lambda: adam(3e-3, weight_decay=0.01))
+    """the calculator's SFT optimizer"""
+    pass_k: int = 16
+    """samples per held-out problem for pass@k and distinct answers"""
+    # --- chapter 13's settings its parts reuse
+    eval_per_word: int = 8
+    """sampled replies per seen word in the reward-at-KL evaluation (`shared.preference.evaluate_policy`)"""
+    dpo_optim: OptimConfig = field(default_factory=lambda: adam(1e-4))
+    """DPO optimizer"""
+    rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
+    """GRPO optimizer"""
+
     def __post_init__(self) -> None:
-        super().__post_init__()
+        check_upstream(self, "rlhf_book", counts=("eval_per_word",))
+        derive_seeds(self, ("pretrain", "sft", "coldstart"))
         unknown = [c for c in self.chapters if c not in CHAPTERS]
         if unknown or not self.chapters:
             raise ValueError(f"rlhf_book: chapters must be a non-empty list of {list(CHAPTERS)}, got {self.chapters}")
@@ -143,3 +198,9 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
     """Every claim's verdict and numbers on every seed (`trajtune run rlhf_book --seeds 0,1,2`)."""
     return write_claims_over_seeds(run_dir, "The RLHF book's Suggested Experiments, over seeds",
                                    RECIPE.claims_over_seeds(config, per_seed))
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+dry_run = None  # `trajtune run --dry-run`: the run directory's checks alone
+parse_options = None  # no options of its own

@@ -38,8 +38,8 @@ from ...runs.verdicts import Estimate, two_shares
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
-from ..chapter13.instruct import corpus, instruct_source
-from ..chapter13.preference import evaluate_policy, rendered_pairs, sft_model
+from ..shared.instruct import corpus, instruct_source
+from ..shared.preference import evaluate_policy, rendered_pairs, sft_model
 from ...runs.verdicts import Part, minus
 from .evidence import change, cite, decide, level, share
 
@@ -132,10 +132,11 @@ def name(loss: str, i: int) -> str:
 
 
 def stages(config) -> list[Stage]:
-    d = config.daa
-    out = [Stage(name(loss, i), stage_daa, after=("sft_narrow",), args=(loss, lr, 0))
+    d, reads = config.daa, ("seed", "daa", "dpo_optim", "eval_per_word", "max_reply")  # `Stage.reads`
+    out = [Stage(name(loss, i), stage_daa, after=("sft_narrow",), args=(loss, lr, 0), reads=reads)
            for i, lr in enumerate(d.lrs) for loss in d.losses]
-    out += [Stage(f"daa_dpo_pairs{n}", stage_daa, after=("sft_narrow",), args=("dpo", d.lrs[0], n)) for n in d.pairs]
+    out += [Stage(f"daa_dpo_pairs{n}", stage_daa, after=("sft_narrow",), args=("dpo", d.lrs[0], n), reads=reads)
+            for n in d.pairs]
     return out
 
 
@@ -181,9 +182,12 @@ def claims(results: dict, config) -> list[Claim]:
             Part("format kept (within 0.1)", two_shares(a["format"] * n, n, b["format"] * n, n,
                                                         f"format DPO - SFT, binomial over {n}"), "not <", -0.1)])
         out.append(Claim("S8.1", "DPO: loss, accuracy, margins, rewards", cite(8),
-                         f"margin (first / last {k} steps) {fmt(m0, 3)} -> {fmt(m1, 3)}, accuracy {fmt(a0)} -> {fmt(a1)}, "
-                         f"chosen reward {fmt(c['dpo/chosen_reward'][-1], 3)}, rejected {fmt(c['dpo/rejected_reward'][-1], 3)}; "
-                         f"samples: distinct {fmt(b['distinct'])} -> {fmt(main['distinct'])}, format {fmt(b['format'])} -> "
+                         f"margin (first / last {k} steps) {fmt(m0, 3)} -> {fmt(m1, 3)}, accuracy {fmt(a0)} -> "
+                         f"{fmt(a1)}, "
+                         f"chosen reward {fmt(c['dpo/chosen_reward'][-1], 3)}, rejected "
+                         f"{fmt(c['dpo/rejected_reward'][-1], 3)}; "
+                         f"samples: distinct {fmt(b['distinct'])} -> {fmt(main['distinct'])}, format "
+                         f"{fmt(b['format'])} -> "
                          f"{fmt(a['format'])}, preference {fmt(b['reward'])} -> {fmt(a['reward'])}",
                          '"The implicit reward margin should move the right way while sample generations do not '
                          'collapse": the margin and accuracy of the last steps above the first\'s (margin > 0), and '
@@ -204,9 +208,10 @@ def claims(results: dict, config) -> list[Claim]:
         out.append(Claim("S8.2", "DPO vs IPO vs dpo_norm: scale", cite(8),
                          f"first-step loss: DPO {fmt(l_d, 3)}, IPO {fmt(l_i, 3)}; held-out pair accuracy DPO "
                          f"{fmt(dp['heldout_accuracy'])}, IPO {fmt(ip['heldout_accuracy'])}"
-                         + (f", dpo_norm {fmt(rows['dpo_norm'][0]['heldout_accuracy'])}" if rows.get("dpo_norm", [None])[0]
-                            else ""),
-                         '"IPO\'s loss is on a different scale, so judge it by accuracy and margin": IPO\'s loss >= 10x '
+                         + (f", dpo_norm {fmt(rows['dpo_norm'][0]['heldout_accuracy'])}"
+                            if rows.get("dpo_norm", [None])[0] else ""),
+                         '"IPO\'s loss is on a different scale, so judge it by accuracy and margin": IPO\'s loss >= '
+                         '10x '
                          "DPO's at the start, and its held-out pair accuracy within 0.1 of DPO's (> 0.5)",
                          holds, est, why=why))
     if len(d.lrs) > 1 and all(all(v) for v in rows.values()):
@@ -214,7 +219,8 @@ def claims(results: dict, config) -> list[Claim]:
         ref_free = [x for x in ("simpo", "orpo") if x in sens]
         if ref_free:
             holds, est, why = decide([Part(f"{x} more sensitive than DPO", minus(sens[x], sens["dpo"],
-                                                                               f"{x} - DPO change between LRs, binomial"))
+                                                                               f"{x} - DPO change between LRs, "
+                                                                               "binomial"))
                                       for x in ref_free])
             out.append(Claim("S8.3", "SimPO and ORPO: LR sensitivity", cite(8),
                              "change in the samples' preference / format between LRs "
@@ -257,7 +263,8 @@ def section(run_dir: Path, results: dict, config) -> str:
             ("training loss", lambda k: k == "train/loss", None),
             ("pair accuracy", lambda k: k.endswith("/accuracy"), (0, 1.02)),
             ("margin, implicit rewards", lambda k: k != "train/loss" and not k.endswith("/accuracy"), None))]
-        panel_plot(run_dir / "book-s8-dpo.png", [p for p in panels if p.series], "S8.1: DPO statistics per step", "step")
+        panel_plot(run_dir / "book-s8-dpo.png", [p for p in panels if p.series], "S8.1: DPO statistics per step",
+                   "step")
         b = main["before"]
         parts.append("**S8.1** DPO's logged statistics:\n\n" + image(run_dir / "book-s8-dpo.png", "DPO per step")
                      + "\n\n" + markdown_table(["", "preference", "format", "distinct replies", "KL"],

@@ -144,9 +144,9 @@ class Demo:
     """sampled replies per held-out word"""
 
     def __post_init__(self) -> None:
-        counts = [self.train_words, self.heldout_words, self.dim, self.coldstart_steps, self.coldstart_batch, self.steps,
-                  self.prompts_per_step, self.rollouts, self.kl_top_k, self.eval_samples, *self.sweep_rollouts,
-                  *self.sweep_top_k, *self.sweep_prompts]
+        counts = [self.train_words, self.heldout_words, self.dim, self.coldstart_steps, self.coldstart_batch,
+                  self.steps, self.prompts_per_step, self.rollouts, self.kl_top_k, self.eval_samples,
+                  *self.sweep_rollouts, *self.sweep_top_k, *self.sweep_prompts]
         if min(counts) < 1 or self.dim % 4:
             raise ValueError("rlhf_book distill: counts must be >= 1 and dim divisible by 4 (heads)")
         if not 0 <= self.hint_share < 1 or not all(lr > 0 for lr in [self.lr, self.coldstart_lr, *self.sweep_lr]):
@@ -193,7 +193,8 @@ def stage_coldstart(ctx) -> dict:
     for i in range(n):
         w = train[i % len(train)]
         task = ReverseTask(w, w[::-1] if rng.random() < d.hint_share else "")
-        demos.append(r.render([{"role": "user", "content": task.prompt}, {"role": "assistant", "content": task.answer}]))
+        demos.append(r.render([{"role": "user", "content": task.prompt},
+                               {"role": "assistant", "content": task.answer}]))
     torch.manual_seed(derive(config.seed, 1204))
     model = TinyTransformer(TinyConfig(tok.vocab_size, d.dim, 2, 4, max_len=MAX_LEN))
     engine = ctx.engine(model, OptimConfig(lr=d.coldstart_lr))
@@ -227,8 +228,9 @@ def stage_sdpo(ctx, name: str) -> dict:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage("rev_coldstart", stage_coldstart)] + [
-        Stage(name, stage_sdpo, after=("rev_coldstart",), args=(name,)) for name in config.distill.runs()]
+    return [Stage("rev_coldstart", stage_coldstart, reads=("seed", "distill"))] + [
+        Stage(name, stage_sdpo, after=("rev_coldstart",), args=(name,), reads=("seed", "distill"))
+        for name in config.distill.runs()]
 
 
 def ends(xs: list[float], k: int) -> tuple[float, float]:
@@ -267,7 +269,8 @@ def claims(results: dict, config) -> list[Claim]:
             Part("skipped share fall", change(c["distill/skipped_share"], k, "skipped share"), "<"),
             Part("last steps' reward above 0.8", level(finite(c["rollout/reward"])[-k:], 0.8, "reward - 0.8"))])
         out.append(Claim("S12.1", "SDPO on string reversal", cite(12),
-                         f"first / last {k} steps: reward {fmt(r0)} -> {fmt(r1)}, skipped share {fmt(s0)} -> {fmt(s1)}; "
+                         f"first / last {k} steps: reward {fmt(r0)} -> {fmt(r1)}, skipped share {fmt(s0)} -> "
+                         f"{fmt(s1)}; "
                          f"held-out greedy {fmt(cold['greedy'])} -> {fmt(main['after']['greedy'])}, sampled "
                          f"{fmt(cold['sampled'])} -> {fmt(main['after']['sampled'])} (teacher, hinted: "
                          f"{fmt(cold['hinted'])} -> {fmt(main['after']['hinted'])})",
@@ -279,8 +282,8 @@ def claims(results: dict, config) -> list[Claim]:
         def broken(*rs: dict) -> str:
             """why a comparison of these runs is not judged ('' when none collapsed)"""
             bad = [(n, r) for n, r in runs.items() if r and any(r is x for x in rs) and collapsed(cold, r)]
-            return ("collapsed: " + ", ".join(f"{n} held-out greedy {fmt(cold['greedy'])} -> {fmt(r['after']['greedy'])}"
-                                             for n, r in bad)) if bad else ""
+            return ("collapsed: " + ", ".join(f"{n} held-out greedy {fmt(cold['greedy'])} -> "
+                                             f"{fmt(r['after']['greedy'])}" for n, r in bad)) if bad else ""
 
         small = [(s, runs.get(f"sdpo_n{s}")) for s in d.sweep_rollouts if s < d.rollouts]
         for s, r in small:
@@ -291,8 +294,8 @@ def claims(results: dict, config) -> list[Claim]:
             tb = [x * d.rollouts * d.prompts_per_step for x in finite(main["curves"]["rollout/policy_tokens"])]
             ours = (f"skipped share (mean over the steps): {s} rollouts {fmt(mean(a))}, {d.rollouts} rollouts "
                     f"{fmt(mean(b))}; generated tokens per step {mean(ta):.0f} vs {mean(tb):.0f}")
-            claim = ('"More rollouts make a correct sibling easier to find (fewer skips) at more generation cost": fewer '
-                     "skips and more generated tokens per step with more rollouts")
+            claim = ('"More rollouts make a correct sibling easier to find (fewer skips) at more generation cost": '
+                     "fewer skips and more generated tokens per step with more rollouts")
             why = broken(r, main)
             if why:
                 out.append(Claim("S12.2a", f"rollouts {s} vs {d.rollouts}", cite(12), ours, claim, None, why=why))
@@ -340,18 +343,21 @@ def section(run_dir: Path, results: dict, config) -> str:
             unit = "mean reward" if key == "rollout/reward" else "share of prompts"
             line_plot(run_dir / f"{stem}.png", series, f"S12: {title}", "step", f"{unit} ({key})")
             parts.append(image(run_dir / f"{stem}.png", title))
-        rows = [[k, r["settings"]["rollouts"], r["settings"]["kl_top_k"], r["settings"]["prompts"], f"{r['settings']['lr']:g}",
-                 fmt(ends(r["curves"]["rollout/reward"], max(1, d.steps // 5))[1]), fmt(mean(r["curves"]["distill/skipped_share"])),
+        rows = [[k, r["settings"]["rollouts"], r["settings"]["kl_top_k"], r["settings"]["prompts"],
+                 f"{r['settings']['lr']:g}", fmt(ends(r["curves"]["rollout/reward"], max(1, d.steps // 5))[1]),
+                 fmt(mean(r["curves"]["distill/skipped_share"])),
                  fmt(mean(r["curves"]["distill/top_k_mass"]), 3), f"{r['cpu_s']:.1f}", fmt(r["after"]["greedy"]),
                  fmt(r["after"]["sampled"]), fmt(r["after"]["hinted"]),
                  fmt_est(versus_cold_start(cold, r)) + (" (collapsed)" if collapsed(cold, r) else "") if cold else "-"]
                 for k, r in runs.items()]
-        parts.append("Every run (training columns: over its steps; held-out: the held-out words; the last column: held-out "
-                     "greedy minus the cold start's, ± 2 SE paired over the words, *collapsed* when it falls beyond "
-                     "them: no S12.2 claim is judged on a collapsed run):\n\n" + markdown_table(["run", "rollouts", "kl_top_k", "prompts/step", "lr", f"reward (last {max(1, d.steps // 5)} steps)",
-                                     "skipped share", "top-K mass", "CPU s", "held-out greedy", "held-out sampled",
-                                     "held-out hinted (teacher)", "held-out greedy vs cold start"],
-                                    rows))
+        parts.append("Every run (training columns: over its steps; held-out: the held-out words; the last column: "
+                     "held-out greedy minus the cold start's, ± 2 SE paired over the words, *collapsed* when it falls "
+                     "beyond them: no S12.2 claim is judged on a collapsed run):\n\n"
+                     + markdown_table(["run", "rollouts", "kl_top_k", "prompts/step", "lr",
+                                       f"reward (last {max(1, d.steps // 5)} steps)", "skipped share", "top-K mass",
+                                       "CPU s", "held-out greedy", "held-out sampled", "held-out hinted (teacher)",
+                                       "held-out greedy vs cold start"],
+                                      rows))
     lrs = [k for k in runs if k.startswith("sdpo_lr")]
     if lrs:
         parts.append(f"The `sdpo_lr*` rows ({', '.join(lrs)}) are a diagnostic added after the first run (seed 0) "

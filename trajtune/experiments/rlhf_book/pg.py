@@ -44,14 +44,15 @@ from ...seeding import derive
 from ...sources.episodes import EpisodeSource, Measured
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..chapter13.instruct import MAX_LEN, renderer
-from ..chapter13.preference import evaluate_policy
-from ..chapter13.rlvr import MAX_ANSWER, math_eval
+from ..shared.instruct import MAX_LEN, renderer
+from ..shared.preference import evaluate_policy
+from ..shared.calculator import MAX_ANSWER, math_eval
 from ...runs.verdicts import Part, minus
 from .evidence import change, cite, decide, fmt_est, level, relabel, step_noise
 
 for _key, _doc in (
-        ("book/correctness", "rlhf_book S6: mean partial credit of the step's replies (share of the answer's digits right)"),
+        ("book/correctness",
+         "rlhf_book S6: mean partial credit of the step's replies (share of the answer's digits right)"),
         ("book/format", "rlhf_book S6: share of the step's replies that are well formed (a number; a reply on the "
                         "instruct gym: starts with the word)"),
         ("book/binary", "rlhf_book S6: share of the step's replies that are exactly right"),
@@ -91,7 +92,8 @@ class Demo:
     """S6.4: GRPO steps on the instruct gym"""
 
     def __post_init__(self) -> None:
-        if min(self.steps, self.tasks_per_step, self.instruct_steps) < 1 or min([self.group_size, *self.sweep_group]) < 2:
+        if (min(self.steps, self.tasks_per_step, self.instruct_steps) < 1
+                or min([self.group_size, *self.sweep_group]) < 2):
             raise ValueError("rlhf_book pg: steps, tasks_per_step, instruct_steps >= 1 and group sizes >= 2")
         if not all(t > 0 for t in [self.temperature, *self.sweep_temperature]) or not self.lr > 0:
             raise ValueError("rlhf_book pg: temperatures and lr must be > 0")
@@ -139,7 +141,8 @@ def diagnostics(trajs: list[Trajectory]) -> dict[str, float]:
            "book/binary": sum(binary) / len(trajs),
            "book/binary_no_contrast": sum(len({bool(t.info.get("binary", t.reward >= 1)) for t in g}) == 1
                                           for g in groups.values()) / len(groups),
-           "book/distinct_share": sum(len({t.info["reply"] for t in g}) / len(g) for g in groups.values()) / len(groups)}
+           "book/distinct_share": sum(len({t.info["reply"] for t in g}) / len(g)
+                                      for g in groups.values()) / len(groups)}
     if all("correctness" in t.info for t in trajs):
         out["book/correctness"] = sum(t.info["correctness"] for t in trajs) / len(trajs)
     return out
@@ -182,8 +185,10 @@ def stage_instruct(ctx) -> dict:
 
 
 def stages(config) -> list[Stage]:
-    out = [Stage(name, stage_pg, after=("coldstart",), args=(name,)) for name in config.pg.runs()]
-    return out + [Stage("pg_instruct", stage_instruct, after=("sft_narrow",))]
+    out = [Stage(name, stage_pg, after=("coldstart",), args=(name,), reads=("seed", "pg", "rl_optim", "pass_k"))
+           for name in config.pg.runs()]
+    return out + [Stage("pg_instruct", stage_instruct, after=("sft_narrow",),
+                        reads=("seed", "pg", "rl_optim", "eval_per_word", "max_reply"))]
 
 
 def ends(xs: list[float], k: int) -> tuple[float, float]:
@@ -225,10 +230,13 @@ def claims(results: dict, config) -> list[Claim]:
                                                                             "no-contrast share - 0.5"), "<")])
         out.append(Claim("S6.1", "GRPO: correctness, format, binary, contrast", cite(6),
                          f"first / last {k} steps: correctness {fmt(c0)} -> {fmt(c1)}, format {fmt(f0)} -> {fmt(f1)}, "
-                         f"binary {fmt(b0)} -> {fmt(b1)}; groups all right or all wrong: {fmt(nc)} of groups on average "
+                         f"binary {fmt(b0)} -> {fmt(b1)}; groups all right or all wrong: {fmt(nc)} of groups on "
+                         "average "
                          f"(held-out greedy {fmt(g['after']['greedy'])})",
-                         '"Track avg_correctness, avg_format and avg_binary. Check that prompt groups contain contrast: '
-                         'an all-right or all-wrong group gives no group-relative signal": correctness and binary rise, '
+                         '"Track avg_correctness, avg_format and avg_binary. Check that prompt groups contain '
+                         'contrast: '
+                         'an all-right or all-wrong group gives no group-relative signal": correctness and binary '
+                         'rise, '
                          "and most groups have contrast (no-contrast share < 0.5)", holds, est, why=why))
     runs = {a: results.get(f"pg_{a}") for a in ("grpo", "rloo", "reinforce")}
     if all(runs.values()):
@@ -241,7 +249,8 @@ def claims(results: dict, config) -> list[Claim]:
                   for a in ("rloo", "grpo")]
         holds, est, why = decide(parts)
         out.append(Claim("S6.2", "REINFORCE vs RLOO vs GRPO", cite(6),
-                         f"binary gain (last - first {k} steps): " + ", ".join(f"{a} {fmt(v.value)}" for a, v in gain.items())
+                         f"binary gain (last - first {k} steps): "
+                         + ", ".join(f"{a} {fmt(v.value)}" for a, v in gain.items())
                          + "; loss noise (sd of step-to-step change): "
                          + ", ".join(f"{a} {fmt(v.value, 3)}" for a, v in loss_noise.items()),
                          '"how fast correctness improves and how noisy the loss is. This shows the value of '
@@ -254,7 +263,8 @@ def claims(results: dict, config) -> list[Claim]:
             if r and gs < d.group_size:
                 a, b = r["curves"]["book/binary_no_contrast"], base["book/binary_no_contrast"]
                 out.append(Claim.compare("S6.3a", "few rollouts", cite(6),
-                                         f"groups without contrast (mean over the steps): {gs} rollouts {fmt(mean(a))}, "
+                                         f"groups without contrast (mean over the steps): {gs} rollouts "
+                                         f"{fmt(mean(a))}, "
                                          f"{d.group_size} rollouts {fmt(mean(b))}",
                                          '"Few rollouts -> little contrast": a larger share of groups all right or all '
                                          "wrong", difference(a, b, f"Welch, {len(a)} steps each")))
@@ -269,7 +279,8 @@ def claims(results: dict, config) -> list[Claim]:
                 out.append(Claim.compare("S6.3b", f"very low temperature ({t:g})", cite(6),
                                          f"distinct replies per group, first step: {fmt(a[0])} vs {fmt(b[0])} at T "
                                          f"{d.temperature:g}; mean over the steps {fmt(mean(a))} vs {fmt(mean(b))}",
-                                         '"Very low temperature -> samples collapse": at most half the distinct replies '
+                                         '"Very low temperature -> samples collapse": at most half the distinct '
+                                         'replies '
                                          f"per group of temperature {d.temperature:g}, over the run", est, "<"))
             elif t > d.temperature:
                 a, b = r["curves"]["book/format"], base["book/format"]
@@ -292,7 +303,8 @@ def claims(results: dict, config) -> list[Claim]:
         out.append(Claim("S6.4", "the same diagnostics on the instruct gym", cite(6),
                          f"first / last {k2} steps: reward (ends with '.') {fmt(b0)} -> {fmt(b1)}, groups without "
                          f"contrast {fmt(n0)} -> {fmt(n1)}, format {fmt(f0)} -> {fmt(f1)}",
-                         '"a ... PG config ... that reports the same group-contrast diagnostics" (S6.4): the diagnostics '
+                         '"a ... PG config ... that reports the same group-contrast diagnostics" (S6.4): the '
+                         'diagnostics '
                          "are logged every step, and GRPO raises the task's reward without breaking the reply's format "
                          "(format of the last steps within 0.1 of the first's). Groups without contrast are shown, not "
                          "judged: at 1.0 the reward is saturated and GRPO has no signal left", holds, est, why=why))
@@ -309,8 +321,8 @@ def cold_start_note(results: dict, runs: dict[str, dict]) -> str:
     better = [k for k, e in ests.items() if judge(e) is True]
     worse = [k for k, e in ests.items() if judge(e) is False]
     best = max(ests, key=lambda k: ests[k].value)
-    head = (f"**{len(better)} of {len(ests)} policy-gradient runs beat the calculator's cold start** on held-out greedy "
-            f"accuracy ({fmt(cold['greedy'])})" + (f": {', '.join(better)}" if better else ""))
+    head = (f"**{len(better)} of {len(ests)} policy-gradient runs beat the calculator's cold start** on held-out "
+            f"greedy accuracy ({fmt(cold['greedy'])})" + (f": {', '.join(better)}" if better else ""))
     return (head + f". The best, `{best}`, ends at {fmt(runs[best]['after']['greedy'])}: {ests[best]}"
             + (f"; below the cold start beyond the noise: {', '.join(worse)}" if worse else "") + ".")
 
@@ -342,8 +354,8 @@ def section(run_dir: Path, results: dict, config) -> str:
             rows.insert(0, ["cold start (`coldstart`, no RL)", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
                             fmt(cold["greedy"]), fmt(cold["pass_at"]["1"]), "0"])
         parts.append("Every run (training columns: means over its steps; held-out: the 256 sums, greedy and pass@1 "
-                     "from 16 samples; the last column: held-out greedy minus the cold start's, ± 2 SE paired over the "
-                     "256 sums):\n\n" + markdown_table(
+                     "from 16 samples; the last column: held-out greedy minus the cold start's, ± 2 SE paired over "
+                     "the 256 sums):\n\n" + markdown_table(
                          ["run", "advantage", "group", "T", "problems", "format weight", "binary", "format",
                           "no contrast", "distinct", "loss noise", "held-out greedy", "held-out pass@1",
                           "held-out greedy vs cold start"], rows))

@@ -47,7 +47,7 @@ from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..chapter13.rlvr import calc_model, demos, math_eval, source_for
+from ..shared.calculator import calc_model, demos, math_eval, source_for
 from ...runs.verdicts import Part
 from .evidence import cite, decide
 
@@ -219,15 +219,22 @@ def stage_weak(ctx) -> dict:
 
 def stages(config) -> list[Stage]:
     d = config.rs
-    out = [Stage("rs_cache", stage_cache, after=("coldstart",))]
-    out += [Stage(f"rs_{s}", stage_select, after=("rs_cache",), args=(s, "main", "coldstart")) for s in SELECTIONS]
-    out += [Stage(f"rs_{name}", stage_select, after=("rs_cache",), args=("top_per_prompt", name, "coldstart"))
+    select = ("seed", "rs", "calc_optim", "pass_k")  # `Stage.reads` of stage_select
+    out = [Stage("rs_cache", stage_cache, after=("coldstart",), reads=("seed", "rs"))]
+    out += [Stage(f"rs_{s}", stage_select, after=("rs_cache",), args=(s, "main", "coldstart"), reads=select)
+            for s in SELECTIONS]
+    out += [Stage(f"rs_{name}", stage_select, after=("rs_cache",), args=("top_per_prompt", name, "coldstart"),
+                  reads=select)
             for name in d.settings() if name != "main"]
-    out += [Stage(f"rs_n{n}_random", stage_select, after=("rs_cache",), args=("random_per_prompt", f"n{n}", "coldstart"))
+    out += [Stage(f"rs_n{n}_random", stage_select, after=("rs_cache",),
+                  args=("random_per_prompt", f"n{n}", "coldstart"), reads=select)
             for n in d.sweep_n]  # S9.3's other side: a scorer that cannot separate (a random pick)
-    out += [Stage("rs_weak", stage_weak),
-            Stage("rs_weak_top", stage_select, after=("rs_weak",), args=("top_per_prompt", "main", "rs_weak")),
-            Stage("rs_weak_random", stage_select, after=("rs_weak",), args=("random_per_prompt", "main", "rs_weak"))]
+    out += [Stage("rs_weak", stage_weak,
+                  reads=("seed", "rs", "coldstart", "calc_optim", "calc_dim", "calc_layers", "n_heads", "pass_k")),
+            Stage("rs_weak_top", stage_select, after=("rs_weak",), args=("top_per_prompt", "main", "rs_weak"),
+                  reads=select),
+            Stage("rs_weak_random", stage_select, after=("rs_weak",), args=("random_per_prompt", "main", "rs_weak"),
+                  reads=select)]
     return out
 
 
@@ -260,8 +267,10 @@ def claims(results: dict, config) -> list[Claim]:
         ok = cache["reread"]["hit"] and all(r["cache_hit"] for r in readers) and len(keys) == len(built)
         gen = sum(v["seconds"] for v in built)
         out.append(Claim("S9.1", "a reusable rollout cache", cite(9),
-                         f"{len(built)} settings -> {len(keys)} entries, built in {gen:.1f} s; the main entry re-read in "
-                         f"{cache['reread']['seconds']:.2f} s; {sum(r['cache_hit'] for r in readers)} of {len(readers)} "
+                         f"{len(built)} settings -> {len(keys)} entries, built in {gen:.1f} s; the main entry "
+                         "re-read in "
+                         f"{cache['reread']['seconds']:.2f} s; {sum(r['cache_hit'] for r in readers)} of "
+                         f"{len(readers)} "
                          "selection runs read the cache",
                          '"Build the rollout cache once ... Later configs reuse it if generation and scoring settings '
                          'are unchanged": every selection run reads its entry without generating, and each distinct '
@@ -303,11 +312,13 @@ def claims(results: dict, config) -> list[Claim]:
 
         est = paired(gain(r0, r1), gain(t0, t1), "gain difference, paired over 256")
         out.append(Claim.compare("S9.3b", "more completions, a scorer that cannot separate", cite(9),
-                                 f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, random "
+                                 f"held-out gain from N {ns[0][0]} to N {ns[-1][0]}: verifier's pick {fmt(g_top)}, "
+                                 "random "
                                  f"pick {fmt(g_rnd)} (random pick's kept correct: "
                                  + ", ".join(f"N {n} {fmt(r['kept_correct'])}" for n, r in rnd) + ")",
                                  '"More completions help only if the RM can separate good from bad": a random pick (a '
-                                 "scorer that cannot separate) gains less from more completions than the verifier's pick",
+                                 "scorer that cannot separate) gains less from more completions than the verifier's "
+                                 "pick",
                                  est))
     weak, wt, wr = results.get("rs_weak"), results.get("rs_weak_top"), results.get("rs_weak_random")
     strong = sel["top_per_prompt"]
@@ -315,7 +326,8 @@ def claims(results: dict, config) -> list[Claim]:
         out.append(Claim.compare("S9.4", "the matched pair from a weaker policy", cite(9),
                                  f"weak calculator greedy {fmt(weak['greedy'])} (cold start "
                                  f"{fmt(strong['before']['greedy'])}); prompts with a correct sample: weak "
-                                 f"{fmt(wt['coverage'])}, cold start {fmt(strong['coverage'])}; weak top {fmt(acc(wt))} "
+                                 f"{fmt(wt['coverage'])}, cold start {fmt(strong['coverage'])}; weak top "
+                                 f"{fmt(acc(wt))} "
                                  f"vs random {fmt(acc(wr))} (gain {fmt(acc(wt) - weak['greedy'])} over the weak start; "
                                  f"cold start's gain {fmt(acc(strong) - strong['before']['greedy'])})",
                                  '"rerun the matched pairs. Does RS rescue weak generations, or merely select among '
@@ -345,8 +357,8 @@ def section(run_dir: Path, results: dict, config) -> str:
         bar_plot(run_dir / "book-s9-rs.png", bars, "S9: held-out greedy accuracy after RS", "accuracy",
                  xlabel="run (rejection-sampling setting)")
         parts.append("**S9.2-S9.4** every run:\n\n" + markdown_table(
-            ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy", "held-out pass@1",
-             f"held-out pass@{config.pass_k}"],
+            ["run", "policy", "N", "T", "top-p", "kept", "kept correct", "coverage", "held-out greedy",
+             "held-out pass@1", f"held-out pass@{config.pass_k}"],
             [[k, r["policy"], r["setting"]["n"], r["setting"]["temperature"], r["setting"]["top_p"], r["kept"],
               fmt(r["kept_correct"]), fmt(r["coverage"]), fmt(acc(r)), fmt(r["after"]["pass_at"]["1"]),
               fmt(r["after"]["pass_at"].get(str(config.pass_k), float("nan")))] for k, r in runs.items()])

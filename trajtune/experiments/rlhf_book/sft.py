@@ -36,7 +36,7 @@ from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...trajectory import collate
-from ..chapter13.instruct import corpus, demo, instruct_source, renderer
+from ..shared.instruct import corpus, demo, instruct_source, renderer
 from ...runs.verdicts import Part
 from .evidence import cite, decide, share
 
@@ -129,7 +129,9 @@ def name(i: int) -> str:
 
 
 def stages(config) -> list[Stage]:
-    return [Stage(name(i), stage_sft, after=("pretrain",), args=(lr,)) for i, lr in enumerate(config.sft_book.lrs)]
+    return [Stage(name(i), stage_sft, after=("pretrain",), args=(lr,), reads=("seed", "sft_book", "sft", "sft_optim",
+                                                                                "max_reply"))
+            for i, lr in enumerate(config.sft_book.lrs)]
 
 
 def stop_clean(c: dict, stop: float = 0.8) -> Holds:
@@ -162,14 +164,16 @@ def claims(results: dict, config) -> list[Claim]:
         holds, est, why = decide([
             Part("step 0 stops on at most 0.2", share(c0["stop"], c0["replies_n"], 0.2, "stop share at step 0 - 0.2"),
                  "<"),
-            Part("the end stops on more than 0.8", share(c1["stop"], c1["replies_n"], 0.8, "stop share at the end - 0.8")),
+            Part("the end stops on more than 0.8",
+                 share(c1["stop"], c1["replies_n"], 0.8, "stop share at the end - 0.8")),
             Part("shorter replies", difference(c1["lengths"], c0["lengths"], f"reply length, end - step 0, Welch over "
                                                f"{len(c0['lengths'])} replies each"), "<")])
         out.append(Claim("S4.1", "SFT a base model, watched every N steps", cite(4),
                          f"step 0: stop {fmt(c0['stop'])}, format {fmt(c0['format_seen'])}, length {c0['length']:.0f}; "
                          f"step {c1['step']}: stop {fmt(c1['stop'])}, format {fmt(c1['format_seen'])}, length "
                          f"{c1['length']:.0f} (LR {main['lr']:g}); e.g. {c0['replies'][0]} -> {c1['replies'][0]}",
-                         '"At step 0 the model rambles ... After a few hundred steps the same prompts get concise answers '
+                         '"At step 0 the model rambles ... After a few hundred steps the same prompts get concise '
+                         'answers '
                          'that terminate": at step 0 under 0.2 of replies stop within the budget, at the end over '
                          "0.8, and replies are shorter", holds, est, why=why))
     if all(runs):

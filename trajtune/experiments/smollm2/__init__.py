@@ -39,13 +39,16 @@ from ...runs.stages import Stage, run_stages
 from .config import Config
 from .report import write_report, write_seeds_report
 from .stages import resolve, stage_base, stage_grpo, stage_sft
+from ..base import over_seeds
 
-__all__ = ["Config", "dry_run", "run", "seeds_report", "stages"]
+__all__ = ["Config", "dry_run", "parse_options", "run", "run_over_seeds", "seeds_report", "stages"]
 
 
 def stages() -> list[Stage]:
-    return [Stage("base", stage_base), Stage("sft", stage_sft, after=("base",)),
-            Stage("grpo", stage_grpo, after=("sft",))]
+    evaluation = ("seed", "model", "system", "ops", "n_eval", "eval_samples", "n_examples", "sampling")  # heldout_eval
+    return [Stage("base", stage_base, reads=(*evaluation, "n_sft", "n_grpo")),
+            Stage("sft", stage_sft, after=("base",), reads=(*evaluation, "output", "sft", "sft_optim")),
+            Stage("grpo", stage_grpo, after=("sft",), reads=(*evaluation, "output", "grpo", "grpo_optim"))]
 
 
 def run(config: Config, run_dir: Path) -> Path:
@@ -72,3 +75,8 @@ def seeds_report(config: Config, run_dir: Path, per_seed: dict[int, Path]) -> Pa
 
     return write_seeds_report(Path(run_dir), config,
                               {s: json.loads((Path(d) / "summary.json").read_text()) for s, d in per_seed.items()})
+
+
+# the experiment contract (`trajtune.experiments.base.Experiment`): what it offers beyond one run
+run_over_seeds = over_seeds(run, seeds_report)  # `trajtune run --seeds`
+parse_options = None  # no options of its own

@@ -123,6 +123,13 @@ def evaluate_instruct(engine: Engine, config, windows) -> dict:
 
 # --- stages ---------------------------------------------------------------------------------
 
+PRETRAIN_READS = ("seed", "dim", "n_layers", "n_heads", "block_size", "val_windows", "pretrain", "pretrain_optim",
+                  "adherence_samples", "max_reply")
+"""the config fields `stage_pretrain` reads (`Stage.reads`)"""
+SFT_READS = ("seed", "block_size", "val_windows", "sft", "sft_optim", "adherence_samples", "max_reply")
+"""the config fields `stage_sft` reads"""
+
+
 def stage_pretrain(ctx) -> dict:
     """B1: pretrain the base model on raw Shakespeare; it continues text but ignores the format."""
     config = ctx.config
