@@ -2,6 +2,8 @@
 losses and gradients as the whole [B, T, V] logits, for the TinyTransformer and HF models, through the
 engine's forward / forward_backward, with entropy and value heads; `logits_chunk=0` turns it off."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import make_engine
 from trajtune.logprobs import HeadOutput, TokenHead, entropy_from_logits, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import Owner, Trajectory, collate, pair_batch
 
 TOL = 1e-5
@@ -148,8 +151,9 @@ def test_rl_loss_with_entropy_and_value_head_matches_unchunked():
     assert torch.allclose(chunked.logprobs, whole.logprobs, atol=TOL)
     assert torch.allclose(chunked.entropy, whole.entropy, atol=TOL) and torch.equal(chunked.values, whole.values)
     mask = batch.action_mask
-    batch = batch.with_extras(advantages=torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)),
-                              old_logp=old.logprobs, returns=torch.randn(mask.shape), old_values=old.values[:, :-1])
+    batch = replace(batch, pg=PGInputs(torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)),
+                                       old_logp=old.logprobs, returns=torch.randn(mask.shape),
+                                       old_values=old.values[:, :-1]))
     loss = rl_loss(config, use_old=True)
     assert loss.entropy and loss.values
     _assert_same(_step(_tiny(True), 3, batch, loss), _step(_tiny(True), 0, batch, loss))

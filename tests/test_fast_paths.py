@@ -3,6 +3,8 @@ for bit, an HF forward without a KV cache is the cached default bit for bit, and
 (`logprobs.SharedPrefix`: the prompt once, then each completion) give the unpacked rows' log-probs, values,
 losses and gradients to float rounding. Speed itself is a benchmark (benchmarks/vs_trl.py), never a test."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.logprobs import SharedPrefix, TokenHead, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import Owner, Trajectory, collate, pair_batch
 
 TOL = 1e-5
@@ -181,7 +184,7 @@ def test_a_grpo_group_sharing_its_prompt_matches_the_unpacked_rows(llama_dir):
     batch = collate([_traj(p, r(2 + i % 3)) for p in prompts for i in range(4)], 0)
     units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, [[i] for i in range(8)])
     assert len(units) == 2  # each group's prompt once
-    batch = batch.with_extras(advantages=torch.linspace(-1, 1, 8))
+    batch = dataclasses.replace(batch, pg=PGInputs(torch.linspace(-1, 1, 8)))
     loss = rl_loss(RLConfig(advantage="grpo", entropy_coef=0.01), use_old=False)
     outs = []
     for share in (True, False):

@@ -5,6 +5,8 @@ not kept, the layer really run on the kept rows only, and every reader that read
 without `positions="actions"`, `Loss(positions="all")`, the agent experiment's unmasked NLL) still gets the
 real log-probs."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import ForwardOutput, Loss, make_engine
 from trajtune.logprobs import TokenHead, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.objectives.inputs import PGInputs
 from trajtune.objectives.sft import sft_loss
 from trajtune.trajectory import Batch, Owner, Trajectory, collate, pair_batch
 
@@ -150,7 +153,7 @@ def test_tiny_sft_dpo_grpo_losses_and_gradients_match_every_position(chunk):
               for p in ("actions", "all")}
     mask = batch.action_mask.bool()
     for k in ("old_logp", "ref_logp"):  # scored at the POLICY tokens only: 0.0 elsewhere, the same values there
-        a, b = scored["actions"].extras[k], scored["all"].extras[k]
+        a, b = getattr(scored["actions"].pg, k), getattr(scored["all"].pg, k)
         assert torch.allclose(a[mask], b[mask], atol=TOL, rtol=0) and not a[~mask].any() and b[~mask].any()
     loss = rl_loss(config, use_old=True)
     assert loss.entropy and loss.positions == "actions"
@@ -164,7 +167,7 @@ def test_micro_batches_length_buckets_value_head_and_an_empty_mask():
     config = RLConfig(advantage="gae", surrogate="ppo", entropy_coef=0.01, kl_coef=0.0)
     x = dict(advantages=adv[:, None].expand_as(batch.action_mask).contiguous(), old_logp=torch.zeros_like(batch.action_mask),
              returns=torch.randn(batch.action_mask.shape), old_values=torch.zeros_like(batch.action_mask))
-    loss, scored = rl_loss(config, use_old=True), batch.with_extras(**x)
+    loss, scored = rl_loss(config, use_old=True), replace(batch, pg=PGInputs(**x))
     for kw in (dict(micro_batch_size=3), dict(logits_chunk=4)):
         a = make_engine(_tiny(True), head_positions="actions", **kw)
         b = make_engine(_tiny(True), head_positions="all", **kw)

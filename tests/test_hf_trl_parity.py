@@ -6,6 +6,8 @@ tokenized dataset, masks and log-probs), and the loss's gradient against TRL's l
 The tests read the model from the `model_dir` fixture: tests/real_model/test_trl_parity_real.py collects the same
 functions with its own `model_dir`, the real model."""
 
+from dataclasses import replace
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -22,6 +24,7 @@ from trajtune.engine import make_engine  # noqa: E402
 from trajtune.experiments.hf.sft import eval_loss  # noqa: E402
 from trajtune.models.hf import load_policy, load_tokenizer  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
+from trajtune.objectives.inputs import PGInputs  # noqa: E402
 from trajtune.text.chat import ChatRenderer  # noqa: E402
 from trajtune.trajectory import Owner, Trajectory, collate, pair_batch  # noqa: E402
 
@@ -169,7 +172,7 @@ def test_grpo_prompt_with_an_assistant_turn_renders_as_trl_does(model_dir, tok, 
     engine = make_engine(load_policy(model_dir))
     config = RLConfig(advantage="grpo", aggregation="token", surrogate="ppo")
     batch = collate(trajs, tok.pad_token_id)
-    batch = batch.with_extras(advantages=advantages, old_logp=engine.forward(batch).logprobs.detach())
+    batch = replace(batch, pg=PGInputs(advantages, old_logp=engine.forward(batch).logprobs.detach()))
     m = engine.forward_backward(batch, rl_loss(config, use_old=True))
     width = max(len(c) for c in completions)
     completion_ids = torch.tensor([c + [tok.pad_token_id] * (width - len(c)) for c in completions])

@@ -1,10 +1,13 @@
 """Length-bucketed pair steps: the same gradient and metrics as one padded batch (float rounding aside)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
 from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_model
+from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import collate, pair_batch
 
 from test_algorithms import TOK, demo, engine
@@ -93,10 +96,9 @@ def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
     ref_logp = old.logprobs - 0.05  # a reference that differs from the policy
     adv, returns = advantages_for(batch, config, old_values, ref_logp, old.logprobs)
     old_logp = old.logprobs - 0.02 * torch.arange(batch.size)[:, None]  # ratios from 1 to e^0.1, one per row
-    extras = {"advantages": adv, "old_logp": old_logp, "ref_logp": ref_logp}
-    if returns is not None:
-        extras.update(returns=returns, old_values=old_values)
-    batch, fn = batch.with_extras(**extras), rl_loss(config, use_old=True)
+    inputs = PGInputs(adv, old_logp=old_logp, ref_logp=ref_logp, returns=returns,
+                      old_values=old_values if returns is not None else None)
+    batch, fn = dataclasses.replace(batch, pg=inputs), rl_loss(config, use_old=True)
     one = e.forward_backward(batch, fn)
     g1 = grads(e).clone()
     e.model.zero_grad()

@@ -69,7 +69,7 @@ METRICS: dict[str, str] = {
     "rollout/policy_tokens": "mean number of POLICY tokens per sampled episode",
     "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
     "rollout/truncated_share": "share of sampled episodes with a turn cut at the token budget (max new tokens) "
-                               "before it ended (info n_unterminated > 0)",
+                               "before it ended (`Trajectory.truncated`)",
     "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group baseline)",
     "rollout/infra_failures": "episodes of the step whose environment or reward call failed (`trajectory.Outcome`): "
                               "left out of the loss and of their group's baseline; reward and pass rate are over the others",

@@ -13,9 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from .objectives.inputs import PGInputs
 
 
 class Owner(IntEnum):
@@ -54,6 +57,9 @@ class Trajectory:
     unsampled tokens): the trainer's policy for the episode is softmax(logits / temperature),
     and `logprobs` are those of the distribution the tokens were drawn from (that policy,
     truncated by top-k / top-p when asked: `trajtune.engine.decoding.Samples`).
+    `unterminated`: how many of its actions the rollout cut at the token budget before their stop token
+    (`trajtune.sources.rollout`; > 0: the episode is truncated), None where no rollout counted them
+    (demonstrations, pairs from data).
     """
 
     ids: list[int] = field(default_factory=list)
@@ -65,6 +71,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     outcome: Outcome = Outcome.OK
     temperature: float = 1.0
+    unterminated: int | None = None
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # a str from JSON or a pickle: checked
@@ -81,6 +88,11 @@ class Trajectory:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def truncated(self) -> bool:
+        """An action of the episode was cut at the token budget before its stop token (`unterminated` > 0)."""
+        return bool(self.unterminated)
 
     @property
     def trainable(self) -> bool:
@@ -136,9 +148,17 @@ class Batch:
                                     rejected share a key); see `row_units` and the splitters below
     temperature    float    the temperature the episodes' POLICY tokens were sampled at (`Trajectory.temperature`):
                                     the engine's log-probs, entropy and logits are of logits / temperature
-    extras         name -> [B] or [B, T-1, ...]  per-row step tensors a loss reads (advantages, old / reference
-                                    log-probs, reference sums): sliced with the rows by `select`, cut with
-                                    the columns by `trim`, so a loss is a pure function of (output, batch)
+    truncated      [B]       bool   the episode's last action was cut at the token budget before its stop token
+                                    (`Trajectory.unterminated` > 0; DAPO's overlong filter)
+    pg             the policy-gradient loss's step tensors (`objectives.inputs.PGInputs`: advantages, old / sampler /
+                                    reference log-probs, GAE returns and old values) or None
+    extras         name -> [B] or [B, T-1, ...]  the other methods' per-row step tensors, an open set named by the
+                                    loop that computes them and the loss that reads them (DPO/KTO: ref_sums,
+                                    score_diff, desirable, z0; reward models: margin, group, rank, weight,
+                                    token_labels; distillation: advantages, teacher_logits, top_ids, teacher_top;
+                                    iw-SFT: q_logp)
+    `pg` and `extras` are sliced with the rows by `select` and cut with the columns by `trim`, so a loss is a pure
+    function of (output, batch).
     """
 
     ids: torch.Tensor
@@ -154,10 +174,16 @@ class Batch:
     together: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     temperature: float = 1.0
+    truncated: torch.Tensor | None = None
+    pg: PGInputs | None = None
 
     def __post_init__(self) -> None:
         if self.together is None:
             self.together = torch.arange(self.ids.shape[0])
+        if self.truncated is None:
+            self.truncated = torch.zeros(self.ids.shape[0], dtype=torch.bool)
+        if self.pg is not None:
+            self.pg.check(self.ids.shape[0], self.ids.shape[1])
         for name, x in self.extras.items():
             if x.shape[0] != self.ids.shape[0] or (x.dim() >= 2 and x.shape[1] != self.ids.shape[1] - 1):
                 raise ValueError(f"Batch.extras[{name!r}]: shape {tuple(x.shape)} is neither [B] nor [B, T-1, ...] "
@@ -174,20 +200,22 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         moved["extras"] = {k: v.to(device) for k, v in self.extras.items()}
+        moved["pg"] = self.pg.to(device) if self.pg is not None else None
         return Batch(**moved)
 
     def select(self, index: torch.Tensor | Sequence[int]) -> "Batch":
-        """Sub-batch of rows `index` (keeps T; use for minibatches); extras are sliced with the rows."""
+        """Sub-batch of rows `index` (keeps T; use for minibatches); pg and extras are sliced with the rows."""
         index = torch.as_tensor(index, dtype=torch.long)
         out = {k: (v[index] if isinstance(v, torch.Tensor) else [v[i] for i in index.tolist()])
-               for k, v in self.__dict__.items() if k not in ("extras", "temperature")}
+               for k, v in self.__dict__.items() if k not in ("extras", "temperature", "pg")}
         out["temperature"] = self.temperature
         out["extras"] = {k: v[index.to(v.device)] for k, v in self.extras.items()}
+        out["pg"] = self.pg.select(index) if self.pg is not None else None
         return Batch(**out)
 
     def trim(self) -> "Batch":
         """The same rows without the padding columns no row uses: T -> the longest row's length
-        (per-token extras [B, T-1, ...] are cut with them)."""
+        (per-token pg and extras tensors [B, T-1, ...] are cut with them)."""
         T = int(self.attention_mask.sum(-1).max())
         if T == self.ids.shape[1]:
             return self
@@ -197,6 +225,7 @@ class Batch:
         for k in ("action_mask", "old_logprobs"):
             out[k] = out[k][:, : T - 1]
         out["extras"] = {k: (v[:, : T - 1] if v.dim() >= 2 else v) for k, v in self.extras.items()}
+        out["pg"] = self.pg.trim(T) if self.pg is not None else None
         return Batch(**out)
 
 
@@ -333,6 +362,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         index=torch.arange(B),
         infos=[t.info for t in trajectories],
         temperature=temps[0],
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
     )
 
 

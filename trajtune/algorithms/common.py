@@ -40,8 +40,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dic
     })
     if all("n_invalid" in t.info for t in trajs):
         out[f"{prefix}/invalid_per_episode"] = sum(t.info["n_invalid"] for t in trajs) / n
-    if all("n_unterminated" in t.info for t in trajs):  # a turn cut at the token budget (sources.rollout)
-        out[f"{prefix}/truncated_share"] = sum(t.info["n_unterminated"] > 0 for t in trajs) / n
+    if all(t.unterminated is not None for t in trajs):  # a turn cut at the token budget (sources.rollout)
+        out[f"{prefix}/truncated_share"] = sum(t.truncated for t in trajs) / n
     return out
 
 

@@ -33,15 +33,14 @@ starting weights read back from disk (`StartingWeights`: no resident copy); the 
 no random numbers.
 
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
-step's advantages, returns and old / reference log-probs travel on the batch
-(`Batch.extras`), so the loss is a pure function of (forward output, batch).
+step's advantages, returns and old / sampler / reference log-probs travel on the batch
+(`Batch.pg`: `objectives.inputs.PGInputs`), so the loss is a pure function of (forward output, batch).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal, Sequence
 
@@ -58,6 +57,7 @@ from ..objectives.advantages import (gae, group_advantages, maxrl_advantages, mi
                                      overlong_penalty, place_at_last_action, whiten)
 from ..objectives.distill import with_distill_advantages
 from ..objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl, kl_penalized_rewards, sequence_kl
+from ..objectives.inputs import PGInputs, PGOptions
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..seeding import derive
 from ..sources.base import Draws, Episodes, Source
@@ -165,7 +165,7 @@ class RLConfig:
     """the penalty's ramp L_cache in tokens (1 <= overlong_cache <= overlong_max)"""
     overlong_filter: bool = False
     """DAPO's overlong filtering: episodes cut off by the token budget (an action without its stop token,
-    info['n_unterminated'] > 0) are left out of the loss (their rewards still count in their group's baseline)"""
+    `Trajectory.truncated`) are left out of the loss (their rewards still count in their group's baseline)"""
     train_tool_calls: bool = True
     """train on the policy's tool calls: the POLICY tokens of a turn the environment answered with a tool result
     (TOOL tokens in the same turn). False leaves them out of the loss, so only answers (turns without a tool result)
@@ -320,27 +320,21 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
 
 
 def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Loss:
-    """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.extras`:
-    advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1].
-    kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its own)."""
-    kl_coef = config.kl_coef if kl_coef is None else kl_coef
-    kl_loss_coef = kl_coef if not config.kl_in_reward else 0.0  # the KL is logged whenever ref_logp is there
-    constant = config.aggregation_constant or None
+    """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.pg`
+    (`PGInputs`: advantages [B] or [B, T-1], old_logp / sampler_logp / ref_logp [B, T-1], and for GAE returns,
+    old_values [B, T-1]). kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its
+    own)."""
+    options = pg_options(config, config.kl_coef if kl_coef is None else kl_coef)
 
     def pg(out: ForwardOutput, batch: Batch):
-        x, mask = batch.extras, batch.action_mask
+        x, mask = batch.pg, batch.action_mask
+        assert x is not None, "rl_loss reads batch.pg (`score`)"
         entropy = out.entropy if config.entropy_coef else None
-        loss, metrics = policy_gradient_loss(
-            out.logprobs, x["advantages"], mask, x["old_logp"] if use_old else None,
-            surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
-            sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
-            ref_logp=x.get("ref_logp"), kl_coef=kl_loss_coef,
-            entropy=entropy, entropy_coef=config.entropy_coef,
-            aggregation=config.aggregation, constant=constant, sapo_tau=(config.sapo_tau_pos, config.sapo_tau_neg),
-        )
-        if "returns" in x:
-            vloss, vm = value_loss(out.values[:, :-1], x["returns"], mask, x["old_values"],
-                                   config.value_clip or None, config.aggregation, constant)
+        loss, metrics = policy_gradient_loss(out.logprobs, mask, x if use_old else replace(x, old_logp=None),
+                                             options, entropy)
+        if x.returns is not None:
+            vloss, vm = value_loss(out.values[:, :-1], x.returns, mask, x.old_values,
+                                   config.value_clip or None, config.aggregation, options.constant)
             loss = loss + config.vf_coef * vloss
             metrics.update(vm)
         return loss, metrics
@@ -348,10 +342,20 @@ def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Lo
     return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae", entropy=bool(config.entropy_coef))
 
 
+def pg_options(config: RLConfig, kl_coef: float) -> PGOptions:
+    """The loss's settings for a step with KL coefficient `kl_coef` (the KL enters the loss unless kl_in_reward;
+    it is logged whenever ref_logp is there)."""
+    return PGOptions(surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low,
+                     eps_high=config.eps_high, tis_cap=config.tis_cap or None,
+                     kl_coef=kl_coef if not config.kl_in_reward else 0.0, entropy_coef=config.entropy_coef,
+                     aggregation=config.aggregation, constant=config.aggregation_constant or None,
+                     sapo_tau=(config.sapo_tau_pos, config.sapo_tau_neg))
+
+
 def score(engine: Engine, ref: Engine | StartingWeights | None, batch: Batch, config: RLConfig, use_old: bool,
           state: RLState | None = None, teacher: Engine | None = None) -> tuple[Batch, dict]:
     """Step 2: the batch with its advantages (and the old / reference log-probs and GAE returns the
-    loss reads) in `extras`, and the step's scoring metrics (the moving baseline, the measured KL the
+    loss reads) in `pg` (`PGInputs`), and the step's scoring metrics (the moving baseline, the measured KL the
     adaptive controller reads, the overlong counts, kl/teacher). pi_old's forward runs only when something reads
     it: one on-policy REINFORCE step never does, and skipping it saves a quarter of the step. With opd_coef the
     teacher's log-ratio against pi_old is added to every POLICY token's advantage (`with_distill_advantages`)."""
@@ -386,17 +390,17 @@ def score(engine: Engine, ref: Engine | StartingWeights | None, batch: Batch, co
         metrics["kl/teacher"] = float(masked_mean(old_logp - teacher_logp, batch.action_mask))
     # what leaves the loss (after the rewards, lengths and advantages saw every POLICY token)
     if config.overlong_filter:  # DAPO: truncated episodes, whose rewards still entered their group's baseline
-        cut = torch.tensor([info.get("n_unterminated", 0) > 0 for info in batch.infos], dtype=torch.bool)
+        cut = batch.truncated  # [B]
         metrics["rollout/overlong_filtered"] = float(cut.sum())
-        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (~cut)[:, None].to(batch.action_mask.dtype))
+        batch = replace(batch, action_mask=batch.action_mask * (~cut)[:, None].to(batch.action_mask.dtype))
     if not config.train_tool_calls:  # erratum E8: the policy's tool calls too, not only the tool outputs
-        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
+        batch = replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
     if config.whiten_advantages:
         advantages = whiten(advantages if advantages.dim() == 2 else
                             advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
-    extras = {"advantages": advantages, "old_logp": old_logp, "ref_logp": ref_logp, "returns": returns,
-              "old_values": old_values}
-    return batch.with_extras(**{k: v for k, v in extras.items() if v is not None}), metrics
+    inputs = PGInputs(advantages, old_logp, batch.old_logprobs if config.tis_cap else None, ref_logp, returns,
+                      old_values)
+    return replace(batch, pg=inputs), metrics
 
 
 def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, pad_id: int,

@@ -207,7 +207,7 @@ class Scored(Wrapper):
     weights:   one per source (functions, then models); empty: 1 each
     max_steps: the run's optimizer steps (`trainer_state.max_steps`)
     unfinished, score_unfinished: a reward model's score of an unfinished episode (no stop token: cut at the token
-               budget, info['n_unterminated'] > 0) is replaced by `unfinished_scores(..., unfinished)` (None: 1
+               budget, `Trajectory.truncated`) is replaced by `unfinished_scores(..., unfinished)` (None: 1
                below the batch's lowest finished score), unless `score_unfinished`
     """
 
@@ -237,7 +237,7 @@ class Scored(Wrapper):
                                [t.tokens_of(Owner.POLICY) for t in trajs])
         scores = self._call_functions(batch)
         modelled: list[list[float | None]] = [list(m(batch)) for m in self.models]
-        cut = [bool(t.info.get("n_unterminated", 0)) for t in trajs]
+        cut = [t.truncated for t in trajs]
         if not self.score_unfinished:
             modelled = [unfinished_scores(v, cut, self.unfinished) for v in modelled]
         values = scores.values + modelled
