@@ -5,7 +5,8 @@ number the same as with the log off."""
 
 import pytest
 
-from trajtune.algorithms.rl import RLConfig, StartingWeights, train_rl
+from trajtune.algorithms.reference import StartingWeights
+from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.engine.torch_engine import TorchEngine
 from trajtune.metrics import MetricsLogger
 from trajtune.runs.loop import Run

@@ -11,8 +11,9 @@ import torch
 from test_algorithms import RENDER, TASKS, TOK, collect_for, demo, engine, pass_rate
 from test_resume import collect_for as graded_source, interrupt_at, rows, same_weights, untimed
 
-from trajtune.algorithms.rl import (RLConfig, advantages_for, init_value_head_from_reward_model, rl_razor, score,
-                                    tool_call_mask, train_rl)
+from trajtune.algorithms.reference import rl_razor
+from trajtune.algorithms.reward_model import init_value_head_from_reward_model
+from trajtune.algorithms.rl import RLConfig, advantages_for, score, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
 from trajtune.engine import make_engine
 from trajtune.envs.base import SingleTurnEnv
@@ -25,7 +26,7 @@ from trajtune.objectives.reward_model import last_token_values
 from trajtune.runs.loop import Run
 from trajtune.runs.resume import Checkpointer, RunInterrupted
 from trajtune.sources.episodes import EpisodeSource
-from trajtune.trajectory import Owner, Trajectory, collate
+from trajtune.trajectory import Owner, Trajectory, collate, tool_call_mask
 
 
 # --- TOPR (checklist 6.11) ----------------------------------------------------------------
@@ -73,7 +74,8 @@ def test_sapo_gate_by_hand_and_its_gradient_is_the_policy_gradient_at_ratio_one(
     # d/dlogp of -gate A = -A rho d gate / d rho = -A rho 4 sigma' (t (rho - 1)); at rho 1: -A (the PG gradient)
     assert logp.grad[:, 0].tolist() == pytest.approx([-1.0 / 2, 2.0 * 4 * sig * (1 - sig) / 2], rel=1e-5)
     logp2 = torch.tensor([[-0.3, -1.2]], requires_grad=True)  # on-policy (no old log-probs): REINFORCE's gradient
-    policy_gradient_loss(logp2, torch.ones(1, 2), PGInputs(torch.tensor([2.0])), PGOptions(surrogate="sapo"))[0].backward()
+    sapo = PGOptions(surrogate="sapo")
+    policy_gradient_loss(logp2, torch.ones(1, 2), PGInputs(torch.tensor([2.0])), sapo)[0].backward()
     logp3 = torch.tensor([[-0.3, -1.2]], requires_grad=True)
     policy_gradient_loss(logp3, torch.ones(1, 2), PGInputs(torch.tensor([2.0])))[0].backward()
     assert torch.allclose(logp2.grad, logp3.grad, atol=1e-6)
@@ -200,7 +202,8 @@ def test_tool_call_tokens_are_the_policy_turns_a_tool_answered():
     calls = tool_call_mask(batch)[0]
     policy = batch.action_mask[0] > 0
     owners, turns = batch.owners[0, 1:], batch.turns[0, 1:]
-    assert bool(((owners == Owner.POLICY) & (turns == 0)).any()) and bool(((owners == Owner.POLICY) & (turns == 1)).any())
+    by_policy = owners == Owner.POLICY
+    assert bool((by_policy & (turns == 0)).any()) and bool((by_policy & (turns == 1)).any())
     assert torch.equal(calls > 0, policy & (turns == 0))  # turn 0's POLICY tokens exactly; the answer stays
     scored, _ = score(engine(), None, batch, RLConfig(advantage="none", train_tool_calls=False), use_old=False)
     assert torch.equal(scored.action_mask[0] > 0, policy & (turns == 1))  # only the answer is trained

@@ -324,7 +324,7 @@ def test_a_reply_cut_at_the_token_budget_stops_on_length_and_the_page_marks_and_
     trajs = rollout_batch(FixedReplies(replies), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
                           max_turns=1, max_tokens=32, max_action_tokens=3)
     assert [t.info["stop_reason"] for t in trajs] == ["done", "length", "done"]  # the env said done on all three
-    assert [t.info["n_unterminated"] for t in trajs] == [0, 1, 0]
+    assert [t.unterminated for t in trajs] == [0, 1, 0]
     rows = rows_of(trajs)
     assert [r["info"]["stop_reason"] for r in rows] == ["done", "length", "done"]  # recorded as it happened
     (tmp_path / "grpo").mkdir()

@@ -46,13 +46,15 @@ METRICS: dict[str, str] = {
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used for this step",
     "train/tokens": "number of trained-on (POLICY) tokens in the step's batch",
-    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged); RFT: the round's count",
+    "train/skipped": "1 if this step's gradient was NaN/Inf and the update was skipped (weights unchanged); RFT: the "
+                     "round's count",
     "train/kept_episodes": "episodes the RL step trained on (after dropping zero-variance groups)",
     "train/round": "expert-iteration / iw-SFT round (1-based)",
     # --- eval: measured without gradient
     "eval/accuracy": "exact-match accuracy of greedy answers",
     "eval/loss": "mean NLL per trained-on token on evaluation data",
-    "alarm/eval_drop": "with Run(eval_alarm=...): the largest drop, in points, of a watched static evaluation below its first (0: none past the threshold; book App. C bad-job detection)",
+    "alarm/eval_drop": "with Run(eval_alarm=...): the largest drop, in points, of a watched static evaluation below "
+                       "its first (0: none past the threshold; book App. C bad-job detection)",
     "eval/pass_rate": "share of evaluation episodes with reward >= 1",
     "eval/heldout_pass_rate": "share of held-out-task evaluation episodes with reward >= 1 (agent experiment)",
     "eval/invalid_per_episode": "mean invalid environment calls per evaluation episode (train tasks)",
@@ -61,8 +63,10 @@ METRICS: dict[str, str] = {
     "eval/hidden_pass_rate": "share of evaluation episodes that submitted and pass the hidden tests (A13)",
     "eval/pair_accuracy": "share of held-out preference pairs the reward model orders correctly",
     "eval/reward": "mean reward of the held-out evaluation episodes (evaluation.score_policy)",
-    "eval/pass@*": "pass@k of the held-out evaluation: the unbiased estimate over its n samples per task (evaluation.score_policy)",
-    "eval/env_errors": "held-out evaluation episodes whose environment failed (left out of the scores; evaluation.score_policy)",
+    "eval/pass@*": "pass@k of the held-out evaluation: the unbiased estimate over its n samples per task "
+                   "(evaluation.score_policy)",
+    "eval/env_errors": "held-out evaluation episodes whose environment failed (left out of the scores; "
+                       "evaluation.score_policy)",
     # --- rollout: statistics of the step's sampled episodes (algorithms.common.rollout_metrics)
     "rollout/pass_rate": "share of sampled episodes with reward >= 1",
     "rollout/reward": "mean reward of sampled episodes",
@@ -70,11 +74,14 @@ METRICS: dict[str, str] = {
     "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
     "rollout/truncated_share": "share of sampled episodes with a turn cut at the token budget (max new tokens) "
                                "before it ended (`Trajectory.truncated`)",
-    "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group baseline)",
+    "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group "
+                               "baseline)",
     "rollout/infra_failures": "episodes of the step whose environment or reward call failed (`trajectory.Outcome`): "
-                              "left out of the loss and of their group's baseline; reward and pass rate are over the others",
+                              "left out of the loss and of their group's baseline; reward and pass rate are over the "
+                              "others",
     # --- time: wall seconds of the step's sources (added up per stage: results.json "time")
-    "time/sampling_s": "wall seconds the step's episodes took (sampling and environments; drawn ahead: in the background)",
+    "time/sampling_s": "wall seconds the step's episodes took (sampling and environments; drawn ahead: in the "
+                       "background)",
     "time/reward_s": "wall seconds the step's reward functions and reward models took",
     # --- cost: what an experiment counts per draw (a `Measured` source)
     "cost/sampled": "episodes sampled in the step (the agent experiment's cost table)",
@@ -92,7 +99,8 @@ METRICS: dict[str, str] = {
     "pg/clip_frac": "share of POLICY tokens whose ratio was clipped",
     "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler",
     "pg/tis_capped_frac": "share of tokens whose TIS weight hit the cap",
-    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the step whose update waited for it (sources.process)",
+    "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the "
+                         "step whose update waited for it (sources.process)",
     "policy/entropy": "mean entropy (nats) of the policy at POLICY tokens",
     # --- value head (PPO)
     "value/loss": "value-regression loss 0.5 (V - return)^2",
@@ -102,6 +110,19 @@ METRICS: dict[str, str] = {
     "kl/k1": "k1 estimate log(pi/ref): unbiased, high variance",
     "kl/k2": "k2 estimate 0.5 log(pi/ref)^2: biased, low variance",
     "kl/k3": "k3 estimate ref/pi - 1 - log(ref/pi): unbiased, low variance",
+    # --- the RL loop's (algorithms.rl)
+    "kl/sequence": "KL(pi || ref) per episode: the per-token estimate (kl/<estimator>) summed over the episode's "
+                   "POLICY tokens, mean over episodes (logged whenever a reference exists, kl_coef 0 included)",
+    "kl/coef": "the KL coefficient the step trained with: the adaptive controller's current value (kl_target)",
+    "kl/controller_kl": "the mean sequence KL (k1 summed over an episode, pi_old against the reference) the "
+                        "adaptive KL controller moved kl/coef with (kl_target)",
+    "kl/teacher": "on-policy distillation (opd_coef): KL(pi || teacher), the k1 estimate per POLICY token of "
+                  "the step's episodes (minus the mean teacher log-ratio that opd_coef weights into the advantages)",
+    "rollout/baseline": "advantage='moving_average': the moving-average baseline the step's rewards were compared "
+                        "with",
+    "rollout/overlong_penalty": "mean of DAPO's overlong soft penalty added to the step's rewards (overlong_max)",
+    "rollout/overlong_filtered": "episodes cut off by the token budget and left out of the loss (overlong_filter)",
+    "train/ptx_loss": "PPO-ptx: the NLL of the step's last batch of pretraining text (ptx_coef)",
     # --- preference losses (objectives.preference)
     "dpo/chosen_reward": "beta (log pi - log ref) of chosen episodes",
     "dpo/rejected_reward": "beta (log pi - log ref) of rejected episodes",

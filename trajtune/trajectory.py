@@ -5,7 +5,8 @@ an `owner` (who wrote it) and a `turn` (which exchange it belongs to). The loss
 of every method is a weighted log-likelihood over the POLICY tokens only
 (DESIGN.md, "The one idea"); the action mask is `owner == POLICY`, shifted by
 one for next-token prediction. A single-turn prompt/completion pair is the
-one-turn case of the same structure.
+one-turn case of the same structure. Batches are split by one row splitter (length buckets, micro-batches,
+rank shards); `tool_call_mask` marks the policy's tool calls in a batch.
 """
 
 from __future__ import annotations
@@ -372,3 +373,17 @@ def pair_batch(pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id: int) -> B
     batch = collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
     P = len(pairs)
     return Batch(**{**batch.__dict__, "together": torch.arange(P).repeat(2)})
+
+
+def tool_call_mask(batch: Batch) -> torch.Tensor:
+    """1.0 on the predicted tokens ids[:, 1:] that are the policy's tool calls: POLICY tokens of a turn that also
+    holds TOOL tokens (turn k is action k and the observation answering it: trajtune.text.render), i.e. actions the
+    environment executed and answered; an answer (a turn without a tool result) is not a call.
+
+    batch.owners, batch.turns [B, T] -> [B, T-1] float (the action mask's positions)."""
+    owners, turns = batch.owners, batch.turns.clamp(min=0)  # padding has turn -1
+    n_turns = int(turns.max()) + 1 if turns.numel() else 1
+    is_tool = (owners == int(Owner.TOOL)).float()  # [B, T]
+    tool_turn = torch.zeros(owners.shape[0], n_turns).scatter_add_(1, turns, is_tool) > 0  # [B, K]
+    answered = tool_turn.gather(1, turns)  # [B, T]: the token's turn got a tool result
+    return ((owners == int(Owner.POLICY)) & answered)[:, 1:].to(batch.action_mask.dtype)

@@ -24,7 +24,8 @@ from ..trajectory import Outcome, Owner, Trajectory
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
     """Of the episodes whose environment and reward worked: mean reward, pass rate (reward >= 1), POLICY tokens and
-    invalid calls per episode, the share with a turn cut at the token budget; and how many failed in the infrastructure (environment or reward: `Outcome`)."""
+    invalid calls per episode, the share with a turn cut at the token budget; and how many failed in the infrastructure
+    (environment or reward: `Outcome`)."""
     if not trajs:
         return {}
     failed = sum(t.outcome in (Outcome.ENV_ERROR, Outcome.REWARD_ERROR) for t in trajs)
@@ -53,7 +54,8 @@ def check_selection(config, name: str) -> None:
     if not math.isfinite(config.threshold):
         raise ValueError(f"{name}: threshold must be a finite number, got {config.threshold}")
     if config.aggregation == "constant":
-        raise ValueError(f"{name}: aggregation='constant' needs a constant, which {name} has not (use token or sequence)")
+        raise ValueError(f"{name}: aggregation='constant' needs a constant, which {name} has not "
+                         "(use token or sequence)")
 
 
 def select_episodes(

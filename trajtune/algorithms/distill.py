@@ -75,8 +75,9 @@ class DistillConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1 or self.eval_every < 0:
-            raise ValueError(f"DistillConfig: steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and eval_every >= 0 "
-                             f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.eval_every})")
+            raise ValueError("DistillConfig: steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and "
+                             f"eval_every >= 0 (got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, "
+                             f"{self.eval_every})")
         if self.aggregation == "constant":
             raise ValueError("DistillConfig: aggregation='constant' needs a constant, which DistillConfig has not")
         if self.kl_top_k < 1:
@@ -88,12 +89,15 @@ def distill_loss(config: DistillConfig) -> Loss:
     full: reverse KL to the teacher's logits in `batch.extras["teacher_logits"]` [B, T-1, V] (a
     full-vocabulary loss: the one loss that asks the engine for the whole logits, `Loss(logits=True)`)."""
 
+    options = PGOptions(aggregation=config.aggregation)
+
     def sampled(out: ForwardOutput, batch: Batch):
         assert batch.pg is not None, "distill_loss (sampled) reads batch.pg"
-        return policy_gradient_loss(out.logprobs, batch.action_mask, batch.pg, PGOptions(aggregation=config.aggregation))
+        return policy_gradient_loss(out.logprobs, batch.action_mask, batch.pg, options)
 
     def full(out: ForwardOutput, batch: Batch):
-        return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask, config.aggregation)
+        return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask,
+                               config.aggregation)
 
     def top_k(out: ForwardOutput, batch: Batch):
         return top_k_reverse_kl_loss(out.logits[:, :-1], batch.extras["top_ids"], batch.extras["teacher_top"],

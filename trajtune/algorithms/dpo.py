@@ -244,8 +244,8 @@ def with_reference(engine: Engine, pairs: Sequence[Pair], pad_id: int, config: D
 def labelled_pairs(trajs: Sequence[Trajectory], n: int) -> tuple[list[Pair], dict[str, float]]:
     """Episodes in groups of `n` (task-major, as a source returns them) -> per group (its highest-reward episode,
     its lowest) as (chosen, rejected), the chosen one's info carrying both rewards as 'score_chosen' /
-    'score_rejected' (what ODPO and REBEL read), and the round's metrics (online/*). A group is skipped when its best and
-    worst rewards tie or fewer than 2 of its episodes are trainable (an environment or reward failure)."""
+    'score_rejected' (what ODPO and REBEL read), and the round's metrics (online/*). A group is skipped when its best
+    and worst rewards tie or fewer than 2 of its episodes are trainable (an environment or reward failure)."""
     if n < 2 or len(trajs) % n:
         raise ValueError(f"labelled_pairs: {len(trajs)} episodes do not make groups of n = {n} >= 2")
     pairs, ties = [], 0
@@ -310,7 +310,8 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
     Resumes exactly with a checkpointer on `run`: the reference sums (and, with `regenerate_every`,
     the current pair set) are saved with each checkpoint (`DPOState`)."""
     if config.loss == "kto":
-        raise ValueError("train_dpo: loss='kto' trains on labelled rows, not pairs: use trajtune.algorithms.kto.train_kto")
+        raise ValueError("train_dpo: loss='kto' trains on labelled rows, not pairs: "
+                         "use trajtune.algorithms.kto.train_kto")
     if config.regenerate_every and make_pairs is None:
         raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
     if not pairs and make_pairs is None:
@@ -339,6 +340,6 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
         o = engine.optim_step()
         # 3. log, evaluate, checkpoint
         state = DPOState(full.extras["ref_sums"], list(pairs) if config.regenerate_every else None)
-        run.end_step(engine, step + 1, {**train_row(m, o), **made}, eval_now=eval_due(step + 1, config.steps, config.eval_every),
-                     state=state)
+        run.end_step(engine, step + 1, {**train_row(m, o), **made},
+                     eval_now=eval_due(step + 1, config.steps, config.eval_every), state=state)
     return run.history

@@ -179,7 +179,8 @@ def policy_gradient_loss(
     expect_like("mask", mask, "logp", logp)
     adv = per_token("advantages", inputs.advantages, mask).detach().to(logp.dtype)  # [B, T-1]
     if o.surrogate == "topr" and o.ratio_level != "token":
-        raise ValueError("surrogate 'topr' builds its own sequence ratio from the token ratios: use ratio_level 'token'")
+        raise ValueError("surrogate 'topr' builds its own sequence ratio from the token ratios: "
+                         "use ratio_level 'token'")
     log_ratio = None
     if old_logp is not None:
         expect_like("old_logp", old_logp, "logp", logp)

@@ -88,9 +88,9 @@ class EpisodeRecorder(Hook):
     def record(self, engine, stage: str, step: int, trajs: Sequence[Trajectory], batch: Batch | None = None,
                pad_id: int | None = None, kept: Sequence[Trajectory] | None = None, every: int | None = None) -> None:
         """Record the chosen episodes of `step` if it is due. `batch`: the step's scored batch (rows in
-        `trajs` order; its pg.advantages [B] or [B, T-1], and pg.old_logp [B, T-1] when the
-        loop computed it: `objectives.inputs.PGInputs`); without one the episodes are collated here (`pad_id`, default 0). `kept`: RFT's
-        selection (advantage = 1 on kept episodes)."""
+        `trajs` order; its pg.advantages [B] or [B, T-1], and pg.old_logp [B, T-1] when the loop computed it:
+        `objectives.inputs.PGInputs`); without one the episodes are collated here (`pad_id`, default 0). `kept`:
+        RFT's selection (advantage = 1 on kept episodes)."""
         if not trajs or not self.due(step, every):
             return
         if self.write and self.path.exists() and self.path.stat().st_size >= self.max_bytes:
