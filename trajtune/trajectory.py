@@ -151,7 +151,7 @@ class Batch:
                                     the engine's log-probs, entropy and logits are of logits / temperature
     truncated      [B]       bool   the episode's last action was cut at the token budget before its stop token
                                     (`Trajectory.unterminated` > 0; DAPO's overlong filter)
-    pg             the policy-gradient loss's step tensors (`objectives.inputs.PGInputs`: advantages, old / sampler /
+    pg             the policy-gradient loss's step tensors (`objectives.inputs.PGInputs`: advantages, old and
                                     reference log-probs, GAE returns and old values) or None
     extras         name -> [B] or [B, T-1, ...]  the other methods' per-row step tensors, an open set named by the
                                     loop that computes them and the loss that reads them (DPO/KTO: ref_sums,

@@ -300,8 +300,8 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
 
 def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Loss:
     """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.pg`
-    (`PGInputs`: advantages [B] or [B, T-1], old_logp / sampler_logp / ref_logp [B, T-1], and for GAE returns,
-    old_values [B, T-1]). kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its
+    (`PGInputs`: advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1])
+    and the sampler's log-probs (truncated IS) from `batch.old_logprobs`. kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its
     own)."""
     options = pg_options(config, config.kl_coef if kl_coef is None else kl_coef)
 
@@ -309,8 +309,9 @@ def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Lo
         x, mask = batch.pg, batch.action_mask
         assert x is not None, "rl_loss reads batch.pg (`score`)"
         entropy = out.entropy if config.entropy_coef else None
-        loss, metrics = policy_gradient_loss(out.logprobs, mask, x if use_old else replace(x, old_logp=None),
-                                             options, entropy)
+        inputs = replace(x, old_logp=x.old_logp if use_old else None,  # the sampler's: the batch's own (TIS)
+                         sampler_logp=batch.old_logprobs if config.tis_cap else None)
+        loss, metrics = policy_gradient_loss(out.logprobs, mask, inputs, options, entropy)
         if x.returns is not None:
             vloss, vm = value_loss(out.values[:, :-1], x.returns, mask, x.old_values,
                                    config.value_clip or None, config.aggregation, options.constant)
@@ -377,8 +378,7 @@ def score(engine: Engine, ref: Engine | StartingWeights | None, batch: Batch, co
     if config.whiten_advantages:
         advantages = whiten(advantages if advantages.dim() == 2 else
                             advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
-    inputs = PGInputs(advantages, old_logp, batch.old_logprobs if config.tis_cap else None, ref_logp, returns,
-                      old_values)
+    inputs = PGInputs(advantages, old_logp=old_logp, ref_logp=ref_logp, returns=returns, old_values=old_values)
     return replace(batch, pg=inputs), metrics
 
 

@@ -31,7 +31,8 @@ class PGInputs:
     advantages    [B] (broadcast to every POLICY token) or [B, T-1] (GAE, distillation, a teacher's log-ratio)
     old_logp      [B, T-1] or None  log pi_old of the sampled tokens at scoring time (the ratio's denominator);
                   None = on-policy, one step
-    sampler_logp  [B, T-1] or None  the sampler's log-probs of the sampled tokens (truncated IS: PGOptions.tis_cap)
+    sampler_logp  [B, T-1] or None  the sampler's log-probs of the sampled tokens (truncated IS: PGOptions.tis_cap;
+                  the RL loop passes the batch's own, `Batch.old_logprobs`)
     ref_logp      [B, T-1] or None  the reference policy's log-probs (the KL term, and its log)
     returns       [B, T-1] or None  the value loss's targets (GAE); with `old_values`
     old_values    [B, T-1] or None  the critic's predictions at scoring time (value clipping)

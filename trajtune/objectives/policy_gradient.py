@@ -10,8 +10,11 @@
 | GSPO              | group_advantages(...)                 | surrogate="ppo", ratio_level="sequence"       |
 | CISPO             | group_advantages(...)                 | surrogate="cispo", eps_high > eps_low         |
 | TOPR              | any (its sign splits the episodes)    | surrogate="topr"                              |
-| + stale sampler   | any                                   | sampler_logp=..., tis_cap=2.0 (TIS)           |
+| + stale sampler   | any                                   | inputs.sampler_logp, tis_cap=2.0 (TIS)        |
 | distillation      | distill.distill_advantages(...)       | surrogate="reinforce"                         |
+
+The options are a `PGOptions`, the step's tensors (advantages, old / sampler / reference log-probs) a `PGInputs`
+(objectives.inputs): `policy_gradient_loss(logp, mask, inputs, options, entropy)`.
 
 Sources: RLHF book "Policy Gradient Algorithms" (eqs. PPO_EQN_EXPANDED, GRPO_token,
 GSPO_ratio / GSPO_objective, CISPO_objective / CISPO_ratio, and the TOPR paragraph after CISPO:
