@@ -96,11 +96,14 @@ def test_recorded_advantage_is_the_group_advantage(tmp_path):
     trajs = collect_for(e).run(TASKS[:2], 4, torch.Generator().manual_seed(0))
     for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], strict=True):
         t.reward = r
+    from dataclasses import replace
+
+    from trajtune.objectives.inputs import PGInputs
     from trajtune.trajectory import collate
 
     batch = collate(trajs, TOK.pad_id)
     adv = group_advantages(batch.rewards, batch.groups, baseline="mean", std_normalize=True)
-    rec.record(e, "rl", 1, trajs, batch.with_extras(advantages=adv))
+    rec.record(e, "rl", 1, trajs, replace(batch, pg=PGInputs(adv)))
     rows = read_episodes(tmp_path / "e.jsonl")
     for r, a in zip(rows, adv.tolist(), strict=True):
         got = {v for v, o in zip(r["advantage"], r["owners"], strict=True) if o == Owner.POLICY}

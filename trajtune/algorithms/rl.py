@@ -33,7 +33,7 @@ starting weights read back from disk (`StartingWeights`: no resident copy); the 
 no random numbers.
 
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
-step's advantages, returns and old / sampler / reference log-probs travel on the batch
+step's advantages, returns and old / reference log-probs travel on the batch
 (`Batch.pg`: `objectives.inputs.PGInputs`), so the loss is a pure function of (forward output, batch).
 """
 
@@ -301,8 +301,8 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
 def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Loss:
     """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.pg`
     (`PGInputs`: advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1])
-    and the sampler's log-probs (truncated IS) from `batch.old_logprobs`. kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its
-    own)."""
+    and the sampler's log-probs (truncated IS) from `batch.old_logprobs`. kl_coef: the step's coefficient (None:
+    config.kl_coef; the adaptive controller passes its own)."""
     options = pg_options(config, config.kl_coef if kl_coef is None else kl_coef)
 
     def pg(out: ForwardOutput, batch: Batch):
