@@ -4,7 +4,7 @@ A `Run` (trajtune/runs/loop.py) calls each of its hooks at these points, in orde
 
     on_start(engine, start)                       the loop starts after `start` completed steps (> 0: resumed)
     on_episodes(engine, step, trajs, batch, kept) a step (or round) sampled `trajs`; `batch`: its scored batch
-                                                  (advantages, old log-probs in extras); `kept`: RFT's selection
+                                                  (advantages, old log-probs in `batch.pg`); `kept`: RFT's selection
     on_save_point(engine, completed, allowed)     a step ended (`allowed`: the loop's state may be saved here)
 
 Two ship with the library: `runs.recorder.EpisodeRecorder` (a few episodes per step for `trajtune view`;
@@ -36,7 +36,8 @@ class Hook:
 
     def on_episodes(self, engine: "Engine", step: int, trajs: Sequence[Trajectory], batch: Batch | None = None,
                     kept: Sequence[Trajectory] | None = None, every: int | None = None) -> None:
-        """Step (or round) `step` sampled `trajs` (`every`: the loop's own recording period, e.g. 1 for RFT's rounds)."""
+        """Step (or round) `step` sampled `trajs` (`every`: the loop's own recording period, e.g. 1 for RFT's
+        rounds)."""
 
     def on_save_point(self, engine: "Engine", completed: int, allowed: bool) -> None:
         """A step ended after `completed` steps; `allowed`: the loop's state can be saved consistently here."""
