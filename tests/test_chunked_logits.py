@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.rl import RLConfig, rl_loss
 from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import make_engine
@@ -135,7 +135,7 @@ def test_tiny_sft_and_dpo_losses_and_gradients_match_unchunked(chunk):
     trajs = _trajs()
     pairs = pair_batch(list(zip(trajs[0::2], trajs[1::2])), pad_id=0)
     ref = make_engine(_tiny(), frozen=True, logits_chunk=chunk).forward(pairs).logprobs
-    pairs = pairs.with_extras(ref_sums=summed_logps(ref * 0.9, pairs.action_mask))
+    pairs = with_ref_sums(pairs, summed_logps(ref * 0.9, pairs.action_mask))
     loss = preference_loss_fn(DPOConfig(beta=0.1))
     _assert_same(_step(_tiny(), chunk, pairs, loss), _step(_tiny(), 0, pairs, loss))
 

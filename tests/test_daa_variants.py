@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn
+from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, with_ref_sums
 from trajtune.engine import ForwardOutput
 from trajtune.objectives.preference import dpo_loss, odpo_offset, rebel_loss
 from trajtune.trajectory import Owner, Trajectory, pair_batch
@@ -50,7 +50,7 @@ def test_dpo_norm_uses_average_log_probs():
     batch = pair_batch([pair(2, 4)], 0)  # chosen 2 POLICY tokens, rejected 4
     mask = batch.action_mask
     logprobs = torch.full(mask.shape, -1.0)  # policy: -1 per token -> sums -2 / -4, averages -1 / -1
-    batch = batch.with_extras(ref_sums=torch.tensor([-4.0, -4.0]))  # reference averages -2 / -1
+    batch = with_ref_sums(batch, torch.tensor([-4.0, -4.0]))  # reference averages -2 / -1
     out = ForwardOutput(logprobs=logprobs)
     norm, m = preference_loss_fn(DPOConfig(loss="dpo_norm", beta=2.0)).fn(out, batch)
     # averages: h = (-1 - -2) - (-1 - -1) = 1 -> -log sigma(2)

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.logprobs import SharedPrefix, TokenHead, token_log_probs
@@ -127,7 +127,7 @@ def test_pairs_sharing_a_prompt_match_the_unpacked_rows(llama_dir, chunk):
         ref = engine.reference_engine()
         assert ref.share_prefix is share
         ref_sums = summed_logps(ref.forward(full).logprobs, full.action_mask)
-        batch = full.with_extras(ref_sums=ref_sums + 0.25 * torch.arange(full.size))  # a margin to learn from
+        batch = with_ref_sums(full, ref_sums + 0.25 * torch.arange(full.size))  # a margin to learn from
         metrics = pair_step(engine, batch, torch.arange(4), preference_loss_fn(DPOConfig(nll_weight=0.5)))
         logprobs = engine.forward(full, entropy=True)
         outs.append((ref_sums, metrics, _grads(policy), logprobs))

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.rl import RLConfig, rl_loss, score
 from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import ForwardOutput, Loss, make_engine
@@ -143,7 +143,7 @@ def test_tiny_sft_dpo_grpo_losses_and_gradients_match_every_position(chunk):
                  _step(_tiny(), "all", batch, sft_loss_fn(), logits_chunk=chunk))
     pairs = _pairs()
     ref = make_engine(_tiny(), frozen=True, logits_chunk=chunk).forward(pairs).logprobs
-    pairs = pairs.with_extras(ref_sums=summed_logps(ref * 0.9, pairs.action_mask))
+    pairs = with_ref_sums(pairs, summed_logps(ref * 0.9, pairs.action_mask))
     for nll_weight in (0.0, 0.5):
         loss = preference_loss_fn(DPOConfig(beta=0.1, nll_weight=nll_weight))
         _assert_same(_step(_tiny(), "actions", pairs, loss, logits_chunk=chunk),
@@ -202,8 +202,8 @@ def test_hf_llama_sft_dpo_grpo_match_every_position(tmp_path):
                      _step(policy(), "all", batch, sft_loss_fn(), logits_chunk=chunk))
     pairs = _pairs(vocab=300)  # each pair's prompt runs once (SharedPrefix), then the head on the kept rows
     assert policy().supports_shared_prefix
-    pairs = pairs.with_extras(ref_sums=summed_logps(make_engine(policy()).forward(pairs).logprobs * 0.9,
-                                                    pairs.action_mask))
+    pairs = with_ref_sums(pairs, summed_logps(make_engine(policy()).forward(pairs).logprobs * 0.9,
+                                              pairs.action_mask))
     loss = preference_loss_fn(DPOConfig(beta=0.1, nll_weight=0.5))
     _assert_same(_step(policy(), "actions", pairs, loss), _step(policy(), "all", pairs, loss))
     config = RLConfig(advantage="grpo", surrogate="ppo", entropy_coef=0.01, kl_coef=0.05)

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_model
 from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import collate, pair_batch
@@ -25,7 +25,7 @@ def test_bucketed_pair_step_equals_one_batch(loss, nll):
     full = pair_batch(PAIRS, TOK.pad_id)
     e = engine(seed=3)
     ref = summed_logps(e.forward(full).logprobs, full.action_mask)
-    full = full.with_extras(ref_sums=ref + 0.3)  # policy != reference
+    full = with_ref_sums(full, ref + 0.3)  # policy != reference
     fn = preference_loss_fn(DPOConfig(loss=loss, beta=0.5, nll_weight=nll))
     rows = torch.tensor([0, 2, 3, 5, 6, 7, 8])  # a minibatch of pairs
     one = pair_step(e, full, rows, fn, buckets=1)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from .objectives.inputs import PGInputs
+    from .objectives.inputs import PGInputs, PreferenceInputs
 
 
 class Owner(IntEnum):
@@ -153,13 +153,15 @@ class Batch:
                                     (`Trajectory.unterminated` > 0; DAPO's overlong filter)
     pg             the policy-gradient loss's step tensors (`objectives.inputs.PGInputs`: advantages, old and
                                     reference log-probs, GAE returns and old values) or None
+    pref           the preference losses' step tensors (`objectives.inputs.PreferenceInputs`: DPO's and KTO's
+                                    reference sums, ODPO's / REBEL's score differences, KTO's labels and
+                                    reference point) or None
     extras         name -> [B] or [B, T-1, ...]  the other methods' per-row step tensors, an open set named by the
-                                    loop that computes them and the loss that reads them (DPO/KTO: ref_sums,
-                                    score_diff, desirable, z0; reward models: margin, group, rank, weight,
-                                    token_labels; distillation: advantages, teacher_logits, top_ids, teacher_top;
-                                    iw-SFT: q_logp)
-    `pg` and `extras` are sliced with the rows by `select` and cut with the columns by `trim`, so a loss is a pure
-    function of (output, batch).
+                                    loop that computes them and the loss that reads them (reward models: margin,
+                                    group, rank, weight, token_labels; distillation: teacher_logits, top_ids,
+                                    teacher_top; iw-SFT: q_logp, ref_logp)
+    `pg`, `pref` and `extras` are sliced with the rows by `select` and cut with the columns by `trim`, so a loss is
+    a pure function of (output, batch).
     """
 
     ids: torch.Tensor
@@ -177,14 +179,19 @@ class Batch:
     temperature: float = 1.0
     truncated: torch.Tensor | None = None
     pg: PGInputs | None = None
+    pref: PreferenceInputs | None = None
+
+    INPUTS = ("pg", "pref")
+    """the typed loss inputs (`objectives.inputs.RowTensors`): sliced, cut and moved with the batch"""
 
     def __post_init__(self) -> None:
         if self.together is None:
             self.together = torch.arange(self.ids.shape[0])
         if self.truncated is None:
             self.truncated = torch.zeros(self.ids.shape[0], dtype=torch.bool)
-        if self.pg is not None:
-            self.pg.check(self.ids.shape[0], self.ids.shape[1])
+        for name in self.INPUTS:
+            if (inputs := getattr(self, name)) is not None:
+                inputs.check(self.ids.shape[0], self.ids.shape[1])
         for name, x in self.extras.items():
             if x.shape[0] != self.ids.shape[0] or (x.dim() >= 2 and x.shape[1] != self.ids.shape[1] - 1):
                 raise ValueError(f"Batch.extras[{name!r}]: shape {tuple(x.shape)} is neither [B] nor [B, T-1, ...] "
@@ -201,22 +208,24 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         moved["extras"] = {k: v.to(device) for k, v in self.extras.items()}
-        moved["pg"] = self.pg.to(device) if self.pg is not None else None
+        for name in self.INPUTS:
+            moved[name] = x.to(device) if (x := getattr(self, name)) is not None else None
         return Batch(**moved)
 
     def select(self, index: torch.Tensor | Sequence[int]) -> "Batch":
-        """Sub-batch of rows `index` (keeps T; use for minibatches); pg and extras are sliced with the rows."""
+        """Sub-batch of rows `index` (keeps T; use for minibatches); pg, pref and extras are sliced with the rows."""
         index = torch.as_tensor(index, dtype=torch.long)
         out = {k: (v[index] if isinstance(v, torch.Tensor) else [v[i] for i in index.tolist()])
-               for k, v in self.__dict__.items() if k not in ("extras", "temperature", "pg")}
+               for k, v in self.__dict__.items() if k not in ("extras", "temperature", *self.INPUTS)}
         out["temperature"] = self.temperature
         out["extras"] = {k: v[index.to(v.device)] for k, v in self.extras.items()}
-        out["pg"] = self.pg.select(index) if self.pg is not None else None
+        for name in self.INPUTS:
+            out[name] = x.select(index) if (x := getattr(self, name)) is not None else None
         return Batch(**out)
 
     def trim(self) -> "Batch":
         """The same rows without the padding columns no row uses: T -> the longest row's length
-        (per-token pg and extras tensors [B, T-1, ...] are cut with them)."""
+        (per-token pg, pref and extras tensors [B, T-1, ...] are cut with them)."""
         T = int(self.attention_mask.sum(-1).max())
         if T == self.ids.shape[1]:
             return self
@@ -226,7 +235,8 @@ class Batch:
         for k in ("action_mask", "old_logprobs"):
             out[k] = out[k][:, : T - 1]
         out["extras"] = {k: (v[:, : T - 1] if v.dim() >= 2 else v) for k, v in self.extras.items()}
-        out["pg"] = self.pg.trim(T) if self.pg is not None else None
+        for name in self.INPUTS:
+            out[name] = x.trim(T) if (x := getattr(self, name)) is not None else None
         return Batch(**out)
 
 
