@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from trajtune.algorithms.dpo import (DPOConfig, MissingScores, labelled_pairs, pair_set, preference_loss_fn,  # noqa: E402
-                                     score_difference, train_dpo, with_ref_sums)
+from trajtune.algorithms.dpo import (  # noqa: E402
+    DPOConfig, MissingScores, labelled_pairs, pair_set, preference_loss_fn, score_difference, train_dpo, with_ref_sums)
 from trajtune.metrics import is_documented  # noqa: E402
 from trajtune.engine import ForwardOutput, OptimConfig, make_engine  # noqa: E402
 from trajtune.models.hf_random import train_tokenizer  # noqa: E402
@@ -66,7 +66,8 @@ def test_odpo_and_rebel_losses_by_hand_on_the_batch_path(renderer):
     assert odpo.item() == pytest.approx(want, rel=1e-5)
     assert m["dpo/margin"].item() == pytest.approx(0.0, abs=1e-6)  # beta (h_0 + h_1) / 2 = 0
     # identity f: Delta = 2 * 3 = 6 and 2 * 1 = 2
-    ident, _ = preference_loss_fn(DPOConfig(loss="odpo", beta=0.5, odpo_alpha=2.0, odpo_scale="identity")).fn(out, batch)
+    identity = DPOConfig(loss="odpo", beta=0.5, odpo_alpha=2.0, odpo_scale="identity")
+    ident, _ = preference_loss_fn(identity).fn(out, batch)
     want = (math.log1p(math.exp(-(0.5 - 6.0))) + math.log1p(math.exp(-(-0.5 - 2.0)))) / 2
     assert ident.item() == pytest.approx(want, rel=1e-5)
     # REBEL, beta 0.5 (eta 2): ((0.5 - 3)^2 + (-0.5 - 1)^2) / 2 = (6.25 + 2.25) / 2 = 4.25
@@ -79,12 +80,14 @@ def test_odpo_and_rebel_losses_by_hand_on_the_batch_path(renderer):
 def tiny_engine(renderer, seed=0):
     torch.manual_seed(seed)
     vocab = len(renderer.tokenizer)
-    return make_engine(TinyTransformer(TinyConfig(vocab, dim=16, n_layers=1, n_heads=2, max_len=64)), OptimConfig(lr=1e-2))
+    return make_engine(TinyTransformer(TinyConfig(vocab, dim=16, n_layers=1, n_heads=2, max_len=64)),
+                       OptimConfig(lr=1e-2))
 
 
 def test_the_loop_trains_odpo_and_rebel_from_the_columns(renderer):
     pairs = pairs_of(renderer, ROWS)
-    # step 1: the policy is the reference, h = 0: ODPO (alpha 1, log) = (log(1 + 3) + log(1 + 1)) / 2, REBEL = (9 + 1) / 2
+    # step 1: the policy is the reference, h = 0: ODPO (alpha 1, log) = (log(1 + 3) + log(1 + 1)) / 2,
+    # REBEL = (9 + 1) / 2
     h = train_dpo(tiny_engine(renderer), pairs, DPOConfig(steps=1, loss="odpo"), renderer.pad_id)
     assert h[0]["train/loss"] == pytest.approx((math.log(4) + math.log(2)) / 2, rel=1e-5)
     h = train_dpo(tiny_engine(renderer), pairs, DPOConfig(steps=12, loss="rebel", beta=0.5), renderer.pad_id)

@@ -245,7 +245,8 @@ def test_a_prompt_shared_by_a_group_is_prefilled_once_and_samples_what_every_row
     counted = _Counting(model)
     for kw in ({"temperature": 0.8}, {"draw": "cdf"}, {"greedy": True},
                {"generators": [torch.Generator().manual_seed(40 + b) for b in range(10)]}):
-        fresh = lambda: {k: ([torch.Generator().manual_seed(40 + b) for b in range(10)] if k == "generators" else v)  # noqa: E731
+        fresh = lambda: {k: (  # noqa: E731
+            [torch.Generator().manual_seed(40 + b) for b in range(10)] if k == "generators" else v)
                          for k, v in kw.items()}
         gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
         every = sample(model, prompts, 8, gen(), stop_ids=[4], **fresh())

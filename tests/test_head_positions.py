@@ -105,7 +105,8 @@ def test_token_head_keep_runs_the_layer_on_the_kept_rows_only(chunk):
     assert 0 < K < 18
     if chunk == 0:
         assert rows_seen == [torch.Size([K])]  # the unchunked path: one [K, D] -> [K, V] matmul
-    assert torch.equal(part.logprobs[~keep], torch.zeros(18 - K)) and torch.equal(part.entropy[~keep], torch.zeros(18 - K))
+    assert torch.equal(part.logprobs[~keep], torch.zeros(18 - K))
+    assert torch.equal(part.entropy[~keep], torch.zeros(18 - K))
     assert torch.allclose(part.logprobs[keep], every.logprobs[keep], atol=TOL, rtol=0)
     assert torch.allclose(part.entropy[keep], every.entropy[keep], atol=TOL, rtol=0)
     # the gradient is that of the kept positions only: the same loss with the others' upstream gradients 0
@@ -125,7 +126,8 @@ def test_token_head_keep_on_whole_logits_and_bad_masks():
         logits = model(batch.ids, attention_mask=batch.attention_mask)
         out = TokenHead(batch.ids, keep=keep).of_logits(logits)  # a model without a `head` argument
     every = token_log_probs(logits, batch.ids)
-    assert torch.equal(out.logprobs[keep], every[keep]) and torch.equal(out.logprobs[~keep], torch.zeros(int((~keep).sum())))
+    assert torch.equal(out.logprobs[keep], every[keep])
+    assert torch.equal(out.logprobs[~keep], torch.zeros(int((~keep).sum())))
     with pytest.raises(ValueError, match=r"keep must be a bool mask \[B, T-1\]"):
         TokenHead(batch.ids, keep=batch.action_mask)  # float, not bool
     with pytest.raises(ValueError, match=r"keep must be a bool mask \[B, T-1\]"):
@@ -165,7 +167,8 @@ def test_micro_batches_length_buckets_value_head_and_an_empty_mask():
     batch = collate(_trajs(8), pad_id=0)
     adv = torch.randn(batch.size, generator=torch.Generator().manual_seed(2))
     config = RLConfig(advantage="gae", surrogate="ppo", entropy_coef=0.01, kl_coef=0.0)
-    x = dict(advantages=adv[:, None].expand_as(batch.action_mask).contiguous(), old_logp=torch.zeros_like(batch.action_mask),
+    x = dict(advantages=adv[:, None].expand_as(batch.action_mask).contiguous(),
+             old_logp=torch.zeros_like(batch.action_mask),
              returns=torch.randn(batch.action_mask.shape), old_values=torch.zeros_like(batch.action_mask))
     loss, scored = rl_loss(config, use_old=True), replace(batch, pg=PGInputs(**x))
     for kw in (dict(micro_batch_size=3), dict(logits_chunk=4)):
@@ -227,10 +230,12 @@ def test_readers_of_every_position_get_real_log_probs():
     act = batch.action_mask.bool()
     assert not c.logprobs[~act].any() and torch.allclose(c.logprobs[act], b.logprobs[act], atol=TOL, rtol=0)
     # 2. a loss that reads every real token (all-token NLL) declares it, and gets every position
-    every_token = Loss(lambda out, bt: sft_loss(out.logprobs, bt.attention_mask[:, 1:].float()), "token", positions="all")
+    every_token = Loss(lambda out, bt: sft_loss(out.logprobs, bt.attention_mask[:, 1:].float()), "token",
+                       positions="all")
     _assert_same(_step(_tiny(), "actions", batch, every_token), _step(_tiny(), "all", batch, every_token))
     masked_only = Loss(every_token.fn, "token")  # the same reader, not declared: sees zeros, so a smaller NLL
-    assert _step(_tiny(), "actions", batch, masked_only)[0]["loss"] < _step(_tiny(), "all", batch, masked_only)[0]["loss"]
+    masked_loss = _step(_tiny(), "actions", batch, masked_only)[0]["loss"]
+    assert masked_loss < _step(_tiny(), "all", batch, masked_only)[0]["loss"]
     # 3. the agent experiment's A1 (masked vs unmasked NLL at init) reads every real token through engine.forward
     from trajtune.experiments.agent.diagnostics import owners_and_init_loss
 

@@ -165,9 +165,10 @@ def test_grpo_prompt_with_an_assistant_turn_renders_as_trl_does(model_dir, tok, 
     # the clipped-ratio loss of two completions of that prompt with advantages +1 / -1, on-policy (old log-probs =
     # the current ones, detached: ratio 1), token mean over the batch (TRL's loss_type 'bnpo', trajtune's aggregation
     # 'token'), and its gradient
-    completions = [tok.encode(text, add_special_tokens=False) + [tok.eos_token_id] for text in ("5", "it is 6, I think.")]
-    trajs = [Trajectory(ids + c, [int(Owner.PROMPT)] * len(ids) + [int(Owner.POLICY)] * len(c), [0] * (len(ids) + len(c)))
-             for c in completions]
+    completions = [tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+                   for text in ("5", "it is 6, I think.")]
+    trajs = [Trajectory(ids + c, [int(Owner.PROMPT)] * len(ids) + [int(Owner.POLICY)] * len(c),
+                        [0] * (len(ids) + len(c))) for c in completions]
     advantages = torch.tensor([1.0, -1.0])
     engine = make_engine(load_policy(model_dir))
     config = RLConfig(advantage="grpo", aggregation="token", surrogate="ppo")

@@ -68,7 +68,8 @@ def mismatched(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 def kto_loss_fn(config: DPOConfig) -> Loss:
     """The KTO loss of a batch whose `pref` (`PreferenceInputs`) holds ref_sums [B], desirable [B] (bool) and z0 [B]
     (the step's reference point, the same number on every row, so a split of the batch keeps it). With the step's
-    totals in pref.n_rows [B] and pref.n_desirable [B] (the same number on every row), the implicit-reward metrics are scaled
+    totals in pref.n_rows [B] and pref.n_desirable [B] (the same number on every row), the implicit-reward metrics
+    are scaled
     so that the engine's share-weighted sum over a step's parts (micro-batches, length buckets) is the step's mean
     over its desirable / undesirable rows -- a part holding only one kind adds 0 to the other, not NaN."""
 
