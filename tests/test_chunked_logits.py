@@ -2,15 +2,18 @@
 losses and gradients as the whole [B, T, V] logits, for the TinyTransformer and HF models, through the
 engine's forward / forward_backward, with entropy and value heads; `logits_chunk=0` turns it off."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.rl import RLConfig, rl_loss
 from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import make_engine
 from trajtune.logprobs import HeadOutput, TokenHead, entropy_from_logits, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import Owner, Trajectory, collate, pair_batch
 
 TOL = 1e-5
@@ -72,7 +75,8 @@ def test_token_head_matches_whole_logits_values_and_gradients():
     whole, g_whole = run(0)
     for chunk in (1, 4, 5, 17):
         part, g_part = run(chunk)
-        assert torch.allclose(part.logprobs, whole.logprobs, atol=TOL) and torch.allclose(part.entropy, whole.entropy, atol=TOL)
+        assert torch.allclose(part.logprobs, whole.logprobs, atol=TOL)
+        assert torch.allclose(part.entropy, whole.entropy, atol=TOL)
         for x, y in zip(g_part, g_whole):
             assert torch.allclose(x, y, atol=TOL, rtol=TOL), float((x - y).abs().max())
     # the reference numbers are today's functions on the whole logits
@@ -132,7 +136,7 @@ def test_tiny_sft_and_dpo_losses_and_gradients_match_unchunked(chunk):
     trajs = _trajs()
     pairs = pair_batch(list(zip(trajs[0::2], trajs[1::2])), pad_id=0)
     ref = make_engine(_tiny(), frozen=True, logits_chunk=chunk).forward(pairs).logprobs
-    pairs = pairs.with_extras(ref_sums=summed_logps(ref * 0.9, pairs.action_mask))
+    pairs = with_ref_sums(pairs, summed_logps(ref * 0.9, pairs.action_mask))
     loss = preference_loss_fn(DPOConfig(beta=0.1))
     _assert_same(_step(_tiny(), chunk, pairs, loss), _step(_tiny(), 0, pairs, loss))
 
@@ -148,8 +152,9 @@ def test_rl_loss_with_entropy_and_value_head_matches_unchunked():
     assert torch.allclose(chunked.logprobs, whole.logprobs, atol=TOL)
     assert torch.allclose(chunked.entropy, whole.entropy, atol=TOL) and torch.equal(chunked.values, whole.values)
     mask = batch.action_mask
-    batch = batch.with_extras(advantages=torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)),
-                              old_logp=old.logprobs, returns=torch.randn(mask.shape), old_values=old.values[:, :-1])
+    batch = replace(batch, pg=PGInputs(torch.randn(mask.shape, generator=torch.Generator().manual_seed(3)),
+                                       old_logp=old.logprobs, returns=torch.randn(mask.shape),
+                                       old_values=old.values[:, :-1]))
     loss = rl_loss(config, use_old=True)
     assert loss.entropy and loss.values
     _assert_same(_step(_tiny(True), 3, batch, loss), _step(_tiny(True), 0, batch, loss))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn
+from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, with_ref_sums
 from trajtune.engine import ForwardOutput
 from trajtune.objectives.preference import dpo_loss, odpo_offset, rebel_loss
 from trajtune.trajectory import Owner, Trajectory, pair_batch
@@ -23,7 +23,8 @@ def test_odpo_offset_and_loss():
     # h = 4 at beta 0.5: -log sigma(2 - 1) = log(1 + e^-1)
     loss, _ = dpo_loss(t([4.0]), t([0.0]), t([0.0]), t([0.0]), 0.5, offset=t([1.0]))
     assert loss.item() == pytest.approx(math.log1p(math.exp(-1.0)))
-    assert dpo_loss(t([4.0]), t([0.0]), t([0.0]), t([0.0]), 0.5, offset=t([0.0]))[0].item() == pytest.approx(0.1269, abs=1e-4)
+    loss = dpo_loss(t([4.0]), t([0.0]), t([0.0]), t([0.0]), 0.5, offset=t([0.0]))[0]
+    assert loss.item() == pytest.approx(0.1269, abs=1e-4)
     with pytest.raises(ValueError, match="needs loss_type 'sigmoid'"):
         dpo_loss(t([1.0]), t([0.0]), t([0.0]), t([0.0]), 0.5, loss_type="ipo", offset=t([1.0]))
 
@@ -50,7 +51,7 @@ def test_dpo_norm_uses_average_log_probs():
     batch = pair_batch([pair(2, 4)], 0)  # chosen 2 POLICY tokens, rejected 4
     mask = batch.action_mask
     logprobs = torch.full(mask.shape, -1.0)  # policy: -1 per token -> sums -2 / -4, averages -1 / -1
-    batch = batch.with_extras(ref_sums=torch.tensor([-4.0, -4.0]))  # reference averages -2 / -1
+    batch = with_ref_sums(batch, torch.tensor([-4.0, -4.0]))  # reference averages -2 / -1
     out = ForwardOutput(logprobs=logprobs)
     norm, m = preference_loss_fn(DPOConfig(loss="dpo_norm", beta=2.0)).fn(out, batch)
     # averages: h = (-1 - -2) - (-1 - -1) = 1 -> -log sigma(2)

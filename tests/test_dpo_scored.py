@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
-from trajtune.algorithms.dpo import (DPOConfig, MissingScores, labelled_pairs, pair_set, preference_loss_fn,  # noqa: E402
-                                     score_difference, train_dpo)
+from trajtune.algorithms.dpo import (  # noqa: E402
+    DPOConfig, MissingScores, labelled_pairs, pair_set, preference_loss_fn, score_difference, train_dpo, with_ref_sums)
 from trajtune.metrics import is_documented  # noqa: E402
 from trajtune.engine import ForwardOutput, OptimConfig, make_engine  # noqa: E402
 from trajtune.models.hf_random import train_tokenizer  # noqa: E402
@@ -40,8 +40,8 @@ def test_score_columns_reach_the_pair_batch(renderer):
     pairs = pairs_of(renderer, ROWS)
     assert [score_difference(c.info) for c, _ in pairs] == [3.0, 1.0]
     full = pair_set(pairs, renderer.pad_id, DPOConfig(loss="rebel"))
-    assert full.extras["score_diff"].tolist() == [3.0, 1.0, 3.0, 1.0]  # [2P]: chosen rows, then rejected rows
-    assert "score_diff" not in pair_set(pairs, renderer.pad_id, DPOConfig(loss="dpo")).extras
+    assert full.pref.score_diff.tolist() == [3.0, 1.0, 3.0, 1.0]  # [2P]: chosen rows, then rejected rows
+    assert pair_set(pairs, renderer.pad_id, DPOConfig(loss="dpo")).pref is None  # no score differences
     with pytest.raises(D.DataError, match=r"pairs.jsonl:1: field 'score_chosen' without 'score_rejected'"):
         pairs_of(renderer, [{**ROWS[1], "score_chosen": 2.0}])
     with pytest.raises(D.DataError, match=r"field 'margin' \(2.0\) is not 'score_chosen' - 'score_rejected' \(3.0\)"):
@@ -57,7 +57,7 @@ def test_odpo_and_rebel_losses_by_hand_on_the_batch_path(renderer):
     logprobs = -mask.float()
     sums = -n.float()
     ref = sums - torch.tensor([1.0, 0.0, 0.0, 1.0])  # chosen 0 up by 1; rejected 1 up by 1
-    batch = full.with_extras(ref_sums=ref)
+    batch = with_ref_sums(full, ref)
     out = ForwardOutput(logprobs=logprobs)
     # ODPO, beta 0.5, alpha 2, log: Delta = 2 log 3 (pair 0), 2 log 1 = 0 (pair 1)
     #   pair 0: -log sigma(0.5 - 2 log 3);  pair 1: -log sigma(-0.5)
@@ -66,12 +66,13 @@ def test_odpo_and_rebel_losses_by_hand_on_the_batch_path(renderer):
     assert odpo.item() == pytest.approx(want, rel=1e-5)
     assert m["dpo/margin"].item() == pytest.approx(0.0, abs=1e-6)  # beta (h_0 + h_1) / 2 = 0
     # identity f: Delta = 2 * 3 = 6 and 2 * 1 = 2
-    ident, _ = preference_loss_fn(DPOConfig(loss="odpo", beta=0.5, odpo_alpha=2.0, odpo_scale="identity")).fn(out, batch)
+    identity = DPOConfig(loss="odpo", beta=0.5, odpo_alpha=2.0, odpo_scale="identity")
+    ident, _ = preference_loss_fn(identity).fn(out, batch)
     want = (math.log1p(math.exp(-(0.5 - 6.0))) + math.log1p(math.exp(-(-0.5 - 2.0)))) / 2
     assert ident.item() == pytest.approx(want, rel=1e-5)
     # REBEL, beta 0.5 (eta 2): ((0.5 - 3)^2 + (-0.5 - 1)^2) / 2 = (6.25 + 2.25) / 2 = 4.25
-    rebel, m = preference_loss_fn(DPOConfig(loss="rebel", beta=0.5)).fn(out, pair_set(pairs, renderer.pad_id,
-                                                                          DPOConfig(loss="rebel")).with_extras(ref_sums=ref))
+    rebel_pairs = with_ref_sums(pair_set(pairs, renderer.pad_id, DPOConfig(loss="rebel")), ref)
+    rebel, m = preference_loss_fn(DPOConfig(loss="rebel", beta=0.5)).fn(out, rebel_pairs)
     assert rebel.item() == pytest.approx(4.25, rel=1e-6)
     assert m["rebel/target"].item() == pytest.approx(2.0) and m["rebel/accuracy"].item() == 0.5
 
@@ -79,12 +80,14 @@ def test_odpo_and_rebel_losses_by_hand_on_the_batch_path(renderer):
 def tiny_engine(renderer, seed=0):
     torch.manual_seed(seed)
     vocab = len(renderer.tokenizer)
-    return make_engine(TinyTransformer(TinyConfig(vocab, dim=16, n_layers=1, n_heads=2, max_len=64)), OptimConfig(lr=1e-2))
+    return make_engine(TinyTransformer(TinyConfig(vocab, dim=16, n_layers=1, n_heads=2, max_len=64)),
+                       OptimConfig(lr=1e-2))
 
 
 def test_the_loop_trains_odpo_and_rebel_from_the_columns(renderer):
     pairs = pairs_of(renderer, ROWS)
-    # step 1: the policy is the reference, h = 0: ODPO (alpha 1, log) = (log(1 + 3) + log(1 + 1)) / 2, REBEL = (9 + 1) / 2
+    # step 1: the policy is the reference, h = 0: ODPO (alpha 1, log) = (log(1 + 3) + log(1 + 1)) / 2,
+    # REBEL = (9 + 1) / 2
     h = train_dpo(tiny_engine(renderer), pairs, DPOConfig(steps=1, loss="odpo"), renderer.pad_id)
     assert h[0]["train/loss"] == pytest.approx((math.log(4) + math.log(2)) / 2, rel=1e-5)
     h = train_dpo(tiny_engine(renderer), pairs, DPOConfig(steps=12, loss="rebel", beta=0.5), renderer.pad_id)

@@ -3,14 +3,17 @@ for bit, an HF forward without a KV cache is the cached default bit for bit, and
 (`logprobs.SharedPrefix`: the prompt once, then each completion) give the unpacked rows' log-probs, values,
 losses and gradients to float rounding. Speed itself is a benchmark (benchmarks/vs_trl.py), never a test."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.logprobs import SharedPrefix, TokenHead, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import Owner, Trajectory, collate, pair_batch
 
 TOL = 1e-5
@@ -124,7 +127,7 @@ def test_pairs_sharing_a_prompt_match_the_unpacked_rows(llama_dir, chunk):
         ref = engine.reference_engine()
         assert ref.share_prefix is share
         ref_sums = summed_logps(ref.forward(full).logprobs, full.action_mask)
-        batch = full.with_extras(ref_sums=ref_sums + 0.25 * torch.arange(full.size))  # a margin to learn from
+        batch = with_ref_sums(full, ref_sums + 0.25 * torch.arange(full.size))  # a margin to learn from
         metrics = pair_step(engine, batch, torch.arange(4), preference_loss_fn(DPOConfig(nll_weight=0.5)))
         logprobs = engine.forward(full, entropy=True)
         outs.append((ref_sums, metrics, _grads(policy), logprobs))
@@ -181,7 +184,7 @@ def test_a_grpo_group_sharing_its_prompt_matches_the_unpacked_rows(llama_dir):
     batch = collate([_traj(p, r(2 + i % 3)) for p in prompts for i in range(4)], 0)
     units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, [[i] for i in range(8)])
     assert len(units) == 2  # each group's prompt once
-    batch = batch.with_extras(advantages=torch.linspace(-1, 1, 8))
+    batch = dataclasses.replace(batch, pg=PGInputs(torch.linspace(-1, 1, 8)))
     loss = rl_loss(RLConfig(advantage="grpo", entropy_coef=0.01), use_old=False)
     outs = []
     for share in (True, False):
@@ -242,7 +245,8 @@ def test_a_prompt_shared_by_a_group_is_prefilled_once_and_samples_what_every_row
     counted = _Counting(model)
     for kw in ({"temperature": 0.8}, {"draw": "cdf"}, {"greedy": True},
                {"generators": [torch.Generator().manual_seed(40 + b) for b in range(10)]}):
-        fresh = lambda: {k: ([torch.Generator().manual_seed(40 + b) for b in range(10)] if k == "generators" else v)  # noqa: E731
+        fresh = lambda: {k: (  # noqa: E731
+            [torch.Generator().manual_seed(40 + b) for b in range(10)] if k == "generators" else v)
                          for k, v in kw.items()}
         gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
         every = sample(model, prompts, 8, gen(), stop_ids=[4], **fresh())

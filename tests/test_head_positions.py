@@ -5,15 +5,18 @@ not kept, the layer really run on the kept rows only, and every reader that read
 without `positions="actions"`, `Loss(positions="all")`, the agent experiment's unmasked NLL) still gets the
 real log-probs."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.rl import RLConfig, rl_loss, score
 from trajtune.algorithms.sft import sft_loss_fn
 from trajtune.engine import ForwardOutput, Loss, make_engine
 from trajtune.logprobs import TokenHead, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
+from trajtune.objectives.inputs import PGInputs
 from trajtune.objectives.sft import sft_loss
 from trajtune.trajectory import Batch, Owner, Trajectory, collate, pair_batch
 
@@ -102,7 +105,8 @@ def test_token_head_keep_runs_the_layer_on_the_kept_rows_only(chunk):
     assert 0 < K < 18
     if chunk == 0:
         assert rows_seen == [torch.Size([K])]  # the unchunked path: one [K, D] -> [K, V] matmul
-    assert torch.equal(part.logprobs[~keep], torch.zeros(18 - K)) and torch.equal(part.entropy[~keep], torch.zeros(18 - K))
+    assert torch.equal(part.logprobs[~keep], torch.zeros(18 - K))
+    assert torch.equal(part.entropy[~keep], torch.zeros(18 - K))
     assert torch.allclose(part.logprobs[keep], every.logprobs[keep], atol=TOL, rtol=0)
     assert torch.allclose(part.entropy[keep], every.entropy[keep], atol=TOL, rtol=0)
     # the gradient is that of the kept positions only: the same loss with the others' upstream gradients 0
@@ -122,7 +126,8 @@ def test_token_head_keep_on_whole_logits_and_bad_masks():
         logits = model(batch.ids, attention_mask=batch.attention_mask)
         out = TokenHead(batch.ids, keep=keep).of_logits(logits)  # a model without a `head` argument
     every = token_log_probs(logits, batch.ids)
-    assert torch.equal(out.logprobs[keep], every[keep]) and torch.equal(out.logprobs[~keep], torch.zeros(int((~keep).sum())))
+    assert torch.equal(out.logprobs[keep], every[keep])
+    assert torch.equal(out.logprobs[~keep], torch.zeros(int((~keep).sum())))
     with pytest.raises(ValueError, match=r"keep must be a bool mask \[B, T-1\]"):
         TokenHead(batch.ids, keep=batch.action_mask)  # float, not bool
     with pytest.raises(ValueError, match=r"keep must be a bool mask \[B, T-1\]"):
@@ -140,7 +145,7 @@ def test_tiny_sft_dpo_grpo_losses_and_gradients_match_every_position(chunk):
                  _step(_tiny(), "all", batch, sft_loss_fn(), logits_chunk=chunk))
     pairs = _pairs()
     ref = make_engine(_tiny(), frozen=True, logits_chunk=chunk).forward(pairs).logprobs
-    pairs = pairs.with_extras(ref_sums=summed_logps(ref * 0.9, pairs.action_mask))
+    pairs = with_ref_sums(pairs, summed_logps(ref * 0.9, pairs.action_mask))
     for nll_weight in (0.0, 0.5):
         loss = preference_loss_fn(DPOConfig(beta=0.1, nll_weight=nll_weight))
         _assert_same(_step(_tiny(), "actions", pairs, loss, logits_chunk=chunk),
@@ -150,7 +155,7 @@ def test_tiny_sft_dpo_grpo_losses_and_gradients_match_every_position(chunk):
               for p in ("actions", "all")}
     mask = batch.action_mask.bool()
     for k in ("old_logp", "ref_logp"):  # scored at the POLICY tokens only: 0.0 elsewhere, the same values there
-        a, b = scored["actions"].extras[k], scored["all"].extras[k]
+        a, b = getattr(scored["actions"].pg, k), getattr(scored["all"].pg, k)
         assert torch.allclose(a[mask], b[mask], atol=TOL, rtol=0) and not a[~mask].any() and b[~mask].any()
     loss = rl_loss(config, use_old=True)
     assert loss.entropy and loss.positions == "actions"
@@ -162,9 +167,10 @@ def test_micro_batches_length_buckets_value_head_and_an_empty_mask():
     batch = collate(_trajs(8), pad_id=0)
     adv = torch.randn(batch.size, generator=torch.Generator().manual_seed(2))
     config = RLConfig(advantage="gae", surrogate="ppo", entropy_coef=0.01, kl_coef=0.0)
-    x = dict(advantages=adv[:, None].expand_as(batch.action_mask).contiguous(), old_logp=torch.zeros_like(batch.action_mask),
+    x = dict(advantages=adv[:, None].expand_as(batch.action_mask).contiguous(),
+             old_logp=torch.zeros_like(batch.action_mask),
              returns=torch.randn(batch.action_mask.shape), old_values=torch.zeros_like(batch.action_mask))
-    loss, scored = rl_loss(config, use_old=True), batch.with_extras(**x)
+    loss, scored = rl_loss(config, use_old=True), replace(batch, pg=PGInputs(**x))
     for kw in (dict(micro_batch_size=3), dict(logits_chunk=4)):
         a = make_engine(_tiny(True), head_positions="actions", **kw)
         b = make_engine(_tiny(True), head_positions="all", **kw)
@@ -199,8 +205,8 @@ def test_hf_llama_sft_dpo_grpo_match_every_position(tmp_path):
                      _step(policy(), "all", batch, sft_loss_fn(), logits_chunk=chunk))
     pairs = _pairs(vocab=300)  # each pair's prompt runs once (SharedPrefix), then the head on the kept rows
     assert policy().supports_shared_prefix
-    pairs = pairs.with_extras(ref_sums=summed_logps(make_engine(policy()).forward(pairs).logprobs * 0.9,
-                                                    pairs.action_mask))
+    pairs = with_ref_sums(pairs, summed_logps(make_engine(policy()).forward(pairs).logprobs * 0.9,
+                                              pairs.action_mask))
     loss = preference_loss_fn(DPOConfig(beta=0.1, nll_weight=0.5))
     _assert_same(_step(policy(), "actions", pairs, loss), _step(policy(), "all", pairs, loss))
     config = RLConfig(advantage="grpo", surrogate="ppo", entropy_coef=0.01, kl_coef=0.05)
@@ -224,10 +230,12 @@ def test_readers_of_every_position_get_real_log_probs():
     act = batch.action_mask.bool()
     assert not c.logprobs[~act].any() and torch.allclose(c.logprobs[act], b.logprobs[act], atol=TOL, rtol=0)
     # 2. a loss that reads every real token (all-token NLL) declares it, and gets every position
-    every_token = Loss(lambda out, bt: sft_loss(out.logprobs, bt.attention_mask[:, 1:].float()), "token", positions="all")
+    every_token = Loss(lambda out, bt: sft_loss(out.logprobs, bt.attention_mask[:, 1:].float()), "token",
+                       positions="all")
     _assert_same(_step(_tiny(), "actions", batch, every_token), _step(_tiny(), "all", batch, every_token))
     masked_only = Loss(every_token.fn, "token")  # the same reader, not declared: sees zeros, so a smaller NLL
-    assert _step(_tiny(), "actions", batch, masked_only)[0]["loss"] < _step(_tiny(), "all", batch, masked_only)[0]["loss"]
+    masked_loss = _step(_tiny(), "actions", batch, masked_only)[0]["loss"]
+    assert masked_loss < _step(_tiny(), "all", batch, masked_only)[0]["loss"]
     # 3. the agent experiment's A1 (masked vs unmasked NLL at init) reads every real token through engine.forward
     from trajtune.experiments.agent.diagnostics import owners_and_init_loss
 

@@ -6,6 +6,8 @@ tokenized dataset, masks and log-probs), and the loss's gradient against TRL's l
 The tests read the model from the `model_dir` fixture: tests/real_model/test_trl_parity_real.py collects the same
 functions with its own `model_dir`, the real model."""
 
+from dataclasses import replace
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -22,6 +24,7 @@ from trajtune.engine import make_engine  # noqa: E402
 from trajtune.experiments.hf.sft import eval_loss  # noqa: E402
 from trajtune.models.hf import load_policy, load_tokenizer  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
+from trajtune.objectives.inputs import PGInputs  # noqa: E402
 from trajtune.text.chat import ChatRenderer  # noqa: E402
 from trajtune.trajectory import Owner, Trajectory, collate, pair_batch  # noqa: E402
 
@@ -162,14 +165,15 @@ def test_grpo_prompt_with_an_assistant_turn_renders_as_trl_does(model_dir, tok, 
     # the clipped-ratio loss of two completions of that prompt with advantages +1 / -1, on-policy (old log-probs =
     # the current ones, detached: ratio 1), token mean over the batch (TRL's loss_type 'bnpo', trajtune's aggregation
     # 'token'), and its gradient
-    completions = [tok.encode(text, add_special_tokens=False) + [tok.eos_token_id] for text in ("5", "it is 6, I think.")]
-    trajs = [Trajectory(ids + c, [int(Owner.PROMPT)] * len(ids) + [int(Owner.POLICY)] * len(c), [0] * (len(ids) + len(c)))
-             for c in completions]
+    completions = [tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+                   for text in ("5", "it is 6, I think.")]
+    trajs = [Trajectory(ids + c, [int(Owner.PROMPT)] * len(ids) + [int(Owner.POLICY)] * len(c),
+                        [0] * (len(ids) + len(c))) for c in completions]
     advantages = torch.tensor([1.0, -1.0])
     engine = make_engine(load_policy(model_dir))
     config = RLConfig(advantage="grpo", aggregation="token", surrogate="ppo")
     batch = collate(trajs, tok.pad_token_id)
-    batch = batch.with_extras(advantages=advantages, old_logp=engine.forward(batch).logprobs.detach())
+    batch = replace(batch, pg=PGInputs(advantages, old_logp=engine.forward(batch).logprobs.detach()))
     m = engine.forward_backward(batch, rl_loss(config, use_old=True))
     width = max(len(c) for c in completions)
     completion_ids = torch.tensor([c + [tok.pad_token_id] * (width - len(c)) for c in completions])

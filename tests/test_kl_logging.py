@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trajtune.algorithms.rl import RLConfig, train_rl
+from trajtune.objectives.inputs import PGInputs, PGOptions
 from trajtune.objectives.policy_gradient import policy_gradient_loss
 
 from test_algorithms import TASKS, TOK, collect_for, engine
@@ -17,8 +18,8 @@ def test_the_loss_logs_the_kl_when_kl_coef_is_zero_and_leaves_the_loss_alone():
     ref = torch.tensor([[-1.5, -2.0, -7.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.tensor([1.0])
-    loss0, m0 = policy_gradient_loss(logp, adv, mask)
-    loss, m = policy_gradient_loss(logp, adv, mask, ref_logp=ref, kl_coef=0.0)
+    loss0, m0 = policy_gradient_loss(logp, mask, PGInputs(adv))
+    loss, m = policy_gradient_loss(logp, mask, PGInputs(adv, ref_logp=ref), PGOptions(kl_coef=0.0))
     assert float(loss.detach()) == float(loss0.detach())  # the KL is logged, not added
     # log ratio [0.5, 0] (the masked third token is 0); k3 = expm1(-0.5) + 0.5 = 0.106531, then 0
     k3 = math.expm1(-0.5) + 0.5
@@ -26,7 +27,7 @@ def test_the_loss_logs_the_kl_when_kl_coef_is_zero_and_leaves_the_loss_alone():
     assert "kl/sequence" not in m  # per episode: the loop's (kl/k3 x POLICY tokens per episode), exact under any split
     assert "kl/k3" not in m0
     # with kl_coef the same numbers, and the term is in the loss: token mean of -A logp + 0.1 k3
-    loss1, m1 = policy_gradient_loss(logp, adv, mask, ref_logp=ref, kl_coef=0.1)
+    loss1, m1 = policy_gradient_loss(logp, mask, PGInputs(adv, ref_logp=ref), PGOptions(kl_coef=0.1))
     assert float(loss1) == pytest.approx((1.0 + 2.0) / 2 + 0.1 * k3 / 2)
     assert float(m1["kl/k3"]) == pytest.approx(k3 / 2)
 

@@ -5,7 +5,8 @@ number the same as with the log off."""
 
 import pytest
 
-from trajtune.algorithms.rl import RLConfig, StartingWeights, train_rl
+from trajtune.algorithms.reference import StartingWeights
+from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.engine.torch_engine import TorchEngine
 from trajtune.metrics import MetricsLogger
 from trajtune.runs.loop import Run
@@ -63,7 +64,8 @@ def test_the_starting_weights_survive_a_resume(tmp_path):
     resumed = engine(seed=0)
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
         _, got = run("auto", Run("rl", log, checkpointer=ck), resumed)
-    assert same_weights(resumed, e_whole) and untimed(got) == untimed(expected)  # step 4's and 6's KL against the start, not the resumed policy
+    # step 4's and 6's KL against the start, not the resumed policy
+    assert same_weights(resumed, e_whole) and untimed(got) == untimed(expected)
 
 
 def test_log_kl_every_is_checked():

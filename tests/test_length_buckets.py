@@ -1,10 +1,13 @@
 """Length-bucketed pair steps: the same gradient and metrics as one padded batch (float rounding aside)."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps
+from trajtune.algorithms.dpo import DPOConfig, pair_step, preference_loss_fn, summed_logps, with_ref_sums
 from trajtune.algorithms.reward_model import RewardModelConfig, train_reward_model
+from trajtune.objectives.inputs import PGInputs
 from trajtune.trajectory import collate, pair_batch
 
 from test_algorithms import TOK, demo, engine
@@ -22,7 +25,7 @@ def test_bucketed_pair_step_equals_one_batch(loss, nll):
     full = pair_batch(PAIRS, TOK.pad_id)
     e = engine(seed=3)
     ref = summed_logps(e.forward(full).logprobs, full.action_mask)
-    full = full.with_extras(ref_sums=ref + 0.3)  # policy != reference
+    full = with_ref_sums(full, ref + 0.3)  # policy != reference
     fn = preference_loss_fn(DPOConfig(loss=loss, beta=0.5, nll_weight=nll))
     rows = torch.tensor([0, 2, 3, 5, 6, 7, 8])  # a minibatch of pairs
     one = pair_step(e, full, rows, fn, buckets=1)
@@ -93,10 +96,9 @@ def test_bucketed_rl_step_equals_one_batch(advantage, surrogate, extra):
     ref_logp = old.logprobs - 0.05  # a reference that differs from the policy
     adv, returns = advantages_for(batch, config, old_values, ref_logp, old.logprobs)
     old_logp = old.logprobs - 0.02 * torch.arange(batch.size)[:, None]  # ratios from 1 to e^0.1, one per row
-    extras = {"advantages": adv, "old_logp": old_logp, "ref_logp": ref_logp}
-    if returns is not None:
-        extras.update(returns=returns, old_values=old_values)
-    batch, fn = batch.with_extras(**extras), rl_loss(config, use_old=True)
+    inputs = PGInputs(adv, old_logp=old_logp, ref_logp=ref_logp, returns=returns,
+                      old_values=old_values if returns is not None else None)
+    batch, fn = dataclasses.replace(batch, pg=inputs), rl_loss(config, use_old=True)
     one = e.forward_backward(batch, fn)
     g1 = grads(e).clone()
     e.model.zero_grad()

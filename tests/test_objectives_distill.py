@@ -7,6 +7,7 @@ import torch
 
 from trajtune.objectives.distill import distill_advantages, reverse_kl_loss
 from trajtune.objectives.kl import full_kl
+from trajtune.objectives.inputs import PGInputs, PGOptions
 from trajtune.objectives.policy_gradient import policy_gradient_loss
 
 
@@ -26,7 +27,8 @@ def test_pg_with_distill_advantages_is_the_reverse_kl_gradient():
     teacher_logp = torch.log_softmax(teacher_logits, -1)[:, None]
     adv = distill_advantages(logp, teacher_logp, torch.ones(V, 1))  # [V, 1]
     probs = logp.detach().exp()  # the exact expectation over a ~ pi
-    loss, _ = policy_gradient_loss(logp, probs * adv, torch.ones(V, 1), aggregation="constant", constant=1.0)
+    loss, _ = policy_gradient_loss(logp, torch.ones(V, 1), PGInputs(probs * adv),
+                                   PGOptions(aggregation="constant", constant=1.0))
     (V * loss).backward()
     g_pg = theta.grad.clone()
     theta.grad = None

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from trajtune.objectives.inputs import PGInputs, PGOptions
 from trajtune.objectives.policy_gradient import (
     log_importance_ratio,
     policy_gradient_loss,
@@ -17,7 +18,7 @@ def _grad_at_ratio(ratio: float, adv: float, **kw) -> tuple[float, dict]:
     """d loss / d log pi for a single token whose ratio pi/pi_old is `ratio`."""
     logp = torch.tensor([[math.log(ratio)]], requires_grad=True)
     old = torch.zeros(1, 1)
-    loss, metrics = policy_gradient_loss(logp, torch.tensor([adv]), torch.ones(1, 1), old, **kw)
+    loss, metrics = policy_gradient_loss(logp, torch.ones(1, 1), PGInputs(torch.tensor([adv]), old), PGOptions(**kw))
     loss.backward()
     return logp.grad.item(), metrics
 
@@ -50,8 +51,8 @@ def test_ppo_asymmetric_clip_and_dual_clip():
     grad, m = _grad_at_ratio(4.0, -1.0, surrogate="ppo", dual_clip=3.0)
     assert grad == 0.0 and m["pg/clip_frac"].item() == 1.0
     logp = torch.tensor([[math.log(4.0)]])
-    loss, _ = policy_gradient_loss(logp, torch.tensor([-1.0]), torch.ones(1, 1), torch.zeros(1, 1),
-                                   surrogate="ppo", dual_clip=3.0)
+    loss, _ = policy_gradient_loss(logp, torch.ones(1, 1), PGInputs(torch.tensor([-1.0]), torch.zeros(1, 1)),
+                                   PGOptions(surrogate="ppo", dual_clip=3.0))
     assert loss.item() == pytest.approx(3.0)
     with pytest.raises(ValueError):
         _grad_at_ratio(1.0, -1.0, surrogate="ppo", dual_clip=0.5)
@@ -71,15 +72,16 @@ def test_gspo_uses_the_length_normalised_sequence_ratio():
     logp = torch.tensor([[0.3, -0.1, 0.1, 5.0]], requires_grad=True)  # last entry is padding
     lr = log_importance_ratio(logp, old, mask, "sequence")
     assert torch.allclose(lr, torch.full((1, 4), 0.1))
-    loss, m = policy_gradient_loss(logp, torch.tensor([1.0]), mask, old, surrogate="ppo",
-                                   ratio_level="sequence", aggregation="sequence")
+    loss, m = policy_gradient_loss(logp, mask, PGInputs(torch.tensor([1.0]), old),
+                                   PGOptions(surrogate="ppo", ratio_level="sequence", aggregation="sequence"))
     rho = math.exp(0.1)
     assert loss.item() == pytest.approx(-rho)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-rho / 3] * 3 + [0.0]]))
     # sequence ratio exp(0.3) = 1.35 > 1.2: the whole sequence is clipped
     logp2 = torch.tensor([[0.5, 0.2, 0.2, 0.0]], requires_grad=True)
-    loss2, m2 = policy_gradient_loss(logp2, torch.tensor([1.0]), mask, old, surrogate="ppo", ratio_level="sequence")
+    loss2, m2 = policy_gradient_loss(logp2, mask, PGInputs(torch.tensor([1.0]), old),
+                                     PGOptions(surrogate="ppo", ratio_level="sequence"))
     loss2.backward()
     assert torch.equal(logp2.grad, torch.zeros(1, 4)) and m2["pg/clip_frac"].item() == 1.0
 
@@ -87,7 +89,7 @@ def test_gspo_uses_the_length_normalised_sequence_ratio():
 def test_reinforce_on_policy_value_and_token_mean():
     logp = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    loss, m = policy_gradient_loss(logp, torch.tensor([1.0, -2.0]), mask)
+    loss, m = policy_gradient_loss(logp, mask, PGInputs(torch.tensor([1.0, -2.0])))
     assert loss.item() == pytest.approx((1 + 2 - 1.0) / 3)  # -A logp summed / 3 tokens
     assert m["pg/ratio_mean"].item() == 1.0 and m["pg/approx_kl"].item() == 0.0
 
@@ -100,8 +102,8 @@ def test_checklist_gradient_per_aggregation():
     expected = {"sequence": (0.25, 1 / 7), "constant": (1 / 7, 1 / 7), "token": (2 / 11, 2 / 11)}
     for agg, (short, long) in expected.items():
         logp = torch.zeros(2, 7, requires_grad=True)
-        loss, _ = policy_gradient_loss(logp, torch.tensor([2.0, 2.0]), mask, torch.zeros(2, 7),
-                                       surrogate="ppo", aggregation=agg, constant=7)
+        loss, _ = policy_gradient_loss(logp, mask, PGInputs(torch.tensor([2.0, 2.0]), torch.zeros(2, 7)),
+                                       PGOptions(surrogate="ppo", aggregation=agg, constant=7))
         loss.backward()
         assert -logp.grad[0, 0].item() == pytest.approx(short, abs=1e-4), agg
         assert -logp.grad[1, 0].item() == pytest.approx(long, abs=1e-4), agg
@@ -114,18 +116,19 @@ def test_truncated_importance_sampling_hand_values():
     w = truncated_is_weights(logp, sampler, cap=2.0)
     assert torch.allclose(w, torch.tensor([[math.exp(0.5), math.exp(-1.0)]]))
     assert truncated_is_weights(torch.tensor([[30.0]]), torch.tensor([[0.0]]), 2.0).item() == 2.0
-    loss, m = policy_gradient_loss(logp, torch.tensor([1.0]), torch.ones(1, 2), sampler_logp=sampler, tis_cap=1.5)
+    loss, m = policy_gradient_loss(logp, torch.ones(1, 2), PGInputs(torch.tensor([1.0]), sampler_logp=sampler),
+                                   PGOptions(tis_cap=1.5))
     assert loss.item() == pytest.approx((1.0 * 1.5 + 2.0 * math.exp(-1.0)) / 2)
     assert m["pg/tis_capped_frac"].item() == 0.5
     with pytest.raises(ValueError):
-        policy_gradient_loss(logp, torch.tensor([1.0]), torch.ones(1, 2), sampler_logp=sampler)
+        policy_gradient_loss(logp, torch.ones(1, 2), PGInputs(torch.tensor([1.0]), sampler_logp=sampler))
 
 
 def test_kl_term_and_entropy_bonus():
     logp = torch.tensor([[-1.0]], requires_grad=True)
     ref = torch.tensor([[-1.5]])
-    loss, m = policy_gradient_loss(logp, torch.tensor([0.0]), torch.ones(1, 1), ref_logp=ref, kl_coef=0.1,
-                                   entropy=torch.tensor([[2.0]]), entropy_coef=0.01)
+    loss, m = policy_gradient_loss(logp, torch.ones(1, 1), PGInputs(torch.tensor([0.0]), ref_logp=ref),
+                                   PGOptions(kl_coef=0.1, entropy_coef=0.01), entropy=torch.tensor([[2.0]]))
     k3 = math.exp(-0.5) - 1 + 0.5  # 0.10653
     assert loss.item() == pytest.approx(0.1 * k3 - 0.02)
     assert m["kl/k3"].item() == pytest.approx(k3) and m["policy/entropy"].item() == 2.0
@@ -138,8 +141,8 @@ def test_garbage_on_padding_never_leaks():
     old = torch.tensor([[-1.0, -50.0]])
     mask = torch.tensor([[1.0, 0.0]])
     for surrogate in ("reinforce", "ppo", "cispo"):
-        loss, m = policy_gradient_loss(logp, torch.tensor([1.0]), mask, old, surrogate=surrogate,
-                                       ref_logp=old, kl_coef=0.1, sampler_logp=old, tis_cap=2.0)
+        loss, m = policy_gradient_loss(logp, mask, PGInputs(torch.tensor([1.0]), old, sampler_logp=old, ref_logp=old),
+                                       PGOptions(surrogate=surrogate, kl_coef=0.1, tis_cap=2.0))
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
         assert all(torch.isfinite(v) for v in m.values()), surrogate

@@ -8,6 +8,7 @@ import torch
 from trajtune.logprobs import token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.objectives.advantages import group_advantages
+from trajtune.objectives.inputs import PGInputs, PGOptions
 from trajtune.objectives.policy_gradient import policy_gradient_loss
 from trajtune.objectives.sft import sft_loss, weighted_nll, weighted_sft_loss
 from trajtune.engine.decoding import sample
@@ -104,7 +105,7 @@ def test_gradient_identity_01_pg_equals_scaled_sft_on_kept():
     on = batch.action_mask > 0
     assert (batch.old_logprobs[on] - logp.detach()[on]).abs().max() < 1e-5
 
-    pg, _ = policy_gradient_loss(logp, batch.rewards, batch.action_mask, aggregation="token")
+    pg, _ = policy_gradient_loss(logp, batch.action_mask, PGInputs(batch.rewards), PGOptions(aggregation="token"))
     g_pg = _flat_grad(model, pg)
 
     kb = collate(kept, pad_id=0)
@@ -121,11 +122,11 @@ def test_gradient_identity_01_pg_equals_scaled_sft_on_kept():
     # the mean-baseline gradient points roughly the same way (printed, not asserted tightly)
     logp = token_log_probs(model(batch.ids, attention_mask=batch.attention_mask), batch.ids)
     adv = group_advantages(batch.rewards, batch.groups)  # REINFORCE with a group-mean baseline
-    base, _ = policy_gradient_loss(logp, adv, batch.action_mask, aggregation="token")
+    base, _ = policy_gradient_loss(logp, batch.action_mask, PGInputs(adv), PGOptions(aggregation="token"))
     g_base = _flat_grad(model, base)
     adv_b = group_advantages(batch.rewards, None)  # batch-mean baseline
     logp = token_log_probs(model(batch.ids, attention_mask=batch.attention_mask), batch.ids)
-    g_batch = _flat_grad(model, policy_gradient_loss(logp, adv_b, batch.action_mask)[0])
+    g_batch = _flat_grad(model, policy_gradient_loss(logp, batch.action_mask, PGInputs(adv_b))[0])
     cos_group = torch.nn.functional.cosine_similarity(g_base, g_sft, dim=0).item()
     cos_batch = torch.nn.functional.cosine_similarity(g_batch, g_sft, dim=0).item()
     print(f"A4: cosine(group-mean-baseline PG, SFT on kept) = {cos_group:.4f}; "

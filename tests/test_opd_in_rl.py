@@ -62,11 +62,11 @@ def test_scoring_adds_the_teacher_term_to_the_group_advantage_on_policy_tokens_o
     group_B = group_advantages(batch.rewards.float(), batch.groups, baseline="mean", std_normalize=True, eps=1e-4)
     mask = batch.action_mask
     expected = (group_B[:, None] + 0.3 * delta[None, :]) * mask  # teacher - student = delta on POLICY tokens
-    assert torch.allclose(scored.extras["advantages"], expected, atol=1e-5)
-    assert bool((scored.extras["advantages"][mask == 0] == 0).all())
+    assert torch.allclose(scored.pg.advantages, expected, atol=1e-5)
+    assert bool((scored.pg.advantages[mask == 0] == 0).all())
     assert metrics["kl/teacher"] == pytest.approx(-float((delta[None, :] * mask).sum() / mask.sum()), abs=1e-5)
     plain, _ = score(e, None, batch, RLConfig(advantage="grpo", group_size=4), use_old=False)
-    assert torch.equal(plain.extras["advantages"], group_B)  # opd_coef 0: the group advantage, untouched
+    assert torch.equal(plain.pg.advantages, group_B)  # opd_coef 0: the group advantage, untouched
 
 
 def test_opd_config_errors_name_the_field():

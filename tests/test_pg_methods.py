@@ -11,20 +11,22 @@ import torch
 from test_algorithms import RENDER, TASKS, TOK, collect_for, demo, engine, pass_rate
 from test_resume import collect_for as graded_source, interrupt_at, rows, same_weights, untimed
 
-from trajtune.algorithms.rl import (RLConfig, advantages_for, init_value_head_from_reward_model, rl_razor, score,
-                                    tool_call_mask, train_rl)
+from trajtune.algorithms.reference import rl_razor
+from trajtune.algorithms.reward_model import init_value_head_from_reward_model
+from trajtune.algorithms.rl import RLConfig, advantages_for, score, train_rl
 from trajtune.algorithms.sft import SFTConfig, train_sft
 from trajtune.engine import make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.metrics import MetricsLogger
 from trajtune.objectives.advantages import group_advantages, minmax_scale, moving_average_baseline, overlong_penalty
 from trajtune.objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl
+from trajtune.objectives.inputs import PGInputs, PGOptions
 from trajtune.objectives.policy_gradient import policy_gradient_loss
 from trajtune.objectives.reward_model import last_token_values
 from trajtune.runs.loop import Run
 from trajtune.runs.resume import Checkpointer, RunInterrupted
 from trajtune.sources.episodes import EpisodeSource
-from trajtune.trajectory import Owner, Trajectory, collate
+from trajtune.trajectory import Owner, Trajectory, collate, tool_call_mask
 
 
 # --- TOPR (checklist 6.11) ----------------------------------------------------------------
@@ -34,8 +36,8 @@ def test_topr_weights_negative_episodes_by_their_clipped_sequence_ratio_and_leav
     old = torch.zeros(3, 2)
     logp = torch.tensor([[0.5, 0.5], [-math.log(2), 0.0], [math.log(2), 0.0]], requires_grad=True)
     mask = torch.ones(3, 2)
-    loss, m = policy_gradient_loss(logp, torch.tensor([1.0, -1.0, -1.0]), mask, old, surrogate="topr",
-                                   aggregation="sequence")
+    loss, m = policy_gradient_loss(logp, mask, PGInputs(torch.tensor([1.0, -1.0, -1.0]), old),
+                                   PGOptions(surrogate="topr", aggregation="sequence"))
     loss.backward()
     # per-token loss -w A log pi, sequence aggregation: (1/3) sum_i (1/2) sum_t -> d/dlogp = -w A / 6
     expected = torch.tensor([[-1.0, -1.0], [0.5, 0.5], [1.0, 1.0]]) / 6
@@ -45,8 +47,8 @@ def test_topr_weights_negative_episodes_by_their_clipped_sequence_ratio_and_leav
 
 def test_topr_on_policy_is_reinforce():
     logp = torch.tensor([[-0.3, -1.2]], requires_grad=True)
-    a = policy_gradient_loss(logp, torch.tensor([-2.0]), torch.ones(1, 2), surrogate="topr")[0]
-    b = policy_gradient_loss(logp, torch.tensor([-2.0]), torch.ones(1, 2))[0]
+    a = policy_gradient_loss(logp, torch.ones(1, 2), PGInputs(torch.tensor([-2.0])), PGOptions(surrogate="topr"))[0]
+    b = policy_gradient_loss(logp, torch.ones(1, 2), PGInputs(torch.tensor([-2.0])))[0]
     assert a.item() == pytest.approx(b.item())
 
 
@@ -62,8 +64,8 @@ def test_sapo_gate_by_hand_and_its_gradient_is_the_policy_gradient_at_ratio_one(
     """SAPO ([CC] only, checklist 6.18b): -sigmoid(t (rho - 1)) 4 / t A, t = 1.0 for A > 0 and 1.05 for A <= 0."""
     old = torch.zeros(2, 1)
     logp = torch.tensor([[0.0], [math.log(2.0)]], requires_grad=True)  # ratios 1 and 2
-    loss, m = policy_gradient_loss(logp, torch.tensor([1.0, -1.0]), torch.ones(2, 1), old, surrogate="sapo",
-                                   aggregation="sequence")
+    loss, m = policy_gradient_loss(logp, torch.ones(2, 1), PGInputs(torch.tensor([1.0, -1.0]), old),
+                                   PGOptions(surrogate="sapo", aggregation="sequence"))
     t = 1.05
     per = [-(1 / (1 + math.exp(0))) * 4 / 1.0, (1 / (1 + math.exp(-t))) * 4 / t]  # rho 1, A +1; rho 2, A -1
     assert loss.item() == pytest.approx(sum(per) / 2, rel=1e-6) and m["pg/clip_frac"].item() == 0.0
@@ -72,9 +74,10 @@ def test_sapo_gate_by_hand_and_its_gradient_is_the_policy_gradient_at_ratio_one(
     # d/dlogp of -gate A = -A rho d gate / d rho = -A rho 4 sigma' (t (rho - 1)); at rho 1: -A (the PG gradient)
     assert logp.grad[:, 0].tolist() == pytest.approx([-1.0 / 2, 2.0 * 4 * sig * (1 - sig) / 2], rel=1e-5)
     logp2 = torch.tensor([[-0.3, -1.2]], requires_grad=True)  # on-policy (no old log-probs): REINFORCE's gradient
-    policy_gradient_loss(logp2, torch.tensor([2.0]), torch.ones(1, 2), surrogate="sapo")[0].backward()
+    sapo = PGOptions(surrogate="sapo")
+    policy_gradient_loss(logp2, torch.ones(1, 2), PGInputs(torch.tensor([2.0])), sapo)[0].backward()
     logp3 = torch.tensor([[-0.3, -1.2]], requires_grad=True)
-    policy_gradient_loss(logp3, torch.tensor([2.0]), torch.ones(1, 2))[0].backward()
+    policy_gradient_loss(logp3, torch.ones(1, 2), PGInputs(torch.tensor([2.0])))[0].backward()
     assert torch.allclose(logp2.grad, logp3.grad, atol=1e-6)
     with pytest.raises(ValueError, match="sapo_tau_neg"):
         RLConfig(surrogate="sapo", sapo_tau_neg=0.0)
@@ -82,8 +85,8 @@ def test_sapo_gate_by_hand_and_its_gradient_is_the_policy_gradient_at_ratio_one(
 
 def test_topr_refuses_the_sequence_ratio_level():
     with pytest.raises(ValueError, match="ratio_level 'token'"):
-        policy_gradient_loss(torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1), torch.zeros(1, 1),
-                             surrogate="topr", ratio_level="sequence")
+        policy_gradient_loss(torch.zeros(1, 1), torch.ones(1, 1), PGInputs(torch.ones(1), torch.zeros(1, 1)),
+                             PGOptions(surrogate="topr", ratio_level="sequence"))
 
 
 # --- the adaptive KL controller (checklist 6.16; Ziegler et al. 2019) ----------------------
@@ -150,12 +153,13 @@ def test_forgetting_and_forward_kl_on_a_constructed_case():
 PAD = TOK.pad_id
 
 
-def _batch(rewards, groups=None, lengths=None, infos=None):
+def _batch(rewards, groups=None, lengths=None, unterminated=None):
     """A batch of one-token-prompt episodes with `lengths` POLICY tokens each (default 1)."""
     trajs = []
     for i, r in enumerate(rewards):
         n = 1 if lengths is None else lengths[i]
-        t = Trajectory(reward=r, group=i if groups is None else groups[i], info=dict(infos[i]) if infos else {})
+        t = Trajectory(reward=r, group=i if groups is None else groups[i],
+                       unterminated=unterminated[i] if unterminated else None)
         t.append([1], Owner.PROMPT, 0)
         t.append([2] * n, Owner.POLICY, 0)
         trajs.append(t)
@@ -183,9 +187,9 @@ def test_overlong_penalty_enters_the_reward_and_overlong_filter_leaves_the_loss(
     # L_max 4, L_cache 2: safe 2; lengths 2, 3, 5 -> penalties 0, -0.5, -1
     cfg = RLConfig(advantage="none", group_size=2, overlong_max=4, overlong_cache=2, overlong_filter=True)
     batch = _batch([1.0, 1.0, 1.0], lengths=[2, 3, 5],
-                   infos=[{"n_unterminated": 0}, {"n_unterminated": 0}, {"n_unterminated": 1}])
+                   unterminated=[0, 0, 1])
     scored, metrics = score(engine(), None, batch, cfg, use_old=False)
-    assert scored.extras["advantages"].tolist() == [1.0, 0.5, 0.0]
+    assert scored.pg.advantages.tolist() == [1.0, 0.5, 0.0]
     assert scored.action_mask.sum(-1).tolist() == [2.0, 3.0, 0.0]  # the cut-off episode leaves the loss
     assert metrics["rollout/overlong_filtered"] == 1.0 and metrics["rollout/overlong_penalty"] == pytest.approx(-0.5)
 
@@ -198,7 +202,8 @@ def test_tool_call_tokens_are_the_policy_turns_a_tool_answered():
     calls = tool_call_mask(batch)[0]
     policy = batch.action_mask[0] > 0
     owners, turns = batch.owners[0, 1:], batch.turns[0, 1:]
-    assert bool(((owners == Owner.POLICY) & (turns == 0)).any()) and bool(((owners == Owner.POLICY) & (turns == 1)).any())
+    by_policy = owners == Owner.POLICY
+    assert bool((by_policy & (turns == 0)).any()) and bool((by_policy & (turns == 1)).any())
     assert torch.equal(calls > 0, policy & (turns == 0))  # turn 0's POLICY tokens exactly; the answer stays
     scored, _ = score(engine(), None, batch, RLConfig(advantage="none", train_tool_calls=False), use_old=False)
     assert torch.equal(scored.action_mask[0] > 0, policy & (turns == 1))  # only the answer is trained

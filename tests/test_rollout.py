@@ -58,7 +58,7 @@ def test_one_episode_renders_identically_through_both_paths():
     assert scripted.info["actions"] == ["read", "edit swap_minmax", "submit"]
     assert same_tokens(scripted, sampled)
     assert scripted.reward == sampled.reward == 1.0
-    assert sampled.info == scripted.info
+    assert (sampled.info, sampled.unterminated) == (scripted.info, scripted.unterminated)
     # sampled POLICY tokens carry the sampler's logprobs; everything else 0
     assert scripted.logprobs is None
     for lp, owner in zip(sampled.logprobs, sampled.owners, strict=True):
@@ -77,6 +77,7 @@ def test_lockstep_batch_matches_scripted_episodes_and_samples_once_per_turn():
         sampled = rollout_batch(sampler, [BugFixEnv() for _ in tasks], tasks, r, None)
         for a, b in zip(batch, sampled, strict=True):
             assert same_tokens(a, b) and a.reward == b.reward and a.info == b.info
+            assert a.unterminated == b.unterminated
         n_turns = [len(tr.info["actions"]) for tr in batch]
         # one sampler call per turn, on exactly the episodes still running
         assert sampler.calls == [sum(n > t for n in n_turns) for t in range(max(n_turns))]
@@ -114,7 +115,7 @@ def test_unterminated_actions_are_counted_and_given_to_the_env():
     task = TASKS[0]
     sampler = ReplaySampler(r, {task.issue: ["read read read"] * 2}, stop=False)
     traj = rollout_batch(sampler, [BugFixEnv()], [task], r, None, max_turns=2, max_action_tokens=2)[0]
-    assert traj.info["n_unterminated"] == 2 and traj.info["n_invalid"] == 2
+    assert traj.unterminated == 2 and traj.info["n_invalid"] == 2
     assert traj.info["actions"] == ["read read", "read read"]
     assert r.end_id not in traj.tokens_of(Owner.POLICY)  # no stop token was sampled, none is invented
 
@@ -205,11 +206,13 @@ def test_finished_trajectories_carry_no_renderer_bookkeeping(kind):
     sampler = CountingSampler(encode, scripted.info["actions"])
     sampled = rollout_batch(sampler, [BugFixEnv()], [task], r, None, max_tokens=max_tokens, max_action_tokens=32)[0]
     assert scripted.info["actions"] == ["read", "edit swap_minmax", "submit"]
-    assert same_tokens(scripted, sampled) and sampled.info == scripted.info
+    assert same_tokens(scripted, sampled)
+    assert (sampled.info, sampled.unterminated) == (scripted.info, scripted.unterminated)
     for traj in (scripted, sampled):
         assert not {"messages", "_stopped"} & set(traj.info)
-        assert {"task", "stop_reason", "n_turns", "n_unterminated"} <= set(traj.info)
+        assert {"task", "stop_reason", "n_turns"} <= set(traj.info) and traj.unterminated is not None
     collect = EpisodeSource(CountingSampler(encode, scripted.info["actions"]), BugFixEnv, r, max_tokens=max_tokens,
                            max_action_tokens=32)
     (collected,) = collect.run([task], 1, None)
     assert same_tokens(collected, sampled) and collected.info == sampled.info
+    assert collected.unterminated == sampled.unterminated

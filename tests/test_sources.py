@@ -72,7 +72,7 @@ class Advantages(Hook):
         self.seen = []
 
     def on_episodes(self, engine, step, trajs, batch=None, kept=None, every=None):
-        self.seen.append((batch.extras["advantages"].clone(), [t.reward for t in trajs]))
+        self.seen.append((batch.pg.advantages.clone(), [t.reward for t in trajs]))
 
 
 @pytest.mark.parametrize("advantage", ["reinforce", "rloo", "grpo"])

@@ -96,11 +96,14 @@ def test_recorded_advantage_is_the_group_advantage(tmp_path):
     trajs = collect_for(e).run(TASKS[:2], 4, torch.Generator().manual_seed(0))
     for t, r in zip(trajs, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], strict=True):
         t.reward = r
+    from dataclasses import replace
+
+    from trajtune.objectives.inputs import PGInputs
     from trajtune.trajectory import collate
 
     batch = collate(trajs, TOK.pad_id)
     adv = group_advantages(batch.rewards, batch.groups, baseline="mean", std_normalize=True)
-    rec.record(e, "rl", 1, trajs, batch.with_extras(advantages=adv))
+    rec.record(e, "rl", 1, trajs, replace(batch, pg=PGInputs(adv)))
     rows = read_episodes(tmp_path / "e.jsonl")
     for r, a in zip(rows, adv.tolist(), strict=True):
         got = {v for v, o in zip(r["advantage"], r["owners"], strict=True) if o == Owner.POLICY}
@@ -324,7 +327,7 @@ def test_a_reply_cut_at_the_token_budget_stops_on_length_and_the_page_marks_and_
     trajs = rollout_batch(FixedReplies(replies), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
                           max_turns=1, max_tokens=32, max_action_tokens=3)
     assert [t.info["stop_reason"] for t in trajs] == ["done", "length", "done"]  # the env said done on all three
-    assert [t.info["n_unterminated"] for t in trajs] == [0, 1, 0]
+    assert [t.unterminated for t in trajs] == [0, 1, 0]
     rows = rows_of(trajs)
     assert [r["info"]["stop_reason"] for r in rows] == ["done", "length", "done"]  # recorded as it happened
     (tmp_path / "grpo").mkdir()

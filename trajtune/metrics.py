@@ -73,7 +73,7 @@ METRICS: dict[str, str] = {
     "rollout/policy_tokens": "mean number of POLICY tokens per sampled episode",
     "rollout/invalid_per_episode": "mean invalid environment calls per sampled episode",
     "rollout/truncated_share": "share of sampled episodes with a turn cut at the token budget (max new tokens) "
-                               "before it ended (info n_unterminated > 0)",
+                               "before it ended (`Trajectory.truncated`)",
     "rollout/no_signal_share": "share of the step's groups whose rewards are all equal (no signal for a group "
                                "baseline)",
     "rollout/infra_failures": "episodes of the step whose environment or reward call failed (`trajectory.Outcome`): "
@@ -110,6 +110,19 @@ METRICS: dict[str, str] = {
     "kl/k1": "k1 estimate log(pi/ref): unbiased, high variance",
     "kl/k2": "k2 estimate 0.5 log(pi/ref)^2: biased, low variance",
     "kl/k3": "k3 estimate ref/pi - 1 - log(ref/pi): unbiased, low variance",
+    # --- the RL loop's (algorithms.rl)
+    "kl/sequence": "KL(pi || ref) per episode: the per-token estimate (kl/<estimator>) summed over the episode's "
+                   "POLICY tokens, mean over episodes (logged whenever a reference exists, kl_coef 0 included)",
+    "kl/coef": "the KL coefficient the step trained with: the adaptive controller's current value (kl_target)",
+    "kl/controller_kl": "the mean sequence KL (k1 summed over an episode, pi_old against the reference) the "
+                        "adaptive KL controller moved kl/coef with (kl_target)",
+    "kl/teacher": "on-policy distillation (opd_coef): KL(pi || teacher), the k1 estimate per POLICY token of "
+                  "the step's episodes (minus the mean teacher log-ratio that opd_coef weights into the advantages)",
+    "rollout/baseline": "advantage='moving_average': the moving-average baseline the step's rewards were compared "
+                        "with",
+    "rollout/overlong_penalty": "mean of DAPO's overlong soft penalty added to the step's rewards (overlong_max)",
+    "rollout/overlong_filtered": "episodes cut off by the token budget and left out of the loss (overlong_filter)",
+    "train/ptx_loss": "PPO-ptx: the NLL of the step's last batch of pretraining text (ptx_coef)",
     # --- preference losses (objectives.preference)
     "dpo/chosen_reward": "beta (log pi - log ref) of chosen episodes",
     "dpo/rejected_reward": "beta (log pi - log ref) of rejected episodes",

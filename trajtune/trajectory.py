@@ -5,7 +5,8 @@ an `owner` (who wrote it) and a `turn` (which exchange it belongs to). The loss
 of every method is a weighted log-likelihood over the POLICY tokens only
 (DESIGN.md, "The one idea"); the action mask is `owner == POLICY`, shifted by
 one for next-token prediction. A single-turn prompt/completion pair is the
-one-turn case of the same structure.
+one-turn case of the same structure. Batches are split by one row splitter (length buckets, micro-batches,
+rank shards); `tool_call_mask` marks the policy's tool calls in a batch.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from .objectives.inputs import PGInputs, PreferenceInputs
 
 
 class Owner(IntEnum):
@@ -54,6 +58,9 @@ class Trajectory:
     unsampled tokens): the trainer's policy for the episode is softmax(logits / temperature),
     and `logprobs` are those of the distribution the tokens were drawn from (that policy,
     truncated by top-k / top-p when asked: `trajtune.engine.decoding.Samples`).
+    `unterminated`: how many of its actions the rollout cut at the token budget before their stop token
+    (`trajtune.sources.rollout`; > 0: the episode is truncated), None where no rollout counted them
+    (demonstrations, pairs from data).
     """
 
     ids: list[int] = field(default_factory=list)
@@ -65,6 +72,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     outcome: Outcome = Outcome.OK
     temperature: float = 1.0
+    unterminated: int | None = None
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # a str from JSON or a pickle: checked
@@ -81,6 +89,11 @@ class Trajectory:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def truncated(self) -> bool:
+        """An action of the episode was cut at the token budget before its stop token (`unterminated` > 0)."""
+        return bool(self.unterminated)
 
     @property
     def trainable(self) -> bool:
@@ -136,9 +149,19 @@ class Batch:
                                     rejected share a key); see `row_units` and the splitters below
     temperature    float    the temperature the episodes' POLICY tokens were sampled at (`Trajectory.temperature`):
                                     the engine's log-probs, entropy and logits are of logits / temperature
-    extras         name -> [B] or [B, T-1, ...]  per-row step tensors a loss reads (advantages, old / reference
-                                    log-probs, reference sums): sliced with the rows by `select`, cut with
-                                    the columns by `trim`, so a loss is a pure function of (output, batch)
+    truncated      [B]       bool   the episode's last action was cut at the token budget before its stop token
+                                    (`Trajectory.unterminated` > 0; DAPO's overlong filter)
+    pg             the policy-gradient loss's step tensors (`objectives.inputs.PGInputs`: advantages, old and
+                                    reference log-probs, GAE returns and old values) or None
+    pref           the preference losses' step tensors (`objectives.inputs.PreferenceInputs`: DPO's and KTO's
+                                    reference sums, ODPO's / REBEL's score differences, KTO's labels and
+                                    reference point) or None
+    extras         name -> [B] or [B, T-1, ...]  the other methods' per-row step tensors, an open set named by the
+                                    loop that computes them and the loss that reads them (reward models: margin,
+                                    group, rank, weight, token_labels; distillation: teacher_logits, top_ids,
+                                    teacher_top; iw-SFT: q_logp, ref_logp)
+    `pg`, `pref` and `extras` are sliced with the rows by `select` and cut with the columns by `trim`, so a loss is
+    a pure function of (output, batch).
     """
 
     ids: torch.Tensor
@@ -154,10 +177,21 @@ class Batch:
     together: torch.Tensor | None = None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     temperature: float = 1.0
+    truncated: torch.Tensor | None = None
+    pg: PGInputs | None = None
+    pref: PreferenceInputs | None = None
+
+    INPUTS = ("pg", "pref")
+    """the typed loss inputs (`objectives.inputs.RowTensors`): sliced, cut and moved with the batch"""
 
     def __post_init__(self) -> None:
         if self.together is None:
             self.together = torch.arange(self.ids.shape[0])
+        if self.truncated is None:
+            self.truncated = torch.zeros(self.ids.shape[0], dtype=torch.bool)
+        for name in self.INPUTS:
+            if (inputs := getattr(self, name)) is not None:
+                inputs.check(self.ids.shape[0], self.ids.shape[1])
         for name, x in self.extras.items():
             if x.shape[0] != self.ids.shape[0] or (x.dim() >= 2 and x.shape[1] != self.ids.shape[1] - 1):
                 raise ValueError(f"Batch.extras[{name!r}]: shape {tuple(x.shape)} is neither [B] nor [B, T-1, ...] "
@@ -174,20 +208,24 @@ class Batch:
     def to(self, device: torch.device | str) -> "Batch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         moved["extras"] = {k: v.to(device) for k, v in self.extras.items()}
+        for name in self.INPUTS:
+            moved[name] = x.to(device) if (x := getattr(self, name)) is not None else None
         return Batch(**moved)
 
     def select(self, index: torch.Tensor | Sequence[int]) -> "Batch":
-        """Sub-batch of rows `index` (keeps T; use for minibatches); extras are sliced with the rows."""
+        """Sub-batch of rows `index` (keeps T; use for minibatches); pg, pref and extras are sliced with the rows."""
         index = torch.as_tensor(index, dtype=torch.long)
         out = {k: (v[index] if isinstance(v, torch.Tensor) else [v[i] for i in index.tolist()])
-               for k, v in self.__dict__.items() if k not in ("extras", "temperature")}
+               for k, v in self.__dict__.items() if k not in ("extras", "temperature", *self.INPUTS)}
         out["temperature"] = self.temperature
         out["extras"] = {k: v[index.to(v.device)] for k, v in self.extras.items()}
+        for name in self.INPUTS:
+            out[name] = x.select(index) if (x := getattr(self, name)) is not None else None
         return Batch(**out)
 
     def trim(self) -> "Batch":
         """The same rows without the padding columns no row uses: T -> the longest row's length
-        (per-token extras [B, T-1, ...] are cut with them)."""
+        (per-token pg, pref and extras tensors [B, T-1, ...] are cut with them)."""
         T = int(self.attention_mask.sum(-1).max())
         if T == self.ids.shape[1]:
             return self
@@ -197,6 +235,8 @@ class Batch:
         for k in ("action_mask", "old_logprobs"):
             out[k] = out[k][:, : T - 1]
         out["extras"] = {k: (v[:, : T - 1] if v.dim() >= 2 else v) for k, v in self.extras.items()}
+        for name in self.INPUTS:
+            out[name] = x.trim(T) if (x := getattr(self, name)) is not None else None
         return Batch(**out)
 
 
@@ -333,6 +373,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         index=torch.arange(B),
         infos=[t.info for t in trajectories],
         temperature=temps[0],
+        truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
     )
 
 
@@ -342,3 +383,17 @@ def pair_batch(pairs: Sequence[tuple[Trajectory, Trajectory]], pad_id: int) -> B
     batch = collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
     P = len(pairs)
     return Batch(**{**batch.__dict__, "together": torch.arange(P).repeat(2)})
+
+
+def tool_call_mask(batch: Batch) -> torch.Tensor:
+    """1.0 on the predicted tokens ids[:, 1:] that are the policy's tool calls: POLICY tokens of a turn that also
+    holds TOOL tokens (turn k is action k and the observation answering it: trajtune.text.render), i.e. actions the
+    environment executed and answered; an answer (a turn without a tool result) is not a call.
+
+    batch.owners, batch.turns [B, T] -> [B, T-1] float (the action mask's positions)."""
+    owners, turns = batch.owners, batch.turns.clamp(min=0)  # padding has turn -1
+    n_turns = int(turns.max()) + 1 if turns.numel() else 1
+    is_tool = (owners == int(Owner.TOOL)).float()  # [B, T]
+    tool_turn = torch.zeros(owners.shape[0], n_turns).scatter_add_(1, turns, is_tool) > 0  # [B, K]
+    answered = tool_turn.gather(1, turns)  # [B, T]: the token's turn got a tool result
+    return ((owners == int(Owner.POLICY)) & answered)[:, 1:].to(batch.action_mask.dtype)

@@ -24,7 +24,8 @@ from ..trajectory import Outcome, Owner, Trajectory
 
 def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dict[str, float]:
     """Of the episodes whose environment and reward worked: mean reward, pass rate (reward >= 1), POLICY tokens and
-    invalid calls per episode, the share with a turn cut at the token budget; and how many failed in the infrastructure (environment or reward: `Outcome`)."""
+    invalid calls per episode, the share with a turn cut at the token budget; and how many failed in the infrastructure
+    (environment or reward: `Outcome`)."""
     if not trajs:
         return {}
     failed = sum(t.outcome in (Outcome.ENV_ERROR, Outcome.REWARD_ERROR) for t in trajs)
@@ -40,8 +41,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], prefix: str = "rollout") -> dic
     })
     if all("n_invalid" in t.info for t in trajs):
         out[f"{prefix}/invalid_per_episode"] = sum(t.info["n_invalid"] for t in trajs) / n
-    if all("n_unterminated" in t.info for t in trajs):  # a turn cut at the token budget (sources.rollout)
-        out[f"{prefix}/truncated_share"] = sum(t.info["n_unterminated"] > 0 for t in trajs) / n
+    if all(t.unterminated is not None for t in trajs):  # a turn cut at the token budget (sources.rollout)
+        out[f"{prefix}/truncated_share"] = sum(t.truncated for t in trajs) / n
     return out
 
 
@@ -53,7 +54,8 @@ def check_selection(config, name: str) -> None:
     if not math.isfinite(config.threshold):
         raise ValueError(f"{name}: threshold must be a finite number, got {config.threshold}")
     if config.aggregation == "constant":
-        raise ValueError(f"{name}: aggregation='constant' needs a constant, which {name} has not (use token or sequence)")
+        raise ValueError(f"{name}: aggregation='constant' needs a constant, which {name} has not "
+                         "(use token or sequence)")
 
 
 def select_episodes(

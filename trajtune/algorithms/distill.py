@@ -25,7 +25,7 @@ teacher's own sequences, L = -log p(u_hat | s) with u_hat the teacher's decoding
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import torch
@@ -36,6 +36,7 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..metrics import register
 from ..runs.loop import Run, eval_due
 from ..objectives.distill import distill_advantages, reverse_kl_loss, top_k_reverse_kl_loss, top_k_with_tail
+from ..objectives.inputs import PGInputs, PGOptions
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..trajectory import Batch, Owner, Trajectory, collate
 from ..seeding import generator
@@ -74,8 +75,9 @@ class DistillConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         if self.steps < 0 or self.tasks_per_step < 1 or self.samples_per_task < 1 or self.eval_every < 0:
-            raise ValueError(f"DistillConfig: steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and eval_every >= 0 "
-                             f"(got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, {self.eval_every})")
+            raise ValueError("DistillConfig: steps >= 0, tasks_per_step >= 1, samples_per_task >= 1 and "
+                             f"eval_every >= 0 (got {self.steps}, {self.tasks_per_step}, {self.samples_per_task}, "
+                             f"{self.eval_every})")
         if self.aggregation == "constant":
             raise ValueError("DistillConfig: aggregation='constant' needs a constant, which DistillConfig has not")
         if self.kl_top_k < 1:
@@ -83,16 +85,19 @@ class DistillConfig:
 
 
 def distill_loss(config: DistillConfig) -> Loss:
-    """sampled: policy gradient with the per-token advantages in `batch.extras["advantages"]` [B, T-1];
+    """sampled: policy gradient with the per-token advantages in `batch.pg.advantages` [B, T-1];
     full: reverse KL to the teacher's logits in `batch.extras["teacher_logits"]` [B, T-1, V] (a
     full-vocabulary loss: the one loss that asks the engine for the whole logits, `Loss(logits=True)`)."""
 
+    options = PGOptions(aggregation=config.aggregation)
+
     def sampled(out: ForwardOutput, batch: Batch):
-        return policy_gradient_loss(out.logprobs, batch.extras["advantages"], batch.action_mask,
-                                    aggregation=config.aggregation)
+        assert batch.pg is not None, "distill_loss (sampled) reads batch.pg"
+        return policy_gradient_loss(out.logprobs, batch.action_mask, batch.pg, options)
 
     def full(out: ForwardOutput, batch: Batch):
-        return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask, config.aggregation)
+        return reverse_kl_loss(out.logits[:, :-1], batch.extras["teacher_logits"], batch.action_mask,
+                               config.aggregation)
 
     def top_k(out: ForwardOutput, batch: Batch):
         return top_k_reverse_kl_loss(out.logits[:, :-1], batch.extras["top_ids"], batch.extras["teacher_top"],
@@ -140,8 +145,8 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, source: Sour
             batch = teacher_top(engine, teacher, batch, batch, config.kl_top_k)
         elif config.mode == "sampled":
             t_logp = teacher.forward(batch).logprobs
-            batch = batch.with_extras(advantages=distill_advantages(engine.forward(batch).logprobs, t_logp,
-                                                                    batch.action_mask))  # [B, T-1]
+            batch = replace(batch, pg=PGInputs(distill_advantages(engine.forward(batch).logprobs, t_logp,
+                                                                  batch.action_mask)))  # [B, T-1]
         else:
             batch = batch.with_extras(teacher_logits=teacher.forward(batch, logits=True).logits[:, :-1])  # [B, T-1, V]
         # 3. update

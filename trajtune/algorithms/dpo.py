@@ -15,7 +15,7 @@ offset that grows with it, REBEL regresses beta times the log-ratio margin onto 
                    shared prompt runs once: the engine's `share_prefix`), preference loss
     3. log         loss, implicit rewards, chosen/rejected log-prob drift (A7's d_chosen, d_rejected)
 
-The reference sums travel on the pair batch (`Batch.extras["ref_sums"]`); a pair is one
+The reference sums travel on the pair batch (`Batch.pref.ref_sums`: `PreferenceInputs`); a pair is one
 unit of `Batch.together`, so no split (buckets, micro-batches, ranks) separates it.
 
 What is scored: the POLICY tokens of each side, i.e. the completion only -- assistant turns
@@ -43,6 +43,7 @@ from ..engine import Engine, ForwardOutput, Loss
 from ..metrics import register
 from ..sources.base import Draw, Source, pick_tasks
 from ..runs.loop import Run, eval_due
+from ..objectives.inputs import PreferenceInputs
 from ..objectives.preference import apo_loss, dpo_loss, odpo_offset, orpo_loss, rebel_loss, simpo_loss, slic_hinge_loss
 from ..trajectory import Batch, Trajectory, pair_batch
 from .common import train_row
@@ -142,7 +143,7 @@ def summed_logps(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 SCORED_LOSSES = ("odpo", "rebel")
-"""the losses that read each pair's score difference (`batch.extras["score_diff"]`)"""
+"""the losses that read each pair's score difference (`batch.pref.score_diff`)"""
 
 
 class MissingScores(ValueError):
@@ -175,44 +176,49 @@ def pair_score_diffs(pairs: Sequence[Pair], needs: str) -> torch.Tensor:
 
 def pair_set(pairs: Sequence[Pair], pad_id: int, config: DPOConfig) -> Batch:
     """The `pair_batch` of `pairs` [2P rows: chosen, then rejected] with the per-pair tensors `config.loss` reads
-    besides the reference: extras["score_diff"] [2P] (each pair's difference on both its rows) for odpo / rebel."""
+    besides the reference: pref.score_diff [2P] (each pair's difference on both its rows) for odpo / rebel."""
     full = pair_batch(pairs, pad_id)
     if config.loss not in SCORED_LOSSES:
         return full
-    return full.with_extras(score_diff=pair_score_diffs(pairs, f"loss {config.loss!r}").repeat(2))
+    return replace(full, pref=PreferenceInputs(score_diff=pair_score_diffs(pairs, f"loss {config.loss!r}").repeat(2)))
+
+
+def with_ref_sums(batch: Batch, ref_sums: torch.Tensor | None) -> Batch:
+    """`batch` with the reference sums [B] in `batch.pref` (beside the score differences it may hold)."""
+    return replace(batch, pref=replace(batch.pref or PreferenceInputs(), ref_sums=ref_sums))
 
 
 def preference_loss_fn(config: DPOConfig) -> Loss:
     """The preference loss of a `pair_batch` part (chosen rows, then rejected rows); DPO, dpo_norm, IPO, ODPO and
-    REBEL read the reference sums [2p] from `batch.extras["ref_sums"]`, ODPO and REBEL the pairs' score
-    differences [2p] from `batch.extras["score_diff"]` (`pair_set`)."""
+    REBEL read the reference sums [2p] from `batch.pref.ref_sums`, ODPO and REBEL the pairs' score
+    differences [2p] from `batch.pref.score_diff` (`pair_set`)."""
 
     def preference(out: ForwardOutput, batch: Batch):
-        P = batch.size // 2
+        P, x = batch.size // 2, batch.pref or PreferenceInputs()
         mask = batch.action_mask
         sums, counts = summed_logps(out.logprobs, mask), mask.sum(-1)  # [2P]
         if config.loss in ("dpo", "ipo", "odpo"):
-            ref = batch.extras["ref_sums"]
+            ref = _needs(x.ref_sums, "ref_sums")
             offset = None
             if config.loss == "odpo":  # Delta = alpha f(d); odpo_offset takes two scores, d is their difference
-                diff_P = batch.extras["score_diff"][:P]
+                diff_P = _needs(x.score_diff, "score_diff")[:P]
                 offset = odpo_offset(diff_P, torch.zeros_like(diff_P), config.odpo_alpha, config.odpo_scale)
             return dpo_loss(sums[:P], sums[P:], ref[:P], ref[P:], config.beta,
                             loss_type="ipo" if config.loss == "ipo" else "sigmoid",
                             label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
                             chosen_lengths=counts[:P] if config.nll_weight else None, offset=offset)
         if config.loss == "rebel":
-            ref = batch.extras["ref_sums"]
-            return rebel_loss(sums[:P], sums[P:], ref[:P], ref[P:], batch.extras["score_diff"][:P],
+            ref = _needs(x.ref_sums, "ref_sums")
+            return rebel_loss(sums[:P], sums[P:], ref[:P], ref[P:], _needs(x.score_diff, "score_diff")[:P],
                               eta=1.0 / config.beta)
         if config.loss == "slic":
             return slic_hinge_loss(sums[:P], sums[P:], config.slic_delta, nll_weight=config.nll_weight)
         if config.loss in ("apo_zero", "apo_down"):
-            ref = batch.extras["ref_sums"]
+            ref = _needs(x.ref_sums, "ref_sums")
             return apo_loss(sums[:P], sums[P:], ref[:P], ref[P:], config.beta, variant=config.loss.removeprefix("apo_"))
         avg = sums / counts.clamp(min=1)
         if config.loss == "dpo_norm":
-            ref_avg = batch.extras["ref_sums"] / counts.clamp(min=1)
+            ref_avg = _needs(x.ref_sums, "ref_sums") / counts.clamp(min=1)
             return dpo_loss(avg[:P], avg[P:], ref_avg[:P], ref_avg[P:], config.beta,
                             label_smoothing=config.label_smoothing, nll_weight=config.nll_weight,
                             chosen_lengths=counts[:P] if config.nll_weight else None)
@@ -221,6 +227,14 @@ def preference_loss_fn(config: DPOConfig) -> Loss:
         return orpo_loss(avg[:P], avg[P:], config.orpo_lambda)
 
     return Loss(preference, normalizer="sequence")  # a mean over pairs
+
+
+def _needs(x: torch.Tensor | None, name: str) -> torch.Tensor:
+    """A preference input the loss reads (a KeyError naming it where the batch lacks it, as a missing extras key
+    raised)."""
+    if x is None:
+        raise KeyError(f"batch.pref.{name}")
+    return x
 
 
 @dataclass
@@ -235,17 +249,17 @@ class DPOState:
 
 def with_reference(engine: Engine, pairs: Sequence[Pair], pad_id: int, config: DPOConfig | None = None) -> Batch:
     """The pair batch (`pair_set`: with the score differences `config.loss` reads) with the reference sums (the
-    current policy, frozen) in `extras["ref_sums"]` [2P]."""
+    current policy, frozen) in `pref.ref_sums` [2P]."""
     full = pair_set(pairs, pad_id, config) if config is not None else pair_batch(pairs, pad_id)
     reference = engine.reference_engine()
-    return full.with_extras(ref_sums=summed_logps(reference.forward(full).logprobs, full.action_mask))
+    return with_ref_sums(full, summed_logps(reference.forward(full).logprobs, full.action_mask))
 
 
 def labelled_pairs(trajs: Sequence[Trajectory], n: int) -> tuple[list[Pair], dict[str, float]]:
     """Episodes in groups of `n` (task-major, as a source returns them) -> per group (its highest-reward episode,
     its lowest) as (chosen, rejected), the chosen one's info carrying both rewards as 'score_chosen' /
-    'score_rejected' (what ODPO and REBEL read), and the round's metrics (online/*). A group is skipped when its best and
-    worst rewards tie or fewer than 2 of its episodes are trainable (an environment or reward failure)."""
+    'score_rejected' (what ODPO and REBEL read), and the round's metrics (online/*). A group is skipped when its best
+    and worst rewards tie or fewer than 2 of its episodes are trainable (an environment or reward failure)."""
     if n < 2 or len(trajs) % n:
         raise ValueError(f"labelled_pairs: {len(trajs)} episodes do not make groups of n = {n} >= 2")
     pairs, ties = [], 0
@@ -310,7 +324,8 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
     Resumes exactly with a checkpointer on `run`: the reference sums (and, with `regenerate_every`,
     the current pair set) are saved with each checkpoint (`DPOState`)."""
     if config.loss == "kto":
-        raise ValueError("train_dpo: loss='kto' trains on labelled rows, not pairs: use trajtune.algorithms.kto.train_kto")
+        raise ValueError("train_dpo: loss='kto' trains on labelled rows, not pairs: "
+                         "use trajtune.algorithms.kto.train_kto")
     if config.regenerate_every and make_pairs is None:
         raise ValueError("train_dpo: regenerate_every > 0 needs make_pairs")
     if not pairs and make_pairs is None:
@@ -322,7 +337,7 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
     loss, full = preference_loss_fn(config), None
     if start:  # the pair set and reference of the interrupted run
         pairs = state.pairs or pairs
-        full = pair_set(pairs, pad_id, config).with_extras(ref_sums=state.ref_sums)
+        full = with_ref_sums(pair_set(pairs, pad_id, config), state.ref_sums)
     for step in run.steps(start, config.steps):
         # 1. (re)build the pair set and its reference log-probs
         made: dict = {}
@@ -338,7 +353,8 @@ def train_dpo(engine: Engine, pairs: Sequence[Pair], config: DPOConfig, pad_id: 
         m = pair_step(engine, full, rows, loss, config.length_buckets)
         o = engine.optim_step()
         # 3. log, evaluate, checkpoint
-        state = DPOState(full.extras["ref_sums"], list(pairs) if config.regenerate_every else None)
-        run.end_step(engine, step + 1, {**train_row(m, o), **made}, eval_now=eval_due(step + 1, config.steps, config.eval_every),
-                     state=state)
+        assert full.pref is not None
+        state = DPOState(full.pref.ref_sums, list(pairs) if config.regenerate_every else None)
+        run.end_step(engine, step + 1, {**train_row(m, o), **made},
+                     eval_now=eval_due(step + 1, config.steps, config.eval_every), state=state)
     return run.history

@@ -71,9 +71,11 @@ class IWSFTConfig:
             raise ValueError("IWSFTConfig: q_update_every must be >= 1")
         check_selection(self, "IWSFTConfig")
         if not 0 <= self.step_clip_low <= self.step_clip_high:
-            raise ValueError(f"IWSFTConfig: need 0 <= step_clip_low <= step_clip_high, got {self.step_clip_low}, {self.step_clip_high}")
+            raise ValueError(f"IWSFTConfig: need 0 <= step_clip_low <= step_clip_high, got {self.step_clip_low}, "
+                             f"{self.step_clip_high}")
         if self.traj_clip_high > 0 and not 0 <= self.traj_clip_low <= self.traj_clip_high:
-            raise ValueError(f"IWSFTConfig: need 0 <= traj_clip_low <= traj_clip_high, got {self.traj_clip_low}, {self.traj_clip_high}")
+            raise ValueError(f"IWSFTConfig: need 0 <= traj_clip_low <= traj_clip_high, got {self.traj_clip_low}, "
+                             f"{self.traj_clip_high}")
         if not self.alpha >= 0:
             raise ValueError(f"IWSFTConfig: alpha must be >= 0, got {self.alpha}")
 

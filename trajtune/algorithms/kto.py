@@ -23,13 +23,14 @@ The config is `DPOConfig` with loss='kto' (steps, batch_size, beta, desirable_we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
 from ..engine import Engine, ForwardOutput, Loss
 from ..metrics import register
+from ..objectives.inputs import PreferenceInputs
 from ..objectives.preference import kto_loss
 from ..runs.loop import Run, eval_due
 from ..trajectory import Batch, Owner, Trajectory, collate
@@ -65,22 +66,25 @@ def mismatched(trajs: Sequence[Trajectory]) -> list[Trajectory]:
 
 
 def kto_loss_fn(config: DPOConfig) -> Loss:
-    """The KTO loss of a batch whose extras hold ref_sums [B], desirable [B] (bool) and z0 [B] (the step's
-    reference point, the same number on every row, so a split of the batch keeps it). With the step's totals in
-    extras n_rows [B] and n_desirable [B] (the same number on every row), the implicit-reward metrics are scaled
+    """The KTO loss of a batch whose `pref` (`PreferenceInputs`) holds ref_sums [B], desirable [B] (bool) and z0 [B]
+    (the step's reference point, the same number on every row, so a split of the batch keeps it). With the step's
+    totals in pref.n_rows [B] and pref.n_desirable [B] (the same number on every row), the implicit-reward metrics
+    are scaled
     so that the engine's share-weighted sum over a step's parts (micro-batches, length buckets) is the step's mean
     over its desirable / undesirable rows -- a part holding only one kind adds 0 to the other, not NaN."""
 
     def kto(out: ForwardOutput, batch: Batch):
         sums_B = summed_logps(out.logprobs, batch.action_mask)  # [B]
-        x = batch.extras
-        loss, metrics = kto_loss(sums_B, x["ref_sums"], x["desirable"], x["z0"], config.beta,
+        x = batch.pref
+        if x is None or x.ref_sums is None or x.desirable is None or x.z0 is None:
+            raise KeyError("kto_loss_fn reads batch.pref's ref_sums, desirable and z0 (`kto_batches`, `train_kto`)")
+        loss, metrics = kto_loss(sums_B, x.ref_sums, x.desirable, x.z0, config.beta,
                                  config.desirable_weight, config.undesirable_weight)
-        if "n_rows" in x:
-            reward_B = config.beta * (sums_B - x["ref_sums"]).detach()  # [B]
-            good_B, scale = x["desirable"].bool(), x["n_rows"][0] / batch.size  # share of this part: size / n_rows
-            for name, rows_B, n in (("desirable", good_B, x["n_desirable"][0]),
-                                    ("undesirable", ~good_B, x["n_rows"][0] - x["n_desirable"][0])):
+        if x.n_rows is not None and x.n_desirable is not None:
+            reward_B = config.beta * (sums_B - x.ref_sums).detach()  # [B]
+            good_B, scale = x.desirable.bool(), x.n_rows[0] / batch.size  # share of this part: size / n_rows
+            for name, rows_B, n in (("desirable", good_B, x.n_desirable[0]),
+                                    ("undesirable", ~good_B, x.n_rows[0] - x.n_desirable[0])):
                 metrics[f"kto/{name}_reward"] = scale * reward_B[rows_B].sum() / n if n > 0 else reward_B.new_tensor(
                     float("nan"))
         return loss, metrics
@@ -100,8 +104,8 @@ class KTOState:
 
 def kto_batches(engine: Engine, examples: Sequence[Example], pad_id: int,
                 state: KTOState | None = None) -> tuple[Batch, Batch, KTOState]:
-    """(the episodes' batch with extras ref_sums [N] and desirable [N], the mismatched pairs' batch with extras
-    ref_sums [N], the state holding both reference sums): the reference is the engine's policy now, unless
+    """(the episodes' batch with pref.ref_sums [N] and pref.desirable [N], the mismatched pairs' batch with
+    pref.ref_sums [N], the state holding both reference sums): the reference is the engine's policy now, unless
     `state` already holds its sums (a resume)."""
     trajs = [t for t, _ in examples]
     full, kl = collate(trajs, pad_id, temperature=1.0), collate(mismatched(trajs), pad_id, temperature=1.0)
@@ -109,8 +113,8 @@ def kto_batches(engine: Engine, examples: Sequence[Example], pad_id: int,
         reference = engine.reference_engine()
         state = KTOState(_sums(reference, full), _sums(reference, kl))
     desirable_N = torch.tensor([bool(y) for _, y in examples])
-    return (full.with_extras(ref_sums=state.ref_sums, desirable=desirable_N),
-            kl.with_extras(ref_sums=state.ref_kl_sums), state)
+    return (replace(full, pref=PreferenceInputs(ref_sums=state.ref_sums, desirable=desirable_N)),
+            replace(kl, pref=PreferenceInputs(ref_sums=state.ref_kl_sums)), state)
 
 
 def _sums(engine: Engine, batch: Batch) -> torch.Tensor:
@@ -119,10 +123,17 @@ def _sums(engine: Engine, batch: Batch) -> torch.Tensor:
     return summed_logps(logp_B_T, batch.action_mask.to(logp_B_T.device)).cpu()
 
 
+def _pref(batch: Batch) -> PreferenceInputs:
+    """The batch's preference inputs (`kto_batches` sets them)."""
+    if batch.pref is None:
+        raise KeyError("batch.pref (kto_batches)")
+    return batch.pref
+
+
 def reference_point(engine: Engine, kl: Batch, rows: torch.Tensor) -> torch.Tensor:
     """[] the mean policy / reference log-ratio of mismatched pairs `rows` [B] (no gradient; kto_loss clamps it
     at 0 and detaches it)."""
-    return (_sums(engine, kl.select(rows)) - kl.extras["ref_sums"][rows]).mean()
+    return (_sums(engine, kl.select(rows)) - _pref(kl).ref_sums[rows]).mean()
 
 
 def train_kto(engine: Engine, examples: Sequence[Example], config: DPOConfig, pad_id: int,
@@ -145,9 +156,10 @@ def train_kto(engine: Engine, examples: Sequence[Example], config: DPOConfig, pa
         z0 = reference_point(engine, kl, rows)
         # 2. one step on the step's episodes
         B = len(rows)
-        n_desirable = float(full.extras["desirable"][rows].sum())
-        batch = full.select(rows).with_extras(z0=z0.expand(B).clone(), n_rows=torch.full((B,), float(B)),
-                                              n_desirable=torch.full((B,), n_desirable))
+        n_desirable = float(_pref(full).desirable[rows].sum())
+        part = full.select(rows)
+        batch = replace(part, pref=replace(_pref(part), z0=z0.expand(B).clone(), n_rows=torch.full((B,), float(B)),
+                                           n_desirable=torch.full((B,), n_desirable)))
         m = engine.forward_backward(batch, loss, buckets=config.length_buckets)
         o = engine.optim_step()
         # 3. log, evaluate, checkpoint
@@ -163,10 +175,10 @@ def eval_kto(engine: Engine, examples: Sequence[Example], ref: KTOState, config:
     full, kl, _ = kto_batches(engine, examples, pad_id, ref)
     rows = torch.arange(full.size)
     z0 = reference_point(engine, kl, rows)
-    batch = full.with_extras(z0=z0.expand(full.size).clone())
+    batch = replace(full, pref=replace(_pref(full), z0=z0.expand(full.size).clone()))
     out = engine.forward(batch)
     loss, _ = kto_loss_fn(config)(out, batch.to(out.logprobs.device))
-    r_N = _sums(engine, full) - full.extras["ref_sums"]
+    r_N = _sums(engine, full) - _pref(full).ref_sums
     margin_N = r_N - z0.clamp(min=0)
-    right = torch.where(full.extras["desirable"], margin_N > 0, margin_N < 0)
+    right = torch.where(_pref(full).desirable, margin_N > 0, margin_N < 0)
     return {"eval/kto_loss": float(loss), "eval/kto_accuracy": float(right.float().mean())}

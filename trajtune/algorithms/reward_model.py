@@ -23,6 +23,8 @@ scorer (`trajtune.sources.scoring`). Each loop follows the template:
     2. loss     forward_backward with the objective's loss on the head's outputs
     3. update   optim_step
     4. log      loss and the objective's accuracy and margin; evaluate; checkpoint
+
+A trained reward model's head also starts PPO's critic (`init_value_head_from_reward_model`).
 """
 
 from __future__ import annotations
@@ -280,3 +282,21 @@ def train_token_reward_model(engine: Engine, examples: Sequence[Labelled], confi
         # 4. log, evaluate, checkpoint
         run.end_step(engine, step + 1, train_row(m, o), eval_now=eval_due(step + 1, config.steps, config.eval_every))
     return run.history
+
+
+def init_value_head_from_reward_model(policy: torch.nn.Module, reward_model: torch.nn.Module) -> None:
+    """PPO's critic starts as the reward model (InstructGPT; Tulu 3; checklist 6.5 "initialization: from the reward
+    model"): copy the reward model's scalar head (`.value`, a Linear: a `TinyTransformer(value_head=True)` or an
+    `HFPolicy(value_head=True)`, trained by algorithms.reward_model) into the policy's, in place.
+
+    The head reads the policy's own hidden states, so the policy's values equal the reward model's scores exactly
+    where the two bodies agree (a reward model trained on top of this policy with its body frozen, or a policy that
+    starts from the reward model's body); otherwise the copy is a warm start, as the SFT-body-plus-RM-head variant."""
+    head, rm_head = getattr(policy, "value", None), getattr(reward_model, "value", None)
+    if head is None or rm_head is None:
+        raise ValueError("init_value_head_from_reward_model: both models need a value head (value_head=True)")
+    if head.weight.shape != rm_head.weight.shape:
+        raise ValueError(f"init_value_head_from_reward_model: the heads differ in shape ({tuple(head.weight.shape)} vs "
+                         f"{tuple(rm_head.weight.shape)}): the reward model must share the policy's hidden size")
+    with torch.no_grad():
+        head.load_state_dict({k: v.to(head.weight.device, head.weight.dtype) for k, v in rm_head.state_dict().items()})

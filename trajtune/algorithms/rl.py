@@ -34,36 +34,33 @@ no random numbers.
 
 Everything the loss needs lives in `trajtune.objectives`; this file only wires it. The
 step's advantages, returns and old / reference log-probs travel on the batch
-(`Batch.extras`), so the loss is a pure function of (forward output, batch).
+(`Batch.pg`: `objectives.inputs.PGInputs`), so the loss is a pure function of (forward output, batch).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import ClassVar, Literal, Sequence
 
 import torch
 
-from ..checkpoint import CheckpointError, atomic_dir, load_tensors, save_model_weights
 from ..config import check_choices, check_ranges
 from ..engine import Engine, ForwardOutput, Loss
 from ..evaluation import informative_group_share
 from ..logprobs import masked_mean
-from ..metrics import register
 from ..runs.loop import Run, eval_due
-from ..objectives.advantages import (gae, group_advantages, maxrl_advantages, minmax_scale, moving_average_baseline,
-                                     overlong_penalty, place_at_last_action, whiten)
+from ..objectives.advantages import (gae, minmax_scale, moving_average_baseline, overlong_penalty, place_at_last_action,
+                                     sequence_advantages, whiten)
 from ..objectives.distill import with_distill_advantages
-from ..objectives.kl import adaptive_kl_coef, forgetting_and_forward_kl, kl_penalized_rewards, sequence_kl
+from ..objectives.kl import adaptive_kl_coef, kl_penalized_rewards, sequence_kl
+from ..objectives.inputs import PGInputs, PGOptions
 from ..objectives.policy_gradient import policy_gradient_loss, value_loss
 from ..seeding import derive
 from ..sources.base import Draws, Episodes, Source
 from ..sources.refill import Refilling, informative_groups
-from ..trajectory import Batch, Owner, Trajectory, collate
+from ..trajectory import Batch, Trajectory, collate, tool_call_mask
 from .common import rollout_metrics, train_row
+from .reference import StartingWeights, reference_at, reference_for
 from .sft import batch_indices, sft_loss_fn
 
 
@@ -165,7 +162,7 @@ class RLConfig:
     """the penalty's ramp L_cache in tokens (1 <= overlong_cache <= overlong_max)"""
     overlong_filter: bool = False
     """DAPO's overlong filtering: episodes cut off by the token budget (an action without its stop token,
-    info['n_unterminated'] > 0) are left out of the loss (their rewards still count in their group's baseline)"""
+    `Trajectory.truncated`) are left out of the loss (their rewards still count in their group's baseline)"""
     train_tool_calls: bool = True
     """train on the policy's tool calls: the POLICY tokens of a turn the environment answered with a tool result
     (TOOL tokens in the same turn). False leaves them out of the loss, so only answers (turns without a tool result)
@@ -235,22 +232,10 @@ class RLConfig:
         if self.surrogate == "topr" and self.ratio_level != "token":
             raise ValueError("RLConfig: surrogate 'topr' builds its own sequence ratio; use ratio_level 'token'")
         if self.dynamic_sampling_tries and self.advantage in ("gae", "none", "batch", "moving_average"):
-            raise ValueError(f"RLConfig: dynamic_sampling_tries refills groups whose rewards differ, which only a group "
-                             f"baseline needs; advantage {self.advantage!r} has none")
+            raise ValueError("RLConfig: dynamic_sampling_tries refills groups whose rewards differ, which only a "
+                             f"group baseline needs; advantage {self.advantage!r} has none")
 
 
-register("kl/sequence", "KL(pi || ref) per episode: the per-token estimate (kl/<estimator>) summed over the episode's "
-         "POLICY tokens, mean over episodes (logged whenever a reference exists, kl_coef 0 included)")
-register("kl/coef", "the KL coefficient the step trained with: the adaptive controller's current value (kl_target)")
-register("rollout/baseline", "advantage='moving_average': the moving-average baseline the step's rewards were compared with")
-register("rollout/overlong_penalty", "mean of DAPO's overlong soft penalty added to the step's rewards (overlong_max)")
-register("rollout/overlong_filtered", "episodes cut off by the token budget and left out of the loss (overlong_filter)")
-register("kl/teacher", "on-policy distillation (opd_coef): KL(pi || teacher), the k1 estimate per POLICY token of "
-         "the step's episodes (minus the mean teacher log-ratio that opd_coef weights into the advantages)")
-register("train/ptx_loss", "PPO-ptx: the NLL of the step's last batch of pretraining text (ptx_coef)")
-
-BASELINES = {"reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
-             "dr_grpo": ("mean", False), "none": ("none", False), "batch": ("mean", False)}
 PTX_STREAM = 999_999
 """seeding.derive(seed, PTX_STREAM): the seed of the pretraining batches (PPO-ptx), apart from the sampling's"""
 
@@ -302,14 +287,8 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
     kl_coef = config.kl_coef if kl_coef is None else kl_coef
     if config.advantage != "gae":
         rewards = step_rewards(batch, config, ref_logp, old_logp, kl_coef)  # [B]
-        if config.advantage == "moving_average":
-            return (rewards - (rewards.mean() if baseline is None else baseline)).detach(), None
-        if config.advantage == "maxrl":
-            return maxrl_advantages(rewards, batch.groups), None
-        base, std = BASELINES[config.advantage]
-        groups = None if config.advantage == "batch" else batch.groups  # batch: the whole step is one group
-        return group_advantages(rewards, groups, baseline=base, std_normalize=std, eps=config.std_eps,
-                                unbiased_std=config.unbiased_std), None
+        return sequence_advantages(rewards, batch.groups, config.advantage, config.std_eps, config.unbiased_std,
+                                   baseline), None
     mask = batch.action_mask
     rewards = shaped_rewards(batch, config)
     if kl_coef and config.kl_in_reward:
@@ -320,27 +299,22 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
 
 
 def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Loss:
-    """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.extras`:
-    advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1].
-    kl_coef: the step's coefficient (None: config.kl_coef; the adaptive controller passes its own)."""
-    kl_coef = config.kl_coef if kl_coef is None else kl_coef
-    kl_loss_coef = kl_coef if not config.kl_in_reward else 0.0  # the KL is logged whenever ref_logp is there
-    constant = config.aggregation_constant or None
+    """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.pg`
+    (`PGInputs`: advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1])
+    and the sampler's log-probs (truncated IS) from `batch.old_logprobs`. kl_coef: the step's coefficient (None:
+    config.kl_coef; the adaptive controller passes its own)."""
+    options = pg_options(config, config.kl_coef if kl_coef is None else kl_coef)
 
     def pg(out: ForwardOutput, batch: Batch):
-        x, mask = batch.extras, batch.action_mask
+        x, mask = batch.pg, batch.action_mask
+        assert x is not None, "rl_loss reads batch.pg (`score`)"
         entropy = out.entropy if config.entropy_coef else None
-        loss, metrics = policy_gradient_loss(
-            out.logprobs, x["advantages"], mask, x["old_logp"] if use_old else None,
-            surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low, eps_high=config.eps_high,
-            sampler_logp=batch.old_logprobs if config.tis_cap else None, tis_cap=config.tis_cap or None,
-            ref_logp=x.get("ref_logp"), kl_coef=kl_loss_coef,
-            entropy=entropy, entropy_coef=config.entropy_coef,
-            aggregation=config.aggregation, constant=constant, sapo_tau=(config.sapo_tau_pos, config.sapo_tau_neg),
-        )
-        if "returns" in x:
-            vloss, vm = value_loss(out.values[:, :-1], x["returns"], mask, x["old_values"],
-                                   config.value_clip or None, config.aggregation, constant)
+        inputs = replace(x, old_logp=x.old_logp if use_old else None,  # the sampler's: the batch's own (TIS)
+                         sampler_logp=batch.old_logprobs if config.tis_cap else None)
+        loss, metrics = policy_gradient_loss(out.logprobs, mask, inputs, options, entropy)
+        if x.returns is not None:
+            vloss, vm = value_loss(out.values[:, :-1], x.returns, mask, x.old_values,
+                                   config.value_clip or None, config.aggregation, options.constant)
             loss = loss + config.vf_coef * vloss
             metrics.update(vm)
         return loss, metrics
@@ -348,10 +322,20 @@ def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Lo
     return Loss(pg, normalizer=config.aggregation, values=config.advantage == "gae", entropy=bool(config.entropy_coef))
 
 
+def pg_options(config: RLConfig, kl_coef: float) -> PGOptions:
+    """The loss's settings for a step with KL coefficient `kl_coef` (the KL enters the loss unless kl_in_reward;
+    it is logged whenever ref_logp is there)."""
+    return PGOptions(surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low,
+                     eps_high=config.eps_high, tis_cap=config.tis_cap or None,
+                     kl_coef=kl_coef if not config.kl_in_reward else 0.0, entropy_coef=config.entropy_coef,
+                     aggregation=config.aggregation, constant=config.aggregation_constant or None,
+                     sapo_tau=(config.sapo_tau_pos, config.sapo_tau_neg))
+
+
 def score(engine: Engine, ref: Engine | StartingWeights | None, batch: Batch, config: RLConfig, use_old: bool,
           state: RLState | None = None, teacher: Engine | None = None) -> tuple[Batch, dict]:
     """Step 2: the batch with its advantages (and the old / reference log-probs and GAE returns the
-    loss reads) in `extras`, and the step's scoring metrics (the moving baseline, the measured KL the
+    loss reads) in `pg` (`PGInputs`), and the step's scoring metrics (the moving baseline, the measured KL the
     adaptive controller reads, the overlong counts, kl/teacher). pi_old's forward runs only when something reads
     it: one on-policy REINFORCE step never does, and skipping it saves a quarter of the step. With opd_coef the
     teacher's log-ratio against pi_old is added to every POLICY token's advantage (`with_distill_advantages`)."""
@@ -386,17 +370,16 @@ def score(engine: Engine, ref: Engine | StartingWeights | None, batch: Batch, co
         metrics["kl/teacher"] = float(masked_mean(old_logp - teacher_logp, batch.action_mask))
     # what leaves the loss (after the rewards, lengths and advantages saw every POLICY token)
     if config.overlong_filter:  # DAPO: truncated episodes, whose rewards still entered their group's baseline
-        cut = torch.tensor([info.get("n_unterminated", 0) > 0 for info in batch.infos], dtype=torch.bool)
+        cut = batch.truncated  # [B]
         metrics["rollout/overlong_filtered"] = float(cut.sum())
-        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (~cut)[:, None].to(batch.action_mask.dtype))
+        batch = replace(batch, action_mask=batch.action_mask * (~cut)[:, None].to(batch.action_mask.dtype))
     if not config.train_tool_calls:  # erratum E8: the policy's tool calls too, not only the tool outputs
-        batch = dataclasses.replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
+        batch = replace(batch, action_mask=batch.action_mask * (1 - tool_call_mask(batch)))
     if config.whiten_advantages:
         advantages = whiten(advantages if advantages.dim() == 2 else
                             advantages[:, None].expand_as(batch.action_mask).contiguous(), batch.action_mask)
-    extras = {"advantages": advantages, "old_logp": old_logp, "ref_logp": ref_logp, "returns": returns,
-              "old_values": old_values}
-    return batch.with_extras(**{k: v for k, v in extras.items() if v is not None}), metrics
+    inputs = PGInputs(advantages, old_logp=old_logp, ref_logp=ref_logp, returns=returns, old_values=old_values)
+    return replace(batch, pg=inputs), metrics
 
 
 def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, pad_id: int,
@@ -454,19 +437,13 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
                         row["train/ptx_loss"] = ptx_update(engine, ptx, config, pad_id, update)
                     o = engine.optim_step()
             row.update({**train_row(m, o), "train/tokens": float(batch.action_mask.sum())})
-            if "kl/k3" in m:  # per episode: the token mean (exact however the engine split the rows) x tokens per episode
+            if "kl/k3" in m:  # per episode: the token mean (exact however the engine split the rows) x tokens/episode
                 row["kl/sequence"] = m["kl/k3"] * float(part.action_mask.sum()) / part.size
             state = next_state(state, scored, config, kl_coef, len(trajs), row)
         row.update(source.after_update(engine))
         # 4. log (the last minibatch's loss statistics), evaluate, checkpoint
         run.end_step(engine, step + 1, row, eval_now=eval_due(step + 1, config.steps, config.eval_every), state=state)
     return run.history
-
-
-def reference_at(ref: Engine | StartingWeights | None, step: int) -> Engine | StartingWeights | None:
-    """The reference the step scores against: `ref`, except between the logging steps of one on disk (None: no
-    forward, no KL logged)."""
-    return None if isinstance(ref, StartingWeights) and not ref.due(step) else ref
 
 
 def next_state(state: RLState, scored: dict, config: RLConfig, kl_coef: float, n: int, row: dict) -> RLState:
@@ -481,23 +458,6 @@ def next_state(state: RLState, scored: dict, config: RLConfig, kl_coef: float, n
     return RLState(kl_coef=kl_coef if config.kl_target else None, baseline=baseline)
 
 
-register("kl/controller_kl", "the mean sequence KL (k1 summed over an episode, pi_old against the reference) the "
-         "adaptive KL controller moved kl/coef with (kl_target)")
-
-
-def tool_call_mask(batch: Batch) -> torch.Tensor:
-    """1.0 on the predicted tokens ids[:, 1:] that are the policy's tool calls: POLICY tokens of a turn that also
-    holds TOOL tokens (turn k is action k and the observation answering it: trajtune.text.render), i.e. actions the
-    environment executed and answered; an answer (a turn without a tool result) is not a call.
-
-    batch.owners, batch.turns [B, T] -> [B, T-1] float (the action mask's positions)."""
-    owners, turns = batch.owners, batch.turns.clamp(min=0)  # padding has turn -1
-    n_turns = int(turns.max()) + 1 if turns.numel() else 1
-    is_tool = (owners == int(Owner.TOOL)).float()  # [B, T]
-    tool_turn = torch.zeros(owners.shape[0], n_turns).scatter_add_(1, turns, is_tool) > 0  # [B, K]
-    answered = tool_turn.gather(1, turns)  # [B, T]: the token's turn got a tool result
-    return ((owners == int(Owner.POLICY)) & answered)[:, 1:].to(batch.action_mask.dtype)
-
 
 def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_id: int, update: int) -> float:
     """PPO-ptx (InstructGPT, RLHF book ch.15 "pretraining gradients"; checklist 15.3): accumulate ptx_coef x the
@@ -509,84 +469,12 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
     return m["loss"]
 
 
-def reference_for(engine: Engine, run: Run, start: int, config: RLConfig) -> Engine | StartingWeights | None:
-    """The KL reference: the stage's starting policy, frozen (`run.reference`: saved with the stage's checkpoint) --
-    for the loss (kl_coef > 0), or only for the log (`log_kl`, see RLConfig): a resident copy ("copy"), a LoRA
-    model's base with its adapters off ("auto": no copy), the starting weights on disk ("disk", and "auto" for any
-    other model: `StartingWeights`, read back at the logging steps only); None with kl_coef 0 and log_kl "off"."""
-    if config.kl_coef or config.log_kl == "copy":
-        return run.reference(engine, start)
-    if config.log_kl == "off":
-        return None
-    if config.log_kl == "auto" and getattr(getattr(engine, "model", None), "is_lora", False):
-        return engine.reference_engine(adapters_off=True)
-    if not StartingWeights.works_for(engine):  # weights sharded over processes (FSDP2): the copy, as before
-        return run.reference(engine, start)
-    return StartingWeights(engine, run, start, config.log_kl_every, config.steps)
-
-
-class StartingWeights:
-    """The KL reference of the log that costs no resident copy (log_kl "disk"): the stage's starting weights written
-    to disk once -- `<checkpointer dir>/reference/model.safetensors`, kept across resumes, or a temporary folder
-    without a checkpointer -- and, at the logging steps (`due`), read back and swapped into the policy's own
-    parameters for one forward without gradient, then swapped out again: the same numbers as a frozen copy's
-    forward (the same module, the same engine), the weights' memory held only during that forward (the scoring,
-    before the update: no gradients are held then) and a step between logging steps pays nothing.
-
-    Parameters are swapped by `.data` (the optimizer's parameter objects, and their state, stay); a process that
-    holds its whole model (one process, DDP) does it alone, so a sharded model (FSDP2) keeps the copy (`works_for`)."""
-
-    FILE = "model.safetensors"
-
-    def __init__(self, engine: Engine, run: Run, start: int, every: int, last: int):
-        self.engine, self.every, self.last = engine, every, last
-        ck = run.checkpointer
-        self._tmp = None if ck is not None else tempfile.TemporaryDirectory(prefix="trajtune-kl-reference-")
-        folder = ck.directory / "reference" if ck is not None else Path(self._tmp.name)
-        self.file = folder / self.FILE
-        if start == 0 and (ck is None or engine.is_main):  # every process of a run without a checkpointer: its own
-            with atomic_dir(folder) as tmp:
-                save_model_weights(engine.model, tmp / self.FILE)
-        if ck is not None:
-            engine.collective.ranks.barrier()  # the others read rank 0's file
-        if not self.file.exists():
-            raise CheckpointError(f"{self.file}: the stage's starting weights (the KL reference of log_kl 'disk') "
-                                  "are missing; start the stage again (a new --out)")
-
-    @staticmethod
-    def works_for(engine: Engine) -> bool:
-        """The engine's process holds its model's parameters whole (no DTensor shards; a `TorchEngine`)."""
-        model = getattr(engine, "model", None)
-        return model is not None and hasattr(engine, "collective") and not any(type(p).__name__ == "DTensor" for p in model.parameters())
-
-    def due(self, step: int) -> bool:
-        """Is the KL logged after `step` completed steps: every `every` steps and at the last."""
-        return step % self.every == 0 or step == self.last
-
-    def forward(self, batch: Batch, **kw) -> ForwardOutput:
-        """`engine.forward(batch, **kw)` with the starting weights in place of the policy's."""
-        saved = load_tensors(self.file)
-        by_name = dict(self.engine.model.named_parameters(remove_duplicate=False))
-        swapped: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        try:
-            for name, tensor in saved.items():  # a tied weight is in the file once, under one of its names
-                p = by_name.get(name)
-                if p is None:  # a buffer (rotary frequencies ...): not trained, the policy's own is the start's
-                    continue
-                swapped.append((p, p.data))
-                p.data = tensor.to(p.device, p.dtype)
-            return self.engine.forward(batch, **kw)
-        finally:
-            for p, current in swapped:
-                p.data = current
-
-
 def check_lag(episodes: Episodes, config: RLConfig) -> None:
     """Episodes sampled behind the policy need the truncated importance weight against the sampler's log-probs."""
     if episodes.behind and not config.tis_cap:
-        raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) behind the "
-                         "policy (an overlapped source, max_staleness 1); set tis_cap (e.g. 2.0) so the truncated "
-                         "importance weight against the sampler's log-probs corrects the lag")
+        raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) "
+                         "behind the policy (an overlapped source, max_staleness 1); set tis_cap (e.g. 2.0) so the "
+                         "truncated importance weight against the sampler's log-probs corrects the lag")
 
 
 def no_signal_share(trajs: list[Trajectory]) -> float:
@@ -594,39 +482,5 @@ def no_signal_share(trajs: list[Trajectory]) -> float:
     share DAPO's dynamic sampling refills; REPRODUCE B6)."""
     if not trajs:
         return 0.0
-    return 1.0 - informative_group_share(torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs]))
-
-
-def init_value_head_from_reward_model(policy: torch.nn.Module, reward_model: torch.nn.Module) -> None:
-    """PPO's critic starts as the reward model (InstructGPT; Tulu 3; checklist 6.5 "initialization: from the reward
-    model"): copy the reward model's scalar head (`.value`, a Linear: a `TinyTransformer(value_head=True)` or an
-    `HFPolicy(value_head=True)`, trained by algorithms.reward_model) into the policy's, in place.
-
-    The head reads the policy's own hidden states, so the policy's values equal the reward model's scores exactly
-    where the two bodies agree (a reward model trained on top of this policy with its body frozen, or a policy that
-    starts from the reward model's body); otherwise the copy is a warm start, as the SFT-body-plus-RM-head variant."""
-    head, rm_head = getattr(policy, "value", None), getattr(reward_model, "value", None)
-    if head is None or rm_head is None:
-        raise ValueError("init_value_head_from_reward_model: both models need a value head (value_head=True)")
-    if head.weight.shape != rm_head.weight.shape:
-        raise ValueError(f"init_value_head_from_reward_model: the heads differ in shape ({tuple(head.weight.shape)} vs "
-                         f"{tuple(rm_head.weight.shape)}): the reward model must share the policy's hidden size")
-    with torch.no_grad():
-        head.load_state_dict({k: v.to(head.weight.device, head.weight.dtype) for k, v in rm_head.state_dict().items()})
-
-
-def rl_razor(start: Engine, policy: Engine, old_task: Sequence[Trajectory], new_task: Sequence[Trajectory],
-             pad_id: int) -> dict[str, float]:
-    """RL's Razor as a metric (Shenfeld et al.; RLHF book ch.15; checklist 15.5): forgetting on the old task and the
-    forward KL(pi_0 || pi) on the new task's inputs, by `objectives.kl.forgetting_and_forward_kl`.
-
-    start pi_0 (the policy before training on the new task), policy pi (now); old_task: episodes of the old task
-    (demonstrations or pi_0's own samples); new_task: episodes of the new task's prompts *sampled from pi_0* (the
-    caller samples them, e.g. a source built on `start`, so the metric itself draws no random numbers).
-    -> {razor/forgetting, razor/forward_kl} (nats per episode)."""
-    if not old_task or not new_task:
-        raise ValueError("rl_razor: needs old-task episodes and new-task episodes sampled from the starting policy")
-    old, new = collate(list(old_task), pad_id), collate(list(new_task), pad_id)
-    logp = [e.forward(b, positions="actions").logprobs for b in (old, new) for e in (start, policy)]
-    out = forgetting_and_forward_kl(logp[0], logp[1], old.action_mask, logp[2], logp[3], new.action_mask)
-    return {k: float(v) for k, v in out.items()}
+    rewards, groups = torch.tensor([t.reward for t in trajs]), torch.tensor([t.group for t in trajs])
+    return 1.0 - informative_group_share(rewards, groups)

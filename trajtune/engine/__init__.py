@@ -17,7 +17,7 @@ strategy from how the process was launched.
 
 A `Loss` is a pure function `fn(out: ForwardOutput, batch: Batch) -> (scalar, metrics)`
 plus its normaliser (token / sequence / constant). Everything a loss reads beyond
-the forward output travels on the batch (`Batch.extras`), so the engine may split a
+the forward output travels on the batch (`Batch.pg`, `Batch.extras`), so the engine may split a
 batch any way it likes -- length buckets, micro-batches, rank shards, all by the one
 splitter in `trajtune.trajectory`, never separating rows that share `Batch.together`
 (a DPO pair) -- and weight each part by its share of the whole batch's normaliser,

@@ -56,7 +56,8 @@ computes them (`make_engine(head_positions=)`): "actions" -- where `Batch.action
 class Loss:
     """A loss for `Engine.forward_backward`: a pure function of (forward output, batch) and its normaliser.
 
-    fn:         fn(out, batch) -> (scalar loss, metrics); reads per-row step tensors from `batch.extras`
+    fn:         fn(out, batch) -> (scalar loss, metrics); reads per-row step tensors from `batch.pg` (policy
+                gradient) or `batch.extras`
     normalizer: what the scalar is a mean over -- "token" (POLICY tokens), "sequence" (rows) or
                 "constant" (rows, over a fixed constant): how a part of the batch is weighted
     values:     the forward pass must also return the value head's output (`ForwardOutput.values`)

@@ -92,7 +92,7 @@ class Env(Protocol):
       * info keys the library reads: "task" (set from task.name if absent), "n_invalid"
         (rollout/invalid_per_episode, when every episode has it), "actions" (RFT / iw-SFT
         dedup: an episode's identity), "public_pass" / "hidden_pass" (hack rate, when present).
-        The rollout adds stop_reason, n_turns, n_unterminated, expected (and env_error): do not use them.
+        The rollout adds stop_reason, n_turns, expected (and env_error): do not use them.
       * a reward >= 1 counts as a pass (rollout/pass_rate, pass@k; `score_policy(threshold=)`).
     """
 

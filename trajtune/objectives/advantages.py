@@ -118,6 +118,28 @@ def maxrl_advantages(rewards: torch.Tensor, groups: torch.Tensor | None = None) 
     return adv.reshape(rewards.shape)
 
 
+SequenceAdvantage = Literal["reinforce", "rloo", "grpo", "dr_grpo", "none", "batch", "moving_average", "maxrl"]
+BASELINES: dict[str, tuple[Baseline, bool]] = {
+    "reinforce": ("mean", False), "rloo": ("leave_one_out", False), "grpo": ("mean", True),
+    "dr_grpo": ("mean", False), "none": ("none", False), "batch": ("mean", False)}
+"""the group baseline and std normalisation of each sequence-level advantage `group_advantages` computes"""
+
+
+def sequence_advantages(rewards: torch.Tensor, groups: torch.Tensor | None, kind: SequenceAdvantage,
+                        eps: float = 1e-4, unbiased_std: bool = True, baseline: float | None = None) -> torch.Tensor:
+    """One advantage per episode [B] from its reward [B] by name (RLConfig.advantage, every kind but GAE):
+    reinforce: R - group mean; rloo: leave-one-out mean; grpo: (R - mean) / (std + eps) (unbiased_std: torch's
+    .std()); dr_grpo: R - mean; none: R; batch: R - the batch mean (groups ignored); moving_average: R - baseline
+    (None: the batch mean); maxrl: `maxrl_advantages`. groups [B] (None: one group)."""
+    if kind == "moving_average":
+        return (rewards - (rewards.mean() if baseline is None else baseline)).detach()
+    if kind == "maxrl":
+        return maxrl_advantages(rewards, groups)
+    base, std = BASELINES[kind]
+    return group_advantages(rewards, None if kind == "batch" else groups, baseline=base, std_normalize=std, eps=eps,
+                            unbiased_std=unbiased_std)
+
+
 def group_reward_range(rewards: torch.Tensor, groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """max - min of the rewards of each group: 0 marks a group without signal.
 

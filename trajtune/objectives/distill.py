@@ -146,7 +146,8 @@ def _kl_to_teacher(student_logits: torch.Tensor, teacher_logits: torch.Tensor, m
     expect_like("teacher_logits", teacher_logits, "student_logits", student_logits)
     expect_like("mask", mask, "student_logits[..., 0]", student_logits[..., 0])
     teacher = teacher_logits.detach()
-    kl_tok = full_kl(student_logits, teacher) if direction == "reverse" else full_kl(teacher, student_logits)  # [B, T-1]
+    kl_tok = (full_kl(student_logits, teacher) if direction == "reverse"
+              else full_kl(teacher, student_logits))  # [B, T-1]
     loss = aggregate(kl_tok, mask, aggregation, constant)
     return loss, {f"distill/{direction}_kl": masked_mean(kl_tok.detach(), mask)}
 

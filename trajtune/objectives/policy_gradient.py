@@ -10,8 +10,11 @@
 | GSPO              | group_advantages(...)                 | surrogate="ppo", ratio_level="sequence"       |
 | CISPO             | group_advantages(...)                 | surrogate="cispo", eps_high > eps_low         |
 | TOPR              | any (its sign splits the episodes)    | surrogate="topr"                              |
-| + stale sampler   | any                                   | sampler_logp=..., tis_cap=2.0 (TIS)           |
+| + stale sampler   | any                                   | inputs.sampler_logp, tis_cap=2.0 (TIS)        |
 | distillation      | distill.distill_advantages(...)       | surrogate="reinforce"                         |
+
+The options are a `PGOptions`, the step's tensors (advantages, old / sampler / reference log-probs) a `PGInputs`
+(objectives.inputs): `policy_gradient_loss(logp, mask, inputs, options, entropy)`.
 
 Sources: RLHF book "Policy Gradient Algorithms" (eqs. PPO_EQN_EXPANDED, GRPO_token,
 GSPO_ratio / GSPO_objective, CISPO_objective / CISPO_ratio, and the TOPR paragraph after CISPO:
@@ -23,17 +26,14 @@ Dual clip: Ye et al. 2020 ("Mastering Complex Control in MOBA Games"), not in th
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from ..logprobs import Aggregation, aggregate, masked_mean
 from ._checks import expect_dim, expect_like, per_token
+from .inputs import PGInputs, PGOptions, RatioLevel, Surrogate
 from .kl import KLEstimator, kl_estimate, masked_log_ratio
 from .sft import weighted_nll
 
-Surrogate = Literal["reinforce", "ppo", "cispo", "topr", "sapo"]
-RatioLevel = Literal["token", "sequence"]
 
 
 def log_importance_ratio(
@@ -145,76 +145,65 @@ def _topr(
 
 def policy_gradient_loss(
     logp: torch.Tensor,
-    advantages: torch.Tensor,
     mask: torch.Tensor,
-    old_logp: torch.Tensor | None = None,
-    *,
-    surrogate: Surrogate = "reinforce",
-    ratio_level: RatioLevel = "token",
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
-    dual_clip: float | None = None,
-    sampler_logp: torch.Tensor | None = None,
-    tis_cap: float | None = None,
-    ref_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
+    inputs: PGInputs,
+    options: PGOptions = PGOptions(),
     entropy: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
-    aggregation: Aggregation = "token",
-    constant: float | None = None,
-    sapo_tau: tuple[float, float] = (1.0, 1.05),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One policy-gradient loss for REINFORCE, RLOO, GRPO, Dr. GRPO, PPO, GSPO, CISPO, TOPR and SAPO.
 
-    logp         [B, T-1]  log pi_theta of the sampled tokens (with grad)
-    advantages   [B] (broadcast to every POLICY token) or [B, T-1] (GAE, distillation); data
-    mask         [B, T-1]  1.0 on POLICY tokens (Batch.action_mask)
-    old_logp     [B, T-1] or None  log pi_old at sampling time (the ratio's denominator).
-                 None = on-policy, one step: rho = pi / sg(pi) = 1 with the PG gradient
-    surrogate    "reinforce": -A log pi on-policy, -A rho with old_logp (no clipping)
-                 "ppo":   max(-A rho, -A clip(rho, 1-eps_low, 1+eps_high)); dual_clip=c > 1
-                          also caps the loss of A < 0 tokens at -c A
-                 "cispo": -sg(clip(rho, 1-eps_low, 1+eps_high)) A log pi (no token is dropped)
-                 "topr":  -sg(w_i) A log pi, w_i = 1 where A >= 0, clip(rho_i, 0, 1) where A < 0 with
-                          rho_i the sequence ratio (needs ratio_level "token"; eps_* unused)
-                 "sapo":  -gate(rho) A, gate = sigmoid(t (rho - 1)) 4 / t, t = sapo_tau[0] where A > 0 and
-                          sapo_tau[1] where A <= 0 (a smooth gate, no hard clip; eps_* unused)
-    ratio_level  "token" or "sequence" (GSPO's length-normalised sequence ratio)
-    sampler_logp [B, T-1], tis_cap C  truncated IS weight min(pi_old/pi_sampler, C) on the
-                 PG term (on-policy: min(pi/pi_sampler, C)); both or neither
-    ref_logp     [B, T-1], kl_coef, kl_estimator  GRPO-style KL(pi||pi_ref) loss term; given ref_logp, the KL
-                 is logged whatever kl_coef (RLHF checklist 0.7: always log KL-to-reference), and enters
-                 the loss only when kl_coef > 0
-    entropy      [B, T-1], entropy_coef  entropy bonus (subtracted from the loss)
-    aggregation, constant  how per-token losses become a scalar (logprobs.aggregate)
+    logp     [B, T-1]  log pi_theta of the sampled tokens (with grad)
+    mask     [B, T-1]  1.0 on POLICY tokens (Batch.action_mask)
+    inputs   the step's tensors (`PGInputs`, shapes there):
+             advantages [B] or [B, T-1]; old_logp: log pi_old at sampling time, the ratio's denominator (None =
+             on-policy, one step: rho = pi / sg(pi) = 1 with the PG gradient); sampler_logp with options.tis_cap
+             (both or neither): the truncated IS weight min(pi_old/pi_sampler, C) on the PG term (on-policy:
+             min(pi/pi_sampler, C)); ref_logp: the GRPO-style KL(pi||pi_ref) term -- given ref_logp, the KL is
+             logged whatever kl_coef (RLHF checklist 0.7: always log KL-to-reference) and enters the loss only when
+             options.kl_coef > 0 (returns / old_values are the value loss's)
+    options  `PGOptions`: surrogate
+             "reinforce": -A log pi on-policy, -A rho with old_logp (no clipping)
+             "ppo":   max(-A rho, -A clip(rho, 1-eps_low, 1+eps_high)); dual_clip=c > 1
+                      also caps the loss of A < 0 tokens at -c A
+             "cispo": -sg(clip(rho, 1-eps_low, 1+eps_high)) A log pi (no token is dropped)
+             "topr":  -sg(w_i) A log pi, w_i = 1 where A >= 0, clip(rho_i, 0, 1) where A < 0 with
+                      rho_i the sequence ratio (needs ratio_level "token"; eps_* unused)
+             "sapo":  -gate(rho) A, gate = sigmoid(t (rho - 1)) 4 / t, t = sapo_tau[0] where A > 0 and
+                      sapo_tau[1] where A <= 0 (a smooth gate, no hard clip; eps_* unused);
+             ratio_level "token" or "sequence" (GSPO's length-normalised sequence ratio); kl_coef, kl_estimator;
+             entropy_coef; aggregation, constant: how per-token losses become a scalar (logprobs.aggregate)
+    entropy  [B, T-1] or None  the policy's entropy per token (the bonus: - entropy_coef x entropy)
     returns (loss [], metrics): pg/loss, pg/advantage_mean, pg/ratio_mean, pg/ratio_max,
         pg/approx_kl (k2 against pi_old), pg/clip_frac, [pg/tis_weight_mean,
         pg/tis_capped_frac], [kl/<estimator>: with ref_logp], [policy/entropy]
     """
+    o, old_logp, sampler_logp, tis_cap = options, inputs.old_logp, inputs.sampler_logp, options.tis_cap
     expect_dim("logp", logp, 2)
     expect_like("mask", mask, "logp", logp)
-    adv = per_token("advantages", advantages, mask).detach().to(logp.dtype)  # [B, T-1]
-    if surrogate == "topr" and ratio_level != "token":
-        raise ValueError("surrogate 'topr' builds its own sequence ratio from the token ratios: use ratio_level 'token'")
+    adv = per_token("advantages", inputs.advantages, mask).detach().to(logp.dtype)  # [B, T-1]
+    if o.surrogate == "topr" and o.ratio_level != "token":
+        raise ValueError("surrogate 'topr' builds its own sequence ratio from the token ratios: "
+                         "use ratio_level 'token'")
     log_ratio = None
     if old_logp is not None:
         expect_like("old_logp", old_logp, "logp", logp)
-        log_ratio = log_importance_ratio(logp, old_logp, mask, ratio_level)
-    elif surrogate != "reinforce":  # pi_old = pi: ratio 1, same gradient as REINFORCE
-        log_ratio = log_importance_ratio(logp, logp.detach(), mask, ratio_level)
-    per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, surrogate, eps_low, eps_high, dual_clip, sapo_tau)
+        log_ratio = log_importance_ratio(logp, old_logp, mask, o.ratio_level)
+    elif o.surrogate != "reinforce":  # pi_old = pi: ratio 1, same gradient as REINFORCE
+        log_ratio = log_importance_ratio(logp, logp.detach(), mask, o.ratio_level)
+    per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, o.surrogate, o.eps_low, o.eps_high, o.dual_clip,
+                                  o.sapo_tau)
     metrics: dict[str, torch.Tensor] = {}
     if (sampler_logp is None) != (tis_cap is None):
         raise ValueError("truncated IS needs both sampler_logp and tis_cap")
-    if sampler_logp is not None:  # on-policy: the learner itself is the target
+    if sampler_logp is not None and tis_cap is not None:  # on-policy: the learner itself is the target
         w = truncated_is_weights(old_logp if old_logp is not None else logp, sampler_logp, tis_cap)
         per_tok = per_tok * w  # [B, T-1]
         metrics["pg/tis_weight_mean"] = masked_mean(w, mask)
         metrics["pg/tis_capped_frac"] = masked_mean((w >= tis_cap).float(), mask)
-    metrics["pg/loss"] = aggregate(per_tok.detach(), mask, aggregation, constant)
-    per_tok = _add_regularizers(per_tok, logp, mask, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, metrics)
-    loss = aggregate(per_tok, mask, aggregation, constant)
+    metrics["pg/loss"] = aggregate(per_tok.detach(), mask, o.aggregation, o.constant)
+    per_tok = _add_regularizers(per_tok, logp, mask, inputs.ref_logp, o.kl_coef, o.kl_estimator, entropy,
+                                o.entropy_coef, metrics)
+    loss = aggregate(per_tok, mask, o.aggregation, o.constant)
     metrics.update(_ratio_metrics(log_ratio, clipped, adv, mask))
     return loss, metrics
 

@@ -161,7 +161,8 @@ def prm_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, 
     return loss, {"prm/accuracy": acc, "prm/steps": sup.sum().float()}
 
 
-def step_ends(owners: Sequence[int], turns: Sequence[int], policy: int, marked: Sequence[int] | None = None) -> list[int]:
+def step_ends(owners: Sequence[int], turns: Sequence[int], policy: int,
+              marked: Sequence[int] | None = None) -> list[int]:
     """Positions of the last token of each step of one episode (where a PRM's labels sit, TRL's packaging):
     `marked` where the data put them (steps inside one message), else the last token owned by `policy` in each
     turn (an agent's actions). owners, turns: [T] per token."""

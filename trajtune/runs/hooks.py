@@ -4,7 +4,7 @@ A `Run` (trajtune/runs/loop.py) calls each of its hooks at these points, in orde
 
     on_start(engine, start)                       the loop starts after `start` completed steps (> 0: resumed)
     on_episodes(engine, step, trajs, batch, kept) a step (or round) sampled `trajs`; `batch`: its scored batch
-                                                  (advantages, old log-probs in extras); `kept`: RFT's selection
+                                                  (advantages, old log-probs in `batch.pg`); `kept`: RFT's selection
     on_save_point(engine, completed, allowed)     a step ended (`allowed`: the loop's state may be saved here)
 
 Two ship with the library: `runs.recorder.EpisodeRecorder` (a few episodes per step for `trajtune view`;

@@ -136,7 +136,7 @@ class Run:
                         every: int | None = None) -> None:
         """Hand step `step`'s episodes to the hooks (the recorder saves a few, token by token, for `trajtune view`,
         when the step is due: step 1 and every `every` steps; `every` given by a loop, e.g. 1 for RFT's rounds).
-        `batch`: the step's scored batch (advantages, old log-probs in extras); `kept`: RFT's selection."""
+        `batch`: the step's scored batch (advantages, old log-probs in `batch.pg`); `kept`: RFT's selection."""
         for hook in self.hooks:
             hook.on_episodes(engine, step, trajs, batch, kept=kept, every=every)
 

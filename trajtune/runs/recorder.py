@@ -1,13 +1,14 @@
 """A few of a run's episodes, token by token, saved while it trains (what `trajtune view` shows).
 
 At step 1 and every `every` steps, a loop hands its step's trajectories (and the batch it scored)
-to `Run.record_episodes`, which hands them to its hooks; this one (a `runs.hooks.Hook`) keeps `k` of them (`per_group`
-from each of the first groups, so a group's contrast is visible) and appends one JSON line per episode to
+to `Run.record_episodes`, which hands them to its hooks; this one (a `runs.hooks.Hook`) keeps `k` of them
+(`per_group` from each of the first groups, so a group's contrast is visible) and appends one JSON line per episode to
 RUN_DIR/<stage>/episodes.jsonl:
 
     stage, step, index (its row in the step), group, task, reward, outcome, kept (RFT: selected or not),
     info           the episode's info as the rollout left it (trajtune/sources/rollout.py): stop_reason
-                   ("length" when the reply that ended it was cut at the token budget), n_unterminated,
+                   ("length" when the reply that ended it was cut at the token budget), n_unterminated
+                   (`Trajectory.unterminated`),
                    expected (the answer the task's data gives, where it has one), the environment's checks
     ids, owners, turns                      one entry per token
     sampler_logp   log-prob of the token under the policy that sampled it (0 where none)
@@ -87,9 +88,9 @@ class EpisodeRecorder(Hook):
     def record(self, engine, stage: str, step: int, trajs: Sequence[Trajectory], batch: Batch | None = None,
                pad_id: int | None = None, kept: Sequence[Trajectory] | None = None, every: int | None = None) -> None:
         """Record the chosen episodes of `step` if it is due. `batch`: the step's scored batch (rows in
-        `trajs` order; its extras["advantages"] [B] or [B, T-1], and extras["old_logp"] [B, T-1] when the
-        loop computed it); without one the episodes are collated here (`pad_id`, default 0). `kept`: RFT's
-        selection (advantage = 1 on kept episodes)."""
+        `trajs` order; its pg.advantages [B] or [B, T-1], and pg.old_logp [B, T-1] when the loop computed it:
+        `objectives.inputs.PGInputs`); without one the episodes are collated here (`pad_id`, default 0). `kept`:
+        RFT's selection (advantage = 1 on kept episodes)."""
         if not trajs or not self.due(step, every):
             return
         if self.write and self.path.exists() and self.path.stat().st_size >= self.max_bytes:
@@ -100,11 +101,11 @@ class EpisodeRecorder(Hook):
         if batch is None or batch.size != len(trajs):
             batch = collate(list(trajs), pad_id or 0)
         part = batch.select(rows)
-        old = part.extras.get("old_logp")
+        old = part.pg.old_logp if part.pg is not None else None
         with torch.no_grad():
             trainer = old if old is not None else engine.forward(part).logprobs  # [k, T-1]
         kept_ids = {id(t) for t in kept} if kept is not None else None
-        adv = part.extras.get("advantages")
+        adv = part.pg.advantages if part.pg is not None else None
         if adv is None:  # no advantages: the weight of SFT on the episode (RFT: 1 if kept)
             adv = torch.tensor([float(kept_ids is None or id(trajs[r]) in kept_ids) for r in rows])
         if not self.write:
@@ -139,9 +140,23 @@ def episode_row(stage: str, step: int, index: int, t: Trajectory, trainer_logp: 
     weight = [0.0] + [round(v, 4) if policy[i + 1] else 0.0 for i, v in enumerate(adv)]
     sampler = [round(v, 4) for v in t.logprobs] if t.logprobs is not None else [0.0] * n
     return {"stage": stage, "step": step, "index": index, "group": t.group, "task": str(t.info.get("task", "")),
-            "reward": t.reward if math.isfinite(t.reward) else str(t.reward), "outcome": str(t.outcome), "info": t.info,
+            "reward": t.reward if math.isfinite(t.reward) else str(t.reward), "outcome": str(t.outcome),
+            "info": recorded_info(t),
             "kept": kept, "ids": t.ids, "owners": t.owners, "turns": t.turns,
             "sampler_logp": sampler, "trainer_logp": trainer, "advantage": weight}
+
+
+def recorded_info(t: Trajectory) -> dict[str, Any]:
+    """The episode's info as a row records it: the rollout's count of actions cut at the token budget
+    (`Trajectory.unterminated`) as info's n_unterminated, right after n_turns (what `trajtune view` reads)."""
+    if t.unterminated is None or "n_turns" not in t.info:
+        return t.info
+    out: dict[str, Any] = {}
+    for key, value in t.info.items():
+        out[key] = value
+        if key == "n_turns":
+            out["n_unterminated"] = t.unterminated
+    return out
 
 
 def read_episodes(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ by that one observation.) While an episode runs, its rendering is a
 
 An action that uses up `max_action_tokens` without the stop token is still
 decoded and given to the environment (environments see text, not tokens); the
-turn has no closing `<|end|>` and is counted in info["n_unterminated"]. With a
+turn has no closing `<|end|>` and is counted in `Trajectory.unterminated`. With a
 budget longer than any valid action such text is an invalid call.
 
 `scripted_rollout` runs a Python policy (envs/scripted.py) through the same
@@ -30,8 +30,8 @@ same actions produces the identical token ids, owners and turns.
 Returned trajectories: ids/owners/turns from the renderer, sampler logprobs on
 POLICY tokens (model rollouts), reward = sum of step rewards, group = index of
 the task among the distinct tasks of the batch, info = the environment's last
-info plus stop_reason, n_turns, n_unterminated and, where the task's data gives one,
-`expected` (`expected_answer`: the answer or reference to check the reply against).
+info plus stop_reason, n_turns and, where the task's data gives one, `expected` (`expected_answer`: the
+answer or reference to check the reply against); unterminated = the actions cut at the token budget.
 stop_reason, the first that applies:
 
     env_error     the environment (or the reward inside it) failed: the episode trains nothing
@@ -158,8 +158,8 @@ class _Episode:
         if expected is not None and "expected" not in info:
             info["expected"] = expected
         stop = "length" if self.cut and self.stop_reason == "done" else self.stop_reason or "max_turns"
-        info.update(stop_reason=stop, n_turns=self.n_turns, n_unterminated=self.n_unterminated)
-        traj.reward, traj.group, traj.info = self.reward, group, info
+        info.update(stop_reason=stop, n_turns=self.n_turns)
+        traj.reward, traj.group, traj.info, traj.unterminated = self.reward, group, info, self.n_unterminated
         traj.outcome = Outcome.ENV_ERROR if self.stop_reason == "env_error" else Outcome.OK
         return traj
 

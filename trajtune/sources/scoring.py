@@ -218,7 +218,7 @@ class Scored(Wrapper):
     graders:   the one weighted list (`graders.Weighted`: a grader and its weight; closed with the source)
     max_steps: the run's optimizer steps (`trainer_state.max_steps`)
     unfinished, score_unfinished: a `finished_only` grader's score of an unfinished episode (no stop token: cut at
-               the token budget, info['n_unterminated'] > 0) is replaced by `unfinished_scores(..., unfinished)`
+               the token budget, `Trajectory.truncated`) is replaced by `unfinished_scores(..., unfinished)`
                (None: 1 below the batch's lowest finished score), unless `score_unfinished`
     max_fault_share: more rows failed (a reward call past its time limit) than this share of a batch stop the run
     """
@@ -248,7 +248,7 @@ class Scored(Wrapper):
                                [t.tokens_of(Owner.POLICY) for t in trajs])
         grades = self._grade(batch)
         failed = check_faults(grades, batch, self.max_fault_share)
-        cut = [bool(t.info.get("n_unterminated", 0)) for t in trajs]
+        cut = [t.truncated for t in trajs]
         finished_only = [w.grader.finished_only for w in self.graders]
         values = [unfinished_scores(g.scores, cut, self.unfinished) if only and not self.score_unfinished
                   else list(g.scores) for g, only in zip(grades, finished_only, strict=True)]

@@ -8,12 +8,14 @@ the library's (`objectives`); gradients are read off the parameters after
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
 from ...engine import Engine, Loss
 from ...objectives.advantages import group_advantages
+from ...objectives.inputs import PGInputs
 from ...objectives.policy_gradient import policy_gradient_loss
 from ...objectives.preference import dpo_loss
 from ...objectives.sft import sft_loss
@@ -21,8 +23,8 @@ from ...text.render import owner_counts
 from ...trajectory import Trajectory, collate
 
 # the three gradients A4 compares: token-mean losses over POLICY tokens
-PG_01 = Loss(lambda out, b: policy_gradient_loss(out.logprobs, b.rewards, b.action_mask), "token")
-PG_BASELINE = Loss(lambda out, b: policy_gradient_loss(out.logprobs, b.extras["advantages"], b.action_mask), "token")
+PG_01 = Loss(lambda out, b: policy_gradient_loss(out.logprobs, b.action_mask, PGInputs(b.rewards)), "token")
+PG_BASELINE = Loss(lambda out, b: policy_gradient_loss(out.logprobs, b.action_mask, b.pg), "token")
 SFT = Loss(lambda out, b: sft_loss(out.logprobs, b.action_mask), "token")
 
 
@@ -63,7 +65,7 @@ def gradient_identity(engine: Engine, sample: Sequence[Trajectory], pad_id: int)
     g_pg = _flat_grad(engine, batch, PG_01)
     g_rft = _flat_grad(engine, kept_batch, SFT)
     adv_B = group_advantages(batch.rewards, batch.groups)  # [B]: R - mean of its task's group
-    g_base = _flat_grad(engine, batch.with_extras(advantages=adv_B), PG_BASELINE)
+    g_base = _flat_grad(engine, replace(batch, pg=PGInputs(adv_B)), PG_BASELINE)
     ratio = float(kept_batch.action_mask.sum() / batch.action_mask.sum())
     return {"kept": len(kept), "episodes": len(sample), "ratio": ratio,
             "max_abs_diff": float((g_pg - ratio * g_rft).abs().max()), "max_abs_grad": float(g_pg.abs().max()),

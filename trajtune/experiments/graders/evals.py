@@ -121,7 +121,7 @@ def sample_policy(engine, r: Renderer, tasks, k: int, seed: int) -> dict:
     """k samples per problem: per-problem correctness and answers, and the token budget."""
     trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major
     correct = [[t.reward >= 1 for t in trajs[i * k:(i + 1) * k]] for i in range(len(tasks))]
-    answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k:(i + 1) * k]]
+    answers = [[t.info["reply"] if not t.truncated else None for t in trajs[i * k:(i + 1) * k]]
                for i in range(len(tasks))]
     total = generated_tokens(trajs)
     per_problem = [generated_tokens(trajs[i * k:(i + 1) * k]) / k for i in range(len(tasks))]

@@ -178,10 +178,10 @@ def eval_pairs(engine, pairs: Sequence, ref_sums: list[float], config: DPOConfig
     """The preference loss and its implicit-reward margin and accuracy on held-out pairs (no gradient)."""
     import torch
 
-    from ...algorithms.dpo import pair_set, preference_loss_fn
+    from ...algorithms.dpo import pair_set, preference_loss_fn, with_ref_sums
 
     loss_fn, P = preference_loss_fn(config), len(pairs)
-    full = pair_set(list(pairs), pad_id, config).with_extras(ref_sums=torch.tensor(ref_sums))
+    full = with_ref_sums(pair_set(list(pairs), pad_id, config), torch.tensor(ref_sums))
     ns = {"dpo": "dpo", "dpo_norm": "dpo", "ipo": "dpo", "odpo": "dpo", "simpo": "simpo", "orpo": "orpo",
           "rebel": "rebel"}[config.loss]
     keys = {"loss": "eval/dpo_loss", f"{ns}/accuracy": "eval/dpo_accuracy",

@@ -70,7 +70,7 @@ def watch(engine, config, d: Demo, held_out, seed: int) -> dict:
                              d.samples, seed + 1)
     every = seen + unseen
     nll, chars = demo_nll(engine, held_out, pad)
-    return {"stop": sum(t.info["n_unterminated"] == 0 for t in every) / len(every), "replies_n": len(every),
+    return {"stop": sum(not t.truncated for t in every) / len(every), "replies_n": len(every),
             "format_seen": sum(t.info["format_ok"] for t in seen) / len(seen), "seen_n": len(seen),
             "format_unseen": sum(t.info["format_ok"] for t in unseen) / len(unseen),
             "length": sum(len(t.info["reply"]) for t in every) / len(every),

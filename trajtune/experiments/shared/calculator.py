@@ -52,7 +52,7 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     greedy = sample_episodes(source_for(engine.sample, r, greedy=True), tasks, 1, 0)
     trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major: k samples of task 0 first
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
-    answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k : (i + 1) * k]]
+    answers = [[t.info["reply"] if not t.truncated else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]
     # the next-token distribution right after the assistant header: the first answer digit
     headed = [r.render([{"role": "user", "content": t.prompt}]) for t in tasks]
