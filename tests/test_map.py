@@ -12,7 +12,6 @@ CODE_MD = ROOT / "docs" / "code.md"
 MAX_LINES = 500
 TOO_LONG_FOR_NOW = {
     "trajtune/sources/vllm.py": 707,
-    "trajtune/algorithms/rl.py": 632,
     "trajtune/evaluation.py": 531,
 }
 """library files over MAX_LINES while their split is under way elsewhere (issue 40), at their line counts then: each

@@ -2,6 +2,7 @@
 
     sft.py             supervised fine-tuning: weight 1 on every POLICY token
     rl.py              REINFORCE, RLOO, GRPO, Dr. GRPO, PPO, GSPO, CISPO, TOPR; KL control, DAPO's knobs, PPO-ptx
+    reference.py       the RL loop's KL reference (the frozen starting policy: resident, LoRA base, on disk); RL's razor
     kto.py             KTO on unpaired (prompt, completion, label) rows
     rft.py             rejection-sampling fine-tuning / expert iteration
     iw_sft.py          importance-weighted SFT with a lagged q

@@ -102,7 +102,8 @@ the seed's numbers, learning curves, cost table.
 
     stages.py       the stage functions        report.py   the report: tables, plots, the seeds report
     diagnostics.py  A1, A4, A6 and A11's NLL   claims.py   claims A1-A13 and the four conclusions, checked
-                                               ../bugfix.py  the gym, measurements, weak base (shared with iw-SFT)
+    kernels.py      its own option --kernels   ../bugfix.py  the gym, measurements, weak base (shared with iw-SFT)
+                    (the seeds on several CPU kernel sets)
 """
 
 from __future__ import annotations
