@@ -27,6 +27,7 @@ from trajtune.sources.episodes import EpisodeSource
 from trajtune.sources.overlap import OverlapConfig, Overlapped, check_overlap, overlapped
 from trajtune.sources.process import SamplerDied, SamplerProcess, SyncError
 from trajtune.sources.rollout import TokenBudgetError
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 from test_algorithms import RENDER, TASKS, TOK, engine, pass_rate, verifier
 from test_resume import graded, rows, same_weights, untimed
@@ -43,20 +44,26 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+SETTINGS = SamplerSettings(max_new_tokens=2)
+"""how the graded task's answers are sampled"""
+
+
 def graded_source(e, policy=None, episode_seeds=False, make_env=lambda: SingleTurnEnv(graded), **kw):
     """The graded task's episodes, sampled by `policy` (default: the engine's own sampler, here)."""
-    return EpisodeSource(e.sample if policy is None else policy, make_env, RENDER, max_turns=1, max_tokens=32,
-                         max_action_tokens=2, episode_seeds=episode_seeds, **kw)
+    return EpisodeSource(Decoder(e.sample, SETTINGS) if policy is None else policy, make_env, RENDER, max_turns=1,
+                         max_tokens=32, episode_seeds=episode_seeds, **kw)
 
 
 def ahead(e, make_env=lambda: SingleTurnEnv(graded), **overlap):
     """The graded source one step ahead, in a sampler process (max_staleness 1)."""
-    return overlapped(e, OverlapConfig(max_staleness=1, **overlap), lambda p: graded_source(e, p, make_env=make_env))
+    return overlapped(e, OverlapConfig(max_staleness=1, **overlap), lambda p: graded_source(e, p, make_env=make_env),
+                      Decoder(e.sample, SETTINGS))
 
 
 def in_process(e, **kw):
     """The graded source on-policy in a sampler process (sampler_process, max_staleness 0)."""
-    return overlapped(e, OverlapConfig(sampler_process=True), lambda p: graded_source(e, p, **kw))
+    return overlapped(e, OverlapConfig(sampler_process=True), lambda p: graded_source(e, p, **kw),
+                      Decoder(e.sample, SETTINGS))
 
 
 def train(e, source, cfg, run=None):

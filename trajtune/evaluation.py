@@ -305,8 +305,8 @@ def score_policy(source: Source, tasks: Sequence[Any], n: int = 8, ks: Sequence[
                  threshold: float = 1.0) -> PolicyScore:
     """Run `n` episodes of every task with the policy behind `source` and score them.
 
-    source:  e.g. `trajtune.sources.episodes.EpisodeSource(engine.sample, make_env, renderer, ...)`; give it
-             `greedy=True` for greedy decoding (then use n=1), a temperature otherwise.
+    source:  e.g. `EpisodeSource(Decoder(engine.sample, settings), make_env, renderer, ...)`; its sampler
+             `SamplerSettings(greedy=True)` for greedy decoding (then use n=1), a temperature otherwise.
     n:       episodes per task; pass@k for every k in `ks` (each <= n, unbiased estimator)
     seed:    the sampling seed (same seed, same episodes)
     Returns a `PolicyScore`: `.mean_reward`, `.pass_at[k]`, `.per_task`, `.table()`, `.metrics()`.

@@ -70,7 +70,7 @@ def serve_command(args) -> list[str]:
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
     if args.max_lora_rank:
-        from ..sources.vllm import _lora_slot
+        from ..sources.vllm.clients import _lora_slot
 
         cmd += ["--enable-lora", "--max-lora-rank", str(_lora_slot(args.max_lora_rank)), "--max-loras", "1"]
     return cmd + list(args.vllm_args)

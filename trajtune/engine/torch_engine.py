@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -315,6 +315,12 @@ class TorchEngine:
                 return decode(self.model, prompts, max_new_tokens, generator, **kw)
         finally:
             set_mode(self.model, was_training)
+
+    @contextlib.contextmanager
+    def policy_weights(self) -> Iterator[torch.nn.Module]:
+        """The policy module, its full parameters gathered while the context lasts (`Engine.policy_weights`)."""
+        with self.collective.layout.full_parameters(self.model):
+            yield self.model
 
     # --- state: the one checkpoint layout (rank 0 writes, every rank reads) --------------------
     def save_state(self, path: str | os.PathLike, extra: dict | None = None,

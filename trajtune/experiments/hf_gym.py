@@ -30,6 +30,7 @@ machinery, not of learning.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -41,6 +42,7 @@ from ..metrics import register
 from ..runs.stages import Stage, StageOptions, run_stages
 from ..sources.episodes import EpisodeSource, Measured
 from ..sources.overlap import OverlapConfig, check_overlap
+from ..sources.sampler import SamplerSettings, engine_sampler
 from ..sources.vllm import VLLMConfig
 from .hf.model import ModelConfig
 from .hf.sampling import SamplingConfig
@@ -220,8 +222,6 @@ def policy_turns(trajs) -> dict[str, float]:
 
 
 def stage_rl(ctx) -> dict:
-    import functools
-
     from ..models import hf
     from ..text.chat import ChatRenderer
     from .hf.common import user_errors
@@ -242,27 +242,29 @@ def stage_rl(ctx) -> dict:
     make_env = MakeEnv(config.gym, "" if system == "none" else system, config.reward, config.action_template,
                        tuple(sorted(config.game_kwargs.items())))
     own_seeds = s.backend in ("sampler", "vllm")  # HF generate draws one seed per call
+    settings = SamplerSettings(s.max_new_tokens, s.temperature, s.top_k, s.top_p, draw=s.draw,
+                               share_prompts=s.share_prompts)
+    if s.backend != "sampler":  # the built-in sampler's options: off for HF generate and vLLM (and the evaluation)
+        settings = dataclasses.replace(settings, draw="race", share_prompts=False)
 
     def episodes(sampler) -> Measured:
         return Measured(EpisodeSource(
             sampler, make_env, renderer, shard=engine.shard, episode_seeds=own_seeds, max_turns=config.max_turns,
-            max_tokens=max_tokens, max_action_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-            top_p=s.top_p, draw=s.draw if s.backend == "sampler" else "race",
-            share_prompts=s.share_prompts and s.backend == "sampler"), policy_turns)
+            max_tokens=max_tokens), policy_turns)
 
     runner = here = None
     if s.backend == "vllm":
         from ..sources.vllm import vllm_runner
 
-        runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
+        runner = vllm_runner(engine, config.model.path, config.vllm, settings, precision=config.model.precision,
                              max_model_len=budget(config.model)[0], seed=config.rl.seed)
     elif s.backend == "generate":
-        here = functools.partial(engine.sample, backend="generate", pad_id=renderer.pad_id)
+        here = engine_sampler(engine, settings, "generate", pad_id=renderer.pad_id)
     where = f"{config.env_id}" if config.gym == "textarena" else "BugFix"
     try:
         return train_and_score(ctx, policy, _Tokenizer(renderer.tokenizer, renderer.pad_id), episodes, "hf_gym",
                                train, held_out, f"hf_gym {where} ({Path(config.model.path).name}, {s.backend})",
-                               engine=engine, here=here, runner=runner)
+                               settings=settings, engine=engine, here=here, runner=runner)
     finally:
         if runner is not None:
             runner.close()  # closed with the source already when the loop ran; here however the stage ends

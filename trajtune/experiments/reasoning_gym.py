@@ -27,6 +27,7 @@ import torch
 
 from ..algorithms.rl import RLConfig
 from ..sources.episodes import EpisodeSource
+from ..sources.sampler import SamplerSettings
 from ..sources.overlap import OverlapConfig, check_overlap
 from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
@@ -110,8 +111,9 @@ def stage_rl(ctx) -> dict:
                                        max_len=max_tokens + 1))
     result = train_and_score(
         ctx, model, tok, lambda policy: EpisodeSource(policy, reasoning_gym_env, renderer, max_turns=1,
-                                                     max_tokens=max_tokens, max_action_tokens=config.max_answer_tokens),
-        "reasoning_gym", train, held_out, f"reasoning-gym {config.dataset}")
+                                                     max_tokens=max_tokens),
+        "reasoning_gym", train, held_out, f"reasoning-gym {config.dataset}",
+        settings=SamplerSettings(max_new_tokens=config.max_answer_tokens))
     return {**result, "example": {"question": held_out[0].question, "answer": held_out[0].answer}}
 
 

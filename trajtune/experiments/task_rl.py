@@ -15,22 +15,24 @@ from ..evaluation import score_policy
 from ..runs.stages import StageContext
 from ..sources.base import Source
 from ..sources.overlap import overlapped
+from ..sources.sampler import Decoder, Sampler, SamplerSettings
 
 
 def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Source], experiment: str,
-                    train: Sequence, held_out: Sequence, describe: str, *, engine=None, here=None,
-                    runner=None) -> dict:
+                    train: Sequence, held_out: Sequence, describe: str, *, settings: SamplerSettings, engine=None,
+                    here: Sampler | None = None, runner=None) -> dict:
     """The stage's RL run on `episodes(policy)` (a source of the task's episodes sampled by `policy`: the engine's
     sampler, or a sampler process when the recipe's `overlap` asks for one); `experiment` goes into the checkpoint's meta,
     `describe` heads the printed line. Optional: `engine`, the engine already built on `model` (default
-    `ctx.engine(model, config.optim)`); `here`, the training episodes' sampler (default `engine.sample`); `runner`, a
+    `ctx.engine(model, config.optim)`); `settings`, how the episodes are sampled; `here`, the training episodes' sampler
+    (default the engine's built-in sampler with `settings`); `runner`, a
     sampler holding its own weights (a `sources.vllm.VLLMRunner`) the training episodes go through instead, closed
-    with the source (`overlap.overlapped`). The held-out evaluation always samples with `engine.sample`.
+    with the source (`overlap.overlapped`). The held-out evaluation always samples with the engine's built-in sampler.
     -> {"before", "after": held-out eval/reward and eval/pass@1, "curve": [(step, train reward, held-out
     reward, held-out pass@1), ...]}. The policy is saved as the stage's checkpoint."""
     config = ctx.config
     engine = engine if engine is not None else ctx.engine(model, config.optim)
-    evaluation = episodes(engine.sample)  # the current weights, here
+    evaluation = episodes(Decoder(engine.sample, settings))  # the current weights, here
 
     def evaluate(step: int) -> dict:
         return score_policy(evaluation, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
@@ -39,6 +41,7 @@ def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Sou
     if engine.is_main:
         print(f"{describe}: {model.num_parameters():,} parameters, {len(train)} train / {len(held_out)} held-out "
               f"tasks; held-out reward {before['eval/reward']:.3f} before")
+    here = here if here is not None else Decoder(engine.sample, settings)
     with overlapped(engine, config.overlap, episodes, here, runner=runner) as source:
         history = train_rl(engine, train, source, config.rl, tok.pad_id, ctx.run(evaluate))
     ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})

@@ -28,6 +28,7 @@ import torch
 
 from ..algorithms.rl import RLConfig
 from ..sources.episodes import EpisodeSource
+from ..sources.sampler import SamplerSettings
 from ..sources.overlap import OverlapConfig, check_overlap
 from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
@@ -135,8 +136,9 @@ def stage_rl(ctx) -> dict:
 
     return train_and_score(
         ctx, model, tok, lambda policy: EpisodeSource(policy, make_env, renderer, max_turns=config.max_turns,
-                                                     max_tokens=max_tokens, max_action_tokens=config.max_action_tokens),
-        "textarena", train, held_out, f"textarena {config.env_id} ({tok.vocab_size} words)")
+                                                     max_tokens=max_tokens),
+        "textarena", train, held_out, f"textarena {config.env_id} ({tok.vocab_size} words)",
+        settings=SamplerSettings(max_new_tokens=config.max_action_tokens))
 
 
 def run(config: Config, run_dir: Path) -> Path:

@@ -37,6 +37,7 @@ from ..config import check_ranges
 from ..trajectory import Owner
 from .base import Draw, Episodes, Source, Wrapper
 from .process import SamplerProcess
+from .sampler import Sampler
 
 
 @dataclass
@@ -82,21 +83,22 @@ def check_overlap(overlap: OverlapConfig, rl: Any, where: str = "") -> None:
                          "2.0, so the truncated importance weight against the sampler's log-probs corrects the lag")
 
 
-def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], here: Any = None,
+def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], sampler: Sampler,
                runner: Any = None) -> Source:
-    """The source `overlap` describes: `build(policy)` with `policy` = `here` (on-policy, in the trainer; default
-    `engine.sample`), or a `SamplerProcess` on `engine` (`sampler_process`), wrapped in `Overlapped` for
-    max_staleness 1.
+    """The source `overlap` describes: `build(policy)` with `policy` = `sampler` (on-policy, in the trainer: e.g.
+    `Decoder(engine.sample, settings)`), or a `SamplerProcess` on `engine` drawing with `sampler`'s settings
+    (`sampler_process`), wrapped in `Overlapped` for max_staleness 1.
 
         source = overlapped(engine, config.overlap,
-                            lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards))
+                            lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards), sampler)
 
     `runner`: a sampler that holds its own weights instead of the sampler process (`trajtune.sources.vllm.VLLMRunner`):
     every draw goes through it, synced after every update, and for max_staleness 1 it is what `Overlapped` overlaps."""
     if runner is None and not overlap.in_process:
-        return build(engine.sample if here is None else here)
+        return build(sampler)
     if runner is None:
-        runner = SamplerProcess(engine, overlap.sampler_threads, overlap.sync_tolerance, overlap.sampler_timeout)
+        runner = SamplerProcess(engine, sampler.settings, overlap.sampler_threads, overlap.sync_tolerance,
+                                overlap.sampler_timeout)
     try:
         source = build(runner)
     except BaseException:

@@ -72,8 +72,10 @@ import torch.multiprocessing as mp
 from multiprocessing.connection import Connection
 
 from ..config import ConfigError
+from ..engine import Engine
 from ..trajectory import Owner, Trajectory, collate
-from .rollout import rollout_batch
+from .episodes import Limits, run_episodes
+from .sampler import Decoder, SamplerSettings
 from .serve import emit, reraised, serve, state_bytes, state_tensor
 from .sync import RolloutsSent, SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
 
@@ -85,6 +87,7 @@ class SamplerProcess(RolloutsSent):
     to date (and checked) by `after_update` (module docstring).
 
     engine:     the trainer's engine (one process: no torchrun)
+    settings:   how its sampler draws (`trajtune.sources.sampler.Decoder` on the process's copy of the weights)
     threads:    torch threads in the sampler process
     tolerance:  largest allowed |sampler - trainer| log-prob of a probe token after a sync (nats)
     timeout_s:  longest wait for one answer (a rollout, a sync) before the process is killed and `SamplerDied`
@@ -94,11 +97,13 @@ class SamplerProcess(RolloutsSent):
     PROBE_ROWS = 2
     """rows of the last episodes on which the sampler's and the trainer's log-probs are compared after a sync"""
 
-    def __init__(self, engine, threads: int = 1, tolerance: float = 1e-3, timeout_s: float = 600.0):
+    def __init__(self, engine: Engine, settings: SamplerSettings = SamplerSettings(), threads: int = 1,
+                 tolerance: float = 1e-3, timeout_s: float = 600.0):
         if engine.shard is not None:
             raise ConfigError("overlap.max_staleness 1 / overlap.sampler_process need a one-process engine (not "
                               "torchrun: every rank would need its own sampler process)")
         self.engine, self.threads, self.tolerance, self.timeout_s = engine, threads, tolerance, timeout_s
+        self.sampler = Decoder(engine.sample, settings)  # the first rollout's, here (the process runs its own)
         self.calls = 0
         """rollouts answered by the process so far (an overlapped source checks that its episodes came here)"""
         self._process: Any = None  # started by the first rollout
@@ -115,14 +120,16 @@ class SamplerProcess(RolloutsSent):
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
-                **kw: Any) -> list[Trajectory]:
-        """`rollout_batch(policy, envs, tasks, renderer, generator, **kw)` with the process's copy of the policy;
-        `generator` advances as if the episodes ran here. The first call runs here, while the process starts."""
+                limits: Limits, groups: Sequence[int] | None = None,
+                row_seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        """`episodes.run_episodes(sampler, envs, tasks, renderer, generator, limits, ...)` with the process's copy
+        of the policy; `generator` advances as if the episodes ran here. The first call runs here, while the
+        process starts."""
         if self._process is None:
             self.start()
-            trajs = rollout_batch(self.engine.sample, envs, tasks, renderer, generator, **kw)
+            trajs = run_episodes(self.sampler, envs, tasks, renderer, generator, limits, groups, row_seeds)
         else:
-            trajs = self._remote(envs, tasks, renderer, generator, kw)
+            trajs = self._remote(envs, tasks, renderer, generator, (limits, groups, row_seeds))
         self.keep_probe_rows(trajs)
         return trajs
 
@@ -198,17 +205,18 @@ class SamplerProcess(RolloutsSent):
 
     def _publish(self, engine) -> None:
         """Write the trainer's weights into the shared copy the process loads from (only once it loaded the last)."""
-        with torch.no_grad():
-            for k, v in engine.model.state_dict().items():
+        with torch.no_grad(), engine.policy_weights() as model:
+            for k, v in model.state_dict().items():
                 self._shared[k].copy_(v.detach())
 
     # --- requests -------------------------------------------------------------------------------
-    def _remote(self, envs, tasks, renderer, generator, kw) -> list[Trajectory]:
+    def _remote(self, envs, tasks, renderer, generator, loop) -> list[Trajectory]:
         rid = id(renderer)
         fresh = rid not in self._renderers
         try:
             payload = pickle.dumps((list(envs), list(tasks), rid, renderer if fresh else None,
-                                    state_bytes(generator) if generator is not None else None, kw))
+                                    state_bytes(generator) if generator is not None else None,
+                                    self.sampler.settings, loop))
         except Exception as e:  # noqa: BLE001 - named below
             raise ConfigError(f"overlap.max_staleness 1 / overlap.sampler_process: the episodes run in the sampler "
                               f"process, but {_unpicklable(envs, tasks, renderer)} cannot be sent there "
@@ -261,8 +269,9 @@ class SamplerProcess(RolloutsSent):
             while self._syncs and self._syncs[0][0].future.done():
                 request, p = self._syncs.pop(0)
                 changed, theirs, their_logp = self._wait(request)
-                self._diffs.append(check_sync(p, changed, theirs, torch.from_numpy(their_logp), self._held,
-                                              self.tolerance))
+                worst, _ = check_sync(p.step, p.fingerprints, [theirs], p.logprobs, torch.from_numpy(their_logp),
+                                      p.action_mask, self.tolerance, held=self._held, changed=changed)
+                self._diffs.append(worst)
                 self._held = p.fingerprints
 
     # --- the reader thread --------------------------------------------------------------------------
@@ -325,7 +334,11 @@ class SamplerProcess(RolloutsSent):
     def _start(self) -> None:
         """Start the process with the trainer's current weights (a fork now, from this thread; a fork server's
         child from a thread, so the trainer samples its first batch meanwhile) and the reader thread."""
-        engine, model = self.engine, self.engine.model
+        engine = self.engine
+        with engine.policy_weights() as model:
+            self._start_with(engine, model)
+
+    def _start_with(self, engine: Engine, model: torch.nn.Module) -> None:
         self._shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
         self._held = weight_fingerprints(model)  # what the sampler holds: it starts from these weights
         levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}

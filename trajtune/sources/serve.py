@@ -22,7 +22,8 @@ import torch
 
 from ..engine.decoding import sample
 from ..processes import exit_with_parent
-from .rollout import rollout_batch
+from .episodes import run_episodes
+from .sampler import Decoder
 from .sync import sampler_logprobs, weight_fingerprints
 
 
@@ -42,7 +43,7 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
     held = weight_fingerprints(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
-    policy = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
+    decode = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
     renderers: dict[int, Any] = {}
     while True:
         try:
@@ -56,11 +57,12 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
             if kind == "close":
                 return
             if kind == "rollout":
-                envs, tasks, rid, renderer, state, kw = pickle.loads(args[0])
+                envs, tasks, rid, renderer, state, settings, (limits, groups, row_seeds) = pickle.loads(args[0])
                 if renderer is not None:
                     renderers[rid] = renderer
                 g = _generator(state)
-                trajs = rollout_batch(policy, envs, tasks, renderers[rid], g, **kw)
+                trajs = run_episodes(Decoder(decode, settings), envs, tasks, renderers[rid], g, limits, groups,
+                                     row_seeds)
                 reply = (trajs, state_bytes(g) if g is not None else None, records.records)
             elif kind == "sync":
                 ids, mask = args

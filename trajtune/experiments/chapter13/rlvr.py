@@ -21,7 +21,8 @@ import torch
 
 from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
-from ...sources.episodes import EpisodeSource, sample_episodes
+from ...sources.episodes import EpisodeRunner, EpisodeSource, sample_episodes
+from ...sources.sampler import Decoder, Sampler, SamplerSettings
 from ...sources.overlap import overlapped
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
@@ -40,10 +41,15 @@ def demos(r: Renderer, tasks) -> list[Trajectory]:
     return [r.render([{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.answer}]) for t in tasks]
 
 
-def source_for(policy, r: Renderer, **kw) -> EpisodeSource:
-    """The arithmetic gym's episodes sampled by `policy` (one answer each: `engine.sample`, or a sampler process),
-    as a source."""
-    return EpisodeSource(policy, arithmetic_env, r, max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER, **kw)
+def answer_settings(**settings) -> SamplerSettings:
+    """How an arithmetic answer is sampled: MAX_ANSWER tokens, `settings` (temperature, greedy, ...)."""
+    return SamplerSettings(max_new_tokens=MAX_ANSWER, **settings)
+
+
+def source_for(policy: Sampler | EpisodeRunner, r: Renderer) -> EpisodeSource:
+    """The arithmetic gym's episodes sampled by `policy` (one answer each: `Decoder(engine.sample,
+    answer_settings())`, or a sampler process), as a source."""
+    return EpisodeSource(policy, arithmetic_env, r, max_turns=1, max_tokens=32)
 
 
 @torch.no_grad()
@@ -54,8 +60,8 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     distinct answers, in the held-out order: what a paired comparison of two models on the same problems needs
     (`runs.verdicts.paired`)."""
     tasks = list(heldout_tasks())
-    greedy = sample_episodes(source_for(engine.sample, r, greedy=True), tasks, 1, 0)
-    trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major: k samples of task 0 first
+    greedy = sample_episodes(source_for(Decoder(engine.sample, answer_settings(greedy=True)), r), tasks, 1, 0)
+    trajs = sample_episodes(source_for(Decoder(engine.sample, answer_settings()), r), tasks, k, seed)  # task-major: k samples of task 0 first
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if t.info["n_unterminated"] == 0 else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]
@@ -102,7 +108,8 @@ def stage_grpo(ctx) -> dict:
     r = Renderer(tok)
     engine = ctx.engine(model, config.rl_optim)
     tasks = train_tasks(config.rl.steps * config.rl.tasks_per_step, seed=config.seed + 1)
-    with overlapped(engine, config.overlap, lambda policy: source_for(policy, r)) as source:
+    with overlapped(engine, config.overlap, lambda policy: source_for(policy, r),
+                    Decoder(engine.sample, answer_settings())) as source:
         history = train_rl(engine, tasks, source, config.rl, tok.pad_id, ctx.run())
     return {**math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919)),
             "curve": [(h["step"], h["rollout/reward"], h["rollout/no_signal_share"]) for h in history]}

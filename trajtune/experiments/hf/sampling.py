@@ -25,9 +25,8 @@ rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<s
 
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ...config import ConfigError, check_choices, check_ranges
@@ -36,6 +35,7 @@ from ...sources.episodes import EpisodeSource
 from ...sources.overlap import OverlapConfig, overlapped
 from ...sources.rewards import RewardError, RewardFunction, RewardSet, check_columns
 from ...sources.ensemble import RewardEnsemble
+from ...sources.sampler import SamplerSettings, engine_sampler
 from ...sources.scoring import RM_NAME, RewardModel, Scored
 from ...sources.vllm import VLLMConfig
 from .model import ModelConfig
@@ -262,12 +262,14 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
         functions.close()
         raise
 
+    settings = SamplerSettings(sampling.max_new_tokens, sampling.temperature, sampling.top_k, sampling.top_p,
+                               draw=sampling.draw, share_prompts=sampling.share_prompts)
+    if sampling.backend != "sampler":  # the built-in sampler's options: off for HF generate and vLLM
+        settings = replace(settings, draw="race", share_prompts=False)
+
     def build(policy) -> Source:
         episodes = EpisodeSource(policy, SingleTurnEnv, data.renderer, shard=engine.shard, episode_seeds=own_seeds,
-                                 max_turns=1, max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
-                                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 draw=sampling.draw if sampling.backend == "sampler" else "race",
-                                 share_prompts=sampling.share_prompts and sampling.backend == "sampler")
+                                 max_turns=1, max_tokens=data.limit)
         return Scored(episodes, engine, functions, models, config.reward_weights, max_steps,
                       unfinished=None if config.score_unfinished else config.unfinished_reward,
                       score_unfinished=config.score_unfinished)
@@ -277,11 +279,11 @@ def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapCon
 
         try:
             loop = getattr(config, "rl", None) or config.rft  # grpo's loop or rft's: its seed
-            runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
+            runner = vllm_runner(engine, config.model.path, config.vllm, settings, precision=config.model.precision,
                                  max_model_len=data.limit, seed=loop.seed)
         except BaseException:
             functions.close()
             raise
-        return overlapped(engine, overlap or OverlapConfig(), build, runner=runner)
-    here = functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id)
+        return overlapped(engine, overlap or OverlapConfig(), build, runner.sampler, runner=runner)
+    here = engine_sampler(engine, settings, sampling.backend, pad_id=data.pad_id)
     return overlapped(engine, overlap or OverlapConfig(), build, here)
