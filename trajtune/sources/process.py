@@ -117,6 +117,7 @@ class SamplerProcess(RolloutsSent):
         self._dead: BaseException | None = None
         self._closed = False
         self._rollouts_sent = 0
+        self._unchecked_start = False  # started on trained weights, not yet checked (`_check_start`)
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
@@ -131,6 +132,7 @@ class SamplerProcess(RolloutsSent):
         else:
             trajs = self._remote(envs, tasks, renderer, generator, (limits, groups, row_seeds))
         self.keep_probe_rows(trajs)
+        self._check_start()
         return trajs
 
     def keep_probe_rows(self, trajs: Sequence[Trajectory]) -> None:
@@ -163,6 +165,20 @@ class SamplerProcess(RolloutsSent):
         fork of this one."""
         if self._process is None:
             self._start()
+            self._check_start()
+
+    def _check_start(self) -> None:
+        """A process started on trained weights (a resumed run's: optimizer step > 0) has its first copy checked
+        like a sync -- the same fingerprints and log-probs, on the first probe rows there are (the restored episodes
+        drawn ahead, or the first rollout's, sampled here) -- so the first step after a resume logs
+        sync/logprob_diff as every later one does. Call it in the thread that trains."""
+        if not self._unchecked_start or not self._probe_rows:
+            return
+        self._unchecked_start = False
+        p = probe(self.engine, collate(self._probe_rows, 0))
+        request = self._send("sync", p.ids.numpy(), p.mask.numpy())  # the shared copy holds the starting weights
+        with self._cv:
+            self._syncs.append((request, p))
 
     def close(self) -> None:
         """Stop the process (idempotent): asked to exit when only syncs are outstanding, killed in the middle of a
@@ -341,6 +357,7 @@ class SamplerProcess(RolloutsSent):
     def _start_with(self, engine: Engine, model: torch.nn.Module) -> None:
         self._shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
         self._held = weight_fingerprints(model)  # what the sampler holds: it starts from these weights
+        self._unchecked_start = engine.step > 0
         levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}
         fork = start_method(engine, self.threads) == "fork"
         ctx = mp.get_context("fork") if fork else _forkserver()
