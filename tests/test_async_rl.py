@@ -24,7 +24,8 @@ from trajtune.runs.loop import Run
 from trajtune.runs.resume import Checkpointer, RunInterrupted
 from trajtune.sources import sync
 from trajtune.sources.episodes import EpisodeSource
-from trajtune.sources.overlap import OverlapConfig, Overlapped, check_overlap, overlapped
+from trajtune.sources.overlap import Overlapped, overlapped
+from trajtune.sources.sampling import SamplingConfig, check_sampling
 from trajtune.sources.process import SamplerDied, SamplerProcess, SyncError
 from trajtune.sources.rollout import TokenBudgetError
 from trajtune.sources.sampler import Decoder, SamplerSettings
@@ -56,13 +57,13 @@ def graded_source(e, policy=None, episode_seeds=False, make_env=lambda: SingleTu
 
 def ahead(e, make_env=lambda: SingleTurnEnv(graded), **overlap):
     """The graded source one step ahead, in a sampler process (max_staleness 1)."""
-    return overlapped(e, OverlapConfig(max_staleness=1, **overlap), lambda p: graded_source(e, p, make_env=make_env),
+    return overlapped(e, SamplingConfig(max_staleness=1, **overlap), lambda p: graded_source(e, p, make_env=make_env),
                       Decoder(e.sample, SETTINGS))
 
 
 def in_process(e, **kw):
     """The graded source on-policy in a sampler process (sampler_process, max_staleness 0)."""
-    return overlapped(e, OverlapConfig(sampler_process=True), lambda p: graded_source(e, p, **kw),
+    return overlapped(e, SamplingConfig(sampler_process=True), lambda p: graded_source(e, p, **kw),
                       Decoder(e.sample, SETTINGS))
 
 
@@ -311,20 +312,20 @@ def test_a_source_that_samples_with_the_trainers_weights_cannot_be_overlapped():
 
 @pytest.mark.parametrize("kw,message", [
     ({"max_staleness": 2}, "max_staleness must be 0"),
-    ({"sync_tolerance": 0.0}, "sync_tolerance must be > 0"),
+    ({"sync_tolerance": -1.0}, "sync_tolerance must be >= 0"),  # 0: the precision's default
     ({"sampler_threads": 0}, "sampler_threads must be >= 1"),
     ({"sampler_timeout": -1.0}, "sampler_timeout must be >= 0"),
 ])
 def test_bad_overlap_settings_are_refused_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
-        OverlapConfig(**kw)
+        SamplingConfig(**kw)
 
 
 def test_staleness_1_without_the_importance_correction_is_refused_in_the_config():
     with pytest.raises(ValueError, match="agent: max_staleness 1 samples with the policy one update behind; set the RL "
                                          r"loop.s tis_cap \(recipes: \[config.rl\] tis_cap; the command line: --tis-cap\)"):
-        check_overlap(OverlapConfig(max_staleness=1), RLConfig(), "agent")
-    check_overlap(OverlapConfig(max_staleness=1), RLConfig(tis_cap=2.0), "agent")
+        check_sampling(SamplingConfig(max_staleness=1), "agent", rl=RLConfig())
+    check_sampling(SamplingConfig(max_staleness=1), "agent", rl=RLConfig(tis_cap=2.0))
 
 
 def flaky(task, reply):
@@ -379,7 +380,7 @@ class OtherInTheSampler(SingleTurnEnv):
     # the request named is the oldest unanswered one: the ahead rollout is sent from the overlap's pool thread, so the
     # step's weight sync can be queued before it (CI at 3c3b9da met that order once)
     ("kill", SamplerDied, r"sampler process \(pid \d+\) died while answering '(rollout|sync)': killed by SIGKILL"),
-    ("hang", SamplerDied, r"did not answer 'rollout' within 1 s \(overlap.sampler_timeout\) and was stopped"),
+    ("hang", SamplerDied, r"did not answer 'rollout' within 1 s \(sampling.sampler_timeout\) and was stopped"),
 ], ids=["error", "killed", "hung"])
 def test_a_failure_in_the_sampler_process_stops_the_run_at_once_naming_it_and_leaves_no_process(
         what, error, message, samplers):

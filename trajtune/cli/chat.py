@@ -23,7 +23,6 @@ object per prompt instead).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from dataclasses import dataclass, field
@@ -151,18 +150,18 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
                           f"{type(e).__name__}: {e}") from e
     if settings.backend == "vllm":  # vLLM's engine on the saved weights (the trainer's sampler: sources.vllm)
         from ..experiments.hf.prepare import model_context
-        from ..sources.vllm import Colocated, VLLMSampler
+        from ..sources.build import make_sampler
+        from ..sources.vllm import Colocated
 
         context = model_context(model_dir)
         client = Colocated(model_dir, dtype="auto", max_model_len=context)
-        return Chat(renderer, functools.partial(VLLMSampler, client), settings, context or 1 << 30)
+        return Chat(renderer, make_sampler("vllm", None, client=client), settings, context or 1 << 30)
     assert policy is not None
     from ..engine import make_engine
-    from ..sources.sampler import engine_sampler
+    from ..sources.build import make_sampler
 
     engine = make_engine(policy, device=device)
-    return Chat(renderer, functools.partial(engine_sampler, engine, backend=settings.backend, pad_id=renderer.pad_id),
-                settings, policy.max_len)
+    return Chat(renderer, make_sampler(settings.backend, engine, pad_id=renderer.pad_id), settings, policy.max_len)
 
 
 def check_device(name: str):

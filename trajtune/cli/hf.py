@@ -47,7 +47,7 @@ from typing import Literal, get_args, get_origin
 
 from ..config import ConfigError, from_dict
 from ..experiments.hf import METHODS
-from ..experiments.hf.options import flag, name_options, options, trl_names, trl_refusal
+from ..experiments.hf.options import MOVED_FLAGS, flag, name_options, options, trl_names, trl_refusal
 from ..experiments.hf.schedule import check_given
 from ..runs.rundir import RUNS, RunDir
 
@@ -135,6 +135,11 @@ def add_options(parser: argparse.ArgumentParser, cls, aliases: dict[str, tuple[s
                                      help=help_text, **_kind(o.type))
     for name in trl_names(cls):  # TRL's spelling of something trajtune spells or means differently
         parser.add_argument(name, nargs="*", action=_RefuseTRLName, const=trl_refusal(cls, name), help=argparse.SUPPRESS)
+    flags = {o.flag for o in options(cls)}
+    for name, now in MOVED_FLAGS.items():  # the flags of the sections the sampling section replaced
+        if now in flags:
+            parser.add_argument(name, nargs="*", action=_RefuseTRLName, help=argparse.SUPPRESS,
+                                const=f"{name} is now {now} (recipes: sampling.{now[2:].replace('-', '_')})")
 
 
 class _RefuseTRLName(argparse.Action):

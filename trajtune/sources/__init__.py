@@ -14,7 +14,11 @@
     vllm/          vLLM as the sampler: `VLLMSampler`, `WeightSync`, `VLLMRunner` over a colocated engine or
                    `trajtune vllm-serve` servers (clients.py, sampler.py, weights.py, runner.py)
     vllm_worker.py what vLLM's workers load: the trainer's weights from a file (a worker extension)
-    overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
+    sampling.py    `SamplingConfig`: a run's one sampling section (backend, draw, budget, staleness, vLLM, sync
+                   tolerance, timeout) and `check_sampling`, every rule tying them together, once
+    build.py       `episode_source`: THE builder of a run's episode source from its sampling section;
+                   `make_sampler`: the one place a backend name becomes a sampler
+    overlap.py     `Overlapped`: the next step drawn while this one trains; `overlapped` builds where it runs
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     scoring.py     `Scored`: rewards from reward functions and reward models; `RewardModel`
@@ -25,6 +29,8 @@ A loop's source is a composition, written out where it is built (the experiments
     sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=16))
     source = EpisodeSource(sampler, make_env, renderer, max_turns=6)             # on-policy, in the trainer
     source = Scored(EpisodeSource(...), engine, RewardSet(functions))           # + TRL reward functions
-    source = overlapped(engine, OverlapConfig(max_staleness=1),                  # one step ahead, in a process
+    source = overlapped(engine, SamplingConfig(max_staleness=1),                 # one step ahead, in a process
                         lambda policy: EpisodeSource(policy, make_env, renderer), sampler)
+    source = episode_source(config.sampling, engine, make_env, renderer, "grpo",  # a run's, as its sampling
+                            score=lambda episodes: Scored(episodes, engine, ...))  # section says (build.py)
 """

@@ -99,9 +99,6 @@ class SamplerProcess(RolloutsSent):
 
     def __init__(self, engine: Engine, settings: SamplerSettings = SamplerSettings(), threads: int = 1,
                  tolerance: float = 1e-3, timeout_s: float = 600.0):
-        if engine.shard is not None:
-            raise ConfigError("overlap.max_staleness 1 / overlap.sampler_process need a one-process engine (not "
-                              "torchrun: every rank would need its own sampler process)")
         self.engine, self.threads, self.tolerance, self.timeout_s = engine, threads, tolerance, timeout_s
         self.sampler = Decoder(engine.sample, settings)  # the first rollout's, here (the process runs its own)
         self.calls = 0
@@ -234,7 +231,7 @@ class SamplerProcess(RolloutsSent):
                                     state_bytes(generator) if generator is not None else None,
                                     self.sampler.settings, loop))
         except Exception as e:  # noqa: BLE001 - named below
-            raise ConfigError(f"overlap.max_staleness 1 / overlap.sampler_process: the episodes run in the sampler "
+            raise ConfigError(f"sampling.max_staleness 1 / sampling.sampler_process: the episodes run in the sampler "
                               f"process, but {_unpicklable(envs, tasks, renderer)} cannot be sent there "
                               f"({type(e).__name__}: {e}); define environments, tasks and the renderer with "
                               "module-level classes and functions (picklable), or sample in the trainer "
@@ -320,7 +317,7 @@ class SamplerProcess(RolloutsSent):
                 self._process.kill()
                 self._fail(SamplerDied(
                     f"the sampler process (pid {self._process.pid}) did not answer {head.kind!r} within "
-                    f"{self.timeout_s:g} s (overlap.sampler_timeout) and was stopped; the run stops (rerun it to "
+                    f"{self.timeout_s:g} s (sampling.sampler_timeout) and was stopped; the run stops (rerun it to "
                     "resume from its last checkpoint; raise the limit for long episodes)"))
                 return
 

@@ -125,7 +125,7 @@ from ...envs.bugfix_tasks import FAMILIES
 from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ...runs.view import write_view_if_recorded
-from ...sources.overlap import OverlapConfig, check_overlap
+from ...sources.sampling import MOVED, SamplingConfig, check_sampling
 from . import stages as st
 from .stages import GENERALIZATION
 
@@ -133,6 +133,7 @@ from .stages import GENERALIZATION
 @dataclass
 class Config:
     RENAMED: ClassVar[dict[str, str]] = {
+        "overlap": MOVED["overlap"],
         "sft_lr": "sft_optim.lr",
         "dpo_lr": "dpo_optim.lr",
         "rl_lr": "rl_optim.lr",
@@ -212,8 +213,8 @@ class Config:
     """REINFORCE with a group-mean baseline; RL only runs `rl.steps`, SFT -> RL runs `rl.steps - cold_start_step`"""
     rl_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
     """optimizer of the RL stages"""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    """where the RL stages sample (max_staleness 1: the next step in a sampler process while this one trains, with
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """where the RL stages sample (the built-in sampler; an action's budget is the gym's max_action_tokens) (max_staleness 1: the next step in a sampler process while this one trains, with
     rl.tis_cap > 0; sampler_process: there, on-policy)"""
     eval_samples: int = 4
     """episodes per task at every evaluation point (80 train, 40 held-out)"""
@@ -227,7 +228,7 @@ class Config:
     busy), checkpoint_every (0: only on Ctrl-C / SIGTERM), rerun (stages to run again)"""
 
     def __post_init__(self) -> None:
-        check_overlap(self.overlap, self.rl, "agent")
+        check_sampling(self.sampling, "agent", rl=self.rl, backends=("sampler",))
         unknown = set(self.runner.rerun) - set(STAGE_NAMES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGE_NAMES)}")

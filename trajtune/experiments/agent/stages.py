@@ -172,7 +172,7 @@ def _rl(ctx: StageContext, start: str, offset: int) -> dict:
     curve = ctx.keep("curve", [])
     ev = evaluator(ctx, engine, gym, curve, offset)
     cfg = seeded(dataclasses.replace(c.rl, steps=c.rl.steps - offset), c.seed, 6 + offset)
-    source = Measured(overlapped(engine, c.overlap, lambda policy: gym.source(engine, policy=policy),
+    source = Measured(overlapped(engine, c.sampling, lambda policy: gym.source(engine, policy=policy),
                                  Decoder(engine.sample, gym.settings)), measured)
     with source:
         rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=ctx.run(ev))

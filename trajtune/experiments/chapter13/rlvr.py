@@ -108,7 +108,7 @@ def stage_grpo(ctx) -> dict:
     r = Renderer(tok)
     engine = ctx.engine(model, config.rl_optim)
     tasks = train_tasks(config.rl.steps * config.rl.tasks_per_step, seed=config.seed + 1)
-    with overlapped(engine, config.overlap, lambda policy: source_for(policy, r),
+    with overlapped(engine, config.sampling, lambda policy: source_for(policy, r),
                     Decoder(engine.sample, answer_settings())) as source:
         history = train_rl(engine, tasks, source, config.rl, tok.pad_id, ctx.run())
     return {**math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919)),

@@ -49,7 +49,8 @@ from .common import announce, check_run, finish, hf_optim, OutputConfig, preflig
 from .model import ModelConfig, load_engine
 from .options import flag
 from .prepare import Prepared, held_out_pairs, kto_data, pair_data, planned, prompt_data
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
+from ...sources.sampling import SamplingConfig
+from .sampling import PromptRewardRun, check_rewards, check_sampling, prompt_source
 from .schedule import ScheduleConfig, check_schedule
 
 register("eval/dpo_loss", "the preference loss (--loss: dpo, dpo_norm, ipo, odpo, rebel, simpo or orpo) on held-out "
@@ -107,7 +108,7 @@ class DPORun(PromptRewardRun):
                                  "the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge DIR or "
                                  "--rubric FILE, with prompt rows in --data); without one, set it to 0")
             return
-        check_sampling(self, "dpo")
+        check_sampling(self, "dpo", backends=("sampler", "generate"))
         if self.dpo.loss == "kto":
             raise ValueError("dpo: --loss kto trains on labelled rows; online DPO (a reward source) makes pairs: "
                              "choose one")
@@ -116,8 +117,6 @@ class DPORun(PromptRewardRun):
                              f"{every} steps; give it (1: new pairs every step, as TRL's OnlineDPOTrainer)")
         if self.pair_prompts < 1:
             raise ValueError(f"dpo: {flag('pair_prompts')} must be >= 1, got {self.pair_prompts}")
-        if self.sampling.backend == "vllm":
-            raise ValueError("dpo: online DPO samples with --backend sampler or generate (vllm is grpo / rft's)")
 
     def _sources(self) -> str:
         return " ".join([f"--reward {r}" for r in self.reward] + [f"--reward-model {m}" for m in self.reward_model]

@@ -18,7 +18,8 @@ from ...algorithms.rft import RFTConfig, train_rft
 from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, preflight, run_method, stage_run
 from .model import load_engine
-from .sampling import PromptRewardRun, SamplingConfig, check_rewards, check_sampling, prompt_source
+from ...sources.sampling import SamplingConfig
+from .sampling import PromptRewardRun, check_rewards, check_sampling, prompt_source
 from .prepare import Prepared, prompt_data
 
 

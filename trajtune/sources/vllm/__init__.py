@@ -1,6 +1,6 @@
 """vLLM as the sampler: colocated beside the trainer, or as servers; weights synced and checked after every update.
 
-    runner = vllm_runner(engine, model_dir, config, settings)    a colocated engine, or config.vllm_server's
+    runner = vllm_runner(engine, model_dir, sampling)    a colocated engine, or sampling.vllm_server's
     EpisodeSource(runner, make_env, renderer, ...)                the episode loop here, each turn's tokens from vLLM
 
 The episode loop runs in the trainer's process and each turn's sampler call goes to vLLM -- token ids in, token ids
@@ -20,15 +20,14 @@ Modules:
                  `VLLMEngine` interface they share, `import_vllm`, `check_model_runs`, `first_error`
     sampler.py   `VLLMSampler`: vLLM as a `trajtune.sources.sampler.WeightSampler` (settings fixed when made)
     weights.py   `WeightSync`: the trainer's weights (or LoRA adapter) written, loaded by vLLM, checked
-    runner.py    `VLLMRunner` (the episode loop here; rollouts and syncs in order), `VLLMConfig`, `vllm_runner`
+    runner.py    `VLLMRunner` (the episode loop here; rollouts and syncs in order), `vllm_runner`
 """
 
 from .clients import (INSTALL, SERVED_NAME, WORKER_EXTENSION, Colocated, Request, Servers, VLLMEngine,
                       check_model_runs, first_error, import_vllm)
-from .runner import VLLMConfig, VLLMRunner, vllm_runner
+from .runner import VLLMRunner, vllm_runner
 from .sampler import VLLMSampler
 from .weights import WeightSync
 
-__all__ = ["INSTALL", "SERVED_NAME", "WORKER_EXTENSION", "Colocated", "Request", "Servers", "VLLMConfig",
-           "VLLMEngine", "VLLMRunner", "VLLMSampler", "WeightSync", "check_model_runs", "first_error",
+__all__ = ["INSTALL", "SERVED_NAME", "WORKER_EXTENSION", "Colocated", "Request", "Servers", "VLLMEngine", "VLLMRunner", "VLLMSampler", "WeightSync", "check_model_runs", "first_error",
            "import_vllm", "vllm_runner"]

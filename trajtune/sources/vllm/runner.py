@@ -11,56 +11,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from ...config import ConfigError, check_ranges
 from ...engine import Engine
 from ...envs.base import Env
 from ...text.render import RendererProtocol
 from ...trajectory import Owner, Trajectory
 from ..episodes import Limits, run_episodes
-from ..sampler import SamplerSettings
+from ..sampling import SamplingConfig
 from ..sync import RolloutsSent
 from .clients import Colocated, Servers, VLLMEngine
 from .sampler import VLLMSampler
 from .weights import AdapterSampler, WeightSync, lora_rank
-
-
-@dataclass
-class VLLMConfig:
-    """Where vLLM runs when a run samples with it (--backend vllm)."""
-
-    vllm_server: list[str] = field(default_factory=list)
-    """URLs of `trajtune vllm-serve` servers (e.g. http://127.0.0.1:8000); several share each step's prompts
-    (data-parallel inference). Empty: a vLLM engine colocated with the trainer (started by the run)"""
-    vllm_gpu_memory_utilization: float = 0.3
-    """colocated: the share of the device's memory vLLM may take (weights + KV cache), the rest is the trainer's"""
-    vllm_sync_tolerance: float = 0.0
-    """after every weight sync vLLM's and the trainer's log-probs of the same tokens must agree to this (max abs
-    difference, nats), or the run stops; 0: 1e-3 in float32, 5e-2 in bf16 / fp16 (their rounding)"""
-    vllm_timeout: float = 600.0
-    """longest wait for vLLM to answer one call (a step's samples, a weight load) before the run stops"""
-    vllm_weights_dir: str = ""
-    """where the trainer writes the weights each sync loads (servers on other machines: a shared file system);
-    empty: a temporary directory (in /dev/shm where there is one)"""
-
-    def __post_init__(self) -> None:
-        check_ranges(self, "vllm", label=lambda n: "--" + n.replace("_", "-"), non_negative=(
-            "vllm_sync_tolerance", "vllm_timeout"))
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm: --vllm-gpu-memory-utilization must be in (0, 1], got "
-                             f"{self.vllm_gpu_memory_utilization}")
-        for url in self.vllm_server:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"vllm: --vllm-server {url!r} is not a URL; give http://HOST:PORT of a "
-                                 "`trajtune vllm-serve`")
-
-    def tolerance(self, precision: str) -> float:
-        """The sync check's tolerance: `vllm_sync_tolerance`, or the default of `precision`."""
-        return self.vllm_sync_tolerance or (1e-3 if precision == "fp32" else 5e-2)
 
 
 class VLLMRunner(RolloutsSent):
@@ -129,24 +93,22 @@ class VLLMRunner(RolloutsSent):
             self.sync.close()
 
 
-def vllm_runner(engine: Engine, policy_dir: str | os.PathLike, config: VLLMConfig, settings: SamplerSettings, *,
-                precision: str = "fp32", max_model_len: int = 2048, seed: int = 0) -> VLLMRunner:
-    """The runner a run's options ask for, sampling with `settings`: servers when `config.vllm_server` lists some
-    (they must serve the model the trainer starts from: the first sync sends the trainer's weights anyway), else a
-    colocated engine loaded from `policy_dir` (the model the trainer starts from), its weights then set to the
-    trainer's (a resumed run's: the first sync happens before any sample). `max_model_len`: the run's length
-    budget, within the model's context (`experiments.hf.prepare.budget`; vLLM refuses a longer one)."""
-    if engine.shard is not None and not config.vllm_server:
-        raise ConfigError("--backend vllm under torchrun needs --vllm-server URL (a `trajtune vllm-serve` the ranks "
-                          "share); a colocated vLLM engine per rank is not supported")
+def vllm_runner(engine: Engine, policy_dir: str | os.PathLike, sampling: SamplingConfig, *, precision: str = "fp32",
+                max_model_len: int = 2048, seed: int = 0) -> VLLMRunner:
+    """The runner the sampling section asks for (backend vllm; `sources.sampling.check_sampling` passed): servers
+    when `sampling.vllm_server` lists some (they must serve the model the trainer starts from: the first sync sends
+    the trainer's weights anyway), else a colocated engine loaded from `policy_dir` (the model the trainer starts
+    from), its weights then set to the trainer's (a resumed run's: the first sync happens before any sample).
+    `max_model_len`: the run's length budget, within the model's context (`experiments.hf.prepare.budget`; vLLM
+    refuses a longer one)."""
     dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[precision]
     client: VLLMEngine
-    if config.vllm_server:
-        client = Servers(config.vllm_server, config.vllm_timeout)
+    if sampling.vllm_server:
+        client = Servers(sampling.vllm_server, sampling.sampler_timeout)
     else:
         with engine.policy_weights() as policy:
             rank = lora_rank(policy)
         client = Colocated(policy_dir, dtype=dtype, max_model_len=max_model_len,
-                           gpu_memory_utilization=config.vllm_gpu_memory_utilization, seed=seed, lora_rank=rank)
-    sampler = VLLMSampler(client, settings)
-    return VLLMRunner(engine, sampler, WeightSync(sampler, config.tolerance(precision), config.vllm_weights_dir))
+                           gpu_memory_utilization=sampling.vllm_gpu_memory_utilization, seed=seed, lora_rank=rank)
+    sampler = VLLMSampler(client, sampling.settings())
+    return VLLMRunner(engine, sampler, WeightSync(sampler, sampling.tolerance(precision), sampling.vllm_weights_dir))

@@ -6,7 +6,7 @@
      prefix cache (those keys and values belong to the old weights);
   3. the one sync check (`trajtune.sources.sync.check_sync`): the fingerprints of the tensors each engine loaded
      equal the trainer's, tensor by tensor, and vLLM's log-probs of a few rows of the last episodes equal the
-     trainer's within `--vllm-sync-tolerance` (max over the rows' POLICY tokens; logged as sync/logprob_diff and
+     trainer's within `sampling.sync_tolerance` (max over the rows' POLICY tokens; logged as sync/logprob_diff and
      sync/logprob_diff_mean). The log-prob check is the one that sees a load that did not take: vLLM's CPU
      build repacks its linear layers after loading, and a reload that skipped the tied output layer left
      log-probs 0.3 nats off while every received tensor was right.
@@ -57,7 +57,7 @@ class WeightSync:
 
     @property
     def weights_dir(self) -> Path:
-        """Where the syncs write (`--vllm-weights-dir`, or a temporary directory in /dev/shm where there is one),
+        """Where the syncs write (`sampling.vllm_weights_dir`, or a temporary directory in /dev/shm where there is one),
         made when first asked for: a sampler that only samples (`trajtune chat`) writes nothing."""
         if self._weights_dir is None:
             base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -105,13 +105,13 @@ class WeightSync:
             self._sync_adapter(adapter)
         if batch is None or mine is None:  # nothing to probe yet: the fingerprints alone
             check_sync(engine.step, wanted, loaded, torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool),
-                       self.tolerance, sampler="vLLM", option="--vllm-sync-tolerance")
+                       self.tolerance, sampler="vLLM", option="sampling.sync_tolerance")
             return {}
         theirs = torch.zeros_like(mine)  # [b, T-1]
         for b, lps in enumerate(self.sampler.logprobs([t.ids for t in rows])):
             theirs[b, : len(lps)] = torch.tensor(lps)
         worst, mean = check_sync(engine.step, wanted, loaded, mine, theirs, batch.action_mask.bool(), self.tolerance,
-                                 sampler="vLLM", option="--vllm-sync-tolerance")
+                                 sampler="vLLM", option="sampling.sync_tolerance")
         return {"sync/logprob_diff": worst, "sync/logprob_diff_mean": mean}
 
     def _write(self, state: dict[str, torch.Tensor]) -> str:
