@@ -354,7 +354,8 @@ class MultipleChoice:
         return "\n".join(lines)
 
 
-def continuation_logprobs(engine, renderer, prompt: str, continuations: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def continuation_logprobs(engine, renderer, prompt: str,
+                          continuations: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(continuation | prompt) for each continuation, conditioned on a user turn `prompt`.
 
     Each conversation [user: prompt, assistant: continuation] is rendered by `renderer` (the model's own
@@ -499,7 +500,8 @@ def bradley_terry_ratings(verdicts: Sequence[Verdict], prior: float = 0.0, scale
     return {pl: initial + scale * float(torch.log10(p[i])) for pl, i in idx.items()}
 
 
-def length_controlled_win_rate(wins: Sequence[float], length_diffs: Sequence[float], iters: int = 100) -> dict[str, float]:
+def length_controlled_win_rate(wins: Sequence[float], length_diffs: Sequence[float],
+                               iters: int = 100) -> dict[str, float]:
     """A judge's win rate with the length bias taken out (RLHF book ch.16 / appendix B: AlpacaEval and WildBench
     "apply linear length correction"; AlpacaEval 2's length-controlled win rate, without its per-instruction term):
     fit P(win) = sigma(theta + phi * tanh(dl / sd(dl))) by maximum likelihood (Newton, soft targets), where dl is

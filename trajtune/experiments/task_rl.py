@@ -60,7 +60,8 @@ def train_and_score(ctx: StageContext, model, tok, make_env: Callable[[], Env], 
     with source(s) as training:
         history = train_rl(engine, train, training, config.rl, tok.pad_id, ctx.run(evaluate))
     ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})
-    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"]) for r in history if "eval/reward" in r]
+    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"])
+             for r in history if "eval/reward" in r]
     return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve}
 
 

@@ -41,7 +41,8 @@ from .sampling import SamplingConfig
 
 def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], sampler: Sampler,
                runner: Any = None) -> Source:
-    """The source the sampling section `overlap` describes: `build(policy)` with `policy` = `sampler` (on-policy, in the trainer: e.g.
+    """The source the sampling section `overlap` describes: `build(policy)` with `policy` = `sampler` (on-policy, in
+    the trainer: e.g.
     `Decoder(engine.sample, settings)`), or a `SamplerProcess` on `engine` drawing with `sampler`'s settings
     (`sampler_process`), wrapped in `Overlapped` for max_staleness 1.
 
@@ -104,7 +105,8 @@ class Overlapped(Wrapper):
         else:
             return None
         if episodes.step != draw.step:
-            raise ValueError(f"Overlapped: asked for step {draw.step}'s episodes, but step {episodes.step}'s were drawn "
+            raise ValueError(f"Overlapped: asked for step {draw.step}'s episodes, but step {episodes.step}'s were "
+                             "drawn "
                              "ahead (a loop asks for the steps in order and passes the next one as `ahead`)")
         if draw.generator is not None and episodes.generator is not None:
             draw.generator.set_state(episodes.generator.get_state())

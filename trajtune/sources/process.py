@@ -337,7 +337,8 @@ class SamplerProcess(RolloutsSent):
             cause = "its pipe closed while it still runs"
         elif code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            cause = f"killed by {name}" + (" (e.g. the kernel's out-of-memory killer)" if -code == signal.SIGKILL else "")
+            oom = " (e.g. the kernel's out-of-memory killer)" if -code == signal.SIGKILL else ""
+            cause = f"killed by {name}{oom}"
         else:
             cause = f"it exited with code {code} (its error, if any, is printed above)"
         return SamplerDied(f"the sampler process (pid {self._process.pid}) died while answering {kind!r}: {cause}; "
@@ -410,7 +411,8 @@ def _forkserver():
 def _unpicklable(envs: Sequence, tasks: Sequence, renderer: Any) -> str:
     """Which part of a rollout call pickle refuses (for the error message)."""
     parts = [(f"the environment {type(e).__name__}", e) for e in envs[:1]]
-    parts += [(f"task {getattr(t, 'name', repr(t))!r}", t) for t in tasks] + [(f"the renderer {type(renderer).__name__}", renderer)]
+    parts += [(f"task {getattr(t, 'name', repr(t))!r}", t) for t in tasks]
+    parts += [(f"the renderer {type(renderer).__name__}", renderer)]
     for what, obj in parts:
         try:
             pickle.dumps(obj)

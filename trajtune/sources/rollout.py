@@ -52,7 +52,8 @@ Faults: an `env.reset` / `env.step` that raises, runs past `step_timeout_s`, or
 returns something that is not a StepResult of the documented types (a reward
 that is None, a string or NaN: `faults.InvalidStep`) fails its episode alone
 (outcome ENV_ERROR: the loops train on it never and leave it out of its group's
-baseline; info["env_error"], logged here with its task and the user's traceback); the time limit and the run-level fault limit are in trajtune/sources/faults.py.
+baseline; info["env_error"], logged here with its task and the user's traceback); the time limit and the
+run-level fault limit are in trajtune/sources/faults.py.
 Collecting a step's episodes (seeding, sharding, the fault limit) is
 trajtune/sources/episodes.py.
 """
@@ -140,7 +141,8 @@ class _Episode:
         """A failed user call fails this episode alone: outcome ENV_ERROR (set by `finish`), stop_reason "env_error",
         info["env_error"] = the exception, logged with its task (policy: trajtune/sources/faults.py)."""
         task = getattr(self.task, "name", str(self.task))
-        log.warning("env.%s failed on task %s: %s: %s (the episode is an infrastructure failure: no loss or baseline sees it)\n%s", call, task, type(exc).__name__,
+        log.warning("env.%s failed on task %s: %s: %s (the episode is an infrastructure failure: no loss or baseline "
+                    "sees it)\n%s", call, task, type(exc).__name__,
                     exc, describe_fault(exc))
         self.reward, self.stop_reason = 0.0, "env_error"
         self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}

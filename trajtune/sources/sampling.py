@@ -49,7 +49,8 @@ class SamplingConfig:
     top_k: int = 0
     """sample from the k most likely tokens only (0: off). A sampling-only choice: the trainer's policy stays
     softmax(logits / temperature); the sampler records the log-probs of the truncated distribution it drew from,
-    and the loop's tis_cap importance weight (policy / sampler) corrects for the cut (trajtune.engine.decoding.Samples)"""
+    and the loop's tis_cap importance weight (policy / sampler) corrects for the cut
+    (trajtune.engine.decoding.Samples)"""
     top_p: float = 1.0
     """sample from the smallest set of most likely tokens whose probability reaches top_p (nucleus; 1.0: off);
     after top_k, sampling-only as it"""

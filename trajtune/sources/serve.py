@@ -42,7 +42,7 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
     records = _log_to_trainer(levels)
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
-    held = weight_fingerprints(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
+    held = weight_fingerprints(model)  # what this process holds (a sync changing nothing: an error in the trainer)
     decode = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
     renderers: dict[int, Any] = {}
     while True:

@@ -56,8 +56,8 @@ from .schedule import ScheduleConfig, check_schedule
 register("eval/dpo_loss", "the preference loss (--loss: dpo, dpo_norm, ipo, odpo, rebel, simpo or orpo) on held-out "
                           "pairs (--eval-data)")
 register("eval/dpo_margin", "chosen minus rejected implicit reward on held-out pairs: beta (log-ratio chosen - "
-                            "log-ratio rejected) for dpo / ipo / odpo / rebel, the SimPO margin for simpo, the log odds "
-                            "ratio for orpo")
+                            "log-ratio rejected) for dpo / ipo / odpo / rebel, the SimPO margin for simpo, the log "
+                            "odds ratio for orpo")
 register("eval/dpo_accuracy", "share of held-out pairs whose chosen completion has the larger implicit reward")
 
 
@@ -104,9 +104,9 @@ class DPORun(PromptRewardRun):
         every = flag("dpo.regenerate_every")
         if not self.online:
             if self.dpo.regenerate_every:
-                raise ValueError(f"dpo: {every} needs a pair generator: a reward source that labels pairs sampled from "
-                                 "the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge DIR or "
-                                 "--rubric FILE, with prompt rows in --data); without one, set it to 0")
+                raise ValueError(f"dpo: {every} needs a pair generator: a reward source that labels pairs sampled "
+                                 "from the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge "
+                                 "DIR or --rubric FILE, with prompt rows in --data); without one, set it to 0")
             return
         check_sampling(self, "dpo", backends=("sampler", "generate"))
         if self.dpo.loss == "kto":

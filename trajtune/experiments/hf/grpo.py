@@ -126,7 +126,8 @@ class GRPORun(PromptRewardRun):
             if self.difficulty_samples < 1:
                 raise ValueError(f"grpo: --difficulty-samples must be >= 1, got {self.difficulty_samples}")
             if not math.isfinite(self.difficulty_solved_at):
-                raise ValueError(f"grpo: --difficulty-solved-at must be a finite number, got {self.difficulty_solved_at}")
+                raise ValueError(f"grpo: --difficulty-solved-at must be a finite number, got "
+                                 f"{self.difficulty_solved_at}")
 
 Config = GRPORun
 

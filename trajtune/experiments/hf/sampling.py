@@ -111,7 +111,8 @@ def check_sampling(config, name: str, backends: tuple[str, ...] = ("sampler", "g
         config.reward_model = [config.reward_model] if config.reward_model else []
     if not (config.reward or config.reward_model or config.reward_judge or config.rubric):
         raise ValueError(f"{name}: needs a reward source: --reward module:function, --reward-model DIR, "
-                         "--reward-judge DIR or --rubric FILE (reward / reward_model / reward_judge / rubric in a recipe)")
+                         "--reward-judge DIR or --rubric FILE (reward / reward_model / reward_judge / rubric in a "
+                         "recipe)")
     if len(set(config.reward_model)) != len(config.reward_model):
         raise ValueError(f"{name}: --reward-model names a directory twice ({config.reward_model})")
     if not (config.reward_model_k >= 0 and math.isfinite(config.reward_model_k)):
@@ -187,7 +188,8 @@ def reward_models(ctx, config, columns=frozenset()) -> list:
     """The model-graded reward sources of grpo / rft, in --reward-weights order after the functions: the reward
     models (none, one `RewardModel`, or several as one `RewardEnsemble`: --reward-model-combine, --reward-model-k),
     then --reward-judge (`trajtune.sources.judge.Judge`), then --rubric (`RubricReward`, its unchecked items asked
-    of the judge). `columns`: the prompt rows' columns (a pairwise judge compares with `reference` when they have it)."""
+    of the judge). `columns`: the prompt rows' columns (a pairwise judge compares with `reference` when they have
+    it)."""
     from ...sources.judge import load_judge
 
     paths = config.reward_model

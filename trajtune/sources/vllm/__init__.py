@@ -29,5 +29,6 @@ from .runner import VLLMRunner, vllm_runner
 from .sampler import VLLMSampler
 from .weights import WeightSync
 
-__all__ = ["INSTALL", "SERVED_NAME", "WORKER_EXTENSION", "Colocated", "Request", "Servers", "VLLMEngine", "VLLMRunner", "VLLMSampler", "WeightSync", "check_model_runs", "first_error",
+__all__ = ["INSTALL", "SERVED_NAME", "WORKER_EXTENSION", "Colocated", "Request", "Servers", "VLLMEngine", "VLLMRunner",
+           "VLLMSampler", "WeightSync", "check_model_runs", "first_error",
            "import_vllm", "vllm_runner"]

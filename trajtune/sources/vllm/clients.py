@@ -194,7 +194,8 @@ class Colocated:
                                     generation_config="vllm", **kwargs)
         except Exception as e:  # noqa: BLE001  vLLM raises anything (ValueError, RuntimeError, its own)
             self.close()
-            why = " ".join(line.strip() for line in str(e).splitlines() if line.strip() and "errors.pydantic" not in line)
+            why = " ".join(line.strip() for line in str(e).splitlines()
+                           if line.strip() and "errors.pydantic" not in line)
             cause = first_error(self.log)
             if cause and cause.split(": ", 1)[-1] not in why:
                 why = f"{why[:300]}; its log's first error: {cause}"
@@ -329,7 +330,8 @@ class Servers:
     def sample(self, requests: Sequence[Request]) -> Samples:
         def one(url: str, i: int):
             r = requests[i]
-            body = {"model": self.model, "prompt": list(r.prompt), "max_tokens": r.max_tokens, "temperature": r.temperature,
+            body = {"model": self.model, "prompt": list(r.prompt), "max_tokens": r.max_tokens,
+                    "temperature": r.temperature,
                     "top_k": r.top_k or -1, "top_p": r.top_p, "seed": r.seed, "logprobs": 0, "return_token_ids": True,
                     "stop_token_ids": list(r.stop_ids), "ignore_eos": True, "skip_special_tokens": False}
             choice = self._call(url, "POST", "/v1/completions", body)["choices"][0]
