@@ -24,12 +24,10 @@ from typing import Any, Callable, ClassVar, Literal
 from ..config import ConfigError, check_choices, check_ranges
 from .sampler import SamplerSettings
 
-MOVED: dict[str, str] = {
-    "overlap": "sampling (max_staleness, sampler_process, sampler_threads, sampler_timeout, sync_tolerance)",
-    "vllm": "sampling (vllm_server, vllm_gpu_memory_utilization, vllm_weights_dir; vllm_timeout is "
-            "sampling.sampler_timeout, vllm_sync_tolerance is sampling.sync_tolerance)",
-}
-"""the sections `SamplingConfig` replaced -> where their keys are now (a config class's `RENAMED` entries)"""
+MOVED: dict[str, str] = {"overlap": "sampling", "vllm": "sampling"}
+"""the sections `SamplingConfig` replaced -> where their keys are now (a config class's `RENAMED` entries): the
+same names there, except vllm_timeout (sampling.sampler_timeout) and vllm_sync_tolerance (sampling.sync_tolerance),
+which `SamplingConfig.RENAMED` names in turn"""
 
 
 @dataclass
