@@ -14,7 +14,7 @@ from trajtune.sources.base import Draw
 from trajtune.sources.build import episode_source, make_sampler
 from trajtune.sources.episodes import EpisodeSource
 from trajtune.sources.sampler import Decoder, SamplerSettings
-from trajtune.sources.sampling import SamplingConfig, check_sampling
+from trajtune.sources.sampling import OVERLAP, SamplingConfig, check_sampling
 
 from test_algorithms import RENDER, TASKS, engine, verifier
 
@@ -35,6 +35,7 @@ class Sharded:
     ({"sampler_process": True}, {"sharded": True}, "need a one-process engine"),
     ({"backend": "vllm"}, {"sharded": True}, "sampling.backend vllm under torchrun needs sampling.vllm_server"),
     ({"backend": "vllm"}, {"backends": ("sampler",)}, "sampling.backend vllm is not one of this run's: sampler"),
+    ({"temperature": 0.5}, {"reads": OVERLAP}, "sampling.temperature set, but this run draws its actions its own way"),
 ])
 def test_every_rule_is_checked_in_one_place(section, kw, message):
     with pytest.raises((ValueError, ConfigError), match=message):

@@ -83,8 +83,8 @@ __all__ = ["SamplerProcess", "SamplerDied", "SyncError", "start_method"]
 
 
 class SamplerProcess(RolloutsSent):
-    """An `EpisodeRunner` whose episode loop runs in a process holding its own copy of `engine.model`, brought up
-    to date (and checked) by `after_update` (module docstring).
+    """An `EpisodeRunner` whose episode loop runs in a process holding its own copy of the policy
+    (`engine.policy_weights()`), brought up to date (and checked) by `after_update` (module docstring).
 
     engine:     the trainer's engine (one process: no torchrun)
     settings:   how its sampler draws (`trajtune.sources.sampler.Decoder` on the process's copy of the weights)
@@ -363,7 +363,7 @@ class SamplerProcess(RolloutsSent):
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
             target=serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared,
-                                 self.threads, getattr(engine, "autocast", None), str(engine.device), levels),
+                                 self.threads, engine.autocast, str(engine.device), levels),
             daemon=True, name="trajtune-sampler")
         self._booted = threading.Event()
         if fork:

@@ -18,12 +18,14 @@ builder (`trajtune.sources.build`) before anything starts. The keys of the secti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Literal
 
 from ..config import ConfigError, check_choices, check_ranges
 from .sampler import SamplerSettings
 
+OVERLAP = ("max_staleness", "sampler_process", "sampler_threads", "sampler_timeout", "sync_tolerance")
+"""the fields of where the built-in sampler's episodes run (what a run that draws its own way reads: `reads`)"""
 MOVED: dict[str, str] = {"overlap": "sampling", "vllm": "sampling"}
 """the sections `SamplingConfig` replaced -> where their keys are now (a config class's `RENAMED` entries): the
 same names there, except vllm_timeout (sampling.sampler_timeout) and vllm_sync_tolerance (sampling.sync_tolerance),
@@ -123,11 +125,18 @@ class SamplingConfig:
 
 
 def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bool = False,
-                   backends: tuple[str, ...] = ("sampler", "generate", "vllm"),
+                   backends: tuple[str, ...] = ("sampler", "generate", "vllm"), reads: tuple[str, ...] | None = None,
                    name: Callable[[str], str] = lambda n: f"sampling.{n}") -> None:
     """THE rules of a sampling section that cannot run (module docstring), each once. `where`: the config's name
     in the messages; `rl`: the RL loop's config (its tis_cap), if the run has one; `sharded`: under torchrun;
-    `backends`: those the run can use; `name(field)`: how the messages spell a field (a flag, or its key)."""
+    `backends`: those the run can use; `reads`: the only fields the run reads (None: all), the others must stay at
+    their defaults; `name(field)`: how the messages spell a field (a flag, or its key)."""
+    if reads is not None:
+        default = SamplingConfig()
+        unread = [f.name for f in fields(s) if f.name not in reads and getattr(s, f.name) != getattr(default, f.name)]
+        if unread:
+            raise ValueError(f"{where}: {', '.join(name(n) for n in unread)} set, but this run draws its actions its "
+                             f"own way and reads only {', '.join(name(n) for n in reads)} of the sampling section")
     if s.backend not in backends:
         raise ValueError(f"{where}: {name('backend')} {s.backend} is not one of this run's: {', '.join(backends)}")
     if s.backend == "vllm" and s.sampler_process:

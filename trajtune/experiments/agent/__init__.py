@@ -125,7 +125,7 @@ from ...envs.bugfix_tasks import FAMILIES
 from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ...runs.view import write_view_if_recorded
-from ...sources.sampling import MOVED, SamplingConfig, check_sampling
+from ...sources.sampling import MOVED, OVERLAP, SamplingConfig, check_sampling
 from . import stages as st
 from .stages import GENERALIZATION
 
@@ -214,7 +214,7 @@ class Config:
     rl_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
     """optimizer of the RL stages"""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """where the RL stages sample (the built-in sampler; an action's budget is the gym's max_action_tokens) (max_staleness 1: the next step in a sampler process while this one trains, with
+    """where the RL stages sample (max_staleness 1: the next step in a sampler process while this one trains, with
     rl.tis_cap > 0; sampler_process: there, on-policy)"""
     eval_samples: int = 4
     """episodes per task at every evaluation point (80 train, 40 held-out)"""
@@ -228,7 +228,7 @@ class Config:
     busy), checkpoint_every (0: only on Ctrl-C / SIGTERM), rerun (stages to run again)"""
 
     def __post_init__(self) -> None:
-        check_sampling(self.sampling, "agent", rl=self.rl, backends=("sampler",))
+        check_sampling(self.sampling, "agent", rl=self.rl, backends=("sampler",), reads=OVERLAP)
         unknown = set(self.runner.rerun) - set(STAGE_NAMES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGE_NAMES)}")

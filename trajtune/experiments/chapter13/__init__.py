@@ -61,7 +61,7 @@ from typing import ClassVar, Literal
 from ...algorithms.dpo import DPOConfig
 from ...algorithms.reward_model import RewardModelConfig
 from ...algorithms.rl import RLConfig
-from ...sources.sampling import MOVED, SamplingConfig, check_sampling
+from ...sources.sampling import MOVED, OVERLAP, SamplingConfig, check_sampling
 from ...algorithms.sft import SFTConfig
 from ...config import check_choices, check_ranges
 from ...engine.distributed import init_distributed, is_main
@@ -186,7 +186,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        check_sampling(self.sampling, "chapter13", rl=self.rl, backends=("sampler",))
+        check_sampling(self.sampling, "chapter13", rl=self.rl, backends=("sampler",), reads=OVERLAP)
         if "preference" in self.parts and "instruct" not in self.parts:
             raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
         check_ranges(self, "chapter13",
