@@ -455,3 +455,21 @@ def test_an_environment_that_cannot_be_sent_to_the_sampler_process_is_one_clear_
         train(e, ahead(e, make_env=lambda: SingleTurnEnv(lambda task, reply: (0.0, {}))),
               RLConfig(steps=3, tasks_per_step=2, group_size=4, tis_cap=2.0))
     assert gone(samplers[-1].pid)
+
+
+def test_the_sampler_process_is_a_sampler_that_draws_what_the_trainer_would():
+    """`SamplerProcess.sample` (the `Sampler` seam) on the process's copy: the trainer's samples bit for bit, one
+    generator for the call or one per row, each advanced as if it had sampled here."""
+    e = engine()
+    settings = SamplerSettings(max_new_tokens=3, temperature=0.9, draw="cdf")
+    prompts = [TOK.encode("Q: pick"), TOK.encode("Q: a")]
+    here = Decoder(e.sample, settings)
+    mine, g_here = here.sample(prompts, [TOK.eos_id], torch.Generator().manual_seed(0)), torch.Generator()
+    g_here.manual_seed(0)
+    here.sample(prompts, [TOK.eos_id], g_here)
+    rows_here = here.sample(prompts, [TOK.eos_id], [torch.Generator().manual_seed(i) for i in range(2)])
+    with SamplerProcess(e, settings) as process:
+        g = torch.Generator().manual_seed(0)
+        theirs = process.sample(prompts, [TOK.eos_id], g)
+        rows = process.sample(prompts, [TOK.eos_id], [torch.Generator().manual_seed(i) for i in range(2)])
+    assert theirs == mine and rows == rows_here and torch.equal(g.get_state(), g_here.get_state())

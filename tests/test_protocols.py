@@ -150,8 +150,8 @@ def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
 
 
 def test_each_sampler_is_a_sampler():
-    """The in-process decoders (the built-in sampler, HF generate, `decoding.sample` on a module) and vLLM are
-    `Sampler`s; vLLM, which holds its own weights, a `WeightSampler`."""
+    """The in-process decoders (the built-in sampler, HF generate, `decoding.sample` on a module), vLLM and the
+    sampler process are `Sampler`s; vLLM, which holds its own weights, a `WeightSampler`."""
     from trajtune.engine import decoding
     from trajtune.sources.vllm import VLLMSampler
 
@@ -159,7 +159,8 @@ def test_each_sampler_is_a_sampler():
     settings = SamplerSettings(max_new_tokens=4, temperature=0.7)
     vllm = VLLMSampler(None, settings)  # type: ignore[arg-type]  # no client: nothing runs
     samplers: list[Sampler] = [engine_sampler(engine, settings), engine_sampler(engine, settings, "generate"),
-                               Decoder(functools.partial(decoding.sample, engine.model), settings), vllm]
+                               Decoder(functools.partial(decoding.sample, engine.model), settings), vllm,
+                               SamplerProcess(engine, settings)]  # not started: nothing runs
     holders: list[WeightSampler] = [vllm]
     for sampler in samplers:
         assert mismatches(sampler, Sampler) == [] and sampler.settings.max_new_tokens == 4, type(sampler).__name__

@@ -65,7 +65,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.multiprocessing as mp
@@ -75,7 +75,8 @@ from ..config import ConfigError
 from ..engine import Engine
 from ..trajectory import Owner, Trajectory, collate
 from .episodes import Limits, run_episodes
-from .sampler import Decoder, SamplerSettings
+from ..engine.decoding import Samples
+from .sampler import Decoder, SamplerSettings, Seeds
 from .serve import emit, reraised, serve, state_bytes, state_tensor
 from .sync import RolloutsSent, SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
 
@@ -131,6 +132,29 @@ class SamplerProcess(RolloutsSent):
         self.keep_probe_rows(trajs)
         self._check_start()
         return trajs
+
+    @property
+    def settings(self) -> SamplerSettings:
+        return self.sampler.settings
+
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds) -> Samples:
+        """The `Sampler` seam on the process's copy of the weights (started with the trainer's current ones if it
+        is not running yet): the same samples as `Decoder(engine.sample, settings)` here would draw with those
+        weights, and `seeds` (one generator, or one per row) advance as if they had."""
+        self.start()
+        many = seeds is not None and not isinstance(seeds, torch.Generator)
+        gens: list[torch.Generator | None] = list(cast(Sequence[torch.Generator], seeds)) if many else [
+            cast(torch.Generator | None, seeds)]
+        states: Any = [state_bytes(g) if g is not None else None for g in gens]
+        payload = pickle.dumps(([list(p) for p in prompts], list(stop_ids), states if many else tuple(states),
+                                self.sampler.settings))
+        samples, after, records = self._wait(self._send("sample", payload))
+        emit(records)
+        self._check_syncs()  # every sync sent before these samples was loaded before them
+        for g, state in zip(gens, after, strict=True):
+            if g is not None:
+                g.set_state(state_tensor(state))
+        return samples
 
     def keep_probe_rows(self, trajs: Sequence[Trajectory]) -> None:
         """Take the next syncs' probe rows from `trajs` (the first with POLICY tokens): every rollout does, and an

@@ -64,6 +64,12 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
                 trajs = run_episodes(Decoder(decode, settings), envs, tasks, renderers[rid], g, limits, groups,
                                      row_seeds)
                 reply = (trajs, state_bytes(g) if g is not None else None, records.records)
+            elif kind == "sample":  # `SamplerProcess.sample`: the Sampler seam on this copy of the weights
+                prompts, stop_ids, states, settings = pickle.loads(args[0])
+                gens = [_generator(s) for s in states]
+                seeds: Any = gens if isinstance(states, list) else gens[0]  # one per row, or one for the call
+                samples = Decoder(decode, settings).sample(prompts, stop_ids, seeds)
+                reply = (samples, [state_bytes(g) if g is not None else None for g in gens], records.records)
             elif kind == "sync":
                 ids, mask = args
                 with torch.no_grad():
