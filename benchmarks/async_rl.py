@@ -1,4 +1,4 @@
-"""Overlapped RL (OverlapConfig.max_staleness = 1, trajtune.sources.overlap) vs the synchronous loop: wall time of the
+"""Overlapped RL (SamplingConfig.max_staleness = 1, trajtune.sources.overlap) vs the synchronous loop: wall time of the
 same RL run.
 
     python benchmarks/async_rl.py                     # both workloads, 60 steps, 2 alternating repeats each
@@ -63,7 +63,9 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     from trajtune.experiments.bugfix import Gym, new_model
 
     from trajtune.runs.loop import Run
-    from trajtune.sources.overlap import OverlapConfig, overlapped
+    from trajtune.sources.overlap import overlapped
+    from trajtune.sources.sampler import Decoder
+    from trajtune.sources.sampling import SamplingConfig
 
     c = AgentConfig()
     gym = Gym(c.max_turns, c.max_action_tokens)
@@ -71,8 +73,8 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     model.load_state_dict(weak_state)
     engine = make_engine(model, c.rl_optim)
     cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
-    source = overlapped(engine, OverlapConfig(max_staleness=staleness), lambda policy: gym.source(engine,
-                                                                                                  policy=policy))
+    source = overlapped(engine, SamplingConfig(max_staleness=staleness),
+                        lambda policy: gym.source(engine, policy=policy), Decoder(engine.sample, gym.settings))
     clock = StepClock()
     t0 = time.perf_counter()
     with source:
@@ -119,15 +121,14 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
     from trajtune.experiments.hf.common import OutputConfig, hf_optim
     from trajtune.experiments.hf.grpo import GRPORun, run
     from trajtune.experiments.hf.model import ModelConfig
-    from trajtune.experiments.hf.sampling import SamplingConfig
-    from trajtune.sources.overlap import OverlapConfig
+    from trajtune.sources.sampling import SamplingConfig
     from trajtune.metrics import read_metrics
 
     config = GRPORun(model=ModelConfig(path=str(model)), data=str(d / "prompts.jsonl"),
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
-                                 tis_cap=2.0), overlap=OverlapConfig(max_staleness=staleness),
-                     sampling=SamplingConfig(max_new_tokens=new_tokens), optim=hf_optim(),
+                                 tis_cap=2.0),
+                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness), optim=hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
 

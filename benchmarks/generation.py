@@ -12,7 +12,7 @@ prompts x new tokens; the table prints each backend's count and the script stops
   sampler   `TorchEngine.sample(backend="sampler", draw="cdf")` on `trajtune.models.hf.load_policy(dir)` (what
             `trajtune grpo` runs by default; fp32)
   generate  `TorchEngine.sample(backend="generate")`: HF `model.generate` + the behaviour log-probs (fp32)
-  vllm      `trajtune.sources.vllm.VLLMRunner(None, Colocated(dir, dtype="float32"))`.sample: vLLM's engine in
+  vllm      `trajtune.sources.vllm.VLLMSampler(Colocated(dir, dtype="float32"), settings)`.sample: vLLM's engine in
             this machine's memory (its engine core a child process; on a CPU vLLM's CPU build, enforce_eager)
   server    the same runner over `Servers([url])` of a `python -m trajtune vllm-serve --model DIR --port P`
             started by this script (waits for GET /health; the column says why when it cannot start)
@@ -317,7 +317,8 @@ def served(model_dir: Path, log: Path, memory: float):
 
 
 def with_vllm(start, args, prompts_fn):
-    from trajtune.sources.vllm import VLLMRunner
+    from trajtune.sources.sampler import SamplerSettings
+    from trajtune.sources.vllm import VLLMSampler
 
     try:
         client, reset = start()
@@ -326,10 +327,10 @@ def with_vllm(start, args, prompts_fn):
             raise
         print(f"  skipped: {short(e)}", flush=True)
         return short(e)
-    runner = VLLMRunner(None, client, tolerance=1e-3)
+    runner = VLLMSampler(client)
     try:
-        return measure(lambda p, n, g: runner.sample(p, n, g, stop_ids=()), args.shapes, prompts_fn, args.repeats,
-                       reset)
+        return measure(lambda p, n, g: VLLMSampler(client, SamplerSettings(n)).sample(p, (), g), args.shapes,
+                       prompts_fn, args.repeats, reset)
     except Exception as e:  # noqa: BLE001
         from trajtune.sources.vllm import first_error
 

@@ -28,9 +28,8 @@ Steps:
      time/sampling_s); then the same with `--max-staleness 1 --tis-cap 2` (the overlapped sampler process, a
      copy of the weights on the same device, synced and checked after every update): its step times and
      sync/logprob_diff per step. The sampler process's check compares the sampler's and the trainer's log-probs
-     of a few rows to --sync-tolerance (OverlapConfig.sync_tolerance, 1e-3 by default whatever the precision,
-     unlike --vllm-sync-tolerance, which is 5e-2 in bf16); under bf16 the two forwards need not round alike, so
-     this run passes 0.05 and prints the measured diffs;
+     of a few rows to --sync-tolerance (SamplingConfig.sync_tolerance: 1e-3 by default in fp32, 5e-2 in bf16);
+     under bf16 the two forwards need not round alike, so this run passes 0.05 and prints the measured diffs;
   5. if vLLM is importable: the same grpo with `--backend vllm` (colocated, --vllm-gpu-memory-utilization 0.3)
      and its sync/logprob_diff.
 """

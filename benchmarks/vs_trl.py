@@ -184,6 +184,7 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
     from trajtune.envs.base import SingleTurnEnv
     from trajtune.models.hf import load_policy, load_tokenizer
     from trajtune.sources.episodes import EpisodeSource
+    from trajtune.sources.sampler import Decoder, SamplerSettings
     from trajtune.sources.rewards import reward_verifier
     from trajtune.text.chat import ChatRenderer
 
@@ -211,9 +212,10 @@ def run_trajtune(kind: str, model_dir: Path, d: Path, steps: int, w: Workload = 
         train_dpo(engine, pairs, DPOConfig(steps=n, batch_size=w.batch, beta=0.1), r.pad_id)
     else:
         tasks = D.prompt_tasks(D.read_rows(d / "grpo.jsonl"))
-        collect = EpisodeSource(engine.sample, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
-                               max_turns=1, max_tokens=w.max_length, max_action_tokens=w.new_tokens, draw=DRAW,
-                               share_prompts=engine_kw.get("share_prefix", True))
+        sampler = Decoder(engine.sample, SamplerSettings(w.new_tokens, draw=DRAW,
+                                                         share_prompts=engine_kw.get("share_prefix", True)))
+        collect = EpisodeSource(sampler, lambda: SingleTurnEnv(reward_verifier(reward_fn)), r,
+                                max_turns=1, max_tokens=w.max_length)
         train_rl(engine, tasks, collect, RLConfig(steps=n, tasks_per_step=w.prompts, group_size=w.group,
                                                   advantage="grpo",
                                                    aggregation="sequence", **(rl_kw or {})), r.pad_id)

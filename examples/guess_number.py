@@ -28,6 +28,7 @@ import torch
 
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.sources.episodes import EpisodeSource
+from trajtune.sources.sampler import Decoder, SamplerSettings
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import Env, StepResult
 from trajtune.evaluation import score_policy
@@ -106,8 +107,8 @@ def main(s: Settings, verbose: bool = True) -> dict:
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=128))
     engine = make_engine(model, optim)
     # a guess is a digit and the end token; 4 turns of (guess + answer) fit easily in 128 tokens
-    source = EpisodeSource(engine.sample, GuessEnv, renderer, max_turns=MAX_GUESSES, max_tokens=128,
-                           max_action_tokens=2)
+    source = EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=2)), GuessEnv, renderer,
+                           max_turns=MAX_GUESSES, max_tokens=128)
 
     def evaluate(step: int) -> dict:
         return score_policy(source, TASKS, n=s.eval_samples, ks=(1,), seed=1).metrics()

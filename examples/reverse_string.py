@@ -26,6 +26,7 @@ import torch
 
 from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.sources.episodes import EpisodeSource
+from trajtune.sources.sampler import Decoder, SamplerSettings
 from trajtune.engine import OptimConfig, make_engine
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.evaluation import score_policy
@@ -133,8 +134,8 @@ def main(s: Settings, verbose: bool = True) -> dict:
     renderer = Renderer(tok)
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=64, n_layers=2, n_heads=4, max_len=MAX_TOKENS))
     engine = make_engine(model, optim)
-    rollout = dict(max_turns=1, max_tokens=MAX_TOKENS, max_action_tokens=s.max_length + 1)  # + 1: the end token
-    source = EpisodeSource(engine.sample, reverse_env, renderer, **rollout)
+    sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=s.max_length + 1))  # + 1: the end token
+    source = EpisodeSource(sampler, reverse_env, renderer, max_turns=1, max_tokens=MAX_TOKENS)
     train, held_out = make_tasks(s.n_eval, s.seed, s.letters, tuple(range(s.min_length, s.max_length + 1)))
 
     def evaluate(step: int) -> dict:  # held-out mean reward and pass@1 (exact match), sampled at T=1

@@ -22,6 +22,7 @@ from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.sources.episodes import EpisodeSource
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 # The task: answer "Q: pick" with one letter; the verifier wants "a" (1 of 6 letters).
 TOK = CharTokenizer.from_corpus("Q: pickabcdef")
@@ -48,7 +49,7 @@ def engine(seed=0, lr=1e-2, value_head=False):
 
 
 def collect_for(e):
-    return EpisodeSource(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32, max_action_tokens=2)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32)
 
 
 def pass_rate(e, n=64, seed=123):

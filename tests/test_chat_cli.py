@@ -72,18 +72,22 @@ def test_stdin_lines_when_stdin_is_not_a_terminal(model, main, capsys, monkeypat
 
 
 class Recorder:
-    """A sampler that records its prompts and always answers 'ok' + the first stop token."""
+    """A sampler (made for each turn's settings) that records its prompts and always answers 'ok' + the first stop
+    token."""
 
     def __init__(self, renderer):
         self.renderer, self.prompts, self.stops = renderer, [], []
 
-    def __call__(self, prompts, n, generator, **kw):
+    def __call__(self, settings):
+        return self
+
+    def sample(self, prompts, stop_ids, seeds):
         from trajtune.engine.decoding import Samples
 
         self.prompts += prompts
-        self.stops.append(kw["stop_ids"])
+        self.stops.append(stop_ids)
         ok = self.renderer.tokenizer("ok", add_special_tokens=False)["input_ids"]
-        return Samples([ok + [kw["stop_ids"][-1]]], [[0.0] * (len(ok) + 1)], [True])
+        return Samples([ok + [stop_ids[-1]]], [[0.0] * (len(ok) + 1)], [True])
 
 
 def typing(*lines):

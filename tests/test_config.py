@@ -56,7 +56,7 @@ def test_the_rl_loops_old_overlap_keys_name_their_new_section_in_every_experimen
 
     from trajtune.algorithms.rl import RLConfig
     from trajtune.experiments import EXPERIMENTS, get_experiment
-    from trajtune.sources.overlap import OverlapConfig
+    from trajtune.sources.sampling import SamplingConfig
 
     with_rl = []
     for name in EXPERIMENTS:
@@ -64,7 +64,7 @@ def test_the_rl_loops_old_overlap_keys_name_their_new_section_in_every_experimen
         hints = typing.get_type_hints(cls)
         if hints.get("rl") is RLConfig:
             with_rl.append(name)
-            assert hints.get("overlap") is OverlapConfig, name
-            with pytest.raises(ConfigError, match=r"\.rl: key 'max_staleness' is now 'overlap.max_staleness'"):
+            assert hints.get("sampling") is SamplingConfig, name
+            with pytest.raises(ConfigError, match=r"\.rl: key 'max_staleness' is now 'sampling.max_staleness'"):
                 from_dict(cls, {"rl": {"max_staleness": 1}}, where="[config]")
     assert {"agent", "chapter13", "textarena", "reasoning_gym", "hf_grpo"} <= set(with_rl)

@@ -46,6 +46,7 @@ from trajtune.logprobs import aggregation_share
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.sources.episodes import EpisodeSource
 from trajtune.trajectory import collate
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 from test_algorithms import RENDER, TASKS, TOK  # noqa: E402 - the same toy task as the single-process tests
 from test_reliability import NanOnToken  # noqa: E402 - the same poisoned model
@@ -81,8 +82,8 @@ def demos():
 
 
 def collect_for(engine, shard=None):
-    return EpisodeSource(engine.sample, lambda: SingleTurnEnv(verifier), RENDER, shard=shard, episode_seeds=True,
-                        max_turns=1, max_tokens=32, max_action_tokens=3)
+    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), RENDER, shard=shard, episode_seeds=True,
+                        max_turns=1, max_tokens=32)
 
 
 def grads(engine) -> dict[str, torch.Tensor]:

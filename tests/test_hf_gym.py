@@ -85,14 +85,17 @@ def test_the_model_path_is_required_and_impossible_samplers_are_refused(tmp_path
     assert "hf_gym: config.model.path is empty; give a local Hugging Face model directory" in capsys.readouterr().err
     assert main(["run", "hf_gym", "--set", f"config.model.path={tmp_path / 'nothing'}", "--dry-run"]) == 2
     assert "no such directory" in capsys.readouterr().err
-    from trajtune.experiments.hf.sampling import SamplingConfig
     from trajtune.experiments.hf_gym import Config
-    from trajtune.sources.overlap import OverlapConfig
+    from trajtune.sources.sampling import SamplingConfig
 
     with pytest.raises(ValueError, match="sampling.backend vllm samples in vLLM"):
-        Config(sampling=SamplingConfig(backend="vllm"), overlap=OverlapConfig(sampler_process=True))
+        Config(sampling=SamplingConfig(backend="vllm", sampler_process=True))
     with pytest.raises(ValueError, match="backend generate samples from the trainer's own model"):
-        Config(sampling=SamplingConfig(backend="generate"), overlap=OverlapConfig(sampler_process=True))
+        Config(sampling=SamplingConfig(backend="generate", sampler_process=True))
+    # the sections the sampling section replaced are refused naming where their keys are now
+    assert main(["run", "hf_gym", "--set", f"config.model.path={tmp_path}", "--set",
+                 "config.vllm.vllm_timeout=5", "--dry-run"]) == 2
+    assert "key 'vllm' is now 'sampling'" in capsys.readouterr().err
 
 
 # --- vLLM -------------------------------------------------------------------------------------
@@ -110,7 +113,7 @@ def test_bugfix_through_vllm_samples_each_turn_on_the_transcripts_ids(model_dir,
 
     monkeypatch.setattr(vllm_source.Colocated, "sample", recording)
     rows = run(model_dir, tmp_path / "run", "config.sampling.backend=vllm", "config.max_turns=4",
-               "config.vllm.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3", "config.rl.entropy_coef=0.01")
+               "config.sampling.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3", "config.rl.entropy_coef=0.01")
     for r in rows:  # the entropy bonus moves the weights (every reward is 0): each sync sends new ones
         assert r["train/grad_norm"] > 0 and r["sync/logprob_diff"] < 1e-4 and r["rollout/turns"] > 1, r
     # every later turn's prompt = an earlier request's prompt + the tokens vLLM sampled for it + the tool turn
@@ -138,8 +141,8 @@ def test_textarena_through_vllm_overlapped(model_dir, tmp_path):
     pytest.importorskip("textarena")
     rows = run(model_dir, tmp_path / "run", "config.gym=textarena", "config.n_train=4", "config.n_eval=2",
                "config.sampling.backend=vllm", "config.sampling.max_new_tokens=4",
-               "config.vllm.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3",
-               "config.overlap.max_staleness=1", "config.rl.tis_cap=2.0", "config.rl.entropy_coef=0.01")
+               "config.sampling.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3",
+               "config.sampling.max_staleness=1", "config.rl.tis_cap=2.0", "config.rl.entropy_coef=0.01")
     for r in rows:
         assert r["train/grad_norm"] > 0 and r["sync/logprob_diff"] < 1e-4 and r["rollout/turns"] > 1, r
     assert rows[0]["pg/tis_weight_mean"] == 1.0 and rows[1]["pg/tis_weight_mean"] != 1.0  # step 2: one behind

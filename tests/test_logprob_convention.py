@@ -16,6 +16,7 @@ from trajtune.logprobs import TokenHead, token_log_probs
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.runs.resume import trajectories_from_json, trajectories_to_json
 from trajtune.trajectory import Owner, Trajectory, collate
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 T, TOP_K, TOP_P, N = 0.7, 5, 0.9, 20_000
 LOGITS = torch.tensor([2.0, 1.6, 1.3, 1.1, 0.4, 0.9, -0.5, 0.0, -1.0, 0.2, -2.0, 0.6])  # V = 12
@@ -179,16 +180,14 @@ def test_on_policy_the_ratio_is_1(draw):
     model = TinyTransformer(TinyConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=4, max_len=64)).eval()
     tasks = make_tasks("heldout")[:6]
     policy = functools.partial(sample, model, pad_id=tok.pad_id)
-    trajs = rollout_batch(policy, [arithmetic_env() for _ in tasks], tasks, Renderer(tok), gen(4), max_tokens=60,
-                          max_action_tokens=6, temperature=T, draw=draw)
+    trajs = rollout_batch(Decoder(policy, SamplerSettings(max_new_tokens=6, temperature=T, draw=draw)), [arithmetic_env() for _ in tasks], tasks, Renderer(tok), gen(4), max_tokens=60)
     assert all(t.temperature == T for t in trajs)
     batch = collate(trajs, tok.pad_id)
     assert batch.temperature == T
     mask = batch.action_mask.bool()
     lp = make_engine(model, logits_chunk=0).forward(batch).logprobs
     assert mask.sum() > 10 and torch.allclose(lp[mask], batch.old_logprobs[mask], atol=1e-5)
-    greedy = rollout_batch(policy, [arithmetic_env()], tasks[:1], Renderer(tok), None, max_tokens=60, temperature=T,
-                           greedy=True)
+    greedy = rollout_batch(Decoder(policy, SamplerSettings(temperature=T, greedy=True)), [arithmetic_env()], tasks[:1], Renderer(tok), None, max_tokens=60)
     assert greedy[0].temperature == 1.0
 
 

@@ -16,6 +16,7 @@ from trajtune.objectives.advantages import group_advantages
 from trajtune.objectives.distill import with_distill_advantages
 from trajtune.sources.episodes import EpisodeSource
 from trajtune.trajectory import collate
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 PAD = TOK.pad_id
 
@@ -83,8 +84,8 @@ def test_opd_config_errors_name_the_field():
 
 def zero_reward_source(e):
     """Every episode scores 0: a group advantage is 0, so only the teacher's term can move the student."""
-    return EpisodeSource(e.sample, lambda: SingleTurnEnv(lambda task, reply: (0.0, {})), RENDER, max_turns=1,
-                         max_tokens=32, max_action_tokens=2)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(lambda task, reply: (0.0, {})), RENDER, max_turns=1,
+                         max_tokens=32)
 
 
 def student_teacher_gap(student, teacher) -> float:

@@ -23,6 +23,7 @@ from trajtune.sources.episodes import EpisodeSource
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Outcome, Owner, Trajectory
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 
 def episode(reply: str, reward: float, n_policy: int) -> Trajectory:
@@ -127,8 +128,8 @@ def test_probe_on_a_tiny_model():
     model = TinyTransformer(TinyConfig(tok.vocab_size, 16, 1, 2, max_len=48))
     policy = make_engine(model)
     reference = policy.reference_engine()
-    source = EpisodeSource(policy.sample, lambda: instruct_env("preference"), Renderer(tok), max_turns=1,
-                           max_tokens=48, max_action_tokens=12)
+    source = EpisodeSource(Decoder(policy.sample, SamplerSettings(max_new_tokens=12)), lambda: instruct_env("preference"), Renderer(tok), max_turns=1,
+                           max_tokens=48)
     tasks = [InstructTask("good"), InstructTask("lord")]
     length = verifier_grader(lambda task, reply: float(len(reply)))
     probe = OverOptProbe(policy, reference, source, tasks, 4, episode_rewards(), {"length": length},

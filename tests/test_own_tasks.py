@@ -20,6 +20,7 @@ from trajtune.sources.rollout import TokenBudgetError, rollout_batch, scripted_r
 from trajtune.engine.decoding import Samples, sample
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 TOK = CharTokenizer.from_corpus(string.ascii_lowercase + string.digits + " :,'Q")
 R = Renderer(TOK)
@@ -43,9 +44,10 @@ class Sampler:
         return Samples(tokens, [[-0.5] * len(t) for t in tokens], [t[-1] in stop_ids for t in tokens])
 
 
-def rollout(tasks, env=lambda: SingleTurnEnv(lambda t, r: (1.0, {})), **kw):
-    kw = {"max_turns": 1, "max_tokens": 32, "max_action_tokens": 3, **kw}
-    return rollout_batch(Sampler(), [env() for _ in tasks], tasks, R, None, **kw)
+def rollout(tasks, env=lambda: SingleTurnEnv(lambda t, r: (1.0, {})), max_action_tokens=3, **kw):
+    kw = {"max_turns": 1, "max_tokens": 32, **kw}
+    sampler = Decoder(Sampler(), SamplerSettings(max_new_tokens=max_action_tokens))
+    return rollout_batch(sampler, [env() for _ in tasks], tasks, R, None, **kw)
 
 
 # --- the Env docstring's example is real code that runs -------------------------------------------
@@ -105,7 +107,7 @@ def test_an_env_declares_the_task_attributes_it_reads():
     with pytest.raises(TaskError, match=r"task 0 \(.*\) has no attribute 'prompt', which SingleTurnEnv reads"):
         rollout([NoPrompt()])
     with pytest.raises(TaskError, match="'prompt'"):
-        EpisodeSource(Sampler(), lambda: SingleTurnEnv(None), R, max_turns=1).run([NoPrompt()], 2, None)
+        EpisodeSource(Decoder(Sampler()), lambda: SingleTurnEnv(None), R, max_turns=1).run([NoPrompt()], 2, None)
     with pytest.raises(TaskError, match="'prompt'"):
         scripted_rollout(None, SingleTurnEnv(None), NoPrompt(), R)
     check_tasks([NoPrompt()])  # without an env only the name is needed
@@ -164,8 +166,7 @@ def test_a_reward_that_is_not_a_finite_number_is_a_fault_naming_the_task(bad, ca
     assert f"verifier {verifier.__qualname__} ({__file__}:" in failed.info["env_error"]
     assert "task bad" in caplog.text and "finite number" in caplog.text
     # counted like any other fault: the run-level limit stops a run where most episodes fail
-    collect = EpisodeSource(Sampler(), lambda: SingleTurnEnv(verifier), R, max_turns=1, max_tokens=32,
-                           max_action_tokens=3)
+    collect = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), R, max_turns=1, max_tokens=32)
     with pytest.raises(TooManyFaults, match="bad: InvalidStep"):
         collect.run([Task("bad")], 2, None)
 
@@ -237,8 +238,8 @@ def test_a_model_rollout_with_a_real_sampler_fills_the_contract():
     model = TinyTransformer(TinyConfig(TOK.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=64)).eval()
     ns = docstring_example()
     tasks = [ns["CountTask"](1), ns["CountTask"](2)]
-    trajs = rollout_batch(partial(sample, model), [ns["CountEnv"]() for _ in tasks], tasks, R,
-                          torch.Generator().manual_seed(0), max_turns=3, max_tokens=64, max_action_tokens=4)
+    trajs = rollout_batch(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=4)), [ns["CountEnv"]() for _ in tasks], tasks, R,
+                          torch.Generator().manual_seed(0), max_turns=3, max_tokens=64)
     assert all(isinstance(t.reward, float) and math.isfinite(t.reward) for t in trajs)
     assert [t.info["task"] for t in trajs] == ["count-to-1", "count-to-2"]
     assert base.TaskError is TaskError

@@ -4,6 +4,7 @@ implementation, and every method takes the Protocol's parameters (names, kinds, 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Protocol
 
@@ -29,6 +30,7 @@ from trajtune.sources.overlap import Overlapped
 from trajtune.sources.process import SamplerProcess
 from trajtune.sources.rewards import RewardFunction
 from trajtune.sources.rewards.rubric import Rubric, RubricItem, RubricReward
+from trajtune.sources.sampler import Decoder, Sampler, SamplerSettings, WeightSampler, engine_sampler
 from trajtune.sources.scoring import RewardModel, Scored
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
@@ -134,15 +136,17 @@ def test_each_environment_is_an_env():
 def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
     engine = make_engine(tiny())
     renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
-    base = EpisodeSource(engine.sample, SingleTurnEnv, renderer)
+    base = EpisodeSource(Decoder(engine.sample), SingleTurnEnv, renderer)
     process = SamplerProcess(engine)  # not started: nothing runs
     sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, []), Overlapped(base, process),
                              EpisodeSource(process, SingleTurnEnv, renderer)]
     for source in sources:
         assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__
-    from trajtune.sources.vllm import VLLMRunner
+    from trajtune.sources.vllm import VLLMRunner, VLLMSampler, WeightSync
 
-    runners: list[EpisodeRunner] = [Here(engine.sample), process, VLLMRunner(engine, None, 1e-3, tmp_path)]  # type: ignore[arg-type]
+    vllm = VLLMSampler(None)  # type: ignore[arg-type]  # no client: nothing runs
+    runners: list[EpisodeRunner] = [Here(Decoder(engine.sample)), process,
+                                    VLLMRunner(engine, vllm, WeightSync(vllm, 1e-3, tmp_path))]
     for runner in runners:
         assert mismatches(runner, EpisodeRunner) == [], type(runner).__name__
     hooks: list[Hook] = [EpisodeRecorder("episodes.jsonl")]
@@ -162,6 +166,25 @@ def test_each_grader_is_a_grader():
         assert mismatches(grader, Grader) == [], type(grader).__name__
     assert [g.main_only for g in graders] == [True, False, False, False, False]  # user code runs once, on rank 0
     assert [g.finished_only for g in graders] == [False, True, True, True, True]  # models: finished completions
+
+
+def test_each_sampler_is_a_sampler():
+    """The in-process decoders (the built-in sampler, HF generate, `decoding.sample` on a module), vLLM and the
+    sampler process are `Sampler`s; vLLM, which holds its own weights, a `WeightSampler`."""
+    from trajtune.engine import decoding
+    from trajtune.sources.vllm import VLLMSampler
+
+    engine = make_engine(tiny())
+    settings = SamplerSettings(max_new_tokens=4, temperature=0.7)
+    vllm = VLLMSampler(None, settings)  # type: ignore[arg-type]  # no client: nothing runs
+    samplers: list[Sampler] = [engine_sampler(engine, settings), engine_sampler(engine, settings, "generate"),
+                               Decoder(functools.partial(decoding.sample, engine.model), settings), vllm,
+                               SamplerProcess(engine, settings)]  # not started: nothing runs
+    holders: list[WeightSampler] = [vllm]
+    for sampler in samplers:
+        assert mismatches(sampler, Sampler) == [] and sampler.settings.max_new_tokens == 4, type(sampler).__name__
+    for holder in holders:
+        assert mismatches(holder, WeightSampler) == [], type(holder).__name__
 
 
 def test_the_runtime_check_catches_a_broken_implementation():

@@ -15,6 +15,7 @@ from trajtune.runs.loop import Run
 from trajtune.metrics import MetricsLogger, read_metrics
 from trajtune.runs.resume import Checkpointer, RunInterrupted
 from trajtune.trajectory import Outcome, Owner, Trajectory, collate
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 
 def demos(n=12, seed=0):
@@ -160,8 +161,8 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     from trajtune.models.tiny import TinyConfig, TinyTransformer
 
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=32)).eval()
-    collect = EpisodeSource(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
-                           max_turns=1, max_tokens=32, max_action_tokens=3)
+    collect = EpisodeSource(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), Renderer(tok),
+                           max_turns=1, max_tokens=32)
     with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
         trajs = collect.run([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
     bad = [t for t in trajs if t.info["task"] == "bad"]
@@ -170,8 +171,8 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     assert all(t.info["stop_reason"] == "env_error" and t.outcome is Outcome.ENV_ERROR and not t.trainable for t in bad)
     assert all(t.trainable for t in trajs if t.info["task"] == "good")
     assert "task bad" in caplog.text and "ZeroDivisionError" in caplog.text
-    strict = EpisodeSource(partial(sample, model), lambda: SingleTurnEnv(reward), Renderer(tok),
-                          max_turns=1, max_tokens=32, max_action_tokens=3, max_fault_share=0.25)
+    strict = EpisodeSource(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), Renderer(tok),
+                          max_turns=1, max_tokens=32, max_fault_share=0.25)
     with pytest.raises(TooManyFaults, match=r"2 of 4 episodes failed.*bad: ZeroDivisionError"):
         strict.run([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
 

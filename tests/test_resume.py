@@ -24,6 +24,7 @@ from trajtune.envs.base import SingleTurnEnv
 from trajtune.sources.episodes import EpisodeSource
 
 from trajtune.engine import make_engine
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 from test_algorithms import RENDER, TASKS, TOK, demo, engine
 
@@ -36,8 +37,7 @@ def graded(task, reply):
 
 
 def collect_for(e):
-    return EpisodeSource(e.sample, lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32,
-                        max_action_tokens=2)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32)
 PAIRS = [(demo("a"), demo(x)) for x in "bcdef"]
 
 

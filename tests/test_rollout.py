@@ -17,6 +17,7 @@ from trajtune.sources.rollout import rollout_batch, scripted_rollout, task_group
 from trajtune.engine.decoding import Samples, sample
 from trajtune.text.render import Renderer
 from trajtune.trajectory import Owner, collate
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 TOK = build_tokenizer()
 TASKS = make_tasks("train")
@@ -54,7 +55,7 @@ def test_one_episode_renders_identically_through_both_paths():
     task = TASKS[0]
     scripted = scripted_rollout(bugfix_policy("oracle"), BugFixEnv(), task, r)
     sampler = ReplaySampler(r, {task.issue: scripted.info["actions"]})
-    sampled = rollout_batch(sampler, [BugFixEnv()], [task], r, None)[0]
+    sampled = rollout_batch(Decoder(sampler), [BugFixEnv()], [task], r, None)[0]
     assert scripted.info["actions"] == ["read", "edit swap_minmax", "submit"]
     assert same_tokens(scripted, sampled)
     assert scripted.reward == sampled.reward == 1.0
@@ -74,7 +75,7 @@ def test_lockstep_batch_matches_scripted_episodes_and_samples_once_per_turn():
     for k in range(len(policies)):
         batch = scripted[k * len(tasks) : (k + 1) * len(tasks)]
         sampler = ReplaySampler(r, {t.issue: tr.info["actions"] for t, tr in zip(tasks, batch, strict=True)})
-        sampled = rollout_batch(sampler, [BugFixEnv() for _ in tasks], tasks, r, None)
+        sampled = rollout_batch(Decoder(sampler), [BugFixEnv() for _ in tasks], tasks, r, None)
         for a, b in zip(batch, sampled, strict=True):
             assert same_tokens(a, b) and a.reward == b.reward and a.info == b.info
             assert a.unterminated == b.unterminated
@@ -91,8 +92,8 @@ def test_rollouts_with_a_tiny_transformer_are_seeded_and_score_consistently():
     tasks = TASKS[:3] * 2
 
     def run(seed):
-        return rollout_batch(policy, [BugFixEnv() for _ in tasks], tasks, r, torch.Generator().manual_seed(seed),
-                             max_turns=3, max_tokens=200, max_action_tokens=6)
+        return rollout_batch(Decoder(policy, SamplerSettings(max_new_tokens=6)), [BugFixEnv() for _ in tasks], tasks, r, torch.Generator().manual_seed(seed),
+                             max_turns=3, max_tokens=200)
 
     a, b, c = run(0), run(0), run(1)
     assert all(same_tokens(x, y) and x.logprobs == y.logprobs for x, y in zip(a, b, strict=True))
@@ -114,7 +115,8 @@ def test_unterminated_actions_are_counted_and_given_to_the_env():
     r = Renderer(TOK)
     task = TASKS[0]
     sampler = ReplaySampler(r, {task.issue: ["read read read"] * 2}, stop=False)
-    traj = rollout_batch(sampler, [BugFixEnv()], [task], r, None, max_turns=2, max_action_tokens=2)[0]
+    traj = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=2)), [BugFixEnv()], [task], r, None,
+                         max_turns=2)[0]
     assert traj.unterminated == 2 and traj.info["n_invalid"] == 2
     assert traj.info["actions"] == ["read read", "read read"]
     assert r.end_id not in traj.tokens_of(Owner.POLICY)  # no stop token was sampled, none is invented
@@ -124,12 +126,12 @@ def test_episodes_end_on_turn_limit_and_token_budget():
     r = Renderer(TOK)
     task = TASKS[0]
     script = {task.issue: ["read"] * 10}
-    traj = rollout_batch(ReplaySampler(r, script), [BugFixEnv()], [task], r, None, max_turns=4)[0]
+    traj = rollout_batch(Decoder(ReplaySampler(r, script)), [BugFixEnv()], [task], r, None, max_turns=4)[0]
     assert traj.info["stop_reason"] == "max_turns" and traj.info["n_turns"] == 4 and traj.n_turns == 4
     # budget: a turn is sampled only if history + header + max_action_tokens fits
     budget = 80
-    traj = rollout_batch(ReplaySampler(r, script), [BugFixEnv()], [task], r, None, max_turns=10,
-                         max_tokens=budget, max_action_tokens=4)[0]
+    traj = rollout_batch(Decoder(ReplaySampler(r, script), SamplerSettings(max_new_tokens=4)), [BugFixEnv()], [task], r, None, max_turns=10,
+                         max_tokens=budget)[0]
     assert traj.info["stop_reason"] == "token_budget"
     last_policy = max(i for i, o in enumerate(traj.owners) if o == Owner.POLICY)
     assert last_policy < budget
@@ -144,7 +146,7 @@ def test_single_turn_task_is_the_one_step_case():
     tasks = arithmetic_tasks("heldout")[:4]
     scripted = [scripted_rollout(ArithmeticOracle(), arithmetic_env(), t, r) for t in tasks]
     sampler = ReplaySampler(r, {t.prompt: [t.answer] for t in tasks})
-    sampled = rollout_batch(sampler, [arithmetic_env() for _ in tasks], tasks, r, None, max_action_tokens=4)
+    sampled = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=4)), [arithmetic_env() for _ in tasks], tasks, r, None)
     for a, b, t in zip(scripted, sampled, tasks, strict=True):
         assert same_tokens(a, b) and a.reward == b.reward == 1.0
         assert b.info["stop_reason"] == "done" and b.info["n_turns"] == 1 and b.n_turns == 1
@@ -157,7 +159,7 @@ def test_env_protocol_and_groups():
     assert task_groups(["a", "b", "a", "c", "b"]) == [0, 1, 0, 2, 1]
     assert task_groups([{"x": 1}, {"x": 1}, {"x": 2}]) == [0, 0, 1]  # unhashable tasks work too
     with pytest.raises(ValueError, match="envs"):
-        rollout_batch(None, [BugFixEnv()], TASKS[:2], Renderer(TOK), None)
+        rollout_batch(Decoder(None), [BugFixEnv()], TASKS[:2], Renderer(TOK), None)
     env = SingleTurnEnv(lambda task, reply: (1.0, {}))
     with pytest.raises(RuntimeError):
         env.step("too early")
@@ -167,7 +169,7 @@ def test_an_episode_source_runs_every_task_n_times_with_one_group_per_task_insta
     r = Renderer(TOK)
     tasks = [TASKS[0], TASKS[4], TASKS[0]]  # the same task twice: two groups
     sampler = ReplaySampler(r, {t.issue: ["read", "submit"] for t in tasks})
-    collect = EpisodeSource(sampler, BugFixEnv, r, max_turns=3)
+    collect = EpisodeSource(Decoder(sampler), BugFixEnv, r, max_turns=3)
     trajs = collect.run(tasks, 2, None)
     assert [t.info["task"] for t in trajs] == ["minmax/clamp"] * 2 + ["range/sum_to"] * 2 + ["minmax/clamp"] * 2
     assert [t.group for t in trajs] == [0, 0, 1, 1, 2, 2]
@@ -204,15 +206,15 @@ def test_finished_trajectories_carry_no_renderer_bookkeeping(kind):
     task = TASKS[0]
     scripted = scripted_rollout(bugfix_policy("oracle"), BugFixEnv(), task, r, max_tokens=max_tokens)
     sampler = CountingSampler(encode, scripted.info["actions"])
-    sampled = rollout_batch(sampler, [BugFixEnv()], [task], r, None, max_tokens=max_tokens, max_action_tokens=32)[0]
+    sampled = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=32)), [BugFixEnv()], [task], r, None, max_tokens=max_tokens)[0]
     assert scripted.info["actions"] == ["read", "edit swap_minmax", "submit"]
     assert same_tokens(scripted, sampled)
     assert (sampled.info, sampled.unterminated) == (scripted.info, scripted.unterminated)
     for traj in (scripted, sampled):
         assert not {"messages", "_stopped"} & set(traj.info)
         assert {"task", "stop_reason", "n_turns"} <= set(traj.info) and traj.unterminated is not None
-    collect = EpisodeSource(CountingSampler(encode, scripted.info["actions"]), BugFixEnv, r, max_tokens=max_tokens,
-                           max_action_tokens=32)
+    collect = EpisodeSource(Decoder(CountingSampler(encode, scripted.info["actions"]),
+                                    SamplerSettings(max_new_tokens=32)), BugFixEnv, r, max_tokens=max_tokens)
     (collected,) = collect.run([task], 1, None)
     assert same_tokens(collected, sampled) and collected.info == sampled.info
     assert collected.unterminated == sampled.unterminated

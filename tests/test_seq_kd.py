@@ -7,13 +7,14 @@ from trajtune.algorithms.distill import SeqKDConfig, teacher_completions, train_
 from trajtune.algorithms.sft import SFTConfig, train_sft
 from trajtune.envs.base import SingleTurnEnv
 from trajtune.sources.episodes import EpisodeSource
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 from test_algorithms import RENDER, TASKS, TOK, demo, engine, verifier
 
 
 def source(e, **decoding):
-    return EpisodeSource(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32,
-                         max_action_tokens=2, **decoding)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2, **decoding)),
+                         lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32)
 
 
 def greedy_replies(e):

@@ -28,6 +28,7 @@ from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer
 from trajtune.trajectory import Owner, Trajectory
 from trajtune.runs.view import flags, write_view
+from trajtune.sources.sampler import Decoder, SamplerSettings
 
 TOK = CharTokenizer.from_corpus("Q: pickabcdef")
 RENDER = Renderer(TOK)
@@ -54,8 +55,7 @@ def engine(seed=0):
 
 
 def collect_for(e):
-    return EpisodeSource(e.sample, lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32,
-                        max_action_tokens=3)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32)
 
 
 TASKS = [Task(f"pick{i}") for i in range(4)]
@@ -324,8 +324,8 @@ def test_a_reply_cut_at_the_token_budget_stops_on_length_and_the_page_marks_and_
 
     tasks = [Task("pick0"), Task("pick1"), Task("pick2")]
     replies = [TOK.encode("a"), TOK.encode("abc"), TOK.encode("ab")]  # budget 3: "abc" is cut, "ab<|end|>" just fits
-    trajs = rollout_batch(FixedReplies(replies), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
-                          max_turns=1, max_tokens=32, max_action_tokens=3)
+    trajs = rollout_batch(Decoder(FixedReplies(replies), SamplerSettings(max_new_tokens=3)), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
+                          max_turns=1, max_tokens=32)
     assert [t.info["stop_reason"] for t in trajs] == ["done", "length", "done"]  # the env said done on all three
     assert [t.unterminated for t in trajs] == [0, 1, 0]
     rows = rows_of(trajs)
@@ -382,8 +382,8 @@ def test_the_expected_answer_is_recorded_and_shown(tmp_path):
     assert [expected_answer(t) for t in rows_with] == ["a", ["a"]]
     assert expected_answer(ArithmeticTask(12, 30)) == "42" and expected_answer(Task("pick0")) is None
     tasks = [*rows_with, Task("pick0")]
-    trajs = rollout_batch(FixedReplies([TOK.encode("b")] * 3), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER,
-                          None, max_turns=1, max_tokens=32, max_action_tokens=3)
+    trajs = rollout_batch(Decoder(FixedReplies([TOK.encode("b")] * 3), SamplerSettings(max_new_tokens=3)), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER,
+                          None, max_turns=1, max_tokens=32)
     assert [t.info.get("expected") for t in trajs] == ["a", ["a"], None]
     (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(trajs)))
     text = write_view(tmp_path).read_text()

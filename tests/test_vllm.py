@@ -41,7 +41,8 @@ from trajtune.metrics import is_documented, read_metrics  # noqa: E402
 from trajtune.models.hf import load_policy  # noqa: E402
 from trajtune.models.hf_random import make_random_model  # noqa: E402
 from trajtune.sources.sync import SamplerDied, SyncError  # noqa: E402
-from trajtune.sources.vllm import Colocated, Servers, VLLMRunner  # noqa: E402
+from trajtune.sources.sampler import SamplerSettings  # noqa: E402
+from trajtune.sources.vllm import Colocated, Servers, VLLMRunner, VLLMSampler, WeightSync  # noqa: E402
 from trajtune.trajectory import Owner, Trajectory, collate  # noqa: E402
 
 PROMPTS = [[1, 30, 40, 50], [1, 7, 8], [1, 99, 3, 4, 5, 6, 120], [1, 200]]
@@ -97,6 +98,12 @@ def server(work):
             proc.wait(15)
 
 
+def _runner(engine, client, tolerance, weights_dir):
+    """vLLM behind `client` as the episodes' runner: its sampler, its weight sync (checked to `tolerance`)."""
+    sampler = VLLMSampler(client)
+    return VLLMRunner(engine, sampler, WeightSync(sampler, tolerance, weights_dir))
+
+
 def _engine(work):
     torch.manual_seed(0)
     policy = load_policy(work / "model")
@@ -105,12 +112,11 @@ def _engine(work):
 
 def test_greedy_is_the_built_in_samplers_and_the_log_probs_are_the_trainers(work, colocated, tmp_path):
     engine = _engine(work)
-    runner = VLLMRunner(engine, colocated, 1e-4, tmp_path)
     ours = sample(engine.model.eval(), PROMPTS, 16, greedy=True)
-    theirs = runner.sample(PROMPTS, 16, torch.Generator().manual_seed(0), greedy=True)
+    theirs = VLLMSampler(colocated, SamplerSettings(16, greedy=True)).sample(PROMPTS, (), torch.Generator().manual_seed(0))
     assert theirs.tokens == ours.tokens  # token for token
     # sampled at temperature 1: vLLM's recorded log-probs are the trainer's to 1e-4 (float32)
-    trajs = _rows(runner, 12, seed=1)
+    trajs = _rows(colocated, 12, seed=1)
     batch = collate(trajs, 0)
     mine = engine.forward(batch).logprobs
     mask = batch.action_mask.bool()
@@ -121,10 +127,9 @@ def test_greedy_is_the_built_in_samplers_and_the_log_probs_are_the_trainers(work
 
 
 def test_vllms_log_probs_are_the_truncated_distribution_it_draws_from(work, colocated, tmp_path):
-    engine = _engine(work)
-    runner = VLLMRunner(engine, colocated, 1e-4, tmp_path)
     n = 3000
-    out = runner.sample([PROMPTS[0]] * n, 1, torch.Generator().manual_seed(3), temperature=0.7, top_k=5, top_p=0.9)
+    sampler = VLLMSampler(colocated, SamplerSettings(1, temperature=0.7, top_k=5, top_p=0.9))
+    out = sampler.sample([PROMPTS[0]] * n, (), torch.Generator().manual_seed(3))
     tok = torch.tensor([t[0] for t in out.tokens])
     lp = torch.tensor([x[0] for x in out.logprobs])
     assert 2 <= len(torch.unique(tok)) <= 5
@@ -139,9 +144,9 @@ def _one_step(engine, runner, rows):
     runner.keep_probe_rows(rows)
 
 
-def _rows(runner, n=8, seed=2):
+def _rows(client, n=8, seed=2):
     """One sample of each prompt (n new tokens at temperature 1) as trajectories with vLLM's log-probs."""
-    got = runner.sample(PROMPTS, n, torch.Generator().manual_seed(seed))
+    got = VLLMSampler(client, SamplerSettings(n)).sample(PROMPTS, (), torch.Generator().manual_seed(seed))
     rows = []
     for prompt, tokens, lps in zip(PROMPTS, got.tokens, got.logprobs):
         t = Trajectory()
@@ -151,38 +156,47 @@ def _rows(runner, n=8, seed=2):
     return rows
 
 
-def test_every_sync_is_checked_and_a_sabotaged_one_is_caught(work, colocated, tmp_path):
+class Forgets(VLLMSampler):
+    """A faulty sampler: it loads every tensor of a sync but one (`LEFT_OUT`), which keeps its old value."""
+
+    LEFT_OUT = "model.layers.0.self_attn.o_proj.weight"
+
+    def load(self, weights):
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(weights)
+        state.pop(self.LEFT_OUT)
+        save_file(state, weights)
+        return super().load(weights)
+
+
+class Pretends(VLLMSampler):
+    """A faulty sampler: it answers as if it loaded the weights, but keeps the old ones."""
+
+    def load(self, weights):
+        from safetensors.torch import load_file
+
+        from trajtune.sources.sync import tensor_fingerprints
+
+        return [tensor_fingerprints(load_file(weights))]
+
+
+def test_every_sync_is_checked_and_a_faulty_sampler_is_caught(work, colocated, tmp_path):
     engine = _engine(work)
-    runner = VLLMRunner(engine, colocated, 1e-3, tmp_path)
-    rows = _rows(runner)
+    runner = _runner(engine, colocated, 1e-3, tmp_path)
+    rows = _rows(colocated)
     _one_step(engine, runner, rows)
     metrics = runner.after_update(engine)  # a good sync
     assert metrics["sync/logprob_diff"] < 1e-4 and all(is_documented(k) for k in metrics)
     _one_step(engine, runner, rows)
-    runner.sabotage = "model.layers.0.self_attn.o_proj.weight"  # the trainer leaves one tensor out
+    runner.sync.sampler = Forgets(colocated)  # one tensor is not loaded
     with pytest.raises(SyncError, match="did not load 1 of the trainer's tensors .model.layers.0.self_attn.o_proj"):
         runner.after_update(engine)
-    runner.sabotage = None
-
-    class Pretends:  # answers as if it loaded the weights, but keeps the old ones
-        def __init__(self, inner):
-            self.inner = inner
-
-        def load_weights(self, path):
-            from safetensors.torch import load_file
-
-            from trajtune.sources.sync import tensor_fingerprints
-
-            return [{k: list(v) for k, v in tensor_fingerprints(load_file(path)).items()}]
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
     _one_step(engine, runner, rows)
-    runner.vllm = Pretends(colocated)
+    runner.sync.sampler = Pretends(colocated)
     with pytest.raises(SyncError, match="log-probs of the same tokens differ by .* it does not compute the trainer's"):
         runner.after_update(engine)
-    runner.vllm = colocated
+    runner.sync.sampler = runner.sampler
     assert runner.after_update(engine)["sync/logprob_diff"] < 1e-4  # a real sync puts it right
 
 
@@ -304,12 +318,13 @@ def _grpo_rows(work, out, args):
 def test_a_server_that_dies_is_one_clear_error(work, server, capsys, tmp_path):
     url, proc = server
     engine = _engine(work)
-    runner = VLLMRunner(engine, Servers([url], timeout=30), 1e-3, tmp_path)
-    assert runner.sample(PROMPTS[:1], 4, torch.Generator().manual_seed(0)).tokens  # alive
+    runner = _runner(engine, Servers([url], timeout=30), 1e-3, tmp_path)
+    four = VLLMSampler(runner.sampler.client, SamplerSettings(4))
+    assert four.sample(PROMPTS[:1], (), torch.Generator().manual_seed(0)).tokens  # alive
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
     with pytest.raises(SamplerDied, match=f"vLLM server {url} did not answer POST /v1/completions"):
-        runner.sample(PROMPTS[:1], 4, torch.Generator().manual_seed(0))
+        four.sample(PROMPTS[:1], (), torch.Generator().manual_seed(0))
     runner.close()
     assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), "--reward",
                  f"{work / 'rewards.py'}:has_digit", "--backend", "vllm", "--vllm-server", url, "--out",
@@ -351,7 +366,7 @@ def test_an_engine_that_stops_is_one_line_naming_the_first_error_of_its_log(work
     holds vLLM's whole output (the workers' tracebacks)."""
     if torch.cuda.is_available():
         pytest.skip("vLLM's CPU build only")
-    import trajtune.sources.vllm as V
+    import trajtune.sources.vllm.clients as V
 
     monkeypatch.setattr(V, "check_model_runs", lambda model_dir: None)
     tiny = make_random_model(tmp_path / "tiny", "llama", "tiny")

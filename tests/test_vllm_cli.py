@@ -69,7 +69,7 @@ def test_a_killed_trainers_weights_copy_is_removed_by_the_next_runner(tmp_path):
     import os
     import subprocess
 
-    from trajtune.sources.vllm import _remove_orphans
+    from trajtune.sources.vllm.weights import _remove_orphans
 
     dead = subprocess.Popen(["true"])
     dead.wait()

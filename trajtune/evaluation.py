@@ -305,8 +305,8 @@ def score_policy(source: Source, tasks: Sequence[Any], n: int = 8, ks: Sequence[
                  threshold: float = 1.0) -> PolicyScore:
     """Run `n` episodes of every task with the policy behind `source` and score them.
 
-    source:  e.g. `trajtune.sources.episodes.EpisodeSource(engine.sample, make_env, renderer, ...)`; give it
-             `greedy=True` for greedy decoding (then use n=1), a temperature otherwise.
+    source:  e.g. `EpisodeSource(Decoder(engine.sample, settings), make_env, renderer, ...)`; its sampler
+             `SamplerSettings(greedy=True)` for greedy decoding (then use n=1), a temperature otherwise.
     n:       episodes per task; pass@k for every k in `ks` (each <= n, unbiased estimator)
     seed:    the sampling seed (same seed, same episodes)
     Returns a `PolicyScore`: `.mean_reward`, `.pass_at[k]`, `.per_task`, `.table()`, `.metrics()`.
@@ -354,7 +354,8 @@ class MultipleChoice:
         return "\n".join(lines)
 
 
-def continuation_logprobs(engine, renderer, prompt: str, continuations: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def continuation_logprobs(engine, renderer, prompt: str,
+                          continuations: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """log pi(continuation | prompt) for each continuation, conditioned on a user turn `prompt`.
 
     Each conversation [user: prompt, assistant: continuation] is rendered by `renderer` (the model's own
@@ -499,7 +500,8 @@ def bradley_terry_ratings(verdicts: Sequence[Verdict], prior: float = 0.0, scale
     return {pl: initial + scale * float(torch.log10(p[i])) for pl, i in idx.items()}
 
 
-def length_controlled_win_rate(wins: Sequence[float], length_diffs: Sequence[float], iters: int = 100) -> dict[str, float]:
+def length_controlled_win_rate(wins: Sequence[float], length_diffs: Sequence[float],
+                               iters: int = 100) -> dict[str, float]:
     """A judge's win rate with the length bias taken out (RLHF book ch.16 / appendix B: AlpacaEval and WildBench
     "apply linear length correction"; AlpacaEval 2's length-controlled win rate, without its per-instruction term):
     fit P(win) = sigma(theta + phi * tanh(dl / sd(dl))) by maximum likelihood (Newton, soft targets), where dl is

@@ -251,7 +251,7 @@ def train_self_distill(engine: Engine, tasks: Sequence, source: Source, config: 
 class SeqKDConfig:
     """Sequence-level knowledge distillation (SEQ-KD, checklist 12.3): what is sampled from the teacher. How the
     student trains on it is an `SFTConfig`; how the teacher decodes (greedy or sampled, temperature, length) is
-    its source's (e.g. `EpisodeSource(teacher.sample, make_env, renderer, greedy=True)`)."""
+    its source's (e.g. `EpisodeSource(Decoder(teacher.sample, SamplerSettings(greedy=True)), make_env, renderer)`)."""
 
     samples_per_task: int = 1
     """teacher completions per prompt (greedy decoding gives the same one each time: keep 1)"""

@@ -66,9 +66,9 @@ from .sft import batch_indices, sft_loss_fn
 
 @dataclass
 class RLConfig:
-    RENAMED: ClassVar[dict[str, str]] = {k: f"overlap.{k}" for k in (
+    RENAMED: ClassVar[dict[str, str]] = {k: f"sampling.{k}" for k in (
         "max_staleness", "sampler_process", "sampler_threads", "sampler_timeout", "sync_tolerance")}
-    """where a recipe's old keys went: where episodes are sampled is the source's business (sources.overlap)"""
+    """where a recipe's old keys went: where episodes are sampled is the source's business (sources.sampling)"""
 
     steps: int = 40
     """policy updates (one batch of fresh samples each)"""

@@ -23,13 +23,15 @@ object per prompt instead).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, TextIO
+from typing import TYPE_CHECKING, Callable, Iterable, TextIO
 
 from ..config import ConfigError
+
+if TYPE_CHECKING:
+    from ..sources.sampler import Sampler, SamplerSettings
 
 COMMANDS = ("/reset", "/quit", "/exit", "/help")
 
@@ -82,8 +84,9 @@ class Chat:
     """A loaded model and its renderer; `reply(messages)` samples the next assistant turn."""
 
     renderer: object
-    sample: Callable
-    """`sample(prompts, max_new_tokens, generator, **kw) -> Samples`: the engine's, with the backend chosen"""
+    make_sampler: Callable[[SamplerSettings], Sampler]
+    """a `trajtune.sources.sampler.Sampler` with a turn's settings (its budget: what the context leaves): the
+    engine's decoder of --backend, or vLLM's"""
     settings: Settings
     context: int
     generator: object = field(default=None)
@@ -108,8 +111,10 @@ class Chat:
                                       f"({self.context} tokens)")
         if self.generator is None:
             self.generator = torch.Generator().manual_seed(s.seed)
-        out = self.sample([prompt], budget, self.generator, temperature=s.temperature or 1.0, top_p=s.top_p,
-                          greedy=s.temperature == 0, stop_ids=list(self.renderer.stop_ids), pad_id=self.renderer.pad_id)
+        from ..sources.sampler import SamplerSettings
+
+        turn = SamplerSettings(budget, s.temperature or 1.0, top_p=s.top_p, greedy=s.temperature == 0)
+        out = self.make_sampler(turn).sample([prompt], list(self.renderer.stop_ids), self.generator)
         self.stopped = bool(out.stopped[0])
         return self.renderer.action_text(out.tokens[0])
 
@@ -145,16 +150,18 @@ def load_chat(model_dir: str, settings: Settings) -> Chat:
                           f"{type(e).__name__}: {e}") from e
     if settings.backend == "vllm":  # vLLM's engine on the saved weights (the trainer's sampler: sources.vllm)
         from ..experiments.hf.prepare import model_context
-        from ..sources.vllm import Colocated, VLLMRunner
+        from ..sources.build import make_sampler
+        from ..sources.vllm import Colocated
 
         context = model_context(model_dir)
-        runner = VLLMRunner(None, Colocated(model_dir, dtype="auto", max_model_len=context), 0.0)
-        return Chat(renderer, runner.sample, settings, context or 1 << 30)
+        client = Colocated(model_dir, dtype="auto", max_model_len=context)
+        return Chat(renderer, make_sampler("vllm", None, client=client), settings, context or 1 << 30)
     assert policy is not None
     from ..engine import make_engine
+    from ..sources.build import make_sampler
 
     engine = make_engine(policy, device=device)
-    return Chat(renderer, functools.partial(engine.sample, backend=settings.backend), settings, policy.max_len)
+    return Chat(renderer, make_sampler(settings.backend, engine, pad_id=renderer.pad_id), settings, policy.max_len)
 
 
 def check_device(name: str):

@@ -47,7 +47,7 @@ from typing import Literal, get_args, get_origin
 
 from ..config import ConfigError, from_dict
 from ..experiments.hf import METHODS
-from ..experiments.hf.options import flag, name_options, options, trl_names, trl_refusal
+from ..experiments.hf.options import MOVED_FLAGS, flag, name_options, options, trl_names, trl_refusal
 from ..experiments.hf.schedule import check_given
 from ..runs.rundir import RUNS, RunDir
 
@@ -134,7 +134,13 @@ def add_options(parser: argparse.ArgumentParser, cls, aliases: dict[str, tuple[s
                                      default=argparse.SUPPRESS, metavar=_metavar(o), required=o.path in REQUIRED,
                                      help=help_text, **_kind(o.type))
     for name in trl_names(cls):  # TRL's spelling of something trajtune spells or means differently
-        parser.add_argument(name, nargs="*", action=_RefuseTRLName, const=trl_refusal(cls, name), help=argparse.SUPPRESS)
+        parser.add_argument(name, nargs="*", action=_RefuseTRLName, const=trl_refusal(cls, name),
+                            help=argparse.SUPPRESS)
+    flags = {o.flag for o in options(cls)}
+    for name, now in MOVED_FLAGS.items():  # the flags of the sections the sampling section replaced
+        if now in flags:
+            parser.add_argument(name, nargs="*", action=_RefuseTRLName, help=argparse.SUPPRESS,
+                                const=f"{name} is now {now} (recipes: sampling.{now[2:].replace('-', '_')})")
 
 
 class _RefuseTRLName(argparse.Action):
@@ -162,7 +168,8 @@ def _kind(tp) -> dict:
         return _kind(next(a for a in args if a is not type(None)))
     if origin in (typing.Union, types.UnionType) and any(get_origin(a) in (list, tuple) for a in args):
         return _kind(next(a for a in args if get_origin(a) in (list, tuple)))  # list[str] | str: a recipe's one string
-    if origin in (list, tuple):  # --reward a.py:f --reward b.py:g and --reward a.py:f b.py:g alike (flags default to SUPPRESS)
+    # --reward a.py:f --reward b.py:g and --reward a.py:f b.py:g alike (flags default to SUPPRESS)
+    if origin in (list, tuple):
         return {"nargs": "*", "action": "extend",
                 **{k: v for k, v in _kind(args[0] if args else str).items() if k != "action"}}
     if tp in (int, float, str):

@@ -27,13 +27,14 @@ import sys
 
 def add_vllm_serve_parser(subparsers) -> None:
     """Add `vllm-serve` to the `trajtune` subcommands."""
-    p = subparsers.add_parser("vllm-serve", help="HF model: a vLLM server that trainers sample from and sync weights to "
-                              "(--backend vllm --vllm-server URL)", description=__doc__,
+    p = subparsers.add_parser("vllm-serve", help="HF model: a vLLM server that trainers sample from and sync weights "
+                              "to (--backend vllm --vllm-server URL)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="MODEL", help="the model the trainer starts from: a local Hugging "
                    "Face model folder, a hub id (org/name), a .gguf file or a catalog name (smollm2-135m; "
                    "`trajtune models list`)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for other machines)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for other machines)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="weights and activations (default auto: the checkpoint's; match the trainer's --precision: "
@@ -70,7 +71,7 @@ def serve_command(args) -> list[str]:
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
     if args.max_lora_rank:
-        from ..sources.vllm import _lora_slot
+        from ..sources.vllm.clients import _lora_slot
 
         cmd += ["--enable-lora", "--max-lora-rank", str(_lora_slot(args.max_lora_rank)), "--max-loras", "1"]
     return cmd + list(args.vllm_args)

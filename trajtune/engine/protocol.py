@@ -104,6 +104,8 @@ class Engine(Protocol):
     optim_config: OptimConfig
     step: int
     """optimizer steps taken (including skipped ones)"""
+    autocast: str | None
+    """None (full precision), "bf16" or "fp16": the forward's mixed precision (a sampler's check computes as it)"""
 
     @property
     def shard(self) -> Shard | None:
@@ -124,6 +126,12 @@ class Engine(Protocol):
 
     def sample(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, generator: torch.Generator | None = None,
                *, backend: Backend = "sampler", **kw) -> Samples: ...
+
+    def policy_weights(self) -> AbstractContextManager[torch.nn.Module]:
+        """The policy module with its full parameters while the context lasts (gathered once under FSDP; every rank
+        enters it): what a sampler that holds its own weights copies, fingerprints and checks its log-probs
+        against (`trajtune.sources.sync`). Read it, do not train it."""
+        ...
 
     def copy_weights_from(self, other: Engine) -> None:
         """This engine's weights := `other`'s (the same architecture under the same strategy), on every rank."""

@@ -15,7 +15,7 @@ import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Iterator, Sequence, cast
 
 import torch
 
@@ -38,7 +38,8 @@ HEAD_POSITIONS: Positions = "all"
 """The default of `make_engine(head_positions=)`."""
 
 DECODERS: dict[str, Callable[..., Samples]] = {"sampler": decoding.sample, "generate": generate.generate}
-"""`Engine.sample(backend=)` (`protocol.Backend`): the decoder of each backend, `decoder(model, prompts, max_new_tokens, generator, **kw)`"""
+"""`Engine.sample(backend=)` (`protocol.Backend`): the decoder of each backend,
+`decoder(model, prompts, max_new_tokens, generator, **kw)`"""
 
 
 def make_engine(model: torch.nn.Module, optim: OptimConfig | None = None, *, device: str | torch.device | None = None,
@@ -58,8 +59,9 @@ def make_engine(model: torch.nn.Module, optim: OptimConfig | None = None, *, dev
 class TorchEngine:
     """The `Engine`: a torch module, AdamW, and a collective strategy (one process, DDP, FSDP2)."""
 
-    def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None, device: str | torch.device | None = None,
-                 *, autocast: str | None = None, micro_batch_size: int = 0, collective: Collective | None = None,
+    def __init__(self, model: torch.nn.Module, optim: OptimConfig | None = None,
+                 device: str | torch.device | None = None, *, autocast: str | None = None,
+                 micro_batch_size: int = 0, collective: Collective | None = None,
                  frozen: bool = False,
                  logits_chunk: int = -1, share_prefix: bool = True, head_positions: Positions = HEAD_POSITIONS,
                  _prepared: bool = False) -> None:
@@ -222,7 +224,8 @@ class TorchEngine:
                     if part_rows is None:  # keep step with the other ranks: a pass that adds zero gradient
                         self._zero_pass(module, group, loss)
                         continue
-                    part = group if (len(chunks) == 1 and self.collective.ranks.world_size == 1) else group.select(part_rows)
+                    whole = len(chunks) == 1 and self.collective.ranks.world_size == 1
+                    part = group if whole else group.select(part_rows)
                     share = group_share * (1.0 if part is group else loss.share(part, group))
                     out = self._forward(module, part, loss.values, loss.entropy, loss.logits, loss.positions)
                     value, metrics = loss(out, part.to(self.device))
@@ -286,8 +289,9 @@ class TorchEngine:
         """
         make = getattr(self.model, "frozen_reference", None)
         ref = make(**kw) if make is not None else self.collective.layout.copy_model(self.model)
-        return TorchEngine(ref.eval(), device=self.device, autocast=self.autocast, micro_batch_size=self.micro_batch_size,
-                           collective=self.collective, frozen=True, logits_chunk=self.logits_chunk,
+        return TorchEngine(ref.eval(), device=self.device, autocast=self.autocast,
+                           micro_batch_size=self.micro_batch_size, collective=self.collective, frozen=True,
+                           logits_chunk=self.logits_chunk,
                            share_prefix=self.share_prefix, head_positions=self.head_positions, _prepared=make is None)
 
     def copy_weights_from(self, other: Engine) -> None:
@@ -315,6 +319,12 @@ class TorchEngine:
                 return decode(self.model, prompts, max_new_tokens, generator, **kw)
         finally:
             set_mode(self.model, was_training)
+
+    @contextlib.contextmanager
+    def policy_weights(self) -> Iterator[torch.nn.Module]:
+        """The policy module, its full parameters gathered while the context lasts (`Engine.policy_weights`)."""
+        with self.collective.layout.full_parameters(self.model):
+            yield self.model
 
     # --- state: the one checkpoint layout (rank 0 writes, every rank reads) --------------------
     def save_state(self, path: str | os.PathLike, extra: dict | None = None,

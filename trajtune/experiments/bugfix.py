@@ -33,7 +33,8 @@ import torch
 from ..algorithms.common import dedup_and_cap, select_episodes, shares
 from ..algorithms.sft import SFTConfig, train_sft
 from ..sources.base import Draw
-from ..sources.episodes import EpisodeSource
+from ..sources.episodes import EpisodeRunner, EpisodeSource
+from ..sources.sampler import Decoder, Sampler, SamplerSettings
 from ..engine import Engine, OptimConfig
 from ..envs.bugfix import FAMILY_OP, OPS, BugFixEnv, build_tokenizer, parse_action
 from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
@@ -73,13 +74,19 @@ class Gym:
     def pad_id(self) -> int:
         return self.tok.pad_id
 
-    def source(self, engine: Engine, reward: str = "hidden", policy=None) -> EpisodeSource:
+    @property
+    def settings(self) -> SamplerSettings:
+        """How an action is sampled: up to `max_action_tokens` tokens at temperature 1."""
+        return SamplerSettings(max_new_tokens=self.max_action_tokens)
+
+    def source(self, engine: Engine, reward: str = "hidden", policy: Sampler | EpisodeRunner | None = None
+               ) -> EpisodeSource:
         """The engine's episodes in the gym, a source for the loops (`policy`: where they are sampled, default
-        `engine.sample`; a `SamplerProcess` for an overlapped run). Under torchrun every rank samples its shard
-        of the episodes and all ranks get the whole list."""
-        return EpisodeSource(engine.sample if policy is None else policy, BugFixEnvFactory(reward), self.renderer,
-                             shard=engine.shard, episode_seeds=self.episode_seeds, max_turns=self.max_turns,
-                             max_action_tokens=self.max_action_tokens)
+        the engine's built-in sampler with `settings`; a `SamplerProcess` for an overlapped run). Under torchrun
+        every rank samples its shard of the episodes and all ranks get the whole list."""
+        return EpisodeSource(Decoder(engine.sample, self.settings) if policy is None else policy,
+                             BugFixEnvFactory(reward), self.renderer, shard=engine.shard,
+                             episode_seeds=self.episode_seeds, max_turns=self.max_turns)
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ The POLICY tokens are the sampled ids, never re-tokenized.
 
 Where the training episodes are sampled (`sampling.backend`):
 
-    sampler    trajtune's KV-cached sampler on the trainer's weights (default; `overlap` may move it to a
-               sampler process, one update behind with max_staleness 1)
+    sampler    trajtune's KV-cached sampler on the trainer's weights (default; `sampling.max_staleness` may move it
+               to a sampler process, one update behind with max_staleness 1)
     generate   Hugging Face `model.generate` on the trainer's weights
-    vllm       vLLM, colocated (started by the run) or `vllm.vllm_server` URLs: each assistant turn is one
+    vllm       vLLM, colocated (started by the run) or `sampling.vllm_server` URLs: each assistant turn is one
                request whose prompt is the transcript's token ids so far, so vLLM's prefix cache serves the
                earlier turns; its weights are synced and checked after every update (sync/logprob_diff,
-               `trajtune.sources.vllm`); with overlap.max_staleness 1 the next step is sampled there while
+               `trajtune.sources.vllm`); with sampling.max_staleness 1 the next step is sampled there while
                this one trains
 
 The held-out evaluation always samples with the built-in sampler on the trainer's weights. One stage,
@@ -32,18 +32,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 from ..algorithms.rl import RLConfig
 from ..config import ConfigError, check_choices, check_ranges
 from ..engine import OptimConfig
 from ..metrics import register
 from ..runs.stages import Stage, StageOptions, run_stages
-from ..sources.episodes import EpisodeSource, Measured
-from ..sources.overlap import OverlapConfig, check_overlap
-from ..sources.vllm import VLLMConfig
+from ..sources.sampling import MOVED, SamplingConfig, check_sampling
 from .hf.model import ModelConfig
-from .hf.sampling import SamplingConfig
 from .task_rl import GUESS_BAD_MOVES, GUESS_MOVES, game_vocabulary, train_and_score, write_task_report
 
 register("rollout/turns", "mean policy turns per sampled episode (hf_gym: the multi-turn episodes' length)")
@@ -56,6 +53,9 @@ BUGFIX_SYSTEM = ("You fix a bug in a Python function. Each reply is one action: 
 
 @dataclass
 class Config:
+    RENAMED: ClassVar[dict[str, str]] = MOVED
+    """the sections the sampling section replaced (recipes: [config.vllm], [config.overlap])"""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     """the Hugging Face model (model.path: a local directory, required) and how it trains; max_length is the
     episode's token budget (capped at the model's positions; the environment's longest answer is kept free after
@@ -88,31 +88,19 @@ class Config:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     """optimizer settings"""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=16))
-    """how the policy's turns are sampled: backend (sampler, generate, vllm), temperature, top_k, top_p, and
-    max_new_tokens: the token budget of one turn (one action)"""
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    """with sampling.backend vllm: colocated (default) or vllm_server URLs, and how its syncs are checked"""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    """where the RL loop samples (max_staleness 1: the next step ahead, with rl.tis_cap > 0)"""
+    """how and where the policy's turns are sampled: backend (sampler, generate, vllm: colocated, or vllm_server
+    URLs), temperature, top_k, top_p, max_new_tokens (the token budget of one turn), max_staleness 1 (the next step
+    ahead, with rl.tis_cap > 0)"""
     runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
     """the stage runner (one stage)"""
 
     def __post_init__(self) -> None:
         check_choices(self)
-        check_overlap(self.overlap, self.rl, "hf_gym")
+        check_sampling(self.sampling, "hf_gym", rl=self.rl)
         check_ranges(self, "hf_gym", counts=("n_train", "n_eval", "eval_samples", "max_turns"))
         if "{}" not in self.action_template:
             raise ValueError(f"hf_gym: action_template must contain '{{}}' (where the move goes), got "
                              f"{self.action_template!r}")
-        backend = self.sampling.backend
-        if backend == "vllm" and self.overlap.sampler_process:
-            raise ValueError("hf_gym: overlap.sampler_process runs the built-in sampler in a process of its own; "
-                             "sampling.backend vllm samples in vLLM (drop sampler_process; max_staleness 1 overlaps "
-                             "vLLM too)")
-        if backend == "generate" and self.overlap.in_process:
-            raise ValueError("hf_gym: overlap.max_staleness / sampler_process sample in a separate process with the "
-                             "built-in sampler; sampling.backend generate samples from the trainer's own model: use "
-                             "backend sampler (or vllm)")
 
 
 def check_model(config: Config) -> None:
@@ -218,8 +206,6 @@ def policy_turns(trajs) -> dict[str, float]:
 
 
 def stage_rl(ctx) -> dict:
-    import functools
-
     from ..models import hf
     from ..text.chat import ChatRenderer
     from .hf.recipe import user_errors
@@ -231,39 +217,17 @@ def stage_rl(ctx) -> dict:
     with user_errors():
         renderer = ChatRenderer(hf.load_tokenizer(config.model.path))
         policy, engine = load_engine(ctx, config.model, config.optim, seed=config.seed)
-    if engine.shard is not None and s.backend == "generate":
-        raise ConfigError("hf_gym: sampling.backend generate cannot sample sharded under torchrun (no per-episode "
-                          "seeds); use backend sampler or vllm")
     train, held_out, texts = gym_tasks(config)
     max_tokens = token_budget(config, renderer, texts)
     system = config.system_prompt or (BUGFIX_SYSTEM if config.gym == "bugfix" else "")
     make_env = MakeEnv(config.gym, "" if system == "none" else system, config.reward, config.action_template,
                        tuple(sorted(config.game_kwargs.items())))
-    own_seeds = s.backend in ("sampler", "vllm")  # HF generate draws one seed per call
-
-    def episodes(sampler) -> Measured:
-        return Measured(EpisodeSource(
-            sampler, make_env, renderer, shard=engine.shard, episode_seeds=own_seeds, max_turns=config.max_turns,
-            max_tokens=max_tokens, max_action_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-            top_p=s.top_p, draw=s.draw if s.backend == "sampler" else "race",
-            share_prompts=s.share_prompts and s.backend == "sampler"), policy_turns)
-
-    runner = here = None
-    if s.backend == "vllm":
-        from ..sources.vllm import vllm_runner
-
-        runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
-                             max_model_len=budget(config.model)[0], seed=config.rl.seed)
-    elif s.backend == "generate":
-        here = functools.partial(engine.sample, backend="generate", pad_id=renderer.pad_id)
     where = f"{config.env_id}" if config.gym == "textarena" else "BugFix"
-    try:
-        return train_and_score(ctx, policy, _Tokenizer(renderer.tokenizer, renderer.pad_id), episodes, "hf_gym",
-                               train, held_out, f"hf_gym {where} ({Path(config.model.path).name}, {s.backend})",
-                               engine=engine, here=here, runner=runner)
-    finally:
-        if runner is not None:
-            runner.close()  # closed with the source already when the loop ran; here however the stage ends
+    return train_and_score(ctx, policy, _Tokenizer(renderer.tokenizer, renderer.pad_id), make_env, renderer, "hf_gym",
+                           train, held_out, f"hf_gym {where} ({Path(config.model.path).name}, {s.backend})",
+                           max_turns=config.max_turns, max_tokens=max_tokens, engine=engine, measure=policy_turns,
+                           pad_id=renderer.pad_id, model_dir=config.model.path, precision=config.model.precision,
+                           max_model_len=budget(config.model)[0])
 
 
 def dry_run(config: Config, run_dir: Path) -> str:

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..algorithms.rl import RLConfig
-from ..sources.episodes import EpisodeSource
-from ..sources.overlap import OverlapConfig, check_overlap
+from ..sources.sampling import MOVED, SamplingConfig, check_sampling
 from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -39,6 +38,9 @@ from .task_rl import train_and_score, write_task_report
 
 @dataclass
 class Config:
+    RENAMED: ClassVar[dict[str, str]] = {"overlap": MOVED["overlap"], "max_answer_tokens": "sampling.max_new_tokens"}
+    """keys that moved (the one sampling section)"""
+
     dataset: str = "spell_backward"
     """the reasoning-gym dataset (any of `trajtune.envs.adapters.reasoning_gym.dataset_names()`)"""
     dataset_config: dict[str, Any] = field(default_factory=lambda: {"min_word_len": 3, "max_word_len": 3})
@@ -49,8 +51,6 @@ class Config:
     """held-out entries (seed 10_000 + `seed`, questions seen in training removed)"""
     eval_samples: int = 4
     """episodes per held-out task (mean reward and pass@1 over them)"""
-    max_answer_tokens: int = 6
-    """the action budget in characters (including the end token)"""
     seed: int = 0
     """model init, task order and sampling"""
     dim: int = 64
@@ -62,17 +62,18 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=200, tasks_per_step=8, group_size=8,
                                                           advantage="grpo", eval_every=50))
     """the RL loop's settings"""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    """where the RL loop samples (max_staleness 1: the next step in a sampler process while this one trains, with
-    rl.tis_cap > 0)"""
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=6, draw="race",
+                                                                            share_prompts=False))
+    """how and where the RL loop samples: max_new_tokens, the action budget in characters (including the end
+    token); max_staleness 1: the next step in a sampler process while this one trains, with rl.tis_cap > 0"""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=4e-3))
     """optimizer settings"""
     runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
     """the stage runner (one stage)"""
 
     def __post_init__(self) -> None:
-        check_overlap(self.overlap, self.rl, "reasoning_gym")
-        check_ranges(self, "reasoning_gym", counts=("n_train", "n_eval", "eval_samples", "max_answer_tokens",
+        check_sampling(self.sampling, "reasoning_gym", rl=self.rl, backends=("sampler",))
+        check_ranges(self, "reasoning_gym", counts=("n_train", "n_eval", "eval_samples",
                                                     "dim", "n_layers", "n_heads"))
         if self.dim % self.n_heads:
             raise ValueError(f"reasoning_gym: dim={self.dim} is not divisible by n_heads={self.n_heads}")
@@ -105,13 +106,12 @@ def stage_rl(ctx) -> dict:
     tok = CharTokenizer.from_corpus([t.question + t.answer for t in train + held_out])
     renderer = Renderer(tok)
     longest = max(len(renderer.generation_prompt([{"role": "user", "content": t.prompt}])) for t in train + held_out)
-    max_tokens = longest + config.max_answer_tokens
+    max_tokens = longest + config.sampling.max_new_tokens
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
                                        max_len=max_tokens + 1))
     result = train_and_score(
-        ctx, model, tok, lambda policy: EpisodeSource(policy, reasoning_gym_env, renderer, max_turns=1,
-                                                     max_tokens=max_tokens, max_action_tokens=config.max_answer_tokens),
-        "reasoning_gym", train, held_out, f"reasoning-gym {config.dataset}")
+        ctx, model, tok, reasoning_gym_env, renderer, "reasoning_gym", train, held_out,
+        f"reasoning-gym {config.dataset}", max_turns=1, max_tokens=max_tokens, episode_seeds=False, sharded=False)
     return {**result, "example": {"question": held_out[0].question, "answer": held_out[0].answer}}
 
 

@@ -8,31 +8,49 @@ what a TextArena game says to a scripted player (textarena.py and hf_gym.py buil
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from ..algorithms.rl import train_rl
 from ..evaluation import score_policy
 from ..runs.stages import StageContext
 from ..sources.base import Source
-from ..sources.overlap import overlapped
+from ..envs.base import Env
+from ..sources.build import episode_source
+from ..sources.sampling import SamplingConfig
+from ..text.render import RendererProtocol
 
 
-def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Source], experiment: str,
-                    train: Sequence, held_out: Sequence, describe: str, *, engine=None, here=None,
-                    runner=None) -> dict:
-    """The stage's RL run on `episodes(policy)` (a source of the task's episodes sampled by `policy`: the engine's
-    sampler, or a sampler process when the recipe's `overlap` asks for one); `experiment` goes into the checkpoint's
-    meta, `describe` heads the printed line. Optional: `engine`, the engine already built on `model` (default
-    `ctx.engine(model, config.optim)`); `here`, the training episodes' sampler (default `engine.sample`); `runner`, a
-    sampler holding its own weights (a `sources.vllm.VLLMRunner`) the training episodes go through instead, closed
-    with the source (`overlap.overlapped`). The held-out evaluation always samples with `engine.sample`.
+def train_and_score(ctx: StageContext, model, tok, make_env: Callable[[], Env], renderer: RendererProtocol,
+                    experiment: str, train: Sequence, held_out: Sequence, describe: str, *, max_turns: int,
+                    max_tokens: int, engine=None, measure: Callable[[list], dict[str, float]] | None = None,
+                    episode_seeds: bool | None = None, sharded: bool = True, pad_id: int = 0, model_dir: str = "",
+                    precision: str = "fp32", max_model_len: int | None = None) -> dict:
+    """The stage's RL run on the task's episodes (`make_env`, `renderer`, `max_turns`, `max_tokens`), sampled as the
+    recipe's sampling section says (`trajtune.sources.build.episode_source`; `measure`, `episode_seeds`, `sharded`,
+    `pad_id` and, for vLLM, `model_dir`, `precision`, `max_model_len` go to it); `experiment` goes into the
+    checkpoint's meta, `describe` heads the printed line. Optional: `engine`, the engine already built on `model`
+    (default `ctx.engine(model, config.optim)`). The held-out evaluation samples with the built-in sampler on the
+    trainer's weights, on-policy, drawing as the training sampler does.
     -> {"before", "after": held-out eval/reward and eval/pass@1, "curve": [(step, train reward, held-out
     reward, held-out pass@1), ...]}. The policy is saved as the stage's checkpoint."""
     config = ctx.config
     engine = engine if engine is not None else ctx.engine(model, config.optim)
-    evaluation = episodes(engine.sample)  # the current weights, here
+    s = config.sampling
+    drawn = s.settings()
+    here = dataclasses.replace(s, backend="sampler", max_staleness=0, sampler_process=False, draw=drawn.draw,
+                               share_prompts=drawn.share_prompts)
+    seeds = s.backend in ("sampler", "vllm") if episode_seeds is None else episode_seeds
+
+    def source(section: SamplingConfig) -> Source:
+        return episode_source(section, engine, make_env, renderer, experiment, max_turns=max_turns,
+                              max_tokens=max_tokens, pad_id=pad_id, measure=measure, rl=config.rl,
+                              episode_seeds=seeds, sharded=sharded, model_dir=model_dir, precision=precision,
+                              seed=config.rl.seed, max_model_len=max_model_len)
+
+    evaluation = source(here)  # the current weights, here
 
     def evaluate(step: int) -> dict:
         return score_policy(evaluation, held_out, n=config.eval_samples, ks=(1,), seed=1).metrics()
@@ -41,11 +59,11 @@ def train_and_score(ctx: StageContext, model, tok, episodes: Callable[[Any], Sou
     if engine.is_main:
         print(f"{describe}: {model.num_parameters():,} parameters, {len(train)} train / {len(held_out)} held-out "
               f"tasks; held-out reward {before['eval/reward']:.3f} before")
-    with overlapped(engine, config.overlap, episodes, here, runner=runner) as source:
-        history = train_rl(engine, train, source, config.rl, tok.pad_id, ctx.run(evaluate))
+    with source(s) as training:
+        history = train_rl(engine, train, training, config.rl, tok.pad_id, ctx.run(evaluate))
     ctx.save_model(model, tok, "checkpoint", meta={"experiment": experiment})
-    curve = [(r["step"], r["rollout/reward"], r["eval/reward"],
-              r["eval/pass@1"]) for r in history if "eval/reward" in r]
+    curve = [(r["step"], r["rollout/reward"], r["eval/reward"], r["eval/pass@1"])
+             for r in history if "eval/reward" in r]
     return {"before": before, "after": {k: history[-1][k] for k in ("eval/reward", "eval/pass@1")}, "curve": curve}
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from ..algorithms.rl import RLConfig
-from ..sources.episodes import EpisodeSource
-from ..sources.overlap import OverlapConfig, check_overlap
+from ..sources.sampling import MOVED, SamplingConfig, check_sampling
 from ..config import ConfigError, check_ranges
 from ..engine import OptimConfig
 from ..models.tiny import TinyConfig, TinyTransformer
@@ -39,6 +38,9 @@ from .task_rl import GUESS_BAD_MOVES, GUESS_MOVES, game_vocabulary, train_and_sc
 
 @dataclass
 class Config:
+    RENAMED: ClassVar[dict[str, str]] = {"overlap": MOVED["overlap"], "max_action_tokens": "sampling.max_new_tokens"}
+    """keys that moved (the one sampling section)"""
+
     env_id: str = "GuessTheNumber-v0-raw"
     """the TextArena game (a single-player "-raw" id)"""
     game_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -57,8 +59,6 @@ class Config:
     """episodes per held-out game"""
     max_turns: int = 10
     """policy turns per episode (the game may end sooner)"""
-    max_action_tokens: int = 2
-    """tokens per move (a number and the end token)"""
     seed: int = 0
     """model init, game seeds and sampling"""
     dim: int = 64
@@ -70,18 +70,19 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=60, tasks_per_step=8, group_size=8,
                                                           advantage="grpo", eval_every=20))
     """the RL loop's settings"""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    """where the RL loop samples (max_staleness 1: the next step in a sampler process while this one trains, with
-    rl.tis_cap > 0)"""
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=2, draw="race",
+                                                                            share_prompts=False))
+    """how and where the RL loop samples: max_new_tokens, the tokens per move (a number and the end token);
+    max_staleness 1: the next step in a sampler process while this one trains, with rl.tis_cap > 0"""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-3))
     """optimizer settings"""
     runner: StageOptions = field(default_factory=lambda: StageOptions(workers=1))
     """the stage runner (one stage)"""
 
     def __post_init__(self) -> None:
-        check_overlap(self.overlap, self.rl, "textarena")
-        check_ranges(self, "textarena", counts=("n_train", "n_eval", "eval_samples", "max_turns",
-                                                "max_action_tokens", "dim", "n_layers", "n_heads"))
+        check_sampling(self.sampling, "textarena", rl=self.rl, backends=("sampler",))
+        check_ranges(self, "textarena", counts=("n_train", "n_eval", "eval_samples", "max_turns", "dim", "n_layers",
+                                                "n_heads"))
         if self.dim % self.n_heads:
             raise ValueError(f"textarena: dim={self.dim} is not divisible by n_heads={self.n_heads}")
         if not self.moves:
@@ -105,7 +106,7 @@ def stage_rl(ctx) -> dict:
     opening = max(len(renderer.generation_prompt([{"role": "user", "content": TextArenaEnv(
         config.action_template, **config.game_kwargs).reset(t)}])) for t in train[:8])
     # a turn: the move, the longest message the game sends back, and the turn wrappers (<|end|>, headers)
-    turn = config.max_action_tokens + max(len(tok.encode(t)) for t in texts) + 4
+    turn = config.sampling.max_new_tokens + max(len(tok.encode(t)) for t in texts) + 4
     max_tokens = opening + config.max_turns * turn
     model = TinyTransformer(TinyConfig(tok.vocab_size, config.dim, config.n_layers, config.n_heads,
                                        max_len=max_tokens + turn))  # + the observation after the last move
@@ -114,9 +115,9 @@ def stage_rl(ctx) -> dict:
         return TextArenaEnv(config.action_template, **config.game_kwargs)
 
     return train_and_score(
-        ctx, model, tok, lambda policy: EpisodeSource(policy, make_env, renderer, max_turns=config.max_turns,
-                                                     max_tokens=max_tokens, max_action_tokens=config.max_action_tokens),
-        "textarena", train, held_out, f"textarena {config.env_id} ({tok.vocab_size} words)")
+        ctx, model, tok, make_env, renderer, "textarena", train, held_out,
+        f"textarena {config.env_id} ({tok.vocab_size} words)", max_turns=config.max_turns, max_tokens=max_tokens,
+        episode_seeds=False, sharded=False)
 
 
 def run(config: Config, run_dir: Path) -> Path:

@@ -2,17 +2,23 @@
 
     base.py        the contract: `Source` (take / after_update / pending / restore / close), `Draw`, `Draws`,
                    `Episodes` (the trajectories with their metrics); the only module the algorithms import
+    sampler.py     the sampler seam: `Sampler` (settings fixed when made; sample(prompts, stop_ids, seeds)),
+                   `WeightSampler` (+ load, logprobs), `SamplerSettings`, `Decoder` (the engine's decoders)
     rollout.py     the episode loop: lockstep model rollouts over environments, scripted rollouts
     episodes.py    `EpisodeSource`: a policy in environments as a source (groups, seeds, shards, the fault limit);
                    `Measured`: an experiment's counts added to a source's metrics
     faults.py      a failing environment fails its episode, not the run: time limits, the run-level fault limit
     process.py     `SamplerProcess`: the episode loop in a process of its own, with its own copy of the weights
     serve.py       that process's own side: its loop, its log records and errors sent to the trainer
-    sync.py        weight syncs and their checks (fingerprints, probe log-probs)
-    vllm.py        vLLM as the sampler: `VLLMRunner` over a colocated engine or `trajtune vllm-serve` servers,
-                   the weights synced and checked after every update (`VLLMConfig`, `vllm_runner`)
+    sync.py        weight syncs and THE sync check of every weight-holding sampler (fingerprints, probe log-probs)
+    vllm/          vLLM as the sampler: `VLLMSampler`, `WeightSync`, `VLLMRunner` over a colocated engine or
+                   `trajtune vllm-serve` servers (clients.py, sampler.py, weights.py, runner.py)
     vllm_worker.py what vLLM's workers load: the trainer's weights from a file (a worker extension)
-    overlap.py     `Overlapped`: the next step drawn while this one trains; `OverlapConfig`
+    sampling.py    `SamplingConfig`: a run's one sampling section (backend, draw, budget, staleness, vLLM, sync
+                   tolerance, timeout) and `check_sampling`, every rule tying them together, once
+    build.py       `episode_source`: THE builder of a run's episode source from its sampling section;
+                   `make_sampler`: the one place a backend name becomes a sampler
+    overlap.py     `Overlapped`: the next step drawn while this one trains; `overlapped` builds where it runs
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     graders.py     the `Grader` Protocol (reward functions, reward models, ensembles, judges, rubrics), `Weighted`
@@ -25,8 +31,11 @@
 
 A loop's source is a composition, written out where it is built (the experiments):
 
-    source = EpisodeSource(engine.sample, make_env, renderer, max_turns=6)       # on-policy, in the trainer
+    sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=16))
+    source = EpisodeSource(sampler, make_env, renderer, max_turns=6)             # on-policy, in the trainer
     source = Scored(EpisodeSource(...), engine, weighted(graders))              # + reward functions, models
-    source = overlapped(engine, OverlapConfig(max_staleness=1),                  # one step ahead, in a process
-                        lambda policy: EpisodeSource(policy, make_env, renderer))
+    source = overlapped(engine, SamplingConfig(max_staleness=1),                 # one step ahead, in a process
+                        lambda policy: EpisodeSource(policy, make_env, renderer), sampler)
+    source = episode_source(config.sampling, engine, make_env, renderer, "grpo",  # a run's, as its sampling
+                            score=lambda episodes: Scored(episodes, engine, ...))  # section says (build.py)
 """

@@ -15,10 +15,9 @@ first), with group id i for the episodes of `draw.tasks[i]` -- one group per tas
 
 Where the episode loop runs is the `policy`, passed explicitly:
 
-    EpisodeSource(engine.sample, ...)          here, with a sampler (`engine.sample`, or any callable with
-                                               the `rollout.Sampler` signature)
-    EpisodeSource(SamplerProcess(engine), ...) in a process holding its own copy of the weights, synced
-                                               and checked after every update (`after_update`)
+    EpisodeSource(Decoder(engine.sample, settings), ...)    here, with a `trajtune.sources.sampler.Sampler`
+    EpisodeSource(SamplerProcess(engine, settings), ...)   in a process holding its own copy of the weights,
+                                                           synced and checked after every update (`after_update`)
 
 `Measured(source, fn)` adds `fn(trajectories)` to a source's metrics (an experiment's counts).
 """
@@ -26,7 +25,8 @@ Where the episode loop runs is the `policy`, passed explicitly:
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, cast
 
 import torch
 
@@ -36,15 +36,26 @@ from ..text.render import RendererProtocol
 from ..trajectory import Trajectory
 from .base import Draw, Episodes, Source, Wrapper
 from .faults import STEP_TIMEOUT_S, check_faults
-from .rollout import Sampler, rollout_batch
+from .rollout import rollout_batch
+from .sampler import Sampler
+
+
+@dataclass(frozen=True)
+class Limits:
+    """An episode's limits (`rollout.rollout_batch`'s): policy turns, tokens in all, seconds per environment call."""
+
+    max_turns: int = 6
+    max_tokens: int = 512
+    step_timeout_s: float | None = STEP_TIMEOUT_S
 
 
 class EpisodeRunner(Protocol):
-    """Where the episode loop runs: `rollout(envs, tasks, renderer, generator, **kw)` is
-    `rollout_batch(<its policy>, envs, tasks, renderer, generator, **kw)`, here or elsewhere."""
+    """Where the episode loop runs: `rollout(envs, tasks, renderer, generator, limits, groups, row_seeds)` is
+    `rollout_batch(<its sampler>, envs, tasks, renderer, generator, ...)`, here or elsewhere."""
 
     def rollout(self, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
-                generator: torch.Generator | None, **kw: Any) -> list[Trajectory]: ...
+                generator: torch.Generator | None, limits: Limits, groups: Sequence[int] | None = None,
+                row_seeds: Sequence[int] | None = None) -> list[Trajectory]: ...
 
     def after_update(self, engine: Any) -> dict[str, float]: ...
 
@@ -52,14 +63,15 @@ class EpisodeRunner(Protocol):
 
 
 class Here:
-    """The episode loop in this process, sampling with `sampler` (e.g. `engine.sample`)."""
+    """The episode loop in this process, sampling with `sampler` (e.g. `Decoder(engine.sample, settings)`)."""
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
 
     def rollout(self, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
-                generator: torch.Generator | None, **kw: Any) -> list[Trajectory]:
-        return rollout_batch(self.sampler, envs, tasks, renderer, generator, **kw)
+                generator: torch.Generator | None, limits: Limits, groups: Sequence[int] | None = None,
+                row_seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        return run_episodes(self.sampler, envs, tasks, renderer, generator, limits, groups, row_seeds)
 
     def after_update(self, engine: Any) -> dict[str, float]:
         return {}  # the sampler reads the trainer's own weights
@@ -71,24 +83,24 @@ class Here:
 class EpisodeSource:
     """Episodes of `policy` in fresh environments from `make_env`, rendered by `renderer` (module docstring).
 
-    policy:          a sampler (`engine.sample`: the episode loop runs here) or an `EpisodeRunner` (a
-                     `trajtune.sources.process.SamplerProcess`: it runs there)
+    policy:          a `Sampler` (`Decoder(engine.sample, settings)`: the episode loop runs here) or an
+                     `EpisodeRunner` (a `trajtune.sources.process.SamplerProcess`: it runs there)
+    max_turns, max_tokens: an episode's limits (`rollout.rollout_batch`)
     episode_seeds:   episode e of a draw samples from its own generator (module docstring)
     shard:           run this process's share of the episodes and all-gather them (`engine.shard`; implies
                      episode_seeds): every process returns the same whole list, in order
     max_fault_share: more failed environments than this share of a draw stop the run (`faults.TooManyFaults`)
     step_timeout_s:  time limit of each `env.reset` / `env.step` call (default 60 s; 0 or None: none); an
                      environment that raises or overruns fails its episode alone (outcome ENV_ERROR)
-    rollout_kwargs:  go to `rollout_batch` (max_turns, max_tokens, max_action_tokens, temperature, ...)
     """
 
     def __init__(self, policy: Sampler | EpisodeRunner, make_env: Callable[[], Env], renderer: RendererProtocol, *,
-                 episode_seeds: bool = False, shard: Any = None, max_fault_share: float = 0.5,
-                 step_timeout_s: float | None = STEP_TIMEOUT_S, **rollout_kwargs: Any):
-        self.runner: EpisodeRunner = policy if hasattr(policy, "rollout") else Here(policy)  # type: ignore[assignment]
+                 max_turns: int = 6, max_tokens: int = 512, episode_seeds: bool = False, shard: Any = None,
+                 max_fault_share: float = 0.5, step_timeout_s: float | None = STEP_TIMEOUT_S):
+        self.runner = cast(EpisodeRunner, policy) if hasattr(policy, "rollout") else Here(cast(Sampler, policy))
         self.make_env, self.renderer, self.shard = make_env, renderer, shard
         self.episode_seeds, self.max_fault_share = episode_seeds, max_fault_share
-        self.rollout_kwargs = {**rollout_kwargs, "step_timeout_s": step_timeout_s}
+        self.limits = Limits(max_turns, max_tokens, step_timeout_s)
 
     def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
         t0 = time.perf_counter()
@@ -101,14 +113,13 @@ class EpisodeSource:
         groups = [i for i in range(len(tasks)) for _ in range(n)]
         if not self.episode_seeds and self.shard is None:
             trajs = self.runner.rollout([self.make_env() for _ in batch], batch, self.renderer, generator,
-                                        groups=groups, **self.rollout_kwargs)
+                                        self.limits, groups)
         else:
             base = int(torch.randint(0, 2**62, (1,), generator=generator))
             mine = list(range(len(batch))) if self.shard is None else self.shard.rows(len(batch))
             trajs = self.runner.rollout([self.make_env() for _ in mine], [batch[i] for i in mine], self.renderer, None,
-                                        groups=[groups[i] for i in mine],
-                                        row_seeds=[episode_seed(base, i) for i in mine],
-                                        **self.rollout_kwargs) if mine else []
+                                        self.limits, [groups[i] for i in mine],
+                                        [episode_seed(base, i) for i in mine]) if mine else []
             trajs = trajs if self.shard is None else self.shard.gather(len(batch), trajs)
         check_faults(trajs, self.max_fault_share)
         return trajs
@@ -145,6 +156,15 @@ class Measured(Wrapper):
         episodes = self.inner.take(draw, ahead)
         episodes.metrics.update(self.measure(episodes.trajs))
         return episodes
+
+
+def run_episodes(sampler: Sampler, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
+                 generator: torch.Generator | None, limits: Limits, groups: Sequence[int] | None = None,
+                 row_seeds: Sequence[int] | None = None) -> list[Trajectory]:
+    """`rollout.rollout_batch` under `limits` (what every `EpisodeRunner` runs, wherever it runs)."""
+    return rollout_batch(sampler, envs, tasks, renderer, generator, max_turns=limits.max_turns,
+                         max_tokens=limits.max_tokens, groups=groups, row_seeds=row_seeds,
+                         step_timeout_s=limits.step_timeout_s)
 
 
 def sample_episodes(source: Source, tasks: Sequence[Any], n: int, seed: int | torch.Generator) -> list[Trajectory]:

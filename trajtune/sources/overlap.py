@@ -13,7 +13,7 @@ scheme, `max_staleness = 1`):
 
 The loop stays a straight loop: the machinery is here. Episodes drawn ahead are `behind` = 1 (their
 policy lagged the trained one by an update): the loop corrects that with the truncated importance
-weight against the sampler's log-probs (`RLConfig.tis_cap`, which `check_overlap` requires).
+weight against the sampler's log-probs (`RLConfig.tis_cap`, which `sampling.check_sampling` requires).
 Everything inside `inner` (reward functions, reward models, an experiment's measurements) runs in
 the background thread too, overlapped with the update.
 
@@ -22,81 +22,40 @@ trains on them (`restore`): it ends with the weights and rows of an uninterrupte
 while drawing ahead is raised by the next `take` (or `pending`); the update it overlapped has
 finished by then. `close()` stops the process and the thread however the run ends.
 
-`OverlapConfig` is the section of an experiment's config that asks for this (`overlapped` builds
-the source it describes): `sampler_process` alone runs the episodes in the process on-policy, the
-one-process run bit for bit (with the trainer's thread count), a check of the machinery.
+The sampling section (`trajtune.sources.sampling.SamplingConfig`: max_staleness, sampler_process) asks for
+this, and `overlapped` builds the source it describes: `sampler_process` alone runs the episodes in the
+process on-policy, the one-process run bit for bit (with the trainer's thread count), a check of the machinery.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config import check_ranges
 from ..trajectory import Owner
 from .base import Draw, Episodes, Source, Wrapper
 from .process import SamplerProcess
+from .sampler import Sampler
+from .sampling import SamplingConfig
 
 
-@dataclass
-class OverlapConfig:
-    """Where an RL run's episodes are sampled, and how far behind the trained policy."""
-
-    max_staleness: int = 0
-    """how many updates the sampling policy may lag: 0 samples step s with the policy step s updates (on-policy);
-    1 samples step s+1 while step s trains, in a sampler process holding its own copy of the weights, one update
-    behind (needs the loop's tis_cap > 0: the truncated importance weight against the sampler's log-probs)"""
-    sampler_process: bool = False
-    """run the episodes in a separate process with its own copy of the weights, synced and checked after every
-    update (implied by max_staleness 1; with 0 a run equals the one-process run: bit for bit when sampler_threads
-    is the trainer's torch thread count, else up to float rounding)"""
-    sampler_threads: int = 1
-    """torch threads of the sampler process (1: the sampler on one core, the trainer on the others)"""
-    sampler_timeout: float = 600.0
-    """longest wait for the sampler process to answer (one step's episodes, a weight sync) before the run stops
-    with an error (0: no limit); a sampler process that dies stops the run at once, naming the cause"""
-    sync_tolerance: float = 1e-3
-    """after every weight sync the sampler's and the trainer's log-probs of the same tokens (a few rows of the
-    last episodes) must agree to this (max abs difference, nats; logged as sync/logprob_diff), and the sampler's
-    weights must equal the trainer's, or the run stops"""
-
-    def __post_init__(self) -> None:
-        if self.max_staleness not in (0, 1):
-            raise ValueError(f"overlap: max_staleness must be 0 (on-policy) or 1 (sample the next step while this "
-                             f"one trains), got {self.max_staleness}")
-        check_ranges(self, "overlap", counts=("sampler_threads",), non_negative=("sampler_timeout",),
-                     positive=("sync_tolerance",))
-
-    @property
-    def in_process(self) -> bool:
-        """Whether the episodes run in a sampler process."""
-        return bool(self.sampler_process or self.max_staleness)
-
-
-def check_overlap(overlap: OverlapConfig, rl: Any, where: str = "") -> None:
-    """An experiment config's cross-check: max_staleness 1 needs the RL loop's truncated importance weight."""
-    if overlap.max_staleness and not rl.tis_cap:
-        raise ValueError(f"{where or 'overlap'}: max_staleness 1 samples with the policy one update behind; set "
-                         "the RL loop's tis_cap (recipes: [config.rl] tis_cap; the command line: --tis-cap), e.g. "
-                         "2.0, so the truncated importance weight against the sampler's log-probs corrects the lag")
-
-
-def overlapped(engine, overlap: OverlapConfig, build: Callable[[Any], Source], here: Any = None,
+def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], sampler: Sampler,
                runner: Any = None) -> Source:
-    """The source `overlap` describes: `build(policy)` with `policy` = `here` (on-policy, in the trainer; default
-    `engine.sample`), or a `SamplerProcess` on `engine` (`sampler_process`), wrapped in `Overlapped` for
-    max_staleness 1.
+    """The source the sampling section `overlap` describes: `build(policy)` with `policy` = `sampler` (on-policy, in
+    the trainer: e.g.
+    `Decoder(engine.sample, settings)`), or a `SamplerProcess` on `engine` drawing with `sampler`'s settings
+    (`sampler_process`), wrapped in `Overlapped` for max_staleness 1.
 
-        source = overlapped(engine, config.overlap,
-                            lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards))
+        source = overlapped(engine, config.sampling,
+                            lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards), sampler)
 
     `runner`: a sampler that holds its own weights instead of the sampler process (`trajtune.sources.vllm.VLLMRunner`):
     every draw goes through it, synced after every update, and for max_staleness 1 it is what `Overlapped` overlaps."""
     if runner is None and not overlap.in_process:
-        return build(engine.sample if here is None else here)
+        return build(sampler)
     if runner is None:
-        runner = SamplerProcess(engine, overlap.sampler_threads, overlap.sync_tolerance, overlap.sampler_timeout)
+        runner = SamplerProcess(engine, sampler.settings, overlap.sampler_threads,
+                                overlap.tolerance(engine.autocast or "fp32"), overlap.sampler_timeout)
     try:
         source = build(runner)
     except BaseException:
@@ -146,7 +105,8 @@ class Overlapped(Wrapper):
         else:
             return None
         if episodes.step != draw.step:
-            raise ValueError(f"Overlapped: asked for step {draw.step}'s episodes, but step {episodes.step}'s were drawn "
+            raise ValueError(f"Overlapped: asked for step {draw.step}'s episodes, but step {episodes.step}'s were "
+                             "drawn "
                              "ahead (a loop asks for the steps in order and passes the next one as `ahead`)")
         if draw.generator is not None and episodes.generator is not None:
             draw.generator.set_state(episodes.generator.get_state())

@@ -65,15 +65,18 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.multiprocessing as mp
 from multiprocessing.connection import Connection
 
 from ..config import ConfigError
+from ..engine import Engine
 from ..trajectory import Owner, Trajectory, collate
-from .rollout import rollout_batch
+from .episodes import Limits, run_episodes
+from ..engine.decoding import Samples
+from .sampler import Decoder, SamplerSettings, Seeds
 from .serve import emit, reraised, serve, state_bytes, state_tensor
 from .sync import RolloutsSent, SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
 
@@ -81,10 +84,11 @@ __all__ = ["SamplerProcess", "SamplerDied", "SyncError", "start_method"]
 
 
 class SamplerProcess(RolloutsSent):
-    """An `EpisodeRunner` whose episode loop runs in a process holding its own copy of `engine.model`, brought up
-    to date (and checked) by `after_update` (module docstring).
+    """An `EpisodeRunner` whose episode loop runs in a process holding its own copy of the policy
+    (`engine.policy_weights()`), brought up to date (and checked) by `after_update` (module docstring).
 
     engine:     the trainer's engine (one process: no torchrun)
+    settings:   how its sampler draws (`trajtune.sources.sampler.Decoder` on the process's copy of the weights)
     threads:    torch threads in the sampler process
     tolerance:  largest allowed |sampler - trainer| log-prob of a probe token after a sync (nats)
     timeout_s:  longest wait for one answer (a rollout, a sync) before the process is killed and `SamplerDied`
@@ -94,11 +98,10 @@ class SamplerProcess(RolloutsSent):
     PROBE_ROWS = 2
     """rows of the last episodes on which the sampler's and the trainer's log-probs are compared after a sync"""
 
-    def __init__(self, engine, threads: int = 1, tolerance: float = 1e-3, timeout_s: float = 600.0):
-        if engine.shard is not None:
-            raise ConfigError("overlap.max_staleness 1 / overlap.sampler_process need a one-process engine (not "
-                              "torchrun: every rank would need its own sampler process)")
+    def __init__(self, engine: Engine, settings: SamplerSettings = SamplerSettings(), threads: int = 1,
+                 tolerance: float = 1e-3, timeout_s: float = 600.0):
         self.engine, self.threads, self.tolerance, self.timeout_s = engine, threads, tolerance, timeout_s
+        self.sampler = Decoder(engine.sample, settings)  # the first rollout's, here (the process runs its own)
         self.calls = 0
         """rollouts answered by the process so far (an overlapped source checks that its episodes came here)"""
         self._process: Any = None  # started by the first rollout
@@ -112,19 +115,46 @@ class SamplerProcess(RolloutsSent):
         self._dead: BaseException | None = None
         self._closed = False
         self._rollouts_sent = 0
+        self._unchecked_start = False  # started on trained weights, not yet checked (`_check_start`)
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
-                **kw: Any) -> list[Trajectory]:
-        """`rollout_batch(policy, envs, tasks, renderer, generator, **kw)` with the process's copy of the policy;
-        `generator` advances as if the episodes ran here. The first call runs here, while the process starts."""
+                limits: Limits, groups: Sequence[int] | None = None,
+                row_seeds: Sequence[int] | None = None) -> list[Trajectory]:
+        """`episodes.run_episodes(sampler, envs, tasks, renderer, generator, limits, ...)` with the process's copy
+        of the policy; `generator` advances as if the episodes ran here. The first call runs here, while the
+        process starts."""
         if self._process is None:
             self.start()
-            trajs = rollout_batch(self.engine.sample, envs, tasks, renderer, generator, **kw)
+            trajs = run_episodes(self.sampler, envs, tasks, renderer, generator, limits, groups, row_seeds)
         else:
-            trajs = self._remote(envs, tasks, renderer, generator, kw)
+            trajs = self._remote(envs, tasks, renderer, generator, (limits, groups, row_seeds))
         self.keep_probe_rows(trajs)
+        self._check_start()
         return trajs
+
+    @property
+    def settings(self) -> SamplerSettings:
+        return self.sampler.settings
+
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds) -> Samples:
+        """The `Sampler` seam on the process's copy of the weights (started with the trainer's current ones if it
+        is not running yet): the same samples as `Decoder(engine.sample, settings)` here would draw with those
+        weights, and `seeds` (one generator, or one per row) advance as if they had."""
+        self.start()
+        many = seeds is not None and not isinstance(seeds, torch.Generator)
+        gens: list[torch.Generator | None] = list(cast(Sequence[torch.Generator], seeds)) if many else [
+            cast(torch.Generator | None, seeds)]
+        states: Any = [state_bytes(g) if g is not None else None for g in gens]
+        payload = pickle.dumps(([list(p) for p in prompts], list(stop_ids), states if many else tuple(states),
+                                self.sampler.settings))
+        samples, after, records = self._wait(self._send("sample", payload))
+        emit(records)
+        self._check_syncs()  # every sync sent before these samples was loaded before them
+        for g, state in zip(gens, after, strict=True):
+            if g is not None:
+                g.set_state(state_tensor(state))
+        return samples
 
     def keep_probe_rows(self, trajs: Sequence[Trajectory]) -> None:
         """Take the next syncs' probe rows from `trajs` (the first with POLICY tokens): every rollout does, and an
@@ -156,6 +186,20 @@ class SamplerProcess(RolloutsSent):
         fork of this one."""
         if self._process is None:
             self._start()
+            self._check_start()
+
+    def _check_start(self) -> None:
+        """A process started on trained weights (a resumed run's: optimizer step > 0) has its first copy checked
+        like a sync -- the same fingerprints and log-probs, on the first probe rows there are (the restored episodes
+        drawn ahead, or the first rollout's, sampled here) -- so the first step after a resume logs
+        sync/logprob_diff as every later one does. Call it in the thread that trains."""
+        if not self._unchecked_start or not self._probe_rows:
+            return
+        self._unchecked_start = False
+        p = probe(self.engine, collate(self._probe_rows, 0))
+        request = self._send("sync", p.ids.numpy(), p.mask.numpy())  # the shared copy holds the starting weights
+        with self._cv:
+            self._syncs.append((request, p))
 
     def close(self) -> None:
         """Stop the process (idempotent): asked to exit when only syncs are outstanding, killed in the middle of a
@@ -198,19 +242,20 @@ class SamplerProcess(RolloutsSent):
 
     def _publish(self, engine) -> None:
         """Write the trainer's weights into the shared copy the process loads from (only once it loaded the last)."""
-        with torch.no_grad():
-            for k, v in engine.model.state_dict().items():
+        with torch.no_grad(), engine.policy_weights() as model:
+            for k, v in model.state_dict().items():
                 self._shared[k].copy_(v.detach())
 
     # --- requests -------------------------------------------------------------------------------
-    def _remote(self, envs, tasks, renderer, generator, kw) -> list[Trajectory]:
+    def _remote(self, envs, tasks, renderer, generator, loop) -> list[Trajectory]:
         rid = id(renderer)
         fresh = rid not in self._renderers
         try:
             payload = pickle.dumps((list(envs), list(tasks), rid, renderer if fresh else None,
-                                    state_bytes(generator) if generator is not None else None, kw))
+                                    state_bytes(generator) if generator is not None else None,
+                                    self.sampler.settings, loop))
         except Exception as e:  # noqa: BLE001 - named below
-            raise ConfigError(f"overlap.max_staleness 1 / overlap.sampler_process: the episodes run in the sampler "
+            raise ConfigError(f"sampling.max_staleness 1 / sampling.sampler_process: the episodes run in the sampler "
                               f"process, but {_unpicklable(envs, tasks, renderer)} cannot be sent there "
                               f"({type(e).__name__}: {e}); define environments, tasks and the renderer with "
                               "module-level classes and functions (picklable), or sample in the trainer "
@@ -261,8 +306,9 @@ class SamplerProcess(RolloutsSent):
             while self._syncs and self._syncs[0][0].future.done():
                 request, p = self._syncs.pop(0)
                 changed, theirs, their_logp = self._wait(request)
-                self._diffs.append(check_sync(p, changed, theirs, torch.from_numpy(their_logp), self._held,
-                                              self.tolerance))
+                worst, _ = check_sync(p.step, p.fingerprints, [theirs], p.logprobs, torch.from_numpy(their_logp),
+                                      p.action_mask, self.tolerance, held=self._held, changed=changed)
+                self._diffs.append(worst)
                 self._held = p.fingerprints
 
     # --- the reader thread --------------------------------------------------------------------------
@@ -295,7 +341,7 @@ class SamplerProcess(RolloutsSent):
                 self._process.kill()
                 self._fail(SamplerDied(
                     f"the sampler process (pid {self._process.pid}) did not answer {head.kind!r} within "
-                    f"{self.timeout_s:g} s (overlap.sampler_timeout) and was stopped; the run stops (rerun it to "
+                    f"{self.timeout_s:g} s (sampling.sampler_timeout) and was stopped; the run stops (rerun it to "
                     "resume from its last checkpoint; raise the limit for long episodes)"))
                 return
 
@@ -315,7 +361,8 @@ class SamplerProcess(RolloutsSent):
             cause = "its pipe closed while it still runs"
         elif code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            cause = f"killed by {name}" + (" (e.g. the kernel's out-of-memory killer)" if -code == signal.SIGKILL else "")
+            oom = " (e.g. the kernel's out-of-memory killer)" if -code == signal.SIGKILL else ""
+            cause = f"killed by {name}{oom}"
         else:
             cause = f"it exited with code {code} (its error, if any, is printed above)"
         return SamplerDied(f"the sampler process (pid {self._process.pid}) died while answering {kind!r}: {cause}; "
@@ -325,9 +372,14 @@ class SamplerProcess(RolloutsSent):
     def _start(self) -> None:
         """Start the process with the trainer's current weights (a fork now, from this thread; a fork server's
         child from a thread, so the trainer samples its first batch meanwhile) and the reader thread."""
-        engine, model = self.engine, self.engine.model
+        engine = self.engine
+        with engine.policy_weights() as model:
+            self._start_with(engine, model)
+
+    def _start_with(self, engine: Engine, model: torch.nn.Module) -> None:
         self._shared = {k: v.detach().to("cpu", copy=True).share_memory_() for k, v in model.state_dict().items()}
         self._held = weight_fingerprints(model)  # what the sampler holds: it starts from these weights
+        self._unchecked_start = engine.step > 0
         levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "trajtune")}
         fork = start_method(engine, self.threads) == "fork"
         ctx = mp.get_context("fork") if fork else _forkserver()
@@ -335,7 +387,7 @@ class SamplerProcess(RolloutsSent):
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
             target=serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared,
-                                 self.threads, getattr(engine, "autocast", None), str(engine.device), levels),
+                                 self.threads, engine.autocast, str(engine.device), levels),
             daemon=True, name="trajtune-sampler")
         self._booted = threading.Event()
         if fork:
@@ -383,7 +435,8 @@ def _forkserver():
 def _unpicklable(envs: Sequence, tasks: Sequence, renderer: Any) -> str:
     """Which part of a rollout call pickle refuses (for the error message)."""
     parts = [(f"the environment {type(e).__name__}", e) for e in envs[:1]]
-    parts += [(f"task {getattr(t, 'name', repr(t))!r}", t) for t in tasks] + [(f"the renderer {type(renderer).__name__}", renderer)]
+    parts += [(f"task {getattr(t, 'name', repr(t))!r}", t) for t in tasks]
+    parts += [(f"the renderer {type(renderer).__name__}", renderer)]
     for what, obj in parts:
         try:
             pickle.dumps(obj)

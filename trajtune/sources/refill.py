@@ -17,7 +17,7 @@ failed and no-signal groups included: which groups a loop trains on is the loop'
 Nothing is drawn ahead (`ahead` is not passed on): the refills depend on this step's rewards, so an
 overlapped source inside samples synchronously.
 
-    source = Refilling(EpisodeSource(engine.sample, make_env, renderer), tasks, tries=8, seed=0)
+    source = Refilling(EpisodeSource(Decoder(engine.sample, settings), make_env, renderer), tasks, tries=8, seed=0)
     episodes = source.take(draws(step))          # >= len(tasks) informative groups, or the tries ran out
 
 The RL loop composes it for `RLConfig.dynamic_sampling_tries > 0` (`algorithms.rl.train_rl`); with

@@ -52,7 +52,8 @@ Faults: an `env.reset` / `env.step` that raises, runs past `step_timeout_s`, or
 returns something that is not a StepResult of the documented types (a reward
 that is None, a string or NaN: `faults.InvalidStep`) fails its episode alone
 (outcome ENV_ERROR: the loops train on it never and leave it out of its group's
-baseline; info["env_error"], logged here with its task and the user's traceback); the time limit and the run-level fault limit are in trajtune/sources/faults.py.
+baseline; info["env_error"], logged here with its task and the user's traceback); the time limit and the
+run-level fault limit are in trajtune/sources/faults.py.
 Collecting a step's episodes (seeding, sharding, the fault limit) is
 trajtune/sources/episodes.py.
 """
@@ -61,23 +62,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from ..envs.base import Env, check_tasks
 from .faults import STEP_TIMEOUT_S, check_reset, check_step, describe_fault, time_limit
-from ..engine.decoding import Samples
 from ..text.render import Message, RendererProtocol, Transcript
 from ..trajectory import Outcome, Trajectory
+from .sampler import Sampler
 
 log = logging.getLogger("trajtune.sources.rollout")
-
-Sampler = Callable[..., Samples]
-"""`sampler(prompts: list[list[int]], max_new_tokens, generator, *, temperature, top_k, top_p, greedy, stop_ids) -> Samples`,
-e.g. `engine.sample` or `functools.partial(trajtune.engine.decoding.sample, model)`; also `draw=` when a rollout asks for a
-draw other than the default "race" (`trajtune.engine.decoding.pick_next`), and `share_prompts=True` when asked."""
-
 
 class ScriptedPolicy(Protocol):
     """A Python policy: `act(messages) -> action text`, given the conversation so far."""
@@ -146,7 +141,8 @@ class _Episode:
         """A failed user call fails this episode alone: outcome ENV_ERROR (set by `finish`), stop_reason "env_error",
         info["env_error"] = the exception, logged with its task (policy: trajtune/sources/faults.py)."""
         task = getattr(self.task, "name", str(self.task))
-        log.warning("env.%s failed on task %s: %s: %s (the episode is an infrastructure failure: no loss or baseline sees it)\n%s", call, task, type(exc).__name__,
+        log.warning("env.%s failed on task %s: %s: %s (the episode is an infrastructure failure: no loss or baseline "
+                    "sees it)\n%s", call, task, type(exc).__name__,
                     exc, describe_fault(exc))
         self.reward, self.stop_reason = 0.0, "env_error"
         self.info = {**self.info, "env_error": f"{type(exc).__name__}: {exc}"}
@@ -183,7 +179,7 @@ def expected_answer(task: Any) -> Any:
 
 
 def rollout_batch(
-    policy: Sampler,
+    sampler: Sampler,
     envs: Sequence[Env],
     tasks: Sequence[Any],
     renderer: RendererProtocol,
@@ -191,28 +187,18 @@ def rollout_batch(
     *,
     max_turns: int = 6,
     max_tokens: int = 512,
-    max_action_tokens: int = 16,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-    draw: str = "race",
-    share_prompts: bool = False,
     groups: Sequence[int] | None = None,
     row_seeds: Sequence[int] | None = None,
     step_timeout_s: float | None = STEP_TIMEOUT_S,
 ) -> list[Trajectory]:
     """Run one episode per (env, task) in lockstep with a sampled policy -> one Trajectory each, in order.
 
-    policy:    the sampler (see `Sampler`); called once per turn on all unfinished episodes
+    sampler:   the policy (`trajtune.sources.sampler.Sampler`), called once per turn on all unfinished episodes;
+               its settings say how tokens are drawn and the token budget of one action (`max_action_tokens`
+               above: `sampler.settings.max_new_tokens`); each Trajectory records the temperature of the policy
+               its log-probs belong to (`SamplerSettings.policy_temperature`: 1.0 when greedy)
     envs:      one environment instance per episode (they hold episode state)
     generator: seeds the sampler (same seed, same episodes)
-    draw:      how the sampler draws a token ("race" or "cdf": `trajtune.engine.decoding.pick_next`); passed to the
-               sampler only when not "race", so a sampler without the option (HF `generate`) still works
-    share_prompts: the sampler prefills each distinct prompt of a turn once (`trajtune.engine.decoding.sample`; the
-               same samples to float rounding); passed only when True, as `draw`
-    temperature, top_k, top_p, greedy: how tokens are drawn; each Trajectory records `temperature` (1.0 when
-               greedy), and its log-probs are those of the truncated distribution drawn from (`decoding.Samples`)
     groups:    group id per episode; default: equal tasks share an id (for group baselines)
     row_seeds: optional seed per episode: each episode samples from its own generator
                (replaces `generator`), so its actions do not depend on the other
@@ -220,6 +206,7 @@ def rollout_batch(
     step_timeout_s: time limit of each `env.reset` / `env.step` call (0 or None: none);
                an episode whose environment raises or overruns fails alone (module docstring)
     """
+    max_action_tokens = sampler.settings.max_new_tokens
     if len(envs) != len(tasks):
         raise ValueError(f"rollout_batch: {len(envs)} envs for {len(tasks)} tasks")
     if max_action_tokens < 1:
@@ -246,15 +233,8 @@ def rollout_batch(
         if not active:
             break
         # 2. one batched, KV-cached sampler call for all of them
-        per_row = {} if row_seeds is None else {"generators": [ep.generator for ep, _ in active]}
-        if draw != "race":
-            per_row["draw"] = draw
-        if share_prompts:
-            per_row["share_prompts"] = True
-        samples = policy(
-            [ids for _, ids in active], max_action_tokens, generator,
-            temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, stop_ids=renderer.stop_ids, **per_row,
-        )
+        seeds = generator if row_seeds is None else [ep.generator for ep, _ in active]
+        samples = sampler.sample([ids for _, ids in active], renderer.stop_ids, seeds)
         # 3. record each action, let its environment answer, append the answer
         for (ep, _), tokens, logprobs, stopped in zip(active, samples.tokens, samples.logprobs, samples.stopped,
                                                       strict=True):
@@ -267,7 +247,7 @@ def rollout_batch(
     group_ids = list(groups) if groups is not None else task_groups(tasks)
     trajs = [ep.finish(ep.transcript.traj, g) for ep, g in zip(episodes, group_ids, strict=True)]
     for t in trajs:  # the policy the trainer reads for them: softmax(logits / temperature) (greedy: the logits)
-        t.temperature = 1.0 if greedy else float(temperature)
+        t.temperature = sampler.settings.policy_temperature
     return trajs
 
 

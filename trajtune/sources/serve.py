@@ -22,7 +22,8 @@ import torch
 
 from ..engine.decoding import sample
 from ..processes import exit_with_parent
-from .rollout import rollout_batch
+from .episodes import run_episodes
+from .sampler import Decoder
 from .sync import sampler_logprobs, weight_fingerprints
 
 
@@ -41,8 +42,8 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
     records = _log_to_trainer(levels)
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
-    held = weight_fingerprints(model)  # what this process holds (a sync that changes nothing is an error in the trainer)
-    policy = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
+    held = weight_fingerprints(model)  # what this process holds (a sync changing nothing: an error in the trainer)
+    decode = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
     renderers: dict[int, Any] = {}
     while True:
         try:
@@ -56,12 +57,19 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
             if kind == "close":
                 return
             if kind == "rollout":
-                envs, tasks, rid, renderer, state, kw = pickle.loads(args[0])
+                envs, tasks, rid, renderer, state, settings, (limits, groups, row_seeds) = pickle.loads(args[0])
                 if renderer is not None:
                     renderers[rid] = renderer
                 g = _generator(state)
-                trajs = rollout_batch(policy, envs, tasks, renderers[rid], g, **kw)
+                trajs = run_episodes(Decoder(decode, settings), envs, tasks, renderers[rid], g, limits, groups,
+                                     row_seeds)
                 reply = (trajs, state_bytes(g) if g is not None else None, records.records)
+            elif kind == "sample":  # `SamplerProcess.sample`: the Sampler seam on this copy of the weights
+                prompts, stop_ids, states, settings = pickle.loads(args[0])
+                gens = [_generator(s) for s in states]
+                seeds: Any = gens if isinstance(states, list) else gens[0]  # one per row, or one for the call
+                samples = Decoder(decode, settings).sample(prompts, stop_ids, seeds)
+                reply = (samples, [state_bytes(g) if g is not None else None for g in gens], records.records)
             elif kind == "sync":
                 ids, mask = args
                 with torch.no_grad():

@@ -1,6 +1,6 @@
 """Weight syncs and their checks: the trainer's weights copied into a sampler that holds its own.
 
-A sampler with its own copy of the policy (a `SamplerProcess`; vLLM later) samples with the
+A sampler with its own copy of the policy (a `SamplerProcess`, vLLM) samples with the
 weights it was last sent. A sync that silently does nothing is the classic failure of
 asynchronous RL, so every sync is checked:
 
@@ -10,8 +10,9 @@ asynchronous RL, so every sync is checked:
     last: `SyncProbe`) must agree to a tolerance (max abs difference over POLICY tokens, nats),
     logged as `sync/logprob_diff`.
 
-`check_sync(probe, answer, held, tolerance)` makes the three checks and raises `SyncError` naming
-what differs; a sampler process that dies or stops answering raises its subclass `SamplerDied`.
+`check_sync` makes the three checks for every sampler that holds its own weights (the sampler process,
+vLLM colocated or served) and raises `SyncError` naming what differs; a sampler that dies or stops
+answering raises its subclass `SamplerDied`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ import functools
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from ..engine import AUTOCAST_DTYPES
+from ..engine import AUTOCAST_DTYPES, Engine
 from ..logprobs import token_log_probs
 from ..trajectory import Batch
+from .sampler import Fingerprints
 
 
 class SyncError(RuntimeError):
@@ -73,37 +76,61 @@ class SyncProbe:
     mask: torch.Tensor  # [b, T] attention mask
     action_mask: torch.Tensor  # [b, T-1] bool: the POLICY tokens compared
     logprobs: torch.Tensor  # [b, T-1] the trainer's log-probs
-    fingerprints: dict[str, tuple[int, int, int]]  # weight_fingerprints, per tensor
+    fingerprints: Fingerprints  # weight_fingerprints, per tensor
     step: int
 
 
-def probe(engine, batch: Batch) -> SyncProbe:
+def probe(engine: Engine, batch: Batch) -> SyncProbe:
     """What the trainer knows after an optimizer step (call it in the thread that trains): its weights'
     fingerprints and its log-probs of `batch`'s rows (ids [b, T]), to check a sampler's copy against. Both sides
     read the model's own distribution, temperature 1 (`sampler_logprobs`), whatever the rows were sampled at."""
     logp = engine.forward(dataclasses.replace(batch, temperature=1.0)).logprobs.detach().float().cpu()  # [b, T-1]
-    return SyncProbe(batch.ids.cpu(), batch.attention_mask.cpu(), batch.action_mask.bool().cpu(), logp,
-                     weight_fingerprints(engine.model), engine.step)
+    with engine.policy_weights() as model:
+        prints = weight_fingerprints(model)
+    return SyncProbe(batch.ids.cpu(), batch.attention_mask.cpu(), batch.action_mask.bool().cpu(), logp, prints,
+                     engine.step)
 
 
-def check_sync(probe: SyncProbe, changed: bool, theirs: dict, their_logp: torch.Tensor, held: dict,
-               tolerance: float) -> float:
-    """Check a sampler's answer to a sync (whether its weights changed, their fingerprints after the copy, its
-    log-probs [b, T-1] of the probe rows) against the trainer's `probe`; `held`: the fingerprints the sampler held
-    before. -> the max |sampler - trainer| log-prob over the probe's POLICY tokens; raises `SyncError`."""
-    diff = float((probe.logprobs - their_logp).abs()[probe.action_mask].max()) if probe.action_mask.any() else 0.0
-    if probe.fingerprints != held and not changed:
+def check_sync(step: int, trainer: Fingerprints, loaded: Sequence[Fingerprints], mine: torch.Tensor,
+               theirs: torch.Tensor, action_mask: torch.Tensor, tolerance: float, *, held: Fingerprints | None = None,
+               changed: bool = True, sampler: str = "the sampler process",
+               option: str = "sync_tolerance") -> tuple[float, float]:
+    """THE check of a weight sync, for every sampler that holds its own weights (module docstring).
+
+    step:        the trainer's optimizer step the weights are from
+    trainer:     the fingerprints of the weights sent ({} when none were: a LoRA adapter alone)
+    loaded:      per engine of the sampler, the fingerprints of what it loaded (values as tuples or lists)
+    mine:        [b, T-1] the trainer's log-probs of the probe rows; theirs: [b, T-1] the sampler's
+    action_mask: [b, T-1] bool, the POLICY tokens compared
+    held, changed: the fingerprints the sampler held before, and whether its weights changed (a sync that changed
+                 nothing while the trainer's did is named as such); None: not known
+    sampler, option: how the messages name the sampler and the tolerance's option
+    -> (max, mean) |sampler - trainer| log-prob over the POLICY tokens; raises `SyncError` naming what differs."""
+    diff = (mine - theirs).abs()[action_mask]  # [n]
+    worst, mean = (float(diff.max()), float(diff.mean())) if diff.numel() else (0.0, 0.0)
+    if held is not None and trainer != held and not changed:
         raise SyncError("weight sync failed: the trainer's weights changed at optimizer step "
-                        f"{probe.step} but the sampler process's did not (it would sample with stale "
-                        f"weights from now on); sampler-trainer log-prob difference {diff:.3g}")
-    wrong = [k for k in probe.fingerprints if theirs.get(k) != probe.fingerprints[k]]
-    if wrong or not diff <= tolerance:
-        why = (f"the sampler's weights differ from the trainer's in {len(wrong)} tensor(s) ({', '.join(wrong[:3])})"
-               if wrong else "the weights are equal, but the two copies do not compute the same policy")
-        raise SyncError(f"weight sync check failed after optimizer step {probe.step}: the sampler's and the "
-                        f"trainer's log-probs of the same tokens differ by {diff:.3g} nats (tolerance "
-                        f"{tolerance:g}, sync_tolerance); {why}")
-    return diff
+                        f"{step} but {sampler}'s did not (it would sample with stale "
+                        f"weights from now on); sampler-trainer log-prob difference {worst:.3g}")
+    why = ""
+    for i, got in enumerate(loaded):
+        missing = [k for k in trainer if k not in got]
+        wrong = [k for k in trainer if k in got and tuple(got[k]) != tuple(trainer[k])]
+        if missing:
+            why = (f"{sampler} (engine {i}) did not load {len(missing)} of the trainer's tensors "
+                   f"({', '.join(missing[:3])}) and loaded {len(wrong)} that differ ({', '.join(wrong[:3])})")
+        elif wrong:
+            why = (f"the sampler's weights differ from the trainer's in {len(wrong)} tensor(s) "
+                   f"({', '.join(wrong[:3])})")
+        if why:
+            break
+    if why or not worst <= tolerance:
+        why = why or (f"{sampler} was sent the trainer's weights, but it does not compute the trainer's policy with "
+                      "them (a load that did not take)")
+        raise SyncError(f"weight sync check failed after optimizer step {step}: the sampler's and the "
+                        f"trainer's log-probs of the same tokens differ by {worst:.3g} nats (mean {mean:.3g}; "
+                        f"tolerance {tolerance:g}, {option}); {why}")
+    return worst, mean
 
 
 _FINGERPRINT_WIDTH = 512

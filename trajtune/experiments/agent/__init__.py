@@ -127,7 +127,7 @@ from ...envs.bugfix_tasks import FAMILIES
 from ...models.tiny import TinyConfig
 from ...runs.stages import Stage, StageOptions, run_stages
 from ...runs.view import write_view_if_recorded
-from ...sources.overlap import OverlapConfig, check_overlap
+from ...sources.sampling import MOVED, OVERLAP, SamplingConfig, check_sampling
 from ..base import Call
 from . import stages as st
 from .kernels import parse_options, run_under_kernels  # noqa: F401 (parse_options: the Experiment member)
@@ -137,6 +137,7 @@ from .stages import GENERALIZATION
 @dataclass
 class Config:
     RENAMED: ClassVar[dict[str, str]] = {
+        "overlap": MOVED["overlap"],
         "sft_lr": "sft_optim.lr",
         "dpo_lr": "dpo_optim.lr",
         "rl_lr": "rl_optim.lr",
@@ -217,7 +218,7 @@ class Config:
     """REINFORCE with a group-mean baseline; RL only runs `rl.steps`, SFT -> RL runs `rl.steps - cold_start_step`"""
     rl_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
     """optimizer of the RL stages"""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """where the RL stages sample (max_staleness 1: the next step in a sampler process while this one trains, with
     rl.tis_cap > 0; sampler_process: there, on-policy)"""
     eval_samples: int = 4
@@ -232,7 +233,7 @@ class Config:
     busy), checkpoint_every (0: only on Ctrl-C / SIGTERM), rerun (stages to run again)"""
 
     def __post_init__(self) -> None:
-        check_overlap(self.overlap, self.rl, "agent")
+        check_sampling(self.sampling, "agent", rl=self.rl, backends=("sampler",), reads=OVERLAP)
         unknown = set(self.runner.rerun) - set(STAGE_NAMES)
         if unknown:
             raise ValueError(f"unknown stages {sorted(unknown)}; known: {', '.join(STAGE_NAMES)}")
@@ -260,11 +261,11 @@ STAGES: list[Stage] = [  # priority order; `reads`: the config fields each stage
           reads=("cold_start_step", "describe_samples", "episode_seeds", "eval_samples", "max_action_tokens",
                  "max_turns", "oracle", "probe_group", "seed", "sft_optim")),
     Stage("rl_only", st.rl_only, after=("weak_base",),
-          reads=("describe_samples", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns", "overlap",
+          reads=("describe_samples", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns", "sampling",
                  "rl", "rl_optim", "seed")),
     Stage("sft_rl", st.sft_rl, after=("oracle_sft",),
           reads=("cold_start_step", "describe_samples", "episode_seeds", "eval_samples", "max_action_tokens",
-                 "max_turns", "overlap", "rl", "rl_optim", "seed")),
+                 "max_turns", "sampling", "rl", "rl_optim", "seed")),
     Stage("dpo", st.dpo, after=("weak_base",),
           reads=("dpo", "dpo_optim", "episode_seeds", "eval_samples", "max_action_tokens", "max_turns",
                  "pair_samples", "seed")),

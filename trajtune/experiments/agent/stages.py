@@ -22,6 +22,7 @@ from ...runs.stages import StageContext
 from ...runs.hooks import Hook
 from ...sources.episodes import Measured
 from ...sources.overlap import overlapped
+from ...sources.sampler import Decoder
 from ..bugfix import (Gym, costs, describe, measured, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
                       pass_sources, preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym,
                       total_costs, train_weak_base)
@@ -171,7 +172,8 @@ def _rl(ctx: StageContext, start: str, offset: int) -> dict:
     curve = ctx.keep("curve", [])
     ev = evaluator(ctx, engine, gym, curve, offset)
     cfg = seeded(dataclasses.replace(c.rl, steps=c.rl.steps - offset), c.seed, 6 + offset)
-    source = Measured(overlapped(engine, c.overlap, lambda policy: gym.source(engine, policy=policy)), measured)
+    source = Measured(overlapped(engine, c.sampling, lambda policy: gym.source(engine, policy=policy),
+                                 Decoder(engine.sample, gym.settings)), measured)
     with source:
         rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=ctx.run(ev))
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})

@@ -61,7 +61,7 @@ from typing import ClassVar, Literal
 from ...algorithms.dpo import DPOConfig
 from ...algorithms.reward_model import RewardModelConfig
 from ...algorithms.rl import RLConfig
-from ...sources.overlap import OverlapConfig, check_overlap
+from ...sources.sampling import MOVED, OVERLAP, SamplingConfig, check_sampling
 from ...algorithms.sft import SFTConfig
 from ...config import check_choices
 from ...engine import OptimConfig
@@ -79,6 +79,7 @@ Part = Literal["instruct", "preference", "rlvr"]
 @dataclass
 class Config:
     RENAMED: ClassVar[dict[str, str]] = {
+        "overlap": MOVED["overlap"],
         "workers": "runner.workers",
         "threads": "runner.threads",
         "pretrain_steps": "pretrain.steps",
@@ -168,9 +169,9 @@ class Config:
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=200, tasks_per_step=32, group_size=8,
                                                           advantage="grpo", aggregation="token"))
     """GRPO from the cold start: steps, problems per step, samples per problem (the group) ..."""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """where GRPO samples (max_staleness 1: the next step in a sampler process while this one trains, with
-    rl.tis_cap > 0)"""
+    rl.tis_cap > 0); the built-in sampler, its answers as the arithmetic gym's (rlvr.answer_settings)"""
     rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
     """GRPO optimizer"""
     control: SFTConfig = field(default_factory=lambda: SFTConfig(steps=200, batch_size=64))
@@ -180,7 +181,7 @@ class Config:
 
     def __post_init__(self) -> None:
         check_choices(self)
-        check_overlap(self.overlap, self.rl, "chapter13")
+        check_sampling(self.sampling, "chapter13", rl=self.rl, backends=("sampler",), reads=OVERLAP)
         if "preference" in self.parts and "instruct" not in self.parts:
             raise ValueError("chapter13: part 'preference' starts from the SFT model of part 'instruct'")
         check_upstream(self, "chapter13", counts=("bon_repeats", "eval_per_word"))

@@ -50,15 +50,16 @@ from .recipe import preflight, run_method
 from .model import ModelConfig, load_engine
 from .options import flag
 from .prepare import Prepared, held_out_pairs, kto_data, pair_data, planned, prompt_data
+from ...sources.sampling import SamplingConfig
 from .graders import check_grader_inputs
-from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
+from .sampling import PromptRewardRun, check_sampling, prompt_source
 from .schedule import ScheduleConfig, check_schedule
 
 register("eval/dpo_loss", "the preference loss (--loss: dpo, dpo_norm, ipo, odpo, rebel, simpo or orpo) on held-out "
                           "pairs (--eval-data)")
 register("eval/dpo_margin", "chosen minus rejected implicit reward on held-out pairs: beta (log-ratio chosen - "
-                            "log-ratio rejected) for dpo / ipo / odpo / rebel, the SimPO margin for simpo, the log odds "
-                            "ratio for orpo")
+                            "log-ratio rejected) for dpo / ipo / odpo / rebel, the SimPO margin for simpo, the log "
+                            "odds ratio for orpo")
 register("eval/dpo_accuracy", "share of held-out pairs whose chosen completion has the larger implicit reward")
 
 
@@ -105,11 +106,11 @@ class DPORun(PromptRewardRun):
         every = flag("dpo.regenerate_every")
         if not self.online:
             if self.dpo.regenerate_every:
-                raise ValueError(f"dpo: {every} needs a pair generator: a reward source that labels pairs sampled from "
-                                 "the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge DIR or "
-                                 "--rubric FILE, with prompt rows in --data); without one, set it to 0")
+                raise ValueError(f"dpo: {every} needs a pair generator: a reward source that labels pairs sampled "
+                                 "from the policy (online DPO: --reward file.py:fn, --reward-model DIR, --reward-judge "
+                                 "DIR or --rubric FILE, with prompt rows in --data); without one, set it to 0")
             return
-        check_sampling(self, "dpo")
+        check_sampling(self, "dpo", backends=("sampler", "generate"))
         if self.dpo.loss == "kto":
             raise ValueError("dpo: --loss kto trains on labelled rows; online DPO (a reward source) makes pairs: "
                              "choose one")
@@ -118,8 +119,6 @@ class DPORun(PromptRewardRun):
                              f"{every} steps; give it (1: new pairs every step, as TRL's OnlineDPOTrainer)")
         if self.pair_prompts < 1:
             raise ValueError(f"dpo: {flag('pair_prompts')} must be >= 1, got {self.pair_prompts}")
-        if self.sampling.backend == "vllm":
-            raise ValueError("dpo: online DPO samples with --backend sampler or generate (vllm is grpo / rft's)")
 
     def _sources(self) -> str:
         return " ".join([f"--reward {r}" for r in self.reward] + [f"--reward-model {m}" for m in self.reward_model]

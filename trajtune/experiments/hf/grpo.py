@@ -57,9 +57,9 @@ from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
 from .recipe import preflight, run_method
 from .model import load_engine
-from ...sources.overlap import OverlapConfig, check_overlap
+from ...sources.sampling import SamplingConfig
 from .graders import check_grader_inputs
-from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
+from .sampling import PromptRewardRun, check_sampling, prompt_source
 from .prepare import Prepared, fit, prompt_data
 
 Advantage = get_type_hints(RLConfig)["advantage"]
@@ -81,10 +81,8 @@ class GRPORun(PromptRewardRun):
     """the RL loop (steps, tasks_per_step: prompts per step, group_size: completions per prompt, advantage,
     surrogate, epochs, kl_coef, seed ...)"""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """how completions are sampled"""
-    overlap: OverlapConfig = field(default_factory=OverlapConfig)
-    """where completions are sampled: here (default), in a sampler process (--sampler-process), or there one step
-    ahead while this one trains (--max-staleness 1, with --tis-cap)"""
+    """how and where completions are sampled: here (default), in a sampler process (--sampler-process), or there
+    one step ahead while this one trains (--max-staleness 1, with --tis-cap); --backend vllm: in vLLM"""
     optim: OptimConfig = field(default_factory=hf_optim)
     """AdamW (lr 1e-5)"""
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -122,7 +120,6 @@ class GRPORun(PromptRewardRun):
             raise ValueError(f"grpo: --opd-coef {self.rl.opd_coef} adds a teacher's log-ratio to the advantages, and "
                              "`trajtune grpo` loads no teacher model yet: leave --opd-coef 0 (from Python, give "
                              "train_rl a teacher engine: train_rl(..., teacher=...))")
-        check_overlap(self.overlap, self.rl, "grpo")
         if self.difficulty_filter:
             low_high = self.difficulty_filter
             if len(low_high) != 2 or not 0.0 <= low_high[0] <= low_high[1] <= 1.0:
@@ -131,14 +128,8 @@ class GRPORun(PromptRewardRun):
             if self.difficulty_samples < 1:
                 raise ValueError(f"grpo: --difficulty-samples must be >= 1, got {self.difficulty_samples}")
             if not math.isfinite(self.difficulty_solved_at):
-                raise ValueError(f"grpo: --difficulty-solved-at must be a finite number, got {self.difficulty_solved_at}")
-        if self.sampling.backend == "vllm" and self.overlap.sampler_process:
-            raise ValueError("grpo: --sampler-process runs the built-in sampler in a process of its own; --backend "
-                             "vllm samples in vLLM (drop --sampler-process; --max-staleness 1 overlaps vLLM too)")
-        if self.overlap.in_process and self.sampling.backend == "generate":
-            raise ValueError(f"grpo: --max-staleness {self.overlap.max_staleness} / --sampler-process sample in a "
-                             f"separate process with the built-in sampler; --backend {self.sampling.backend} samples "
-                             "from the trainer's own model: use --backend sampler (or vllm)")
+                raise ValueError(f"grpo: --difficulty-solved-at must be a finite number, got "
+                                 f"{self.difficulty_solved_at}")
 
 Config = GRPORun
 
@@ -167,7 +158,7 @@ def train(ctx, c: GRPORun, data: Prepared, home: str = "") -> dict:
             if not ctx.resuming:
                 ctx.log(0, run.evaluate(0))  # the curve's starting point
         tasks = difficulty_filter(ctx, engine, data, c) if c.difficulty_filter else data.items
-        source = stack.enter_context(prompt_source(ctx, engine, data, c, c.rl.steps, c.overlap))
+        source = stack.enter_context(prompt_source(ctx, engine, data, c, c.rl.steps))
         ptx = ptx_trajectories(c, data) if c.ptx_data else None
         history = train_rl(engine, tasks, source, c.rl, data.pad_id, run, ptx=ptx)
     return finish(ctx, engine, policy, data.tokenizer, history, home, start=c.model.path)
@@ -182,6 +173,16 @@ def ptx_trajectories(config: GRPORun, data: Prepared) -> list:
 
     trajs = D.sft_trajectories(D.read_rows(config.ptx_data), data.renderer, "all")
     return fit(trajs, f"--max-length {data.limit} (--ptx-data)", config.model.drop_long, too_long, "ptx samples")
+
+
+def here(c: GRPORun) -> GRPORun:
+    """The run's config sampling on-policy, in the trainer (the built-in sampler for --backend vllm): what the
+    difficulty filter and the over-optimization probe sample with."""
+    s = c.sampling
+    if s.backend != "vllm" and not s.in_process:
+        return c
+    backend = "sampler" if s.backend == "vllm" else s.backend
+    return replace(c, sampling=replace(s, backend=backend, max_staleness=0, sampler_process=False))
 
 
 DIFFICULTY_STREAM = 7
@@ -199,8 +200,7 @@ def difficulty_filter(ctx, engine, data: Prepared, c: GRPORun) -> list:
     from ...sources.difficulty import filter_by_difficulty
 
     low, high = c.difficulty_filter
-    sampler = c if c.sampling.backend != "vllm" else replace(c, sampling=replace(c.sampling, backend="sampler"))
-    with prompt_source(ctx, engine, data, sampler, c.rl.steps) as source:
+    with prompt_source(ctx, engine, data, here(c), c.rl.steps) as source:
         kept, rates = filter_by_difficulty(source, data.items, c.difficulty_samples, low, high,
                                            seed=derive(c.rl.seed, DIFFICULTY_STREAM), solved_at=c.difficulty_solved_at,
                                            chunk=c.rl.tasks_per_step)
@@ -232,8 +232,7 @@ def overopt_probe(ctx, engine, data: Prepared, c: GRPORun, stack: contextlib.Exi
     the starting policy as the reference (kept across a resume with the stage's checkpoint, as --kl-coef's). Its
     source and gold functions close with `stack`."""
     reference = ctx.checkpointer.reference(engine, 1 if ctx.resuming else 0)
-    sampler = c if c.sampling.backend != "vllm" else replace(c, sampling=replace(c.sampling, backend="sampler"))
-    source = stack.enter_context(prompt_source(ctx, engine, data, sampler, c.rl.steps))
+    source = stack.enter_context(prompt_source(ctx, engine, data, here(c), c.rl.steps))
     gold = unique_names([RewardFunction(spec=spec, timeout=c.reward_timeout) for spec in c.gold_reward])
     for f in gold:
         stack.callback(f.close)

@@ -57,6 +57,10 @@ TRL_NAMES = {
 """TRL argument -> (the leaf name that does it here, or None; a note): refused, with the flag to use"""
 
 
+MOVED_FLAGS = {"--vllm-timeout": "--sampler-timeout", "--vllm-sync-tolerance": "--sync-tolerance"}
+"""flags of the sections the one sampling section replaced (trajtune.sources.sampling) -> their flag now: refused"""
+
+
 @dataclass(frozen=True)
 class Option:
     path: str

@@ -19,8 +19,9 @@ from ...engine import OptimConfig
 from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
 from .recipe import preflight, run_method
 from .model import load_engine
+from ...sources.sampling import SamplingConfig
 from .graders import check_grader_inputs
-from .sampling import PromptRewardRun, SamplingConfig, check_sampling, prompt_source
+from .sampling import PromptRewardRun, check_sampling, prompt_source
 from .prepare import Prepared, prompt_data
 
 

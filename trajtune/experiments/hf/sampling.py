@@ -25,16 +25,14 @@ rows and its traceback (trajtune.sources.rewards); the logged rows get reward/<s
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
-from ...config import ConfigError, check_choices, check_ranges
+from ...config import check_choices
 from ...sources.base import Source
-from ...sources.episodes import EpisodeSource
-from ...sources.overlap import OverlapConfig, overlapped
+from ...sources.build import episode_source
+from ...sources.sampling import MOVED, check_sampling as check_section
 from ...sources.scoring import Scored
-from ...sources.vllm import VLLMConfig
 from .graders import build_graders, check_graders, close_graders
 from .model import ModelConfig
 from .options import flag
@@ -44,6 +42,9 @@ from .options import flag
 class PromptRewardRun:
     """What the runs that sample prompts and score them share (`trajtune grpo`, `trajtune rft`): the model,
     the prompt data and the reward sources. Each run adds its loop, sampling, optimizer and output."""
+
+    RENAMED: ClassVar[dict[str, str]] = MOVED
+    """the sections the sampling section replaced (recipes: [config.vllm], [config.overlap])"""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """the model and how it trains (LoRA, precision, lengths)"""
@@ -91,53 +92,20 @@ class PromptRewardRun:
     """a rubric JSON file (RLHF book ch.12.14: weighted items, pitfalls negative) as one more reward source: the sum
     of the met items' weights over the sum of the positive weights; an item with a 'check' (file.py:fn) is graded
     by it, one without by --reward-judge's yes/no; per-item pass rates logged (reward/rubric/...)"""
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    """where vLLM runs with --backend vllm (colocated, or --vllm-server URLs) and how its syncs are checked"""
 
     def __post_init__(self) -> None:
         check_choices(self)  # a method's config (GRPORun, RFTRun) checks them again in check_run, with the rest
 
 
-@dataclass
-class SamplingConfig:
-    """How grpo / rft sample completions."""
-
-    max_new_tokens: int = 64
-    """generation budget per completion"""
-    temperature: float = 1.0
-    """sampling temperature"""
-    top_k: int = 0
-    """sample from the k most likely tokens only (0: off). A sampling-only choice: the trainer's policy stays
-    softmax(logits / temperature); the sampler records the log-probs of the truncated distribution it drew from,
-    and grpo's --tis-cap importance weight (policy / sampler) corrects for the cut (trajtune.engine.decoding.Samples)"""
-    top_p: float = 1.0
-    """sample from the smallest set of most likely tokens whose probability reaches top_p (nucleus; 1.0: off);
-    after --top-k, sampling-only as it"""
-    backend: Literal["sampler", "generate", "vllm"] = "sampler"
-    """generation backend: trajtune's KV-cached sampler, HF model.generate, or vLLM (colocated, or the
-    --vllm-server servers; its weights synced and checked after every update: trajtune.sources.vllm)"""
-    draw: Literal["cdf", "race"] = "cdf"
-    """how the sampler draws a token: cdf (inverse CDF, one random number per completion and token) or race
-    (torch.multinomial's draw, as HF generate: one per vocabulary entry, ~300 ms per token for 64 completions
-    over a 151,936-token vocabulary on one CPU core); the same distribution (trajtune.engine.decoding.pick_next).
-    --backend generate always draws as HF generate does"""
-    share_prompts: bool = True
-    """prefill each prompt once for its whole group of completions (the KV cache rows copied, as vLLM's prefix
-    cache shares them), not once per completion; the same samples to float rounding (trajtune.engine.decoding.sample).
-    --backend generate prefills every completion"""
-
-    def __post_init__(self) -> None:
-        check_choices(self)
-        check_ranges(self, "sampling", label=lambda n: flag(f"sampling.{n}"), counts=("max_new_tokens",),
-                     non_negative=("top_k",), positive=("temperature", "top_p"))
-        if not self.top_p <= 1.0:
-            raise ValueError(f"sampling: {flag('sampling.top_p')} must be in (0, 1], got {self.top_p!r}")
-
-
-def check_sampling(config, name: str) -> None:
-    """grpo / rft: the graders' options (`graders.check_graders`: a reward source, one weight per source) and
-    room for a prompt within the length budget. A single `reward_model` string (a recipe's) becomes a list of
-    one."""
+def check_sampling(config, name: str, backends: tuple[str, ...] = ("sampler", "generate", "vllm")) -> None:
+    """grpo / rft / dpo: the sampling section (`sources.sampling.check_sampling`: the backends this run can use,
+    overlapped only with an RL loop's tis_cap), the graders' options (`graders.check_graders`: a reward source, one
+    weight per source) and room for a prompt within the length budget."""
+    rl = getattr(config, "rl", None)
+    if rl is None and config.sampling.in_process:
+        raise ValueError(f"{name}: {flag('sampling.max_staleness')} / {flag('sampling.sampler_process')} are grpo's "
+                         f"(an RL loop with --tis-cap); {name} samples on-policy, in the trainer")
+    check_section(config.sampling, name, rl=rl, backends=backends, name=lambda n: flag(f"sampling.{n}"))
     check_graders(config, name)
     if config.sampling.max_new_tokens >= config.model.max_length:
         raise ValueError(f"{name}: --max-new-tokens {config.sampling.max_new_tokens} leaves no room for a prompt "
@@ -145,40 +113,26 @@ def check_sampling(config, name: str) -> None:
 
 
 # --- the source ---------------------------------------------------------------------------
-def prompt_source(ctx, engine, data, config, max_steps: int, overlap: OverlapConfig | None = None) -> Source:
-    """grpo / rft's source (module docstring): one-turn episodes of the prompt tasks, sampled with the sampling
-    section and scored as a batch. With the built-in sampler every episode samples from its own seed
-    (`episode_seeds`), so the samples are the same in one process and sharded over N (`shard=engine.shard`).
-    `overlap`: where they are sampled (grpo). Close it when done (`with prompt_source(...) as source:`)."""
+def prompt_source(ctx, engine, data, config, max_steps: int) -> Source:
+    """grpo / rft / dpo's source (module docstring): one-turn episodes of the prompt tasks, sampled as the sampling
+    section says (`trajtune.sources.build.episode_source`: with the built-in sampler every episode samples from its
+    own seed, so the samples are the same in one process and sharded over N) and scored as a batch by the run's
+    graders (`graders.build_graders`). Close it when done (`with prompt_source(...) as source:`)."""
     from ...envs.base import SingleTurnEnv
 
-    sampling = config.sampling
-    own_seeds = sampling.backend in ("sampler", "vllm")  # HF generate draws one seed per call, not one per episode
-    if engine.shard is not None and not own_seeds:
-        raise ConfigError(f"--backend {sampling.backend} cannot sample sharded under torchrun (it has no "
-                          "per-episode seeds); use --backend sampler")
     graders = build_graders(ctx, config, frozenset(k for task in data.items for k in task.columns))
+    try:
+        def score(episodes: Source) -> Source:
+            return Scored(episodes, engine, graders, max_steps,
+                          unfinished=None if config.score_unfinished else config.unfinished_reward,
+                          score_unfinished=config.score_unfinished)
 
-    def build(policy) -> Source:
-        episodes = EpisodeSource(policy, SingleTurnEnv, data.renderer, shard=engine.shard, episode_seeds=own_seeds,
-                                 max_turns=1, max_tokens=data.limit, max_action_tokens=sampling.max_new_tokens,
-                                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                                 draw=sampling.draw if sampling.backend == "sampler" else "race",
-                                 share_prompts=sampling.share_prompts and sampling.backend == "sampler")
-        return Scored(episodes, engine, graders, max_steps,
-                      unfinished=None if config.score_unfinished else config.unfinished_reward,
-                      score_unfinished=config.score_unfinished)
-
-    if sampling.backend == "vllm":  # vLLM holds its own weights: synced after every update, overlapped or not
-        from ...sources.vllm import vllm_runner
-
-        try:
-            loop = getattr(config, "rl", None) or config.rft  # grpo's loop or rft's: its seed
-            runner = vllm_runner(engine, config.model.path, config.vllm, precision=config.model.precision,
-                                 max_model_len=data.limit, seed=loop.seed)
-        except BaseException:
-            close_graders(graders)
-            raise
-        return overlapped(engine, overlap or OverlapConfig(), build, runner=runner)
-    here = functools.partial(engine.sample, backend=sampling.backend, pad_id=data.pad_id)
-    return overlapped(engine, overlap or OverlapConfig(), build, here)
+        rl = getattr(config, "rl", None)
+        loop = rl or getattr(config, "rft", None) or config.dpo  # its seed: a colocated vLLM engine's
+        return episode_source(config.sampling, engine, SingleTurnEnv, data.renderer, config.METHOD, max_turns=1,
+                              max_tokens=data.limit, pad_id=data.pad_id, score=score, rl=rl,
+                              model_dir=config.model.path, precision=config.model.precision, seed=loop.seed,
+                              name=lambda n: flag(f"sampling.{n}"))
+    except BaseException:
+        close_graders(graders)
+        raise

@@ -12,7 +12,7 @@ from ...engine import OptimConfig
 from ...runs.stages import StageOptions
 from ..hf.common import OutputConfig
 from ..hf.model import ModelConfig
-from ..hf.sampling import SamplingConfig
+from ...sources.sampling import SamplingConfig
 from ..hf.schedule import ScheduleConfig
 
 

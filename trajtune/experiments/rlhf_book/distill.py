@@ -41,6 +41,7 @@ from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import EpisodeSource, sample_episodes
+from ...sources.sampler import Decoder, SamplerSettings
 from ...text.render import Renderer
 from ...text.tokenizers import CharTokenizer
 from ...runs.verdicts import Part
@@ -163,9 +164,9 @@ class Demo:
         return out
 
 
-def source(engine, r: Renderer, **kw) -> EpisodeSource:
-    return EpisodeSource(engine.sample, lambda: SingleTurnEnv(exact), r, max_turns=1, max_tokens=MAX_LEN,
-                         max_action_tokens=8, **kw)
+def source(engine, r: Renderer, greedy: bool = False) -> EpisodeSource:
+    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=8, greedy=greedy)),
+                         lambda: SingleTurnEnv(exact), r, max_turns=1, max_tokens=MAX_LEN)
 
 
 @torch.no_grad()

@@ -42,6 +42,7 @@ from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
 from ...sources.episodes import EpisodeSource, Measured
+from ...sources.sampler import Decoder, SamplerSettings
 from ...text.render import Renderer
 from ...trajectory import Trajectory
 from ..shared.instruct import MAX_LEN, renderer
@@ -158,9 +159,9 @@ def stage_pg(ctx, name: str) -> dict:
     rl = RLConfig(steps=d.steps, tasks_per_step=d.tasks_per_step, group_size=s["group"], advantage=s["advantage"],
                   aggregation="token", seed=derive(config.seed, 601))
     tasks = train_tasks(s["data"] or d.steps * d.tasks_per_step, seed=derive(config.seed, 602))
-    source = Measured(EpisodeSource(engine.sample, lambda: SingleTurnEnv(calculator_verifier(s["format_weight"])), r,
-                                    max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER,
-                                    temperature=s["temperature"]), diagnostics)
+    sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=MAX_ANSWER, temperature=s["temperature"]))
+    source = Measured(EpisodeSource(sampler, lambda: SingleTurnEnv(calculator_verifier(s["format_weight"])), r,
+                                    max_turns=1, max_tokens=32), diagnostics)
     history = train_rl(engine, tasks, source, rl, tok.pad_id, ctx.run())
     keys = ["book/correctness", "book/format", "book/binary", "book/binary_no_contrast", "book/distinct_share",
             "rollout/no_signal_share", "train/loss"]
@@ -176,8 +177,9 @@ def stage_instruct(ctx) -> dict:
     engine = ctx.engine(model, config.rl_optim)
     rl = RLConfig(steps=d.instruct_steps, tasks_per_step=d.tasks_per_step, group_size=d.group_size, advantage="grpo",
                   seed=derive(config.seed, 604))
-    source = Measured(EpisodeSource(engine.sample, lambda: instruct_env("preference"), renderer(), max_turns=1,
-                                    max_tokens=MAX_LEN, max_action_tokens=config.max_reply), diagnostics)
+    sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=config.max_reply))
+    source = Measured(EpisodeSource(sampler, lambda: instruct_env("preference"), renderer(), max_turns=1,
+                                    max_tokens=MAX_LEN), diagnostics)
     history = train_rl(engine, [InstructTask(w) for w in SEEN], source, rl, tok.pad_id, ctx.run())
     keys = ["book/format", "book/binary", "book/binary_no_contrast", "book/distinct_share", "rollout/no_signal_share"]
     return {"curves": {k: [h.get(k, float("nan")) for h in history] for k in keys},

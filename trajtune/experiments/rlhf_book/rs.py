@@ -47,7 +47,8 @@ from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..shared.calculator import calc_model, demos, math_eval, source_for
+from ..shared.calculator import answer_settings, calc_model, demos, math_eval, source_for
+from ...sources.sampler import Decoder
 from ...runs.verdicts import Part
 from .evidence import cite, decide
 
@@ -150,7 +151,8 @@ def rollouts(ctx, policy: str, setting: dict, n_tasks: int) -> tuple[list[Trajec
         model, tok = load_model(ctx.run_dir / policy / "model")
         engine = ctx.engine(model)
         tasks = train_tasks(n_tasks, seed=settings["task_seed"])
-        source = source_for(engine.sample, Renderer(tok), temperature=setting["temperature"], top_p=setting["top_p"])
+        sampler = Decoder(engine.sample, answer_settings(temperature=setting["temperature"], top_p=setting["top_p"]))
+        source = source_for(sampler, Renderer(tok))
         return sample_episodes(source, tasks, setting["n"], settings["sample_seed"])
 
     trajs, hit = RolloutCache(ctx.run_dir / "rs_cache" / "rollouts").get(settings, make)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from ...algorithms.sft import train_sft
-from ...sources.episodes import EpisodeSource, sample_episodes
+from ...sources.episodes import EpisodeRunner, EpisodeSource, sample_episodes
+from ...sources.sampler import Decoder, Sampler, SamplerSettings
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
 from ...evaluation import distinct_answers, generated_tokens, mean_pass_at_k
@@ -35,10 +36,15 @@ def demos(r: Renderer, tasks) -> list[Trajectory]:
             for t in tasks]
 
 
-def source_for(policy, r: Renderer, **kw) -> EpisodeSource:
-    """The arithmetic gym's episodes sampled by `policy` (one answer each: `engine.sample`, or a sampler process),
-    as a source."""
-    return EpisodeSource(policy, arithmetic_env, r, max_turns=1, max_tokens=32, max_action_tokens=MAX_ANSWER, **kw)
+def answer_settings(**settings) -> SamplerSettings:
+    """How an arithmetic answer is sampled: MAX_ANSWER tokens, `settings` (temperature, greedy, ...)."""
+    return SamplerSettings(max_new_tokens=MAX_ANSWER, **settings)
+
+
+def source_for(policy: Sampler | EpisodeRunner, r: Renderer) -> EpisodeSource:
+    """The arithmetic gym's episodes sampled by `policy` (one answer each: `Decoder(engine.sample,
+    answer_settings())`, or a sampler process), as a source."""
+    return EpisodeSource(policy, arithmetic_env, r, max_turns=1, max_tokens=32)
 
 
 @torch.no_grad()
@@ -49,8 +55,9 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     distinct answers, in the held-out order: what a paired comparison of two models on the same problems needs
     (`runs.verdicts.paired`)."""
     tasks = list(heldout_tasks())
-    greedy = sample_episodes(source_for(engine.sample, r, greedy=True), tasks, 1, 0)
-    trajs = sample_episodes(source_for(engine.sample, r), tasks, k, seed)  # task-major: k samples of task 0 first
+    greedy = sample_episodes(source_for(Decoder(engine.sample, answer_settings(greedy=True)), r), tasks, 1, 0)
+    # task-major: k samples of task 0 first
+    trajs = sample_episodes(source_for(Decoder(engine.sample, answer_settings()), r), tasks, k, seed)
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if not t.truncated else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]

@@ -25,6 +25,7 @@ import torch
 
 from ...algorithms.sft import train_sft
 from ...sources.episodes import EpisodeSource, sample_episodes
+from ...sources.sampler import Decoder, SamplerSettings
 from ...engine import Engine
 from ...envs.instruct import (
     SEEN, UNSEEN, InstructTask, demo_sets, demonstrations, instruct_env, instruct_tokenizer, shakespeare_text,
@@ -96,8 +97,8 @@ def val_windows(config) -> list[Trajectory]:
 
 def instruct_source(engine: Engine, reward: str, max_reply: int) -> EpisodeSource:
     """The instruct gym's episodes with this engine's model (one reply each), as a source."""
-    return EpisodeSource(engine.sample, lambda: instruct_env(reward), renderer(), max_turns=1,
-                         max_tokens=MAX_LEN, max_action_tokens=max_reply)
+    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=max_reply)), lambda: instruct_env(reward),
+                         renderer(), max_turns=1, max_tokens=MAX_LEN)
 
 
 def adherence(engine: Engine, words, n: int, seed: int, max_reply: int) -> dict:

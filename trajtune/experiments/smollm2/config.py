@@ -12,7 +12,7 @@ from ...engine import OptimConfig
 from ...runs.stages import StageOptions
 from ..hf.common import OutputConfig
 from ..hf.model import ModelConfig
-from ..hf.sampling import SamplingConfig
+from ...sources.sampling import SamplingConfig
 
 MODEL_STAGES = ("base", "sft", "grpo")
 """the models the report scores: the pretrained one, after the warm start, after RL"""

@@ -1,0 +1,88 @@
+"""THE builder of an episode source from a run's sampling section (`episode_source`), and the one place a backend
+name becomes a sampler (`make_sampler`; `trajtune chat` samples with it, without episodes).
+
+    source = episode_source(config.sampling, engine, make_env, renderer, "grpo", max_turns=1, max_tokens=512,
+                            score=lambda episodes: Scored(episodes, engine, ...))
+
+What it assembles, in order: the section checked (`sampling.check_sampling`: every backend x overlap x sharding
+rule, once); the sampler the backend names (`sampler.engine_sampler`: the built-in sampler or HF generate, here;
+or vLLM, colocated or served, holding its own weights: `vllm.vllm_runner`); the episodes (`episodes.EpisodeSource`:
+each episode from its own seed where the backend has per-episode seeds, sharded under torchrun); the experiment's
+measurements (`Measured`) and graders (`score`) around them; and where they run (`overlap.overlapped`: here, in a
+sampler process, or one update ahead). Close the source when done (`with episode_source(...) as source:`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable, Literal
+
+from ..envs.base import Env
+from ..text.render import RendererProtocol
+from ..trajectory import Trajectory
+from .base import Source
+from .episodes import EpisodeSource, Measured
+from .faults import STEP_TIMEOUT_S
+from .overlap import overlapped
+from .sampler import Sampler, SamplerSettings, engine_sampler
+from .sampling import SamplingConfig, check_sampling
+
+
+def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[], Env], renderer: RendererProtocol,
+                   where: str, *, max_turns: int = 6, max_tokens: int = 512, pad_id: int = 0,
+                   score: Callable[[Source], Source] | None = None,
+                   measure: Callable[[list[Trajectory]], dict[str, float]] | None = None, rl: Any = None,
+                   model_dir: str | os.PathLike = "", precision: str = "fp32", seed: int = 0,
+                   max_model_len: int | None = None, episode_seeds: bool | None = None, sharded: bool = True,
+                   name: Callable[[str], str] = lambda n: f"sampling.{n}",
+                   step_timeout_s: float | None = STEP_TIMEOUT_S) -> Source:
+    """The episode source `sampling` describes (module docstring).
+
+    engine:      the trainer's (an `Engine`): samples here, or sends its weights to the sampler that holds its own
+    make_env, renderer: the environments and how their conversations become tokens
+    where:       the run's name in error messages; `name(field)` spells a section field there (a flag, a key)
+    max_turns, max_tokens: an episode's limits; `pad_id`: the built-in decoders' padding
+    score:       wraps the episodes in the run's graders (e.g. `lambda episodes: Scored(episodes, engine, ...)`)
+    measure:     an experiment's counts added to the metrics (`Measured`)
+    rl:          the RL loop's config, when there is one (an overlapped run needs its tis_cap)
+    model_dir, precision, seed, max_model_len: what a colocated vLLM engine starts from (backend vllm; its length
+                 budget: default `max_tokens`)
+    episode_seeds: every episode samples from its own seed (default: where the backend can, the built-in sampler
+                 and vLLM; HF generate draws one seed per call); `sharded`: under torchrun each rank samples its
+                 share of the episodes (`engine.shard`)
+    """
+    check_sampling(sampling, where, rl=rl, sharded=engine.shard is not None, name=name)
+    runner = None
+    if sampling.backend == "vllm":  # vLLM holds its own weights: synced after every update, overlapped or not
+        from .vllm import vllm_runner
+
+        runner = vllm_runner(engine, model_dir, sampling, precision=precision, seed=seed,
+                             max_model_len=max_tokens if max_model_len is None else max_model_len)
+        here: Sampler = runner.sampler
+    else:
+        here = make_sampler(sampling.backend, engine, pad_id=pad_id)(sampling.settings())
+    if episode_seeds is None:  # HF generate draws one seed per call, not one per episode
+        episode_seeds = sampling.backend in ("sampler", "vllm")
+    shard = engine.shard if sharded else None
+
+    def build(policy: Any) -> Source:
+        source: Source = EpisodeSource(policy, make_env, renderer, shard=shard, episode_seeds=episode_seeds,
+                                       max_turns=max_turns, max_tokens=max_tokens, step_timeout_s=step_timeout_s)
+        if measure is not None:
+            source = Measured(source, measure)
+        return score(source) if score is not None else source
+
+    return overlapped(engine, sampling, build, here, runner=runner)
+
+
+def make_sampler(backend: Literal["sampler", "generate", "vllm"], engine: Any, *, pad_id: int = 0,
+                 client: Any = None) -> Callable[[SamplerSettings], Sampler]:
+    """The one place a backend name becomes a sampler: `make_sampler(backend, ...)(settings)`. "sampler" /
+    "generate": the engine's decoders (`sampler.engine_sampler`); "vllm": vLLM through `client` (a
+    `vllm.Colocated` or `vllm.Servers`; a run's vLLM that also takes the trainer's weights is `vllm.vllm_runner`'s)."""
+    if backend == "vllm":
+        from .vllm import VLLMSampler
+
+        return functools.partial(VLLMSampler, client)
+    return functools.partial(engine_sampler, engine, backend=backend, pad_id=pad_id)

@@ -1,0 +1,164 @@
+"""A run's one sampling section: `SamplingConfig` -- which sampler, how it draws, where it runs, how far behind.
+
+    backend            sampler (trajtune's KV-cached sampler) | generate (HF `generate`) | vllm
+    max_new_tokens, temperature, top_k, top_p, draw, share_prompts
+                       how an action is drawn (`trajtune.sources.sampler.SamplerSettings`: `settings()`)
+    max_staleness, sampler_process, sampler_threads
+                       where the episodes run and how far behind the trained policy (`trajtune.sources.overlap`)
+    vllm_server, vllm_gpu_memory_utilization, vllm_weights_dir
+                       where vLLM runs (`trajtune.sources.vllm`)
+    sync_tolerance, sampler_timeout
+                       the weight sync check and the longest wait, for every sampler that holds its own weights
+
+Every rule that ties these together (a backend x overlap x sharding x loop combination that cannot run) is
+`check_sampling`, the one place they are written; the experiments call it from their configs' checks, the
+builder (`trajtune.sources.build`) before anything starts. The keys of the sections it replaced (`overlap.*`,
+`vllm.*`) are refused naming their place here (`MOVED`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, ClassVar, Literal
+
+from ..config import ConfigError, check_choices, check_ranges
+from .sampler import SamplerSettings
+
+OVERLAP = ("max_staleness", "sampler_process", "sampler_threads", "sampler_timeout", "sync_tolerance")
+"""the fields of where the built-in sampler's episodes run (what a run that draws its own way reads: `reads`)"""
+MOVED: dict[str, str] = {"overlap": "sampling", "vllm": "sampling"}
+"""the sections `SamplingConfig` replaced -> where their keys are now (a config class's `RENAMED` entries): the
+same names there, except vllm_timeout (sampling.sampler_timeout) and vllm_sync_tolerance (sampling.sync_tolerance),
+which `SamplingConfig.RENAMED` names in turn"""
+
+
+@dataclass
+class SamplingConfig:
+    """How a run's episodes are sampled (module docstring)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"vllm_timeout": "sampling.sampler_timeout",
+                                         "vllm_sync_tolerance": "sampling.sync_tolerance"}
+
+    backend: Literal["sampler", "generate", "vllm"] = "sampler"
+    """generation backend: trajtune's KV-cached sampler, HF model.generate, or vLLM (colocated, or the
+    vllm_server servers; its weights synced and checked after every update: trajtune.sources.vllm)"""
+    max_new_tokens: int = 64
+    """token budget of one sampled action (a completion, a turn's reply)"""
+    temperature: float = 1.0
+    """sampling temperature"""
+    top_k: int = 0
+    """sample from the k most likely tokens only (0: off). A sampling-only choice: the trainer's policy stays
+    softmax(logits / temperature); the sampler records the log-probs of the truncated distribution it drew from,
+    and the loop's tis_cap importance weight (policy / sampler) corrects for the cut
+    (trajtune.engine.decoding.Samples)"""
+    top_p: float = 1.0
+    """sample from the smallest set of most likely tokens whose probability reaches top_p (nucleus; 1.0: off);
+    after top_k, sampling-only as it"""
+    draw: Literal["cdf", "race"] = "cdf"
+    """how the built-in sampler draws a token: cdf (inverse CDF, one random number per completion and token) or
+    race (torch.multinomial's draw, as HF generate: one per vocabulary entry, ~300 ms per token for 64 completions
+    over a 151,936-token vocabulary on one CPU core); the same distribution (trajtune.engine.decoding.pick_next).
+    backend generate and vllm draw their own way"""
+    share_prompts: bool = True
+    """prefill each prompt once for its whole group of completions (the KV cache rows copied, as vLLM's prefix
+    cache shares them), not once per completion; the same samples to float rounding (trajtune.engine.decoding.sample).
+    backend generate prefills every completion"""
+    max_staleness: int = 0
+    """how many updates the sampling policy may lag: 0 samples step s with the policy step s updates (on-policy);
+    1 samples step s+1 while step s trains, in a sampler process holding its own copy of the weights (or vLLM),
+    one update behind (needs the loop's tis_cap > 0: the truncated importance weight against the sampler's log-probs)"""
+    sampler_process: bool = False
+    """run the episodes in a separate process with its own copy of the weights, synced and checked after every
+    update (implied by max_staleness 1 with backend sampler; with 0 a run equals the one-process run: bit for bit
+    when sampler_threads is the trainer's torch thread count, else up to float rounding)"""
+    sampler_threads: int = 1
+    """torch threads of the sampler process (1: the sampler on one core, the trainer on the others)"""
+    sampler_timeout: float = 600.0
+    """longest wait for a sampler that holds its own weights (the sampler process, vLLM) to answer one call (a
+    step's episodes, a weight sync) before the run stops with an error (0: no limit)"""
+    sync_tolerance: float = 0.0
+    """after every weight sync the sampler's and the trainer's log-probs of the same tokens (a few rows of the last
+    episodes) must agree to this (max abs difference, nats; logged as sync/logprob_diff), and its weights must
+    equal the trainer's, or the run stops; 0: 1e-3 in float32, 5e-2 in bf16 / fp16 (their rounding)"""
+    vllm_server: list[str] = field(default_factory=list)
+    """URLs of `trajtune vllm-serve` servers (e.g. http://127.0.0.1:8000); several share each step's prompts
+    (data-parallel inference). Empty: a vLLM engine colocated with the trainer (started by the run)"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """colocated vLLM: the share of the device's memory vLLM may take (weights + KV cache), the rest is the
+    trainer's"""
+    vllm_weights_dir: str = ""
+    """where the trainer writes the weights each vLLM sync loads (servers on other machines: a shared file
+    system); empty: a temporary directory (in /dev/shm where there is one)"""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        check_ranges(self, "sampling", counts=("max_new_tokens", "sampler_threads"), non_negative=(
+            "top_k", "sampler_timeout", "sync_tolerance"), positive=("temperature", "top_p"))
+        if not self.top_p <= 1.0:
+            raise ValueError(f"sampling: top_p must be in (0, 1], got {self.top_p!r}")
+        if self.max_staleness not in (0, 1):
+            raise ValueError(f"sampling: max_staleness must be 0 (on-policy) or 1 (sample the next step while this "
+                             f"one trains), got {self.max_staleness}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(f"sampling: vllm_gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.vllm_gpu_memory_utilization}")
+        for url in self.vllm_server:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"sampling: vllm_server {url!r} is not a URL; give http://HOST:PORT of a "
+                                 "`trajtune vllm-serve`")
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the built-in sampler's episodes run in a sampler process."""
+        return bool(self.sampler_process or self.max_staleness)
+
+    def settings(self) -> SamplerSettings:
+        """How an action is drawn (`SamplerSettings`); the built-in sampler's own options (draw, share_prompts) are
+        off for the backends that draw their own way."""
+        own = self.backend == "sampler"
+        return SamplerSettings(self.max_new_tokens, self.temperature, self.top_k, self.top_p,
+                               draw=self.draw if own else "race", share_prompts=self.share_prompts and own)
+
+    def tolerance(self, precision: str = "fp32") -> float:
+        """The sync check's tolerance: `sync_tolerance`, or the default of `precision`."""
+        return self.sync_tolerance or (1e-3 if precision == "fp32" else 5e-2)
+
+
+def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bool = False,
+                   backends: tuple[str, ...] = ("sampler", "generate", "vllm"), reads: tuple[str, ...] | None = None,
+                   name: Callable[[str], str] = lambda n: f"sampling.{n}") -> None:
+    """THE rules of a sampling section that cannot run (module docstring), each once. `where`: the config's name
+    in the messages; `rl`: the RL loop's config (its tis_cap), if the run has one; `sharded`: under torchrun;
+    `backends`: those the run can use; `reads`: the only fields the run reads (None: all), the others must stay at
+    their defaults; `name(field)`: how the messages spell a field (a flag, or its key)."""
+    if reads is not None:
+        default = SamplingConfig()
+        unread = [f.name for f in fields(s) if f.name not in reads and getattr(s, f.name) != getattr(default, f.name)]
+        if unread:
+            raise ValueError(f"{where}: {', '.join(name(n) for n in unread)} set, but this run draws its actions its "
+                             f"own way and reads only {', '.join(name(n) for n in reads)} of the sampling section")
+    if s.backend not in backends:
+        raise ValueError(f"{where}: {name('backend')} {s.backend} is not one of this run's: {', '.join(backends)}")
+    if s.backend == "vllm" and s.sampler_process:
+        raise ValueError(f"{where}: {name('sampler_process')} runs the built-in sampler in a process of its own; "
+                         f"{name('backend')} vllm samples in vLLM (drop {name('sampler_process')}; "
+                         f"{name('max_staleness')} 1 overlaps vLLM too)")
+    if s.backend == "generate" and s.in_process:
+        raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} / {name('sampler_process')} sample in "
+                         f"a separate process with the built-in sampler; {name('backend')} generate samples from the "
+                         f"trainer's own model: use {name('backend')} sampler (or vllm)")
+    if s.max_staleness and rl is not None and not rl.tis_cap:
+        raise ValueError(f"{where}: max_staleness 1 samples with the policy one update behind; set the RL loop's "
+                         "tis_cap (recipes: [config.rl] tis_cap; the command line: --tis-cap), e.g. 2.0, so the "
+                         "truncated importance weight against the sampler's log-probs corrects the lag")
+    if sharded:
+        if s.backend == "generate":
+            raise ConfigError(f"{where}: {name('backend')} generate cannot sample sharded under torchrun (it has no "
+                              f"per-episode seeds); use {name('backend')} sampler (or vllm)")
+        if s.in_process and s.backend == "sampler":
+            raise ConfigError(f"{where}: {name('max_staleness')} 1 / {name('sampler_process')} need a one-process "
+                              "engine (not torchrun: every rank would need its own sampler process)")
+        if s.backend == "vllm" and not s.vllm_server:
+            raise ConfigError(f"{where}: {name('backend')} vllm under torchrun needs {name('vllm_server')} URL (a "
+                              "`trajtune vllm-serve` the ranks share); a colocated vLLM engine per rank is not "
+                              "supported")
