@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from trajtune.evaluation import length_controlled_win_rate
+from trajtune.ratings import length_controlled_win_rate
 from trajtune.overoptimization import fit_scaling_law
 
 

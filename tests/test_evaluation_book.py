@@ -9,9 +9,7 @@ import torch
 from trajtune.engine import ForwardOutput, make_engine
 from trajtune.evaluation import (
     MultipleChoice,
-    bradley_terry_ratings,
     continuation_logprobs,
-    elo_ratings,
     generated_tokens,
     maj_at_k,
     majority_answer,
@@ -20,6 +18,7 @@ from trajtune.evaluation import (
     score_trajectories,
 )
 from trajtune.logprobs import token_log_probs
+from trajtune.ratings import bradley_terry_ratings, elo_ratings
 from trajtune.models.tiny import TinyConfig, TinyTransformer
 from trajtune.text.render import Renderer
 from trajtune.text.tokenizers import CharTokenizer

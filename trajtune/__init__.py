@@ -7,11 +7,12 @@ The package, lowest layer first (docs/code.md has a line per module; each packag
     text/              where conversations become tokens (renderer, chat templates, toy tokenizers)
     audits.py          the book's bias audit and over-optimization signatures
     decontamination.py n-gram overlap between training and evaluation rows
+    ratings.py         Elo and Bradley-Terry ratings from pairwise verdicts, the length-controlled win rate
     models/            TinyTransformer, any local Hugging Face model, the model cache, merging, steering
     envs/              environments: text in, text out
     engine/            the one seam between loops and hardware
     sources/           everything that produces the trajectories a loop trains on
-    evaluation.py      pass@k and friends, multiple choice, ratings, score_policy
+    evaluation.py      pass@k and friends, multiple choice, score_policy
     overoptimization.py the over-optimization probe (proxy, gold, KL)
     algorithms/        one training loop per algorithm
     runs/              what a run does around its loops: Run, hooks, resume, stages, run directory, reports, view

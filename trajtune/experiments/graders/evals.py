@@ -30,8 +30,8 @@ import torch
 from ...algorithms.rl import RLConfig, train_rl
 from ...decontamination import find_contamination
 from ...envs.arithmetic import heldout_tasks, train_tasks
-from ...evaluation import (MultipleChoice, bradley_terry_ratings, elo_ratings, generated_tokens, maj_at_k,
-                           mean_pass_at_k, score_multiple_choice)
+from ...evaluation import (MultipleChoice, generated_tokens, maj_at_k, mean_pass_at_k, score_multiple_choice)
+from ...ratings import bradley_terry_ratings, elo_ratings
 from ...metrics import register
 from ...models.tiny import load_model
 from ...runs.plots import bar_plot, grouped_bar_plot, line_plot
