@@ -126,7 +126,7 @@ def test_hf_flags_cover_every_loop_field_and_keep_the_old_spellings(capsys):
     from trajtune.cli import build_parser
     from trajtune.experiments.hf import METHODS
     from trajtune.experiments.hf.model import ModelConfig
-    from trajtune.experiments.hf.sampling import SamplingConfig
+    from trajtune.sources.sampling import SamplingConfig
     from trajtune.experiments.hf.options import options
 
     loops = {"sft": ("sft", SFTConfig), "rm": ("rm", RewardModelConfig), "dpo": ("dpo", DPOConfig),

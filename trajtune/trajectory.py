@@ -14,12 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from .objectives.inputs import PGInputs, PreferenceInputs
+from .objectives.inputs import PGInputs, PreferenceInputs
 
 
 class Owner(IntEnum):

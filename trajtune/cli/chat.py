@@ -26,12 +26,10 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, TextIO
+from typing import Callable, Iterable, TextIO
 
 from ..config import ConfigError
-
-if TYPE_CHECKING:
-    from ..sources.sampler import Sampler, SamplerSettings
+from ..sources.sampler import Sampler, SamplerSettings
 
 COMMANDS = ("/reset", "/quit", "/exit", "/help")
 
@@ -111,8 +109,6 @@ class Chat:
                                       f"({self.context} tokens)")
         if self.generator is None:
             self.generator = torch.Generator().manual_seed(s.seed)
-        from ..sources.sampler import SamplerSettings
-
         turn = SamplerSettings(budget, s.temperature or 1.0, top_p=s.top_p, greedy=s.temperature == 0)
         out = self.make_sampler(turn).sample([prompt], list(self.renderer.stop_ids), self.generator)
         self.stopped = bool(out.stopped[0])

@@ -20,6 +20,7 @@ from typing import Callable, Literal, Self
 
 import torch
 
+from ..config import check_choices
 from ..logprobs import Aggregation
 from .kl import KLEstimator
 
@@ -129,3 +130,6 @@ class PGOptions:
     aggregation: Aggregation = "token"
     constant: float | None = None
     sapo_tau: tuple[float, float] = (1.0, 1.05)
+
+    def __post_init__(self) -> None:
+        check_choices(self)  # PGOptions(surrogate="grop") fails here, not deep in the loss

@@ -25,6 +25,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence, Union
 
 import torch
 
+from ..config import check_choices
 from ..engine.decoding import Samples
 
 Seeds = Union[torch.Generator, Sequence[torch.Generator], None]
@@ -51,6 +52,9 @@ class SamplerSettings:
     """how the built-in sampler draws a token (`trajtune.engine.decoding.pick_next`)"""
     share_prompts: bool = False
     """the built-in sampler prefills each distinct prompt of a call once (`trajtune.engine.decoding.sample`)"""
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
     @property
     def policy_temperature(self) -> float:
