@@ -35,7 +35,8 @@ def test_constitutional_revisions_samples_a_principle_per_round_and_keeps_the_la
         seen.append(conversations)
         last = conversations[-1][-1]["content"]
         if last == REVISION_REQUEST:  # revision: the old response plus the principle's first word
-            return [c[1]["content"] + "+" + c[2]["content"].split(": ")[1].split()[1].rstrip(".") for c in conversations]
+            return [c[1]["content"] + "+" + c[2]["content"].split(": ")[1].split()[1].rstrip(".")
+                    for c in conversations]
         return ["too long"] * len(conversations)
 
     out = constitutional_revisions(generate, ["x1", "x2"], ["y1", "y2"], constitution, rounds=2,

@@ -44,12 +44,14 @@ def verifier(task, reply):
 
 def engine(seed=0, lr=1e-2, value_head=False):
     torch.manual_seed(seed)
-    model = TinyTransformer(TinyConfig(TOK.vocab_size, dim=32, n_layers=1, n_heads=2, max_len=32, value_head=value_head))
+    model = TinyTransformer(TinyConfig(TOK.vocab_size, dim=32, n_layers=1, n_heads=2, max_len=32,
+                                       value_head=value_head))
     return make_engine(model, OptimConfig(lr=lr))
 
 
 def collect_for(e):
-    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(verifier), RENDER,
+                         max_turns=1, max_tokens=32)
 
 
 def pass_rate(e, n=64, seed=123):
@@ -96,7 +98,8 @@ def test_ppo_with_value_head_and_gsposequence_ratio_and_kl():
 
 
 def test_rft_and_iw_sft_raise_pass_rate():
-    for loop, cfg in [(train_rft, RFTConfig(rounds=3, samples_per_task=8, steps_per_round=5, batch_size=8, dedup=False)),
+    for loop, cfg in [(train_rft,
+                       RFTConfig(rounds=3, samples_per_task=8, steps_per_round=5, batch_size=8, dedup=False)),
                       (train_iw_sft, IWSFTConfig(rounds=3, samples_per_task=8, steps_per_round=5, batch_size=8))]:
         e = engine()
         before = pass_rate(e)
@@ -153,12 +156,19 @@ def test_every_metric_a_loop_logs_is_documented(tmp_path):
     e = engine(value_head=True)
     with MetricsLogger(tmp_path, strict=True) as log:
         train_rl(e, TASKS, collect_for(e), RLConfig(steps=1, tasks_per_step=2, group_size=4, advantage="gae",
-                                                    surrogate="ppo", kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0), TOK.pad_id, Run("t", log))
-        train_rft(e, TASKS, collect_for(e), RFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id, Run("t", log))
-        train_iw_sft(e, TASKS, collect_for(e), IWSFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id, Run("t", log))
+                                                    surrogate="ppo", kl_coef=0.1, entropy_coef=0.01, tis_cap=2.0),
+                 TOK.pad_id, Run("t", log))
+        train_rft(e, TASKS, collect_for(e), RFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0),
+                  TOK.pad_id, Run("t", log))
+        train_iw_sft(e, TASKS, collect_for(e),
+                     IWSFTConfig(rounds=1, samples_per_task=2, steps_per_round=1, threshold=0.0), TOK.pad_id,
+                     Run("t", log))
         pairs = [(demo("a"), demo("b"))]
         for loss in ("dpo", "simpo", "orpo"):
-            train_dpo(e, pairs, DPOConfig(steps=1, loss=loss, nll_weight=1.0 if loss == "dpo" else 0.0), TOK.pad_id, Run("t", log))
+            train_dpo(e, pairs, DPOConfig(steps=1, loss=loss, nll_weight=1.0 if loss == "dpo" else 0.0), TOK.pad_id,
+                      Run("t", log))
         train_reward_model(e, pairs, RewardModelConfig(steps=1), TOK.pad_id, Run("t", log))
-        train_distill(e, make_engine(copy.deepcopy(e.model), frozen=True), TASKS, collect_for(e), DistillConfig(steps=1), TOK.pad_id, Run("t", log))
-        train_distill(e, make_engine(copy.deepcopy(e.model), frozen=True), TASKS, collect_for(e), DistillConfig(steps=1, mode="full"), TOK.pad_id, Run("t", log))
+        train_distill(e, make_engine(copy.deepcopy(e.model), frozen=True), TASKS, collect_for(e),
+                      DistillConfig(steps=1), TOK.pad_id, Run("t", log))
+        train_distill(e, make_engine(copy.deepcopy(e.model), frozen=True), TASKS, collect_for(e),
+                      DistillConfig(steps=1, mode="full"), TOK.pad_id, Run("t", log))

@@ -142,7 +142,8 @@ def test_episodes_from_one_opening_share_no_state(tok):
     r = ChatRenderer(tok)
     opening = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 2 + 3?"}]
     a, b = r.start(opening), r.start(opening)
-    assert (a.traj.ids, a.traj.owners) == (b.traj.ids, b.traj.owners) and r.prompt_ids(b) == r.generation_prompt(opening)
+    assert ((a.traj.ids, a.traj.owners) == (b.traj.ids, b.traj.owners)
+            and r.prompt_ids(b) == r.generation_prompt(opening))
     tokens = tok("5", add_special_tokens=False)["input_ids"] + [r.stop_ids[0]]
     r.append_sampled(a, tokens, [-1.0] * len(tokens), 0)
     r.append_message(a, {"role": "tool", "content": "ok"}, 0)

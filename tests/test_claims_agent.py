@@ -95,16 +95,19 @@ FAILURES = {
     "A3 held-out": _set(("oracle_sft", "describe", "heldout"), 0.80),  # does not transfer
     "A3 entropy": _set(("oracle_sft", "describe", "entropy"), 0.1),  # entropy drops 2.5x, not ~10x
     "A4": _set(("diagnostics", "a4", "max_abs_diff"), 1e-3),
-    "A5 plateau above solvable": _set(("rft", "curve"), curve([(0.15, 0.1), (0.4, 0.1), (0.7, 0.1), (0.95, 0.1), (0.96, 0.1)])),
+    "A5 plateau above solvable": _set(("rft", "curve"),
+                                      curve([(0.15, 0.1), (0.4, 0.1), (0.7, 0.1), (0.95, 0.1), (0.96, 0.1)])),
     "A5 no flattening": _set(("rft", "curve"), curve([(0.15, 0.1), (0.2, 0.1), (0.30, 0.1), (0.45, 0.1), (0.75, 0.1)])),
-    "A5 held-out above guess": _set(("rft", "curve"), curve([(0.15, 0.1), (0.33, 0.3), (0.68, 0.3), (0.75, 0.3), (0.75, 0.3)])),
+    "A5 held-out above guess": _set(("rft", "curve"),
+                                    curve([(0.15, 0.1), (0.33, 0.3), (0.68, 0.3), (0.75, 0.3), (0.75, 0.3)])),
     "A5 kept not blind": lambda r: r["rft"]["rounds"][0].update(first_action_edit_share=0.3),
     "A6": _set(("diagnostics", "a6", "+4"), 0.13),
     "A7": _set(("dpo", "curve"), dpo_curve([0, -1, -2, -3, -4], [0.06, 0.06, 0.07, 0.06, 0.06],
                                            [0.14, 0.2, 0.2, 0.3, 0.4], [0.14, 0.1, 0.1, 0.1, 0.1])),
     "A8": lambda r: r["dpo_nll"]["curve"][-1].update({"eval/invalid_per_episode": 2.5}),
     "A9 SFT->RL vs RL only": _set(("rl_only", "curve"), curve([(0.14, 0.14), (0.5, 0.5), (0.90, 0.80)])),
-    "A9 RFT held-out": _set(("rft", "curve"), curve([(0.15, 0.1), (0.33, 0.12), (0.68, 0.23), (0.75, 0.9), (0.75, 0.9)])),
+    "A9 RFT held-out": _set(("rft", "curve"),
+                            curve([(0.15, 0.1), (0.33, 0.12), (0.68, 0.23), (0.75, 0.9), (0.75, 0.9)])),
     "A10": lambda r: r["oracle_sft"]["probes"]["60"].update(informative=0.6),
     "A11": _set(("template_mismatch", "describe", "train"), 0.6),
     "A12 shares barely change": lambda r: r["rft"]["rounds"][1].update(
@@ -152,11 +155,12 @@ def test_the_four_conclusions_are_judged_and_summarised():
     breaks = {
         CONCLUSIONS[0]: _set(("oracle_sft", "describe", "heldout"), 0.5),
         CONCLUSIONS[0] + " (beaten)": lambda r: (r["oracle_sft"]["curve"][-1].update({"eval/heldout_pass_rate": 0.86}),
-                                                 r["rl_only"].update(curve=curve([(0.16, 0.05), (0.5, 0.5), (0.99, 0.99)]))),
+                                                 r["rl_only"].update(
+                                                     curve=curve([(0.16, 0.05), (0.5, 0.5), (0.99, 0.99)]))),
         CONCLUSIONS[1]: _set(("rft", "curve"), curve([(0.15, 0.1), (0.5, 0.4), (0.9, 0.5), (0.95, 0.5), (0.95, 0.5)])),
         CONCLUSIONS[2]: _set(("sft_rl", "curve"), curve([(0.80, 0.85), (0.5, 0.4), (0.30, 0.25)])),
-        CONCLUSIONS[3]: _set(("rl_only", "curve"), curve([(0.16, 0.05), (0.30, 0.2), (0.56, 0.30), (0.56, 0.3), (0.37, 0.3),
-                                                          (0.36, 0.3)])),  # falls over its last third
+        CONCLUSIONS[3]: _set(("rl_only", "curve"), curve([(0.16, 0.05), (0.30, 0.2), (0.56, 0.30), (0.56, 0.3),
+                                                          (0.37, 0.3), (0.36, 0.3)])),  # falls over its last third
     }
     for name, mutate in breaks.items():
         r = copy.deepcopy(seed_like())

@@ -54,8 +54,8 @@ def seed_like() -> dict:
     """REPRODUCE.md part B in the stages' result format."""
     dpo = {f"dpo_beta{b:g}": {"beta": b, "reward": r, "kl": kl, "kl_se": 0.05 * kl, "format": f, "end_share": e,
                               "end_share_se": 0.02, "n": 128}
-           for b, r, kl, f, e in zip(BETAS, (0.62, 0.80, 0.81), (1.35, 5.7, 18.4), (0.92, 0.73, 0.32), (0.09, 0.05, 0.04),
-                                     strict=True)}
+           for b, r, kl, f, e in zip(BETAS, (0.62, 0.80, 0.81), (1.35, 5.7, 18.4), (0.92, 0.73, 0.32),
+                                     (0.09, 0.05, 0.04), strict=True)}
     return {
         "pretrain": {"params": 345_000, **instruct(0.0, 0.0, 0.0, 1.78, 0)},
         "sft_narrow": {"n_words": 16, "n_demos": 2431, **instruct(0.95, 0.0, 0.0, 2.06, 1)},
@@ -66,7 +66,8 @@ def seed_like() -> dict:
                                        "8": {"reward": 0.88, "kl_bound": 1.20, "format": 0.94, "n": 64}}},
         **dpo,
         "coldstart": calculator(0.25, 0.84, 7.3, 0.23, seed=1),
-        "grpo": {**calculator(0.47, 0.80, 4.3, 0.16, seed=2), "curve": [(s, 0.4, 0.33 + 0.02 * (s % 3 - 1)) for s in range(10)]},
+        "grpo": {**calculator(0.47, 0.80, 4.3, 0.16, seed=2),
+                 "curve": [(s, 0.4, 0.33 + 0.02 * (s % 3 - 1)) for s in range(10)]},
         "sft_control": calculator(0.75, 0.99, 3.0, seed=3),
     }
 

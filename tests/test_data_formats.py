@@ -42,8 +42,10 @@ def test_preference_explicit_and_implicit_prompt(renderer, tmp_path):
     prompt = [{"role": "user", "content": "2+3?"}]
     rows = D.read_rows(_jsonl(tmp_path / "p.jsonl", [
         {"prompt": "2+3?", "chosen": "5", "rejected": "6"},
-        {"prompt": prompt, "chosen": [{"role": "assistant", "content": "5"}], "rejected": [{"role": "assistant", "content": "6"}]},
-        {"chosen": prompt + [{"role": "assistant", "content": "5"}], "rejected": prompt + [{"role": "assistant", "content": "6"}]},
+        {"prompt": prompt, "chosen": [{"role": "assistant", "content": "5"}],
+         "rejected": [{"role": "assistant", "content": "6"}]},
+        {"chosen": prompt + [{"role": "assistant", "content": "5"}],
+         "rejected": prompt + [{"role": "assistant", "content": "6"}]},
     ]))
     pairs = D.preference_pairs(rows, renderer)
     assert len({(tuple(c.ids), tuple(r.ids)) for c, r in pairs}) == 1  # three spellings, one pair
@@ -100,7 +102,8 @@ def test_malformed_row_names_line_and_field(renderer, tmp_path, bad, message):
 
 
 def test_empty_system_and_tool_messages_and_tool_calls_are_allowed(renderer, tmp_path):
-    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}
     rows = D.read_rows(_jsonl(tmp_path / "d.jsonl", [{"messages": [
         {"role": "system", "content": ""}, {"role": "user", "content": "x"}, call,
         {"role": "tool", "content": ""}, {"role": "assistant", "content": "done"}]}]))
@@ -132,7 +135,8 @@ def _tables(tmp_path, rows):
 
 
 def test_every_file_format_reads_the_same_rows(renderer, tmp_path):
-    rows = [{"prompt": [{"role": "user", "content": f"2+{i}?"}], "completion": [{"role": "assistant", "content": str(2 + i)}]}
+    rows = [{"prompt": [{"role": "user", "content": f"2+{i}?"}],
+             "completion": [{"role": "assistant", "content": str(2 + i)}]}
             for i in (3, 4)]
     paths = _tables(tmp_path, rows)
     expected = [t.ids for t in D.sft_trajectories(D.read_rows(paths["jsonl"]), renderer)]
@@ -140,8 +144,10 @@ def test_every_file_format_reads_the_same_rows(renderer, tmp_path):
         read = D.read_rows(path)
         assert [r.data for r in read] == rows, name
         assert [t.ids for t in D.sft_trajectories(read, renderer)] == expected, name
-    assert [r.where for r in D.read_rows(paths["json array"])] == [f"{paths['json array']}:2", f"{paths['json array']}:4"]
-    assert [r.where for r in D.read_rows(paths["parquet"])] == [f"{paths['parquet']} row 0", f"{paths['parquet']} row 1"]
+    assert [r.where for r in D.read_rows(paths["json array"])] == [f"{paths['json array']}:2",
+                                                                   f"{paths['json array']}:4"]
+    assert [r.where for r in D.read_rows(paths["parquet"])] == [f"{paths['parquet']} row 0",
+                                                                f"{paths['parquet']} row 1"]
 
 
 @pytest.mark.parametrize("name, content, message", [
@@ -149,9 +155,12 @@ def test_every_file_format_reads_the_same_rows(renderer, tmp_path):
      r"bad\.jsonl:2: not UTF-8 text \(byte b'\\xe9' at column 16\)"),
     ("bad.json", b'[\n {"prompt": "a", "completion": "b"},\n {"prompt": "a" "completion": "b"}\n]',
      r"bad\.json:3: not valid JSON \(Expecting ',' delimiter\) in element 1 of the JSON array"),
-    ("bad.json", b'[{"prompt": "a", "completion": "b"},]', r"bad\.json:1: not valid JSON: a ',' after the last element"),
-    ("bad.json", b'{\n "prompt": "a"\n}\n', r"bad\.json: one JSON value spread over several lines; expected JSON lines"),
-    ("bad.json", b'[{"prompt": "a", "completion": "b"}, 3]', r"bad\.json:1: expected a JSON object \(one row\), got int"),
+    ("bad.json", b'[{"prompt": "a", "completion": "b"},]',
+     r"bad\.json:1: not valid JSON: a ',' after the last element"),
+    ("bad.json", b'{\n "prompt": "a"\n}\n',
+     r"bad\.json: one JSON value spread over several lines; expected JSON lines"),
+    ("bad.json", b'[{"prompt": "a", "completion": "b"}, 3]',
+     r"bad\.json:1: expected a JSON object \(one row\), got int"),
     ("bad.json", b'[{"prompt": "a", "completion": "b"},\n {"prompt": "a", "completion": ""}]',
      r"bad\.json:2: field 'completion' is empty"),
     ("bad.parquet", b"not parquet", r"bad\.parquet: not a readable \.parquet file"),

@@ -61,7 +61,8 @@ def test_short_rows_are_matched_whole_and_labelled():
     assert clean.contaminated == [] and clean.share == 0.0
     dirty = find_contamination(["Q: 12+45\nA: ", "Q: 23+45\nA: 68"], ev)
     assert dirty.contaminated == [0]
-    assert (dirty.matches[0].rule, dirty.matches[0].text, dirty.matches[0].train_row) == ("ngram_whole_row", "q 23 45 a", 1)
+    assert ((dirty.matches[0].rule, dirty.matches[0].text, dirty.matches[0].train_row)
+            == ("ngram_whole_row", "q 23 45 a", 1))
     with pytest.raises(ValueError, match="one of them > 0"):
         find_contamination([], ev, ngram=0, chars=0)
 
@@ -125,7 +126,8 @@ def test_command_errors_name_the_file_line_and_field(tmp_path, capsys):
         assert main(["decontaminate", *argv]) == 2
         return capsys.readouterr().err
 
-    assert f"--train {tmp_path}/missing.jsonl: no such file" in error("--train", str(tmp_path / "missing.jsonl"), "--eval", ev)
+    assert f"--train {tmp_path}/missing.jsonl: no such file" in error("--train", str(tmp_path / "missing.jsonl"),
+                                                                        "--eval", ev)
     assert f"--eval {ev}:2: no field 'prompt'; the row has text" in error("--train", tr, "--eval", ev)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a"}\n{"prompt": \n')

@@ -2,8 +2,8 @@
 
 One `torch.multiprocessing` job of 2 CPU processes runs every scenario below
 (DDP engine with the three aggregations and micro-batches, SFT, GRPO with a group
-split across the ranks, FSDP2, iw-SFT with its lagged q under DDP and FSDP2); rank 0 writes what it saw and the tests compare
-it with a one-process engine run in this process with the same global batch and seed.
+split across the ranks, FSDP2, iw-SFT with its lagged q under DDP and FSDP2); rank 0 writes what it saw and the
+tests compare it with a one-process engine run in this process with the same global batch and seed.
 A second job kills one rank mid-run and checks the last checkpoint loads.
 
 Why 2 processes match 1 to ~1e-7 rather than bitwise: each rank runs its rows
@@ -55,7 +55,8 @@ SFT = SFTConfig(steps=4, batch_size=6, seed=3)
 GRPO = RLConfig(steps=3, tasks_per_step=3, group_size=3, advantage="grpo", seed=5)  # 9 episodes: 5 | 4 split group 1
 IW = IWSFTConfig(rounds=2, samples_per_task=3, steps_per_round=2, batch_size=6, q_update_every=1, threshold=0.0,
                 seed=7)  # a q per round, refreshed before its step 1: 2 refreshes
-AGGREGATIONS = [("token", 0), ("sequence", 0), ("constant", 0), ("token", 1), ("sequence", 2)]  # (mode, micro_batch_size)
+# (mode, micro_batch_size)
+AGGREGATIONS = [("token", 0), ("sequence", 0), ("constant", 0), ("token", 1), ("sequence", 2)]
 TOL = 1e-5
 PARAM_TOL = 2e-2 * OPT.lr  # see the module docstring: Adam on zero-gradient coordinates
 
@@ -78,12 +79,13 @@ def new_model(seed: int = 0) -> TinyTransformer:
 
 def demos():
     replies = ["a", "bb", "abc", "cab", "f", "de", "ace", "bad"]  # different lengths: token != sequence mean
-    return [RENDER.render([{"role": "user", "content": "Q: pick"}, {"role": "assistant", "content": r}]) for r in replies]
+    return [RENDER.render([{"role": "user", "content": "Q: pick"}, {"role": "assistant", "content": r}])
+            for r in replies]
 
 
 def collect_for(engine, shard=None):
-    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), RENDER, shard=shard, episode_seeds=True,
-                        max_turns=1, max_tokens=32)
+    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier),
+                         RENDER, shard=shard, episode_seeds=True, max_turns=1, max_tokens=32)
 
 
 def grads(engine) -> dict[str, torch.Tensor]:
@@ -135,7 +137,8 @@ NAN_TOKEN = 2  # the token test_reliability.NanOnToken turns into NaN logits
 
 # --- the 2-process job -------------------------------------------------------------
 def _init(rank: int, port: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from trajtune.engine.distributed import init_distributed
 
@@ -176,7 +179,8 @@ def _worker(rank: int, port: int, out: str) -> None:
                      "advantages": adv.tolist(), "actions": [t.tokens_of(2) for t in trajs]}
     # 5. FSDP2: two SFT steps, a sample with a different number of prompts per rank, save / load
     f = make_engine(new_model(), OPT, strategy="fsdp")
-    record["fsdp"] = [h["train/loss"] for h in train_sft(f, demos(), SFTConfig(steps=2, batch_size=6, seed=3), TOK.pad_id)]
+    record["fsdp"] = [h["train/loss"]
+                      for h in train_sft(f, demos(), SFTConfig(steps=2, batch_size=6, seed=3), TOK.pad_id)]
     prompts = [RENDER.prompt_ids(RENDER.start([{"role": "user", "content": "Q: pick"}]))] * (2 - rank)
     record[f"fsdp_sample_{rank}"] = f.sample(prompts, 3, greedy=True).tokens
     f.save_state(out_dir / "fsdp_state")
@@ -287,7 +291,8 @@ def test_sharded_gradient_equals_one_process(two_procs, mode, mbs, n):
     batch = collate(demos()[:n], TOK.pad_id)
     m = e.forward_backward(batch, sft_loss_fn(mode, 7.0))
     key = f"agg/{mode}/{mbs}/{n}"
-    theirs = {k.removeprefix(key + "/"): v for k, v in tensors.items() if k.startswith(key + "/") and not k.endswith("logprobs")}
+    theirs = {k.removeprefix(key + "/"): v for k, v in tensors.items()
+              if k.startswith(key + "/") and not k.endswith("logprobs")}
     assert _max_diff(grads(e), theirs) < TOL
     assert abs(record[key]["loss"] - m["loss"]) < TOL
     if mode == "token":  # a metric is exact when it is aggregated like the loss (sft/nll is a token mean)
@@ -388,7 +393,8 @@ def _dying_worker(rank: int, port: int, out: str) -> None:
 
 def test_an_interrupt_seen_by_one_rank_stops_both_and_resumes_exactly(two_procs):
     record, tensors = two_procs
-    assert record["interrupted"] == ["interrupted after step 1; checkpoint in " + record["interrupted"][0].split(" in ")[1]] * 2
+    assert record["interrupted"] == ["interrupted after step 1; checkpoint in "
+                                     + record["interrupted"][0].split(" in ")[1]] * 2
     assert _max_diff({k[8:]: v for k, v in tensors.items() if k.startswith("resumed/")},
                      {k[4:]: v for k, v in tensors.items() if k.startswith("sft/")}) == 0.0
 
@@ -403,7 +409,8 @@ def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank_and_names_the_row(t
 
 
 def test_killing_a_rank_leaves_the_last_checkpoint_loadable(tmp_path):
-    ctx = mp.start_processes(_dying_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn")
+    ctx = mp.start_processes(_dying_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=False,
+                             start_method="spawn")
     with pytest.raises(mp.ProcessExitedException):  # rank 1 died; rank 0 is then terminated (SIGTERM, then SIGKILL)
         while not ctx.join(grace_period=1):
             pass

@@ -75,7 +75,8 @@ def test_heldout_uses_the_training_cues_and_no_cross_family_word():
             assert len(fams) >= 3 or 2 * fams[t.family] >= max(fams.values(), default=0), (t.name, sym, fams)
             assert sym not in {x.entry for x in TRAIN}, (t.name, sym)  # no training function name as a variable
             assert sym in train_families, (t.name, sym)  # only the name is unseen
-        assert t.source.replace(t.entry, "f") not in {x.source.replace(x.entry, "f") for x in TRAIN}, t.name  # a variant
+        # a variant
+        assert t.source.replace(t.entry, "f") not in {x.source.replace(x.entry, "f") for x in TRAIN}, t.name
     takes: dict[str, set[str]] = {}  # parameter name -> families whose training functions take it
     for t in TRAIN:
         for p in params(t):
@@ -181,7 +182,8 @@ def rates(kind, tasks, seeds, reward="hidden"):
 def test_oracle_solves_every_task(tasks):
     got = rates("oracle", tasks, [0])
     assert got["passed"] == 1.0 and got["invalid"] == 0 and got["reads"] == 1.0
-    assert all(t.info["actions"] == ["read", f"edit {task.op}", "submit"] for t, task in zip(got["trajs"], tasks, strict=True))
+    assert all(t.info["actions"] == ["read", f"edit {task.op}", "submit"]
+               for t, task in zip(got["trajs"], tasks, strict=True))
 
 
 @pytest.mark.parametrize("tasks", [TRAIN, HELDOUT], ids=["train", "heldout"])

@@ -56,7 +56,8 @@ def test_narrow_and_broad_sets(corpus):
 
 
 def test_checks_and_verifier():
-    assert format_ok("love", "Love is blind.") and not format_ok("love", "love is blind") and not format_ok("love", "Lord")
+    assert (format_ok("love", "Love is blind.") and not format_ok("love", "love is blind")
+            and not format_ok("love", "Lord"))
     assert first_letter_ok("wife", "Wish me luck") and not first_letter_ok("wife", "Life")
     assert ends_with_period("Love is blind.") and not ends_with_period("Love is blind")
     task = InstructTask("love")

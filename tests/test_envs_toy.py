@@ -28,11 +28,13 @@ def test_thermostat_band_and_the_books_policy():
 
 def test_cartpole_euler_step_by_hand():
     task = CartPoleTask()
-    # from rest, a = +10: alpha = 10 / 1.1; theta_ddot = -alpha / (0.5 (4/3 - 0.1/1.1)); x_ddot = alpha - 0.05 theta_ddot / 1.1
+    # from rest, a = +10: alpha = 10 / 1.1; theta_ddot = -alpha / (0.5 (4/3 - 0.1/1.1));
+    # x_ddot = alpha - 0.05 theta_ddot / 1.1
     alpha = 10 / 1.1
     theta_ddot = -alpha / (0.5 * (4 / 3 - 0.1 / 1.1))
     x_ddot = alpha - 0.1 * 0.5 * theta_ddot / 1.1
-    assert cartpole_step((0.0, 0.0, 0.0, 0.0), 10.0, task) == pytest.approx((0.0, 0.02 * x_ddot, 0.0, 0.02 * theta_ddot))
+    assert cartpole_step((0.0, 0.0, 0.0, 0.0), 10.0, task) == pytest.approx((0.0, 0.02 * x_ddot, 0.0,
+                                                                             0.02 * theta_ddot))
     assert theta_ddot == pytest.approx(-14.634, abs=1e-3) and x_ddot == pytest.approx(9.7561, abs=1e-4)
     # a still pole tilted right falls right: theta_ddot = g sin(theta) / (l (4/3 - m_p cos^2 / 1.1)) > 0
     state = cartpole_step((0.0, 0.0, 0.1, 0.0), 0.0, task)

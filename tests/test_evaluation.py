@@ -141,7 +141,8 @@ def test_score_policy_samples_n_per_task_with_its_seed():
     def make(draw):  # a fake policy: task "x" always right, "y" right on its first episode
         calls.append((list(draw.tasks), draw.n, int(torch.randint(0, 2**30, (1,), generator=draw.generator))))
         n = draw.n
-        return episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in draw.tasks], names=list(draw.tasks))
+        return episodes([[1.0] * n if t == "x" else [1.0] + [0.0] * (n - 1) for t in draw.tasks],
+                        names=list(draw.tasks))
 
     source = Scripted(make)
     assert isinstance(source, Source)

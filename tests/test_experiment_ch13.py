@@ -23,8 +23,9 @@ def tiny(**kw) -> Config:
         runner=replace(d.runner, workers=1), dim=32, n_layers=1, pretrain=replace(d.pretrain, steps=15), val_windows=16,
         sft=replace(d.sft, steps=8), adherence_samples=1, max_reply=16, reward_model=replace(d.reward_model, steps=4),
         bon_ns=[2, 4], bon_repeats=1, eval_per_word=1, dpo_betas=[1.0, 0.1], dpo=replace(d.dpo, steps=2), calc_dim=32,
-        calc_layers=1, coldstart=replace(d.coldstart, steps=10), rl=replace(d.rl, steps=3, tasks_per_step=4, group_size=4),
-        control=replace(d.control, steps=3), pass_k=4), **kw})
+        calc_layers=1, coldstart=replace(d.coldstart, steps=10),
+        rl=replace(d.rl, steps=3, tasks_per_step=4, group_size=4), control=replace(d.control, steps=3),
+        pass_k=4), **kw})
 
 
 def test_stage_graph_and_validation():

@@ -76,7 +76,8 @@ class Answer:
 
 
 def run(tasks, env=lambda: SingleTurnEnv(reward), step_timeout_s=LIMIT):
-    return rollout_batch(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), [env() for _ in tasks], tasks, R, None, max_turns=1, max_tokens=32, step_timeout_s=step_timeout_s)
+    return rollout_batch(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), [env() for _ in tasks], tasks, R, None,
+                         max_turns=1, max_tokens=32, step_timeout_s=step_timeout_s)
 
 
 @pytest.mark.parametrize("how", ["sleep", "busy"])
@@ -102,7 +103,8 @@ def test_a_reset_that_raises_or_hangs_fails_its_episode_with_zero_turns(caplog):
     tasks = [Task("good"), Task("broken"), Task("stuck"), Task("good")]
     sampler = Sampler()
     with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
-        trajs = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=3)), [FlakyResetEnv() for _ in tasks], tasks, R, None, max_turns=2, max_tokens=32, step_timeout_s=LIMIT)
+        trajs = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=3)), [FlakyResetEnv() for _ in tasks],
+                              tasks, R, None, max_turns=2, max_tokens=32, step_timeout_s=LIMIT)
     assert sampler.calls == [2]  # the failed episodes are never sampled
     assert [t.reward for t in trajs] == [1.0, 0.0, 0.0, 1.0]
     assert trajs[1].info["env_error"] == "KeyError: 'no such fixture'"
@@ -122,10 +124,13 @@ def test_a_reset_that_raises_or_hangs_fails_its_episode_with_zero_turns(caplog):
 
 def test_too_many_timeouts_stop_the_run():
     tasks = [Task("good"), Task("hang-sleep")]
-    lenient = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), R, max_turns=1, max_tokens=32, step_timeout_s=0.1)
+    lenient = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), R,
+                            max_turns=1, max_tokens=32, step_timeout_s=0.1)
     assert [t.reward for t in lenient.run(tasks, 2, None)] == [1.0, 1.0, 0.0, 0.0]  # 50% is not more than 50%
-    strict = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), R, max_turns=1, max_tokens=32, step_timeout_s=0.1, max_fault_share=0.25)
-    with pytest.raises(TooManyFaults, match=r"1 of 2 episodes failed.*hang-sleep: StepTimeout: env.step exceeded 0.1 s"):
+    strict = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), R,
+                           max_turns=1, max_tokens=32, step_timeout_s=0.1, max_fault_share=0.25)
+    with pytest.raises(TooManyFaults,
+                       match=r"1 of 2 episodes failed.*hang-sleep: StepTimeout: env.step exceeded 0.1 s"):
         strict.run(tasks, 1, None)
 
 

@@ -26,16 +26,19 @@ formats = [
     st.fixed_dictionaries({"prompt": turn, "completion": turn}),
     st.fixed_dictionaries({"chosen": turn, "rejected": turn}, optional={"prompt": turn}),
     st.fixed_dictionaries({"prompt": turn}, optional={"answer": scalars}),
-    st.one_of(st.dictionaries(st.sampled_from(FIELDS), st.one_of(scalars, conversation), max_size=3), st.text(max_size=12)),
+    st.one_of(st.dictionaries(st.sampled_from(FIELDS), st.one_of(scalars, conversation), max_size=3),
+              st.text(max_size=12)),
 ]
 rows = st.one_of([st.lists(f, min_size=1, max_size=3) for f in formats])
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(rows)
 def test_loaders_either_work_or_raise_a_data_error_naming_the_line(tmp_path_factory, data_rows):
     path = tmp_path_factory.mktemp("fuzz") / "d.jsonl"
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)).replace("\n", " ") + "\n" for r in data_rows))
-    for load in (lambda rs: D.sft_trajectories(rs, RENDERER), lambda rs: D.preference_pairs(rs, RENDERER), D.prompt_tasks):
+    for load in (lambda rs: D.sft_trajectories(rs, RENDERER), lambda rs: D.preference_pairs(rs, RENDERER),
+                 D.prompt_tasks):
         try:
             load(D.read_rows(path))
         except D.DataError as e:

@@ -26,7 +26,8 @@ def test_random_reward_is_seeded_by_prompt_completion_and_step():
     assert a != b and 0.3 < sum(x != y for x, y in zip(a, b)) / 400 < 0.7  # another step: fresh draws
     assert random_reward(prompts, completions) == random_reward(prompts, completions, trainer_state=RewardState(0))
     # conversational prompts and completions (lists of messages), extra columns ignored
-    chat = random_reward([[{"role": "user", "content": "hi"}]], [[{"role": "assistant", "content": "yo"}]], answer=["x"])
+    chat = random_reward([[{"role": "user", "content": "hi"}]], [[{"role": "assistant", "content": "yo"}]],
+                         answer=["x"])
     assert chat in ([0.0], [1.0])
 
 

@@ -20,7 +20,8 @@ def tiny() -> Config:
     return Config(demos=["judges"], runner=replace(d.runner, workers=1), dim=32, n_layers=1,
                   pretrain=replace(d.pretrain, steps=15), val_windows=16, sft=replace(d.sft, steps=8),
                   adherence_samples=1, max_reply=16, eval_per_word=1, dpo=replace(d.dpo, steps=2),
-                  judges=J.Demo(judge_sft=SFTConfig(steps=150, batch_size=16), judge_optim=replace(J.Demo().judge_optim, lr=3e-3),
+                  judges=J.Demo(judge_sft=SFTConfig(steps=150, batch_size=16),
+                                judge_optim=replace(J.Demo().judge_optim, lr=3e-3),
                                eval_ties=4, rubric_samples=1))
 
 

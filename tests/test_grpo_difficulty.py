@@ -43,7 +43,8 @@ def test_the_filter_keeps_the_prompts_solved_sometimes(work, capsys):
     half = [f"{work / 'prompts.jsonl'}:{i + 1}" for i, k in enumerate(KINDS) if k == "half"]
     report = json.loads((out / "grpo" / "difficulty.json").read_text())
     assert report["kept_prompts"] == half and report["kept"] == 3 and report["dropped"] == 3
-    assert report["rates"][f"{work / 'prompts.jsonl'}:1"] == 1.0 and report["rates"][f"{work / 'prompts.jsonl'}:2"] == 0.0
+    assert (report["rates"][f"{work / 'prompts.jsonl'}:1"] == 1.0
+            and report["rates"][f"{work / 'prompts.jsonl'}:2"] == 0.0)
     assert all(0.2 <= report["rates"][w] <= 0.8 for w in half)
     assert "--difficulty-filter 0.2 0.8: kept 3 of 6 prompts" in said
     rows = read_metrics(out)

@@ -36,7 +36,8 @@ def test_bugfix_oracle_prints_rates_and_a_rendered_episode(capsys):
 def test_bugfix_blind_and_random(capsys):
     _, out, _ = run(capsys, "bugfix", "--policy", "blind", "--split", "heldout", "--episodes-per-task", "10")
     assert 0.1 <= number(out, "pass rate") <= 0.3 and "10 tasks x 10 episodes" in out
-    _, out, _ = run(capsys, "bugfix", "--policy", "random", "--reward", "public", "--episodes-per-task", "4", "--seed", "1")
+    _, out, _ = run(capsys, "bugfix", "--policy", "random", "--reward", "public", "--episodes-per-task", "4",
+                    "--seed", "1")
     assert number(out, "hack rate") > 0.1 and number(out, "pass rate") > number(out, "hack rate")
 
 
@@ -67,7 +68,8 @@ def test_bad_arguments_are_reported(capsys, argv, message):
 
 
 def test_module_entry_point():
-    out = subprocess.run([sys.executable, "-m", "trajtune.cli.gym", "bugfix", "--policy", "oracle", "--split", "heldout"],
+    out = subprocess.run([sys.executable, "-m", "trajtune.cli.gym", "bugfix", "--policy", "oracle",
+                          "--split", "heldout"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pass rate        1.000" in out.stdout

@@ -30,7 +30,8 @@ def work(tmp_path_factory):
             f.write(json.dumps({"prompt": f"what is {i}+5?", "chosen": f"{i + 5}", "rejected": "hello world"}) + "\n")
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(4):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
+                                "answer": str(i + 5)}) + "\n")
     (d / "rewards.py").write_text(
         "def has_digit(prompts, completions, answer, **kw):\n"
         "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n")
@@ -102,7 +103,8 @@ def test_rm_and_rft_run(work, capsys):
 def test_errors_are_clear(work, capsys):
     assert main(["sft", "--model", str(work / "missing"), "--data", str(work / "chats.jsonl")]) == 2
     assert "no such directory" in capsys.readouterr().err
-    assert main(["dpo", "--model", str(work / "model"), "--data", str(work / "chats.jsonl"), "--out", str(work / "x")]) == 2
+    assert main(["dpo", "--model", str(work / "model"), "--data", str(work / "chats.jsonl"),
+                 "--out", str(work / "x")]) == 2
     assert "chats.jsonl:1: a 'messages' row, but this command needs 'preference'" in capsys.readouterr().err
     assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl")]) == 2
     assert "needs a reward source: --reward module:function" in capsys.readouterr().err
@@ -122,9 +124,9 @@ def _weights(path):
 
 @pytest.mark.parametrize("lora", [[], ["--lora-r", "8"]], ids=["full", "lora"])
 def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys, lora):
-    """GRPO with a KL reference (a saved copy; with LoRA the adapters switched off): a Ctrl-C (a real SIGINT, sent to the
-    trainer from inside the reward function's worker process) saves state; rerunning the command finishes with the
-    uninterrupted run's weights."""
+    """GRPO with a KL reference (a saved copy; with LoRA the adapters switched off): a Ctrl-C (a real SIGINT, sent to
+    the trainer from inside the reward function's worker process) saves state; rerunning the command finishes with
+    the uninterrupted run's weights."""
     (work / "interrupting.py").write_text(
         "import os, signal\ncalls = [0]\n"
         "def graded(prompts, completions, answer, **kw):  # differs between samples: every step has a gradient\n"
@@ -151,7 +153,8 @@ def test_ctrl_c_then_the_same_command_resumes_exactly(work, monkeypatch, capsys,
     assert read_metrics(whole)[-1]["kl/k3"] > 0  # the policy moved away from its reference
     a, b = _weights(whole / "model"), _weights(cut / "model")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")}  # noqa: E731
+                          for r in rows]
     assert strip(read_metrics(cut)) == strip(read_metrics(whole))
 
 
@@ -193,8 +196,10 @@ lr = 1e-3
     assert from_flags == from_recipe and from_flags.rl.advantage == "grpo"  # the HF defaults on both routes
     _run("grpo", *flags, "--out", str(tmp_path / "cli"))
     _run("run", str(recipe), "--run-dir", str(tmp_path / "toml"))
-    assert json.loads((tmp_path / "cli" / "config.json").read_text()) == json.loads((tmp_path / "toml" / "config.json").read_text())
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert (json.loads((tmp_path / "cli" / "config.json").read_text())
+            == json.loads((tmp_path / "toml" / "config.json").read_text()))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")}  # noqa: E731
+                          for r in rows]
     rows = strip(read_metrics(tmp_path / "cli"))
     assert len(rows) == 2 and rows == strip(read_metrics(tmp_path / "toml"))
     a, b = _weights(tmp_path / "cli" / "model"), _weights(tmp_path / "toml" / "model")
@@ -222,7 +227,8 @@ def test_a_grpo_run_that_learned_nothing_says_so(work, capsys):
     change = json.loads((out / "grpo" / "results.json").read_text())["weight_change"]
     assert change["changed"] == 0 and change["tensors"] > 0 and change["l2"] == 0
     rows = read_metrics(out)
-    assert [r["rollout/no_signal_share"] for r in rows] == [1.0, 1.0] and all(r["rollout/truncated_share"] > 0.5 for r in rows)
+    assert ([r["rollout/no_signal_share"] for r in rows] == [1.0, 1.0]
+            and all(r["rollout/truncated_share"] > 0.5 for r in rows))
     text = (out / "report.md").read_text()
     first = text.split("## Every plotted metric")[0]
     assert f"reward: `{work / 'const.py'}:one`" in first
@@ -234,9 +240,11 @@ def test_a_grpo_run_that_learned_nothing_says_so(work, capsys):
     assert "| groups with no reward variance | `rollout/no_signal_share` | 2 | 1 | 1 | 1 | 1 | 1 |" in first
     assert "last logged row" not in text and "{'" not in text  # no raw dict of the last row
     assert "(2 optimizer steps; weights unchanged: all" in first
-    assert "Episodes of stage grpo were recorded at steps 1 and 2, of the 2 steps it ran. The first 4 of steps 1 and 2:" in first
+    assert ("Episodes of stage grpo were recorded at steps 1 and 2, of the 2 steps it ran. "
+            "The first 4 of steps 1 and 2:") in first
     samples = [line for line in first.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
-    assert len(samples) == 8 and all("| what is " in line and "| 1 | cut at the token budget |" in line for line in samples)
+    assert len(samples) == 8 and all("| what is " in line and "| 1 | cut at the token budget |" in line
+                                     for line in samples)
     assert (out / "view.html").exists() and "[view.html](view.html)" in first
     assert "- learning rate: `train/lr` 0.001 (constant) at all 2 logged steps (1 to 2)" in text
     assert not (out / "report-lr.png").exists() and not (out / "report-loss.png").exists()  # values, not flat lines

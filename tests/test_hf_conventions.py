@@ -35,12 +35,15 @@ def work(tmp_path_factory):
 
 def test_epochs_and_the_lr_schedule_resolve_against_the_data():
     config = from_dict(SFTRun, {**BASE, "sft": {"batch_size": 4}, "optim": {"lr": 1e-4},
-                                "schedule": {"num_train_epochs": 2, "warmup_ratio": 0.2, "lr_scheduler_type": "cosine"}})
+                                "schedule": {"num_train_epochs": 2, "warmup_ratio": 0.2,
+                                             "lr_scheduler_type": "cosine"}})
     sft, optim, line = resolve(config, "sft", rows=10, per_step=4, noun="samples")
     assert (sft.steps, optim.warmup_steps, optim.decay_steps) == (5, 1, 4)  # ceil(2*10/4); ceil(0.2*5); the rest
-    assert line == "2 epochs of 10 samples at --batch-size 4 = 5 steps; lr 0.0001: warm-up 1 steps, then cosine to 0 over 4 steps"
+    assert line == ("2 epochs of 10 samples at --batch-size 4 = 5 steps; lr 0.0001: warm-up 1 steps, "
+                    "then cosine to 0 over 4 steps")
     assert (optim.decay, optim.min_lr_ratio) == ("cosine", 0.0)  # transformers' cosine ends at 0
-    assert [round(optim.lr_at(s) / 1e-4, 4) for s in range(6)] == [1.0, 1.0, 0.8536, 0.5, 0.1464, 0.0]  # 0.5 (1 + cos pi t)
+    # 0.5 (1 + cos pi t)
+    assert [round(optim.lr_at(s) / 1e-4, 4) for s in range(6)] == [1.0, 1.0, 0.8536, 0.5, 0.1464, 0.0]
     plain = from_dict(DPORun, {**BASE, "dpo": {"steps": 30, "batch_size": 0}})
     dpo, optim, line = resolve(plain, "dpo", rows=12, per_step=0, noun="pairs")
     assert dpo.steps == 30 and optim == plain.optim
@@ -49,7 +52,8 @@ def test_epochs_and_the_lr_schedule_resolve_against_the_data():
 
 @pytest.mark.parametrize("table, message", [
     ({"schedule": {"num_train_epochs": 2}, "sft": {"steps": 7}}, "--num-train-epochs and --steps are exclusive"),
-    ({"schedule": {"warmup_ratio": 0.1}, "optim": {"warmup_steps": 3}}, "--warmup-ratio and --warmup-steps are exclusive"),
+    ({"schedule": {"warmup_ratio": 0.1}, "optim": {"warmup_steps": 3}},
+     "--warmup-ratio and --warmup-steps are exclusive"),
     ({"schedule": {"lr_scheduler_type": "cosine"}, "optim": {"decay_steps": 9}},
      "--lr-scheduler-type and --decay-steps are exclusive"),
     ({"schedule": {"warmup_ratio": 1.0}}, r"--warmup-ratio must be in \[0, 1\), got 1.0"),
@@ -95,7 +99,8 @@ def test_lora_without_target_modules_needs_an_architecture_peft_knows(tmp_path, 
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "my_own_arch"}))
     (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
-    argv = ["sft", "--model", str(model), "--data", str(tmp_path / "d.jsonl"), "--lora-r", "8", "--out", str(tmp_path / "o")]
+    argv = ["sft", "--model", str(model), "--data", str(tmp_path / "d.jsonl"), "--lora-r", "8",
+            "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     assert "peft has no default LoRA layers for model_type 'my_own_arch'" in capsys.readouterr().err
     assert main(argv + ["--lora-target-modules", "q_proj", "v_proj"]) == 2  # past that check: the model's own

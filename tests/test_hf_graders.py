@@ -71,7 +71,8 @@ def test_grpo_with_ppo_ptx(work, tmp_path, capsys):
     """PPO-ptx from the command line: --ptx-data's rows' NLL mixed into every update (--ptx-coef)."""
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {i}"},
-                                                      {"role": "assistant", "content": str(i)}]}) + "\n" for i in range(4)))
+                                                      {"role": "assistant", "content": str(i)}]}) + "\n"
+                             for i in range(4)))
     out = tmp_path / "run"
     rc = main(grpo(work, out, "--reward", f"{work / 'checks.py'}:length", "--ptx-coef", "0.5", "--ptx-data", chats,
                    "--ptx-batch-size", "2"))

@@ -113,7 +113,8 @@ def test_bugfix_through_vllm_samples_each_turn_on_the_transcripts_ids(model_dir,
 
     monkeypatch.setattr(vllm_source.Colocated, "sample", recording)
     rows = run(model_dir, tmp_path / "run", "config.sampling.backend=vllm", "config.max_turns=4",
-               "config.sampling.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3", "config.rl.entropy_coef=0.01")
+               "config.sampling.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3",
+               "config.rl.entropy_coef=0.01")
     for r in rows:  # the entropy bonus moves the weights (every reward is 0): each sync sends new ones
         assert r["train/grad_norm"] > 0 and r["sync/logprob_diff"] < 1e-4 and r["rollout/turns"] > 1, r
     # every later turn's prompt = an earlier request's prompt + the tokens vLLM sampled for it + the tool turn

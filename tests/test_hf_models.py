@@ -122,7 +122,8 @@ def test_a_model_directory_without_a_tokenizer_says_so(model_dir, tmp_path):
 
 def test_micro_batches_keep_pairs_and_match_the_full_batch_gradient(model_dir):
     trajs = [_traj(list(range(5 + i, 12 + 2 * i)), 3) for i in range(4)]
-    assert [c.tolist() for c in micro_batches(pair_batch(list(zip(trajs, trajs)), 0), 4)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert ([c.tolist() for c in micro_batches(pair_batch(list(zip(trajs, trajs)), 0), 4)]
+            == [[0, 1, 4, 5], [2, 3, 6, 7]])
     assert [c.tolist() for c in micro_batches(collate(trajs + trajs[:1], 0), 2)] == [[0, 1], [2, 3], [4]]
     grads = []
     for mbs in (0, 2):

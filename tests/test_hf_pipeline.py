@@ -159,7 +159,8 @@ def test_a_stage_cut_by_ctrl_c_resumes_to_the_same_model(run, tmp_path, monkeypa
     assert steps == [1, 2, 3, 4]  # continued from step 2, not from the start
     a, b = (AutoModelForCausalLM.from_pretrained(d / "grpo" / "model").state_dict() for d in (run_dir, cut))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    rows = lambda d: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")} for r in read_metrics(d / "metrics.jsonl")]  # noqa: E731
+    rows = lambda d: [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")}  # noqa: E731
+                      for r in read_metrics(d / "metrics.jsonl")]
     assert rows(cut) == rows(run_dir)
 
 

@@ -558,13 +558,16 @@ def test_dry_run_and_overwrite_of_a_finished_run(work, tmp_path, capsys):
     --overwrite removes the earlier run only once the new run's checks pass."""
     run_dir = tmp_path / "done"
     assert cli(sft(work, run_dir, "--steps", "2"), capsys)[0] == 0
-    files = lambda: {p: p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}  # noqa: E731
+    files = lambda: {p: p.read_bytes() for p in sorted(run_dir.rglob("*"))  # noqa: E731
+                     if p.is_file() and p.name != ".lock"}
     before = files()
     code, _, err = cli(sft(work, run_dir, "--steps", "2", "--dry-run"), capsys)
     assert code == 2 and f"{run_dir} holds a finished sft run (2 optimizer steps" in err
     code, out, _ = cli(sft(work, run_dir, "--steps", "3", "--dry-run", "--overwrite"), capsys)
-    assert code == 0 and "--overwrite: the earlier run's outputs are removed" in out and "3 optimizer steps would run" in out
-    bad = [a if a != str(work / "chats.jsonl") else str(tmp_path / "missing.jsonl") for a in sft(work, run_dir, "--steps", "3")]
+    assert (code == 0 and "--overwrite: the earlier run's outputs are removed" in out
+            and "3 optimizer steps would run" in out)
+    bad = [a if a != str(work / "chats.jsonl") else str(tmp_path / "missing.jsonl")
+           for a in sft(work, run_dir, "--steps", "3")]
     code, out, err = cli([*bad, "--overwrite"], capsys)
     assert code == 2 and "missing.jsonl" in err and "removed" not in out
     assert files() == before  # a refused --overwrite deleted nothing
@@ -573,7 +576,8 @@ def test_dry_run_and_overwrite_of_a_finished_run(work, tmp_path, capsys):
 def _recipe(tmp_path, experiment, **config):
     """A recipe file: experiment = ..., [config] with `config` (strings and lists of strings)."""
     path, model = tmp_path / f"{experiment}.toml", config.pop("model")
-    path.write_text(f'experiment = "{experiment}"\n[config]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())
+    path.write_text(f'experiment = "{experiment}"\n[config]\n'
+                    + "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items())
                     + f'[config.model]\npath = "{model}"\n')
     return path
 
@@ -593,8 +597,10 @@ def test_trajtune_run_dry_run_checks_the_files_a_recipe_names(case, work, tmp_pa
         "grpo-missing-data": ("hf_grpo", {"data": str(tmp_path / "gone.jsonl"),
                                           "reward": [f"{tmp_path / 'ok_reward.py'}:f"]}, "gone.jsonl"),
         "grpo-reward-does-not-import": ("hf_grpo", {"data": str(tmp_path / "prompts.jsonl"),
-                                                    "reward": [f"{tmp_path / 'broken_reward.py'}:f"]}, "broken_reward.py"),
-        "valid": ("hf_grpo", {"data": str(tmp_path / "prompts.jsonl"), "reward": [f"{tmp_path / 'ok_reward.py'}:f"]}, None),
+                                                    "reward": [f"{tmp_path / 'broken_reward.py'}:f"]},
+                                        "broken_reward.py"),
+        "valid": ("hf_grpo", {"data": str(tmp_path / "prompts.jsonl"), "reward": [f"{tmp_path / 'ok_reward.py'}:f"]},
+                  None),
     }[case]
     recipe = _recipe(tmp_path, experiment, model=model, **config)
     run_dir = tmp_path / "run"
@@ -608,7 +614,8 @@ def test_trajtune_run_dry_run_checks_the_files_a_recipe_names(case, work, tmp_pa
         return
     first = err.splitlines()[0]
     assert code == 2 and first.startswith("trajtune: error:") and named in first, err
-    assert err.count("error:") == 1 and str(ROOT / "trajtune") not in err, err  # (a reward file's own traceback may follow)
+    # (a reward file's own traceback may follow)
+    assert err.count("error:") == 1 and str(ROOT / "trajtune") not in err, err
 
 
 def test_a_gpu_that_is_not_there_is_named(monkeypatch):

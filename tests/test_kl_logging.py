@@ -89,7 +89,8 @@ def test_a_lora_model_logs_the_kl_to_its_base_for_free(tmp_path):
     policy = load_policy(path, lora=LoraSettings(r=4, dropout=0.0))
     e = make_engine(policy, OptimConfig(lr=5e-2))
     r = ChatRenderer(load_tokenizer(path))
-    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=4)), lambda: SingleTurnEnv(lambda t, reply: (float(len(reply) % 2), {})), r,
+    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=4)),
+                           lambda: SingleTurnEnv(lambda t, reply: (float(len(reply) % 2), {})), r,
                            max_turns=1, max_tokens=64)
     hist = train_rl(e, TASKS, source, RLConfig(steps=3, tasks_per_step=2, group_size=4), 0)
     assert all("kl/k3" in h for h in hist)

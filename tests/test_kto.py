@@ -81,7 +81,8 @@ def test_kto_rows_and_the_dpo_command(tmp_path):
             Row({"prompt": "3+3?", "chosen": "6", "rejected": "7"}, "f.jsonl:3")]
     got = kto_examples(rows, r)
     assert [y for _, y in got] == [True, False, True, False]
-    assert [r.tokenizer.decode([i for i, o in zip(t.ids, t.owners, strict=True) if o == Owner.POLICY]) for t, _ in got] \
+    assert [r.tokenizer.decode([i for i, o in zip(t.ids, t.owners, strict=True) if o == Owner.POLICY])
+            for t, _ in got] \
         == ["4<|im_end|>", "5<|im_end|>", "6<|im_end|>", "7<|im_end|>"]
     with pytest.raises(DataError, match="f.jsonl:9: missing field 'label'"):
         kto_examples([Row({"prompt": "a", "completion": "b"}, "f.jsonl:9")], r)

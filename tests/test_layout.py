@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent / "trajtune"
 
 LAYERS = [
     ["trajectory", "logprobs", "config", "seeding", "metrics", "checkpoint", "processes", "objectives", "text",
-     "recipes", "runs.report", "runs.plots", "runs.metrics_report", "runs.verdicts", "audits", "decontamination", "ratings"],
+     "recipes", "runs.report", "runs.plots", "runs.metrics_report", "runs.verdicts", "audits", "decontamination",
+     "ratings"],
     ["models", "envs"],
     ["engine", "runs.resume", "runs.recorder", "runs.hooks"],
     ["sources", "evaluation", "overoptimization", "runs.loop"],

@@ -15,5 +15,6 @@ def test_ruff_finds_nothing():
     ruff = shutil.which("ruff") or shutil.which("ruff", path=str(Path(sys.executable).parent))
     if ruff is None:
         pytest.skip("ruff is not installed (it comes with the [test] extra)")
-    out = subprocess.run([ruff, "check", "trajtune", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([ruff, "check", "trajtune", "tests", "benchmarks", "examples"], cwd=ROOT, capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -180,14 +180,16 @@ def test_on_policy_the_ratio_is_1(draw):
     model = TinyTransformer(TinyConfig(vocab_size=tok.vocab_size, dim=32, n_layers=2, n_heads=4, max_len=64)).eval()
     tasks = make_tasks("heldout")[:6]
     policy = functools.partial(sample, model, pad_id=tok.pad_id)
-    trajs = rollout_batch(Decoder(policy, SamplerSettings(max_new_tokens=6, temperature=T, draw=draw)), [arithmetic_env() for _ in tasks], tasks, Renderer(tok), gen(4), max_tokens=60)
+    trajs = rollout_batch(Decoder(policy, SamplerSettings(max_new_tokens=6, temperature=T, draw=draw)),
+                          [arithmetic_env() for _ in tasks], tasks, Renderer(tok), gen(4), max_tokens=60)
     assert all(t.temperature == T for t in trajs)
     batch = collate(trajs, tok.pad_id)
     assert batch.temperature == T
     mask = batch.action_mask.bool()
     lp = make_engine(model, logits_chunk=0).forward(batch).logprobs
     assert mask.sum() > 10 and torch.allclose(lp[mask], batch.old_logprobs[mask], atol=1e-5)
-    greedy = rollout_batch(Decoder(policy, SamplerSettings(temperature=T, greedy=True)), [arithmetic_env()], tasks[:1], Renderer(tok), None, max_tokens=60)
+    greedy = rollout_batch(Decoder(policy, SamplerSettings(temperature=T, greedy=True)), [arithmetic_env()], tasks[:1],
+                           Renderer(tok), None, max_tokens=60)
     assert greedy[0].temperature == 1.0
 
 

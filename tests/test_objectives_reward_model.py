@@ -28,7 +28,8 @@ def test_bradley_terry_hand_values_and_both_forms():
 
 
 def test_pairwise_accuracy_counts_ties_as_wrong():
-    assert pairwise_accuracy(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 2.0, 4.0])).item() == pytest.approx(1 / 3)
+    assert (pairwise_accuracy(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 2.0, 4.0])).item()
+            == pytest.approx(1 / 3))
 
 
 def test_plackett_luce_reduces_to_bt_at_k2_and_hand_value_at_k3():

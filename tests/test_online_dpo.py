@@ -41,7 +41,8 @@ def tiny(seed=0, lr=1e-2):
 
 
 def share_a(e, n=64):
-    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(reply_a), RENDER, max_turns=1, max_tokens=32)
+    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(reply_a), RENDER,
+                           max_turns=1, max_tokens=32)
     trajs = source.run([Task()], n, torch.Generator().manual_seed(99))
     return sum(t.reward for t in trajs) / n
 
@@ -50,7 +51,8 @@ def test_online_dpo_raises_the_reward_it_labels_with():
     tasks = [Task(f"pick{i}") for i in range(4)]
     e = tiny()
     before = share_a(e)
-    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2, temperature=1.0)), lambda: SingleTurnEnv(reply_a), RENDER, max_turns=1, max_tokens=32)
+    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2, temperature=1.0)),
+                           lambda: SingleTurnEnv(reply_a), RENDER, max_turns=1, max_tokens=32)
     maker = OnlinePairs(source, tasks, prompts=16)
     hist = train_dpo(e, [], DPOConfig(steps=30, beta=0.5, regenerate_every=2), TOK.pad_id, make_pairs=maker)
     made = [h for h in hist if "online/pairs" in h]
@@ -64,7 +66,8 @@ def test_online_dpo_raises_the_reward_it_labels_with():
 
 def test_a_round_of_ties_keeps_the_last_pairs_and_a_first_one_is_refused():
     e = tiny()
-    never = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(lambda t, r: (0.0, {})), RENDER, max_turns=1, max_tokens=32)
+    never = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)),
+                          lambda: SingleTurnEnv(lambda t, r: (0.0, {})), RENDER, max_turns=1, max_tokens=32)
     with pytest.raises(NoPairs, match="no pair to train on"):
         OnlinePairs(never, [Task()], prompts=2)(e, torch.Generator().manual_seed(0))
 

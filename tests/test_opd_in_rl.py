@@ -84,7 +84,8 @@ def test_opd_config_errors_name_the_field():
 
 def zero_reward_source(e):
     """Every episode scores 0: a group advantage is 0, so only the teacher's term can move the student."""
-    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(lambda task, reply: (0.0, {})), RENDER, max_turns=1,
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)),
+                         lambda: SingleTurnEnv(lambda task, reply: (0.0, {})), RENDER, max_turns=1,
                          max_tokens=32)
 
 

@@ -128,7 +128,8 @@ def test_probe_on_a_tiny_model():
     model = TinyTransformer(TinyConfig(tok.vocab_size, 16, 1, 2, max_len=48))
     policy = make_engine(model)
     reference = policy.reference_engine()
-    source = EpisodeSource(Decoder(policy.sample, SamplerSettings(max_new_tokens=12)), lambda: instruct_env("preference"), Renderer(tok), max_turns=1,
+    source = EpisodeSource(Decoder(policy.sample, SamplerSettings(max_new_tokens=12)),
+                           lambda: instruct_env("preference"), Renderer(tok), max_turns=1,
                            max_tokens=48)
     tasks = [InstructTask("good"), InstructTask("lord")]
     length = verifier_grader(lambda task, reply: float(len(reply)))
@@ -162,7 +163,8 @@ def hf_work(tmp_path_factory):
     make_random_model(d / "model", arch="llama", size="tiny")
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(4):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
+                                "answer": str(i + 5)}) + "\n")
     (d / "rewards.py").write_text(
         "def has_digit(prompts, completions, **kw):\n"
         "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n"

@@ -166,7 +166,8 @@ def test_a_reward_that_is_not_a_finite_number_is_a_fault_naming_the_task(bad, ca
     assert f"verifier {verifier.__qualname__} ({__file__}:" in failed.info["env_error"]
     assert "task bad" in caplog.text and "finite number" in caplog.text
     # counted like any other fault: the run-level limit stops a run where most episodes fail
-    collect = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), R, max_turns=1, max_tokens=32)
+    collect = EpisodeSource(Decoder(Sampler(), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), R,
+                            max_turns=1, max_tokens=32)
     with pytest.raises(TooManyFaults, match="bad: InvalidStep"):
         collect.run([Task("bad")], 2, None)
 
@@ -238,7 +239,8 @@ def test_a_model_rollout_with_a_real_sampler_fills_the_contract():
     model = TinyTransformer(TinyConfig(TOK.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=64)).eval()
     ns = docstring_example()
     tasks = [ns["CountTask"](1), ns["CountTask"](2)]
-    trajs = rollout_batch(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=4)), [ns["CountEnv"]() for _ in tasks], tasks, R,
+    trajs = rollout_batch(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=4)),
+                          [ns["CountEnv"]() for _ in tasks], tasks, R,
                           torch.Generator().manual_seed(0), max_turns=3, max_tokens=64)
     assert all(isinstance(t.reward, float) and math.isfinite(t.reward) for t in trajs)
     assert [t.info["task"] for t in trajs] == ["count-to-1", "count-to-2"]

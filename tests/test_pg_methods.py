@@ -236,7 +236,8 @@ def test_adaptive_kl_controller_moves_the_logged_coefficient_by_the_measured_kl(
 
 def coin_source(e):
     """A reward of 1 for about half the replies: a group of two is all-equal half the time."""
-    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(lambda task, reply: (float(reply[:1] in "abc"), {})),
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)),
+                         lambda: SingleTurnEnv(lambda task, reply: (float(reply[:1] in "abc"), {})),
                          RENDER, max_turns=1, max_tokens=32)
 
 
@@ -254,7 +255,8 @@ def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal():
 def test_ppo_ptx_alone_teaches_the_pretraining_text():
     e = engine()
     before = pass_rate(e)
-    zero = lambda: EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(lambda task, reply: (0.0, {})), RENDER,  # noqa: E731
+    zero = lambda: EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)),  # noqa: E731
+                                 lambda: SingleTurnEnv(lambda task, reply: (0.0, {})), RENDER,
                                  max_turns=1, max_tokens=32)
     cfg = RLConfig(steps=15, tasks_per_step=2, group_size=2, ptx_coef=1.0, ptx_batch_size=4)
     hist = train_rl(e, TASKS, zero(), cfg, PAD, ptx=[demo("a")] * 4)  # no reward signal: only the ptx gradient

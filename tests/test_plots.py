@@ -117,8 +117,9 @@ def test_chapter13_adherence_and_the_pipeline_stages_are_bars(tmp_path, drawn):
     results = {"pretrain": {**model, "curve": [(0, 4.0), (100, 2.5), (200, 2.1)]},
                "sft_narrow": {**model, "seen": 0.9, "unseen": 0.3}, "sft_broad": {**model, "seen": 0.8, "unseen": 0.7}}
     instruct_section(tmp_path, results)
-    stage_plot(tmp_path / "stages.png", {s: {"eval": {"completion_greedy": 0.934, "chat_greedy": 0.5, "chat_sampled": 0.4,
-                                                      "chat_pass_at_k": 0.8}} for s in MODEL_STAGES}, Config())
+    stage_plot(tmp_path / "stages.png", {s: {"eval": {"completion_greedy": 0.934, "chat_greedy": 0.5,
+                                                      "chat_sampled": 0.4, "chat_pass_at_k": 0.8}}
+                                         for s in MODEL_STAGES}, Config())
     assert all(problems == [] for problems, _, _ in drawn.values())
     assert drawn["pretrain_loss.png"][1] == [True]  # steps
     assert set(drawn["adherence.png"][2]) == {"BarContainer"} and len(drawn["adherence.png"][2]) == 3
@@ -130,7 +131,8 @@ def test_what_a_reader_would_misread_is_drawn_as_what_it_is():
     constant is named with its value on an axis around 0 and it, not a zoom into nothing; a KL of float noise
     (6e-12 .. 9e-12) is 0, not a V; ticks sit on the steps that were measured; markers are big enough to see."""
     steps = [1, 2, 3, 4]
-    fig = line_figure({"rollout/reward": (steps, [0.0, 0.25, 0.25, 0.5]), "rollout/pass_rate": (steps, [0.0, 0.25, 0.25, 0.5]),
+    fig = line_figure({"rollout/reward": (steps, [0.0, 0.25, 0.25, 0.5]),
+                       "rollout/pass_rate": (steps, [0.0, 0.25, 0.25, 0.5]),
                        "train/lr": (steps, [1e-5] * 4)}, "reward", "step", "reward")
     ax = fig.axes[0]
     labels = [line.get_label() for line in ax.get_lines()]

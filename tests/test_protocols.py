@@ -138,7 +138,8 @@ def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
     renderer = Renderer(CharTokenizer.from_corpus("Q: pick ab"))
     base = EpisodeSource(Decoder(engine.sample), SingleTurnEnv, renderer)
     process = SamplerProcess(engine)  # not started: nothing runs
-    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, engine, []), Overlapped(base, process),
+    sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}),
+                             Scored(base, engine, []), Overlapped(base, process),
                              EpisodeSource(process, SingleTurnEnv, renderer)]
     for source in sources:
         assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__
@@ -201,7 +202,8 @@ def test_the_runtime_check_catches_a_broken_implementation():
 
     assert mismatches(Renamed(), Layout) == ["copy_weights: no parameter 'dst'",
                                                  "copy_weights: requires ['target'], which the Protocol does not pass"]
-    assert "ranks: missing" in mismatches(Missing(), Collective) and "prepare: missing" not in mismatches(Missing(), Collective)
+    assert ("ranks: missing" in mismatches(Missing(), Collective)
+            and "prepare: missing" not in mismatches(Missing(), Collective))
 
 
 def test_each_registered_experiment_is_an_experiment():

@@ -119,7 +119,8 @@ def test_a_skipped_step_names_the_rows_that_caused_it(tiny_model, caplog):
     assert "non-finite log-probs in 1 row(s): chats.jsonl:5" in caplog.text and "step skipped" in caplog.text
     stopper = make_engine(copy.deepcopy(tiny_model), OptimConfig(lr=1e-2, on_nonfinite="stop"))
     stopper.forward_backward(collate(data[:2], 0), nan_loss)  # finite log-probs: the whole batch is named
-    with pytest.raises(NonFiniteError, match="non-finite loss on a batch of 2 row\\(s\\): chats.jsonl:1, chats.jsonl:2"):
+    with pytest.raises(NonFiniteError,
+                       match="non-finite loss on a batch of 2 row\\(s\\): chats.jsonl:1, chats.jsonl:2"):
         stopper.optim_step()
 
 
@@ -161,7 +162,8 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     from trajtune.models.tiny import TinyConfig, TinyTransformer
 
     model = TinyTransformer(TinyConfig(tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=32)).eval()
-    collect = EpisodeSource(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), Renderer(tok),
+    collect = EpisodeSource(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=3)),
+                            lambda: SingleTurnEnv(reward), Renderer(tok),
                            max_turns=1, max_tokens=32)
     with caplog.at_level("WARNING", logger="trajtune.sources.rollout"):
         trajs = collect.run([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))
@@ -171,7 +173,8 @@ def test_a_reward_function_that_raises_fails_its_episode_not_the_run(caplog):
     assert all(t.info["stop_reason"] == "env_error" and t.outcome is Outcome.ENV_ERROR and not t.trainable for t in bad)
     assert all(t.trainable for t in trajs if t.info["task"] == "good")
     assert "task bad" in caplog.text and "ZeroDivisionError" in caplog.text
-    strict = EpisodeSource(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(reward), Renderer(tok),
+    strict = EpisodeSource(Decoder(partial(sample, model), SamplerSettings(max_new_tokens=3)),
+                           lambda: SingleTurnEnv(reward), Renderer(tok),
                           max_turns=1, max_tokens=32, max_fault_share=0.25)
     with pytest.raises(TooManyFaults, match=r"2 of 4 episodes failed.*bad: ZeroDivisionError"):
         strict.run([Task("good"), Task("bad")], 2, torch.Generator().manual_seed(0))

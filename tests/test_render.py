@@ -77,7 +77,8 @@ def test_incremental_building_matches_render(tok):
 def test_no_wrappers_keeps_bos_and_policy_end(tok):
     r = Renderer(tok, wrappers=False)
     traj = r.render(EPISODE)
-    assert names(tok, traj) == ["<bos>", "be", "brief", "fix", "f", "read", "<|end|>", "def", "f", "submit", "<|end|>", "ok"]
+    assert names(tok, traj) == ["<bos>", "be", "brief", "fix", "f", "read", "<|end|>", "def", "f", "submit", "<|end|>",
+                                "ok"]
     assert traj.owners == [T, P, P, P, P, A, A, X, X, A, A, X]
     # exactly the wrapped rendering with the TEMPLATE tokens (but <bos>) removed
     wrapped = Renderer(tok).render(EPISODE)

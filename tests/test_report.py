@@ -23,7 +23,8 @@ def test_report_text_is_escaped_and_the_page_checked(tmp_path):
     from trajtune.runs.report import html_problems
 
     write_report(tmp_path, "a <b> title", ["each seed's report is in seed-<s>/report.md; a < b > c & d",
-                                           "| x<i> | `seed-<s>` |\n|---|---|\n| <div> | [seed 0](seed-0/report.html) |"])
+                                           "| x<i> | `seed-<s>` |\n|---|---|\n"
+                                           "| <div> | [seed 0](seed-0/report.html) |"])
     page = (tmp_path / "report.html").read_text()
     assert html_problems(page) == [], html_problems(page)
     assert "seed-&lt;s&gt;/report.md" in page and "a &lt; b &gt; c &amp; d" in page and "<s>" not in page

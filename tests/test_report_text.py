@@ -28,15 +28,17 @@ def test_the_pipeline_summary_names_what_fell_and_the_forgetting():
     assert "93.4% -> 22.3% -> 7.4% -> 8.2%" in text and "ch. 15" in text and "lowest after dpo" in text
     assert f"the form of {1 - PipelineConfig().chat_share:.0%} of the pretraining corpus" in text
     # every stage raises everything: the headline says so, and no forgetting sentence
-    up = _evals([0.0, 0.5, 0.55, 0.6, 0.65], [0.0, 0.1, 0.4, 0.6, 0.7], [0.0, 0.1, 0.3, 0.5, 0.6], [0.0, 0.2, 0.5, 0.7, 0.8])
+    up = _evals([0.0, 0.5, 0.55, 0.6, 0.65], [0.0, 0.1, 0.4, 0.6, 0.7], [0.0, 0.1, 0.3, 0.5, 0.6],
+                [0.0, 0.2, 0.5, 0.7, 0.8])
     text = summary(up)
     assert "**Every training stage raised the held-out metrics it targets beyond the noise, and no pass metric " \
            "fell beyond it.**" in text
     assert "fell:" not in text and "forgotten" not in text
     # a targeted metric that falls is named in the headline, with its counts
-    down = _evals([0.0, 0.5, 0.55, 0.6, 0.65], [0.0, 0.1, 0.4, 0.3, 0.7], [0.0, 0.1, 0.3, 0.5, 0.6], [0.0, 0.2, 0.5, 0.7, 0.8])
-    assert "**Not every stage raised the metrics it targets beyond the noise:** dpo: chat greedy pass@1 40.0% -> 30.0%, " \
-           "-0.100 ± 0.084" in summary(down)
+    down = _evals([0.0, 0.5, 0.55, 0.6, 0.65], [0.0, 0.1, 0.4, 0.3, 0.7], [0.0, 0.1, 0.3, 0.5, 0.6],
+                  [0.0, 0.2, 0.5, 0.7, 0.8])
+    assert "**Not every stage raised the metrics it targets beyond the noise:** " \
+           "dpo: chat greedy pass@1 40.0% -> 30.0%, -0.100 ± 0.084" in summary(down)
 
 
 def test_claims_count_and_seed_links(tmp_path):
@@ -76,9 +78,11 @@ def test_run_warnings_name_each_way_a_run_learned_nothing(tmp_path):
     flat = [{"step": s, "train/loss": 0.0, "train/grad_norm": 0.0, "rollout/reward": 0.0,
              "rollout/no_signal_share": 1.0, "rollout/truncated_share": 0.9} for s in (1, 2, 3)]
     got = run_warnings(flat)
-    assert [w.split(":**")[0] for w in got] == ["**No learning signal", "**Most completions were cut at the token budget",
+    assert [w.split(":**")[0] for w in got] == ["**No learning signal",
+                                                "**Most completions were cut at the token budget",
                                                 "**The loss never moved", "**Gradient norm 0 at every step"]
-    assert "90% of sampled completions over 3 steps" in got[1] and "(mean reward 0; `rollout/no_signal_share` 1)" in got[0]
+    assert ("90% of sampled completions over 3 steps" in got[1]
+            and "(mean reward 0; `rollout/no_signal_share` 1)" in got[0])
     # one step with signal, or a minority cut: no such line
     mixed = flat[:2] + [{**flat[2], "rollout/no_signal_share": 0.75, "rollout/truncated_share": 0.0},
                         {"step": 4, "rollout/truncated_share": 0.0}]  # cut: (0.9 + 0.9 + 0 + 0) / 4 <= 0.5

@@ -37,7 +37,8 @@ def graded(task, reply):
 
 
 def collect_for(e):
-    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(graded), RENDER, max_turns=1, max_tokens=32)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=2)), lambda: SingleTurnEnv(graded), RENDER,
+                         max_turns=1, max_tokens=32)
 PAIRS = [(demo("a"), demo(x)) for x in "bcdef"]
 
 
@@ -79,7 +80,8 @@ LOOPS = {
     "reward_model": ({"value_head": True}, lambda e, log, ck: train_reward_model(
         e, PAIRS, RewardModelConfig(steps=6, batch_size=2), PAD, R(log, ck))),
     "distill": ({}, lambda e, log, ck: train_distill(
-        e, teacher(), TASKS, collect_for(e), DistillConfig(steps=5, tasks_per_step=2, samples_per_task=2), PAD, R(log, ck))),
+        e, teacher(), TASKS, collect_for(e), DistillConfig(steps=5, tasks_per_step=2, samples_per_task=2), PAD,
+        R(log, ck))),
 }
 
 

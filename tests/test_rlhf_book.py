@@ -10,7 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from trajtune.experiments.rlhf_book import EXPERIMENTS, Config, daa, distill, index_table, pg, rs, run, seeds_report, sft, stages
+from trajtune.experiments.rlhf_book import (EXPERIMENTS, Config, daa, distill, index_table, pg, rs, run, seeds_report,
+                                            sft, stages)
 from trajtune.experiments.rlhf_book.rs import RolloutCache, coverage
 from trajtune.metrics import is_documented, read_metrics
 from trajtune.trajectory import Owner, Trajectory
@@ -124,15 +125,17 @@ def test_recipe_end_to_end(tmp_path, capsys):
     assert [line.split()[0] for line in printed[summary + 1:]] == re.findall(r"^\| (S[\d.]+[a-z]?) \|", table, re.M)
     assert (tmp_path / "view.html").exists() and "[view.html](view.html)" in text  # written first, then linked
     assert "seeds/rlhf-book.md" not in text and "RLHF book, ch.9 §9.4" in text
-    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1", "S9.2a", "S9.2b", "S9.3a", "S9.3b", "S9.4", "S12.1", "S12.2a",
-                "S12.2b"):
+    for cid in ("S4.1", "S4.2", "S6.1", "S6.2", "S6.3b", "S6.3c", "S6.4", "S8.1", "S8.2", "S8.3", "S8.4", "S9.1",
+                "S9.2a", "S9.2b", "S9.3a", "S9.3b", "S9.4", "S12.1", "S12.2a", "S12.2b"):
         assert f"| {cid} |" in text, cid
     assert "not run" not in text.split("## Claims")[0] and "covered by graders R5" in text
-    for png in ("book-s4-stop", "book-s4-heldout_nll", "book-s6-binary", "book-s6-binary_no_contrast", "book-s6-instruct", "book-s8-dpo", "book-s9-rs",
-                "book-s12-reward", "book-s12-skipped_share"):
+    for png in ("book-s4-stop", "book-s4-heldout_nll", "book-s6-binary", "book-s6-binary_no_contrast",
+                "book-s6-instruct", "book-s8-dpo", "book-s9-rs", "book-s12-reward", "book-s12-skipped_share"):
         assert (tmp_path / f"{png}.png").stat().st_size > 1000
     cache = json.loads((tmp_path / "rs_cache" / "results.json").read_text())
-    assert cache["reread"]["hit"] and not cache["built"]["main"]["hit"] and len(list((tmp_path / "rs_cache" / "rollouts").glob("*.json"))) == 5  # 4 settings + the weak policy
+    # 4 settings + the weak policy
+    assert (cache["reread"]["hit"] and not cache["built"]["main"]["hit"]
+            and len(list((tmp_path / "rs_cache" / "rollouts").glob("*.json"))) == 5)
     top = json.loads((tmp_path / "rs_top_per_prompt" / "results.json").read_text())
     assert top["cache_hit"] and top["kept"] == 8
     sft_run = json.loads((tmp_path / "sft_lr1" / "results.json").read_text())

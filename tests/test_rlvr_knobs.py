@@ -98,7 +98,8 @@ def test_difficulty_filter_on_a_real_source_is_seeded():
     torch.manual_seed(0)
     e = make_engine(TinyTransformer(TinyConfig(tok.vocab_size, dim=16, n_layers=1, n_heads=2, max_len=48)),
                     OptimConfig(lr=1e-3))
-    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=3)), arithmetic_env, Renderer(tok), max_turns=1, max_tokens=48)
+    source = EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=3)), arithmetic_env, Renderer(tok),
+                           max_turns=1, max_tokens=48)
     first = filter_by_difficulty(source, tasks, n=4, low=0.0, high=1.0, seed=1)
     assert first == filter_by_difficulty(source, tasks, n=4, low=0.0, high=1.0, seed=1)
     assert first[0] == tasks and len(first[1]) == len(tasks)

@@ -92,7 +92,8 @@ def test_rollouts_with_a_tiny_transformer_are_seeded_and_score_consistently():
     tasks = TASKS[:3] * 2
 
     def run(seed):
-        return rollout_batch(Decoder(policy, SamplerSettings(max_new_tokens=6)), [BugFixEnv() for _ in tasks], tasks, r, torch.Generator().manual_seed(seed),
+        return rollout_batch(Decoder(policy, SamplerSettings(max_new_tokens=6)), [BugFixEnv() for _ in tasks], tasks, r,
+                             torch.Generator().manual_seed(seed),
                              max_turns=3, max_tokens=200)
 
     a, b, c = run(0), run(0), run(1)
@@ -130,7 +131,8 @@ def test_episodes_end_on_turn_limit_and_token_budget():
     assert traj.info["stop_reason"] == "max_turns" and traj.info["n_turns"] == 4 and traj.n_turns == 4
     # budget: a turn is sampled only if history + header + max_action_tokens fits
     budget = 80
-    traj = rollout_batch(Decoder(ReplaySampler(r, script), SamplerSettings(max_new_tokens=4)), [BugFixEnv()], [task], r, None, max_turns=10,
+    traj = rollout_batch(Decoder(ReplaySampler(r, script), SamplerSettings(max_new_tokens=4)), [BugFixEnv()], [task], r,
+                         None, max_turns=10,
                          max_tokens=budget)[0]
     assert traj.info["stop_reason"] == "token_budget"
     last_policy = max(i for i, o in enumerate(traj.owners) if o == Owner.POLICY)
@@ -146,7 +148,8 @@ def test_single_turn_task_is_the_one_step_case():
     tasks = arithmetic_tasks("heldout")[:4]
     scripted = [scripted_rollout(ArithmeticOracle(), arithmetic_env(), t, r) for t in tasks]
     sampler = ReplaySampler(r, {t.prompt: [t.answer] for t in tasks})
-    sampled = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=4)), [arithmetic_env() for _ in tasks], tasks, r, None)
+    sampled = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=4)), [arithmetic_env() for _ in tasks],
+                            tasks, r, None)
     for a, b, t in zip(scripted, sampled, tasks, strict=True):
         assert same_tokens(a, b) and a.reward == b.reward == 1.0
         assert b.info["stop_reason"] == "done" and b.info["n_turns"] == 1 and b.n_turns == 1
@@ -206,7 +209,8 @@ def test_finished_trajectories_carry_no_renderer_bookkeeping(kind):
     task = TASKS[0]
     scripted = scripted_rollout(bugfix_policy("oracle"), BugFixEnv(), task, r, max_tokens=max_tokens)
     sampler = CountingSampler(encode, scripted.info["actions"])
-    sampled = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=32)), [BugFixEnv()], [task], r, None, max_tokens=max_tokens)[0]
+    sampled = rollout_batch(Decoder(sampler, SamplerSettings(max_new_tokens=32)), [BugFixEnv()], [task], r, None,
+                            max_tokens=max_tokens)[0]
     assert scripted.info["actions"] == ["read", "edit swap_minmax", "submit"]
     assert same_tokens(scripted, sampled)
     assert (sampled.info, sampled.unterminated) == (scripted.info, scripted.unterminated)

@@ -27,8 +27,8 @@ def test_rubric_score_hand_worked():
 
 
 FORMAT_A = [
-    {"title": "Energy conserved", "description": "Essential Criteria: States that total mechanical energy is conserved.",
-     "weight": 5},
+    {"title": "Energy conserved",
+     "description": "Essential Criteria: States that total mechanical energy is conserved.", "weight": 5},
     {"title": "Numbers shown", "description": "Important Criteria: Breaks down the numerical energy values.",
      "weight": 3},
     {"title": "Friction ignored", "description": "Pitfall Criteria: Does not mention that friction is neglected.",
@@ -45,19 +45,23 @@ def test_load_the_books_formats(tmp_path):
     a.write_text(json.dumps(FORMAT_A))
     r = load_rubric(a)
     assert [(i.title, i.category, i.weight) for i in r.items] == [
-        ("Energy conserved", "Essential", 5.0), ("Numbers shown", "Important", 3.0), ("Friction ignored", "Pitfall", -1.0)]
+        ("Energy conserved", "Essential", 5.0), ("Numbers shown", "Important", 3.0),
+        ("Friction ignored", "Pitfall", -1.0)]
     assert r.items[0].criterion == "States that total mechanical energy is conserved."
     b = tmp_path / "b.json"
     b.write_text(json.dumps(FORMAT_B))
     r = load_rubric(b)
     assert r.reasoning == "The user wants five artifacts."
-    assert [i.hard for i in r.items] == [True, False] and r.items[0].title == "The response includes exactly five distinct"
+    assert ([i.hard for i in r.items] == [True, False]
+            and r.items[0].title == "The response includes exactly five distinct")
 
 
 @pytest.mark.parametrize("data, message", [
-    ([{"title": "x", "description": "Essential Criteria: y", "weight": 7}], r"a\.json item 1 \('x'\).*Essential.*1 to 5, got 7"),
+    ([{"title": "x", "description": "Essential Criteria: y", "weight": 7}],
+     r"a\.json item 1 \('x'\).*Essential.*1 to 5, got 7"),
     ([{"title": "x", "description": "Pitfall Criteria: y", "weight": 1}], r"item 1 .*Pitfall.*-2 to -1"),
-    ([{"title": "x", "description": "Nice: y", "weight": 1}], r"item 1 \('x'\): 'description' must begin with its category"),
+    ([{"title": "x", "description": "Nice: y", "weight": 1}],
+     r"item 1 \('x'\): 'description' must begin with its category"),
     ([{"title": "x", "description": "Essential Criteria: y", "weight": 2},
       {"title": "z", "weight": 2}], r"a\.json item 2: missing \['description'\]"),
     ([{"title": "x", "description": "Essential Criteria: y", "weight": 2.5}], r"item 1 .*'weight' must be an integer"),
@@ -104,7 +108,8 @@ class YesJudge:
 
 def test_rubric_reward_with_verifiers_and_a_judge(tmp_path):
     checks = tmp_path / "checks.py"
-    checks.write_text("def shouting(completions, **kw):\n    return [1.0 if c.isupper() else 0.0 for c in completions]\n")
+    checks.write_text("def shouting(completions, **kw):\n"
+                      "    return [1.0 if c.isupper() else 0.0 for c in completions]\n")
     rubric = Rubric([RubricItem("Starts with the word", "starts with the word", 4, check=starts_with_word),
                      RubricItem("Ends with a period", "The reply ends with a period.", 2),
                      RubricItem("Shouting", "all capitals", -2, "Pitfall", check=f"{checks}:shouting")], "r.json")

@@ -161,7 +161,8 @@ def test_sample_with_cdf_draw(tiny_model):
         assert torch.allclose(torch.tensor(lps), ref.gather(-1, torch.tensor(toks)[:, None]).squeeze(-1), atol=1e-5)
     together = sample(tiny_model, PROMPTS, 12, stop_ids=[7], generators=[gen(20 + b) for b in range(3)], draw="cdf")
     for b, p in enumerate(PROMPTS):
-        assert sample(tiny_model, [p], 12, stop_ids=[7], generators=[gen(20 + b)], draw="cdf").tokens[0] == together.tokens[b]
+        assert (sample(tiny_model, [p], 12, stop_ids=[7], generators=[gen(20 + b)], draw="cdf").tokens[0]
+                == together.tokens[b])
     with pytest.raises(ValueError, match="draw must be one of"):
         sample(tiny_model, PROMPTS, 3, gen(0), draw="gumbel")
 

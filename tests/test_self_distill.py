@@ -77,7 +77,8 @@ def test_sdpo_distills_the_hinted_self_into_the_plain_prompt():
     e = make_engine(TinyTransformer(TinyConfig(TOK.vocab_size, dim=32, n_layers=2, n_heads=2, max_len=32)),
                     OptimConfig(lr=1e-2))
     # the model learns to copy a hint ("Q: pick c" -> "c") and to answer the plain prompt with any letter
-    plain = [RENDER.render([{"role": "user", "content": "Q: pick"}, {"role": "assistant", "content": x}]) for x in "abcdef"]
+    plain = [RENDER.render([{"role": "user", "content": "Q: pick"}, {"role": "assistant", "content": x}])
+             for x in "abcdef"]
     train_sft(e, [hinted(x) for x in "abcdef"] * 4 + plain, SFTConfig(steps=300, batch_size=12), TOK.pad_id)
     before = pass_rate(e)
 
@@ -86,8 +87,9 @@ def test_sdpo_distills_the_hinted_self_into_the_plain_prompt():
 
     # the teacher shares the student's weights, so a large step moves it too: SDPO runs at a smaller rate
     e = make_engine(e.model, OptimConfig(lr=3e-3))
-    hist = train_self_distill(e, TASKS, collect_for(e), SelfDistillConfig(steps=12, tasks_per_step=4, samples_per_task=6,
-                                                                          kl_top_k=3), TOK.pad_id, teacher_prompt)
+    hist = train_self_distill(e, TASKS, collect_for(e),
+                              SelfDistillConfig(steps=12, tasks_per_step=4, samples_per_task=6, kl_top_k=3),
+                              TOK.pad_id, teacher_prompt)
     assert pass_rate(e) > before + 0.3, (before, pass_rate(e))
     skipped = [h["distill/skipped_share"] for h in hist]
     assert sum(skipped[:4]) > sum(skipped[-4:])  # fewer prompts without a correct rollout as the student learns

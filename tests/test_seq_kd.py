@@ -47,7 +47,8 @@ def test_seq_kd_is_a_function_of_its_seed_and_filters_by_reward():
     (demos_a, weights_a), (demos_b, weights_b), (demos_c, _) = run(0), run(0), run(1)
     assert demos_a == demos_b and all(torch.equal(a, b) for a, b in zip(weights_a, weights_b, strict=True))
     assert demos_a != demos_c
-    kept, m = teacher_completions(source(teacher, temperature=1.0), TASKS, SeqKDConfig(samples_per_task=4, min_reward=1.0))
+    kept, m = teacher_completions(source(teacher, temperature=1.0), TASKS,
+                                  SeqKDConfig(samples_per_task=4, min_reward=1.0))
     assert all(t.reward >= 1.0 for t in kept) and m["seqkd/demos"] + m["seqkd/dropped"] == 4 * len(TASKS)
     assert m["seqkd/dropped"] > 0
     with pytest.raises(ValueError, match="no teacher completion was kept"):

@@ -150,8 +150,8 @@ def test_every_source_meets_the_protocol():
     """At runtime (the method names; tests/test_protocols.py's type check verifies the signatures too)."""
     e = engine()
     base = collect_for(e)
-    for source in (base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, e, []), Overlapped(base, SamplerProcess(e)),
-                   Replay([], [], [])):
+    for source in (base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, e, []),
+                   Overlapped(base, SamplerProcess(e)), Replay([], [], [])):
         assert isinstance(source, Source), type(source).__name__
 
 

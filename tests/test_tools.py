@@ -9,7 +9,8 @@ from trajtune.envs.tools import (Tool, ToolCall, ToolEnv, call_match, dispatch, 
 SEARCH = Tool("search_movies", lambda title, year=None: f"found {title} ({year})",
               {"type": "object", "properties": {"title": {"type": "string"}, "year": {"type": "integer"}},
                "required": ["title"]})
-ADD = Tool("add", lambda a, b: a + b, {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+ADD = Tool("add", lambda a, b: a + b, {"type": "object",
+                                       "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
                                        "required": ["a", "b"]})
 
 
@@ -53,10 +54,13 @@ def test_dispatch_ids_errors_and_truncation():
 
 
 def test_schema_and_exact_match():
-    assert schema_errors({"title": "a", "year": True}, SEARCH.parameters) == ["argument 'year' must be integer, got bool"]
-    assert schema_errors({"title": "a", "genre": "x"}, SEARCH.parameters) == ["unknown argument 'genre' (expected title, year)"]
+    assert schema_errors({"title": "a", "year": True}, SEARCH.parameters) == [
+        "argument 'year' must be integer, got bool"]
+    assert schema_errors({"title": "a", "genre": "x"}, SEARCH.parameters) == [
+        "unknown argument 'genre' (expected title, year)"]
     expected = [ToolCall("search_movies", {"title": "Star Wars"})]
-    assert call_match([ToolCall("search_movies", {"title": "Star Wars"}, "id1")], expected) == {"name": 1.0, "arguments": 1.0}
+    assert call_match([ToolCall("search_movies", {"title": "Star Wars"}, "id1")], expected) == {"name": 1.0,
+                                                                                                "arguments": 1.0}
     assert call_match([ToolCall("search_movies", {"title": "star wars"})], expected) == {"name": 1.0, "arguments": 0.0}
     assert call_match([], expected) == {"name": 0.0, "arguments": 0.0}
 

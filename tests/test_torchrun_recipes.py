@@ -109,8 +109,8 @@ def check_same_run(one: Path, two: Path, lr: float) -> None:
         if at_start:
             close(a, b, where, FIRST_TOL)
             continue
-        close({k: v for k, v in a.items() if k != "train/grad_norm"}, {k: v for k, v in b.items() if k != "train/grad_norm"},
-              where, TOL)
+        close({k: v for k, v in a.items() if k != "train/grad_norm"},
+              {k: v for k, v in b.items() if k != "train/grad_norm"}, where, TOL)
         close(a.get("train/grad_norm"), b.get("train/grad_norm"), f"{where}.train/grad_norm", GRAD_NORM_TOL)
     weights = sorted(p.relative_to(one) for p in one.glob("**/model.safetensors") if "resume" not in p.parts)
     assert weights and weights == sorted(p.relative_to(two) for p in two.glob("**/model.safetensors")
@@ -167,12 +167,15 @@ def hf_work(tmp_path_factory):
     with open(d / "chats.jsonl", "w") as f:
         for i in range(6):  # 6 rows, batches of 5: ranks get 3 and 2 rows
             f.write(json.dumps({"messages": [{"role": "user", "content": f"what is {i}+5?"},
-                                             {"role": "assistant", "content": f"the answer is {i + 5}" + "!" * i}]}) + "\n")
+                                             {"role": "assistant",
+                                              "content": f"the answer is {i + 5}" + "!" * i}]}) + "\n")
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(3):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
+                                "answer": str(i + 5)}) + "\n")
     (d / "rewards.py").write_text("def digits(prompts, completions, answer, **kw):\n"
-                                  "    return [sum(ch.isdigit() for ch in c[-1]['content']) / 4 for c in completions]\n")
+                                  "    return [sum(ch.isdigit() for ch in c[-1]['content']) / 4 "
+                                  "for c in completions]\n")
     return d
 
 
@@ -184,8 +187,9 @@ def test_a_hugging_face_command_under_torchrun_equals_one_process(command, hf_wo
     if command == "sft":
         args += ["--data", str(d / "chats.jsonl"), "--batch-size", "5", "--length-buckets", "2"]
     else:
-        args += ["--data", str(d / "prompts.jsonl"), "--reward", f"{d / 'rewards.py'}:digits", "--prompts-per-step", "3",
-                 "--group-size", "3", "--max-new-tokens", "6", "--surrogate", "ppo", "--epochs", "2", "--kl-coef", "0.05"]
+        args += ["--data", str(d / "prompts.jsonl"), "--reward", f"{d / 'rewards.py'}:digits",
+                 "--prompts-per-step", "3", "--group-size", "3", "--max-new-tokens", "6", "--surrogate", "ppo",
+                 "--epochs", "2", "--kl-coef", "0.05"]
     one, two = both(tmp_path, args, out_flag="--out")
     check_same_run(one, two, lr)
 

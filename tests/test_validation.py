@@ -46,7 +46,8 @@ def _algorithm_cases():
         (RLConfig, {"eps_high": -0.1}, "eps_high must be >= 0"),
         (RLConfig, {"kl_coef": float("nan")}, "kl_coef must be >= 0"),
         (RLConfig, {"lam": 1.5}, r"gamma and lam must be in \[0, 1\]"),
-        (RLConfig, {"tasks_per_step": 2, "group_size": 2, "minibatches": 5, "surrogate": "ppo"}, "a minibatch would be empty"),
+        (RLConfig, {"tasks_per_step": 2, "group_size": 2, "minibatches": 5, "surrogate": "ppo"},
+         "a minibatch would be empty"),
         (RLConfig, {"epochs": 2}, "epochs 2 updates the policy more than once .* use surrogate ppo"),
         (RFTConfig, {"top_fraction": 1.5}, r"top_fraction must be in \(0, 1\]"),
         (RFTConfig, {"aggregation": "constant"}, "needs a constant"),
@@ -146,10 +147,11 @@ def test_hf_flags_cover_every_loop_field_and_keep_the_old_spellings(capsys):
     for flag in ("--surrogate", "--kl-coef", "--length-buckets", "--epochs", "--advantage", "--prompts-per-step"):
         assert flag in help_text, flag
     old = {"sft": "--model m --data d --out o --steps 3 --batch-size 2 --lr 1e-4 --lora-r 4 --save-every 2 "
-                  "--precision bf16 --gradient-checkpointing --micro-batch-size 1 --device cpu --drop-long --max-length 64",
+                  "--precision bf16 --gradient-checkpointing --micro-batch-size 1 --device cpu --drop-long "
+                  "--max-length 64",
            "dpo": "--model m --data d --beta 0.2 --loss ipo",
-           "grpo": "--model m --data d --reward r:f --group-size 4 --max-new-tokens 8 --prompts-per-step 2 --backend generate "
-                   "--advantage rloo --epochs 1 --kl-coef 0.1 --temperature 0.7",
+           "grpo": "--model m --data d --reward r:f --group-size 4 --max-new-tokens 8 --prompts-per-step 2 "
+                   "--backend generate --advantage rloo --epochs 1 --kl-coef 0.1 --temperature 0.7",
            "rft": "--model m --data d --reward r:f --rounds 2 --steps 3 --group-size 4 --threshold 0.5"}
     for command, line in old.items():
         build_parser().parse_args([command, *line.split()])
@@ -236,7 +238,8 @@ def hf(tmp_path_factory):
         "pairs.jsonl": [{"prompt": "hi", "chosen": "hello", "rejected": "go"},
                         {"prompt": "hi", "chosen": "yes", "rejected": long}],
         "prompts.jsonl": [{"prompt": "2+3?"}, {"prompt": long}, {"prompt": [{"role": "user", "content": long}]}],
-        "assistant_prompt.jsonl": [{"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}],
+        "assistant_prompt.jsonl": [{"prompt": [{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": "x"}]}],
     }
     for name, rs in rows.items():
         (d / name).write_text("".join(json.dumps(r) + "\n" for r in rs))
@@ -351,7 +354,8 @@ def test_long_samples_via_the_command_line(hf, no_model, capsys):
             "--out", str(hf / "out" / "cli")]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "trajtune: error: 2 of 3 samples do not fit --max-length 48" in err and "chats.jsonl:2: field 'messages'" in err
+    assert ("trajtune: error: 2 of 3 samples do not fit --max-length 48" in err
+            and "chats.jsonl:2: field 'messages'" in err)
     with pytest.raises(ModelLoaded):
         main(argv + ["--drop-long"])
 

@@ -1,4 +1,5 @@
-"""Recording episodes while training (trajtune/runs/recorder.py, Run.record_episodes) and `trajtune view` (trajtune/runs/view.py, trajtune/cli/view.py).
+"""Recording episodes while training (trajtune/runs/recorder.py, Run.record_episodes) and `trajtune view`
+(trajtune/runs/view.py, trajtune/cli/view.py).
 
 The page is checked with an HTML parser: every token is a span coloured by its owner, every policy
 token's numbers are in its tooltip and in the side table, the filters are there, and nothing is
@@ -55,7 +56,8 @@ def engine(seed=0):
 
 
 def collect_for(e):
-    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), RENDER, max_turns=1, max_tokens=32)
+    return EpisodeSource(Decoder(e.sample, SamplerSettings(max_new_tokens=3)), lambda: SingleTurnEnv(verifier), RENDER,
+                         max_turns=1, max_tokens=32)
 
 
 TASKS = [Task(f"pick{i}") for i in range(4)]
@@ -261,9 +263,11 @@ def test_hf_grpo_records_and_the_page_decodes_with_the_models_tokenizer(tmp_path
     make_random_model(tmp_path / "model", "qwen2", "tiny")
     with open(tmp_path / "prompts.jsonl", "w") as f:
         for i in range(2):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
+                                "answer": str(i + 5)}) + "\n")
     (tmp_path / "rewards.py").write_text("def digit(prompts, completions, **kw):\n"
-                                         "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n")
+                                         "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) "
+                                         "for c in completions]\n")
     out = tmp_path / "grpo"
     assert main(["grpo", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "prompts.jsonl"), "--reward",
                  f"{tmp_path / 'rewards.py'}:digit", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
@@ -276,7 +280,8 @@ def test_hf_grpo_records_and_the_page_decodes_with_the_models_tokenizer(tmp_path
     assert any(r["info"]["stop_reason"] == "length" for r in rows)  # 3 tokens: a random model's replies are cut
     page = Page()
     text = write_view(out).read_text()
-    assert text.split('<main>')[1].count('class="badge length"') == sum(r["info"]["stop_reason"] == "length" for r in rows)
+    assert (text.split('<main>')[1].count('class="badge length"')
+            == sum(r["info"]["stop_reason"] == "length" for r in rows))
     page.feed(text)  # the tokenizer found in the run (its saved model)
     text = "".join(t["text"] for t in page.sections[0]["tokens"])
     assert "what is" in text and "#" not in text  # decoded by the model's own tokenizer, not shown as ids
@@ -324,7 +329,8 @@ def test_a_reply_cut_at_the_token_budget_stops_on_length_and_the_page_marks_and_
 
     tasks = [Task("pick0"), Task("pick1"), Task("pick2")]
     replies = [TOK.encode("a"), TOK.encode("abc"), TOK.encode("ab")]  # budget 3: "abc" is cut, "ab<|end|>" just fits
-    trajs = rollout_batch(Decoder(FixedReplies(replies), SamplerSettings(max_new_tokens=3)), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
+    trajs = rollout_batch(Decoder(FixedReplies(replies), SamplerSettings(max_new_tokens=3)),
+                          [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER, None,
                           max_turns=1, max_tokens=32)
     assert [t.info["stop_reason"] for t in trajs] == ["done", "length", "done"]  # the env said done on all three
     assert [t.unterminated for t in trajs] == [0, 1, 0]
@@ -363,7 +369,8 @@ def test_tokens_are_never_split_across_lines(tmp_path):
     tok.save(tmp_path / "tokenizer.json")
     text = write_view(tmp_path).read_text()
     rules = css_rules(text)
-    assert "break-all" not in rules[".tokens"] and "white-space:pre-wrap" in rules[".tokens"]  # lines wrap between tokens
+    # lines wrap between tokens
+    assert "break-all" not in rules[".tokens"] and "white-space:pre-wrap" in rules[".tokens"]
     assert "display:inline-block" in rules[".t"] and "white-space:pre" in rules[".t"]  # never inside one
     assert "display:inline" in rules[".t.nl"]  # a token holding a line break breaks the line where it says
     page = Page()
@@ -382,7 +389,8 @@ def test_the_expected_answer_is_recorded_and_shown(tmp_path):
     assert [expected_answer(t) for t in rows_with] == ["a", ["a"]]
     assert expected_answer(ArithmeticTask(12, 30)) == "42" and expected_answer(Task("pick0")) is None
     tasks = [*rows_with, Task("pick0")]
-    trajs = rollout_batch(Decoder(FixedReplies([TOK.encode("b")] * 3), SamplerSettings(max_new_tokens=3)), [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER,
+    trajs = rollout_batch(Decoder(FixedReplies([TOK.encode("b")] * 3), SamplerSettings(max_new_tokens=3)),
+                          [SingleTurnEnv(verifier) for _ in tasks], tasks, RENDER,
                           None, max_turns=1, max_tokens=32)
     assert [t.info.get("expected") for t in trajs] == ["a", ["a"], None]
     (tmp_path / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(trajs)))

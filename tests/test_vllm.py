@@ -54,7 +54,8 @@ def work(tmp_path_factory):
     make_random_model(d / "model", "llama", "small")  # head_dim 64: the tiny one's 16 is refused by the CPU build
     with open(d / "prompts.jsonl", "w") as f:
         for i in range(8):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}], "answer": str(i + 5)}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
+                                "answer": str(i + 5)}) + "\n")
     (d / "rewards.py").write_text(
         "def has_digit(prompts, completions, answer, **kw):\n"
         "    return [float(any(ch.isdigit() for ch in c[-1]['content'])) for c in completions]\n")
@@ -74,7 +75,8 @@ def server(work):
     log = open(work / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(work / "model"),
                              "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.15",
-                             "--max-model-len", "512", "--max-lora-rank", "8"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             "--max-model-len", "512", "--max-lora-rank", "8"], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -113,7 +115,8 @@ def _engine(work):
 def test_greedy_is_the_built_in_samplers_and_the_log_probs_are_the_trainers(work, colocated, tmp_path):
     engine = _engine(work)
     ours = sample(engine.model.eval(), PROMPTS, 16, greedy=True)
-    theirs = VLLMSampler(colocated, SamplerSettings(16, greedy=True)).sample(PROMPTS, (), torch.Generator().manual_seed(0))
+    theirs = VLLMSampler(colocated, SamplerSettings(16, greedy=True)).sample(PROMPTS, (),
+                                                                             torch.Generator().manual_seed(0))
     assert theirs.tokens == ours.tokens  # token for token
     # sampled at temperature 1: vLLM's recorded log-probs are the trainer's to 1e-4 (float32)
     trajs = _rows(colocated, 12, seed=1)
@@ -215,8 +218,10 @@ def test_grpo_colocated_and_through_a_server_sample_the_same_episodes(work, serv
     # two servers share each step's prompts (here one server listed twice: each gets half, and every sync)
     shared = _grpo(work, "two-servers", "--backend", "vllm", "--vllm-server", url, "--vllm-server", url)
     for a, b, c in zip(here, there, shared, strict=True):
-        assert b["rollout/reward"] == c["rollout/reward"] and b["train/loss"] == pytest.approx(c["train/loss"], abs=1e-5)
-        assert a["rollout/reward"] == b["rollout/reward"] and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+        assert (b["rollout/reward"] == c["rollout/reward"]
+                and b["train/loss"] == pytest.approx(c["train/loss"], abs=1e-5))
+        assert (a["rollout/reward"] == b["rollout/reward"]
+                and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5))
         assert a["sync/logprob_diff"] < 1e-4 and b["sync/logprob_diff"] < 1e-4
     assert all(is_documented(k) for r in there for k in r if k not in ("step", "time", "stage"))
 
@@ -266,7 +271,8 @@ def test_torchrun_ranks_share_a_server_and_train_as_one_process(work, server):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     two = read_metrics(out)
     for a, b in zip(one, two, strict=True):
-        assert a["rollout/reward"] == b["rollout/reward"] and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+        assert (a["rollout/reward"] == b["rollout/reward"]
+                and a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5))
         assert b["sync/logprob_diff"] < 1e-4
 
 
@@ -354,7 +360,8 @@ def test_a_model_vllms_cpu_build_cannot_run_is_one_line_before_vllm_starts(work,
                  f"{work / 'rewards.py'}:has_digit", "--backend", "vllm", "--out", str(tmp_path / "run")]) == 2
     (line,) = capfd.readouterr().err.splitlines()
     assert line.startswith(f"trajtune: error: --backend vllm: vLLM's CPU build cannot run {tiny}: its head size is "
-                           "16 (hidden_size 64 / 4 heads) and vLLM's CPU attention has kernels for head sizes 32, "), line
+                           "16 (hidden_size 64 / 4 heads) and vLLM's CPU attention has kernels for head sizes "
+                           "32, "), line
     assert main(["vllm-serve", "--model", str(tiny), "--port", str(_free_port())]) == 2
     (line,) = capfd.readouterr().err.splitlines()
     assert line.startswith(f"trajtune vllm-serve: vLLM's CPU build cannot run {tiny}: its head size is 16"), line

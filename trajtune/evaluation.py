@@ -1,6 +1,7 @@
 """Evaluation statistics: pass@k, maj@k, pass^k, distinct answers, entropy, KL, informative groups, hacks,
 multiple-choice scoring by conditional log-likelihood (Elo / Bradley-Terry ratings from pairwise verdicts:
-`trajtune.ratings`), and `score_policy`: a policy's mean reward, pass@k, token budget and per-task table on a list of tasks.
+`trajtune.ratings`), and `score_policy`: a policy's mean reward, pass@k, token budget and per-task table on a
+list of tasks.
 
 Pure functions of counts, answers, verdicts, trajectories and tensors; nothing here trains. The function
 that samples (`score_policy`) does it through the source it is given (`trajtune.sources.base.Source`,

@@ -139,7 +139,8 @@ class TokenHead:
         """logits (or an output layer's weight / bias) / temperature; x itself at temperature 1."""
         return x if self.temperature == 1.0 else x / self.temperature
 
-    def _scaled_layer(self, weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _scaled_layer(self, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The output layer of logits / temperature: (weight / T, bias / T | None); differentiable."""
         return self._scaled(weight), None if bias is None else self._scaled(bias)
 

@@ -1,7 +1,8 @@
-"""Every practitioner command on the real model (SmolLM2-135M-Instruct; `real_model` fixture, tests/real_model/conftest.py),
-through the command line (`trajtune.cli.main`, as tests/test_hf_cli.py): each trains a few steps, its loss (or, for RL,
-its policy) moves, and the saved model loads and answers (`trajtune chat` gives a reply). Small on purpose: batches of
-2-4, at most 128 tokens, 2-4 steps, so the tier stays within minutes on two shared CPU cores."""
+"""Every practitioner command on the real model (SmolLM2-135M-Instruct; `real_model` fixture,
+tests/real_model/conftest.py), through the command line (`trajtune.cli.main`, as tests/test_hf_cli.py): each trains
+a few steps, its loss (or, for RL, its policy) moves, and the saved model loads and answers (`trajtune chat` gives a
+reply). Small on purpose: batches of 2-4, at most 128 tokens, 2-4 steps, so the tier stays within minutes on two
+shared CPU cores."""
 
 import json
 
@@ -20,7 +21,8 @@ from trajtune.sources.data import Row, sft_trajectories  # noqa: E402
 from trajtune.text.chat import ChatRenderer  # noqa: E402
 from trajtune.trajectory import Owner  # noqa: E402
 
-CHATS = [  # multi-turn, no system turn: the template adds its default one ("You are a helpful AI assistant named SmolLM")
+# multi-turn, no system turn: the template adds its default one ("You are a helpful AI assistant named SmolLM")
+CHATS = [
     [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "2 + 3 = 5."},
      {"role": "user", "content": "And 4+4?"}, {"role": "assistant", "content": "4 + 4 = 8."}],
     [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
@@ -38,7 +40,8 @@ def work(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     (d / "chats.jsonl").write_text("".join(json.dumps({"messages": m}) + "\n" for m in CHATS))
     (d / "pairs.jsonl").write_text("".join(
-        json.dumps({"prompt": f"What is {i}+{i}?", "chosen": f"{i}+{i} = {2 * i}.", "rejected": "I like turtles."}) + "\n"
+        json.dumps({"prompt": f"What is {i}+{i}?", "chosen": f"{i}+{i} = {2 * i}.",
+                    "rejected": "I like turtles."}) + "\n"
         for i in range(1, 5)))
     return write_prompts(d)
 
@@ -150,7 +153,8 @@ def test_rft(real_model, work, capsys):
          "--max-new-tokens", "16", "--threshold", "-1", "--lr", "1e-4", *SHORT, "--out", str(out))
     (row,) = read_metrics(out)
     assert row["rft/sampled"] == 8 and row["rft/kept"] > 0 and row["train/loss"] > 0, row
-    base, trained = load_file(str(real_model / "model.safetensors")), load_file(str(out / "model" / "model.safetensors"))
+    base, trained = (load_file(str(real_model / "model.safetensors")),
+                     load_file(str(out / "model" / "model.safetensors")))
     assert max(float((base[k] - trained[k]).abs().max()) for k in base) > 1e-5
     answers(out / "model", capsys)
 

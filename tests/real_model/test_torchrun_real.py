@@ -19,8 +19,8 @@ def test_sft_under_torchrun_equals_one_process(real_model, tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": m[: 2 + 2 * (i % 2)]}) + "\n" for i, m in enumerate(CHATS * 2)))
     lr = 1e-4
-    args = ["sft", "--model", str(real_model), "--data", str(data), "--lr", str(lr), "--steps", "2", "--batch-size", "4",
-            "--lora-r", "8", "--lora-dropout", "0", "--max-length", "128"]
+    args = ["sft", "--model", str(real_model), "--data", str(data), "--lr", str(lr), "--steps", "2",
+            "--batch-size", "4", "--lora-r", "8", "--lora-dropout", "0", "--max-length", "128"]
     one, two = both(tmp_path, args, out_flag="--out")
     check_same_run(one, two, lr)
     rows = [json.loads(line) for line in (one / "metrics.jsonl").read_text().splitlines()]

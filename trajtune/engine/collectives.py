@@ -181,7 +181,8 @@ class Sharded:
     @contextlib.contextmanager
     def full_parameters(self, model: torch.nn.Module) -> Iterator[None]:
         """Gather the parameters once (sampling then runs without per-layer communication)."""
-        fsdp: list[Any] = [m for m in model.modules() if hasattr(m, "unshard") and hasattr(m, "set_reshard_after_forward")]
+        fsdp: list[Any] = [m for m in model.modules()
+                           if hasattr(m, "unshard") and hasattr(m, "set_reshard_after_forward")]
         for m in fsdp:
             m.set_reshard_after_forward(False, recurse=False)
             m.unshard()

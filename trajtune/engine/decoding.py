@@ -119,8 +119,9 @@ def _pick_cdf(scaled: torch.Tensor, top_k: int, top_p: float, generator: torch.G
     One pass of exp over the row (no softmax and log_softmax, no [B, V] float64 tensor):
     w = exp(scaled - max) are the unnormalised probabilities; top-k / top-p zero the cut entries of w before
     the draw, and the log-prob is scaled[token] - max - log(sum w), the sum after the cut (the truncated,
-    renormalised distribution drawn from, as "race" reports it). The draw is two-level: u ~ U[0, 1) (float64, one per row, from `generators[b]` for row b
-    when given), a block of `CDF_BLOCK` entries by the blocks' masses (float32 sums, accumulated in
+    renormalised distribution drawn from, as "race" reports it). The draw is two-level: u ~ U[0, 1)
+    (float64, one per row, from `generators[b]` for row b when given), a block of `CDF_BLOCK` entries
+    by the blocks' masses (float32 sums, accumulated in
     float64), then the entry within the block by its float64 cumulative sum: the first entry whose
     cumulative mass exceeds u x total, so an entry of mass 0 (cut by top-k / top-p) is never drawn.
     Block masses are as exact as the float32 probabilities they sum. A vocabulary of at most one block
@@ -289,7 +290,8 @@ def _prefill(model, ids: torch.Tensor, real: torch.Tensor, prompts: Sequence[Seq
     return cache, model(ids, attention_mask=real, cache=cache)[:, -1]
 
 
-def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy, draw) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy,
+                  draw) -> tuple[torch.Tensor, torch.Tensor]:
     """`pick_next` on the unfinished rows (`active` [B]), row b with `generators[b]` (drawn on CPU).
     logits [B, V] -> (tokens [B], logprobs [B]); finished rows get token 0, log-prob 0."""
     rows = active.nonzero().flatten()  # [A]

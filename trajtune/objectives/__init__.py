@@ -11,5 +11,6 @@
     importance       iw_sft_weights, iw_sft_loss                         (iw-SFT §3.4)
     distill          distill_advantages, reverse_kl_loss                 (book ch.12)
 
-(`_checks.py`: the shape checks the losses share, private.) Import from the submodules, e.g. `from trajtune.objectives.preference import dpo_loss`.
+(`_checks.py`: the shape checks the losses share, private.) Import from the submodules, e.g.
+`from trajtune.objectives.preference import dpo_loss`.
 """

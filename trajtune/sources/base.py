@@ -17,7 +17,8 @@ a loop shuffles its minibatches with it), and how many updates the sampling poli
 
 Sources compose explicitly, each a wrapper of another (trajtune/sources/):
 
-    EpisodeSource(policy, make_env, renderer)   episodes.py   the policy in environments (grouping, seeds, shards, faults)
+    EpisodeSource(policy, make_env, renderer)   episodes.py   the policy in environments
+                                                              (grouping, seeds, shards, faults)
     Scored(source, engine, graders)             scoring.py    rewards: the weighted sum of graders (graders.py)
     Overlapped(source, process)                 overlap.py    step s+1 drawn while step s trains, in a SamplerProcess
     Refilling(source, tasks, tries, seed)       refill.py     more draws until the step's groups carry signal (DAPO)

@@ -59,7 +59,8 @@ def solve_rates(source: Source, tasks: Sequence[Any], n: int = 16, seed: int = 0
 def filter_by_difficulty(source: Source, tasks: Sequence[Any], n: int = 16, low: float = 0.2, high: float = 0.8,
                          seed: int = 0, solved_at: float = 1.0, chunk: int = 8) -> tuple[list[Any], dict[str, float]]:
     """The tasks whose solve rate over `n` episodes lies in [low, high] (both ends kept), in their order, and
-    every task's rate by name (its `.name`, else the task itself as a string; a task none of whose episodes worked is absent and not kept)."""
+    every task's rate by name (its `.name`, else the task itself as a string; a task none of whose episodes
+    worked is absent and not kept)."""
     if not 0.0 <= low <= high <= 1.0:
         raise ValueError(f"filter_by_difficulty: need 0 <= low <= high <= 1, got low={low}, high={high}")
     measured = solve_rates(source, tasks, n, seed, solved_at, chunk)

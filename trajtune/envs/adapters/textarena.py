@@ -10,7 +10,8 @@ allowance ends it with the game's penalty).
     from trajtune.envs.adapters.textarena import TextArenaEnv, textarena_tasks
     tasks = textarena_tasks("GuessTheNumber-v0-raw", n=256, seed=0)
     make_env = lambda: TextArenaEnv(action_template="[{}]")   # the policy writes "7", the game reads "[7]"
-    source = EpisodeSource(Decoder(engine.sample, settings), make_env, renderer, max_turns=10)   # trajtune.sources.episodes
+    source = EpisodeSource(Decoder(engine.sample, settings), make_env, renderer,
+                           max_turns=10)   # trajtune.sources.episodes
 
 Use the "-raw" game ids: they give the game's own messages, one turn at a time (the other ids wrap
 them for chat LLMs, repeating the whole history every turn, which the trajectory already holds).

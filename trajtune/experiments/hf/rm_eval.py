@@ -55,7 +55,8 @@ def evaluate_pairs(score: Callable[[list], list[float]], pairs: Sequence[tuple])
 
 def format_report(report: dict, digits: int = 3) -> str:
     """The report as the lines rm-eval prints."""
-    lines = [f"pairs {report['n']}  accuracy {report['accuracy']:.{digits}f}  mean margin {report['margin']:.{digits}f}"]
+    lines = [f"pairs {report['n']}  accuracy {report['accuracy']:.{digits}f}  "
+             f"mean margin {report['margin']:.{digits}f}"]
     if report["categories"]:
         width = max(len("category"), *(len(c) for c in report["categories"]))
         lines.append(f"{'category':<{width}}  {'pairs':>5}  {'accuracy':>8}  {'margin':>8}")
