@@ -1,6 +1,6 @@
 """mypy over the Protocols (the seams) and the modules that implement them: a Protocol is a contract only where
 something checks it. The files are `[tool.mypy] files` in pyproject.toml, the one list (add a module there);
-`python -m mypy` in the repository root runs the same check. tests/test_protocols.py, in that list, assigns each
+`python -m mypy` in the repository root runs the same check. tests/unit/test_protocols.py, in that list, assigns each
 implementation to its Protocol: that is where mypy compares them.
 
 The same run also checks a planted file whose layout lacks a parameter of `Layout.copy_weights`, and
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
 
 PLANTED = '''
