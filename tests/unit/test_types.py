@@ -47,12 +47,14 @@ def mypy_errors(tmp_path_factory) -> tuple[list[str], Path]:
     return [line for line in out.stdout.splitlines() if ": error:" in line], planted
 
 
+@pytest.mark.slow  # mypy from a fresh cache: the slow tier
 def test_mypy_finds_no_error_in_the_protocols_and_their_implementations(mypy_errors):
     errors, planted = mypy_errors
     ours = [e for e in errors if not e.startswith(str(planted))]
     assert not ours, "mypy:\n" + "\n".join(ours)
 
 
+@pytest.mark.slow  # mypy from a fresh cache: the slow tier
 def test_mypy_rejects_a_layout_that_does_not_match_its_protocol(mypy_errors):
     errors, planted = mypy_errors
     mine = [e for e in errors if e.startswith(str(planted))]
