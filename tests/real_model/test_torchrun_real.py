@@ -1,5 +1,6 @@
 """`torchrun --nproc-per-node 2` (gloo, CPU) on the real model: a few SFT steps of `trajtune sft` give the one-process
-run's metrics and weights, to the tolerances tests/test_torchrun_recipes.py measured (its `both` / `check_same_run`)."""
+run's metrics and weights, to the tolerances tests/distributed/test_torchrun_recipes.py measured (its `both` /
+`check_same_run`)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""TRL parity on the real model: tests/test_hf_trl_parity.py's checks (token-exact ids and trained-token masks
+"""TRL parity on the real model: tests/loops/test_hf_trl_parity.py's checks (token-exact ids and trained-token masks
 against `apply_chat_template` and TRL 1.16's own trainers, the loss, and the gradient of the SFT, DPO and GRPO
 losses on the same weights) collected here with `model_dir` the real model (SmolLM2-135M-Instruct: its ChatML
 template with a default system turn, eos = pad = <|im_end|>)."""

@@ -17,7 +17,7 @@
                         rating difference is Llama 2's margin m(y_c, y_r), e.g. 5 - 2 = 3)
 
 The judge and the generating model are duck-typed (an object with `compare`, a `generate(conversations)`
-callable) so this module sees no source or model (tests/test_layout.py); `choice_logprobs` uses the engine
+callable) so this module sees no source or model (tests/unit/test_layout.py); `choice_logprobs` uses the engine
 through its Protocol. Every stochastic step takes a `torch.Generator`.
 """
 

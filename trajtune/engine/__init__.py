@@ -31,7 +31,7 @@ of (seed, s)); each computes its shard's rows with weight share * N, which DDP /
 gradient average (1/N sum) turns back into the one-process gradient; metrics are the
 same share-weighted sums, reduced across ranks.
 
-The modules (algorithm loops import from this package only; tests/test_layout.py keeps them out of the rest):
+The modules (algorithm loops import from this package only; tests/unit/test_layout.py keeps them out of the rest):
 
     protocol.py       the contracts: Engine, Collective, Layout; Loss, ForwardOutput, Positions, NonFiniteError, Backend
     torch_engine.py   TorchEngine (the Engine), make_engine, set_mode, nonfinite_rows

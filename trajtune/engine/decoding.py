@@ -79,7 +79,7 @@ def pick_next(
               probabilities (`_pick_cdf`): ~3 ms per [64, 16384], ~90 ms at 151,936. From the same seed it
               draws other tokens than "race".
     `generators` (one per row, replaces `generator`): row b draws from `generators[b]` alone, the
-    token `pick_next(logits[b:b+1], generators[b], draw=draw)` draws (tests/test_sampling.py); for "race"
+    token `pick_next(logits[b:b+1], generators[b], draw=draw)` draws (tests/loops/test_sampling.py); for "race"
     that is `torch.multinomial(probs[b:b+1], 1, generator=generators[b])`. Drawing q (or u) row by row and
     the race batched keeps each row's stream its own without B separate softmaxes.
     """

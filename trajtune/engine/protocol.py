@@ -1,8 +1,8 @@
 """The engine's contracts: the `Engine` Protocol algorithm loops call, the `Collective` Protocol the engine calls
 for everything that differs between one process, DDP and FSDP2 (with its parameters' `Layout`), and the types
 that cross the seam (`Loss`, `ForwardOutput`, `Positions`, `Backend`). The implementations:
-`torch_engine.TorchEngine`, and `collectives`' strategies and layouts; tests/test_protocols.py assigns each to its
-Protocol and tests/test_types.py type-checks them (mypy)."""
+`torch_engine.TorchEngine`, and `collectives`' strategies and layouts; tests/unit/test_protocols.py assigns each to its
+Protocol and tests/unit/test_types.py type-checks them (mypy)."""
 
 from __future__ import annotations
 

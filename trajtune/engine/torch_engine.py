@@ -120,7 +120,7 @@ class TorchEngine:
         """AdamW over the trainable parameters, created lazily (inference-only engines never allocate it).
 
         The multi-tensor ("foreach") AdamW: the same operations as the one-tensor-at-a-time loop, so the same
-        floats bit for bit (tests/test_fast_paths.py), in a few calls instead of ~8 per parameter; with
+        floats bit for bit (tests/loops/test_fast_paths.py), in a few calls instead of ~8 per parameter; with
         `OptimConfig.fused` the fused kernel (TRL's default), which rounds differently. Both keep the same
         state (a checkpoint of one resumes in the other)."""
         if self._optimizer is None:

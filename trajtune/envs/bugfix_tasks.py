@@ -11,7 +11,7 @@ Five families, one repair op each (bugfix.py applies them to the source text):
 | init    | accumulator starts at the wrong value      | fix_init        | acc = 0 / acc = 1        |
 
 Each marker appears in its own family only, so applying another family's op
-leaves the source unchanged (tests/test_envs_bugfix.py checks this), and the
+leaves the source unchanged (tests/unit/test_envs_bugfix.py checks this), and the
 family can always be read off the code — never off the function name.
 
 Splits, per family (`make_tasks`):

@@ -7,7 +7,7 @@ what a model would see — the messages so far — and draws randomness from its
 own seeded `random.Random`, so the same seed replays the same episodes.
 
 BugFix policies (hidden-reward pass rate over 20 seeds, train / held-out, 6 turns;
-tests/test_envs_bugfix.py checks them):
+tests/unit/test_envs_bugfix.py checks them):
 
 | policy | behaviour                                                                  | pass        |
 |--------|----------------------------------------------------------------------------|-------------|

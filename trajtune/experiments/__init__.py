@@ -1,7 +1,7 @@
 """Experiments: runnable compositions of sources, weightings and evaluations, as stages.
 
 One package (or module) per experiment; each registered module is an `Experiment` (`base.py`, checked by mypy
-in tests/test_protocols.py): a config dataclass `Config` (nesting the loop dataclasses it uses and
+in tests/unit/test_protocols.py): a config dataclass `Config` (nesting the loop dataclasses it uses and
 `runner: StageOptions`), `run(config, run_dir) -> Path` (the path of its report), which runs its stages through
 `trajtune.runs.stages.run_stages` (each declaring the config fields it reads), and what it offers beyond one run,
 each None where it offers nothing:
@@ -13,7 +13,7 @@ each None where it offers nothing:
     parse_options(argv, seeds) -> Namespace        its own `trajtune run` options (the agent's --kernels)
 
 An experiment imports no other experiment's internals: what several share is a declared shared module (`shared/`
-for chapter13, graders and rlhf_book; `hf/`; `bugfix.py`; `task_rl.py`) or the library (tests/test_layout.py).
+for chapter13, graders and rlhf_book; `hf/`; `bugfix.py`; `task_rl.py`) or the library (tests/unit/test_layout.py).
 The modules here that are not experiments: `base.py` (the contract), `shared/`, `bugfix.py`, `task_rl.py`.
 
 Recipes (TOML files in `trajtune/recipes/`) name an experiment and set fields of its
@@ -65,7 +65,7 @@ EXPERIMENTS: dict[str, str] = {
 
 
 def get_experiment(name: str) -> Experiment:
-    """The experiment registered under `name` (a module; tests/test_protocols.py checks each is an `Experiment`)."""
+    """The experiment registered under `name` (a module; tests/unit/test_protocols.py checks each is an `Experiment`)."""
     if name not in EXPERIMENTS:
         import difflib
 

@@ -1,7 +1,7 @@
 """The experiment contract: what `trajtune run` needs of a registered experiment (`Experiment`), and how the
 command was called (`Call`), for an experiment that runs itself again (the agent's `--kernels`).
 
-An experiment is a module; mypy checks each registered one against `Experiment` (tests/test_protocols.py assigns
+An experiment is a module; mypy checks each registered one against `Experiment` (tests/unit/test_protocols.py assigns
 each to it). The command line calls these members and nothing else: no member is probed for.
 """
 

@@ -256,7 +256,7 @@ def kto_loss(
 
 
 # --- SLiC-HF, APO-zero / APO-down, Plackett-Luce DPO (checklist 8.1c, 8.2l, 8.2n, 8.2o) ---------------------------
-# Pure losses with hand-worked tests (tests/test_preference_extras.py); `trajtune dpo --loss` does not offer them
+# Pure losses with hand-worked tests (tests/unit/test_preference_extras.py); `trajtune dpo --loss` does not offer them
 # (its choices are wired in algorithms/dpo.py).
 
 

@@ -27,7 +27,7 @@ Sources compose explicitly, each a wrapper of another (trajtune/sources/):
 An episode whose environment or reward failed has `Trajectory.outcome` other than OK: the
 source keeps it (the viewer and the counts see it), and the loops train on `trainable` ones only.
 This module and `refill.py` (built on it alone; the RL loop composes it) are the only parts of
-`trajtune.sources` the algorithms import (tests/test_layout.py).
+`trajtune.sources` the algorithms import (tests/unit/test_layout.py).
 
 A source of your own implements the four methods (no base class needed):
 

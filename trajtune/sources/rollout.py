@@ -24,7 +24,7 @@ budget longer than any valid action such text is an invalid call.
 
 `scripted_rollout` runs a Python policy (envs/scripted.py) through the same
 loop on messages and renders the finished conversation with
-`Renderer.render`; tests/test_rollout.py checks that a model that samples the
+`Renderer.render`; tests/loops/test_rollout.py checks that a model that samples the
 same actions produces the identical token ids, owners and turns.
 
 Returned trajectories: ids/owners/turns from the renderer, sampler logprobs on

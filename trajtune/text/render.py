@@ -86,8 +86,8 @@ class RendererProtocol(Protocol):
     Implemented by `Renderer` (toy tokenizers, this module) and
     `trajtune.text.chat.ChatRenderer` (Hugging Face chat templates). Each must give the
     same tokens both ways in: rendering a finished conversation, and building it turn
-    by turn in a `Transcript` while a model samples (tests/test_render.py,
-    tests/test_chat_template.py and tests/test_rollout.py check that they agree).
+    by turn in a `Transcript` while a model samples (tests/unit/test_render.py,
+    tests/unit/test_chat_template.py and tests/loops/test_rollout.py check that they agree).
     """
 
     @property
@@ -138,7 +138,7 @@ class Renderer:
         demonstrations, preference pairs);
       * `start` / `prompt_ids` / `append_sampled` / `append_message` build the same
         trajectory incrementally in a `Transcript` while a model samples (rollout.py).
-    tests/test_render.py checks the two agree token for token.
+    tests/unit/test_render.py checks the two agree token for token.
     """
 
     def __init__(self, tokenizer: Tokenizer, wrappers: bool = True):

@@ -1,5 +1,5 @@
 """What the recipes on chapter 13's tiny models share (chapter13, graders, rlhf_book): the one module an experiment
-may import from another experiment's domain (`tests/test_layout.py`); everything else an experiment needs is the
+may import from another experiment's domain (`tests/unit/test_layout.py`); everything else an experiment needs is the
 library's.
 
     instruct.py     the char-level instruct policy: corpus, renderer, demonstrations, `pretrain` and `sft_*` stages

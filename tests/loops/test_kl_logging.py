@@ -65,7 +65,7 @@ def test_copy_logs_the_kl_with_kl_coef_zero_and_changes_no_trained_number():
 def test_the_kl_is_logged_by_default_and_off_turns_it_off():
     """The decision: with kl_coef 0 the KL is still logged by default -- on a full model at the logging steps (every
     log_kl_every steps and the last) against its starting weights read back from disk (issue 38: no resident copy;
-    tests/test_kl_reference.py), every step with log_kl_every 1."""
+    tests/loops/test_kl_reference.py), every step with log_kl_every 1."""
     assert RLConfig().log_kl == "auto"
     _, hist = rows(log_kl_every=4)
     assert [("kl/k3" in h, "kl/sequence" in h) for h in hist] == [(s in (4, 6),) * 2 for s in range(1, 7)]

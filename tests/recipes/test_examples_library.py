@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trajtune.trajectory import Owner
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load(name: str):

@@ -1,5 +1,5 @@
 """`sources.refill.Refilling` alone, around a scripted source: DAPO's dynamic sampling as a wrapper (the RL loop's
-use of it is tested in tests/test_pg_methods.py: the refilled batch, exact resume)."""
+use of it is tested in tests/loops/test_pg_methods.py: the refilled batch, exact resume)."""
 
 import pytest
 import torch

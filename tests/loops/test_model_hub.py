@@ -32,7 +32,7 @@ from trajtune.cli import main  # noqa: E402
 from trajtune.models import cache as model_cache, hub  # noqa: E402
 from trajtune.models.hf import ModelPathError, check_model_dir, load_policy, load_tokenizer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 HEADS, KV_HEADS, LAYERS = 4, 2, 2

@@ -1,5 +1,5 @@
 """`--backend vllm` and `trajtune vllm-serve` refuse what cannot work in one line naming the fix, with or without
-vLLM installed (its absence simulated here), before any model loads. The runs themselves: tests/test_vllm.py."""
+vLLM installed (its absence simulated here), before any model loads. The runs themselves: tests/loops/test_vllm.py."""
 
 import json
 import socket

@@ -1,7 +1,7 @@
 """The sources layer (trajtune/sources/): the Protocol every source meets, draws as pure functions of (seed, step),
 episodes that come back with their metrics, typed outcomes that keep failed episodes out of losses and group
 baselines, and the run's hooks that see what the loop sampled. The overlapped source and the sampler process
-have their own file (tests/test_async_rl.py)."""
+have their own file (tests/loops/test_async_rl.py)."""
 
 import torch
 import pytest
@@ -147,7 +147,7 @@ def test_measured_adds_an_experiments_counts_to_the_metrics():
 
 
 def test_every_source_meets_the_protocol():
-    """At runtime (the method names; tests/test_protocols.py's type check verifies the signatures too)."""
+    """At runtime (the method names; tests/unit/test_protocols.py's type check verifies the signatures too)."""
     e = engine()
     base = collect_for(e)
     for source in (base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}), Scored(base, e, []),

@@ -24,7 +24,11 @@ try:
 except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtune.sources.vllm.import_vllm)
     NO_VLLM = f"vLLM is not installed here ({type(e).__name__}: {str(e)[:120]}); see README, 'vLLM'"
 
-needs_vllm = pytest.mark.skipif(bool(NO_VLLM), reason=NO_VLLM)
+def needs_vllm(test):
+    """The vLLM tier (`pytest -m vllm`): skipped where vLLM is absent."""
+    return pytest.mark.vllm(pytest.mark.skipif(bool(NO_VLLM), reason=NO_VLLM)(test))
+
+
 SMALL = ["config.rl.steps=2", "config.rl.tasks_per_step=2", "config.rl.group_size=2", "config.eval_samples=1"]
 
 

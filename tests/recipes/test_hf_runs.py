@@ -36,7 +36,7 @@ from trajtune.models.hf_random import make_random_model  # noqa: E402
 from trajtune.runs.metrics_report import write_run_report  # noqa: E402
 from trajtune.runs.rundir import RunDir, RunDirBusy, run_lock  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ under torchrun: each rank samples its share of the episodes and all-gathers them
 episodes are drawn whichever process draws them.
 
 Why not bitwise: each rank computes half of every batch and the gradients are summed in a different
-order, so float32 rounding differs in the last bits (tests/test_distributed.py measures it); Adam
+order, so float32 rounding differs in the last bits (tests/distributed/test_distributed.py measures it); Adam
 turns rounding noise on zero-gradient coordinates into steps of ~lr, so weights are compared with a
 bound on the share of coordinates that differ, as there.
 """
@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.torchrun  # a tier of its own (~2 min): `pytest -m torchrun`, run by .ci/run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIRST_TOL = 1e-5  # a stage's first step: only the rounding of one forward / backward
 TOL = 1e-3
 """later steps: the weights drift apart by Adam's rounding noise, ~3x a step (measured: template_mismatch's

@@ -26,7 +26,7 @@ from trajtune.runs.resume import RunInterrupted
 from trajtune.runs.rundir import RunDir, RunDirBusy, run_seeds
 from trajtune.runs.stages import Stage, StageContext, StageOptions, run_stages
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- a toy experiment ----------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load(name: str):
@@ -28,6 +28,7 @@ def test_reverse_string_reduced():
     assert after.mean_reward > before.mean_reward + 0.02  # it learns, already in a few steps
 
 
+@pytest.mark.slow  # the default run's longest test (~8% of it): the slow tier; reverse_string's stays
 def test_guess_number_reduced():
     ex = load("guess_number")
     out = ex.main(ex.Settings(steps=6, eval_samples=2), verbose=False)

@@ -24,6 +24,8 @@ import urllib.request
 import pytest
 import torch
 
+pytestmark = pytest.mark.vllm  # the vLLM tier: `pytest -m vllm`, run by .ci/run after it installs vLLM's CPU build
+
 try:
     import vllm  # noqa: F401
 except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtune.sources.vllm.import_vllm)

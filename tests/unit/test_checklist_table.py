@@ -2,7 +2,7 @@
 
 Checked without running anything:
 - every function a row names (a backticked `trajtune.…` path) imports and resolves;
-- every test a row names (`tests/test_x.py::test_name`) is a function in that file, found by parsing it with `ast`;
+- every test a row names (`tests/unit/test_x.py::test_name`) is a function in that file, found by parsing it with `ast`;
 - a `done` row names at least one of each;
 - the counts in the page's first lines are the counts of its rows.
 """
@@ -16,7 +16,7 @@ from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "rlhf_book_checklist.md"
 STATUSES = ("done", "partial", "not done", "not implementable here")
 FUNCTION = re.compile(r"`(trajtune(?:\.\w+)+)`")

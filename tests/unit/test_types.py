@@ -1,6 +1,6 @@
 """mypy over the Protocols (the seams) and the modules that implement them: a Protocol is a contract only where
 something checks it. The files are `[tool.mypy] files` in pyproject.toml, the one list (add a module there);
-`python -m mypy` in the repository root runs the same check. tests/test_protocols.py, in that list, assigns each
+`python -m mypy` in the repository root runs the same check. tests/unit/test_protocols.py, in that list, assigns each
 implementation to its Protocol: that is where mypy compares them.
 
 The same run also checks a planted file whose layout lacks a parameter of `Layout.copy_weights`, and
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"]
 
 PLANTED = '''
@@ -47,12 +47,14 @@ def mypy_errors(tmp_path_factory) -> tuple[list[str], Path]:
     return [line for line in out.stdout.splitlines() if ": error:" in line], planted
 
 
+@pytest.mark.slow  # mypy from a fresh cache: the slow tier
 def test_mypy_finds_no_error_in_the_protocols_and_their_implementations(mypy_errors):
     errors, planted = mypy_errors
     ours = [e for e in errors if not e.startswith(str(planted))]
     assert not ours, "mypy:\n" + "\n".join(ours)
 
 
+@pytest.mark.slow  # mypy from a fresh cache: the slow tier
 def test_mypy_rejects_a_layout_that_does_not_match_its_protocol(mypy_errors):
     errors, planted = mypy_errors
     mine = [e for e in errors if e.startswith(str(planted))]

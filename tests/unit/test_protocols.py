@@ -1,4 +1,4 @@
-"""Each implementation satisfies its Protocol: statically -- mypy checks this file (tests/test_types.py), where
+"""Each implementation satisfies its Protocol: statically -- mypy checks this file (tests/unit/test_types.py), where
 each implementation is assigned to its Protocol -- and at runtime: every member the Protocol lists exists on the
 implementation, and every method takes the Protocol's parameters (names, kinds, defaults)."""
 

@@ -40,6 +40,7 @@ def run(tmp_path_factory):
     return run_dir, config, report, results
 
 
+@pytest.mark.slow  # this and every test of the reduced pipeline (`run`): the slow tier (.ci/run)
 def test_every_stage_ran_through_its_command_and_its_model_loads(run):
     run_dir, config, _, results = run
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -56,6 +57,7 @@ def test_every_stage_ran_through_its_command_and_its_model_loads(run):
     assert all(p["chosen"] != p["rejected"] for p in pairs)
 
 
+@pytest.mark.slow
 def test_no_held_out_problem_is_in_any_training_file(run):
     run_dir = run[0]
     held = {question(t) for t in heldout_tasks()} | {completion_prompt(t) for t in heldout_tasks()}
@@ -64,6 +66,7 @@ def test_no_held_out_problem_is_in_any_training_file(run):
         assert not [q for q in held if q in text], name
 
 
+@pytest.mark.slow
 def test_the_report_has_the_table_and_the_plots(run):
     run_dir, config, report, results = run
     text = report.read_text()
@@ -107,6 +110,7 @@ def test_each_stage_claim_follows_its_gain_and_noise_not_its_headline():
     assert "The pretraining format is forgotten" in text  # completion 50% -> 20%, paired
 
 
+@pytest.mark.slow
 def test_the_pipeline_learns(run):
     """Held-out answer NLL (the sums of problems never trained on, asked through the chat template) falls:
     pretraining takes it far below the random model's, and SFT lowers it further."""
@@ -117,6 +121,7 @@ def test_the_pipeline_learns(run):
     assert nll["sft"] < 0.98 * nll["pretrain"], nll
 
 
+@pytest.mark.slow
 def test_a_rerun_reads_every_finished_stage_back(run, capsys):
     run_dir, config, _, results = run
     P.run(config, run_dir)
@@ -124,6 +129,7 @@ def test_a_rerun_reads_every_finished_stage_back(run, capsys):
     assert json.loads((run_dir / "grpo" / "results.json").read_text()) == results["grpo"]
 
 
+@pytest.mark.slow
 def test_a_stage_cut_by_ctrl_c_resumes_to_the_same_model(run, tmp_path, monkeypatch):
     """GRPO run again in a copy of the finished run, cut by a real SIGINT after its step 2: the same command
     again continues it from step 2 and ends with the uninterrupted run's weights and metric rows."""

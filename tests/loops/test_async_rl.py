@@ -437,7 +437,7 @@ def test_a_trainer_killed_with_kill_9_leaves_no_sampler_process():
             "print(sampler.pid, flush=True)\n"
             "os.kill(os.getpid(), signal.SIGKILL)\n")
     here = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here, env=env, timeout=120)
     assert out.returncode == -signal.SIGKILL, out.stderr
     pid = int(out.stdout.split()[0])

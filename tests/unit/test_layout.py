@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "trajtune"
+ROOT = Path(__file__).resolve().parents[2] / "trajtune"
 
 LAYERS = [
     ["trajectory", "logprobs", "config", "seeding", "metrics", "checkpoint", "processes", "objectives", "text",
