@@ -1,8 +1,8 @@
 """Every practitioner command on the real model (SmolLM2-135M-Instruct; `real_model` fixture,
-tests/real_model/conftest.py), through the command line (`trajtune.cli.main`, as tests/recipes/test_hf_cli.py): each trains
-a few steps, its loss (or, for RL, its policy) moves, and the saved model loads and answers (`trajtune chat` gives a
-reply). Small on purpose: batches of 2-4, at most 128 tokens, 2-4 steps, so the tier stays within minutes on two
-shared CPU cores."""
+tests/real_model/conftest.py), through the command line (`trajtune.cli.main`, as tests/recipes/test_hf_cli.py):
+each trains a few steps, its loss (or, for RL, its policy) moves, and the saved model loads and answers
+(`trajtune chat` gives a reply). Small on purpose: batches of 2-4, at most 128 tokens, 2-4 steps, so the tier stays
+within minutes on two shared CPU cores."""
 
 import json
 

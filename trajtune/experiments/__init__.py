@@ -65,7 +65,8 @@ EXPERIMENTS: dict[str, str] = {
 
 
 def get_experiment(name: str) -> Experiment:
-    """The experiment registered under `name` (a module; tests/unit/test_protocols.py checks each is an `Experiment`)."""
+    """The experiment registered under `name` (a module; tests/unit/test_protocols.py checks each is an
+    `Experiment`)."""
     if name not in EXPERIMENTS:
         import difflib
 
