@@ -29,7 +29,7 @@ AUTO_CHUNK_LOGITS = 1 << 22
 positions per slice = max(this / vocabulary, width). At 2^23 values (exactly 32 MB, with the allocator's header
 just above glibc's largest mmap threshold) each slice's temporaries were fresh pages (the 20M Llama's 16 x 256 SFT
 step: 4.4-4.6 s and 0.6-1.2M minor faults over 4 steps, against 4.0-4.4 s and 20-230K at 2^22); below it they
-come from the heap, which glibc still hands back to the kernel at times: the fp32 slices reuse two (`_slice_buffers`)."""
+come from the heap, which glibc still hands back to the kernel at times: fp32 slices reuse two (`_slice_buffers`)."""
 
 
 @dataclass
