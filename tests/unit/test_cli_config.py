@@ -26,6 +26,9 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path):
     p = write(tmp_path, 'experiment = "addition_sf"\n')
     with pytest.raises(ConfigError, match="did you mean 'addition_sft'"):
         load_recipe(p)
+    p = write(tmp_path, 'experiment = "addition_sft"\n')  # a key the override brought: the message says so
+    with pytest.raises(ConfigError, match=r"r\.toml with --set config\.sft\.stepz=3: \[config\]\.sft: unknown key"):
+        load_recipe(p, ["config.sft.stepz=3"])
 
 
 def test_wrong_type_and_impossible_value(tmp_path):

@@ -80,7 +80,8 @@ def load_recipe(path: Path, overrides: list[str] = ()) -> tuple[Experiment, Any,
         module = get_experiment(raw["experiment"])
     except KeyError as e:
         raise ConfigError(f"{path}: {e.args[0]}") from e
-    config = from_dict(module.Config, raw.get("config", {}), where=f"{path}: [config]")
+    given = f" with --set {' --set '.join(overrides)}" if overrides else ""  # the key may be the override's
+    config = from_dict(module.Config, raw.get("config", {}), where=f"{path}{given}: [config]")
     return module, config, raw
 
 
