@@ -2,7 +2,8 @@
 
     coldstart  a tiny "calculator" (dim 64, 2 layers) SFT'd on worked 2-digit additions (`stage_coldstart`)
 
-The arithmetic gym's source (`source_for`), the worked demonstrations (`demos`), the model (`calc_model`).
+The arithmetic gym's source (`source_for`, its answers sampled as `answer_sampling` says), the worked
+demonstrations (`demos`), the model (`calc_model`).
 
 Evaluation (`math_eval`, the seed's): on the 256 held-out problems, greedy accuracy;
 pass@1..16 from 16 samples per problem (unbiased estimator); distinct answers among
