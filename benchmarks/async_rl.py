@@ -63,8 +63,6 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     from trajtune.experiments.bugfix import Gym, new_model
 
     from trajtune.runs.loop import Run
-    from trajtune.sources.overlap import overlapped
-    from trajtune.sources.sampler import Decoder
     from trajtune.sources.sampling import SamplingConfig
 
     c = AgentConfig()
@@ -73,8 +71,7 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     model.load_state_dict(weak_state)
     engine = make_engine(model, c.rl_optim)
     cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
-    source = overlapped(engine, SamplingConfig(max_staleness=staleness),
-                        lambda policy: gym.source(engine, policy=policy), Decoder(engine.sample, gym.settings))
+    source = gym.source(engine, sampling=SamplingConfig(max_staleness=staleness), rl=cfg)
     clock = StepClock()
     t0 = time.perf_counter()
     with source:

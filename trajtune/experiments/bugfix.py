@@ -26,15 +26,16 @@ import dataclasses
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..algorithms.common import dedup_and_cap, select_episodes, shares
 from ..algorithms.sft import SFTConfig, train_sft
 from ..sources.base import Draw
-from ..sources.episodes import EpisodeRunner, EpisodeSource
-from ..sources.sampler import Decoder, Sampler, SamplerSettings
+from ..sources.base import Source
+from ..sources.build import episode_source
+from ..sources.sampling import SamplingConfig
 from ..engine import Engine, OptimConfig
 from ..envs.bugfix import FAMILY_OP, OPS, BugFixEnv, build_tokenizer, parse_action
 from ..envs.bugfix_tasks import FAMILIES, BugFixTask, make_tasks
@@ -74,19 +75,21 @@ class Gym:
     def pad_id(self) -> int:
         return self.tok.pad_id
 
-    @property
-    def settings(self) -> SamplerSettings:
-        """How an action is sampled: up to `max_action_tokens` tokens at temperature 1."""
-        return SamplerSettings(max_new_tokens=self.max_action_tokens)
+    def sampling(self, section: SamplingConfig | None = None) -> SamplingConfig:
+        """How an action is sampled: up to `max_action_tokens` tokens at temperature 1, each token drawn as
+        torch.multinomial draws it; where the episodes run: `section`'s fields (a run's sampling section; default
+        here, on-policy)."""
+        return dataclasses.replace(section or SamplingConfig(), max_new_tokens=self.max_action_tokens, draw="race",
+                                   share_prompts=False)
 
-    def source(self, engine: Engine, reward: str = "hidden", policy: Sampler | EpisodeRunner | None = None
-               ) -> EpisodeSource:
-        """The engine's episodes in the gym, a source for the loops (`policy`: where they are sampled, default
-        the engine's built-in sampler with `settings`; a `SamplerProcess` for an overlapped run). Under torchrun
-        every rank samples its shard of the episodes and all ranks get the whole list."""
-        return EpisodeSource(Decoder(engine.sample, self.settings) if policy is None else policy,
-                             BugFixEnvFactory(reward), self.renderer, shard=engine.shard,
-                             episode_seeds=self.episode_seeds, max_turns=self.max_turns)
+    def source(self, engine: Engine, reward: str = "hidden", sampling: SamplingConfig | None = None, *,
+               measure: Callable[[list[Trajectory]], dict[str, float]] | None = None, rl=None) -> Source:
+        """The engine's episodes in the gym, a source for the loops (`trajtune.sources.build.episode_source`),
+        sampled as `self.sampling(sampling)` says (`sampling`: a run's section, e.g. one update ahead in a sampler
+        process, with `rl` the RL loop's config); `measure`: the run's counts added to each draw's metrics. Under
+        torchrun every rank samples its shard of the episodes and all ranks get the whole list."""
+        return episode_source(self.sampling(sampling), engine, BugFixEnvFactory(reward), self.renderer, "bugfix",
+                              max_turns=self.max_turns, measure=measure, rl=rl, episode_seeds=self.episode_seeds)
 
 
 @dataclass(frozen=True)

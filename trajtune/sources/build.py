@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 from typing import Any, Callable, Literal
 
 from ..envs.base import Env
@@ -35,7 +36,7 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                    measure: Callable[[list[Trajectory]], dict[str, float]] | None = None, rl: Any = None,
                    model_dir: str | os.PathLike = "", precision: str = "fp32", seed: int = 0,
                    max_model_len: int | None = None, episode_seeds: bool | None = None, sharded: bool = True,
-                   name: Callable[[str], str] = lambda n: f"sampling.{n}",
+                   greedy: bool = False, name: Callable[[str], str] = lambda n: f"sampling.{n}",
                    step_timeout_s: float | None = STEP_TIMEOUT_S) -> Source:
     """The episode source `sampling` describes (module docstring).
 
@@ -51,8 +52,11 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
     episode_seeds: every episode samples from its own seed (default: where the backend can, the built-in sampler
                  and vLLM; HF generate draws one seed per call); `sharded`: under torchrun each rank samples its
                  share of the episodes (`engine.shard`)
+    greedy:      take the argmax instead of drawing (an evaluation's greedy pass; backend sampler or generate)
     """
     check_sampling(sampling, where, rl=rl, sharded=engine.shard is not None, name=name)
+    if greedy and sampling.backend == "vllm":
+        raise ValueError(f"{where}: a greedy pass samples with {name('backend')} sampler or generate, not vllm")
     runner = None
     if sampling.backend == "vllm":  # vLLM holds its own weights: synced after every update, overlapped or not
         from .vllm import vllm_runner
@@ -61,7 +65,7 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                              max_model_len=max_tokens if max_model_len is None else max_model_len)
         here: Sampler = runner.sampler
     else:
-        here = make_sampler(sampling.backend, engine, pad_id=pad_id)(sampling.settings())
+        here = make_sampler(sampling.backend, engine, pad_id=pad_id)(replace(sampling.settings(), greedy=greedy))
     if episode_seeds is None:  # HF generate draws one seed per call, not one per episode
         episode_seeds = sampling.backend in ("sampler", "vllm")
     shard = engine.shard if sharded else None

@@ -20,9 +20,6 @@ from ...algorithms.sft import train_sft
 from ...envs.bugfix_tasks import make_tasks
 from ...runs.stages import StageContext
 from ...runs.hooks import Hook
-from ...sources.episodes import Measured
-from ...sources.overlap import overlapped
-from ...sources.sampler import Decoder
 from ..bugfix import (Gym, costs, describe, measured, episodes, eval_seed, evaluate, load_engine, new_model, pass_rate,
                       pass_sources, preference_pairs, probe, rft_round_summary, scripted_play, seeded, stage_gym,
                       total_costs, train_weak_base)
@@ -112,7 +109,7 @@ def _expert_iteration(ctx: StageContext, gym: Gym, reward: str, rounds: int, eva
         curve.append({"step": 0, **first})
     cfg = seeded(dataclasses.replace(c.rft, rounds=rounds), c.seed, 3 if reward == "hidden" else 4)
     run = ctx.run(lambda step: evaluate_fn(engine), hooks=[RoundSummaries(summaries)])
-    rows = train_rft(engine, gym.train, Measured(gym.source(engine, reward), costs), cfg, gym.pad_id, run=run)
+    rows = train_rft(engine, gym.train, gym.source(engine, reward, measure=costs), cfg, gym.pad_id, run=run)
     curve += [{"step": r["step"], **{k: v for k, v in r.items() if k.startswith("eval/")}} for r in rows]
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
     return {"curve": curve, "rounds": summaries, "costs": total_costs(rows)}, engine
@@ -172,9 +169,7 @@ def _rl(ctx: StageContext, start: str, offset: int) -> dict:
     curve = ctx.keep("curve", [])
     ev = evaluator(ctx, engine, gym, curve, offset)
     cfg = seeded(dataclasses.replace(c.rl, steps=c.rl.steps - offset), c.seed, 6 + offset)
-    source = Measured(overlapped(engine, c.sampling, lambda policy: gym.source(engine, policy=policy),
-                                 Decoder(engine.sample, gym.settings)), measured)
-    with source:
+    with gym.source(engine, sampling=c.sampling, measure=measured, rl=c.rl) as source:
         rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=ctx.run(ev))
     ctx.save_model(engine.model, gym.tok, meta={"stage": ctx.name})
     return {"curve": curve, "costs": total_costs(rows), "describe": _describe(engine, gym, c)}

@@ -171,7 +171,7 @@ class Config:
     """GRPO from the cold start: steps, problems per step, samples per problem (the group) ..."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """where GRPO samples (max_staleness 1: the next step in a sampler process while this one trains, with
-    rl.tis_cap > 0); the built-in sampler, its answers as the arithmetic gym's (rlvr.answer_settings)"""
+    rl.tis_cap > 0); the built-in sampler, its answers as the arithmetic gym's (shared.calculator.answer_sampling)"""
     rl_optim: OptimConfig = field(default_factory=lambda: adam(3e-4))
     """GRPO optimizer"""
     control: SFTConfig = field(default_factory=lambda: SFTConfig(steps=200, batch_size=64))

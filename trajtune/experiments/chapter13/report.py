@@ -38,7 +38,8 @@ def instruct_claims(r: dict) -> list[Claim]:
     b2a = decide((level(nar["seen"], replies(nar, "seen"), "narrow seen"), "not <", 0.8),
                  (two(nar, bro, "seen", "narrow - broad"), ">", 0.0))
     b2c = decide(*((paired(base["window_losses"], m["window_losses"], f"{name}, paired "
-                           f"{len(base['window_losses'])} windows"), ">", 0.1) for name, m in (("narrow", nar), ("broad", bro))))
+                           f"{len(base['window_losses'])} windows"), ">", 0.1)
+                   for name, m in (("narrow", nar), ("broad", bro))))
     return [
         Claim("B1", f"char LM, {base['params']:,} params", "val loss 1.77; format 0%",
               f"val loss {fmt(base['val_loss'])}; format seen {pct(base['seen'])}, unseen {pct(base['unseen'])}",
@@ -182,7 +183,8 @@ def instruct_section(run_dir: Path, results: dict) -> str:
                      "prompt words", "share of replies", (0, 1.1), value_format="{:.0%}")
     return ("## B1-B2: base model and SFT\n\n" + markdown_table(
         ["model", "seen words", "unseen words", "unseen: first letter", "val loss", "examples"], rows)
-        + "\n\n" + image(run_dir / "pretrain_loss.png", "pretraining loss") + " " + image(run_dir / "adherence.png", "adherence"))
+        + "\n\n" + image(run_dir / "pretrain_loss.png", "pretraining loss") + " "
+        + image(run_dir / "adherence.png", "adherence"))
 
 
 def preference_section(run_dir: Path, results: dict, betas) -> str:
@@ -193,32 +195,39 @@ def preference_section(run_dir: Path, results: dict, betas) -> str:
     frontier = {"SFT": ([0.0], [rm["sft"]["reward"]]),
                 "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["reward"] for n in bon]),
                 "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["reward"] for d in dpo])}
-    line_plot(run_dir / "frontier.png", frontier, "B4-B5: reward bought per nat of KL", "KL from the SFT model (nats per reply)",
-              "replies ending with a period", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
+    line_plot(run_dir / "frontier.png", frontier, "B4-B5: reward bought per nat of KL",
+              "KL from the SFT model (nats per reply)", "replies ending with a period", (0, 1.05),
+              styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
     fmt_series = {"SFT": ([0.0], [rm["sft"]["format"]]),
                   "best-of-n (KL bound)": ([bon[n]["kl_bound"] for n in bon], [bon[n]["format"] for n in bon]),
                   "DPO (sampled KL)": ([d["kl"] for d in dpo], [d["format"] for d in dpo])}
-    line_plot(run_dir / "frontier_format.png", fmt_series, "What it cost: the SFT format", "KL from the SFT model (nats per reply)",
-              "replies starting with the word", (0, 1.05), styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
+    line_plot(run_dir / "frontier_format.png", fmt_series, "What it cost: the SFT format",
+              "KL from the SFT model (nats per reply)", "replies starting with the word", (0, 1.05),
+              styles={"SFT": "*", "best-of-n (KL bound)": "s-", "DPO (sampled KL)": "o-"})
     rows = [("SFT", pct(rm["sft"]["reward"]), "0", pct(rm["sft"]["format"]), "-", "")]
-    rows += [(f"best-of-{n}", pct(v["reward"]), f"<= {fmt(v['kl_bound'])}", pct(v["format"]), "-", "") for n, v in bon.items()]
+    rows += [(f"best-of-{n}", pct(v["reward"]), f"<= {fmt(v['kl_bound'])}", pct(v["format"]), "-", "")
+             for n, v in bon.items()]
     rows += [(f"DPO beta={d['beta']:g}", pct(d["reward"]), fmt(d["kl"]), pct(d["format"]), pct(d["end_share"]),
               " / ".join(repr(e) for e in d["examples"][:2])) for d in dpo]
     return (f"## B3-B5: reward model, best-of-n, DPO\n\nReward model: held-out pair accuracy {pct(rm['rm_accuracy'])} "
             f"({rm['n_train_pairs']} training pairs, {rm['n_test_pairs']} held out).\n\n"
-            + markdown_table(["method", "reward", "KL (nats)", "format", "log-ratio on last 2 tokens", "examples"], rows)
-            + "\n\n" + image(run_dir / "frontier.png", "frontier") + " " + image(run_dir / "frontier_format.png", "format"))
+            + markdown_table(["method", "reward", "KL (nats)", "format", "log-ratio on last 2 tokens", "examples"],
+                             rows)
+            + "\n\n" + image(run_dir / "frontier.png", "frontier") + " "
+            + image(run_dir / "frontier_format.png", "format"))
 
 
 def rlvr_section(run_dir: Path, results: dict) -> str:
     """B6-B7: pass@k of the three calculators, the GRPO curve."""
     evals = {"before RL": results["coldstart"], "after GRPO": results["grpo"], "200 more SFT": results["sft_control"]}
-    line_plot(run_dir / "pass_at_k.png", {k: ([int(j) for j in e["pass_at"]], list(e["pass_at"].values())) for k, e in evals.items()},
+    line_plot(run_dir / "pass_at_k.png",
+              {k: ([int(j) for j in e["pass_at"]], list(e["pass_at"].values())) for k, e in evals.items()},
               "B6-B7: solved by at least one of k samples", "k (samples per problem)", "pass@k", (0, 1.02))
     curve = results["grpo"]["curve"]
     line_plot(run_dir / "grpo.png", {"mean reward": ([c[0] for c in curve], [c[1] for c in curve]),
                                      "groups with no signal": ([c[0] for c in curve], [c[2] for c in curve])},
-              "B6: GRPO training", "RL step", "share", (0, 1.02), styles={"mean reward": "-", "groups with no signal": "-"})
+              "B6: GRPO training", "RL step", "share", (0, 1.02),
+              styles={"mean reward": "-", "groups with no signal": "-"})
     rows = [(k, pct(e["greedy"]), *(pct(v) for v in e["pass_at"].values()), fmt(e["distinct"], 1), fmt(e["entropy"]))
             for k, e in evals.items()]
     return ("## B6-B7: RL on a verifiable reward\n\n" + markdown_table(
@@ -249,9 +258,9 @@ def write_chapter13_report(run_dir: Path, config, results: dict) -> tuple[Path, 
     (run_dir / "claims.md").write_text(claims_table(claims) + "\n")
     intro = (f"Seed {config.seed}. {claims_verdict(claims)}. Claims from REPRODUCE.md part B; the seed's numbers are "
              "those of the seed post-training ch.13 (instruction tuning, preferences, RL on verifiable rewards; its "
-             "seed 0; the repository's docs/seeds.md describes the seeds). A difference counts only when it clears twice "
-             "its standard error (the column beside the verdict); one inside the noise is \"not distinguishable\". "
-             "A claim that does not hold is reported, not tuned away.")
+             "seed 0; the repository's docs/seeds.md describes the seeds). A difference counts only when it clears "
+             "twice its standard error (the column beside the verdict); one inside the noise is "
+             "\"not distinguishable\". A claim that does not hold is reported, not tuned away.")
     return write_report(run_dir, "Post-training ch.13: instruction tuning -> preferences -> RLVR",
                         [intro, "## Claims\n\n" + claims_table(claims), *sections]), claims
 
@@ -288,10 +297,12 @@ def write_seed_table(run_dir: Path, per_seed: dict[int, dict], betas) -> Path:
         rows.append((label, theirs, mean_sd([scale * v for v in vals], digits),
                      " / ".join(f"{scale * v:.{digits}f}" for v in vals)))
     seeds = ", ".join(str(s) for s in per_seed)
-    table = markdown_table(["run", "seed doc: mean ± sd (seeds 0/1/2)", f"ours: mean ± sd (seeds {seeds})", "ours per seed"], rows)
+    table = markdown_table(["run", "seed doc: mean ± sd (seeds 0/1/2)", f"ours: mean ± sd (seeds {seeds})",
+                            "ours per seed"], rows)
     claims = {s: chapter13_claims(r, betas) for s, r in per_seed.items()}
     pooled = pooled_claims(claims)
-    per_seed_claims = "\n\n".join(f"### seed {s}\n\n{claims_verdict(c)}\n\n" + claims_table(c) for s, c in claims.items())
+    per_seed_claims = "\n\n".join(f"### seed {s}\n\n{claims_verdict(c)}\n\n" + claims_table(c)
+                                  for s, c in claims.items())
     (Path(run_dir) / "seed_table.md").write_text(table + "\n")
     print(claims_summary(pooled))
     return write_report(run_dir, "Post-training ch.13 over seeds (B8)",

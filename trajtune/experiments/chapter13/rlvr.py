@@ -15,13 +15,11 @@ import copy
 
 from ...algorithms.rl import train_rl
 from ...algorithms.sft import train_sft
-from ...sources.sampler import Decoder
-from ...sources.overlap import overlapped
 from ...envs.arithmetic import train_tasks
 from ...models.tiny import load_model
 from ...text.render import Renderer
 from ...seeding import derive
-from ..shared.calculator import answer_settings, demos, math_eval, source_for
+from ..shared.calculator import answer_sampling, demos, math_eval, source_for
 
 
 GRPO_READS = ("seed", "rl", "rl_optim", "sampling", "pass_k")
@@ -38,8 +36,7 @@ def stage_grpo(ctx) -> dict:
     r = Renderer(tok)
     engine = ctx.engine(model, config.rl_optim)
     tasks = train_tasks(config.rl.steps * config.rl.tasks_per_step, seed=config.seed + 1)
-    with overlapped(engine, config.sampling, lambda policy: source_for(policy, r),
-                    Decoder(engine.sample, answer_settings())) as source:
+    with source_for(engine, r, answer_sampling(config.sampling), rl=config.rl) as source:
         history = train_rl(engine, tasks, source, config.rl, tok.pad_id, ctx.run())
     return {**math_eval(engine, r, config.pass_k, derive(config.seed, 5, stride=7919)),
             "curve": [(h["step"], h["rollout/reward"], h["rollout/no_signal_share"]) for h in history]}

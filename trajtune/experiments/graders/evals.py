@@ -43,8 +43,7 @@ from ...sources.episodes import sample_episodes
 from ...sources.rewards.controls import random_reward
 from ...sources.rewards.functions import RewardState
 from ...text.render import Renderer
-from ..shared.calculator import answer_settings, source_for
-from ...sources.sampler import Decoder
+from ..shared.calculator import source_for
 
 POLICIES = {"coldstart": "cold start", "evals_grpo": "GRPO", "evals_random": "random-reward GRPO"}
 """stage -> the policy's name in the tables"""
@@ -108,7 +107,7 @@ def stage_grpo(ctx, reward: str) -> dict:
     engine = ctx.engine(model, config.rl_optim)
     cfg = replace(config.evals.grpo, seed=config.seed)
     tasks = train_tasks(cfg.steps * cfg.tasks_per_step, seed=config.seed + 1)
-    source = source_for(Decoder(engine.sample, answer_settings()), r)
+    source = source_for(engine, r)
     if reward == "random":
         source = RandomRewards(source)
     history = train_rl(engine, tasks, source, cfg, tok.pad_id, ctx.run())
@@ -120,7 +119,7 @@ def stage_grpo(ctx, reward: str) -> dict:
 @torch.no_grad()
 def sample_policy(engine, r: Renderer, tasks, k: int, seed: int) -> dict:
     """k samples per problem: per-problem correctness and answers, and the token budget."""
-    trajs = sample_episodes(source_for(Decoder(engine.sample, answer_settings()), r), tasks, k, seed)  # task-major
+    trajs = sample_episodes(source_for(engine, r), tasks, k, seed)  # task-major
     correct = [[t.reward >= 1 for t in trajs[i * k:(i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if not t.truncated else None for t in trajs[i * k:(i + 1) * k]]
                for i in range(len(tasks))]

@@ -205,7 +205,8 @@ def stage_rl(ctx, which: str) -> dict:
     torch.manual_seed(config.seed)
     engine = ctx.engine(sft, d.rl_optim)
     rl = dataclasses.replace(d.rl, seed=derive(config.seed, 1400, stride=7919))
-    source = Scored(instruct_source(engine, "preference", config.max_reply), engine, [Weighted(proxy)])
+    source = instruct_source(engine, "preference", config.max_reply,
+                             score=lambda episodes: Scored(episodes, engine, [Weighted(proxy)]))
     gold = {"ends_with_period": verifier_grader(lambda task, reply: float(ends_with_period(reply))),
             "test_rm": batch_grader(test_rm),
             "format": verifier_grader(lambda task, reply: float(format_ok(task.word, reply))),

@@ -60,8 +60,7 @@ from ...text.render import Renderer
 from ...trajectory import collate
 from ..shared.instruct import corpus, demo, renderer
 from ..shared.preference import rendered_pairs, sft_model
-from ..shared.calculator import answer_settings, source_for
-from ...sources.sampler import Decoder
+from ..shared.calculator import source_for
 from ..hf.rm_eval import evaluate_pairs
 
 
@@ -132,7 +131,7 @@ def stage_orm(ctx) -> dict:
     policy = ctx.engine(calc)
     # 1. the calculator's samples of training problems, labelled by the verifier
     tasks = train_tasks(d.orm_tasks, seed=derive(config.seed, 41))
-    samples = sample_episodes(source_for(Decoder(policy.sample, answer_settings()), r), tasks, d.orm_samples, derive(config.seed, 42))
+    samples = sample_episodes(source_for(policy, r), tasks, d.orm_samples, derive(config.seed, 42))
     data = [(t, outcome_labels(t, t.reward >= 1)) for t in samples]
     # 2. the ORM: the calculator plus a per-token head, per-token BCE on the outcome
     torch.manual_seed(config.seed)
@@ -143,7 +142,7 @@ def stage_orm(ctx) -> dict:
     g = torch.Generator().manual_seed(derive(config.seed, 44))
     kind = RewardKind("orm", d.orm_aggregate)
     held = list(heldout_tasks())
-    chosen, every = best_of_n(held, source_for(Decoder(policy.sample, answer_settings()), r), d.bon_n, g, scorer(engine, kind, tok.pad_id))
+    chosen, every = best_of_n(held, source_for(policy, r), d.bon_n, g, scorer(engine, kind, tok.pad_id))
     correct = [t.reward >= 1 for t in every]
     n = d.bon_n
     groups = [correct[i * n:(i + 1) * n] for i in range(len(held))]

@@ -40,8 +40,10 @@ from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
-from ...sources.episodes import EpisodeSource, sample_episodes
-from ...sources.sampler import Decoder, SamplerSettings
+from ...sources.base import Source
+from ...sources.build import episode_source
+from ...sources.episodes import sample_episodes
+from ...sources.sampling import SamplingConfig
 from ...text.render import Renderer
 from ...text.tokenizers import CharTokenizer
 from ...runs.verdicts import Part
@@ -164,9 +166,12 @@ class Demo:
         return out
 
 
-def source(engine, r: Renderer, greedy: bool = False) -> EpisodeSource:
-    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=8, greedy=greedy)),
-                         lambda: SingleTurnEnv(exact), r, max_turns=1, max_tokens=MAX_LEN)
+def source(engine, r: Renderer, greedy: bool = False) -> Source:
+    """The reversal episodes of `engine`'s policy: one reply of up to 8 tokens, drawn at temperature 1 as
+    torch.multinomial draws (`greedy`: the argmax), every draw from one generator."""
+    sampling = SamplingConfig(max_new_tokens=8, draw="race", share_prompts=False)
+    return episode_source(sampling, engine, lambda: SingleTurnEnv(exact), r, "rlhf_book distill", max_turns=1,
+                          max_tokens=MAX_LEN, episode_seeds=False, sharded=False, greedy=greedy)
 
 
 @torch.no_grad()

@@ -5,7 +5,8 @@ The units of noise this recipe has, and the estimate each gives:
 
     held-out problems   the same 256 sums (128 words) scored by two policies: `verdicts.paired` over the
                         problems (per-problem 0/1 results, recorded by every evaluation)
-    sampled shares      a share of n sampled replies (format, stop, preference): binomial (`share`, `verdicts.two_shares`)
+    sampled shares      a share of n sampled replies (format, stop, preference): binomial (`share`,
+                        `verdicts.two_shares`)
     training steps      a per-step metric (each step a mean over its own fresh episodes): the last k steps against
                         the first k, Welch over the steps (`change`); a run's mean over its steps (`level`). Steps
                         with a trend count the trend as noise: conservative
@@ -66,8 +67,8 @@ def step_noise(losses: Sequence[float], seed: int = 0) -> Estimate:
 
 def decide(parts: Sequence[Part]) -> tuple[Holds, Estimate | None, str]:
     """(verdict, the estimate that decided it, why): every part must hold. The deciding part is the first that
-    fails, else the first inside the noise, else the closest call (`verdicts.deciding_part`); `why` names it when the claim
-    does not hold or is not distinguishable ('' when it holds)."""
+    fails, else the first inside the noise, else the closest call (`verdicts.deciding_part`); `why` names it when the
+    claim does not hold or is not distinguishable ('' when it holds)."""
     holds, pick = deciding_part(*parts)
     est = pick.estimate
     if est is not None and pick.name:  # the part's name and how its noise was taken ('paired over 256', 'Welch')

@@ -33,7 +33,7 @@ from pathlib import Path
 from ...algorithms.rl import RLConfig, train_rl
 from ...envs.arithmetic import ArithmeticTask, train_tasks
 from ...envs.base import SingleTurnEnv
-from ...envs.instruct import SEEN, InstructTask, instruct_env
+from ...envs.instruct import SEEN, InstructTask
 from ...metrics import register
 from ...models.tiny import load_model
 from ...runs.plots import line_plot
@@ -41,13 +41,12 @@ from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.verdicts import Estimate, difference, judge, paired
 from ...runs.stages import Stage
 from ...seeding import derive
-from ...sources.episodes import EpisodeSource, Measured
-from ...sources.sampler import Decoder, SamplerSettings
+from ...sources.build import episode_source
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..shared.instruct import MAX_LEN, renderer
+from ..shared.instruct import instruct_source
 from ..shared.preference import evaluate_policy
-from ..shared.calculator import MAX_ANSWER, math_eval
+from ..shared.calculator import answer_sampling, math_eval
 from ...runs.verdicts import Part, minus
 from .evidence import change, cite, decide, fmt_est, level, relabel, step_noise
 
@@ -159,9 +158,9 @@ def stage_pg(ctx, name: str) -> dict:
     rl = RLConfig(steps=d.steps, tasks_per_step=d.tasks_per_step, group_size=s["group"], advantage=s["advantage"],
                   aggregation="token", seed=derive(config.seed, 601))
     tasks = train_tasks(s["data"] or d.steps * d.tasks_per_step, seed=derive(config.seed, 602))
-    sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=MAX_ANSWER, temperature=s["temperature"]))
-    source = Measured(EpisodeSource(sampler, lambda: SingleTurnEnv(calculator_verifier(s["format_weight"])), r,
-                                    max_turns=1, max_tokens=32), diagnostics)
+    source = episode_source(answer_sampling(temperature=s["temperature"]), engine,
+                            lambda: SingleTurnEnv(calculator_verifier(s["format_weight"])), r, "rlhf_book pg",
+                            max_turns=1, max_tokens=32, measure=diagnostics, episode_seeds=False, sharded=False)
     history = train_rl(engine, tasks, source, rl, tok.pad_id, ctx.run())
     keys = ["book/correctness", "book/format", "book/binary", "book/binary_no_contrast", "book/distinct_share",
             "rollout/no_signal_share", "train/loss"]
@@ -177,9 +176,7 @@ def stage_instruct(ctx) -> dict:
     engine = ctx.engine(model, config.rl_optim)
     rl = RLConfig(steps=d.instruct_steps, tasks_per_step=d.tasks_per_step, group_size=d.group_size, advantage="grpo",
                   seed=derive(config.seed, 604))
-    sampler = Decoder(engine.sample, SamplerSettings(max_new_tokens=config.max_reply))
-    source = Measured(EpisodeSource(sampler, lambda: instruct_env("preference"), renderer(), max_turns=1,
-                                    max_tokens=MAX_LEN), diagnostics)
+    source = instruct_source(engine, "preference", config.max_reply, measure=diagnostics)
     history = train_rl(engine, [InstructTask(w) for w in SEEN], source, rl, tok.pad_id, ctx.run())
     keys = ["book/format", "book/binary", "book/binary_no_contrast", "book/distinct_share", "rollout/no_signal_share"]
     return {"curves": {k: [h.get(k, float("nan")) for h in history] for k in keys},

@@ -47,8 +47,7 @@ from ...seeding import derive
 from ...sources.episodes import sample_episodes
 from ...text.render import Renderer
 from ...trajectory import Trajectory
-from ..shared.calculator import answer_settings, calc_model, demos, math_eval, source_for
-from ...sources.sampler import Decoder
+from ..shared.calculator import answer_sampling, calc_model, demos, math_eval, source_for
 from ...runs.verdicts import Part
 from .evidence import cite, decide
 
@@ -151,8 +150,8 @@ def rollouts(ctx, policy: str, setting: dict, n_tasks: int) -> tuple[list[Trajec
         model, tok = load_model(ctx.run_dir / policy / "model")
         engine = ctx.engine(model)
         tasks = train_tasks(n_tasks, seed=settings["task_seed"])
-        sampler = Decoder(engine.sample, answer_settings(temperature=setting["temperature"], top_p=setting["top_p"]))
-        source = source_for(sampler, Renderer(tok))
+        source = source_for(engine, Renderer(tok),
+                            answer_sampling(temperature=setting["temperature"], top_p=setting["top_p"]))
         return sample_episodes(source, tasks, setting["n"], settings["sample_seed"])
 
     trajs, hit = RolloutCache(ctx.run_dir / "rs_cache" / "rollouts").get(settings, make)

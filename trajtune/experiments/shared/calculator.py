@@ -2,7 +2,8 @@
 
     coldstart  a tiny "calculator" (dim 64, 2 layers) SFT'd on worked 2-digit additions (`stage_coldstart`)
 
-The arithmetic gym's source (`source_for`), the worked demonstrations (`demos`), the model (`calc_model`).
+The arithmetic gym's source (`source_for`, its answers sampled as `answer_sampling` says), the worked
+demonstrations (`demos`), the model (`calc_model`).
 
 Evaluation (`math_eval`, the seed's): on the 256 held-out problems, greedy accuracy;
 pass@1..16 from 16 samples per problem (unbiased estimator); distinct answers among
@@ -13,11 +14,15 @@ sample).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ...algorithms.sft import train_sft
-from ...sources.episodes import EpisodeRunner, EpisodeSource, sample_episodes
-from ...sources.sampler import Decoder, Sampler, SamplerSettings
+from ...sources.base import Source
+from ...sources.build import episode_source
+from ...sources.episodes import sample_episodes
+from ...sources.sampling import SamplingConfig
 from ...engine import Engine
 from ...envs.arithmetic import arithmetic_env, arithmetic_tokenizer, heldout_tasks, train_tasks
 from ...evaluation import distinct_answers, generated_tokens, mean_pass_at_k
@@ -36,15 +41,21 @@ def demos(r: Renderer, tasks) -> list[Trajectory]:
             for t in tasks]
 
 
-def answer_settings(**settings) -> SamplerSettings:
-    """How an arithmetic answer is sampled: MAX_ANSWER tokens, `settings` (temperature, greedy, ...)."""
-    return SamplerSettings(max_new_tokens=MAX_ANSWER, **settings)
+def answer_sampling(section: SamplingConfig | None = None, **settings) -> SamplingConfig:
+    """How an arithmetic answer is sampled, as a sampling section: MAX_ANSWER tokens, each token drawn as
+    torch.multinomial draws it (draw race), every completion prefilling its prompt, `settings` (temperature,
+    top_p); where the episodes run: `section`'s fields (a run's sampling section; default: here, on-policy)."""
+    return dataclasses.replace(section or SamplingConfig(), max_new_tokens=MAX_ANSWER, draw="race",
+                               share_prompts=False, **settings)
 
 
-def source_for(policy: Sampler | EpisodeRunner, r: Renderer) -> EpisodeSource:
-    """The arithmetic gym's episodes sampled by `policy` (one answer each: `Decoder(engine.sample,
-    answer_settings())`, or a sampler process), as a source."""
-    return EpisodeSource(policy, arithmetic_env, r, max_turns=1, max_tokens=32)
+def source_for(engine: Engine, r: Renderer, sampling: SamplingConfig | None = None, *, greedy: bool = False,
+               rl=None) -> Source:
+    """The arithmetic gym's episodes of `engine`'s policy (one answer each), sampled as `sampling` says (default
+    `answer_sampling()`; `greedy`: the argmax), as a source (`trajtune.sources.build.episode_source`; `rl`: the
+    RL loop's config, for an overlapped run). Every draw from one generator, not sharded."""
+    return episode_source(sampling or answer_sampling(), engine, arithmetic_env, r, "arithmetic", max_turns=1,
+                          max_tokens=32, rl=rl, episode_seeds=False, sharded=False, greedy=greedy)
 
 
 @torch.no_grad()
@@ -55,9 +66,8 @@ def math_eval(engine: Engine, r: Renderer, k: int, seed: int) -> dict:
     distinct answers, in the held-out order: what a paired comparison of two models on the same problems needs
     (`runs.verdicts.paired`)."""
     tasks = list(heldout_tasks())
-    greedy = sample_episodes(source_for(Decoder(engine.sample, answer_settings(greedy=True)), r), tasks, 1, 0)
-    # task-major: k samples of task 0 first
-    trajs = sample_episodes(source_for(Decoder(engine.sample, answer_settings()), r), tasks, k, seed)
+    greedy = sample_episodes(source_for(engine, r, greedy=True), tasks, 1, 0)
+    trajs = sample_episodes(source_for(engine, r), tasks, k, seed)  # task-major: k samples of task 0 first
     correct = [[t.reward >= 1 for t in trajs[i * k : (i + 1) * k]] for i in range(len(tasks))]
     answers = [[t.info["reply"] if not t.truncated else None for t in trajs[i * k : (i + 1) * k]]
                for i in range(len(tasks))]

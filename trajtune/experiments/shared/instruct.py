@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import random
 from functools import lru_cache
+from typing import Callable
 
 import torch
 
 from ...algorithms.sft import train_sft
-from ...sources.episodes import EpisodeSource, sample_episodes
-from ...sources.sampler import Decoder, SamplerSettings
+from ...sources.base import Source
+from ...sources.build import episode_source
+from ...sources.episodes import sample_episodes
+from ...sources.sampling import SamplingConfig
 from ...engine import Engine
 from ...envs.instruct import (
     SEEN, UNSEEN, InstructTask, demo_sets, demonstrations, instruct_env, instruct_tokenizer, shakespeare_text,
@@ -95,10 +98,14 @@ def val_windows(config) -> list[Trajectory]:
     return text_windows(val, config.val_windows, config.block_size, seed=1234)
 
 
-def instruct_source(engine: Engine, reward: str, max_reply: int) -> EpisodeSource:
-    """The instruct gym's episodes with this engine's model (one reply each), as a source."""
-    return EpisodeSource(Decoder(engine.sample, SamplerSettings(max_new_tokens=max_reply)), lambda: instruct_env(reward),
-                         renderer(), max_turns=1, max_tokens=MAX_LEN)
+def instruct_source(engine: Engine, reward: str, max_reply: int, *, score: Callable[[Source], Source] | None = None,
+                    measure: Callable[[list[Trajectory]], dict[str, float]] | None = None) -> Source:
+    """The instruct gym's episodes with this engine's model (one reply each: up to `max_reply` tokens at temperature
+    1, each token drawn as torch.multinomial draws it), as a source (`trajtune.sources.build.episode_source`;
+    `score`: the run's graders around them, `measure`: its counts). Every draw from one generator, not sharded."""
+    sampling = SamplingConfig(max_new_tokens=max_reply, draw="race", share_prompts=False)
+    return episode_source(sampling, engine, lambda: instruct_env(reward), renderer(), "instruct", max_turns=1,
+                          max_tokens=MAX_LEN, score=score, measure=measure, episode_seeds=False, sharded=False)
 
 
 def adherence(engine: Engine, words, n: int, seed: int, max_reply: int) -> dict:
