@@ -150,4 +150,8 @@ def test_textarena_through_vllm_overlapped(model_dir, tmp_path):
                "config.sampling.max_staleness=1", "config.rl.tis_cap=2.0", "config.rl.entropy_coef=0.01")
     for r in rows:
         assert r["train/grad_norm"] > 0 and r["sync/logprob_diff"] < 1e-4 and r["rollout/turns"] > 1, r
-    assert rows[0]["pg/tis_weight_mean"] == 1.0 and rows[1]["pg/tis_weight_mean"] != 1.0  # step 2: one behind
+    # step 1 on-policy: every weight exp(trainer - vLLM log-prob) is 1 up to the float noise between vLLM's kernels
+    # and torch's (exactly 1.0 in the CI run at 892e1f7, 1 + 2^-23 on an AMD EPYC VM from 194a703 on, the code before
+    # issue 40 included); step 2, one update behind, is not
+    noise = 1e-6
+    assert abs(rows[0]["pg/tis_weight_mean"] - 1.0) < noise < abs(rows[1]["pg/tis_weight_mean"] - 1.0), rows[:2]
