@@ -64,3 +64,16 @@ def test_the_builders_source_is_the_hand_built_one():
     a, b = (s.take(Draw(TASKS[:2], 3, torch.Generator().manual_seed(5))).trajs for s in (hand, built))
     assert [(t.ids, t.logprobs, t.reward) for t in a] == [(t.ids, t.logprobs, t.reward) for t in b]
     assert make_sampler("generate", engine())(SamplerSettings(draw="cdf")).settings.draw == "race"
+
+
+def test_a_greedy_pass_through_the_builder_is_the_argmax_and_refused_on_vllm():
+    """`episode_source(..., greedy=True)` (an evaluation's greedy pass) samples the argmax whatever the temperature;
+    vLLM's backend has no such pass here, so asking for one is a one-line error before anything starts."""
+    section = SamplingConfig(max_new_tokens=2, temperature=5.0, draw="race", share_prompts=False)
+    sources = [episode_source(section, engine(), lambda: SingleTurnEnv(verifier), RENDER, "test", max_turns=1,
+                              max_tokens=32, greedy=True) for _ in range(2)]
+    a, b = (s.take(Draw(TASKS[:2], 2, torch.Generator().manual_seed(seed))).trajs for s, seed in zip(sources, (1, 2)))
+    assert [t.ids for t in a] == [t.ids for t in b]  # the argmax: the seeds change nothing
+    with pytest.raises(ValueError, match=r"^test: a greedy pass samples with sampling.backend sampler or generate"):
+        episode_source(SamplingConfig(backend="vllm"), engine(), lambda: SingleTurnEnv(verifier), RENDER, "test",
+                       greedy=True)
