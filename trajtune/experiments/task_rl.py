@@ -42,7 +42,7 @@ def train_and_score(ctx: StageContext, model, tok, make_env: Callable[[], Env], 
     drawn = s.settings()
     here = dataclasses.replace(s, backend="sampler", max_staleness=0, sampler_process=False, draw=drawn.draw,
                                share_prompts=drawn.share_prompts)
-    seeds = s.backend in ("sampler", "vllm") if episode_seeds is None else episode_seeds
+    seeds = s.own_seeds if episode_seeds is None else episode_seeds  # the evaluation draws as the training does
 
     def source(section: SamplingConfig) -> Source:
         return episode_source(section, engine, make_env, renderer, experiment, max_turns=max_turns,

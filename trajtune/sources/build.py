@@ -66,8 +66,8 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
         here: Sampler = runner.sampler
     else:
         here = make_sampler(sampling.backend, engine, pad_id=pad_id)(replace(sampling.settings(), greedy=greedy))
-    if episode_seeds is None:  # HF generate draws one seed per call, not one per episode
-        episode_seeds = sampling.backend in ("sampler", "vllm")
+    if episode_seeds is None:
+        episode_seeds = sampling.own_seeds
     shard = engine.shard if sharded else None
 
     def build(policy: Any) -> Source:

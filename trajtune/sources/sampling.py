@@ -108,6 +108,12 @@ class SamplingConfig:
                                  "`trajtune vllm-serve`")
 
     @property
+    def own_seeds(self) -> bool:
+        """The backend can sample every episode from its own seed (the built-in sampler, vLLM); HF generate draws
+        one seed per call."""
+        return self.backend in ("sampler", "vllm")
+
+    @property
     def in_process(self) -> bool:
         """Whether the built-in sampler's episodes run in a sampler process."""
         return bool(self.sampler_process or self.max_staleness)
