@@ -12,6 +12,7 @@ each takes 20-40 s to start on two cores.
   * a server that dies mid-run: one clear error
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,35 +73,46 @@ def colocated(work):
     engine.close()
 
 
+@contextlib.contextmanager
+def vllm_serve(model_dir, log_path, *args: str, wait_s: float = 240):
+    """`trajtune vllm-serve --model MODEL_DIR` (fp32, as the trainer; 512 tokens; `args` more flags) on a free port,
+    up when GET /health answers -> (url, process); its process group stopped on the way out, also when it never came
+    up (the failure quotes its log). The real-model tier serves SmolLM2 with it too (tests/real_model)."""
+    port = _free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(model_dir),
+                                 "--port", str(port), "--dtype", "float32", "--max-model-len", "512", *args],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + wait_s
+            while time.time() < deadline:
+                if proc.poll() is not None:
+                    pytest.fail(f"trajtune vllm-serve exited ({proc.returncode}): "
+                                f"{Path(log_path).read_text()[-2000:]}")
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=2).read()
+                    break
+                except OSError:
+                    time.sleep(1)
+            else:
+                pytest.fail(f"trajtune vllm-serve did not answer /health within {wait_s:.0f} s")
+            yield url, proc
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(30)
+
+
 @pytest.fixture(scope="module")
 def server(work):
-    port = _free_port()
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(work / "model"),
-                             "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.15",
-                             "--max-model-len", "512", "--max-lora-rank", "8"], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"trajtune vllm-serve exited ({proc.returncode}): {(work / 'server.log').read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            break
-        except OSError:
-            time.sleep(1)
-    else:
-        proc.kill()
-        pytest.fail("trajtune vllm-serve did not answer /health within 240 s")
-    yield url, proc
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(15)
+    with vllm_serve(work / "model", work / "server.log", "--gpu-memory-utilization", "0.15",
+                    "--max-lora-rank", "8") as (url, proc):
+        yield url, proc
 
 
 def _runner(engine, client, tolerance, weights_dir):

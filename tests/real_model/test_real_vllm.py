@@ -11,13 +11,6 @@ fixture, tests/real_model/conftest.py). A few steps of each:
 Small on purpose (2 prompts x 4 completions of <= 16 tokens, 2 steps; vLLM's KV cache capped at a few GB).
 """
 
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-
 import pytest
 
 try:
@@ -27,7 +20,7 @@ except Exception as e:  # noqa: BLE001  absent, or a broken install (see trajtun
                 "&& pip uninstall -y torchvision torchaudio torchcodec` runs these (README)", allow_module_level=True)
 
 from test_commands import answers, write_prompts  # noqa: E402  - a chat reply from the saved model; GRPO's files
-from test_distributed import _free_port  # noqa: E402
+from test_vllm import vllm_serve  # noqa: E402  - `trajtune vllm-serve` up, and stopped after
 
 from trajtune.cli import main  # noqa: E402
 from trajtune.metrics import read_metrics  # noqa: E402
@@ -45,32 +38,8 @@ def work(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(real_model, work):
     """`trajtune vllm-serve` on the real model (fp32, as the trainer), up when GET /health answers."""
-    port = _free_port()
-    log = open(work / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "trajtune", "vllm-serve", "--model", str(real_model), "--port",
-                             str(port), "--dtype", "float32", "--gpu-memory-utilization", KV_SHARE,
-                             "--max-model-len", "512"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"trajtune vllm-serve exited ({proc.returncode}): {(work / 'server.log').read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            break
-        except OSError:
-            time.sleep(1)
-    else:
-        os.killpg(proc.pid, signal.SIGKILL)
-        pytest.fail("trajtune vllm-serve did not answer /health within 300 s")
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    log.close()
+    with vllm_serve(real_model, work / "server.log", "--gpu-memory-utilization", KV_SHARE, wait_s=300) as (url, _):
+        yield url
 
 
 def grpo(real_model, work, out, *extra, steps=2) -> list[dict]:
