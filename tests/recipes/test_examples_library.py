@@ -2,22 +2,11 @@
 their docstrings say: audit_run.py (trajtune.audits), calculator_tool.py (trajtune.envs.tools),
 classic_control.py (trajtune.envs.toy), preventative_steering.py (trajtune.models.steering)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from trajtune.trajectory import Owner
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from test_examples import load  # the examples loaded as modules, as their own test does
 
 
 def test_calculator_tool_oracle_calls_the_tool_and_the_guesser_cannot():
