@@ -27,6 +27,7 @@ import torch
 
 from ..config import check_choices
 from ..engine.decoding import Samples
+from ..engine.protocol import Backend
 
 Seeds = Union[torch.Generator, Sequence[torch.Generator], None]
 """what a sampler draws from: one generator for the whole call, one per row (each row its own stream, so its
@@ -111,8 +112,6 @@ class Decoder:
         return self.decode(prompts, s.max_new_tokens, generator, temperature=s.temperature, top_k=s.top_k,
                            top_p=s.top_p, greedy=s.greedy, stop_ids=stop_ids, **kw)
 
-
-Backend = Literal["sampler", "generate"]
 
 
 def engine_sampler(engine: Any, settings: SamplerSettings, backend: Backend = "sampler", pad_id: int = 0) -> Decoder:
