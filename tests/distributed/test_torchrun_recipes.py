@@ -11,6 +11,13 @@ Why not bitwise: each rank computes half of every batch and the gradients are su
 order, so float32 rounding differs in the last bits (tests/distributed/test_distributed.py measures it); Adam
 turns rounding noise on zero-gradient coordinates into steps of ~lr, so weights are compared with a
 bound on the share of coordinates that differ, as there.
+
+Why an evaluation share may differ by one episode after a stage's first step: an episode sampled at
+temperature 1 maps one uniform draw through the policy's distribution, so weights that differ in the last
+bits pick another token when the draw falls that close to a boundary. Measured on an AMD EPYC VM: the agent's
+oracle_sft evaluation at step 6 read the source in 14 of 20 episodes under torchrun and 15 of 20 in one
+process (eval/read_share 0.70 vs 0.75), every loss, count and weight bound agreeing; on an Intel VM the
+same case agreed exactly. At a stage's first step (equal weights) every number is still compared exactly.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[2]
 FIRST_TOL = 1e-5  # a stage's first step: only the rounding of one forward / backward
 TOL = 1e-3
 """later steps: the weights drift apart by Adam's rounding noise, ~3x a step (measured: template_mismatch's
-grad norm 4e-6 at its first step, then 1.1e-5, 2.5e-5, 6.9e-5, 2.4e-4 relative); pass rates and other
-counts stay exact because the same episodes are sampled"""
+grad norm 4e-6 at its first step, then 1.1e-5, 2.5e-5, 6.9e-5, 2.4e-4 relative); training counts stay exact
+because the same episodes are sampled from the shared generators, and an evaluation share may move by one
+sampled episode (`one_episode`, see above)"""
 GRAD_NORM_TOL = 5e-3
 """later steps' gradient norm, the metric that moves most with those few drifted coordinates: measured 1.6e-3
 relative at the agent's hacking stage, step 2 (one SFT step at lr 3e-3 after a first step that agreed to 1e-5;
@@ -71,17 +79,20 @@ def both(tmp_path: Path, args: list[str], out_flag: str = "--run-dir") -> tuple[
     return one, two
 
 
-def close(a, b, where: str, tol: float = TOL) -> None:
-    """JSON-like values equal, numbers to `tol` (relative for large ones)."""
+def close(a, b, where: str, tol: float = TOL, one_episode: dict[str, float] | None = None) -> None:
+    """JSON-like values equal, numbers to `tol` (relative for large ones); an evaluation share named in
+    `one_episode` may differ, in a record past step 0, by the share one sampled episode is worth there."""
     if isinstance(a, dict):
         assert a.keys() == b.keys(), where
+        one_episode = (one_episode or {}) if a.get("step", 1) != 0 else {}
         for k in a:
             if k != "time" and not k.startswith("time/"):  # wall-clock numbers
-                close(a[k], b[k], f"{where}.{k}", tol)
+                flip = one_episode.get(k, 0.0)
+                close(a[k], b[k], f"{where}.{k}", max(tol, flip + 1e-9), one_episode)
     elif isinstance(a, list):
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            close(x, y, f"{where}[{i}]", tol)
+            close(x, y, f"{where}[{i}]", tol, one_episode)
     elif isinstance(a, float) or isinstance(b, float):
         assert math.isclose(a, b, rel_tol=tol, abs_tol=tol) or (math.isnan(a) and math.isnan(b)), f"{where}: {a} vs {b}"
     else:
@@ -94,12 +105,13 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r.get("stage", ""), r["step"], sorted(r)))
 
 
-def check_same_run(one: Path, two: Path, lr: float) -> None:
+def check_same_run(one: Path, two: Path, lr: float, one_episode: dict[str, float] | None = None) -> None:
     stages = sorted(p.parent.name for p in one.glob("*/results.json"))
     assert stages and stages == sorted(p.parent.name for p in two.glob("*/results.json"))
     for stage in stages:  # (paths inside the results name their own run directory)
         close(json.loads((one / stage / "results.json").read_text().replace(str(one), "RUN")),
-              json.loads((two / stage / "results.json").read_text().replace(str(two), "RUN")), stage)
+              json.loads((two / stage / "results.json").read_text().replace(str(two), "RUN")), stage,
+              one_episode=one_episode)
     rows_one, rows_two = metric_rows(one), metric_rows(two)
     assert [(r.get("stage"), r["step"]) for r in rows_one] == [(r.get("stage"), r["step"]) for r in rows_two]
     first = {}
@@ -110,7 +122,7 @@ def check_same_run(one: Path, two: Path, lr: float) -> None:
             close(a, b, where, FIRST_TOL)
             continue
         close({k: v for k, v in a.items() if k != "train/grad_norm"},
-              {k: v for k, v in b.items() if k != "train/grad_norm"}, where, TOL)
+              {k: v for k, v in b.items() if k != "train/grad_norm"}, where, TOL, one_episode)
         close(a.get("train/grad_norm"), b.get("train/grad_norm"), f"{where}.train/grad_norm", GRAD_NORM_TOL)
     weights = sorted(p.relative_to(one) for p in one.glob("**/model.safetensors") if "resume" not in p.parts)
     assert weights and weights == sorted(p.relative_to(two) for p in two.glob("**/model.safetensors")
@@ -149,12 +161,17 @@ CHAPTER13 = {
 }
 
 
-@pytest.mark.parametrize("recipe, lr", [(AGENT, 3e-3), (CHAPTER13, 3e-3)], ids=["agent", "chapter13"])
-def test_a_reduced_recipe_under_torchrun_equals_one_process(recipe, lr, tmp_path):
+AGENT_SHARES = {"eval/pass_rate": 1 / 20, "eval/read_share": 1 / 20, "eval/heldout_pass_rate": 1 / 10}
+"""the agent evaluates 1 sampled episode of each of its 20 train and 10 held-out tasks (eval_samples 1)"""
+
+
+@pytest.mark.parametrize("recipe, lr, one_episode", [(AGENT, 3e-3, AGENT_SHARES), (CHAPTER13, 3e-3, None)],
+                         ids=["agent", "chapter13"])
+def test_a_reduced_recipe_under_torchrun_equals_one_process(recipe, lr, one_episode, tmp_path):
     path = tmp_path / "recipe.toml"
     path.write_text(toml(recipe) + "\n")
     one, two = both(tmp_path, ["run", str(path)])
-    check_same_run(one, two, lr)
+    check_same_run(one, two, lr, one_episode)
 
 
 @pytest.fixture(scope="module")
