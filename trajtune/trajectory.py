@@ -60,6 +60,10 @@ class Trajectory:
     `unterminated`: how many of its actions the rollout cut at the token budget before their stop token
     (`trajtune.sources.rollout`; > 0: the episode is truncated), None where no rollout counted them
     (demonstrations, pairs from data).
+    `versions` optionally holds, per token, the policy version that sampled it: how many loop updates the
+    sampling weights had had (-1 for tokens no policy sampled); None where the sampler was the trained policy
+    itself (on-policy, version = the step). An overlapped source stamps them (`stamp`); a partial rollout's
+    episode carries several (`trajtune.sources.overlap`).
     """
 
     ids: list[int] = field(default_factory=list)
@@ -72,6 +76,7 @@ class Trajectory:
     outcome: Outcome = Outcome.OK
     temperature: float = 1.0
     unterminated: int | None = None
+    versions: list[int] | None = None
 
     def __post_init__(self) -> None:
         self.outcome = Outcome(self.outcome)  # a str from JSON or a pickle: checked
@@ -85,6 +90,8 @@ class Trajectory:
             )
         if self.logprobs is not None and len(self.logprobs) != n:
             raise ValueError(f"Trajectory: logprobs has {len(self.logprobs)} entries for {n} tokens")
+        if self.versions is not None and len(self.versions) != n:
+            raise ValueError(f"Trajectory: versions has {len(self.versions)} entries for {n} tokens")
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -117,6 +124,17 @@ class Trajectory:
         self.turns += [turn] * len(ids)
         if self.logprobs is not None:
             self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+        if self.versions is not None:
+            self.versions += [-1] * len(ids)
+
+    def stamp(self, version: int, since: int = 0) -> None:
+        """Record that policy version `version` sampled the POLICY tokens from token `since` on (`versions`; the
+        tokens before keep theirs, -1 if none)."""
+        if self.versions is None:
+            self.versions = [-1] * len(self.ids)
+        for i in range(since, len(self.ids)):
+            if self.owners[i] == Owner.POLICY:
+                self.versions[i] = version
 
     @property
     def n_turns(self) -> int:
@@ -150,6 +168,8 @@ class Batch:
                                     the engine's log-probs, entropy and logits are of logits / temperature
     truncated      [B]       bool   the episode's last action was cut at the token budget before its stop token
                                     (`Trajectory.unterminated` > 0; DAPO's overlong filter)
+    versions       [B, T-1]  long   the policy version that sampled each predicted token ids[:, 1:]
+                                    (`Trajectory.versions`; -1 where unknown: on-policy, or not sampled)
     pg             the policy-gradient loss's step tensors (`objectives.inputs.PGInputs`: advantages, old and
                                     reference log-probs, GAE returns and old values) or None
     pref           the preference losses' step tensors (`objectives.inputs.PreferenceInputs`: DPO's and KTO's
@@ -179,6 +199,7 @@ class Batch:
     truncated: torch.Tensor | None = None
     pg: PGInputs | None = None
     pref: PreferenceInputs | None = None
+    versions: torch.Tensor | None = None
 
     INPUTS = ("pg", "pref")
     """the typed loss inputs (`objectives.inputs.RowTensors`): sliced, cut and moved with the batch"""
@@ -188,6 +209,8 @@ class Batch:
             self.together = torch.arange(self.ids.shape[0])
         if self.truncated is None:
             self.truncated = torch.zeros(self.ids.shape[0], dtype=torch.bool)
+        if self.versions is None:
+            self.versions = torch.full_like(self.old_logprobs, -1, dtype=torch.long)
         for name in self.INPUTS:
             if (inputs := getattr(self, name)) is not None:
                 inputs.check(self.ids.shape[0], self.ids.shape[1])
@@ -231,7 +254,7 @@ class Batch:
         out = dict(self.__dict__)
         for k in ("ids", "attention_mask", "owners", "turns"):
             out[k] = out[k][:, :T]
-        for k in ("action_mask", "old_logprobs"):
+        for k in ("action_mask", "old_logprobs", "versions"):
             out[k] = out[k][:, : T - 1]
         out["extras"] = {k: (v[:, : T - 1] if v.dim() >= 2 else v) for k, v in self.extras.items()}
         for name in self.INPUTS:
@@ -358,6 +381,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
 
     ids, owners = padded("ids", pad_id, torch.long), padded("owners", int(Owner.TEMPLATE), torch.long)
     turns, old_lp = padded("turns", -1, torch.long), padded("logprobs", 0.0, torch.float32)
+    versions = padded("versions", -1, torch.long)
     attn = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]  # [B, T]
     action_mask = ((owners[:, 1:] == Owner.POLICY) & attn[:, 1:]).float()  # [B, T-1]
     return Batch(
@@ -373,6 +397,7 @@ def collate(trajectories: Sequence[Trajectory], pad_id: int, max_len: int | None
         infos=[t.info for t in trajectories],
         temperature=temps[0],
         truncated=torch.tensor([t.truncated for t in trajectories], dtype=torch.bool),
+        versions=versions[:, 1:].contiguous(),
     )
 
 
