@@ -55,10 +55,10 @@ def graded_source(e, policy=None, episode_seeds=False, make_env=lambda: SingleTu
                          max_tokens=32, episode_seeds=episode_seeds, **kw)
 
 
-def ahead(e, make_env=lambda: SingleTurnEnv(graded), **overlap):
-    """The graded source one step ahead, in a sampler process (max_staleness 1)."""
-    return overlapped(e, SamplingConfig(max_staleness=1, **overlap), lambda p: graded_source(e, p, make_env=make_env),
-                      Decoder(e.sample, SETTINGS))
+def ahead(e, make_env=lambda: SingleTurnEnv(graded), staleness=1, **overlap):
+    """The graded source `staleness` steps ahead, in a sampler process (max_staleness 1 by default)."""
+    return overlapped(e, SamplingConfig(max_staleness=staleness, **overlap),
+                      lambda p: graded_source(e, p, make_env=make_env), Decoder(e.sample, SETTINGS))
 
 
 def in_process(e, **kw):
@@ -124,9 +124,10 @@ def test_staleness_1_samples_one_update_behind_and_still_learns():
     # step 0 samples with the policy it trains; later steps with the one before the last update
     lag = [abs(h["pg/tis_weight_mean"] - 1.0) for h in hist]
     assert lag[0] < 1e-5 and max(lag[1:]) > 1e-3, lag
-    # the weights after step s are sent as its update ends and loaded after step s + 1's episodes (which they do
-    # not sample); the update of step s + 1 waits for that load before it writes the next weights: its row checks
-    assert [i for i, h in enumerate(hist) if "sync/logprob_diff" in h] == list(range(1, 20))
+    # the weights after step s are held until step s + 2's episodes are about to be sampled (after step s + 1's,
+    # which they do not sample) and sent first; their check is logged in step s + 2's row (no sync before step 0's
+    # episodes, which the starting weights sample: rows 2..19)
+    assert [i for i, h in enumerate(hist) if "sync/logprob_diff" in h] == list(range(2, 20))
     assert all(h["sync/logprob_diff"] <= 1e-3 for h in hist if "sync/logprob_diff" in h)
 
 
@@ -143,24 +144,43 @@ def slow(task, reply):
     return graded(task, reply)
 
 
-def test_the_sync_is_sent_as_the_update_ends_while_the_next_episodes_are_still_sampled(monkeypatch):
-    """The process loads the weights right after the episodes in flight (not after the trainer has also handled
-    them), and the run does not depend on how long anything takes: slow episodes give the same run."""
-    cfg = RLConfig(steps=5, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=4)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_staleness_k_samples_every_step_exactly_k_updates_behind_whatever_the_timing(k, monkeypatch):
+    """Step s's episodes are sampled with the weights after update max(0, s - K): the process receives the rollouts
+    of steps 1..K, then each update's weights just before the rollouts of the step K later (the pipe's order, read
+    off the requests sent); every POLICY token is stamped with that version. Slow episodes (an update far shorter
+    than a draw) give the same run, row for row, weight for weight: nothing depends on the threads' timing."""
+    cfg = RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=4)
     ref = engine()
-    expected = train(ref, ahead(ref), cfg)
+    expected = train(ref, ahead(ref, staleness=k), cfg)
     sent, send = [], SamplerProcess._send
 
     def spy(self, kind, *args):
-        if kind == "sync":
-            sent.append(any(r.kind == "rollout" for r in self._waiting))  # episodes still being sampled there
+        sent.append(kind)
         return send(self, kind, *args)
 
     monkeypatch.setattr(SamplerProcess, "_send", spy)
-    e = engine()
-    got = train(e, ahead(e, make_env=lambda: SingleTurnEnv(slow)), cfg)
+    e, versions = engine(), {}
+    source = ahead(e, make_env=lambda: SingleTurnEnv(slow), staleness=k)
+    take = source.take
+
+    def spy_take(draw, ahead=None):
+        episodes = take(draw, ahead)
+        versions[draw.step] = ({v for t in episodes.trajs for v, o in zip(t.versions, t.owners) if o == 2},
+                               episodes.behind)
+        return episodes
+
+    source.take = spy_take
+    got = train(e, source, cfg)
     assert without_sync(got) == without_sync(expected) and same_weights(e, ref)
-    assert sent[:3] == [True, True, True]  # the weights after steps 0-2, sent while steps 1-3's episodes ran
+    assert [r.get("sync/logprob_diff") is not None for r in got] == [s >= k + 1 for s in range(6)]
+    # step 0 in the trainer (the process starts meanwhile); rollouts of steps 1..6-1; sync v before step v + k
+    rollouts = [f"r{s}" for s in range(1, 6)]
+    expected_order = rollouts[:k] + [x for s in range(k + 1, 6) for x in (f"sync{s - k}", f"r{s}")]
+    named = iter(rollouts)
+    syncs = iter(range(1, 6))
+    assert [next(named) if kind == "rollout" else f"sync{next(syncs)}" for kind in sent] == expected_order
+    assert versions == {s: ({max(0, s - k)}, min(s, k)) for s in range(6)}
 
 
 def test_an_update_that_ends_while_the_last_sync_is_being_loaded_waits_for_it(monkeypatch):
@@ -207,15 +227,17 @@ def test_a_draw_ahead_that_is_slow_to_ask_is_still_sampled_one_update_behind(mon
     assert [h["pg/tis_weight_mean"] != 1.0 for h in got] == [False, True, True, True]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
-def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
-    """The episodes drawn ahead at the checkpoint (sampled one update behind) are saved with it. The
-    interrupt is a terminal's Ctrl-C (or a scheduler's SIGTERM to the process group): it reaches the
-    sampler process too, which keeps serving; the interrupted run leaves no sampler process behind."""
+@pytest.mark.parametrize("sig,k", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGINT, 3)],
+                         ids=["ctrl_c", "sigterm", "ctrl_c_k3"])
+def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig, k):
+    """The episodes drawn ahead at the checkpoint (the next K steps', sampled K updates behind) are saved with it,
+    and the bound holds after the resume (every episode still exactly K behind). The interrupt is a terminal's
+    Ctrl-C (or a scheduler's SIGTERM to the process group): it reaches the sampler process too, which keeps
+    serving; the interrupted run leaves no sampler process behind."""
     cfg = RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=1)
     ref = engine()
     with MetricsLogger(tmp_path / "ref") as log:
-        expected = train(ref, ahead(ref), cfg, Run("rl", log))
+        expected = train(ref, ahead(ref, staleness=k), cfg, Run("rl", log))
     first = engine()
     inner = first.optim_step
 
@@ -228,17 +250,20 @@ def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig):
     first.optim_step = optim_step
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
         with pytest.raises(RunInterrupted):
-            train(first, ahead(first), cfg, Run("rl", log, checkpointer=ck))
+            train(first, ahead(first, staleness=k), cfg, Run("rl", log, checkpointer=ck))
     assert first.step < ref.step and gone(samplers[-1].pid)
     resumed = engine(seed=9)  # other weights: everything comes from the checkpoint
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
-        got = train(resumed, ahead(resumed), cfg, Run("rl", log, checkpointer=ck))
+        got = train(resumed, ahead(resumed, staleness=k), cfg, Run("rl", log, checkpointer=ck))
     # the same run, row for row; the resumed run's sampler is a new process that starts from the checkpoint's
     # weights, and that first copy is checked like a sync: the first resumed step logs sync/logprob_diff too
     assert same_weights(resumed, ref) and without_sync(got) == without_sync(expected)
     assert without_sync(rows(tmp_path / "run")) == without_sync(rows(tmp_path / "ref"))
     checked, ref_checked = ([r["step"] for r in h if "sync/logprob_diff" in r] for h in (got, expected))
-    assert checked == ref_checked
+    # a sync's check is logged in the row of the step whose episodes it preceded: those of the restored steps
+    # 3..3+K-1 (rows 4..3+K) were checked by the process that sampled them, before the interruption; the new
+    # process's first copy is checked as the sync it stands for (row 4+K)
+    assert checked == [s for s in ref_checked if not 4 <= s <= 3 + k]
     assert all(r.get("sync/logprob_diff", 0.0) == 0.0 for r in got)
 
 
@@ -311,7 +336,7 @@ def test_a_source_that_samples_with_the_trainers_weights_cannot_be_overlapped():
 
 
 @pytest.mark.parametrize("kw,message", [
-    ({"max_staleness": 2}, "max_staleness must be 0"),
+    ({"max_staleness": -1}, "max_staleness must be >= 0"),
     ({"sync_tolerance": -1.0}, "sync_tolerance must be >= 0"),  # 0: the precision's default
     ({"sampler_threads": 0}, "sampler_threads must be >= 1"),
     ({"sampler_timeout": -1.0}, "sampler_timeout must be >= 0"),

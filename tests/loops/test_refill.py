@@ -29,7 +29,7 @@ class Scripted:
         return {"sync/x": 1.0}
 
     def pending(self):
-        return None
+        return []
 
     def restore(self, episodes):
         pass
@@ -47,7 +47,7 @@ def test_refills_until_enough_groups_differ_renumbering_groups_and_merging_metri
     inner = Scripted([[flat, signal], [flat, flat], [signal, flat], [signal, signal]])
     source = Refilling(inner, TASKS, tries=5, seed=5)
     draw = first_draw()
-    episodes = source.take(draw, ahead=first_draw(4))
+    episodes = source.take(draw, ahead=Draws(TASKS, n=2, seed=5, steps=10, per_step=2))
     # draw 0 has 1 group with signal, draw 1 none, draw 2 one more: 2 = len(draw.tasks), so no 4th draw
     assert len(inner.asked) == 3 and episodes.metrics["rollout/dynamic_draws"] == 3.0
     assert [t.group for t in episodes.trajs] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]  # groups of draws stay apart
@@ -88,7 +88,7 @@ def test_failed_episodes_do_not_count_as_signal_and_the_rest_passes_through():
     source = Refilling(inner, TASKS, tries=1, seed=0)
     episodes = source.take(first_draw())
     assert len(inner.asked) == 2 and informative_count(episodes.trainable) == 1
-    assert isinstance(source, Source) and source.after_update(None) == {"sync/x": 1.0} and source.pending() is None
+    assert isinstance(source, Source) and source.after_update(None) == {"sync/x": 1.0} and source.pending() == []
     with pytest.raises(ValueError, match="tries"):
         Refilling(inner, TASKS, tries=-1, seed=0)
 

@@ -40,7 +40,7 @@ class Scripted:
         return {}
 
     def pending(self):
-        return None
+        return []
 
     def restore(self, episodes):
         pass

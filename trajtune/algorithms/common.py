@@ -4,7 +4,7 @@ The loop template itself (signature, numbered phases, the `Run` object for loggi
 evaluation, checkpoints and hooks) is in `trajtune.runs.loop`. A loop that trains on the
 policy's own samples gets them from a source (`trajtune.sources.base.Source`):
 
-    episodes = source.take(draws(step), ahead=draws(step + 1))   # Episodes(trajs, metrics, generator)
+    episodes = source.take(draws(step), ahead=draws)   # Episodes(trajs, metrics, generator)
 
 whose trajectories come back with `reward`, `group` (one id per task instance), `info` and
 `outcome` set; the loops train on `episodes.trainable` only. Experiments build the source

@@ -137,7 +137,7 @@ def train_distill(engine: Engine, teacher: Engine, tasks: Sequence, source: Sour
     draws = Draws(tasks, config.samples_per_task, config.seed, config.steps, per_step=config.tasks_per_step)
     for step in run.steps(start, config.steps):
         # 1. sample
-        episodes = source.take(draws(step), ahead=draws(step + 1))
+        episodes = source.take(draws(step), ahead=draws)
         trajs = episodes.trainable
         batch = collate(trajs, pad_id)
         # 2. grade: the teacher on exactly those tokens
@@ -217,7 +217,7 @@ def train_self_distill(engine: Engine, tasks: Sequence, source: Source, config: 
     for step in run.steps(start, config.steps):
         # 1. sample
         draw = draws(step)
-        episodes = source.take(draw, ahead=draws(step + 1))
+        episodes = source.take(draw, ahead=draws)
         groups: dict[int, tuple[Any, list[Trajectory]]] = {}
         for i, t in enumerate(episodes.trajs):  # episode i answers draw.tasks[i // n]
             groups.setdefault(t.group, (draw.tasks[i // draw.n], []))[1].append(t)

@@ -411,7 +411,7 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
         kl_coef = config.kl_coef if state.kl_coef is None else state.kl_coef
         loss = rl_loss(config, use_old, kl_coef)
         # 1. sample: the step's episodes (a source that samples ahead starts the next step's now)
-        episodes = source.take(draws(step), ahead=draws(step + 1))
+        episodes = source.take(draws(step), ahead=draws)
         check_lag(episodes, config)
         row = {**rollout_metrics(episodes.trajs), **episodes.metrics}
         trajs = episodes.trainable
@@ -473,7 +473,7 @@ def check_lag(episodes: Episodes, config: RLConfig) -> None:
     """Episodes sampled behind the policy need the truncated importance weight against the sampler's log-probs."""
     if episodes.behind and not config.tis_cap:
         raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) "
-                         "behind the policy (an overlapped source, max_staleness 1); set tis_cap (e.g. 2.0) so the "
+                         "behind the policy (an overlapped source, max_staleness >= 1); set tis_cap (e.g. 2.0) so the "
                          "truncated importance weight against the sampler's log-probs corrects the lag")
 
 

@@ -175,16 +175,17 @@ class Run:
 
         def json_state() -> dict:
             out = {"history": self.history, **_state_json(state)}
-            ahead = source.pending() if source is not None else None
-            if ahead is not None:
-                out[_SOURCE] = _episodes_json(ahead)
+            ahead = source.pending() if source is not None else []
+            if ahead:
+                out[_SOURCE] = [_episodes_json(episodes) for episodes in ahead]
             return out
 
         def tensors() -> dict[str, torch.Tensor]:
             out = _state_tensors(state)
-            ahead = source.pending() if source is not None else None
-            if ahead is not None and ahead.generator is not None:
-                out[f"{_SOURCE}.generator"] = ahead.generator.get_state()
+            ahead = source.pending() if source is not None else []
+            for i, episodes in enumerate(ahead):
+                if episodes.generator is not None:
+                    out[f"{_SOURCE}.{i}.generator"] = episodes.generator.get_state()
             return out
 
         self.checkpointer.step_done(engine, completed, json_state, tensors, allowed)
@@ -240,16 +241,21 @@ def _episodes_json(episodes) -> dict:
             _TRAJS: trajectories_to_json(episodes.trajs), "generator": episodes.generator is not None}
 
 
-def _episodes_from(saved: dict, tensors: dict[str, torch.Tensor]):
-    """Inverse of `_episodes_json`."""
+def _episodes_from(saved: list[dict] | dict, tensors: dict[str, torch.Tensor]) -> list:
+    """Inverse of `_episodes_json` over a checkpoint's list of episodes drawn ahead (one dict: a checkpoint written
+    before sources drew more than one step ahead, its generator under the old name)."""
     from ..sources.base import Episodes
 
-    generator = None
-    if saved.get("generator"):
-        generator = torch.Generator()
-        generator.set_state(tensors[f"{_SOURCE}.generator"])
-    return Episodes(trajectories_from_json(saved[_TRAJS]), dict(saved["metrics"]), generator, int(saved["step"]),
-                    int(saved["behind"]))
+    out = []
+    for i, one in enumerate([saved] if isinstance(saved, dict) else saved):
+        generator = None
+        if one.get("generator"):
+            generator = torch.Generator()
+            old = isinstance(saved, dict)
+            generator.set_state(tensors[f"{_SOURCE}.generator" if old else f"{_SOURCE}.{i}.generator"])
+        out.append(Episodes(trajectories_from_json(one[_TRAJS]), dict(one["metrics"]), generator,
+                            int(one["step"]), int(one["behind"])))
+    return out
 
 
 # --- bad-job detection: a static evaluation that drops (book App. C, checklist C.5) ------------------------------

@@ -4,13 +4,13 @@ A loop asks its source for each step's episodes and tells it when the weights ch
 
     draws = Draws(tasks, n=config.group_size, seed=config.seed, steps=config.steps, per_step=8)
     for step in ...:
-        episodes = source.take(draws(step), ahead=draws(step + 1))    # Episodes(trajs, metrics, ...)
+        episodes = source.take(draws(step), ahead=draws)    # Episodes(trajs, metrics, ...)
         ... weight the trainable episodes, update the engine ...
         row.update(source.after_update(engine))
 
 `Draw` says what one step samples (`n` episodes of each of its tasks, task-major, from its
 generator); `Draws` is a loop's schedule of them, each a pure function of (seed, step), so a
-source that samples ahead can draw the next step early and a resumed run draws the same.
+source that samples ahead can draw the next steps early (`ahead`: the schedule) and a resumed run draws the same.
 `Episodes` is what comes back: the trajectories *with* their metrics (sampling time, reward
 statistics, anything a wrapper measured), the draw's generator (advanced past the sampling:
 a loop shuffles its minibatches with it), and how many updates the sampling policy lagged.
@@ -20,7 +20,8 @@ Sources compose explicitly, each a wrapper of another (trajtune/sources/):
     EpisodeSource(policy, make_env, renderer)   episodes.py   the policy in environments
                                                               (grouping, seeds, shards, faults)
     Scored(source, engine, graders)             scoring.py    rewards: the weighted sum of graders (graders.py)
-    Overlapped(source, process)                 overlap.py    step s+1 drawn while step s trains, in a SamplerProcess
+    Overlapped(source, process, K)              overlap.py    steps s+1..s+K drawn while step s trains, in a
+                                                              SamplerProcess (or vLLM), each exactly K updates behind
     Refilling(source, tasks, tries, seed)       refill.py     more draws until the step's groups carry signal (DAPO)
     Measured(source, fn)                        episodes.py   fn(trajectories) added to the metrics
 
@@ -35,7 +36,7 @@ A source of your own implements the four methods (no base class needed):
         def __init__(self, trajs): self.trajs = trajs
         def take(self, draw, ahead=None): return Episodes(list(self.trajs), {}, draw.generator, draw.step)
         def after_update(self, engine): return {}
-        def pending(self): return None
+        def pending(self): return []
         def restore(self, episodes): pass
         def close(self): pass
 """
@@ -43,7 +44,7 @@ A source of your own implements the four methods (no base class needed):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -68,6 +69,11 @@ class Draw:
         """The same step asks for the same episodes (a source that sampled ahead checks what it drew)."""
         return (self.step, self.n, [task_name(t) for t in self.tasks]) == \
             (other.step, other.n, [task_name(t) for t in other.tasks])
+
+
+Schedule = Callable[[int], "Draw | None"]
+"""A loop's draws by step (`Draws`): what a source that samples ahead asks for the steps to come (None: no such
+step)"""
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,7 @@ class Episodes:
     generator: the draw's generator after the sampling (the loop shuffles its minibatches with it)
     step:      the draw's step
     behind:    how many updates the sampling policy lagged the trained one (0: on-policy; an overlapped source
-               gives 1, and a loop then needs an importance correction: `RLConfig.tis_cap`)
+               gives up to its max_staleness K, and a loop then needs an importance correction: `RLConfig.tis_cap`)
     """
 
     trajs: list[Trajectory]
@@ -117,9 +123,9 @@ class Episodes:
 class Source(Protocol):
     """Where a loop's trajectories come from (module docstring)."""
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
-        """The episodes of `draw`. `ahead`: the draw the next call will ask for, which a source that samples
-        ahead may start now (the others ignore it)."""
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
+        """The episodes of `draw`. `ahead`: the loop's schedule (`Draws`: step -> the draw that step will ask
+        for), from which a source that samples ahead may start the next steps now (the others ignore it)."""
         ...
 
     def after_update(self, engine: "Engine") -> dict[str, float]:
@@ -127,12 +133,13 @@ class Source(Protocol):
         date. -> metrics for the step's row (e.g. sync/logprob_diff)."""
         ...
 
-    def pending(self) -> Episodes | None:
-        """Episodes drawn ahead and not taken yet, which a checkpoint must keep for an exact resume (None: none)."""
+    def pending(self) -> list[Episodes]:
+        """Episodes drawn ahead and not taken yet, in step order, which a checkpoint must keep for an exact resume
+        ([]: none)."""
         ...
 
-    def restore(self, episodes: Episodes) -> None:
-        """Take back what `pending` gave, after a resume (the next `take` of that step returns it)."""
+    def restore(self, episodes: list[Episodes]) -> None:
+        """Take back what `pending` gave, after a resume (the next `take`s of those steps return them)."""
         ...
 
     def close(self) -> None:
@@ -147,16 +154,16 @@ class Wrapper:
     def __init__(self, inner: Source):
         self.inner = inner
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         return self.inner.take(draw, ahead)
 
     def after_update(self, engine: "Engine") -> dict[str, float]:
         return self.inner.after_update(engine)
 
-    def pending(self) -> Episodes | None:
+    def pending(self) -> list[Episodes]:
         return self.inner.pending()
 
-    def restore(self, episodes: Episodes) -> None:
+    def restore(self, episodes: list[Episodes]) -> None:
         self.inner.restore(episodes)
 
     def close(self) -> None:

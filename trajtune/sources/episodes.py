@@ -34,7 +34,7 @@ from ..envs.base import Env
 from ..seeding import episode_seed
 from ..text.render import RendererProtocol
 from ..trajectory import Trajectory
-from .base import Draw, Episodes, Source, Wrapper
+from .base import Draw, Episodes, Schedule, Source, Wrapper
 from .faults import STEP_TIMEOUT_S, check_faults
 from .rollout import rollout_batch
 from .sampler import Sampler
@@ -102,7 +102,7 @@ class EpisodeSource:
         self.episode_seeds, self.max_fault_share = episode_seeds, max_fault_share
         self.limits = Limits(max_turns, max_tokens, step_timeout_s)
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         t0 = time.perf_counter()
         trajs = self.run(draw.tasks, draw.n, draw.generator)
         return Episodes(trajs, {"time/sampling_s": time.perf_counter() - t0}, draw.generator, draw.step)
@@ -127,12 +127,13 @@ class EpisodeSource:
     def after_update(self, engine: Any) -> dict[str, float]:
         return self.runner.after_update(engine)
 
-    def pending(self) -> Episodes | None:
-        return None
+    def pending(self) -> list[Episodes]:
+        return []
 
-    def restore(self, episodes: Episodes) -> None:
-        raise ValueError(f"EpisodeSource draws nothing ahead; a checkpoint's pending episodes of step {episodes.step} "
-                         "belong to an overlapped source (trajtune.sources.overlap.Overlapped)")
+    def restore(self, episodes: list[Episodes]) -> None:
+        if episodes:
+            raise ValueError(f"EpisodeSource draws nothing ahead; a checkpoint's pending episodes of step "
+                             f"{episodes[0].step} belong to an overlapped source (trajtune.sources.overlap.Overlapped)")
 
     def close(self) -> None:
         self.runner.close()
@@ -152,7 +153,7 @@ class Measured(Wrapper):
         super().__init__(inner)
         self.measure = measure
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         episodes = self.inner.take(draw, ahead)
         episodes.metrics.update(self.measure(episodes.trajs))
         return episodes

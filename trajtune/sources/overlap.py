@@ -1,39 +1,47 @@
-"""Overlapped sampling: step s+1's episodes drawn while step s trains, one update behind.
+"""Overlapped sampling: steps s+1 .. s+K drawn while step s trains, each exactly K updates behind.
 
-`Overlapped(inner, process)` is a source whose `take(draw, ahead)` returns `draw`'s episodes --
-drawn ahead during the previous step, or now for the first -- and at once starts `inner.take(ahead)`
-in a background thread. The episodes run in `process`, a `SamplerProcess` holding its own copy of
-the weights (the inner `EpisodeSource` must sample through it: checked on every draw), so the
-trainer's interpreter only trains while they are sampled (the PipelineRL / prime-rl / verl-async
-scheme, `max_staleness = 1`):
+`Overlapped(inner, process, K)` is a source whose `take(draw, ahead)` returns `draw`'s episodes --
+drawn ahead during earlier steps, or now for the first -- and at once starts the draws of the steps
+up to draw.step + K (`ahead`: the loop's schedule) in a background thread, in order. The episodes
+run in `process`, a `SamplerProcess` holding its own copy of the weights (the inner `EpisodeSource`
+must sample through it: checked on every draw), so the trainer's interpreter only trains while they
+are sampled (the PipelineRL / prime-rl / verl-async / AReaL scheme, bounded staleness K):
 
-    training thread:  take s | score + update s (-> theta_s+1) | after_update: sync theta_s+1 | take s+1 ...
-    background:              | inner.take(s+1): sampled with theta_s, then the wrappers inside (rewards ...)
-    sampler process:         | episodes of s+1 (theta_s)                  | load theta_s+1 | episodes of s+2 ...
+    training thread:  take s | score + update s (-> theta_s+1) | after_update: hold theta_s+1 | take s+1 ...
+    background:              | inner.take(s+K): sampled with theta_s, then the wrappers inside (rewards ...)
+    sampler process:         | ... | episodes of s+K (theta_s) | load theta_s+1 | episodes of s+K+1 ...
 
-The loop stays a straight loop: the machinery is here. Episodes drawn ahead are `behind` = 1 (their
-policy lagged the trained one by an update): the loop corrects that with the truncated importance
-weight against the sampler's log-probs (`RLConfig.tis_cap`, which `sampling.check_sampling` requires).
-Everything inside `inner` (reward functions, reward models, an experiment's measurements) runs in
-the background thread too, overlapped with the update.
+Exact, whatever the threads' timing ("pace": no rollout starts more than K updates behind, nothing is
+thrown away): step s's episodes are sampled with the weights after update max(0, s - K). The draw of
+step s+K is started at step s's `take`, with the weights the trainer holds then; each update's sync is
+held (`SamplerProcess.hold_syncs`) and sent by the background thread just before the rollouts of the
+step K updates later (`send_held`). Every episode is stamped with the version that sampled it
+(`Trajectory.versions`: the count of updates its weights had had) and `Episodes.behind` = step -
+version; the loop corrects the lag with an importance correction against the sampler's log-probs
+(`RLConfig.tis_cap`, which `sampling.check_sampling` requires). K = 1 is the one-step overlap; a
+sampler that cannot hold syncs (vLLM's runner) overlaps K = 1 only: its sync waits for the draw in
+flight to have sent its rollout. Everything inside `inner` (reward functions, reward models, an
+experiment's measurements) runs in the background thread too, overlapped with the update.
 
-At a checkpoint, the episodes drawn ahead are waited for and saved (`pending`), and a resumed run
-trains on them (`restore`): it ends with the weights and rows of an uninterrupted one. An error
-while drawing ahead is raised by the next `take` (or `pending`); the update it overlapped has
+At a checkpoint, the episodes drawn ahead (up to K steps') are waited for and saved (`pending`), and a
+resumed run trains on them (`restore`), its sampler starting from the restored weights: it ends with
+the weights and rows of an uninterrupted one, every episode still exactly K behind. An error while
+drawing ahead is raised by the `take` of its step (or `pending`); the update it overlapped has
 finished by then. `close()` stops the process and the thread however the run ends.
 
 The sampling section (`trajtune.sources.sampling.SamplingConfig`: max_staleness, sampler_process) asks for
-this, and `overlapped` builds the source it describes: `sampler_process` alone runs the episodes in the
+this, and `overlapped` builds the source it describes: `sampler_process` alone (K = 0) runs the episodes in the
 process on-policy, the one-process run bit for bit (with the trainer's thread count), a check of the machinery.
 """
 
 from __future__ import annotations
 
+import collections
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from ..trajectory import Owner
-from .base import Draw, Episodes, Source, Wrapper
+from .base import Draw, Episodes, Schedule, Source, Wrapper
 from .process import SamplerProcess
 from .sampler import Sampler
 from .sampling import SamplingConfig
@@ -44,7 +52,7 @@ def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], 
     """The source the sampling section `overlap` describes: `build(policy)` with `policy` = `sampler` (on-policy, in
     the trainer: e.g.
     `Decoder(engine.sample, settings)`), or a `SamplerProcess` on `engine` drawing with `sampler`'s settings
-    (`sampler_process`), wrapped in `Overlapped` for max_staleness 1.
+    (`sampler_process`), wrapped in `Overlapped` for max_staleness K >= 1.
 
         source = overlapped(engine, config.sampling,
                             lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards), sampler)
@@ -61,78 +69,105 @@ def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], 
     except BaseException:
         runner.close()
         raise
-    return Overlapped(source, runner) if overlap.max_staleness else source
+    return Overlapped(source, runner, overlap.max_staleness) if overlap.max_staleness else source
 
 
 class Overlapped(Wrapper):
-    """`inner`'s episodes, each step's drawn while the previous one trained (module docstring). `process`: the
-    `SamplerProcess` the inner `EpisodeSource` samples through."""
+    """`inner`'s episodes, the steps up to K ahead drawn while the current one trains, each exactly K updates
+    behind (module docstring). `process`: the `SamplerProcess` (or vLLM runner, K = 1) the inner `EpisodeSource`
+    samples through."""
 
-    def __init__(self, inner: Source, process: SamplerProcess | Any):
+    def __init__(self, inner: Source, process: SamplerProcess | Any, max_staleness: int = 1):
         super().__init__(inner)
-        self.process = process
+        self.process, self.k = process, max_staleness
+        self.holds = hasattr(process, "hold_syncs")  # else (vLLM) a sync waits for the draw in flight: K = 1
+        if max_staleness < 1 or (max_staleness > 1 and not self.holds):
+            raise ValueError(f"Overlapped: max_staleness must be >= 1 (1 with {type(process).__name__}, whose "
+                             f"syncs cannot wait for later rollouts), got {max_staleness}")
         self._pool: ThreadPoolExecutor | None = None  # one background thread, started after the process
-        self._ahead: tuple[Draw, Future, int] | None = None  # the draw in flight, its future, rollouts sent before
-        self._restored: Episodes | None = None
+        self._flight: collections.deque[tuple[int, Future, int]] = collections.deque()  # step, future, sent before
+        self._ready: collections.deque[Episodes] = collections.deque()  # restored or finished, in step order
+        self._last = -1  # the last step drawn, in flight or ready
+        self._taken = -1  # the last step taken
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         episodes = self._drawn_ahead(draw)
-        if episodes is None:  # the first step: now, with the current weights
-            episodes = self.inner.take(draw)
+        if episodes is None:  # nothing drawn ahead (the first step): now, with the current weights
+            episodes = self._stamped(self.inner.take(draw), draw.step, draw.step)
+            self._last = draw.step
+        self._taken = draw.step
         self.process.keep_probe_rows(episodes.trajs)  # the rows the next sync is checked on (also after a resume)
         if ahead is not None:
             if self._pool is None:  # the process first (a fork of a trainer without this thread), then the thread
+                if self.holds:  # (a resumed run's start is checked with the first rollout sent: due then)
+                    self.process.hold_syncs(self._last + 1, draw.step)
                 self.process.start()
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-overlap")
-            sent = self.process.rollouts_sent  # read before the thread may send
-            self._ahead = (ahead, self._pool.submit(self.inner.take, ahead), sent)
+            while self._last < draw.step + self.k and (later := ahead(self._last + 1)) is not None:
+                self._last += 1  # sampled with the weights now: after draw.step updates
+                sent = self.process.rollouts_sent  # (K = 1, a sampler that cannot hold: read before it may send)
+                self._flight.append((later.step, self._pool.submit(self._draw, later, draw.step), sent))
         return episodes
 
     def after_update(self, engine) -> dict[str, float]:
-        """The new weights go to the process only after the draw in flight asked for its episodes: those are then
-        sampled with the weights before the update (exactly one behind), whatever the background thread's timing."""
-        if self._ahead is not None:
-            _, future, sent = self._ahead
+        """A holding sampler keeps the new weights until the next step drawn (`_last + 1`, K updates later) is about
+        to send its rollouts; one that cannot hold syncs now, after the draw in flight sent its rollout (K = 1:
+        sampled with the weights before the update, whatever the background thread's timing)."""
+        if self.holds:
+            self.process.hold_syncs(self._last + 1, self._taken)
+        elif self._flight:
+            _, future, sent = self._flight[-1]
             self.process.wait_rollout_sent(sent, future)
         return self.inner.after_update(engine)
 
+    def _draw(self, draw: Draw, version: int) -> Episodes:
+        """In the background thread: the held syncs this draw must see, then its episodes (with the weights after
+        update `version`)."""
+        if self.holds:
+            self.process.send_held(draw.step)
+        sent = self.process.rollouts_sent
+        episodes = self.inner.take(draw)
+        if self.process.rollouts_sent == sent and any(t.count(Owner.POLICY) for t in episodes.trajs):
+            raise ValueError("Overlapped: the inner source sampled its episodes without the sampler process, from the "
+                             "trainer's live weights while they trained; build it with the process as its policy: "
+                             "EpisodeSource(process, ...) (or use trajtune.sources.overlap.overlapped)")
+        return self._stamped(episodes, draw.step, version)
+
+    @staticmethod
+    def _stamped(episodes: Episodes, step: int, version: int) -> Episodes:
+        """`episodes` of step `step`, sampled with the weights after update `version`: every POLICY token stamped
+        with it (`Trajectory.versions`), `behind` = step - version."""
+        for t in episodes.trajs:
+            t.stamp(version)
+        episodes.behind = step - version
+        return episodes
+
     def _drawn_ahead(self, draw: Draw) -> Episodes | None:
         """The episodes drawn ahead for `draw` (restored from a checkpoint, or in flight), or None."""
-        if self._restored is not None:
-            episodes, self._restored = self._restored, None
-        elif self._ahead is not None:
-            episodes = self._finish()
+        if self._ready:
+            episodes = self._ready.popleft()
+        elif self._flight:
+            episodes = self._flight.popleft()[1].result()
         else:
             return None
         if episodes.step != draw.step:
             raise ValueError(f"Overlapped: asked for step {draw.step}'s episodes, but step {episodes.step}'s were "
-                             "drawn "
-                             "ahead (a loop asks for the steps in order and passes the next one as `ahead`)")
+                             "drawn ahead (a loop asks for the steps in order and passes its schedule as `ahead`)")
         if draw.generator is not None and episodes.generator is not None:
             draw.generator.set_state(episodes.generator.get_state())
             episodes.generator = draw.generator
         return episodes
 
-    def _finish(self) -> Episodes:
-        """Wait for the draw in flight -> its episodes, one update behind."""
-        assert self._ahead is not None
-        _, future, sent = self._ahead
-        self._ahead = None
-        episodes = future.result()
-        if self.process.rollouts_sent == sent and any(t.count(Owner.POLICY) for t in episodes.trajs):
-            raise ValueError("Overlapped: the inner source sampled its episodes without the sampler process, from the "
-                             "trainer's live weights while they trained; build it with the process as its policy: "
-                             "EpisodeSource(process, ...) (or use trajtune.sources.overlap.overlapped)")
-        episodes.behind = 1
-        return episodes
+    def pending(self) -> list[Episodes]:
+        """Every draw in flight waited for; what is drawn ahead, in step order."""
+        while self._flight:
+            self._ready.append(self._flight.popleft()[1].result())
+        return list(self._ready)
 
-    def pending(self) -> Episodes | None:
-        if self._ahead is not None:
-            self._restored = self._finish()
-        return self._restored
-
-    def restore(self, episodes: Episodes) -> None:
-        self._restored = episodes
+    def restore(self, episodes: list[Episodes]) -> None:
+        self._ready = collections.deque(episodes)
+        if episodes:
+            self._last = episodes[-1].step
 
     def close(self) -> None:
         try:

@@ -21,11 +21,17 @@ on-policy (the same episodes as the one-process run, bit for bit with the traine
 The trainer's side is a small RPC client: any thread sends a request (under a lock, so the pipe's
 order is the order of sending), and one reader thread reads every answer, in that order, into the
 request's future. Requests: `rollout` (episodes, from whichever thread takes the source's episodes:
-an overlapped source's background thread) and `sync` (from the training thread). A sync is sent as
-soon as the update ends, even while episodes are being sampled: the process loads it right after
-them, so episodes drawn ahead are always one update behind. The shared copy of the weights is
-written only once the last sync was loaded (its answer arrived). Every sync is checked
-(`trajtune.sources.sync`) before any episode sampled after it reaches the trainer.
+an overlapped source's background thread) and `sync`. Alone, a sync is sent from the training thread
+as soon as the update ends. Under an overlapped source (max_staleness K) the syncs are held
+(`hold_syncs`): the update's probe and a copy of its weights wait until the rollouts of the step K
+updates later are about to be sent, and the thread sending them sends the sync first (`send_held`),
+so every episode of step s is sampled with the weights after update s - K, whatever the threads'
+timing. The shared copy of the weights is written only once the last sync was loaded (its answer
+arrived). Every sync is checked (`trajtune.sources.sync`) before any episode sampled after it
+reaches the trainer; held, its check is logged in the row of the step whose episodes it preceded
+(`sync/logprob_diff` from row K + 2 on), whatever the timing. A resumed run's process starts from the
+checkpoint's weights, checked as the sync they stand for (due with the first rollout sent); the checks
+of the syncs before the restored episodes were made by the process that sampled them.
 
 Seeding: a call sends the state of its generator and sets the state the sampler leaves, so the
 trainer's generator advances exactly as if it had run the episodes itself.
@@ -107,15 +113,18 @@ class SamplerProcess(RolloutsSent):
         self._process: Any = None  # started by the first rollout
         self._cv = threading.Condition()  # guards the pipe's sends, the queue of requests and the state below
         self._waiting: collections.deque[_Request] = collections.deque()  # sent, not answered, in pipe order
-        self._syncs: list[tuple[_Request, SyncProbe]] = []  # sent, not yet checked, in order
+        self._syncs: list[tuple[_Request, SyncProbe, int]] = []  # sent, not yet checked, in order; with its due step
         self._held: dict = {}  # fingerprints of the weights the sampler holds (as last checked)
-        self._diffs: list[float] = []  # log-prob differences of the syncs checked since `after_update` last ran
+        self._diffs: list[tuple[int, float]] = []  # (due step, log-prob difference) of the syncs checked, not reported
         self._probe_rows: list[Trajectory] = []
         self._renderers: dict[int, Any] = {}  # sent once, by id (kept alive here, so the id stays theirs)
         self._dead: BaseException | None = None
         self._closed = False
         self._rollouts_sent = 0
         self._unchecked_start = False  # started on trained weights, not yet checked (`_check_start`)
+        self._hold_until: int | None = None  # holding syncs (`hold_syncs`): the step their rollouts wait for
+        self._taken = -1  # holding: the last step the loop took (the checks of syncs due by then are reported)
+        self._held_syncs: collections.deque[tuple[int, SyncProbe, dict[str, torch.Tensor]]] = collections.deque()
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
@@ -165,20 +174,58 @@ class SamplerProcess(RolloutsSent):
 
     def after_update(self, engine) -> dict[str, float]:
         """The trainer's weights changed: send them (shared memory) and the probe rows, without waiting for the
-        process to load them. -> {"sync/logprob_diff": the largest difference of the syncs checked since the
-        last call} ({} if none)."""
+        process to load them -- or, holding (`hold_syncs`), keep a copy to send before a later rollout. -> {"sync/
+        logprob_diff": the largest difference of the syncs checked since the last call} ({} if none)."""
         if self._process is None or not self._probe_rows:  # nothing sampled yet: it starts from the current weights
             return {}
         p = probe(engine, collate(self._probe_rows, 0))  # in the training thread, on the weights just written
+        if self._hold_until is None:
+            self._send_sync(p, None, engine, -1)
+        else:
+            with torch.no_grad(), engine.policy_weights() as model:
+                weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            with self._cv:
+                self._held_syncs.append((self._hold_until, p, weights))
+        if self._hold_until is not None:  # the checks of the syncs due by the last step taken (sent before its
+            futures_wait([r.future for r, _, due in list(self._syncs) if due <= self._taken])  # rollouts: answered)
+            self._check_syncs()
+        with self._cv:
+            diffs = [d for due, d in self._diffs if due <= self._taken]
+            self._diffs = [(due, d) for due, d in self._diffs if due > self._taken]
+        return {"sync/logprob_diff": max(diffs)} if diffs else {}
+
+    def hold_syncs(self, until_step: int, taken: int) -> None:
+        """From now on keep each update's weights (a copy, with its probe) instead of sending them, until a rollout
+        of the loop's step `until_step` or later is about to be sent (`send_held`): how an overlapped source keeps
+        its episodes exactly K updates behind (`trajtune.sources.overlap`). `taken`: the last step the loop took;
+        `after_update` reports the checks of the syncs due by then (checked before its episodes came back), so a
+        step's row does not depend on the threads' timing. Call it before each `after_update` (and `start`)."""
+        self._hold_until, self._taken = until_step, taken
+
+    def send_held(self, step: int) -> None:
+        """Send, in order, the held syncs that must precede the rollouts of the loop's step `step` (from the thread
+        about to send them)."""
+        while True:
+            with self._cv:
+                if not self._held_syncs or self._held_syncs[0][0] > step:
+                    return
+                due, p, weights = self._held_syncs.popleft()
+            self._send_sync(p, weights, None, due)
+
+    def _send_sync(self, p: SyncProbe, weights: dict[str, torch.Tensor] | None, engine, due: int) -> None:
+        """Publish `weights` (or the engine's current ones) into the shared copy once the process loaded the last
+        sync, and send the sync with probe `p`."""
         if self._syncs:  # the shared copy is free once the last sync was loaded (answers come in order)
             futures_wait([self._syncs[-1][0].future])
         self._check_syncs()
-        self._publish(engine)
+        if weights is None:
+            with torch.no_grad(), engine.policy_weights() as model:
+                self._publish(model.state_dict())
+        else:
+            self._publish(weights)
         request = self._send("sync", p.ids.numpy(), p.mask.numpy())
         with self._cv:
-            self._syncs.append((request, p))
-            diffs, self._diffs = self._diffs, []
-        return {"sync/logprob_diff": max(diffs)} if diffs else {}
+            self._syncs.append((request, p, due))
 
     def start(self) -> None:
         """Start the process now, with the trainer's current weights (idempotent; otherwise the first `rollout`
@@ -198,8 +245,8 @@ class SamplerProcess(RolloutsSent):
         self._unchecked_start = False
         p = probe(self.engine, collate(self._probe_rows, 0))
         request = self._send("sync", p.ids.numpy(), p.mask.numpy())  # the shared copy holds the starting weights
-        with self._cv:
-            self._syncs.append((request, p))
+        with self._cv:  # holding: due with the first rollout sent, as the sync it stands for (module docstring)
+            self._syncs.append((request, p, -1 if self._hold_until is None else self._hold_until))
 
     def close(self) -> None:
         """Stop the process (idempotent): asked to exit when only syncs are outstanding, killed in the middle of a
@@ -240,10 +287,11 @@ class SamplerProcess(RolloutsSent):
         self._booted.wait()
         return self._process.pid
 
-    def _publish(self, engine) -> None:
-        """Write the trainer's weights into the shared copy the process loads from (only once it loaded the last)."""
-        with torch.no_grad(), engine.policy_weights() as model:
-            for k, v in model.state_dict().items():
+    def _publish(self, weights: dict[str, torch.Tensor]) -> None:
+        """Write the trainer's weights (a state dict) into the shared copy the process loads from (only once it
+        loaded the last)."""
+        with torch.no_grad():
+            for k, v in weights.items():
                 self._shared[k].copy_(v.detach())
 
     # --- requests -------------------------------------------------------------------------------
@@ -304,11 +352,11 @@ class SamplerProcess(RolloutsSent):
         """Check the answered syncs, in order (a failed check raises `SyncError`); stop at the first unanswered."""
         with self._cv:
             while self._syncs and self._syncs[0][0].future.done():
-                request, p = self._syncs.pop(0)
+                request, p, due = self._syncs.pop(0)
                 changed, theirs, their_logp = self._wait(request)
                 worst, _ = check_sync(p.step, p.fingerprints, [theirs], p.logprobs, torch.from_numpy(their_logp),
                                       p.action_mask, self.tolerance, held=self._held, changed=changed)
-                self._diffs.append(worst)
+                self._diffs.append((due, worst))
                 self._held = p.fingerprints
 
     # --- the reader thread --------------------------------------------------------------------------

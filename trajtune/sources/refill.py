@@ -35,7 +35,7 @@ from ..metrics import register
 from ..objectives.advantages import group_reward_range
 from ..seeding import derive, generator
 from ..trajectory import Trajectory
-from .base import Draw, Episodes, Source, Wrapper, pick_tasks
+from .base import Draw, Episodes, Schedule, Source, Wrapper, pick_tasks
 
 register("rollout/dynamic_draws", "draws the step took to find tasks_per_step groups with differing rewards "
          "(dynamic_sampling_tries; 1: the first was enough)")
@@ -52,7 +52,7 @@ class Refilling(Wrapper):
             raise ValueError(f"Refilling: tries must be >= 0, got {tries}")
         self.tasks, self.tries, self.seed = tasks, tries, seed
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         want = len(draw.tasks)
         episodes = self.inner.take(draw)  # nothing ahead: the refills depend on this draw's rewards
         k = 1

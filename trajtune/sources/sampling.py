@@ -64,9 +64,10 @@ class SamplingConfig:
     cache shares them), not once per completion; the same samples to float rounding (trajtune.engine.decoding.sample).
     backend generate prefills every completion"""
     max_staleness: int = 0
-    """how many updates the sampling policy may lag: 0 samples step s with the policy step s updates (on-policy);
-    1 samples step s+1 while step s trains, in a sampler process holding its own copy of the weights (or vLLM),
-    one update behind (needs the loop's tis_cap > 0: the truncated importance weight against the sampler's log-probs)"""
+    """how many updates the sampling policy lags: 0 samples step s with the policy step s updates (on-policy);
+    K >= 1 samples steps s+1 .. s+K while step s trains, in a sampler process holding its own copy of the weights
+    (or vLLM: K = 1), each step's episodes exactly K updates behind, whatever the timing (trajtune.sources.overlap;
+    needs the loop's tis_cap > 0: the truncated importance weight against the sampler's log-probs)"""
     sampler_process: bool = False
     """run the episodes in a separate process with its own copy of the weights, synced and checked after every
     update (implied by max_staleness 1 with backend sampler; with 0 a run equals the one-process run: bit for bit
@@ -93,12 +94,9 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         check_ranges(self, "sampling", counts=("max_new_tokens", "sampler_threads"), non_negative=(
-            "top_k", "sampler_timeout", "sync_tolerance"), positive=("temperature", "top_p"))
+            "top_k", "sampler_timeout", "sync_tolerance", "max_staleness"), positive=("temperature", "top_p"))
         if not self.top_p <= 1.0:
             raise ValueError(f"sampling: top_p must be in (0, 1], got {self.top_p!r}")
-        if self.max_staleness not in (0, 1):
-            raise ValueError(f"sampling: max_staleness must be 0 (on-policy) or 1 (sample the next step while this "
-                             f"one trains), got {self.max_staleness}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"sampling: vllm_gpu_memory_utilization must be in (0, 1], got "
                              f"{self.vllm_gpu_memory_utilization}")
@@ -149,6 +147,10 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
         raise ValueError(f"{where}: {name('sampler_process')} runs the built-in sampler in a process of its own; "
                          f"{name('backend')} vllm samples in vLLM (drop {name('sampler_process')}; "
                          f"{name('max_staleness')} 1 overlaps vLLM too)")
+    if s.backend == "vllm" and s.max_staleness > 1:
+        raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} with {name('backend')} vllm: vLLM "
+                         "overlaps one step (its weight sync waits for the draw in flight); use 1, or the built-in "
+                         f"sampler ({name('backend')} sampler) for K > 1")
     if s.backend == "generate" and s.in_process:
         raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} / {name('sampler_process')} sample in "
                          f"a separate process with the built-in sampler; {name('backend')} generate samples from the "
@@ -162,7 +164,7 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
             raise ConfigError(f"{where}: {name('backend')} generate cannot sample sharded under torchrun (it has no "
                               f"per-episode seeds); use {name('backend')} sampler (or vllm)")
         if s.in_process and s.backend == "sampler":
-            raise ConfigError(f"{where}: {name('max_staleness')} 1 / {name('sampler_process')} need a one-process "
+            raise ConfigError(f"{where}: {name('max_staleness')} / {name('sampler_process')} need a one-process "
                               "engine (not torchrun: every rank would need its own sampler process)")
         if s.backend == "vllm" and not s.vllm_server:
             raise ConfigError(f"{where}: {name('backend')} vllm under torchrun needs {name('vllm_server')} URL (a "

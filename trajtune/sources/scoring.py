@@ -44,7 +44,7 @@ from ..metrics import register
 from ..objectives.reward_model import AGGREGATES, aggregate_scores, last_token_values, pairwise_accuracy
 from ..objectives.reward_model import step_ends as _step_ends
 from ..trajectory import Outcome, Owner, Trajectory, collate
-from .base import Draw, Episodes, Source, Wrapper
+from .base import Draw, Episodes, Schedule, Source, Wrapper
 from .graders import Grades, Weighted, check_faults, grade_all
 from .rewards import RewardBatch, RewardError, RewardState, combine, source_metrics
 
@@ -234,7 +234,7 @@ class Scored(Wrapper):
         self.max_steps, self.max_fault_share = max_steps, max_fault_share
         self.unfinished, self.score_unfinished = unfinished, score_unfinished
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         episodes = self.inner.take(draw, ahead)
         t0 = time.perf_counter()
         tasks = [task for task in draw.tasks for _ in range(draw.n)]  # episode i answers tasks[i]

@@ -38,7 +38,7 @@ from ...runs.plots import bar_plot, grouped_bar_plot, line_plot
 from ...runs.report import Claim, fmt, image, markdown_table
 from ...runs.stages import Stage
 from ...runs.verdicts import NOISE, Z, Estimate, Holds, decide, judge, paired, share
-from ...sources.base import Draw, Episodes, Wrapper
+from ...sources.base import Draw, Episodes, Schedule, Wrapper
 from ...sources.episodes import sample_episodes
 from ...sources.rewards.controls import random_reward
 from ...sources.rewards.functions import RewardState
@@ -86,7 +86,7 @@ class RandomRewards(Wrapper):
     """`inner`'s episodes with `random_reward` as their reward (called as TRL would, trainer_state.global_step = the
     draw's step); the verifier's reward stays in info["verifier_reward"], its pass rate in the step's metrics."""
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         episodes = self.inner.take(draw, ahead)
         tasks = [t for t in draw.tasks for _ in range(draw.n)]  # episode i answers tasks[i] (task-major)
         replies = [t.info.get("reply", "") for t in episodes.trajs]
