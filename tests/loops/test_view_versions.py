@@ -6,12 +6,16 @@ without versions as it was."""
 import json
 
 import torch
-from test_view import TOK, Page, engine
+from test_view import TASKS, TOK, Page, collect_for, engine
 
+from trajtune.algorithms.rl import RLConfig, train_rl
 from trajtune.cli import main
+from trajtune.models.tiny import save_model
+from trajtune.runs.loop import Run
 from trajtune.runs.recorder import EpisodeRecorder, episode_row, read_episodes
-from trajtune.runs.resume import trajectories_from_json, trajectories_to_json
+from trajtune.runs.resume import Checkpointer, trajectories_from_json, trajectories_to_json
 from trajtune.runs.view import write_view
+from trajtune.sources.base import Wrapper
 from trajtune.trajectory import Owner, Trajectory
 
 P, A, T, X = int(Owner.PROMPT), int(Owner.POLICY), int(Owner.TEMPLATE), int(Owner.TOOL)
@@ -111,3 +115,42 @@ def test_a_token_without_a_version_in_a_row_with_versions_says_unknown(tmp_path)
     assert [r[-1] for r in page.sections[0]["rows"] if r] == ["version 3 (0 behind the step that trained it)",
                                                               "unknown"]
     assert '<span class="t policy lagx">unknown</span>' in text
+
+
+class Stamped(Wrapper):
+    """The episodes of step s stamped as sampled by the weights after max(0, s - behind) updates (what an overlapped
+    source K = `behind` steps ahead stamps; the sampling itself stays on-policy: only the record is under test)."""
+
+    def __init__(self, inner, behind):
+        super().__init__(inner)
+        self.behind = behind
+
+    def take(self, draw, ahead=None):
+        episodes = self.inner.take(draw, ahead)
+        for t in episodes.trajs:
+            t.stamp(max(0, draw.step - self.behind))
+        return episodes
+
+
+def test_an_rl_run_records_its_versions_and_the_page_shows_how_far_behind(tmp_path):
+    e = engine()
+    run = Run("rl", checkpointer=Checkpointer(tmp_path / "rl" / "resume"))
+    run.hooks[0].every = 2  # the Run's episode recorder: steps 1, 2 and 4
+    train_rl(e, TASKS, Stamped(collect_for(e), behind=1),
+             RLConfig(steps=4, tasks_per_step=3, group_size=4, advantage="grpo"), TOK.pad_id, run)
+    save_model(tmp_path / "rl" / "checkpoint", e.model, TOK)
+    rows = read_episodes(tmp_path / "rl" / "episodes.jsonl")
+    # loop step s (0-based) is recorded as step s + 1 and stamped max(0, s - 1): recorded 1 -> 0, 2 -> 0, 4 -> 2
+    for r in rows:
+        assert {v for v, o in zip(r["versions"], r["owners"], strict=True) if o == Owner.POLICY} == \
+            {{1: 0, 2: 0, 4: 2}[r["step"]]}
+        assert all(v == -1 for v, o in zip(r["versions"], r["owners"], strict=True) if o != Owner.POLICY)
+    page = Page()
+    page.feed(write_view(tmp_path).read_text())
+    # how far behind the step that trained it: recorded step n trained with n - 1 updates -> 0, 1 and 1 behind
+    for section in page.sections:
+        lags = {c for s in section["tokens"] for c in s["class"] if c.startswith("lag")}
+        assert lags == {{"1": "lag0", "2": "lag1", "4": "lag1"}[section["data"]["step"]]}
+        tips = [s["title"] for s in section["tokens"] if "policy" in s["class"]]
+        want = {"1": "version 0 (0 behind", "2": "version 0 (1 behind", "4": "version 2 (1 behind"}
+        assert tips and all(want[section["data"]["step"]] in tip for tip in tips)
