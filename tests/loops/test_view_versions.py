@@ -86,6 +86,8 @@ def test_the_page_colours_policy_tokens_by_version(tmp_path, capsys):
     sections = text.split('<section class="episode"')[1:]
     assert ['class="badge resumed"' in s for s in sections] == [True, False, False]
     assert "policy versions 1, 2, 3" in sections[0]
+    assert "sampled by versions 1 (2 behind), 2 (1 behind), 3 (0 behind) · stop" in sections[0]
+    assert "sampled by version 3 (0 behind) · stop" in sections[1] and "sampled by" not in sections[2]
     assert [c for s in fresh["tokens"] for c in s["class"] if c.startswith("lag")] == ["lag0", "lag0"]
     # the episode without versions in the same page: owner colours, no version column
     assert not any(c.startswith("lag") for s in plain["tokens"] for c in s["class"])

@@ -18,8 +18,9 @@ Policy versions: in a run whose episodes carry them (the rows' "versions": a sou
 stamped them, `Trajectory.versions`), every policy token is coloured by the version that sampled it, as how many
 updates behind the step that trained it (row step n was trained by the weights after n - 1 updates: k = n - 1 - v;
 green is 0, on-policy), a legend and a switch back to the owner colours at the top; its tooltip and the side table
-say "version v (k behind the step that trained it)", and an episode whose policy tokens carry several versions (a
-partial rollout, continued under newer weights) has a "resumed" badge. Runs without versions get the page as before.
+say "version v (k behind the step that trained it)", its head which versions sampled it, and an episode whose
+policy tokens carry several versions (a partial rollout, continued under newer weights) has a "resumed" badge.
+Runs without versions get the page as before.
 
 Token text comes from the tokenizer of the policy that sampled the episode, stage by stage
 (`runs.decoders.stage_decoders`: the tokenizer files, the stage graph, the incremental decoding of
@@ -198,8 +199,13 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
                   'stop token: cut, not finished">length: cut at the token budget</span>') + badges
     if row.get("kept") is not None:
         badges += f'<span class="badge kept">{"kept" if row["kept"] else "not kept"}</span>'
-    if versioned:
-        sampled_by = sorted({v for v, o in zip(row["versions"], row["owners"], strict=True) if o == Owner.POLICY})
+    sampled = ""
+    if versioned:  # the versions of its policy tokens, k behind the step that trained it (`version_of`)
+        sampled_by = sorted({v for v, o in zip(row["versions"], row["owners"], strict=True)
+                             if o == Owner.POLICY and v >= 0})
+        if sampled_by:
+            sampled = (f" · sampled by version{'s' * (len(sampled_by) > 1)} "
+                       + ", ".join(f"{v} ({row.get('step', 1) - 1 - v} behind)" for v in sampled_by))
         if len(sampled_by) > 1:
             badges += ('<span class="badge resumed" title="a partial rollout: interrupted at a weight update and '
                        f'continued under newer weights (policy versions {", ".join(map(str, sampled_by))})">'
@@ -210,7 +216,7 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
             + " · reward "
             "<b class='reward'>"
             f"{html.escape(_fmt(reward_num) if isinstance(reward, (int, float)) else str(reward))}</b>"
-            f" · stop {html.escape(stop)} {badges}")
+            f"{sampled} · stop {html.escape(stop)} {badges}")
     return (f'<section class="episode" {data}><div class="head">{head}</div>'
             f'<div class="tokens">{"".join(tokens)}</div>'
             f'<details><summary>policy tokens ({len(table)})</summary><table class="side"><tr><th>#</th><th>token</th>'
