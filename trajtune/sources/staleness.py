@@ -82,8 +82,8 @@ def staleness_metrics(sampled: Sequence[Trajectory], trained: Sequence[Trajector
     step:          the loop step that trains them, 0-based (the trainer's weights have had `step` updates)
     max_staleness: the bound K (`sampling.max_staleness`); a trained token more than K behind is a ValueError
 
-    The histogram and the mean and max are over the trained POLICY tokens, and left out (with the resumed share
-    and the length bias) when nothing is trained; nothing sampled -> {}."""
+    The histogram, mean and max are over the trained POLICY tokens (left out where there is none); the resumed
+    share and the length bias are left out when nothing is trained; nothing sampled -> {}."""
     if max_staleness < 0 or step < 0:
         raise ValueError(f"staleness_metrics: step ({step}) and max_staleness ({max_staleness}) must be >= 0")
     if len(trained) > len(sampled):
