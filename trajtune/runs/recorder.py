@@ -16,6 +16,11 @@ RUN_DIR/<stage>/episodes.jsonl:
                    non-POLICY tokens); with a lagged sampler (overlapped RL) the two differ
     advantage      the weight the loss gives the token (its episode's advantage on POLICY
                    tokens, per token for GAE; RFT: 1 on kept episodes, 0 otherwise)
+    versions       only where the episode carries them (`Trajectory.versions`: a source that samples behind the
+                   trainer stamped them): the policy version that sampled the token, i.e. how many updates its
+                   weights had had (-1 for tokens no policy sampled); the row of step n was trained by the weights
+                   after n - 1 updates, so a POLICY token of version v was sampled n - 1 - v updates behind.
+                   Rows of episodes without versions have no such key (as before versions existed).
 
 The importance ratio is exp(trainer_logp - sampler_logp), computed by the viewer. The size is
 bounded: `k` episodes per recorded step, and nothing more once the file holds `max_bytes`.
@@ -130,8 +135,9 @@ class EpisodeRecorder(Hook):
 
 def episode_row(stage: str, step: int, index: int, t: Trajectory, trainer_logp: torch.Tensor,
                 advantage: torch.Tensor, kept: bool | None) -> dict[str, Any]:
-    """One episode's JSON row. trainer_logp [T'-1] and advantage [] or [T'-1] are the batch row's
-    (T' >= len(t): padding is cut); token t's values sit at position t - 1 (token 0 is predicted by none)."""
+    """One episode's JSON row (keys: the module docstring). trainer_logp [T'-1] and advantage [] or [T'-1] are the
+    batch row's (T' >= len(t): padding is cut); token t's values sit at position t - 1 (token 0 is predicted by
+    none). `versions` is added only where `t.versions` is set."""
     n = len(t)
     policy = [o == Owner.POLICY for o in t.owners]
     lp = trainer_logp[: n - 1].tolist()
@@ -139,11 +145,14 @@ def episode_row(stage: str, step: int, index: int, t: Trajectory, trainer_logp: 
     trainer = [0.0] + [round(v, 4) if policy[i + 1] else 0.0 for i, v in enumerate(lp)]
     weight = [0.0] + [round(v, 4) if policy[i + 1] else 0.0 for i, v in enumerate(adv)]
     sampler = [round(v, 4) for v in t.logprobs] if t.logprobs is not None else [0.0] * n
-    return {"stage": stage, "step": step, "index": index, "group": t.group, "task": str(t.info.get("task", "")),
-            "reward": t.reward if math.isfinite(t.reward) else str(t.reward), "outcome": str(t.outcome),
-            "info": recorded_info(t),
-            "kept": kept, "ids": t.ids, "owners": t.owners, "turns": t.turns,
-            "sampler_logp": sampler, "trainer_logp": trainer, "advantage": weight}
+    row = {"stage": stage, "step": step, "index": index, "group": t.group, "task": str(t.info.get("task", "")),
+           "reward": t.reward if math.isfinite(t.reward) else str(t.reward), "outcome": str(t.outcome),
+           "info": recorded_info(t),
+           "kept": kept, "ids": t.ids, "owners": t.owners, "turns": t.turns,
+           "sampler_logp": sampler, "trainer_logp": trainer, "advantage": weight}
+    if t.versions is not None:  # only then: the rows of episodes without versions stay as they were
+        row["versions"] = list(t.versions)
+    return row
 
 
 def recorded_info(t: Trajectory) -> dict[str, Any]:

@@ -260,7 +260,8 @@ def _set_rng_states(states: dict[str, torch.Tensor]) -> None:
 
 # --- a loop's episodes, as JSON ------------------------------------------------------
 def trajectories_to_json(trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
-    """Trajectories as JSON-able dicts (info values JSON cannot hold are stored as their repr)."""
+    """Trajectories as JSON-able dicts, every field (`versions` included: a partial rollout pending at a checkpoint
+    resumes with the version of each of its tokens); info values JSON cannot hold are stored as their repr."""
     return [json.loads(json.dumps(dataclasses.asdict(t), default=repr)) for t in trajs]
 
 

@@ -14,6 +14,14 @@ Hovering a token shows, and a table per episode lists for every policy token, it
 sampler and under the trainer, its advantage and the importance ratio exp(trainer - sampler).
 Filters at the top: stage, step, task (substring), reward range, stop reason, hacked, failed.
 
+Policy versions: in a run whose episodes carry them (the rows' "versions": a source that samples behind the trainer
+stamped them, `Trajectory.versions`), every policy token is coloured by the version that sampled it, as how many
+updates behind the step that trained it (row step n was trained by the weights after n - 1 updates: k = n - 1 - v;
+green is 0, on-policy), a legend and a switch back to the owner colours at the top; its tooltip and the side table
+say "version v (k behind the step that trained it)", its head which versions sampled it, and an episode whose
+policy tokens carry several versions (a partial rollout, continued under newer weights) has a "resumed" badge.
+Runs without versions get the page as before.
+
 Token text comes from the tokenizer of the policy that sampled the episode, stage by stage
 (`runs.decoders.stage_decoders`: the tokenizer files, the stage graph, the incremental decoding of
 characters split across tokens are described there); the page warns where that tokenizer is a guess.
@@ -116,6 +124,23 @@ def expected(row: dict) -> Any:
 
 
 # --- the page ---------------------------------------------------------------------------------
+LAGS = 5
+"""updates behind with a colour of their own: 0 .. LAGS - 1; LAGS and more share the last (shown "5+")"""
+
+
+def version_of(row: dict, i: int) -> tuple[int, int] | None:
+    """Token i's (version v, k: how many updates behind the step that trained it) in a row with versions; the row of
+    step n was trained by the weights after n - 1 updates, so k = n - 1 - v. None where the token has none (-1)."""
+    v = row["versions"][i]
+    return None if v < 0 else (v, row.get("step", 1) - 1 - v)
+
+
+def lag_class(row: dict, i: int) -> str:
+    """The CSS class of policy token i of a row with versions: lag<k>, k updates behind (`version_of`); lagx: none."""
+    vk = version_of(row, i)
+    return "lagx" if vk is None else f"lag{min(max(vk[1], 0), LAGS)}"
+
+
 def token_stats(row: dict, i: int) -> dict[str, float]:
     s, t, a = row["sampler_logp"][i], row["trainer_logp"][i], row["advantage"][i]
     return {"sampler": s, "trainer": t, "advantage": a, "ratio": math.exp(t - s)}
@@ -141,6 +166,7 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
     texts, completed_by = decoder.texts(row["ids"]) if decoder is not None else ([f"#{i}" for i in row["ids"]],
                                                                                  [None] * len(row["ids"]))
     tokens, table = [], []
+    versioned = row.get("versions") is not None
     for i, (tid, owner) in enumerate(zip(row["ids"], row["owners"], strict=True)):
         text, whole = texts[i], completed_by[i]
         name = OWNER_NAMES.get(owner, str(owner))
@@ -156,9 +182,16 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
             if abs(math.log(max(st["ratio"], 1e-30))) > math.log(1.25):
                 cls += " off"  # sampler and trainer disagree: ratio outside [0.8, 1.25]
             shown = repr(text) if whole is None else f"(first bytes of the character of token {whole})"
+            version = ""
+            if versioned:
+                vk = version_of(row, i)
+                version = "unknown" if vk is None else f"version {vk[0]} ({vk[1]} behind the step that trained it)"
+                cls += " " + lag_class(row, i)
+                tip += f" · {version}"
+                version = f"<td>{html.escape(version)}</td>"
             table.append(f"<tr><td>{i}</td><td class='tx'>{html.escape(shown)}</td><td>{_fmt(st['sampler'])}</td>"
                          f"<td>{_fmt(st['trainer'])}</td><td>{_fmt(st['advantage'])}</td>"
-                         f"<td>{_fmt(st['ratio'])}</td></tr>")
+                         f"<td>{_fmt(st['ratio'])}</td>{version}</tr>")
         tokens.append(f'<span class="{cls}" title="{html.escape(tip, quote=True)}">{html.escape(text)}</span>')
     badges = "".join(f'<span class="badge {k}">{k}</span>' for k, v in f.items() if v)
     if stop == "length":
@@ -166,17 +199,29 @@ def render_episode(row: dict, decoder: Decoder | None) -> str:
                   'stop token: cut, not finished">length: cut at the token budget</span>') + badges
     if row.get("kept") is not None:
         badges += f'<span class="badge kept">{"kept" if row["kept"] else "not kept"}</span>'
+    sampled = ""
+    if versioned:  # the versions of its policy tokens, k behind the step that trained it (`version_of`)
+        sampled_by = sorted({v for v, o in zip(row["versions"], row["owners"], strict=True)
+                             if o == Owner.POLICY and v >= 0})
+        if sampled_by:
+            sampled = (f" · sampled by version{'s' * (len(sampled_by) > 1)} "
+                       + ", ".join(f"{v} ({row.get('step', 1) - 1 - v} behind)" for v in sampled_by))
+        if len(sampled_by) > 1:
+            badges += ('<span class="badge resumed" title="a partial rollout: interrupted at a weight update and '
+                       f'continued under newer weights (policy versions {", ".join(map(str, sampled_by))})">'
+                       'resumed</span>')
     head = (f"<b>{html.escape(str(row.get('stage', '')))}</b> step {row.get('step')} · episode {row.get('index')} · "
             f"group {row.get('group')} · task <code>{html.escape(str(row.get('task', '')))}</code>"
             + ("" if want is None else f" · expected <code class='expected'>{html.escape(_show(want))}</code>")
             + " · reward "
             "<b class='reward'>"
             f"{html.escape(_fmt(reward_num) if isinstance(reward, (int, float)) else str(reward))}</b>"
-            f" · stop {html.escape(stop)} {badges}")
+            f"{sampled} · stop {html.escape(stop)} {badges}")
     return (f'<section class="episode" {data}><div class="head">{head}</div>'
             f'<div class="tokens">{"".join(tokens)}</div>'
             f'<details><summary>policy tokens ({len(table)})</summary><table class="side"><tr><th>#</th><th>token</th>'
-            f'<th>sampler logp</th><th>trainer logp</th><th>advantage</th><th>ratio</th></tr>{"".join(table)}</table>'
+            f'<th>sampler logp</th><th>trainer logp</th><th>advantage</th><th>ratio</th>'
+            f'{"<th>version</th>" if versioned else ""}</tr>{"".join(table)}</table>'
             f'</details><details><summary>info</summary><pre>{html.escape(json.dumps(info, indent=1, default=str))}'
             f'</pre></details></section>')
 
@@ -232,6 +277,32 @@ document.addEventListener('mouseover',ev=>{if(ev.target.classList.contains('t'))
 apply();
 """
 
+VERSION_CSS = """
+.badge.resumed{background:#6a1b9a}.versions label{margin-left:6px}
+.by-version .t.policy.lag0{background:#c9f2c9}.by-version .t.policy.lag1{background:#fff176}
+.by-version .t.policy.lag2{background:#ffb74d}.by-version .t.policy.lag3{background:#f48fb1}
+.by-version .t.policy.lag4{background:#ce93d8}.by-version .t.policy.lag5{background:#90a4ae}
+.by-version .t.policy.lagx{background:#fff;border:1px dashed #888}
+"""
+"""the version colours (pages of runs with versions only): lag<k>, k updates behind; lagx, no version"""
+
+VERSION_JS = """
+document.getElementById('f-versions').addEventListener('input',ev=>
+  document.body.classList.toggle('by-version',ev.target.checked));
+"""
+
+
+def version_legend(rows: list[dict]) -> str:
+    """The legend of the version colours, for the lags the rows hold, with the switch back to owner colours."""
+    lags = {lag_class(r, i) for r in rows if r.get("versions") is not None
+            for i, o in enumerate(r["owners"]) if o == Owner.POLICY}
+    names = {**{f"lag{k}": str(k) for k in range(LAGS)}, f"lag{LAGS}": f"{LAGS}+", "lagx": "unknown"}
+    names["lag0"] = "0 (on-policy)"
+    swatches = "".join(f'<span class="t policy {c}">{names[c]}</span>' for c in names if c in lags)
+    return (f'<div class="legend versions">policy tokens by the version that sampled them, updates behind the step '
+            f'that trained them: {swatches}<label><input type="checkbox" id="f-versions" checked> colour by version'
+            '</label></div>')
+
 
 def _options(values: Sequence[Any]) -> str:
     return '<option value="">all</option>' + "".join(
@@ -248,6 +319,7 @@ def render_page(rows: list[dict], decoders: Decoder | None | dict[str, tuple[Dec
     steps = sorted({r.get("step", 0) for r in rows})
     stops = sorted({s for s in map(stop_reason, rows) if s})
     legend = "".join(f'<span class="t {n}">{n}</span>' for n in OWNER_NAMES.values())
+    versioned = any(r.get("versions") is not None for r in rows)
     yes_no = '<option value="">any</option><option value="1">yes</option><option value="0">no</option>'
     filters = (f'<label>stage <select id="f-stage">{_options(stages)}</select></label>'
                f'<label>step <select id="f-step">{_options(steps)}</select></label>'
@@ -270,11 +342,13 @@ def render_page(rows: list[dict], decoders: Decoder | None | dict[str, tuple[Dec
     notes += "".join(f'<p class="warn">warning: {html.escape(w)}</p>' for w in warnings)
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{html.escape(title)}</title>'
-            f'<style>{CSS}</style></head><body><header><h1>{html.escape(title)}</h1>'
+            f'<style>{CSS}{VERSION_CSS if versioned else ""}</style></head>'
+            f'<body{" class=by-version" if versioned else ""}><header><h1>{html.escape(title)}</h1>'
             f'<div class="filters">{filters}</div><div class="legend">owners: {legend} · red outline: importance '
             f'ratio outside [0.8, 1.25] · <span class="badge length">length</span> the reply was cut at the token '
-            f'budget, not finished{split}</div><div id="panel">hover a token for its numbers</div></header>'
-            f'<main>{notes}{body}</main><script>{JS}</script></body></html>')
+            f'budget, not finished{split}</div>{version_legend(rows) if versioned else ""}'
+            f'<div id="panel">hover a token for its numbers</div></header>'
+            f'<main>{notes}{body}</main><script>{JS}{VERSION_JS if versioned else ""}</script></body></html>')
 
 
 def tokenizer_warnings(rows: list[dict], decoders: dict[str, tuple[Decoder | None, str, bool]]) -> list[str]:

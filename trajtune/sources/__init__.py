@@ -19,6 +19,8 @@
     build.py       `episode_source`: THE builder of a run's episode source from its sampling section;
                    `make_sampler`: the one place a backend name becomes a sampler
     overlap.py     `Overlapped`: the next step drawn while this one trains; `overlapped` builds where it runs
+    staleness.py   `staleness_metrics`: how far behind a step's episodes were sampled (histogram, discarded and
+                   resumed shares, length bias), from `Trajectory.versions`
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     graders.py     the `Grader` Protocol (reward functions, reward models, ensembles, judges, rubrics), `Weighted`
