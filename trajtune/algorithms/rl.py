@@ -482,7 +482,7 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
 
 def check_lag(episodes: Episodes, config: RLConfig) -> None:
     """Episodes sampled behind the policy need the truncated importance weight against the sampler's log-probs."""
-    if episodes.behind and not config.tis_cap:
+    if episodes.behind and active_correction(config.correction, config.tis_cap) == "none":
         raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) "
                          "behind the policy (an overlapped source, max_staleness 1); set tis_cap (e.g. 2.0) so the "
                          "truncated importance weight against the sampler's log-probs corrects the lag")
