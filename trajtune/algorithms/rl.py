@@ -224,7 +224,7 @@ class RLConfig:
                                    "ptx_coef", "opd_coef"))
         self._check_new_options()
         check_correction(active_correction(self.correction, self.tis_cap), self.tis_cap or None, band_of(
-            self.correction_low, self.correction_high), surrogate=self.surrogate)
+            self.correction_low, self.correction_high), "RLConfig", surrogate=self.surrogate)
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 

@@ -67,30 +67,32 @@ def band_of(low: float, high: float) -> tuple[float, float] | None:
     return (low, high) if low or high else None
 
 
-def check_correction(correction: str, cap: float | None, band: tuple[float, float] | None,
-                     names: tuple[str, str, str] = ("correction", "tis_cap", "correction_low / correction_high"),
+def check_correction(correction: str, cap: float | None, band: tuple[float, float] | None, where: str = "",
+                     names: tuple[str, str] = ("tis_cap", "correction_low / correction_high"),
                      surrogate: str | None = None) -> None:
-    """A ValueError naming the option (`names`: how the caller spells the correction, its cap and its band) where
-    they do not fit: tis / tis_seq without a cap; a cap on a correction that masks by a band; a band on one that
-    has none; a band that is not 0 <= lo < hi; decoupled with `surrogate` "reinforce" (no ratio against pi_old)."""
-    what, cap_name, band_name = names
+    """A ValueError starting with `where` (the config) and naming the option (`names`: how the caller spells the
+    cap and the band) where they do not fit: tis / tis_seq without a cap; a cap on a correction that masks by a
+    band; a band on one that has none; a band that is not 0 <= lo < hi; decoupled with `surrogate` "reinforce"
+    (no ratio against pi_old)."""
+    pre, (cap_name, band_name) = f"{where}: " if where else "", names
     if correction == "decoupled" and surrogate == "reinforce":
-        raise ValueError(f"{what} 'decoupled' is PPO against the proximal policy pi_old: it needs a surrogate with "
-                         "a ratio (ppo, or cispo / sapo), not reinforce")
+        raise ValueError(f"{pre}correction 'decoupled' is PPO against the proximal policy pi_old: it needs a "
+                         "surrogate with a ratio (ppo, or cispo / sapo), not reinforce")
     if correction in ("tis", "tis_seq") and not cap:
-        raise ValueError(f"{what} {correction!r} truncates the importance weight at {cap_name}: set it (e.g. 2.0)")
+        raise ValueError(f"{pre}correction {correction!r} truncates the importance weight at {cap_name}: set it "
+                         "(e.g. 2.0)")
     if cap is not None and cap <= 0:
-        raise ValueError(f"{cap_name} must be > 0, got {cap}")
+        raise ValueError(f"{pre}{cap_name} must be > 0, got {cap}")
     if cap and correction not in CAPPED and correction != "none":
-        raise ValueError(f"{cap_name} is the cap of tis / tis_seq / decoupled; {what} {correction!r} masks by "
-                         f"its band ({band_name}) instead: leave {cap_name} unset")
+        raise ValueError(f"{pre}{cap_name} is the cap of tis / tis_seq / decoupled; correction {correction!r} masks "
+                         f"by its band ({band_name}) instead: leave {cap_name} unset")
     if band is not None:
         if correction not in DEFAULT_BOUNDS:
-            raise ValueError(f"{band_name} bound the masking corrections ({', '.join(DEFAULT_BOUNDS)}); "
-                             f"{what} {correction!r} has no band")
+            raise ValueError(f"{pre}{band_name} bound the masking corrections ({', '.join(DEFAULT_BOUNDS)}); "
+                             f"correction {correction!r} has no band")
         lo, hi = band
         if not 0 <= lo < hi:
-            raise ValueError(f"{band_name}: need 0 <= low < high, got [{lo}, {hi}]")
+            raise ValueError(f"{pre}{band_name}: need 0 <= low < high, got [{lo}, {hi}]")
 
 
 def _log_ratios(target_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

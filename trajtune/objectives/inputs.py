@@ -143,8 +143,8 @@ class PGOptions:
 
     def __post_init__(self) -> None:
         check_choices(self)  # PGOptions(surrogate="grop") fails here, not deep in the loss
-        check_correction(self.active_correction, self.tis_cap, self.correction_band,
-                         ("PGOptions.correction", "PGOptions.tis_cap", "PGOptions.correction_band"))
+        check_correction(self.active_correction, self.tis_cap, self.correction_band, "PGOptions",
+                         ("tis_cap", "correction_band"))
 
     @property
     def active_correction(self) -> Correction:
