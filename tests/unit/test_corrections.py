@@ -125,9 +125,13 @@ def test_staleness_splits_the_cut_share_into_fresh_and_stale_tokens():
     assert m["pg/correction_fresh_frac"].item() == 0.5 and m["pg/correction_stale_frac"].item() == 0.0
 
 
-def test_the_mask_levels_are_named():
+def test_the_levels_and_corrections_are_named():
     with pytest.raises(ValueError, match="unknown MIS level 'row'"):
         mis_mask(TARGET, SAMPLER, MASK, "row", 0.5, 2.0)
+    with pytest.raises(ValueError, match="unknown correction 'mis'; choose one of none, tis, tis_seq, mis_token"):
+        weights("mis")
+    w, m = weights("none")
+    assert torch.equal(w, torch.ones(2, 3)) and m == {}
 
 
 # --- in the loss --------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ Every function: target_logp, sampler_logp, mask [B, T-1] -> (weight [B, T-1] det
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -222,7 +222,7 @@ def correction_weights(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The selected correction's weight and metrics (the one place the loss calls).
 
-    correction    one of `Correction` other than "none"
+    correction    one of `Correction` ("none": weight 1, no metrics)
     target_logp   [B, T-1]  pi_target: the proximal pi_old (decoupled needs it), else the policy's own log-probs
     sampler_logp  [B, T-1]  the sampler's log-probs of the same tokens
     mask          [B, T-1]  1.0 on POLICY tokens
@@ -235,6 +235,8 @@ def correction_weights(
         decoupled pg/correction_weight_mean; with staleness pg/correction_fresh_frac, pg/correction_stale_frac
     """
     check_correction(correction, cap, band)
+    if correction == "none":
+        return torch.ones_like(mask), {}
     if correction == "tis":
         assert cap is not None
         w, metrics = tis_token(target_logp, sampler_logp, mask, cap)
@@ -252,7 +254,7 @@ def correction_weights(
         elif correction == "decoupled":
             w = behaviour_weights(target_logp, sampler_logp, mask, cap)
         else:
-            raise ValueError(f"unknown correction {correction!r}; choose one of {', '.join(Correction.__args__)}")
+            raise ValueError(f"unknown correction {correction!r}; choose one of {', '.join(get_args(Correction))}")
         cut = (w == 0) & (mask > 0)
         metrics = {"pg/correction_masked_frac": masked_mean(cut.float(), mask), **share_metrics(cut, mask)}
         if correction in ("icepop", "decoupled"):
