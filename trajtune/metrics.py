@@ -97,8 +97,17 @@ METRICS: dict[str, str] = {
     "pg/ratio_max": "largest importance ratio in the batch",
     "pg/approx_kl": "0.5 * mean (log pi - log pi_old)^2: how far the update moved from the sampler",
     "pg/clip_frac": "share of POLICY tokens whose ratio was clipped",
-    "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler",
+    "pg/tis_weight_mean": "mean truncated importance-sampling weight against the sampler (correction tis, tis_seq)",
     "pg/tis_capped_frac": "share of tokens whose TIS weight hit the cap",
+    "pg/correction_masked_frac": "share of POLICY tokens the mismatch correction masked (weight 0: mis_*, icepop, "
+                                 "decoupled; objectives.corrections)",
+    "pg/correction_seq_frac": "share of episodes with at least one token the correction masked or clipped",
+    "pg/correction_weight_mean": "mean correction weight over POLICY tokens (icepop's in-band ratio, decoupled "
+                                 "PPO's behaviour weight pi_old / pi_sampler; 0 where masked)",
+    "pg/correction_fresh_frac": "share of the tokens sampled by the current weights (staleness 0) the correction "
+                                "masked or clipped (given per-token staleness)",
+    "pg/correction_stale_frac": "share of the tokens sampled 1 or more updates behind that the correction masked or "
+                                "clipped (given per-token staleness)",
     "sync/logprob_diff": "max |sampler - trainer| log-prob of the same tokens after a weight sync, in the row of the "
                          "step whose update waited for it (sources.process)",
     "policy/entropy": "mean entropy (nats) of the policy at POLICY tokens",

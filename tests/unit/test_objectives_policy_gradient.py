@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
+from trajtune.objectives.corrections import truncated_is_weights
 from trajtune.objectives.inputs import PGInputs, PGOptions
 from trajtune.objectives.policy_gradient import (
     log_importance_ratio,
     policy_gradient_loss,
-    truncated_is_weights,
     value_loss,
 )
 

@@ -51,6 +51,7 @@ from ..logprobs import masked_mean
 from ..runs.loop import Run, eval_due
 from ..objectives.advantages import (gae, minmax_scale, moving_average_baseline, overlong_penalty, place_at_last_action,
                                      sequence_advantages, whiten)
+from ..objectives.corrections import Correction, active_correction, band_of, check_correction
 from ..objectives.distill import with_distill_advantages
 from ..objectives.kl import adaptive_kl_coef, kl_penalized_rewards, sequence_kl
 from ..objectives.inputs import PGInputs, PGOptions
@@ -183,8 +184,14 @@ class RLConfig:
     aggregation_constant: float = 0.0
     """C for aggregation='constant' (e.g. the longest generation)"""
     tis_cap: float = 0.0
-    """truncated importance sampling cap against the sampler's log-probs (0 disables); needed when the source samples
-    behind the policy (an overlapped source: trajtune.sources.overlap)"""
+    """C of the truncated IS weight against the sampler's log-probs (0: unset); alone it selects correction tis"""
+    correction: Correction = "none"
+    """the mismatch correction against the sampler (objectives.corrections; needed when sampling behind): tis, tis_seq,
+    decoupled (cap tis_cap), mis_token, mis_seq, mis_geo, mis_veto, icepop (band correction_low..correction_high)"""
+    correction_low: float = 0.0
+    """lower bound of the mis_* / icepop band (both 0: the correction's default band)"""
+    correction_high: float = 0.0
+    """upper bound of the mis_* / icepop band"""
     length_buckets: int = 1
     """forward each minibatch in this many groups of similar length, each without the padding it does not
     need (the same gradient up to float rounding; faster when episode lengths vary)"""
@@ -212,9 +219,12 @@ class RLConfig:
         check_ranges(self, "RLConfig", counts=("length_buckets", "ptx_batch_size", "log_kl_every"),
                      positive=("kl_horizon", "sapo_tau_pos", "sapo_tau_neg"),
                      non_negative=("eps_low", "eps_high", "kl_coef", "vf_coef", "value_clip", "tis_cap", "eval_every",
+                                   "correction_low", "correction_high",
                                    "std_eps", "kl_target", "dynamic_sampling_tries", "overlong_max", "overlong_cache",
                                    "ptx_coef", "opd_coef"))
         self._check_new_options()
+        check_correction(active_correction(self.correction, self.tis_cap), self.tis_cap or None, band_of(
+            self.correction_low, self.correction_high), "RLConfig", surrogate=self.surrogate)
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ValueError(f"RLConfig: gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
 
@@ -301,16 +311,16 @@ def advantages_for(batch: Batch, config: RLConfig, values: torch.Tensor | None, 
 def rl_loss(config: RLConfig, use_old: bool, kl_coef: float | None = None) -> Loss:
     """The policy-gradient loss (+ value loss) of a minibatch; reads the step's tensors from `batch.pg`
     (`PGInputs`: advantages [B] or [B, T-1], old_logp / ref_logp [B, T-1], and for GAE returns, old_values [B, T-1])
-    and the sampler's log-probs (truncated IS) from `batch.old_logprobs`. kl_coef: the step's coefficient (None:
-    config.kl_coef; the adaptive controller passes its own)."""
+    and the sampler's log-probs (the mismatch correction) from `batch.old_logprobs`. kl_coef: the step's coefficient
+    (None: config.kl_coef; the adaptive controller passes its own)."""
     options = pg_options(config, config.kl_coef if kl_coef is None else kl_coef)
 
     def pg(out: ForwardOutput, batch: Batch):
         x, mask = batch.pg, batch.action_mask
         assert x is not None, "rl_loss reads batch.pg (`score`)"
         entropy = out.entropy if config.entropy_coef else None
-        inputs = replace(x, old_logp=x.old_logp if use_old else None,  # the sampler's: the batch's own (TIS)
-                         sampler_logp=batch.old_logprobs if config.tis_cap else None)
+        inputs = replace(x, old_logp=x.old_logp if use_old else None,  # the sampler's: the batch's own
+                         sampler_logp=batch.old_logprobs if options.active_correction != "none" else None)
         loss, metrics = policy_gradient_loss(out.logprobs, mask, inputs, options, entropy)
         if x.returns is not None:
             vloss, vm = value_loss(out.values[:, :-1], x.returns, mask, x.old_values,
@@ -326,7 +336,8 @@ def pg_options(config: RLConfig, kl_coef: float) -> PGOptions:
     """The loss's settings for a step with KL coefficient `kl_coef` (the KL enters the loss unless kl_in_reward;
     it is logged whenever ref_logp is there)."""
     return PGOptions(surrogate=config.surrogate, ratio_level=config.ratio_level, eps_low=config.eps_low,
-                     eps_high=config.eps_high, tis_cap=config.tis_cap or None,
+                     eps_high=config.eps_high, correction=config.correction, tis_cap=config.tis_cap or None,
+                     correction_band=band_of(config.correction_low, config.correction_high),
                      kl_coef=kl_coef if not config.kl_in_reward else 0.0, entropy_coef=config.entropy_coef,
                      aggregation=config.aggregation, constant=config.aggregation_constant or None,
                      sapo_tau=(config.sapo_tau_pos, config.sapo_tau_neg))
@@ -471,7 +482,7 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
 
 def check_lag(episodes: Episodes, config: RLConfig) -> None:
     """Episodes sampled behind the policy need the truncated importance weight against the sampler's log-probs."""
-    if episodes.behind and not config.tis_cap:
+    if episodes.behind and active_correction(config.correction, config.tis_cap) == "none":
         raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) "
                          "behind the policy (an overlapped source, max_staleness >= 1); set tis_cap (e.g. 2.0) so the "
                          "truncated importance weight against the sampler's log-probs corrects the lag")

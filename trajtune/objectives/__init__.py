@@ -2,7 +2,8 @@
 
     sft              weighted_nll, weighted_sft_loss, sft_loss          (the one idea)
     advantages       group_advantages (REINFORCE/RLOO/GRPO/Dr.GRPO), gae, whiten, ...
-    policy_gradient  policy_gradient_loss (PG/PPO/GSPO/CISPO, TIS, KL, entropy), value_loss
+    policy_gradient  policy_gradient_loss (PG/PPO/GSPO/CISPO, a mismatch correction, KL, entropy), value_loss
+    corrections      correction_weights: TIS (token, sequence), MIS masks, IcePop, decoupled PPO's behaviour weight
     inputs           PGInputs (the policy-gradient loss's step tensors), PGOptions (its settings),
                      PreferenceInputs (the preference losses' step tensors)
     kl               kl_estimate (k1/k2/k3), kl_penalized_rewards, kl_loss, full_kl

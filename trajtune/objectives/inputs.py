@@ -8,8 +8,8 @@ function of (forward output, batch).
 `PreferenceInputs`: the same for the preference losses (the reference sums of DPO and its relatives, ODPO's and
 REBEL's score differences, KTO's labels and reference point); both are `RowTensors`.
 
-`PGOptions`: the loss's settings (the surrogate and its clip range, the truncated IS cap, the KL and entropy terms,
-the aggregation): fixed for a run, except the KL coefficient an adaptive controller moves per step.
+`PGOptions`: the loss's settings (the surrogate and its clip range, the mismatch correction and its bounds, the KL
+and entropy terms, the aggregation): fixed for a run, except the KL coefficient an adaptive controller moves per step.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 
 from ..config import check_choices
 from ..logprobs import Aggregation
+from .corrections import Correction, active_correction, check_correction
 from .kl import KLEstimator
 
 Surrogate = Literal["reinforce", "ppo", "cispo", "topr", "sapo"]
@@ -67,11 +68,13 @@ class PGInputs(RowTensors):
     advantages    [B] (broadcast to every POLICY token) or [B, T-1] (GAE, distillation, a teacher's log-ratio)
     old_logp      [B, T-1] or None  log pi_old of the sampled tokens at scoring time (the ratio's denominator);
                   None = on-policy, one step
-    sampler_logp  [B, T-1] or None  the sampler's log-probs of the sampled tokens (truncated IS: PGOptions.tis_cap;
-                  the RL loop passes the batch's own, `Batch.old_logprobs`)
+    sampler_logp  [B, T-1] or None  the sampler's log-probs of the sampled tokens (the mismatch correction:
+                  PGOptions.correction; the RL loop passes the batch's own, `Batch.old_logprobs`)
     ref_logp      [B, T-1] or None  the reference policy's log-probs (the KL term, and its log)
     returns       [B, T-1] or None  the value loss's targets (GAE); with `old_values`
     old_values    [B, T-1] or None  the critic's predictions at scoring time (value clipping)
+    staleness     [B, T-1] long or None  per token, how many updates its sampler was behind the trained policy (< 0:
+                  unknown); given, the correction's metrics split its cut shares into fresh and stale tokens
     """
 
     advantages: torch.Tensor
@@ -80,6 +83,7 @@ class PGInputs(RowTensors):
     ref_logp: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
+    staleness: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,11 @@ class PGOptions:
     surrogate     "reinforce", "ppo", "cispo", "topr" or "sapo"
     ratio_level   "token" or "sequence" (GSPO)
     eps_low, eps_high  the clip range of PPO / CISPO ratios; dual_clip: c > 1 caps the loss of A < 0 tokens at -c A
-    tis_cap       C of the truncated IS weight against PGInputs.sampler_logp (None: off; both or neither)
+    correction    the train-inference mismatch correction against PGInputs.sampler_logp (`corrections`: "tis",
+                  "tis_seq", "mis_token", "mis_seq", "mis_geo", "mis_veto", "icepop", "decoupled"; "none": off)
+    tis_cap       C of tis / tis_seq / decoupled; with correction "none" a tis_cap alone selects "tis" (the spelling
+                  from before the choice existed: the same numbers)
+    correction_band  [lo, hi] of mis_* / icepop (None: `corrections.DEFAULT_BOUNDS`)
     kl_coef, kl_estimator  the KL(pi || ref) loss term against PGInputs.ref_logp (logged whenever ref_logp is given)
     entropy_coef  weight of the entropy bonus (the loss's `entropy` argument)
     aggregation, constant  how per-token losses become a scalar (logprobs.aggregate)
@@ -123,7 +131,9 @@ class PGOptions:
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = None
+    correction: Correction = "none"
     tis_cap: float | None = None
+    correction_band: tuple[float, float] | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
@@ -133,3 +143,10 @@ class PGOptions:
 
     def __post_init__(self) -> None:
         check_choices(self)  # PGOptions(surrogate="grop") fails here, not deep in the loss
+        check_correction(self.active_correction, self.tis_cap, self.correction_band, "PGOptions",
+                         ("tis_cap", "correction_band"))
+
+    @property
+    def active_correction(self) -> Correction:
+        """The correction the loss applies: `correction`, or "tis" where only tis_cap is set."""
+        return active_correction(self.correction, self.tis_cap)

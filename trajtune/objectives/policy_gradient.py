@@ -1,6 +1,6 @@
 """The policy-gradient family as ONE loss with options, plus the PPO value loss.
 
-    per-token loss = surrogate(ratio, A) [x TIS weight] + kl_coef * KL_t - entropy_coef * H_t
+    per-token loss = surrogate(ratio, A) [x correction weight] + kl_coef * KL_t - entropy_coef * H_t
 
 | method            | advantages from                       | options                                       |
 |-------------------|---------------------------------------|-----------------------------------------------|
@@ -10,7 +10,7 @@
 | GSPO              | group_advantages(...)                 | surrogate="ppo", ratio_level="sequence"       |
 | CISPO             | group_advantages(...)                 | surrogate="cispo", eps_high > eps_low         |
 | TOPR              | any (its sign splits the episodes)    | surrogate="topr"                              |
-| + stale sampler   | any                                   | inputs.sampler_logp, tis_cap=2.0 (TIS)        |
+| + stale sampler   | any                                   | inputs.sampler_logp, correction (TIS, MIS ...)|
 | distillation      | distill.distill_advantages(...)       | surrogate="reinforce"                         |
 
 The options are a `PGOptions`, the step's tensors (advantages, old / sampler / reference log-probs) a `PGInputs`
@@ -22,6 +22,7 @@ Le Roux et al. 2025, "Tapered Off-Policy REINFORCE"), "Implementation"
 (Example: PPO / GRPO code, Truncated Importance Sampling eqs. tis_backend,
 reinforce_tis, ppo_tis) and "Value Functions and PPO" (clipped value loss).
 Dual clip: Ye et al. 2020 ("Mastering Complex Control in MOBA Games"), not in the book.
+The train-inference mismatch corrections (TIS, MIS, IcePop, decoupled PPO) live in `corrections`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from ..logprobs import Aggregation, aggregate, masked_mean
 from ._checks import expect_dim, expect_like, per_token
+from .corrections import correction_weights
 from .inputs import PGInputs, PGOptions, RatioLevel, Surrogate
 from .kl import KLEstimator, kl_estimate, masked_log_ratio
 from .sft import weighted_nll
@@ -54,21 +56,6 @@ def log_importance_ratio(
         seq = (diff * m).sum(-1) / m.sum(-1).clamp(min=1)  # [B]
         return seq[:, None].expand_as(diff)
     raise ValueError(f"unknown ratio level {level!r}; choose 'token' or 'sequence'")
-
-
-def truncated_is_weights(
-    target_logp: torch.Tensor, sampler_logp: torch.Tensor, cap: float = 2.0
-) -> torch.Tensor:
-    """Truncated importance-sampling weights for a stale or mismatched sampler
-    (RLHF book "Truncated Importance Sampling", eq. tis_backend; checklist 6.12):
-    w_t = min(pi_target(a_t) / pi_sampler(a_t), C), log-ratio clamped to [-10, 10] first.
-
-    target_logp, sampler_logp [B, T-1] -> [B, T-1] detached. One-sided: weights below 1
-    are kept as they are. C = 2 is Open Instruct's value.
-    """
-    expect_like("sampler_logp", sampler_logp, "target_logp", target_logp)
-    log_w = (target_logp.detach() - sampler_logp.detach()).clamp(-10.0, 10.0)
-    return log_w.exp().clamp(max=cap)
 
 
 def _surrogate(
@@ -156,11 +143,13 @@ def policy_gradient_loss(
     mask     [B, T-1]  1.0 on POLICY tokens (Batch.action_mask)
     inputs   the step's tensors (`PGInputs`, shapes there):
              advantages [B] or [B, T-1]; old_logp: log pi_old at sampling time, the ratio's denominator (None =
-             on-policy, one step: rho = pi / sg(pi) = 1 with the PG gradient); sampler_logp with options.tis_cap
-             (both or neither): the truncated IS weight min(pi_old/pi_sampler, C) on the PG term (on-policy:
-             min(pi/pi_sampler, C)); ref_logp: the GRPO-style KL(pi||pi_ref) term -- given ref_logp, the KL is
-             logged whatever kl_coef (RLHF checklist 0.7: always log KL-to-reference) and enters the loss only when
-             options.kl_coef > 0 (returns / old_values are the value loss's)
+             on-policy, one step: rho = pi / sg(pi) = 1 with the PG gradient); sampler_logp with
+             options.active_correction (both or neither): the correction's weight against the sampler, pi_old (or
+             on-policy pi) over pi_sampler, on the PG term (`corrections`: TIS min(rho, C), the MIS masks, IcePop,
+             decoupled PPO's behaviour weight; staleness [B, T-1] splits its cut shares); ref_logp: the GRPO-style
+             KL(pi||pi_ref) term -- given ref_logp, the KL is logged whatever kl_coef (RLHF checklist 0.7: always
+             log KL-to-reference) and enters the loss only when options.kl_coef > 0 (returns / old_values are the
+             value loss's)
     options  `PGOptions`: surrogate
              "reinforce": -A log pi on-policy, -A rho with old_logp (no clipping)
              "ppo":   max(-A rho, -A clip(rho, 1-eps_low, 1+eps_high)); dual_clip=c > 1
@@ -174,10 +163,10 @@ def policy_gradient_loss(
              entropy_coef; aggregation, constant: how per-token losses become a scalar (logprobs.aggregate)
     entropy  [B, T-1] or None  the policy's entropy per token (the bonus: - entropy_coef x entropy)
     returns (loss [], metrics): pg/loss, pg/advantage_mean, pg/ratio_mean, pg/ratio_max,
-        pg/approx_kl (k2 against pi_old), pg/clip_frac, [pg/tis_weight_mean,
-        pg/tis_capped_frac], [kl/<estimator>: with ref_logp], [policy/entropy]
+        pg/approx_kl (k2 against pi_old), pg/clip_frac, [the correction's: pg/tis_weight_mean,
+        pg/tis_capped_frac, pg/correction_*], [kl/<estimator>: with ref_logp], [policy/entropy]
     """
-    o, old_logp, sampler_logp, tis_cap = options, inputs.old_logp, inputs.sampler_logp, options.tis_cap
+    o, old_logp, sampler_logp, correction = options, inputs.old_logp, inputs.sampler_logp, options.active_correction
     expect_dim("logp", logp, 2)
     expect_like("mask", mask, "logp", logp)
     adv = per_token("advantages", inputs.advantages, mask).detach().to(logp.dtype)  # [B, T-1]
@@ -193,19 +182,33 @@ def policy_gradient_loss(
     per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, o.surrogate, o.eps_low, o.eps_high, o.dual_clip,
                                   o.sapo_tau)
     metrics: dict[str, torch.Tensor] = {}
-    if (sampler_logp is None) != (tis_cap is None):
-        raise ValueError("truncated IS needs both sampler_logp and tis_cap")
-    if sampler_logp is not None and tis_cap is not None:  # on-policy: the learner itself is the target
-        w = truncated_is_weights(old_logp if old_logp is not None else logp, sampler_logp, tis_cap)
-        per_tok = per_tok * w  # [B, T-1]
-        metrics["pg/tis_weight_mean"] = masked_mean(w, mask)
-        metrics["pg/tis_capped_frac"] = masked_mean((w >= tis_cap).float(), mask)
+    if sampler_logp is not None or correction != "none":
+        per_tok = per_tok * _correction(correction, logp, mask, inputs, o, metrics)  # [B, T-1]
     metrics["pg/loss"] = aggregate(per_tok.detach(), mask, o.aggregation, o.constant)
     per_tok = _add_regularizers(per_tok, logp, mask, inputs.ref_logp, o.kl_coef, o.kl_estimator, entropy,
                                 o.entropy_coef, metrics)
     loss = aggregate(per_tok, mask, o.aggregation, o.constant)
     metrics.update(_ratio_metrics(log_ratio, clipped, adv, mask))
     return loss, metrics
+
+
+def _correction(correction: str, logp: torch.Tensor, mask: torch.Tensor, inputs: PGInputs, o: PGOptions,
+                metrics: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The selected correction's weight [B, T-1] against inputs.sampler_logp (`corrections.correction_weights`);
+    its target: the proximal pi_old (inputs.old_logp) when given, else the policy's own log-probs, detached (one
+    on-policy step). Logs its metrics into `metrics`."""
+    if inputs.sampler_logp is None or correction == "none":
+        raise ValueError("a mismatch correction needs both sampler_logp and a correction (PGOptions.correction, or "
+                         f"tis_cap for truncated IS); got {'no ' if inputs.sampler_logp is None else ''}sampler_logp "
+                         f"and correction {correction!r}")
+    if correction == "decoupled" and inputs.old_logp is None:
+        raise ValueError("correction 'decoupled' clips against the proximal policy: it needs old_logp (pi_old "
+                         "recomputed at scoring time), and a surrogate with a ratio")
+    target = inputs.old_logp if inputs.old_logp is not None else logp
+    w, m = correction_weights(correction, target, inputs.sampler_logp, mask, o.tis_cap, o.correction_band,
+                              inputs.staleness)
+    metrics.update(m)
+    return w
 
 
 def _add_regularizers(

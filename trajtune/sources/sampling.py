@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Literal
 
 from ..config import ConfigError, check_choices, check_ranges
+from ..objectives.corrections import active_correction
 from .sampler import SamplerSettings
 
 OVERLAP = ("max_staleness", "sampler_process", "sampler_threads", "sampler_timeout", "sync_tolerance")
@@ -155,10 +156,11 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
         raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} / {name('sampler_process')} sample in "
                          f"a separate process with the built-in sampler; {name('backend')} generate samples from the "
                          f"trainer's own model: use {name('backend')} sampler (or vllm)")
-    if s.max_staleness and rl is not None and not rl.tis_cap:
+    if s.max_staleness and rl is not None and active_correction(rl.correction, rl.tis_cap) == "none":
         raise ValueError(f"{where}: max_staleness 1 samples with the policy one update behind; set the RL loop's "
                          "tis_cap (recipes: [config.rl] tis_cap; the command line: --tis-cap), e.g. 2.0, so the "
-                         "truncated importance weight against the sampler's log-probs corrects the lag")
+                         "truncated importance weight against the sampler's log-probs corrects the lag, or choose "
+                         "another correction (recipes: [config.rl] correction; the command line: --correction)")
     if sharded:
         if s.backend == "generate":
             raise ConfigError(f"{where}: {name('backend')} generate cannot sample sharded under torchrun (it has no "
