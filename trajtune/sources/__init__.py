@@ -20,6 +20,8 @@
                    `make_sampler`: the one place a backend name becomes a sampler
     overlap.py     `Overlapped`: the next step drawn while this one trains; `overlapped` builds where it runs
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
+    record.py      `Recording`: the episodes a loop takes, kept on disk; `Replayed`: a recording trained on again
+                   without sampling, bit for bit (sampling.record / sampling.replay, `trajtune replay`)
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     graders.py     the `Grader` Protocol (reward functions, reward models, ensembles, judges, rubrics), `Weighted`
     scoring.py     `Scored`: an episode's reward, the weighted sum of its graders' scores; `RewardModel`
