@@ -262,3 +262,14 @@ def test_trajtune_replay_reruns_a_recorded_grpo_run_bit_for_bit(hf_work, tmp_pat
         assert main(["replay", *args]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err
+    base = ["grpo", "--model", str(d / "model"), "--data", str(d / "prompts.jsonl"), "--reward",
+            f"{d / 'rewards.py'}:digits", "--out", str(tmp_path / "x")]
+    for args, message in [(["--replay", str(tmp_path / "nothing")], "--replay " + str(tmp_path / "nothing") + ": no "
+                           "such directory"),
+                          (["--replay", str(tmp_path / "run"), "--record"], "--replay trains on a recording and "
+                           "--record makes one"),
+                          (["--replay", str(tmp_path / "run"), "--max-staleness", "1", "--tis-cap", "2"],
+                           "--replay trains on recorded episodes without sampling")]:
+        assert main([*base, *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err

@@ -37,10 +37,10 @@ def cmd_replay(args) -> int:
 
     recorded = Path(args.run_dir)
     experiment, config = replay_config(recorded, args.set)
+    if args.out and Path(args.out).resolve() == recorded.resolve():
+        raise ConfigError(f"--out {args.out}: that is the recorded run; a replay writes into a new directory")
+    init_distributed()  # under torchrun: join the process group (rank 0 names a fresh directory for every rank)
     out = RunDir(Path(args.out)) if args.out else RunDir.fresh("replay")
-    if out.path.resolve() == recorded.resolve():
-        raise ConfigError(f"--out {out.path}: that is the recorded run; a replay writes into a new directory")
-    init_distributed()
     if is_main():
         print(f"trajtune replay: {recorded} ({experiment}) on its recording, in {out.path}", flush=True)
     from ..experiments import get_experiment
