@@ -273,3 +273,26 @@ def test_trajtune_replay_reruns_a_recorded_grpo_run_bit_for_bit(hf_work, tmp_pat
         assert main([*base, *args]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err, err
+
+
+def test_trajtune_replay_reruns_a_recorded_recipe_with_multi_turn_episodes(tmp_path):
+    """`trajtune run textarena` (a multi-turn game, held-out evaluations sampled live) with
+    config.sampling.record, replayed: the same checkpoint, tensor for tensor, and the same rows (evaluations
+    included: the same weights sample the same held-out episodes)."""
+    pytest.importorskip("textarena")
+    from trajtune.cli import main
+
+    overrides = ["config.n_train=4", "config.n_eval=2", "config.eval_samples=2", "config.dim=16", "config.n_layers=1",
+                 "config.max_turns=3", "config.rl.steps=3", "config.rl.tasks_per_step=2", "config.rl.group_size=2",
+                 "config.rl.eval_every=2", "config.sampling.record=true"]
+    assert main(["run", "textarena", "--run-dir", str(tmp_path / "run")]
+                + [a for o in overrides for a in ("--set", o)]) == 0
+    assert recorded_steps(tmp_path / "run" / "rl" / "recording") == [0, 1, 2]
+    assert main(["replay", str(tmp_path / "run"), "--out", str(tmp_path / "replay")]) == 0
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / d / "rl" / "checkpoint" / "model.safetensors")) for d in ("run", "replay"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert rows(tmp_path / "replay") == rows(tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "rl" / "recording" / "step-000000.json").read_text())
+    assert any(3 in t["owners"] for t in saved["trajs"])  # Owner.TOOL: the game's replies, recorded as they came
