@@ -27,6 +27,7 @@ from trajtune.sources.episodes import EpisodeRunner, EpisodeSource, Here, Measur
 from trajtune.sources.graders import Grader
 from trajtune.sources.judge import Judge
 from trajtune.sources.overlap import Overlapped
+from trajtune.sources.record import Recording, Replayed
 from trajtune.sources.process import SamplerProcess
 from trajtune.sources.rewards import RewardFunction
 from trajtune.sources.rewards.rubric import Rubric, RubricItem, RubricReward
@@ -140,7 +141,8 @@ def test_each_source_is_a_source_and_each_runner_a_runner(tmp_path):
     process = SamplerProcess(engine)  # not started: nothing runs
     sources: list[Source] = [base, Measured(base, lambda trajs: {"cost/sampled": float(len(trajs))}),
                              Scored(base, engine, []), Overlapped(base, process),
-                             EpisodeSource(process, SingleTurnEnv, renderer)]
+                             EpisodeSource(process, SingleTurnEnv, renderer), Recording(base, tmp_path / "rec"),
+                             Replayed(tmp_path)]
     for source in sources:
         assert isinstance(source, Source) and mismatches(source, Source) == [], type(source).__name__
     from trajtune.sources.vllm import VLLMRunner, VLLMSampler, WeightSync

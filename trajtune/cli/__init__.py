@@ -9,12 +9,13 @@
     trajtune run agent --dry-run          # every check a run makes before its first step; nothing written
     trajtune list                         # built-in recipes with one-line descriptions
     trajtune view RUN_DIR                 # a static HTML page of the episodes a run recorded
+    trajtune replay RUN_DIR --out NEW     # train again on the episodes a --record run trained on (bit for bit)
     trajtune decontaminate --train F --eval F   # evaluation rows sharing 8 words / 50 characters with training data
     trajtune models fetch smollm2-135m    # a real model into the cache (--model smollm2-135m then works everywhere)
 
 This module: run, list and the subcommands' entry; each other command is a module of its own:
-hf.py (sft | rm | dpo | grpo | rft | rm-eval), chat.py, gym.py, view.py, decontaminate.py, merge.py, models.py,
-vllm_serve.py.
+hf.py (sft | rm | dpo | grpo | rft | rm-eval), chat.py, gym.py, view.py, replay.py, decontaminate.py, merge.py,
+models.py, vllm_serve.py.
 """
 
 from __future__ import annotations
@@ -208,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .view import add_view_parser  # `trajtune view RUN_DIR`: the recorded episodes as an HTML page
 
     add_view_parser(sub)
+    from .replay import add_replay_parser  # `trajtune replay RUN_DIR`: a recorded run trained again on its recording
+
+    add_replay_parser(sub)
     from .decontaminate import add_decontaminate_parser  # `trajtune decontaminate --train F --eval F`
 
     add_decontaminate_parser(sub)

@@ -41,14 +41,14 @@ def train_and_score(ctx: StageContext, model, tok, make_env: Callable[[], Env], 
     s = config.sampling
     drawn = s.settings()
     here = dataclasses.replace(s, backend="sampler", max_staleness=0, sampler_process=False, draw=drawn.draw,
-                               share_prompts=drawn.share_prompts)
+                               share_prompts=drawn.share_prompts, record=False, replay="")
     seeds = s.own_seeds if episode_seeds is None else episode_seeds  # the evaluation draws as the training does
 
     def source(section: SamplingConfig) -> Source:
         return episode_source(section, engine, make_env, renderer, experiment, max_turns=max_turns,
                               max_tokens=max_tokens, pad_id=pad_id, measure=measure, rl=config.rl,
                               episode_seeds=seeds, sharded=sharded, model_dir=model_dir, precision=precision,
-                              seed=config.rl.seed, max_model_len=max_model_len)
+                              seed=config.rl.seed, max_model_len=max_model_len, stage_dir=ctx.dir)
 
     evaluation = source(here)  # the current weights, here
 

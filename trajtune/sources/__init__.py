@@ -22,6 +22,8 @@
     staleness.py   `staleness_metrics`: how far behind a step's episodes were sampled (histogram, discarded and
                    resumed shares, length bias), from `Trajectory.versions`
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
+    record.py      `Recording`: the episodes a loop takes, kept on disk; `Replayed`: a recording trained on again
+                   without sampling, bit for bit (sampling.record / sampling.replay, `trajtune replay`)
     rewards/       reward functions the TRL way: functions.py (loading, one call, checks), workers.py (processes)
     graders.py     the `Grader` Protocol (reward functions, reward models, ensembles, judges, rubrics), `Weighted`
     scoring.py     `Scored`: an episode's reward, the weighted sum of its graders' scores; `RewardModel`

@@ -9,7 +9,9 @@ rule, once); the sampler the backend names (`sampler.engine_sampler`: the built-
 or vLLM, colocated or served, holding its own weights: `vllm.vllm_runner`); the episodes (`episodes.EpisodeSource`:
 each episode from its own seed where the backend has per-episode seeds, sharded under torchrun); the experiment's
 measurements (`Measured`) and graders (`score`) around them; and where they run (`overlap.overlapped`: here, in a
-sampler process, or one update ahead). Close the source when done (`with episode_source(...) as source:`).
+sampler process, or one update ahead); recorded as the loop takes them (`record.Recording`, sampling.record), or
+all of it replaced by a recording (`record.Replayed`, sampling.replay). Close the source when done
+(`with episode_source(...) as source:`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Literal
 
 from ..envs.base import Env
@@ -26,6 +29,7 @@ from .base import Source
 from .episodes import EpisodeSource, Measured
 from .faults import STEP_TIMEOUT_S
 from .overlap import overlapped
+from .record import RECORDING, Recording, Replayed, find_recording
 from .sampler import Sampler, SamplerSettings, engine_sampler
 from .sampling import SamplingConfig, check_sampling
 
@@ -37,7 +41,7 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                    model_dir: str | os.PathLike = "", precision: str = "fp32", seed: int = 0,
                    max_model_len: int | None = None, episode_seeds: bool | None = None, sharded: bool = True,
                    greedy: bool = False, name: Callable[[str], str] = lambda n: f"sampling.{n}",
-                   step_timeout_s: float | None = STEP_TIMEOUT_S) -> Source:
+                   step_timeout_s: float | None = STEP_TIMEOUT_S, stage_dir: str | os.PathLike | None = None) -> Source:
     """The episode source `sampling` describes (module docstring).
 
     engine:      the trainer's (an `Engine`): samples here, or sends its weights to the sampler that holds its own
@@ -53,8 +57,17 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                  and vLLM; HF generate draws one seed per call); `sharded`: under torchrun each rank samples its
                  share of the episodes (`engine.shard`)
     greedy:      take the argmax instead of drawing (an evaluation's greedy pass; backend sampler or generate)
+    stage_dir:   the directory of the stage whose loop trains on this source: `sampling.record` writes to its
+                 recording/, `sampling.replay` of a run directory reads <replay>/<its name>/recording
+                 (`record.Recording`, `record.Replayed`); a source the loop does not train on (an evaluation's)
+                 is built from a section without record / replay
     """
     check_sampling(sampling, where, rl=rl, sharded=engine.shard is not None, name=name)
+    if sampling.replay:  # the recorded episodes, nothing sampled
+        return Replayed(find_recording(sampling.replay, None if stage_dir is None else Path(stage_dir).name))
+    if sampling.record and stage_dir is None:
+        raise ValueError(f"{where}: {name('record')} is set, but this run gives its source no stage directory to "
+                         "record into (episode_source(stage_dir=...))")
     if greedy and sampling.backend == "vllm":
         raise ValueError(f"{where}: a greedy pass samples with {name('backend')} sampler or generate, not vllm")
     runner = None
@@ -77,7 +90,8 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
             source = Measured(source, measure)
         return score(source) if score is not None else source
 
-    return overlapped(engine, sampling, build, here, runner=runner)
+    source = overlapped(engine, sampling, build, here, runner=runner)
+    return Recording(source, Path(stage_dir) / RECORDING) if sampling.record and stage_dir is not None else source
 
 
 def make_sampler(backend: Literal["sampler", "generate", "vllm"], engine: Any, *, pad_id: int = 0,

@@ -9,6 +9,8 @@
                        where vLLM runs (`trajtune.sources.vllm`)
     sync_tolerance, sampler_timeout
                        the weight sync check and the longest wait, for every sampler that holds its own weights
+    record, replay     keep the episodes the loop took; train on a recording instead of sampling
+                       (`trajtune.sources.record`)
 
 Every rule that ties these together (a backend x overlap x sharding x loop combination that cannot run) is
 `check_sampling`, the one place they are written; the experiments call it from their configs' checks, the
@@ -19,6 +21,7 @@ builder (`trajtune.sources.build`) before anything starts. The keys of the secti
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 from ..config import ConfigError, check_choices, check_ranges
@@ -91,6 +94,13 @@ class SamplingConfig:
     vllm_weights_dir: str = ""
     """where the trainer writes the weights each vLLM sync loads (servers on other machines: a shared file
     system); empty: a temporary directory (in /dev/shm where there is one)"""
+    record: bool = False
+    """write every step's episodes as the loop takes them (tokens, owners, rewards, the sampler's log-probs,
+    versions, the draw's generator) to the stage's recording/ directory, for a replay (trajtune.sources.record)"""
+    replay: str = ""
+    """train on a recording instead of sampling: a run directory that recorded (sampling.record; its
+    <stage>/recording) or a recording directory. The same training settings give the recorded run's weights bit
+    for bit; `trajtune replay RUN_DIR` reruns a recorded run this way (trajtune.sources.record)"""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -172,3 +182,14 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
             raise ConfigError(f"{where}: {name('backend')} vllm under torchrun needs {name('vllm_server')} URL (a "
                               "`trajtune vllm-serve` the ranks share); a colocated vLLM engine per rank is not "
                               "supported")
+    if s.replay:
+        if s.record:
+            raise ValueError(f"{where}: {name('replay')} trains on a recording and {name('record')} makes one; set "
+                             "one of them")
+        if s.max_staleness or s.sampler_process or s.backend == "vllm":
+            raise ValueError(f"{where}: {name('replay')} trains on recorded episodes without sampling; drop "
+                             f"{name('max_staleness')} / {name('sampler_process')} / {name('backend')} vllm (the "
+                             "recording keeps how far behind its episodes were sampled)")
+        if not Path(s.replay).is_dir():
+            raise ValueError(f"{where}: {name('replay')} {s.replay}: no such directory (give a run directory that "
+                             f"recorded with {name('record')}, or its <stage>/recording)")

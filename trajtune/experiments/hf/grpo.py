@@ -176,13 +176,14 @@ def ptx_trajectories(config: GRPORun, data: Prepared) -> list:
 
 
 def here(c: GRPORun) -> GRPORun:
-    """The run's config sampling on-policy, in the trainer (the built-in sampler for --backend vllm): what the
-    difficulty filter and the over-optimization probe sample with."""
+    """The run's config sampling on-policy, in the trainer (the built-in sampler for --backend vllm), neither
+    recorded nor replayed: what the difficulty filter and the over-optimization probe sample with."""
     s = c.sampling
-    if s.backend != "vllm" and not s.in_process:
+    if s.backend != "vllm" and not s.in_process and not s.record and not s.replay:
         return c
     backend = "sampler" if s.backend == "vllm" else s.backend
-    return replace(c, sampling=replace(s, backend=backend, max_staleness=0, sampler_process=False))
+    return replace(c, sampling=replace(s, backend=backend, max_staleness=0, sampler_process=False, record=False,
+                                       replay=""))
 
 
 DIFFICULTY_STREAM = 7

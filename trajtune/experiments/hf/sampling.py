@@ -132,7 +132,7 @@ def prompt_source(ctx, engine, data, config, max_steps: int) -> Source:
         return episode_source(config.sampling, engine, SingleTurnEnv, data.renderer, config.METHOD, max_turns=1,
                               max_tokens=data.limit, pad_id=data.pad_id, score=score, rl=rl,
                               model_dir=config.model.path, precision=config.model.precision, seed=loop.seed,
-                              name=lambda n: flag(f"sampling.{n}"))
+                              name=lambda n: flag(f"sampling.{n}"), stage_dir=ctx.dir)
     except BaseException:
         close_graders(graders)
         raise
