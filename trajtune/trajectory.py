@@ -223,6 +223,12 @@ class Batch:
     def size(self) -> int:
         return self.ids.shape[0]
 
+    def staleness(self, step: int) -> torch.Tensor:
+        """[B, T-1] long: per predicted token, how many updates its sampler was behind the policy loop step `step`
+        trains (`step - versions`; -1 where the version is unknown)."""
+        assert self.versions is not None
+        return torch.where(self.versions >= 0, step - self.versions, -1)
+
     def with_extras(self, **tensors: torch.Tensor) -> "Batch":
         """The same batch with more per-row step tensors ([B] or [B, T-1, ...]) in `extras`."""
         return Batch(**{**self.__dict__, "extras": {**self.extras, **tensors}})

@@ -347,7 +347,8 @@ def test_bad_overlap_settings_are_refused_naming_the_field(kw, message):
 
 
 def test_staleness_1_without_the_importance_correction_is_refused_in_the_config():
-    with pytest.raises(ValueError, match="agent: max_staleness 1 samples with the policy one update behind; set the RL "
+    with pytest.raises(ValueError, match="agent: max_staleness 1 samples with the policy 1 update\\(s\\) behind; "
+                                         "set the RL "
                                          r"loop.s tis_cap \(recipes: \[config.rl\] tis_cap; "
                                          r"the command line: --tis-cap\)"):
         check_sampling(SamplingConfig(max_staleness=1), "agent", rl=RLConfig())

@@ -30,7 +30,7 @@ class Sharded:
                                                        "process of its own; sampling.backend vllm samples in vLLM"),
     ({"backend": "generate", "max_staleness": 1}, {"rl": RLConfig(tis_cap=2.0)},
      "sampling.max_staleness 1 / sampling.sampler_process sample in a separate process"),
-    ({"max_staleness": 1}, {"rl": RLConfig()}, "max_staleness 1 samples with the policy one update behind"),
+    ({"max_staleness": 1}, {"rl": RLConfig()}, "max_staleness 1 samples with the policy 1 update\\(s\\) behind"),
     ({"backend": "generate"}, {"sharded": True}, "sampling.backend generate cannot sample sharded under torchrun"),
     ({"sampler_process": True}, {"sharded": True}, "need a one-process engine"),
     ({"backend": "vllm"}, {"sharded": True}, "sampling.backend vllm under torchrun needs sampling.vllm_server"),

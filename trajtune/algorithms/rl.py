@@ -436,6 +436,8 @@ def train_rl(engine: Engine, tasks: Sequence, source: Source, config: RLConfig, 
             # 2. score: rewards -> advantages, on the batch
             batch, scored = score(engine, reference_at(ref, step + 1), collate(trajs, pad_id), config, use_old, state,
                                   teacher)
+            if bool((batch.versions >= 0).any()):  # sampled behind (an overlapped source): cut shares by lag
+                batch = replace(batch, pg=replace(batch.pg, staleness=batch.staleness(step)))
             run.record_episodes(engine, step + 1, trajs, batch)  # a few episodes for `trajtune view`
             # 3. update (PPO-ptx: + ptx_coef x the NLL of a pretraining batch, before each optimizer step)
             for epoch in range(config.epochs):
@@ -481,11 +483,11 @@ def ptx_update(engine: Engine, ptx: Sequence[Trajectory], config: RLConfig, pad_
 
 
 def check_lag(episodes: Episodes, config: RLConfig) -> None:
-    """Episodes sampled behind the policy need the truncated importance weight against the sampler's log-probs."""
+    """Episodes sampled behind the policy need an importance correction against the sampler's log-probs."""
     if episodes.behind and active_correction(config.correction, config.tis_cap) == "none":
-        raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) "
-                         "behind the policy (an overlapped source, max_staleness >= 1); set tis_cap (e.g. 2.0) so the "
-                         "truncated importance weight against the sampler's log-probs corrects the lag")
+        raise ValueError(f"RLConfig: step {episodes.step}'s episodes were sampled {episodes.behind} update(s) behind "
+                         "the policy (an overlapped source, max_staleness >= 1); set tis_cap (e.g. 2.0) or another "
+                         "correction (objectives.corrections) against the sampler's log-probs to correct the lag")
 
 
 def no_signal_share(trajs: list[Trajectory]) -> float:

@@ -45,6 +45,7 @@ from .base import Draw, Episodes, Schedule, Source, Wrapper
 from .process import SamplerProcess
 from .sampler import Sampler
 from .sampling import SamplingConfig
+from .staleness import staleness_metrics
 
 
 def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], sampler: Sampler,
@@ -107,6 +108,7 @@ class Overlapped(Wrapper):
                 self._last += 1  # sampled with the weights now: after draw.step updates
                 sent = self.process.rollouts_sent  # (K = 1, a sampler that cannot hold: read before it may send)
                 self._flight.append((later.step, self._pool.submit(self._draw, later, draw.step), sent))
+        episodes.metrics.update(staleness_metrics(episodes.trajs, episodes.trajs, draw.step, self.k))
         return episodes
 
     def after_update(self, engine) -> dict[str, float]:

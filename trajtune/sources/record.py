@@ -37,7 +37,7 @@ import torch
 from ..checkpoint import CheckpointError, read_json, write_json
 from ..engine.distributed import is_main
 from ..runs.resume import trajectories_from_json, trajectories_to_json
-from .base import Draw, Episodes, Source, Wrapper, task_name
+from .base import Draw, Episodes, Schedule, Source, Wrapper, task_name
 
 RECORDING = "recording"
 """a stage directory's recording: <stage dir>/recording"""
@@ -81,7 +81,7 @@ class Recording(Wrapper):
         self._started = False
         self._step, self._take = -1, 0
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         episodes = self.inner.take(draw, ahead)
         self._take = self._take + 1 if draw.step == self._step else 0
         self._step = draw.step
@@ -113,7 +113,7 @@ class Replayed:
             raise ValueError(f"replay: no recording directory {self.directory}")
         self._step, self._take = -1, 0
 
-    def take(self, draw: Draw, ahead: Draw | None = None) -> Episodes:
+    def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         self._take = self._take + 1 if draw.step == self._step else 0
         self._step = draw.step
         path = self.directory / file_name(draw.step, self._take)
@@ -138,10 +138,10 @@ class Replayed:
     def after_update(self, engine: Any) -> dict[str, float]:
         return {}
 
-    def pending(self) -> Episodes | None:
-        return None
+    def pending(self) -> list[Episodes]:
+        return []
 
-    def restore(self, episodes: Episodes) -> None:
+    def restore(self, episodes: list[Episodes]) -> None:
         """Nothing to take back: every step is read from the recording."""
 
     def close(self) -> None:

@@ -167,7 +167,8 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
                          f"a separate process with the built-in sampler; {name('backend')} generate samples from the "
                          f"trainer's own model: use {name('backend')} sampler (or vllm)")
     if s.max_staleness and rl is not None and active_correction(rl.correction, rl.tis_cap) == "none":
-        raise ValueError(f"{where}: max_staleness 1 samples with the policy one update behind; set the RL loop's "
+        raise ValueError(f"{where}: max_staleness {s.max_staleness} samples with the policy {s.max_staleness} "
+                         "update(s) behind; set the RL loop's "
                          "tis_cap (recipes: [config.rl] tis_cap; the command line: --tis-cap), e.g. 2.0, so the "
                          "truncated importance weight against the sampler's log-probs corrects the lag, or choose "
                          "another correction (recipes: [config.rl] correction; the command line: --correction)")
