@@ -34,6 +34,8 @@ class Sharded:
     ({"backend": "generate"}, {"sharded": True}, "sampling.backend generate cannot sample sharded under torchrun"),
     ({"sampler_process": True}, {"sharded": True}, "need a one-process engine"),
     ({"backend": "vllm"}, {"sharded": True}, "sampling.backend vllm under torchrun needs sampling.vllm_server"),
+    ({"backend": "vllm", "max_staleness": 1, "vllm_server": ["http://h:1"]},
+     {"sharded": True, "rl": RLConfig(tis_cap=2.0)}, "sampling.max_staleness with sampling.backend vllm needs one"),
     ({"backend": "vllm"}, {"backends": ("sampler",)}, "sampling.backend vllm is not one of this run's: sampler"),
     ({"temperature": 0.5}, {"reads": OVERLAP}, "sampling.temperature set, but this run draws its actions its own way"),
 ])

@@ -252,7 +252,16 @@ def test_grpo_through_vllm_learns_the_toy_task_and_overlaps_one_update_behind(wo
                   "--tis-cap", "2", steps=4)
     assert ahead[0]["pg/tis_weight_mean"] == pytest.approx(1.0, abs=1e-5)  # the first step: sampled now
     assert all(r["pg/tis_weight_mean"] < 1.0 for r in ahead[1:])  # then one update behind, corrected
-    assert all(r["sync/logprob_diff"] < 1e-4 for r in ahead)
+    # each update's weights are held until the episodes of the step after next are about to be sampled, and checked
+    # in that step's row
+    assert ["sync/logprob_diff" in r for r in ahead] == [False, False, True, True]
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in ahead if "sync/logprob_diff" in r)
+    # K = 2: steps 1.. sampled 1, then 2 updates behind, exactly (the staleness histogram of every step)
+    two = _grpo(work, "overlapped2", "--backend", "vllm", "--vllm-server", url, "--max-staleness", "2",
+                "--tis-cap", "2", steps=5)
+    assert [r["staleness/max"] for r in two] == [0, 1, 2, 2, 2] and [r["staleness/share_2"] for r in two][2:] == [1] * 3
+    assert ["sync/logprob_diff" in r for r in two] == [False, False, False, True, True]
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in two if "sync/logprob_diff" in r)
 
 
 def test_lora_vllm_serves_the_base_model_and_reloads_the_adapter_after_every_update(work, server, tmp_path,

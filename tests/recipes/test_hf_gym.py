@@ -42,14 +42,14 @@ def model_dir(tmp_path_factory):
     return d
 
 
-def run(model_dir, run_dir, *sets: str) -> list[dict]:
+def run(model_dir, run_dir, *sets: str, steps: int = 2) -> list[dict]:
     args = ["run", "hf_gym", "--run-dir", str(run_dir)]
-    for s in (f"config.model.path={model_dir}", *SMALL, *sets):
+    for s in (f"config.model.path={model_dir}", *SMALL, f"config.rl.steps={steps}", *sets):
         args += ["--set", s]
     assert main(args) == 0
     assert (run_dir / "report.md").exists() and (run_dir / "rl" / "checkpoint" / "config.json").exists()
     rows = [r for r in read_metrics(run_dir) if "rollout/reward" in r]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for r in rows:
         assert all(is_documented(k) for k in r if "/" in k), r
     return rows
@@ -142,14 +142,17 @@ def test_bugfix_through_vllm_samples_each_turn_on_the_transcripts_ids(model_dir,
 
 @needs_vllm
 def test_textarena_through_vllm_overlapped(model_dir, tmp_path):
-    """GuessTheNumber through vLLM, step 2 sampled while step 1 trains (max_staleness 1): one update behind."""
+    """GuessTheNumber through vLLM, steps 2 and 3 sampled while the step before trains (max_staleness 1): one update
+    behind; the weights after step 1, held until step 3's episodes are about to be sampled, are checked in its row."""
     pytest.importorskip("textarena")
     rows = run(model_dir, tmp_path / "run", "config.gym=textarena", "config.n_train=4", "config.n_eval=2",
                "config.sampling.backend=vllm", "config.sampling.max_new_tokens=4",
                "config.sampling.vllm_gpu_memory_utilization=0.15", "config.optim.lr=1e-3",
-               "config.sampling.max_staleness=1", "config.rl.tis_cap=2.0", "config.rl.entropy_coef=0.01")
+               "config.sampling.max_staleness=1", "config.rl.tis_cap=2.0", "config.rl.entropy_coef=0.01", steps=3)
     for r in rows:
-        assert r["train/grad_norm"] > 0 and r["sync/logprob_diff"] < 1e-4 and r["rollout/turns"] > 1, r
+        assert r["train/grad_norm"] > 0 and r["rollout/turns"] > 1, r
+    assert ["sync/logprob_diff" in r for r in rows] == [False, False, True] and rows[2]["sync/logprob_diff"] < 1e-4
+    assert [r["staleness/max"] for r in rows] == [0, 1, 1]
     # step 1 on-policy: every weight exp(trainer - vLLM log-prob) is 1 up to the float noise between vLLM's kernels
     # and torch's (exactly 1.0 in the CI run at 892e1f7, 1 + 2^-23 on an AMD EPYC VM from 194a703 on, the code before
     # issue 40 included); step 2, one update behind, is not

@@ -18,9 +18,9 @@ held (`SamplerProcess.hold_syncs`) and sent by the background thread just before
 step K updates later (`send_held`). Every episode is stamped with the version that sampled it
 (`Trajectory.versions`: the count of updates its weights had had) and `Episodes.behind` = step -
 version; the loop corrects the lag with an importance correction against the sampler's log-probs
-(`RLConfig.tis_cap`, which `sampling.check_sampling` requires). K = 1 is the one-step overlap; a
-sampler that cannot hold syncs (vLLM's runner) overlaps K = 1 only: its sync waits for the draw in
-flight to have sent its rollout. Everything inside `inner` (reward functions, reward models, an
+(`RLConfig.tis_cap` or another `RLConfig.correction`, which `sampling.check_sampling` requires). K = 1 is
+the one-step overlap. vLLM's runner holds its syncs the same way (`trajtune.sources.vllm.runner`).
+Everything inside `inner` (reward functions, reward models, an
 experiment's measurements) runs in the background thread too, overlapped with the update.
 
 At a checkpoint, the episodes drawn ahead (up to K steps') are waited for and saved (`pending`), and a
@@ -75,18 +75,16 @@ def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], 
 
 class Overlapped(Wrapper):
     """`inner`'s episodes, the steps up to K ahead drawn while the current one trains, each exactly K updates
-    behind (module docstring). `process`: the `SamplerProcess` (or vLLM runner, K = 1) the inner `EpisodeSource`
-    samples through."""
+    behind (module docstring). `process`: the `SamplerProcess` (or `VLLMRunner`) the inner `EpisodeSource`
+    samples through: it holds each update's sync until the rollouts it must precede (`hold_syncs`, `send_held`)."""
 
     def __init__(self, inner: Source, process: SamplerProcess | Any, max_staleness: int = 1):
         super().__init__(inner)
         self.process, self.k = process, max_staleness
-        self.holds = hasattr(process, "hold_syncs")  # else (vLLM) a sync waits for the draw in flight: K = 1
-        if max_staleness < 1 or (max_staleness > 1 and not self.holds):
-            raise ValueError(f"Overlapped: max_staleness must be >= 1 (1 with {type(process).__name__}, whose "
-                             f"syncs cannot wait for later rollouts), got {max_staleness}")
+        if max_staleness < 1:
+            raise ValueError(f"Overlapped: max_staleness must be >= 1, got {max_staleness}")
         self._pool: ThreadPoolExecutor | None = None  # one background thread, started after the process
-        self._flight: collections.deque[tuple[int, Future, int]] = collections.deque()  # step, future, sent before
+        self._flight: collections.deque[tuple[int, Future]] = collections.deque()  # step, its episodes' future
         self._ready: collections.deque[Episodes] = collections.deque()  # restored or finished, in step order
         self._last = -1  # the last step drawn, in flight or ready
         self._taken = -1  # the last step taken
@@ -100,33 +98,25 @@ class Overlapped(Wrapper):
         self.process.keep_probe_rows(episodes.trajs)  # the rows the next sync is checked on (also after a resume)
         if ahead is not None:
             if self._pool is None:  # the process first (a fork of a trainer without this thread), then the thread
-                if self.holds:  # (a resumed run's start is checked with the first rollout sent: due then)
-                    self.process.hold_syncs(self._last + 1, draw.step)
+                self.process.hold_syncs(self._last + 1, draw.step)  # (a resumed run's start: due with the first)
                 self.process.start()
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-overlap")
             while self._last < draw.step + self.k and (later := ahead(self._last + 1)) is not None:
                 self._last += 1  # sampled with the weights now: after draw.step updates
-                sent = self.process.rollouts_sent  # (K = 1, a sampler that cannot hold: read before it may send)
-                self._flight.append((later.step, self._pool.submit(self._draw, later, draw.step), sent))
+                self._flight.append((later.step, self._pool.submit(self._draw, later, draw.step)))
         episodes.metrics.update(staleness_metrics(episodes.trajs, episodes.trajs, draw.step, self.k))
         return episodes
 
     def after_update(self, engine) -> dict[str, float]:
-        """A holding sampler keeps the new weights until the next step drawn (`_last + 1`, K updates later) is about
-        to send its rollouts; one that cannot hold syncs now, after the draw in flight sent its rollout (K = 1:
-        sampled with the weights before the update, whatever the background thread's timing)."""
-        if self.holds:
-            self.process.hold_syncs(self._last + 1, self._taken)
-        elif self._flight:
-            _, future, sent = self._flight[-1]
-            self.process.wait_rollout_sent(sent, future)
+        """The sampler holds the new weights until the next step drawn (`_last + 1`, K updates later) is about to
+        send its rollouts, whatever the background thread's timing."""
+        self.process.hold_syncs(self._last + 1, self._taken)
         return self.inner.after_update(engine)
 
     def _draw(self, draw: Draw, version: int) -> Episodes:
         """In the background thread: the held syncs this draw must see, then its episodes (with the weights after
         update `version`)."""
-        if self.holds:
-            self.process.send_held(draw.step)
+        self.process.send_held(draw.step)
         sent = self.process.rollouts_sent
         episodes = self.inner.take(draw)
         if self.process.rollouts_sent == sent and any(t.count(Owner.POLICY) for t in episodes.trajs):

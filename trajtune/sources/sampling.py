@@ -70,8 +70,8 @@ class SamplingConfig:
     max_staleness: int = 0
     """how many updates the sampling policy lags: 0 samples step s with the policy step s updates (on-policy);
     K >= 1 samples steps s+1 .. s+K while step s trains, in a sampler process holding its own copy of the weights
-    (or vLLM: K = 1), each step's episodes exactly K updates behind, whatever the timing (trajtune.sources.overlap;
-    needs the loop's tis_cap > 0: the truncated importance weight against the sampler's log-probs)"""
+    (or vLLM; one process, not torchrun), each step's episodes exactly K updates behind, whatever the timing
+    (trajtune.sources.overlap; needs an importance correction of the RL loop: tis_cap > 0, or rl.correction)"""
     sampler_process: bool = False
     """run the episodes in a separate process with its own copy of the weights, synced and checked after every
     update (implied by max_staleness 1 with backend sampler; with 0 a run equals the one-process run: bit for bit
@@ -158,10 +158,6 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
         raise ValueError(f"{where}: {name('sampler_process')} runs the built-in sampler in a process of its own; "
                          f"{name('backend')} vllm samples in vLLM (drop {name('sampler_process')}; "
                          f"{name('max_staleness')} 1 overlaps vLLM too)")
-    if s.backend == "vllm" and s.max_staleness > 1:
-        raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} with {name('backend')} vllm: vLLM "
-                         "overlaps one step (its weight sync waits for the draw in flight); use 1, or the built-in "
-                         f"sampler ({name('backend')} sampler) for K > 1")
     if s.backend == "generate" and s.in_process:
         raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} / {name('sampler_process')} sample in "
                          f"a separate process with the built-in sampler; {name('backend')} generate samples from the "
@@ -179,6 +175,10 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
         if s.in_process and s.backend == "sampler":
             raise ConfigError(f"{where}: {name('max_staleness')} / {name('sampler_process')} need a one-process "
                               "engine (not torchrun: every rank would need its own sampler process)")
+        if s.backend == "vllm" and s.max_staleness:
+            raise ConfigError(f"{where}: {name('max_staleness')} with {name('backend')} vllm needs one process (not "
+                              "torchrun): rank 0 sends each held weight sync from its background thread, which the "
+                              f"other ranks' rollouts cannot wait for; use {name('max_staleness')} 0 under torchrun")
         if s.backend == "vllm" and not s.vllm_server:
             raise ConfigError(f"{where}: {name('backend')} vllm under torchrun needs {name('vllm_server')} URL (a "
                               "`trajtune vllm-serve` the ranks share); a colocated vLLM engine per rank is not "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -42,29 +41,17 @@ class SamplerDied(SyncError):
 
 
 class RolloutsSent:
-    """How a sampler that holds its own weights orders its rollouts against its weight syncs (`SamplerProcess`,
-    `VLLMRunner`): a count of the rollouts sent (under the condition `_cv`), and a wait for the draw in flight to
-    have sent its rollout. The class that mixes it in sets `_cv` (a `threading.Condition`) and `_rollouts_sent`."""
+    """How a sampler that holds its own weights counts its rollouts (`SamplerProcess`, `VLLMRunner`): an overlapped
+    source checks that its inner source's episodes went through it. The class that mixes it in sets
+    `_rollouts_sent` (under its condition `_cv`)."""
 
     _cv: threading.Condition
     _rollouts_sent: int
 
     @property
     def rollouts_sent(self) -> int:
-        """Rollouts sent so far (their order against the syncs decides which weights sample them)."""
+        """Rollouts sent so far."""
         return self._rollouts_sent
-
-    def wait_rollout_sent(self, count: int, future: Future) -> None:
-        """Wait until more than `count` rollouts were sent, or `future` (the draw that would send the next) is done:
-        an overlapped source calls it before the sync of new weights, so the episodes drawn ahead are sampled with
-        the weights before them, whatever the threads' timing."""
-        future.add_done_callback(lambda _: self._notify())
-        with self._cv:
-            self._cv.wait_for(lambda: self._rollouts_sent > count or future.done())
-
-    def _notify(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
 
 
 @dataclass

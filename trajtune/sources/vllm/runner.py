@@ -3,11 +3,15 @@
 
 `VLLMRunner(engine, sampler, sync)` is an `EpisodeRunner` (`trajtune.sources.episodes`): its three jobs are split
 between the `sampler` (a `VLLMSampler`: tokens from vLLM), the `sync` (a `WeightSync`: weights to vLLM, checked)
-and itself (the order of rollouts and syncs, so episodes drawn ahead are sampled exactly one update behind).
+and itself (the order of rollouts and syncs, so episodes drawn ahead are sampled exactly K updates behind: under
+an `Overlapped` source each update's sync is prepared as the update ends -- the trainer's probe log-probs and a
+CPU copy of its weights -- and held until the rollouts of the step K later are about to start, as the sampler
+process's are; `trajtune.sources.overlap`).
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 import time
@@ -24,18 +28,19 @@ from ..sampling import SamplingConfig
 from ..sync import RolloutsSent
 from .clients import Colocated, Servers, VLLMEngine
 from .sampler import VLLMSampler
-from .weights import AdapterSampler, WeightSync, lora_rank
+from .weights import AdapterSampler, PreparedSync, WeightSync, lora_rank
 
 
 class VLLMRunner(RolloutsSent):
     """An `EpisodeRunner` sampling with `sampler` (module docstring): `rollout` runs the episode loop here;
     `after_update(engine)` has `sync` send the trainer's new weights and check them.
 
-    With an `Overlapped` source around it (max_staleness 1) a rollout runs in a background thread while the
-    trainer updates; rollouts and syncs take turns under one lock, the sync after the rollout in flight, so
-    episodes drawn ahead are sampled exactly one update behind (`rollouts_sent`, `wait_rollout_sent`: the
-    interface `Overlapped` uses, as `SamplerProcess`'s). The first rollout syncs first (a resumed run's weights,
-    a server that holds another run's), so no episode samples from weights it never had."""
+    With an `Overlapped` source around it (max_staleness K) rollouts run in a background thread while the trainer
+    updates; each update's sync is held (`hold_syncs`) and sent by that thread before the rollouts it must
+    precede (`send_held`), so episodes drawn ahead are sampled exactly K updates behind (the interface
+    `Overlapped` uses, as `SamplerProcess`'s); a held sync's check is reported in the row of the step whose
+    episodes it preceded. The first rollout syncs first (a resumed run's weights, a server that holds another
+    run's), so no episode samples from weights it never had."""
 
     PROBE_ROWS = 4
 
@@ -46,18 +51,16 @@ class VLLMRunner(RolloutsSent):
         self._rollouts_sent = 0
         self._probe_rows: list[Trajectory] = []
         self._started = False  # the first rollout's sync done
+        self._hold_until: int | None = None  # holding syncs (`hold_syncs`): the step their rollouts wait for
+        self._taken = -1  # holding: the last step the loop took
+        self._held: collections.deque[tuple[int, PreparedSync]] = collections.deque()
+        self._checked: list[tuple[int, dict[str, float]]] = []  # (due step, the sync's metrics), not reported
 
     def rollout(self, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
                 generator: torch.Generator | None, limits: Limits, groups: Sequence[int] | None = None,
                 row_seeds: Sequence[int] | None = None) -> list[Trajectory]:
         """`episodes.run_episodes` with vLLM as the sampler, after the first sync (class docstring)."""
-        if not self._started:
-            from ...engine.distributed import barrier
-
-            with self._lock:
-                self.sync.sync(self.engine, self._probe_rows)
-            barrier()
-            self._started = True
+        self.start()
         with self._lock:
             with self._cv:
                 self._rollouts_sent += 1
@@ -74,17 +77,55 @@ class VLLMRunner(RolloutsSent):
 
     def after_update(self, engine: Engine) -> dict[str, float]:
         """Send the trainer's new weights to vLLM and check them (`WeightSync`) -> sync/logprob_diff (max),
-        sync/logprob_diff_mean, time/sync_s. Rank 0 sends; every rank waits for it."""
+        sync/logprob_diff_mean, time/sync_s. Rank 0 sends; every rank waits for it. Holding (`hold_syncs`): the
+        sync is prepared now and sent later (`send_held`); the metrics are those of the syncs due by the last step
+        taken (done: their rollouts came back)."""
         from ...engine.distributed import barrier
 
         t0 = time.perf_counter()
+        if self._hold_until is not None:
+            prepared = self.sync.prepare(engine, self._probe_rows)
+            with self._cv:
+                if prepared is not None:
+                    self._held.append((self._hold_until, prepared))
+                done = [m for due, m in self._checked if due <= self._taken]
+                self._checked = [(due, m) for due, m in self._checked if due > self._taken]
+            out = {k: max(m[k] for m in done if k in m) for k in {k for m in done for k in m}}
+            return {**out, "time/sync_s": time.perf_counter() - t0}
         with self._lock:
             out = self.sync.sync(engine, self._probe_rows)
         barrier()
         return {**out, "time/sync_s": time.perf_counter() - t0}
 
+    def hold_syncs(self, until_step: int, taken: int) -> None:
+        """Hold each update's sync until a rollout of the loop's step `until_step` or later is about to start
+        (`trajtune.sources.process.SamplerProcess.hold_syncs`, the same contract). One process (no torchrun)."""
+        self._hold_until, self._taken = until_step, taken
+
+    def send_held(self, step: int) -> None:
+        """Send, in order, the held syncs that must precede the rollouts of the loop's step `step`."""
+        while True:
+            with self._cv:
+                if not self._held or self._held[0][0] > step:
+                    return
+                due, prepared = self._held.popleft()
+            with self._lock:
+                out = self.sync.send(prepared)
+            with self._cv:
+                self._checked.append((due, out))
+
     def start(self) -> None:
-        """vLLM is running already (nothing to start)."""
+        """The first sync (idempotent): vLLM gets the trainer's current weights -- a resumed run's, restored --
+        checked on the probe rows there are (the restored episodes drawn ahead). An overlapped source calls it in
+        the thread that trains before its first draw ahead; otherwise the first rollout does."""
+        if self._started:
+            return
+        from ...engine.distributed import barrier
+
+        with self._lock:
+            self.sync.sync(self.engine, self._probe_rows)
+        barrier()
+        self._started = True
 
     def close(self) -> None:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
@@ -45,6 +46,21 @@ class AdapterSampler(WeightSampler, Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class PreparedSync:
+    """One sync as `WeightSync.prepare` took it: the trainer's optimizer step, its weights under checkpoint names
+    (a CPU copy; {} for a LoRA sync after the first), whether to send them, the saved adapter (LoRA), the probe
+    rows, the trainer's log-probs of them [b, T-1] and their POLICY tokens [b, T-1] bool (None: nothing to probe)."""
+
+    step: int
+    state: dict[str, torch.Tensor]
+    send_weights: bool
+    adapter: Path | None
+    rows: list[Trajectory]
+    mine: torch.Tensor | None
+    action_mask: torch.Tensor | None
+
+
 class WeightSync:
     """Sends the trainer's weights (or its LoRA adapter) to `sampler` and checks them (module docstring)."""
 
@@ -67,9 +83,17 @@ class WeightSync:
         return self._weights_dir
 
     def sync(self, engine: Engine, rows: Sequence[Trajectory]) -> dict[str, float]:
-        """Write, load, check (module docstring). Every rank calls it: the full weights are collective under FSDP;
-        rank 0 alone computes the check's log-probs of `rows` (the probe, [] before any episode) and talks to
-        vLLM. LoRA: the base weights at the first sync (a server may hold another run's), then the adapter alone."""
+        """Write, load, check (module docstring): `send(prepare(engine, rows))`. Every rank calls it: the full
+        weights are collective under FSDP; rank 0 alone computes the check's log-probs of `rows` (the probe, []
+        before any episode) and talks to vLLM. LoRA: the base weights at the first sync (a server may hold another
+        run's), then the adapter alone."""
+        prepared = self.prepare(engine, rows)
+        return self.send(prepared) if prepared is not None else {}
+
+    def prepare(self, engine: Engine, rows: Sequence[Trajectory]) -> "PreparedSync | None":
+        """What a sync sends and checks, taken now (in the thread that trains, every rank): the trainer's log-probs
+        of the probe rows, its weights (a CPU copy) or its LoRA adapter (saved), the optimizer step. None on the
+        ranks other than 0. `send` may run later: an overlapped source holds it (`VLLMRunner.hold_syncs`)."""
         batch = collate(list(rows), 0, temperature=1.0) if rows else None  # the check reads the raw model (T=1)
         mine = None  # [b, T-1] the trainer's log-probs of the probe rows (rank 0: the rows are its own episodes)
         state: dict[str, torch.Tensor] = {}
@@ -93,24 +117,29 @@ class WeightSync:
                 state = _checkpoint_state(model, lora)
             if engine.is_main and lora:
                 model.save_pretrained(str(adapter))  # the adapter alone (peft's format)
+        self._base_sent = self._base_sent or send_weights  # (sent by the first `send`, in order)
         if not engine.is_main:
-            return {}
+            return None
+        return PreparedSync(engine.step, state, send_weights, adapter if lora else None, list(rows), mine,
+                            batch.action_mask.bool() if batch is not None else None)
+
+    def send(self, p: "PreparedSync") -> dict[str, float]:
+        """Load `p` into every vLLM engine and check it (rank 0) -> sync/logprob_diff, sync/logprob_diff_mean."""
         wanted: Fingerprints = {}
         loaded: list[Fingerprints] = []
-        if send_weights:
-            wanted = tensor_fingerprints(state)
-            loaded = self.sampler.load(self._write(state))
-            self._base_sent = True
-        if lora:
-            self._sync_adapter(adapter)
-        if batch is None or mine is None:  # nothing to probe yet: the fingerprints alone
-            check_sync(engine.step, wanted, loaded, torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool),
+        if p.send_weights:
+            wanted = tensor_fingerprints(p.state)
+            loaded = self.sampler.load(self._write(p.state))
+        if p.adapter is not None:
+            self._sync_adapter(p.adapter)
+        if p.mine is None or p.action_mask is None:  # nothing to probe yet: the fingerprints alone
+            check_sync(p.step, wanted, loaded, torch.zeros(0), torch.zeros(0), torch.zeros(0, dtype=torch.bool),
                        self.tolerance, sampler="vLLM", option="sampling.sync_tolerance")
             return {}
-        theirs = torch.zeros_like(mine)  # [b, T-1]
-        for b, lps in enumerate(self.sampler.logprobs([t.ids for t in rows])):
+        theirs = torch.zeros_like(p.mine)  # [b, T-1]
+        for b, lps in enumerate(self.sampler.logprobs([t.ids for t in p.rows])):
             theirs[b, : len(lps)] = torch.tensor(lps)
-        worst, mean = check_sync(engine.step, wanted, loaded, mine, theirs, batch.action_mask.bool(), self.tolerance,
+        worst, mean = check_sync(p.step, wanted, loaded, p.mine, theirs, p.action_mask, self.tolerance,
                                  sampler="vLLM", option="sampling.sync_tolerance")
         return {"sync/logprob_diff": worst, "sync/logprob_diff_mean": mean}
 
@@ -128,8 +157,9 @@ class WeightSync:
         update -- the base weights never move. vLLM keeps no fingerprint of an adapter it loaded: the log-prob
         check is the sync's check."""
         self.sampler.load_adapter(str(path))
-        for old in self.weights_dir.glob("adapter-*"):  # the one before stays until this one is in use
-            if old.name not in (path.name, f"adapter-{self.syncs - 1}"):
+        number = int(path.name.split("-")[1])
+        for old in self.weights_dir.glob("adapter-*"):  # the one before stays until this one is in use; later ones
+            if old.name.split("-")[1].isdigit() and int(old.name.split("-")[1]) < number - 1:  # (held) wait
                 shutil.rmtree(old, ignore_errors=True)
 
     def close(self) -> None:
