@@ -40,6 +40,7 @@ class Outcome(StrEnum):
     ENV_ERROR = "env_error"  # env.reset / env.step raised, overran its time limit or returned a bad step
     REWARD_ERROR = "reward_error"  # a reward function's call on it ran past its time limit
     UNSCORED = "unscored"  # no reward source applies to it (every one returned None: TRL's "unscorable")
+    STALE = "stale"  # sampled too far behind the policy to train on (`sampling.stale` discard: sources.staleness)
 
 
 @dataclass

@@ -74,3 +74,41 @@ def test_bad_arguments():
         staleness_metrics([FRESH], [FRESH, FRESH], step=5, max_staleness=1)
     with pytest.raises(ValueError, match="must be >= 0"):
         staleness_metrics([FRESH], [FRESH], step=5, max_staleness=-1)
+
+
+def multi_turn(actions, group):
+    """An episode of actions of the given lengths (POLICY tokens), each after a one-token prompt/tool turn."""
+    owners, turns = [], []
+    for k, n in enumerate(actions):
+        owners += [P] + [A] * n
+        turns += [2 * k] + [2 * k + 1] * n
+    return Trajectory(ids=list(range(len(owners))), owners=owners, turns=turns, group=group)
+
+
+def test_the_decode_clock_of_a_lockstep_batch():
+    from trajtune.sources.staleness import decode_clock
+
+    # three episodes: actions (3, 5), (4,) and (1, 2, 6); action 0 of all three decodes in max(3, 4, 1) = 4 steps,
+    # action 1 of the first and third in max(5, 2) = 5, action 2 of the third alone in 6
+    trajs = [multi_turn([3, 5], 0), multi_turn([4], 0), multi_turn([1, 2, 6], 1)]
+    # first: 4 (action 0) + its own 5 = 9; second: its own 4; third: 4 + 5 + its own 6 = 15
+    assert decode_clock(trajs) == [9, 4, 15]
+    assert decode_clock([multi_turn([], 0)]) == [0]
+
+
+def test_discard_drops_the_groups_that_arrive_after_their_step_trained():
+    from trajtune.sources.staleness import discard_stale
+    from trajtune.trajectory import Outcome
+
+    trajs = [multi_turn([3, 5], 0), multi_turn([4], 0), multi_turn([1, 2, 6], 1), multi_turn([2], 2)]
+    # clocks 9, 4, 15, 2 (the fourth joins action 0: max(3, 4, 1, 2) = 4 -> 4 + 5 = 9, 4, 4 + 5 + 6 = 15, 2)
+    # at 4 decode steps per update: durations 2, 1, 3, 0 -> groups 0: max 2, 1: 3, 2: 0; one update behind: groups
+    # 0 and 1 arrive late (2 > 1, 3 > 1) and are dropped, group 2 is kept
+    assert discard_stale(trajs, behind=1, tokens_per_update=4) == 3
+    assert [t.outcome for t in trajs] == [Outcome.STALE] * 3 + [Outcome.OK]
+    trajs = [multi_turn([3, 5], 0), multi_turn([4], 0), multi_turn([1, 2, 6], 1), multi_turn([2], 2)]
+    assert discard_stale(trajs, behind=3, tokens_per_update=4) == 0  # three behind: every group in time
+    trajs[0].outcome = Outcome.ENV_ERROR  # a failed episode keeps its outcome
+    assert discard_stale(trajs, behind=1, tokens_per_update=4) == 2 and trajs[0].outcome is Outcome.ENV_ERROR
+    with pytest.raises(ValueError, match="tokens_per_update must be >= 1"):
+        discard_stale(trajs, behind=1, tokens_per_update=0)

@@ -40,12 +40,12 @@ import collections
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from ..trajectory import Owner
+from ..trajectory import Outcome, Owner
 from .base import Draw, Episodes, Schedule, Source, Wrapper
 from .process import SamplerProcess
 from .sampler import Sampler
 from .sampling import SamplingConfig
-from .staleness import staleness_metrics
+from .staleness import discard_stale, staleness_metrics
 
 
 def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], sampler: Sampler,
@@ -70,7 +70,8 @@ def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], 
     except BaseException:
         runner.close()
         raise
-    return Overlapped(source, runner, overlap.max_staleness) if overlap.max_staleness else source
+    return Overlapped(source, runner, overlap.max_staleness, overlap.stale, overlap.tokens_per_update) \
+        if overlap.max_staleness else source
 
 
 class Overlapped(Wrapper):
@@ -78,11 +79,14 @@ class Overlapped(Wrapper):
     behind (module docstring). `process`: the `SamplerProcess` (or `VLLMRunner`) the inner `EpisodeSource`
     samples through: it holds each update's sync until the rollouts it must precede (`hold_syncs`, `send_held`)."""
 
-    def __init__(self, inner: Source, process: SamplerProcess | Any, max_staleness: int = 1):
+    def __init__(self, inner: Source, process: SamplerProcess | Any, max_staleness: int = 1, stale: str = "pace",
+                 tokens_per_update: int = 0):
         super().__init__(inner)
-        self.process, self.k = process, max_staleness
+        self.process, self.k, self.stale, self.tokens_per_update = process, max_staleness, stale, tokens_per_update
         if max_staleness < 1:
             raise ValueError(f"Overlapped: max_staleness must be >= 1, got {max_staleness}")
+        if stale != "pace" and tokens_per_update < 1:
+            raise ValueError(f"Overlapped: stale {stale} needs tokens_per_update >= 1, got {tokens_per_update}")
         self._pool: ThreadPoolExecutor | None = None  # one background thread, started after the process
         self._flight: collections.deque[tuple[int, Future]] = collections.deque()  # step, its episodes' future
         self._ready: collections.deque[Episodes] = collections.deque()  # restored or finished, in step order
@@ -104,7 +108,8 @@ class Overlapped(Wrapper):
             while self._last < draw.step + self.k and (later := ahead(self._last + 1)) is not None:
                 self._last += 1  # sampled with the weights now: after draw.step updates
                 self._flight.append((later.step, self._pool.submit(self._draw, later, draw.step)))
-        episodes.metrics.update(staleness_metrics(episodes.trajs, episodes.trajs, draw.step, self.k))
+        kept = [t for t in episodes.trajs if t.outcome is not Outcome.STALE]
+        episodes.metrics.update(staleness_metrics(episodes.trajs, kept, draw.step, self.k))
         return episodes
 
     def after_update(self, engine) -> dict[str, float]:
@@ -123,7 +128,10 @@ class Overlapped(Wrapper):
             raise ValueError("Overlapped: the inner source sampled its episodes without the sampler process, from the "
                              "trainer's live weights while they trained; build it with the process as its policy: "
                              "EpisodeSource(process, ...) (or use trajtune.sources.overlap.overlapped)")
-        return self._stamped(episodes, draw.step, version)
+        episodes = self._stamped(episodes, draw.step, version)
+        if self.stale == "discard":
+            discard_stale(episodes.trajs, episodes.behind, self.tokens_per_update)
+        return episodes
 
     @staticmethod
     def _stamped(episodes: Episodes, step: int, version: int) -> Episodes:

@@ -3,8 +3,9 @@
     backend            sampler (trajtune's KV-cached sampler) | generate (HF `generate`) | vllm
     max_new_tokens, temperature, top_k, top_p, draw, share_prompts
                        how an action is drawn (`trajtune.sources.sampler.SamplerSettings`: `settings()`)
-    max_staleness, sampler_process, sampler_threads
-                       where the episodes run and how far behind the trained policy (`trajtune.sources.overlap`)
+    max_staleness, stale, tokens_per_update, sampler_process, sampler_threads
+                       where the episodes run, how far behind the trained policy, what becomes of stale work
+                       (`trajtune.sources.overlap`, `trajtune.sources.staleness`)
     vllm_server, vllm_gpu_memory_utilization, vllm_weights_dir
                        where vLLM runs (`trajtune.sources.vllm`)
     sync_tolerance, sampler_timeout
@@ -28,7 +29,8 @@ from ..config import ConfigError, check_choices, check_ranges
 from ..objectives.corrections import active_correction
 from .sampler import SamplerSettings
 
-OVERLAP = ("max_staleness", "sampler_process", "sampler_threads", "sampler_timeout", "sync_tolerance")
+OVERLAP = ("max_staleness", "stale", "tokens_per_update", "sampler_process", "sampler_threads", "sampler_timeout",
+           "sync_tolerance")
 """the fields of where the built-in sampler's episodes run (what a run that draws its own way reads: `reads`)"""
 MOVED: dict[str, str] = {"overlap": "sampling", "vllm": "sampling"}
 """the sections `SamplingConfig` replaced -> where their keys are now (a config class's `RENAMED` entries): the
@@ -72,6 +74,16 @@ class SamplingConfig:
     K >= 1 samples steps s+1 .. s+K while step s trains, in a sampler process holding its own copy of the weights
     (or vLLM; one process, not torchrun), each step's episodes exactly K updates behind, whatever the timing
     (trajtune.sources.overlap; needs an importance correction of the RL loop: tis_cap > 0, or rl.correction)"""
+    stale: Literal["pace", "discard", "partial"] = "pace"
+    """what happens to the work a slow rollout makes stale, decided on a virtual clock (tokens_per_update), exactly
+    (trajtune.sources.staleness): pace (no rollout starts more than K behind; the trainer waits for the slow ones,
+    nothing is thrown away), discard (a group that would arrive after its step trains is dropped, as TRL's and
+    Tinker's async loops do: the slow problems starve), partial (nothing is dropped; an episode's tokens past each
+    update are sampled with the newer weights, several versions per episode). Not pace: max_staleness >= 1"""
+    tokens_per_update: int = 0
+    """the virtual clock of stale: decode steps of the sampler (one token of every running episode) per trainer
+    update; an episode's duration is its batch's decode steps until its last token over this (needed by discard
+    and partial)"""
     sampler_process: bool = False
     """run the episodes in a separate process with its own copy of the weights, synced and checked after every
     update (implied by max_staleness 1 with backend sampler; with 0 a run equals the one-process run: bit for bit
@@ -105,9 +117,14 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         check_ranges(self, "sampling", counts=("max_new_tokens", "sampler_threads"), non_negative=(
-            "top_k", "sampler_timeout", "sync_tolerance", "max_staleness"), positive=("temperature", "top_p"))
+            "top_k", "sampler_timeout", "sync_tolerance", "max_staleness", "tokens_per_update"),
+                     positive=("temperature", "top_p"))
         if not self.top_p <= 1.0:
             raise ValueError(f"sampling: top_p must be in (0, 1], got {self.top_p!r}")
+        if self.stale != "pace" and not (self.max_staleness >= 1 and self.tokens_per_update >= 1):
+            raise ValueError(f"sampling: stale {self.stale} decides on a virtual clock what a slow rollout's stale "
+                             f"work becomes; it needs max_staleness >= 1 and tokens_per_update >= 1 (decode steps per "
+                             f"update), got {self.max_staleness} and {self.tokens_per_update}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"sampling: vllm_gpu_memory_utilization must be in (0, 1], got "
                              f"{self.vllm_gpu_memory_utilization}")

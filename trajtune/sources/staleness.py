@@ -20,6 +20,19 @@ token: a -1 there (no policy version for a sampled token) or a version newer tha
 a trained token more than K behind breaks the bound; each raises a ValueError naming the episode. TEMPLATE, PROMPT
 and TOOL tokens (-1: no policy sampled them) are not counted.
 
+What happens to the episodes a slow rollout makes stale is the policy `sampling.stale` (`trajtune.sources.overlap`),
+decided exactly on a virtual clock rather than on wall time: the sampler decodes its draw's episodes in lockstep
+(one token of every running episode per decode step, turn by turn), and `sampling.tokens_per_update` decode steps
+take as long as one update of the trainer. `decode_clock` gives each episode's clock at its last POLICY token;
+its duration in updates is that over tokens_per_update. A draw of step s started at version v (s - K, or 0 in the
+first steps) arrives at update v + duration:
+
+    pace     (admission control) the trainer waits for every episode; nothing is thrown away
+    discard  a group that arrives after its step trains (duration > s - v) is dropped (Outcome.STALE, kept for
+             the counts and the viewer): what TRL's and Tinker's async loops do, which starves the slow problems
+    partial  nothing is dropped; an episode's tokens past each update boundary are sampled with the newer weights
+             (several versions per episode: the resumed share)
+
 Pure functions of trajectories and counts; the overlapped source calls `staleness_metrics` once per step and adds
 its row to the step's metrics. The episode records and `trajtune view` show the same versions token by token
 (`trajtune.runs.recorder`, `trajtune.runs.view`).
@@ -30,7 +43,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..metrics import register
-from ..trajectory import Owner, Trajectory
+from ..trajectory import Outcome, Owner, Trajectory
 
 register("staleness/mean", "mean staleness of the POLICY tokens the step trains on: updates between the weights that "
          "sampled a token and the weights it is trained at (0: on-policy; sources.staleness)")
@@ -111,3 +124,44 @@ def staleness_metrics(sampled: Sequence[Trajectory], trained: Sequence[Trajector
 
     out["staleness/length_bias"] = mean_length(trained) - mean_length(sampled)
     return out
+
+
+def actions(t: Trajectory) -> list[int]:
+    """The POLICY tokens of each of `t`'s actions (its turns with POLICY tokens), in order."""
+    counts: dict[int, int] = {}
+    for owner, turn in zip(t.owners, t.turns, strict=True):
+        if owner == Owner.POLICY:
+            counts[turn] = counts.get(turn, 0) + 1
+    return [counts[turn] for turn in sorted(counts)]
+
+
+def decode_clock(trajs: Sequence[Trajectory]) -> list[int]:
+    """Per episode of one draw, the decode steps its batch had taken when the episode's last POLICY token was drawn:
+    action k of every episode still running is decoded together, taking as many steps as the longest of them, so
+    an episode's clock is the sum of the longest k-th actions before its last, plus its own last action's length
+    (single-turn: its own length). 0 for an episode without POLICY tokens."""
+    lengths = [actions(t) for t in trajs]
+    longest: list[int] = []
+    for acts in lengths:
+        for k, n in enumerate(acts):
+            if k == len(longest):
+                longest.append(0)
+            longest[k] = max(longest[k], n)
+    return [sum(longest[: len(acts) - 1]) + acts[-1] if acts else 0 for acts in lengths]
+
+
+def discard_stale(trajs: Sequence[Trajectory], behind: int, tokens_per_update: int) -> int:
+    """The `discard` policy on one draw sampled `behind` updates before the step that trains it: every episode of a
+    group whose longest episode lasted more than `behind` updates (clock // tokens_per_update: it arrives after its
+    step trained) is marked Outcome.STALE (the OK ones; a failed episode keeps its outcome). -> episodes marked."""
+    if tokens_per_update < 1:
+        raise ValueError(f"discard_stale: tokens_per_update must be >= 1, got {tokens_per_update}")
+    duration: dict[int, int] = {}
+    for t, clock in zip(trajs, decode_clock(trajs), strict=True):
+        duration[t.group] = max(duration.get(t.group, 0), clock // tokens_per_update)
+    marked = 0
+    for t in trajs:
+        if duration[t.group] > behind and t.outcome is Outcome.OK:
+            t.outcome = Outcome.STALE
+            marked += 1
+    return marked

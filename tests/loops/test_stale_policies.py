@@ -1,0 +1,92 @@
+"""What becomes of stale work (`sampling.stale`, trajtune.sources.staleness): pace, discard and partial on the real
+overlapped loop, each exact -- decided on the virtual clock (tokens_per_update), so a run gives the same numbers
+twice whatever the threads' timing."""
+
+import pytest
+import torch
+
+from trajtune.algorithms.rl import RLConfig
+from trajtune.envs.base import SingleTurnEnv
+from trajtune.sources.overlap import overlapped
+from trajtune.sources.sampler import Decoder, SamplerSettings
+from trajtune.sources.sampling import SamplingConfig
+from trajtune.trajectory import Outcome
+
+from test_algorithms import engine
+from test_async_rl import graded, graded_source, same_weights, train, untimed
+
+SETTINGS = SamplerSettings(max_new_tokens=4)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def source(e, k, stale, tokens_per_update, spy=None):
+    """The graded task (answers of 1 to 4 tokens), `k` steps ahead in a sampler process, `stale` work handled so."""
+    sampling = SamplingConfig(max_staleness=k, stale=stale, tokens_per_update=tokens_per_update, max_new_tokens=4)
+    src = overlapped(e, sampling, lambda p: graded_source(e, p, make_env=lambda: SingleTurnEnv(graded)),
+                     Decoder(e.sample, SETTINGS))
+    if spy is not None:
+        take = src.take
+
+        def spied(draw, ahead=None):
+            episodes = take(draw, ahead)
+            spy.append(episodes)
+            return episodes
+
+        src.take = spied
+    return src
+
+
+CFG = RLConfig(steps=6, tasks_per_step=4, group_size=4, advantage="grpo", tis_cap=2.0, seed=2)
+
+
+def test_discard_drops_exactly_the_groups_that_would_arrive_after_their_step_and_repeats_itself():
+    """At two decode steps per update, a 4-token answer takes 2 updates: one update behind, every group with one is
+    dropped (Outcome.STALE, never in a loss), the first step (sampled now, the trainer waits) never; the row counts
+    them and the length bias is negative (the long answers are the ones thrown away). The same run twice: the same
+    rows and weights."""
+    seen: list = []
+    cfg = RLConfig(steps=6, tasks_per_step=6, group_size=2, advantage="grpo", tis_cap=2.0, seed=2)
+    a = engine()
+    rows = train(a, source(a, 1, "discard", 2, seen), cfg)
+    b = engine()
+    assert untimed(train(b, source(b, 1, "discard", 2), cfg)) == untimed(rows) and same_weights(a, b)
+    for episodes, row in zip(seen, rows, strict=True):
+        groups: dict[int, list] = {}
+        for t in episodes.trajs:
+            groups.setdefault(t.group, []).append(t)
+        for trajs in groups.values():
+            late = episodes.step > 0 and max(t.count(2) for t in trajs) // 2 > 1
+            assert all((t.outcome is Outcome.STALE) == late for t in trajs)
+        dropped = sum(t.outcome is Outcome.STALE for t in episodes.trajs) / len(episodes.trajs)
+        assert row["staleness/discarded_share"] == pytest.approx(dropped)
+    assert any(r["staleness/discarded_share"] > 0 for r in rows)
+    bias = [r["staleness/length_bias"] for r in rows if "staleness/length_bias" in r]  # (absent: all dropped)
+    assert all(b <= 0 for b in bias) and any(b < 0 for b in bias), bias
+
+
+def test_pace_and_a_discard_with_a_fast_enough_sampler_drop_nothing_and_train_the_same():
+    """Pace never drops; discard with a clock where every answer fits in one update (4 decode steps per update)
+    drops nothing either: the two runs are the same run."""
+    a, b = engine(), engine()
+    paced = train(a, source(a, 2, "pace", 0), CFG)
+    fast = train(b, source(b, 2, "discard", 4), CFG)
+    assert untimed(paced) == untimed(fast) and same_weights(a, b)
+    assert all(r["staleness/discarded_share"] == 0.0 for r in paced)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"stale": "discard", "max_staleness": 1}, "needs max_staleness >= 1 and tokens_per_update >= 1"),
+    ({"stale": "partial", "tokens_per_update": 4}, "needs max_staleness >= 1 and tokens_per_update >= 1"),
+    ({"stale": "drop", "max_staleness": 1, "tokens_per_update": 1}, "stale"),
+    ({"tokens_per_update": -1}, "tokens_per_update must be >= 0"),
+])
+def test_bad_stale_settings_are_refused_naming_the_field(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**kw)
