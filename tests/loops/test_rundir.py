@@ -165,6 +165,19 @@ def test_a_changed_config_is_refused_naming_keys_stages_and_the_option(tmp_path)
     assert calls(tmp_path) == {"a": 2, "b": 1, "c": 2, "d": 1}
 
 
+def test_a_key_a_later_version_added_at_its_default_is_no_change_and_at_another_value_is_one(tmp_path):
+    """A run saved before a config key existed (config.json lacks it) resumes under the version that added it while
+    the key holds its default; set to something else, it is a change like any other."""
+    run(Toy(), tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["z"], saved["sec"]["lr"]  # as an older trajtune wrote it
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    run(Toy(), tmp_path)  # nothing changed: nothing runs again
+    assert calls(tmp_path) == {"a": 1, "b": 1, "c": 1, "d": 1}
+    with pytest.raises(ConfigError, match="z None -> 101"):
+        run(Toy(z=101), tmp_path)
+
+
 def test_begin_forgets_the_results_of_the_stages_to_rerun_before_any_runs(tmp_path):
     """So that a run cut short after config.json says the new config never reads back a stale result."""
     run(Toy(), tmp_path)

@@ -298,7 +298,9 @@ class RunDir:
                                   f"config with; {self._remedy(on_disk, config)}") from None
             plan.write_config = True
             return plan
-        differ = [k for k in dict.fromkeys([*saved, *now]) if not _same(saved.get(k, _MISSING), now.get(k, _MISSING))]
+        added = _defaults(config)  # a key the saved config lacks at its default: added by a later trajtune, no change
+        differ = [k for k in dict.fromkeys([*saved, *now]) if not _same(saved.get(k, _MISSING), now.get(k, _MISSING))
+                  and not (k not in saved and k in added and _same(added[k], now.get(k, _MISSING)))]
         plan.write_config = bool(differ)
         quiet = no_effect(config)
         plan.changed = {k: (saved.get(k), now.get(k)) for k in differ if k not in quiet}
@@ -435,6 +437,14 @@ _MISSING = object()
 
 def _same(a: Any, b: Any) -> bool:
     return a == b or (a != a and b != b)  # NaN is NaN
+
+
+def _defaults(config: Any) -> dict:
+    """The flattened defaults of `config`'s class ({} when it cannot be built without arguments)."""
+    try:
+        return flatten(json.loads(json.dumps(to_dict(type(config)()))))
+    except Exception:  # noqa: BLE001 - a config class with required fields: no defaults to compare with
+        return {}
 
 
 def _diff(changed: dict[str, tuple], spell: Callable[[str], str] | None = None) -> str:
