@@ -227,17 +227,19 @@ def test_a_draw_ahead_that_is_slow_to_ask_is_still_sampled_one_update_behind(mon
     assert [h["pg/tis_weight_mean"] != 1.0 for h in got] == [False, True, True, True]
 
 
-@pytest.mark.parametrize("sig,k", [(signal.SIGINT, 1), (signal.SIGTERM, 1), (signal.SIGINT, 3)],
-                         ids=["ctrl_c", "sigterm", "ctrl_c_k3"])
-def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig, k):
-    """The episodes drawn ahead at the checkpoint (the next K steps', sampled K updates behind) are saved with it,
-    and the bound holds after the resume (every episode still exactly K behind). The interrupt is a terminal's
+@pytest.mark.parametrize("sig,k,stale", [(signal.SIGINT, 1, {}), (signal.SIGTERM, 1, {}), (signal.SIGINT, 3, {}),
+                                         (signal.SIGINT, 2, {"stale": "partial", "tokens_per_update": 1})],
+                         ids=["ctrl_c", "sigterm", "ctrl_c_k3", "ctrl_c_k2_partial"])
+def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig, k, stale):
+    """The episodes drawn ahead at the checkpoint (the next K steps', sampled K updates behind; partial: continued
+    under the next update, in flight when the run was stopped) are saved with it, and the bound holds after the
+    resume (every episode still exactly K behind: the staleness rows agree). The interrupt is a terminal's
     Ctrl-C (or a scheduler's SIGTERM to the process group): it reaches the sampler process too, which keeps
     serving; the interrupted run leaves no sampler process behind."""
     cfg = RLConfig(steps=6, tasks_per_step=2, group_size=4, advantage="grpo", tis_cap=2.0, seed=1)
     ref = engine()
     with MetricsLogger(tmp_path / "ref") as log:
-        expected = train(ref, ahead(ref, staleness=k), cfg, Run("rl", log))
+        expected = train(ref, ahead(ref, staleness=k, **stale), cfg, Run("rl", log))
     first = engine()
     inner = first.optim_step
 
@@ -250,11 +252,11 @@ def test_an_overlapped_run_resumes_exactly(tmp_path, samplers, sig, k):
     first.optim_step = optim_step
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
         with pytest.raises(RunInterrupted):
-            train(first, ahead(first, staleness=k), cfg, Run("rl", log, checkpointer=ck))
+            train(first, ahead(first, staleness=k, **stale), cfg, Run("rl", log, checkpointer=ck))
     assert first.step < ref.step and gone(samplers[-1].pid)
     resumed = engine(seed=9)  # other weights: everything comes from the checkpoint
     with MetricsLogger(tmp_path / "run") as log, Checkpointer(tmp_path / "run" / "rl") as ck:
-        got = train(resumed, ahead(resumed, staleness=k), cfg, Run("rl", log, checkpointer=ck))
+        got = train(resumed, ahead(resumed, staleness=k, **stale), cfg, Run("rl", log, checkpointer=ck))
     # the same run, row for row; the resumed run's sampler is a new process that starts from the checkpoint's
     # weights, and that first copy is checked like a sync: the first resumed step logs sync/logprob_diff too
     assert same_weights(resumed, ref) and without_sync(got) == without_sync(expected)

@@ -90,3 +90,35 @@ def test_pace_and_a_discard_with_a_fast_enough_sampler_drop_nothing_and_train_th
 def test_bad_stale_settings_are_refused_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**kw)
+
+
+def test_partial_without_an_update_inside_a_draw_is_pace_bit_for_bit():
+    """With more decode steps per update than a draw takes, no version changes inside a draw: the partial run
+    (the episode loop here, sampling through the process turn by turn) is the paced run (the episode loop in the
+    process), token for token and weight for weight."""
+    a, b = engine(), engine()
+    paced = train(a, source(a, 2, "pace", 0), CFG)
+    partial = train(b, source(b, 2, "partial", 1000), CFG)
+    assert untimed(partial) == untimed(paced) and same_weights(a, b)
+    assert all(r["staleness/resumed_share"] == 0.0 for r in partial)
+
+
+def test_partial_continues_the_episodes_in_flight_under_the_next_update_and_repeats_itself():
+    """At one decode step per update, an answer's first token comes from the weights the draw started with and the
+    rest from the next update's (one update at most: trajtune.sources.partial); nothing is dropped; the same run
+    twice gives the same numbers."""
+    seen: list = []
+    a = engine()
+    rows = train(a, source(a, 2, "partial", 1, seen), CFG)
+    b = engine()
+    assert untimed(train(b, source(b, 2, "partial", 1), CFG)) == untimed(rows) and same_weights(a, b)
+    for episodes in seen:
+        s = episodes.step
+        start, cap = max(0, s - 2), min(max(0, s - 2) + 1, s)
+        for t in episodes.trajs:
+            assert t.outcome is Outcome.OK
+            got = [v for v, o in zip(t.versions, t.owners) if o == 2]
+            assert got == [start] + [cap] * (len(got) - 1), (s, got)
+    assert all(r["staleness/discarded_share"] == 0.0 for r in rows)
+    assert [r["staleness/resumed_share"] > 0 for r in rows] == [False] + [True] * 5  # step 0: sampled now
+    assert all(r["staleness/max"] <= 2 for r in rows)

@@ -45,6 +45,7 @@ from .base import Draw, Episodes, Schedule, Source, Wrapper
 from .process import SamplerProcess
 from .sampler import Sampler
 from .sampling import SamplingConfig
+from .partial import PartialSampler, partial_versions
 from .staleness import discard_stale, staleness_metrics
 
 
@@ -65,12 +66,13 @@ def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], 
     if runner is None:
         runner = SamplerProcess(engine, sampler.settings, overlap.sampler_threads,
                                 overlap.tolerance(engine.autocast or "fp32"), overlap.sampler_timeout)
-    try:
-        source = build(runner)
+    partial = PartialSampler(runner, overlap.tokens_per_update) if overlap.stale == "partial" else None
+    try:  # partial: the episode loop here (the background thread), sampling through the process in cuts
+        source = build(runner if partial is None else partial)
     except BaseException:
         runner.close()
         raise
-    return Overlapped(source, runner, overlap.max_staleness, overlap.stale, overlap.tokens_per_update) \
+    return Overlapped(source, runner, overlap.max_staleness, overlap.stale, overlap.tokens_per_update, partial) \
         if overlap.max_staleness else source
 
 
@@ -80,9 +82,13 @@ class Overlapped(Wrapper):
     samples through: it holds each update's sync until the rollouts it must precede (`hold_syncs`, `send_held`)."""
 
     def __init__(self, inner: Source, process: SamplerProcess | Any, max_staleness: int = 1, stale: str = "pace",
-                 tokens_per_update: int = 0):
+                 tokens_per_update: int = 0, partial: PartialSampler | None = None):
         super().__init__(inner)
         self.process, self.k, self.stale, self.tokens_per_update = process, max_staleness, stale, tokens_per_update
+        self.partial = partial  # stale partial: the sampler the inner source's episode loop calls
+        if (stale == "partial") != (partial is not None):
+            raise ValueError("Overlapped: stale partial samples through a PartialSampler (and only it): build the "
+                             "source with trajtune.sources.overlap.overlapped")
         if max_staleness < 1:
             raise ValueError(f"Overlapped: max_staleness must be >= 1, got {max_staleness}")
         if stale != "pace" and tokens_per_update < 1:
@@ -96,6 +102,8 @@ class Overlapped(Wrapper):
     def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         episodes = self._drawn_ahead(draw)
         if episodes is None:  # nothing drawn ahead (the first step): now, with the current weights
+            if self.partial is not None:
+                self.partial.begin(draw.step, draw.step)
             episodes = self._stamped(self.inner.take(draw), draw.step, draw.step)
             self._last = draw.step
         self._taken = draw.step
@@ -116,12 +124,17 @@ class Overlapped(Wrapper):
         """The sampler holds the new weights until the next step drawn (`_last + 1`, K updates later) is about to
         send its rollouts, whatever the background thread's timing."""
         self.process.hold_syncs(self._last + 1, self._taken)
-        return self.inner.after_update(engine)
+        out = self.inner.after_update(engine)
+        if self.partial is not None:  # (the inner source samples through the partial sampler, not the process)
+            out = {**out, **self.process.after_update(engine)}
+        return out
 
     def _draw(self, draw: Draw, version: int) -> Episodes:
         """In the background thread: the held syncs this draw must see, then its episodes (with the weights after
         update `version`)."""
         self.process.send_held(draw.step)
+        if self.partial is not None:  # (one update at most: see trajtune.sources.partial)
+            self.partial.begin(version, min(version + 1, draw.step))
         sent = self.process.rollouts_sent
         episodes = self.inner.take(draw)
         if self.process.rollouts_sent == sent and any(t.count(Owner.POLICY) for t in episodes.trajs):
@@ -131,6 +144,8 @@ class Overlapped(Wrapper):
         episodes = self._stamped(episodes, draw.step, version)
         if self.stale == "discard":
             discard_stale(episodes.trajs, episodes.behind, self.tokens_per_update)
+        elif self.stale == "partial":  # each token the version of its decode step (`partial.partial_versions`)
+            partial_versions(episodes.trajs, version, min(version + 1, draw.step), self.tokens_per_update)
         return episodes
 
     @staticmethod

@@ -63,6 +63,7 @@ stops it (killed if it is in the middle of a rollout); the source closes it howe
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import pickle
 import signal
@@ -124,7 +125,8 @@ class SamplerProcess(RolloutsSent):
         self._unchecked_start = False  # started on trained weights, not yet checked (`_check_start`)
         self._hold_until: int | None = None  # holding syncs (`hold_syncs`): the step their rollouts wait for
         self._taken = -1  # holding: the last step the loop took (the checks of syncs due by then are reported)
-        self._held_syncs: collections.deque[tuple[int, SyncProbe, dict[str, torch.Tensor]]] = collections.deque()
+        self._held_syncs: collections.deque[tuple[int, int, SyncProbe, dict[str, torch.Tensor]]] = collections.deque()
+        self._version: int | None = None  # holding: the version of the weights last sent (or started with)
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
@@ -146,17 +148,22 @@ class SamplerProcess(RolloutsSent):
     def settings(self) -> SamplerSettings:
         return self.sampler.settings
 
-    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds) -> Samples:
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds, *,
+               max_new_tokens: int | None = None) -> Samples:
         """The `Sampler` seam on the process's copy of the weights (started with the trainer's current ones if it
         is not running yet): the same samples as `Decoder(engine.sample, settings)` here would draw with those
-        weights, and `seeds` (one generator, or one per row) advance as if they had."""
+        weights, and `seeds` (one generator, or one per row) advance as if they had. `max_new_tokens`: this call's
+        budget instead of the settings' (a partial rollout's chunk: `trajtune.sources.partial`)."""
         self.start()
+        settings = self.sampler.settings
+        if max_new_tokens is not None:
+            settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
         many = seeds is not None and not isinstance(seeds, torch.Generator)
         gens: list[torch.Generator | None] = list(cast(Sequence[torch.Generator], seeds)) if many else [
             cast(torch.Generator | None, seeds)]
         states: Any = [state_bytes(g) if g is not None else None for g in gens]
         payload = pickle.dumps(([list(p) for p in prompts], list(stop_ids), states if many else tuple(states),
-                                self.sampler.settings))
+                                settings))
         samples, after, records = self._wait(self._send("sample", payload))
         emit(records)
         self._check_syncs()  # every sync sent before these samples was loaded before them
@@ -185,7 +192,8 @@ class SamplerProcess(RolloutsSent):
             with torch.no_grad(), engine.policy_weights() as model:
                 weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             with self._cv:
-                self._held_syncs.append((self._hold_until, p, weights))
+                self._held_syncs.append((self._hold_until, self._taken + 1, p, weights))
+                self._cv.notify_all()
         if self._hold_until is not None:  # the checks of the syncs due by the last step taken (sent before its
             futures_wait([r.future for r, _, due in list(self._syncs) if due <= self._taken])  # rollouts: answered)
             self._check_syncs()
@@ -200,7 +208,10 @@ class SamplerProcess(RolloutsSent):
         its episodes exactly K updates behind (`trajtune.sources.overlap`). `taken`: the last step the loop took;
         `after_update` reports the checks of the syncs due by then (checked before its episodes came back), so a
         step's row does not depend on the threads' timing. Call it before each `after_update` (and `start`)."""
-        self._hold_until, self._taken = until_step, taken
+        with self._cv:
+            self._hold_until, self._taken = until_step, taken
+            if self._version is None:  # the first call, before the process starts with the weights after `taken`
+                self._version = taken
 
     def send_held(self, step: int) -> None:
         """Send, in order, the held syncs that must precede the rollouts of the loop's step `step` (from the thread
@@ -209,7 +220,24 @@ class SamplerProcess(RolloutsSent):
             with self._cv:
                 if not self._held_syncs or self._held_syncs[0][0] > step:
                     return
-                due, p, weights = self._held_syncs.popleft()
+                due, self._version, p, weights = self._held_syncs.popleft()
+            self._send_sync(p, weights, None, due)
+
+    def send_version(self, version: int) -> None:
+        """Send, in order, the held syncs up to the weights after update `version`, waiting for the update that makes
+        them (a partial rollout continuing under newer weights: `trajtune.sources.partial`; from the thread that
+        samples, while the trainer trains). Requires holding (`hold_syncs`)."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._dead is not None or self._closed or (self._version or 0) >= version
+                                  or any(v >= version for _, v, _, _ in self._held_syncs))
+                if self._dead is not None:
+                    raise self._dead
+                if self._closed:
+                    raise SamplerDied("the sampler process is closed")
+                if (self._version or 0) >= version:
+                    return
+                due, self._version, p, weights = self._held_syncs.popleft()
             self._send_sync(p, weights, None, due)
 
     def _send_sync(self, p: SyncProbe, weights: dict[str, torch.Tensor] | None, engine, due: int) -> None:
@@ -255,7 +283,7 @@ class SamplerProcess(RolloutsSent):
             if self._closed:
                 return
             self._closed = True
-            busy = any(r.kind == "rollout" for r in self._waiting)
+            busy = any(r.kind in ("rollout", "sample") for r in self._waiting)
             self._cv.notify_all()
         if self._process is None:
             return
@@ -335,7 +363,7 @@ class SamplerProcess(RolloutsSent):
                 raise self._died(kind) from None
             request = _Request(kind)
             self._waiting.append(request)
-            self._rollouts_sent += kind == "rollout"
+            self._rollouts_sent += kind in ("rollout", "sample")
             self._cv.notify_all()
         return request
 
@@ -398,6 +426,7 @@ class SamplerProcess(RolloutsSent):
         with self._cv:
             self._dead = self._dead or error
             waiting, self._waiting = list(self._waiting), collections.deque()
+            self._cv.notify_all()
         for request in waiting:
             if not request.future.done():
                 request.future.set_exception(error)
