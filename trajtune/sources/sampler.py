@@ -96,7 +96,8 @@ class WeightSampler(Sampler, Protocol):
 class Decoder:
     """A `Sampler` in this process: `decode` (`engine.sample`, `functools.partial(engine.sample, backend="generate",
     pad_id=...)` or `functools.partial(trajtune.engine.decoding.sample, model)`) with `settings`. `draw`,
-    `share_prompts` and `logprobs` are passed only when they are not the defaults, so a decoder without them (HF `generate`) works."""
+    `share_prompts` and `logprobs` are passed only when they are not the defaults, so a decoder without them (HF
+    `generate`) works."""
 
     def __init__(self, decode: Callable[..., Samples], settings: SamplerSettings = SamplerSettings()):
         self.decode, self._settings = decode, settings

@@ -19,8 +19,8 @@ correction `recorded_with`, default tis) records the episodes it trained on (sam
 correction trains on that recording (sampling.replay, stage `seed<s>-<mismatch>-<correction>`), so the corrections
 differ only in the loss. A replay with the recorded correction would give the live run's weights bit for bit, so the
 live run is that row. "none" on episodes sampled behind (k1..k4), which the loop refuses to train uncorrected, is
-mis_token with the band [0, 1e30] (`KEEP_ALL`): weight 1 on every token, the same loss bit for bit. The reference: the on-policy
-run (stage `seed<s>-onpolicy`: K = 0, fp32, no top-p, no correction), live.
+mis_token with the band [0, 1e30] (`KEEP_ALL`): weight 1 on every token, the same loss bit for bit. The reference:
+the on-policy run (stage `seed<s>-onpolicy`: K = 0, fp32, no top-p, no correction), live.
 
 Measured per run: the held-out mean reward after training (`eval_samples` sampled answers per held-out word, fp32,
 full softmax, the same seed for every run), the mean training reward (the live runs'; a replay's is its recording's),
@@ -59,6 +59,9 @@ MISMATCHES = ("k1", "k2", "k4", "bf16", "fp8", "top_p", "top_p_raw")
 """the injected mismatches (module docstring)"""
 CORRECTIONS = ("none", "tis", "mis_token", "mis_seq", "mis_geo", "icepop", "decoupled")
 """the corrections crossed with them"""
+LAB_FIELDS = ("max_staleness", "sampler_process", "sampler_dtype", "sync_tolerance", "top_p", "logprobs", "record",
+              "replay")
+"""the sampling fields the lab sets per mismatch and run (`mismatch_sampling`, `stage_replay`)"""
 CUT_METRICS = ("pg/tis_capped_frac", "pg/correction_masked_frac")
 """a correction's share of cut POLICY tokens: clipped (tis, tis_seq) or masked (the others)"""
 
@@ -100,6 +103,9 @@ class Config:
     """transformer blocks"""
     n_heads: int = 2
     """attention heads"""
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=2, draw="cdf"))
+    """the sampling every run starts from (the built-in sampler, here); each mismatch sets its own fields of it
+    (`LAB_FIELDS`), which stay at their defaults here"""
     rl: RLConfig = field(default_factory=lambda: RLConfig(steps=80, tasks_per_step=8, group_size=8,
                                                           advantage="grpo", surrogate="ppo", eval_every=20))
     """the RL loop's settings (its correction and tis_cap are the lab's, per run: leave them unset)"""
@@ -124,6 +130,12 @@ class Config:
         if self.rl.correction != "none" or self.rl.tis_cap:
             raise ValueError("mismatch_lab: rl.correction / rl.tis_cap are the lab's per run (corrections, tis_cap); "
                              "leave them unset")
+        default = SamplingConfig()
+        if set_here := [k for k in LAB_FIELDS if getattr(self.sampling, k) != getattr(default, k)]:
+            raise ValueError(f"mismatch_lab: sampling.{', sampling.'.join(set_here)} are the lab's per mismatch; leave "
+                             "them unset")
+        if self.sampling.backend != "sampler":
+            raise ValueError("mismatch_lab: sampling.backend must be sampler (the built-in sampler and its process)")
         if not 0 < self.top_p < 1:
             raise ValueError(f"mismatch_lab: top_p must be in (0, 1), got {self.top_p}")
         if self.dim % self.n_heads:
@@ -133,7 +145,7 @@ class Config:
 
 def mismatch_sampling(config: Config, mismatch: str) -> SamplingConfig:
     """The sampling section of `mismatch` ("onpolicy": none injected)."""
-    base = SamplingConfig(max_new_tokens=2, draw="cdf")
+    base = config.sampling
     if mismatch == "onpolicy":
         return base
     if mismatch.startswith("k"):
@@ -189,7 +201,7 @@ def train_one(ctx: StageContext, seed: int, sampling: SamplingConfig, rl: RLConf
                               max_tokens=max_tokens, pad_id=tok.pad_id, rl=rl, sharded=False, seed=seed,
                               stage_dir=ctx.dir, measure=measure)
 
-    evaluation = source(SamplingConfig(max_new_tokens=sampling.max_new_tokens, draw=sampling.draw))
+    evaluation = source(config.sampling)  # on-policy, fp32, the full softmax: the same for every run
 
     def held_out_reward() -> float:
         return score_policy(evaluation, held_out, n=config.eval_samples, seed=1).mean_reward
@@ -225,7 +237,7 @@ def stage_replay(ctx: StageContext, seed: int, mismatch: str, correction: str) -
     """`correction` trained on the recording of `mismatch`'s live run."""
     config = ctx.config
     recording = Path(ctx.dir).parent / stage_name(seed, mismatch, config.recorded_with) / RECORDING
-    sampling = SamplingConfig(max_new_tokens=2, draw="cdf", replay=str(recording))
+    sampling = dataclasses.replace(config.sampling, replay=str(recording))
     return train_one(ctx, seed, sampling, correction_rl(config, correction, mismatch.startswith("k")))
 
 
