@@ -44,7 +44,7 @@ def test_report_structure(lab):
     run_dir, report = lab
     text = report.read_text()
     for heading in ("## The injected mismatch, measured", "## Held-out reward minus on-policy's",
-                    "## Share of sampled tokens each correction cut", "## Verdicts"):
+                    "## The same over the whole run", "## Share of sampled tokens each correction cut", "## Verdicts"):
         assert heading in text
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["mismatch"]) == set(MISMATCHES) and set(summary["verdicts"]) == set(MISMATCHES)

@@ -172,9 +172,9 @@ def measure_mismatch(engine, pad_id: int):
         batch = collate(trajs, pad_id)
         with torch.no_grad():
             mine = engine.forward(batch).logprobs.float()  # [B, T-1]
-        mask = batch.action_mask.float()  # [B, T-1]
-        log_r = torch.where(mask > 0, mine - batch.old_logprobs.float(), torch.zeros_like(mine))  # [B, T-1]
-        k3 = log_r.exp() - 1 - log_r  # [B, T-1] >= 0
+        mask = batch.action_mask.double()  # [B, T-1]
+        log_r = torch.where(mask > 0, mine.double() - batch.old_logprobs.double(), 0.0)  # [B, T-1]
+        k3 = torch.expm1(log_r) - log_r  # [B, T-1] >= 0 (float64, expm1: no rounding below 0 for tiny ratios)
         return {"mismatch/k3": float(masked_mean(k3, mask)), "mismatch/abs_log_ratio": float(
             masked_mean(log_r.abs(), mask))}
 

@@ -2,7 +2,7 @@
 table over seeds, the verdicts).
 
 Per mismatch and correction, over the seeds: the held-out reward after training minus the on-policy run's of the
-same seed (the gap: 0 is "learns as on-policy"), the share of POLICY tokens the correction cut, and per mismatch the
+same seed (the gap: 0 is "learns as on-policy"; the same of the mean over the run's evaluations beside it), the share of POLICY tokens the correction cut, and per mismatch the
 sampler-trainer KL its live run measured. The verdict (`verdict`) names the correction whose mean |gap| is smallest,
 and says "not separable at N seeds" unless its lead over the runner-up is larger than the seeds' spread (the
 standard deviation over seeds of the gaps, pooled over the mismatch's corrections): a difference inside the noise
@@ -29,14 +29,14 @@ def _sd(xs: Sequence[float]) -> float:
 
 def lab_table(config: Any, results: dict[str, dict]) -> dict[str, Any]:
     """{"onpolicy": {held_out, train_reward: [per seed]}, "mismatch": {m: {"live": {k3, abs_log_ratio,
-    sync_logprob_diff, held_out, train_reward: [per seed]}, "corrections": {c: {"gap", "held_out", "cut": [per
-    seed]}}}}} from the stages' results."""
+    sync_logprob_diff, held_out, train_reward: [per seed]}, "corrections": {c: {"gap", "curve_gap", "held_out",
+    "cut": [per seed]}}}}} from the stages' results (curve_gap: of the mean held-out reward over the evaluations)."""
     from . import stage_name
 
     seeds = list(config.seeds)
     on = [results[stage_name(s, "onpolicy")] for s in seeds]
     table: dict[str, Any] = {"seeds": seeds, "onpolicy": {k: [r[k] for r in on] for k in (
-        "held_out_before", "held_out", "train_reward", "k3", "abs_log_ratio")}, "mismatch": {}}
+        "held_out_before", "held_out", "held_out_mean", "train_reward", "k3", "abs_log_ratio")}, "mismatch": {}}
     for m in config.mismatches:
         live = [results[stage_name(s, m, config.recorded_with)] for s in seeds]
         row: dict[str, Any] = {"live": {k: [r[k] for r in live] for k in (
@@ -45,6 +45,7 @@ def lab_table(config: Any, results: dict[str, dict]) -> dict[str, Any]:
             runs = [results[stage_name(s, m, c)] for s in seeds]
             row["corrections"][c] = {"held_out": [r["held_out"] for r in runs],
                                      "gap": [r["held_out"] - o["held_out"] for r, o in zip(runs, on)],
+                                     "curve_gap": [r["held_out_mean"] - o["held_out_mean"] for r, o in zip(runs, on)],
                                      "cut": [r["cut"] for r in runs]}
         table["mismatch"][m] = row
     return table
@@ -91,6 +92,8 @@ def write_lab_report(config: Any, run_dir: Path, results: dict[str, dict]) -> Pa
                 for m, r in table["mismatch"].items()]
     gap_rows = [[m] + [mean_sd(r["corrections"][c]["gap"], 3) for c in corrections]
                 for m, r in table["mismatch"].items()]
+    curve_rows = [[m] + [mean_sd(r["corrections"][c]["curve_gap"], 3) for c in corrections]
+                  for m, r in table["mismatch"].items()]
     cut_rows = [[m] + [f"{_mean(r['corrections'][c]['cut']):.3f}" for c in corrections]
                 for m, r in table["mismatch"].items()]
     sections = [
@@ -107,6 +110,9 @@ def write_lab_report(config: Any, run_dir: Path, results: dict[str, dict]) -> Pa
         "## Held-out reward minus on-policy's, per correction (mean ± sd over seeds)\n\nEvery correction of a "
         f"mismatch trains on the same recorded episodes (the {config.recorded_with} column is the live run that "
         "recorded them); 0 is on-policy's score.\n\n" + markdown_table(["mismatch", *corrections], gap_rows),
+        "## The same over the whole run: mean held-out reward of the evaluations (every rl.eval_every steps and "
+        "the last) minus on-policy's\n\nHow fast it learns; shown beside the verdict's numbers, not deciding it.\n\n"
+        + markdown_table(["mismatch", *corrections], curve_rows),
         "## Share of sampled tokens each correction cut (mean over steps and seeds)\n\ntis: clipped at the cap "
         "(pg/tis_capped_frac); the others: masked (pg/correction_masked_frac); none cuts nothing.\n\n"
         + markdown_table(["mismatch", *corrections], cut_rows),
