@@ -4,9 +4,10 @@ table over seeds, the verdicts).
 Per mismatch and correction, over the seeds: the held-out reward after training minus the on-policy run's of the
 same seed (the gap: 0 is "learns as on-policy"; the same of the mean over the run's evaluations beside it), the
 share of POLICY tokens the correction cut, and per mismatch the sampler-trainer KL its live run measured. The
-verdict (`verdict`) names the correction whose mean |gap| is smallest, and says "not separable at N seeds" unless its lead over the runner-up is larger than the seeds' spread (the
-standard deviation over seeds of the gaps, pooled over the mismatch's corrections): a difference inside the noise
-is reported as such, with its numbers, never as a winner.
+verdict (`verdict`) names the correction whose mean |gap| is smallest, and says "not separable at N seeds" unless
+its lead over the runner-up is larger than the seeds' spread (the standard deviation over seeds of the gaps, pooled
+over the mismatch's corrections): a difference inside the noise is reported as such, with its numbers, never as a
+winner.
 """
 
 from __future__ import annotations
