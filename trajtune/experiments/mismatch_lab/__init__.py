@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -143,21 +144,22 @@ class Config:
         lab_task.tasks(self.n_train, self.n_eval)  # enough words
 
 
-def mismatch_sampling(config: Config, mismatch: str) -> SamplingConfig:
-    """The sampling section of `mismatch` ("onpolicy": none injected)."""
+def mismatch_sampling(config: Any, mismatch: str) -> SamplingConfig:
+    """The sampling section of `mismatch` ("onpolicy": none injected) of the lab's `config` (a `Config`)."""
     base = config.sampling
     if mismatch == "onpolicy":
         return base
     if mismatch.startswith("k"):
         return dataclasses.replace(base, max_staleness=int(mismatch[1:]))
     if mismatch in ("bf16", "fp8"):
-        return dataclasses.replace(base, sampler_process=True, sampler_dtype=mismatch,
+        return dataclasses.replace(base, sampler_process=True, sampler_dtype=mismatch,  # type: ignore[arg-type]
                                    sync_tolerance=config.sync_tolerance)
     return dataclasses.replace(base, top_p=config.top_p, logprobs="raw" if mismatch == "top_p_raw" else "processed")
 
 
-def correction_rl(config: Config, correction: str, behind: bool) -> RLConfig:
-    """The RL settings of a run under `correction` (`behind`: its episodes were sampled behind the policy)."""
+def correction_rl(config: Any, correction: str, behind: bool) -> RLConfig:
+    """The RL settings of a run of the lab's `config` (a `Config`) under `correction` (`behind`: its episodes were
+    sampled behind the policy)."""
     if correction == "none" and behind:  # the loop refuses uncorrected lag: keep every token at weight 1
         return dataclasses.replace(config.rl, correction="mis_token", correction_low=0.0, correction_high=KEEP_ALL)
     cap = config.tis_cap if correction in ("tis", "tis_seq", "decoupled") else 0.0
