@@ -107,5 +107,5 @@ def test_config_refuses_what_it_cannot_run():
         Config(corrections=["none", "tis"], recorded_with="mis_geo")
     with pytest.raises(ValueError, match="rl.correction / rl.tis_cap are the lab's"):
         from_dict(Config, {"rl": {"tis_cap": 2.0}})
-    with pytest.raises(ValueError, match="sampling.top_p are the lab's per mismatch"):
+    with pytest.raises(ValueError, match=r"sampling.top_p: set per mismatch by the lab \(its top-p: top_p"):
         from_dict(Config, {"sampling": {"top_p": 0.5}})

@@ -133,8 +133,8 @@ class Config:
                              "leave them unset")
         default = SamplingConfig()
         if set_here := [k for k in LAB_FIELDS if getattr(self.sampling, k) != getattr(default, k)]:
-            raise ValueError(f"mismatch_lab: sampling.{', sampling.'.join(set_here)} are the lab's per mismatch; leave "
-                             "them unset")
+            raise ValueError(f"mismatch_lab: sampling.{', sampling.'.join(set_here)}: set per mismatch by the lab "
+                             "(its top-p: top_p; its tolerance: sync_tolerance); leave unset")
         if self.sampling.backend != "sampler":
             raise ValueError("mismatch_lab: sampling.backend must be sampler (the built-in sampler and its process)")
         if not 0 < self.top_p < 1:
