@@ -212,13 +212,13 @@ def test_each_registered_experiment_is_an_experiment():
     """`trajtune run` calls an experiment through `Experiment` alone: every registered module is one (mypy checks the
     assignment below; the runtime check the members and the signature of `run`)."""
     from trajtune.experiments import EXPERIMENTS, addition, agent, chapter13, graders, hf_gym, hf_pipeline
-    from trajtune.experiments import reasoning_gym, rlhf_book, smollm2, textarena
+    from trajtune.experiments import mismatch_lab, reasoning_gym, rlhf_book, smollm2, textarena
     from trajtune.experiments.base import Experiment
     from trajtune.experiments.hf import dpo, grpo, rft, rm, sft
     from trajtune.experiments.iw_sft import bandit, bugfix
 
     experiments: list[Experiment] = [addition, agent, chapter13, bandit, bugfix, sft, rm, dpo, grpo, rft, hf_pipeline,
-                                     reasoning_gym, textarena, hf_gym, graders, rlhf_book, smollm2]
+                                     reasoning_gym, textarena, hf_gym, graders, rlhf_book, smollm2, mismatch_lab]
     assert sorted(m.__name__ for m in experiments) == sorted(EXPERIMENTS.values())  # type: ignore[attr-defined]
     for m in experiments:
         assert mismatches(m, Experiment) == [], m.__name__  # type: ignore[attr-defined]

@@ -19,6 +19,8 @@ import torch
 
 DRAWS = ("race", "cdf")
 """`pick_next(draw=)`: how a token is drawn from a row's distribution"""
+LOGPROBS = ("processed", "raw")
+"""`pick_next(logprobs=)`: which distribution a drawn token's log-prob is of (`Samples`)"""
 
 
 @dataclass
@@ -30,7 +32,10 @@ class Samples:
               logits / temperature, truncated by top-k / top-p and renormalised (without a filter,
               log softmax(logits / T); greedy: log softmax(logits), at temperature 1). The trainer's
               policy is softmax(logits / T) at the batch's temperature (`Trajectory.temperature`), so
-              the importance weight pi_T / mu corrects for the truncation, a sampling-only choice
+              the importance weight pi_T / mu corrects for the truncation, a sampling-only choice.
+              `logprobs="raw"` records instead the full softmax's log-prob of the drawn token, log softmax(logits
+              / T), before top-k / top-p (vLLM's raw_logprobs): what the trainer computes, so the cut is hidden
+              from a correction; the tokens drawn are the same
     stopped:  True if the row ended with a stop token, False if it ran out of budget
     """
 
@@ -67,8 +72,12 @@ def pick_next(
     greedy: bool = False,
     generators: Sequence[torch.Generator] | None = None,
     draw: str = "race",
+    logprobs: str = "processed",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose one token per row. logits [B, V] -> (tokens [B] long, logprobs [B] float).
+
+    logprobs: "processed" -- of the distribution drawn from (truncated by top-k / top-p, renormalised); "raw" --
+    of the full log softmax(logits / temperature) (`Samples`; the same tokens, the same random numbers used).
 
     draw: how a token is drawn from the row's distribution (both exact in distribution; `DRAWS`):
       "race"  the token `torch.multinomial(probs, 1)` draws (and so HF `generate`): an exponential race,
@@ -85,10 +94,15 @@ def pick_next(
     """
     if draw not in DRAWS:
         raise ValueError(f"pick_next: draw must be one of {DRAWS}, got {draw!r}")
+    if logprobs not in LOGPROBS:
+        raise ValueError(f"pick_next: logprobs must be one of {LOGPROBS}, got {logprobs!r}")
     logits = logits.float()
     scaled = logits if greedy or temperature == 1.0 else logits / temperature
     if generators is not None and not greedy and len(generators) != logits.shape[0]:
         raise ValueError(f"pick_next: {len(generators)} generators for {logits.shape[0]} rows")
+    if logprobs == "raw" and not greedy and (top_k or top_p < 1.0):  # the draw as processed, the full log-prob
+        tok, _ = pick_next(logits, generator, temperature, top_k, top_p, False, generators, draw)
+        return tok, torch.log_softmax(scaled, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
     if draw == "cdf" and not greedy:
         return _pick_cdf(scaled, top_k, top_p, generator, generators)
     if greedy:
@@ -186,6 +200,7 @@ def sample(
     generators: Sequence[torch.Generator] | None = None,
     draw: str = "race",
     share_prompts: bool = False,
+    logprobs: str = "processed",
 ) -> Samples:
     """Sample continuations of `prompts` (lists of token ids, any lengths).
 
@@ -201,6 +216,7 @@ def sample(
     it (a GRPO group's G completions of one prompt: 1/G of the prefill). The same samples to float
     rounding only (a matmul's rounding depends on its row count), so it is off unless asked; a model
     whose cache has no `select_rows` prefills every row.
+    `logprobs`: "processed" (of the truncated distribution drawn from) or "raw" (of the full softmax; `Samples`).
 
     Per new token the loop runs one model step on [B, 1], the pick, and a handful of
     [B] ops: a finished row keeps being fed (its attention mask False, so no later
@@ -216,6 +232,8 @@ def sample(
         raise ValueError("sample: temperature must be > 0 (use greedy=True for argmax)")
     if draw not in DRAWS:
         raise ValueError(f"sample: draw must be one of {DRAWS}, got {draw!r}")
+    if logprobs not in LOGPROBS:
+        raise ValueError(f"sample: logprobs must be one of {LOGPROBS}, got {logprobs!r}")
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     # left padding: the last column is every row's last prompt token
@@ -235,9 +253,9 @@ def sample(
     for step in range(max_new_tokens):
         active = ~done  # [B] rows still sampling: this step's token is theirs
         if generators is None:
-            tok, lp = pick_next(logits, generator, temperature, top_k, top_p, greedy, draw=draw)
+            tok, lp = pick_next(logits, generator, temperature, top_k, top_p, greedy, draw=draw, logprobs=logprobs)
         else:
-            tok, lp = _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy, draw)
+            tok, lp = _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy, draw, logprobs)
         out_tok[:, step] = tok
         out_lp[:, step] = lp
         steps = step + 1
@@ -291,7 +309,7 @@ def _prefill(model, ids: torch.Tensor, real: torch.Tensor, prompts: Sequence[Seq
 
 
 def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy,
-                  draw) -> tuple[torch.Tensor, torch.Tensor]:
+                  draw, logprobs="processed") -> tuple[torch.Tensor, torch.Tensor]:
     """`pick_next` on the unfinished rows (`active` [B]), row b with `generators[b]` (drawn on CPU).
     logits [B, V] -> (tokens [B], logprobs [B]); finished rows get token 0, log-prob 0."""
     rows = active.nonzero().flatten()  # [A]
@@ -299,6 +317,7 @@ def _pick_per_row(logits, generators, active, temperature, top_k, top_p, greedy,
     lp = torch.zeros(logits.shape[0], device=logits.device)
     if len(rows):
         t, l = pick_next(logits[rows].cpu(), None, temperature, top_k, top_p, greedy,
-                         generators=None if greedy else [generators[b] for b in rows.tolist()], draw=draw)
+                         generators=None if greedy else [generators[b] for b in rows.tolist()], draw=draw,
+                         logprobs=logprobs)
         tok[rows], lp[rows] = t.to(tok.device), l.to(lp.device)
     return tok, lp

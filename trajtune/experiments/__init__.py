@@ -34,6 +34,7 @@ imports them.
     reasoning_gym   GRPO on a reasoning-gym dataset with the tiny model                       reasoning_gym.py
     textarena       GRPO on a TextArena game with the tiny model                              textarena.py
                     (both through task_rl.py: RL on a task library's tasks)
+    mismatch_lab    injected train-inference mismatch x the corrections, on replayed batches, 3 seeds  mismatch_lab/
     (shared)        the BugFix gym as both BugFix experiments use it                           bugfix.py
 """
 
@@ -61,6 +62,7 @@ EXPERIMENTS: dict[str, str] = {
     "graders": "trajtune.experiments.graders",
     "rlhf_book": "trajtune.experiments.rlhf_book",
     "smollm2": "trajtune.experiments.smollm2",
+    "mismatch_lab": "trajtune.experiments.mismatch_lab",
 }
 
 

@@ -134,11 +134,12 @@ class SamplerProcess(RolloutsSent):
                 row_seeds: Sequence[int] | None = None) -> list[Trajectory]:
         """`episodes.run_episodes(sampler, envs, tasks, renderer, generator, limits, ...)` with the process's copy
         of the policy; `generator` advances as if the episodes ran here. The first call runs here, while the
-        process starts."""
-        if self._process is None:
+        process starts (unless the process rounds its weights, `SamplerSettings.weights_dtype`: then there)."""
+        if self._process is None and self.settings.weights_dtype == "fp32":
             self.start()
             trajs = run_episodes(self.sampler, envs, tasks, renderer, generator, limits, groups, row_seeds)
-        else:
+        else:  # (a process drawing from rounded weights draws every step, the first too)
+            self.start()
             trajs = self._remote(envs, tasks, renderer, generator, (limits, groups, row_seeds))
         self.keep_probe_rows(trajs)
         self._check_start()
@@ -464,7 +465,8 @@ class SamplerProcess(RolloutsSent):
         self._conn, child = ctx.Pipe()
         self._process = ctx.Process(
             target=serve, args=(child, self._conn, model if fork else pickle.dumps(model), self._shared,
-                                 self.threads, engine.autocast, str(engine.device), levels),
+                                 self.threads, engine.autocast, str(engine.device), levels,
+                                 self.sampler.settings.weights_dtype),
             daemon=True, name="trajtune-sampler")
         self._booted = threading.Event()
         if fork:

@@ -53,6 +53,12 @@ class SamplerSettings:
     """how the built-in sampler draws a token (`trajtune.engine.decoding.pick_next`)"""
     share_prompts: bool = False
     """the built-in sampler prefills each distinct prompt of a call once (`trajtune.engine.decoding.sample`)"""
+    logprobs: Literal["processed", "raw"] = "processed"
+    """the built-in sampler records the log-probs of the distribution it drew from (processed: after top-k / top-p)
+    or of the full softmax (raw; `trajtune.engine.decoding.Samples`)"""
+    weights_dtype: Literal["fp32", "bf16", "fp8"] = "fp32"
+    """the precision of the weights the sampler process draws with: it rounds its copy of the trainer's fp32
+    weights to bf16 or float8 (e4m3) and back after every load (`trajtune.sources.serve.round_weights`)"""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -89,8 +95,9 @@ class WeightSampler(Sampler, Protocol):
 
 class Decoder:
     """A `Sampler` in this process: `decode` (`engine.sample`, `functools.partial(engine.sample, backend="generate",
-    pad_id=...)` or `functools.partial(trajtune.engine.decoding.sample, model)`) with `settings`. `draw` and
-    `share_prompts` are passed only when they are not the defaults, so a decoder without them (HF `generate`) works."""
+    pad_id=...)` or `functools.partial(trajtune.engine.decoding.sample, model)`) with `settings`. `draw`,
+    `share_prompts` and `logprobs` are passed only when they are not the defaults, so a decoder without them (HF
+    `generate`) works."""
 
     def __init__(self, decode: Callable[..., Samples], settings: SamplerSettings = SamplerSettings()):
         self.decode, self._settings = decode, settings
@@ -109,6 +116,8 @@ class Decoder:
             kw["draw"] = s.draw
         if s.share_prompts:
             kw["share_prompts"] = True
+        if s.logprobs != "processed":
+            kw["logprobs"] = s.logprobs
         return self.decode(prompts, s.max_new_tokens, generator, temperature=s.temperature, top_k=s.top_k,
                            top_p=s.top_p, greedy=s.greedy, stop_ids=stop_ids, **kw)
 

@@ -12,6 +12,10 @@
                        the weight sync check and the longest wait, for every sampler that holds its own weights
     record, replay     keep the episodes the loop took; train on a recording instead of sampling
                        (`trajtune.sources.record`)
+    sampler_dtype, logprobs
+                       injected train-inference mismatch (the mismatch lab): the sampler process draws from a bf16 /
+                       float8 copy of the weights; the built-in sampler records the full softmax's log-probs under
+                       top-k / top-p
 
 Every rule that ties these together (a backend x overlap x sharding x loop combination that cannot run) is
 `check_sampling`, the one place they are written; the experiments call it from their configs' checks, the
@@ -113,6 +117,16 @@ class SamplingConfig:
     """train on a recording instead of sampling: a run directory that recorded (sampling.record; its
     <stage>/recording) or a recording directory. The same training settings give the recorded run's weights bit
     for bit; `trajtune replay RUN_DIR` reruns a recorded run this way (trajtune.sources.record)"""
+    sampler_dtype: Literal["fp32", "bf16", "fp8"] = "fp32"
+    """the sampler process draws from its copy of the weights rounded to bf16 or float8 (e4m3, "fake quantisation":
+    cast and back to fp32) after every sync, while the trainer trains fp32: a controlled train-inference mismatch.
+    The sync check compares the weights the process received (before the rounding) and the log-probs after it, so
+    set sync_tolerance above the rounding's difference (logged as sync/logprob_diff). Needs the sampler process
+    (sampler_process or max_staleness >= 1, backend sampler)"""
+    logprobs: Literal["processed", "raw"] = "processed"
+    """which log-probs the built-in sampler records for its tokens under top_k / top_p: processed, those of the
+    truncated distribution it drew from (the correction sees the cut), or raw, the full softmax's (as vLLM's
+    raw_logprobs: the trainer's own, the cut hidden) (trajtune.engine.decoding.Samples); backend sampler"""
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -149,7 +163,8 @@ class SamplingConfig:
         off for the backends that draw their own way."""
         own = self.backend == "sampler"
         return SamplerSettings(self.max_new_tokens, self.temperature, self.top_k, self.top_p,
-                               draw=self.draw if own else "race", share_prompts=self.share_prompts and own)
+                               draw=self.draw if own else "race", share_prompts=self.share_prompts and own,
+                               logprobs=self.logprobs, weights_dtype=self.sampler_dtype)
 
     def tolerance(self, precision: str = "fp32") -> float:
         """The sync check's tolerance: `sync_tolerance`, or the default of `precision`."""
@@ -203,6 +218,17 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
             raise ConfigError(f"{where}: {name('backend')} vllm under torchrun needs {name('vllm_server')} URL (a "
                               "`trajtune vllm-serve` the ranks share); a colocated vLLM engine per rank is not "
                               "supported")
+    if s.sampler_dtype != "fp32" and (s.backend != "sampler" or not s.in_process):
+        raise ValueError(f"{where}: {name('sampler_dtype')} {s.sampler_dtype} rounds the weights of the sampler "
+                         f"process; set {name('sampler_process')} (or {name('max_staleness')} >= 1) with "
+                         f"{name('backend')} sampler")
+    if s.sampler_dtype != "fp32" and not s.sync_tolerance:
+        raise ValueError(f"{where}: {name('sampler_dtype')} {s.sampler_dtype}: the sampler's log-probs differ from "
+                         f"the trainer's by design; set {name('sync_tolerance')} (nats, e.g. 1.0 for bf16, 5.0 for "
+                         "fp8) to the difference the weight sync check may accept")
+    if s.logprobs != "processed" and s.backend != "sampler":
+        raise ValueError(f"{where}: {name('logprobs')} {s.logprobs} is the built-in sampler's option; "
+                         f"{name('backend')} {s.backend} records its own log-probs")
     if s.replay:
         if s.record:
             raise ValueError(f"{where}: {name('replay')} trains on a recording and {name('record')} makes one; set "

@@ -2,6 +2,7 @@
 forwarded to the trainer, and the messages' pieces both sides read (exceptions, generator states).
 
     serve(conn, ...)   answer rollout / sync / close messages until close or EOF (the process's target)
+    round_weights(...) the process's copy rounded to bf16 / float8 and back (`sampling.sampler_dtype`)
     emit(records)      the trainer logs the process's records with its own handlers
     reraised(...)      the process's exception, to raise in the trainer as itself (its traceback a note)
 
@@ -28,12 +29,13 @@ from .sync import sampler_logprobs, weight_fingerprints
 
 
 def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], threads: int, autocast: str | None,
-           device: str, levels: dict[str, int]) -> None:
+          device: str, levels: dict[str, int], weights_dtype: str = "fp32") -> None:
     """The sampler process: answer rollout / sync / close messages until close or EOF. Ctrl-C in a terminal
     (or a scheduler's SIGTERM) signals the whole process group: the trainer saves and stops the run (closing
     this process), so the
     signals are ignored here (it is killed if need be). `model`: the trainer's (a fork's copy) or its pickle
-    (a fork server's child)."""
+    (a fork server's child). `weights_dtype`: the precision the process samples in (`round_weights` after every
+    load; the fingerprints it answers are of the weights it received, before the rounding)."""
     trainer_end.close()  # a fork's copy of it: held here, the trainer's death would never close the pipe
     for sig in (signal.SIGINT, signal.SIGTERM):  # (a fork inherits the trainer's checkpointing handlers)
         signal.signal(sig, signal.SIG_IGN)
@@ -43,6 +45,7 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
     model = (pickle.loads(model) if isinstance(model, bytes) else model).to(device).eval()
     own = model.state_dict()  # views of the model's tensors: copying into them updates the model
     held = weight_fingerprints(model)  # what this process holds (a sync changing nothing: an error in the trainer)
+    round_weights(own, weights_dtype)
     decode = functools.partial(sample, model)  # what `engine.sample` is in the trainer, on this copy
     renderers: dict[int, Any] = {}
     while True:
@@ -75,7 +78,8 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
                 with torch.no_grad():
                     for k, v in own.items():
                         v.copy_(shared[k])
-                after = weight_fingerprints(model)
+                after = weight_fingerprints(model)  # what it received
+                round_weights(own, weights_dtype)  # what it samples with
                 logp = sampler_logprobs(model, torch.from_numpy(ids), torch.from_numpy(mask), autocast)
                 reply, held = (held != after, after, logp.numpy()), after
             else:
@@ -87,6 +91,23 @@ def serve(conn, trainer_end, model: Any, shared: dict[str, torch.Tensor], thread
             conn.send_bytes(pickle.dumps(message))
         except (BrokenPipeError, OSError):  # the trainer is gone
             return
+
+
+ROUNDED = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+"""`sampling.sampler_dtype` -> the dtype the sampler process rounds its weights to ("fp32": none)"""
+
+
+@torch.no_grad()
+def round_weights(state: dict[str, torch.Tensor], weights_dtype: str) -> None:
+    """Round every floating tensor of `state` (a model's state dict: views of its weights) in place to
+    `weights_dtype` ("bf16", "fp8": float8 e4m3, round to nearest, saturating at +-448) and back to its own dtype:
+    the model then computes in fp32 with the low-precision values (fake quantisation). "fp32": unchanged."""
+    if weights_dtype == "fp32":
+        return
+    low = ROUNDED[weights_dtype]
+    for v in state.values():
+        if v.is_floating_point():
+            v.copy_(v.to(low).to(v.dtype) if low != torch.float8_e4m3fn else v.clamp(-448, 448).to(low).to(v.dtype))
 
 
 def _log_to_trainer(levels: dict[str, int]) -> "_Records":
