@@ -18,9 +18,11 @@
                    tolerance, timeout) and `check_sampling`, every rule tying them together, once
     build.py       `episode_source`: THE builder of a run's episode source from its sampling section;
                    `make_sampler`: the one place a backend name becomes a sampler
-    overlap.py     `Overlapped`: the next step drawn while this one trains; `overlapped` builds where it runs
+    overlap.py     `Overlapped`: the next K steps drawn while this one trains, exactly K behind; `overlapped`
+                   builds where it runs
+    partial.py     `PartialSampler`: partial rollouts (sampling.stale partial), continued under the next update
     staleness.py   `staleness_metrics`: how far behind a step's episodes were sampled (histogram, discarded and
-                   resumed shares, length bias), from `Trajectory.versions`
+                   resumed shares, length bias), from `Trajectory.versions`; the virtual clock and `discard_stale`
     refill.py      `Refilling`: DAPO's dynamic sampling, more draws until the step's groups carry signal
     record.py      `Recording`: the episodes a loop takes, kept on disk; `Replayed`: a recording trained on again
                    without sampling, bit for bit (sampling.record / sampling.replay, `trajtune replay`)
