@@ -85,12 +85,12 @@ from .episodes import Limits, run_episodes
 from ..engine.decoding import Samples
 from .sampler import Decoder, SamplerSettings, Seeds
 from .serve import emit, reraised, serve, state_bytes, state_tensor
-from .sync import RolloutsSent, SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
+from .sync import HeldSyncs, SamplerDied, SyncError, SyncProbe, check_sync, probe, weight_fingerprints
 
 __all__ = ["SamplerProcess", "SamplerDied", "SyncError", "start_method"]
 
 
-class SamplerProcess(RolloutsSent):
+class SamplerProcess(HeldSyncs):
     """An `EpisodeRunner` whose episode loop runs in a process holding its own copy of the policy
     (`engine.policy_weights()`), brought up to date (and checked) by `after_update` (module docstring).
 
@@ -123,10 +123,7 @@ class SamplerProcess(RolloutsSent):
         self._closed = False
         self._rollouts_sent = 0
         self._unchecked_start = False  # started on trained weights, not yet checked (`_check_start`)
-        self._hold_until: int | None = None  # holding syncs (`hold_syncs`): the step their rollouts wait for
-        self._taken = -1  # holding: the last step the loop took (the checks of syncs due by then are reported)
-        self._held_syncs: collections.deque[tuple[int, int, SyncProbe, dict[str, torch.Tensor]]] = collections.deque()
-        self._version: int | None = None  # holding: the version of the weights last sent (or started with)
+        self._init_holding()
 
     # --- what an EpisodeSource calls -------------------------------------------------------------
     def rollout(self, envs: Sequence, tasks: Sequence, renderer: Any, generator: torch.Generator | None,
@@ -187,15 +184,12 @@ class SamplerProcess(RolloutsSent):
         if self._process is None or not self._probe_rows:  # nothing sampled yet: it starts from the current weights
             return {}
         p = probe(engine, collate(self._probe_rows, 0))  # in the training thread, on the weights just written
-        if self._hold_until is None:
+        if not self.holding:
             self._send_sync(p, None, engine, -1)
         else:
             with torch.no_grad(), engine.policy_weights() as model:
-                weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-            with self._cv:
-                self._held_syncs.append((self._hold_until, self._taken + 1, p, weights))
-                self._cv.notify_all()
-        if self._hold_until is not None:  # the checks of the syncs due by the last step taken (sent before its
+                self._hold((p, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}))
+        if self.holding:  # the checks of the syncs due by the last step taken (sent before its
             futures_wait([r.future for r, _, due in list(self._syncs) if due <= self._taken])  # rollouts: answered)
             self._check_syncs()
         with self._cv:
@@ -203,43 +197,11 @@ class SamplerProcess(RolloutsSent):
             self._diffs = [(due, d) for due, d in self._diffs if due > self._taken]
         return {"sync/logprob_diff": max(diffs)} if diffs else {}
 
-    def hold_syncs(self, until_step: int, taken: int) -> None:
-        """From now on keep each update's weights (a copy, with its probe) instead of sending them, until a rollout
-        of the loop's step `until_step` or later is about to be sent (`send_held`): how an overlapped source keeps
-        its episodes exactly K updates behind (`trajtune.sources.overlap`). `taken`: the last step the loop took;
-        `after_update` reports the checks of the syncs due by then (checked before its episodes came back), so a
-        step's row does not depend on the threads' timing. Call it before each `after_update` (and `start`)."""
-        with self._cv:
-            self._hold_until, self._taken = until_step, taken
-            if self._version is None:  # the first call, before the process starts with the weights after `taken`
-                self._version = taken
+    def _send_held(self, due: int, item: tuple[SyncProbe, dict[str, torch.Tensor]]) -> None:
+        self._send_sync(item[0], item[1], None, due)
 
-    def send_held(self, step: int) -> None:
-        """Send, in order, the held syncs that must precede the rollouts of the loop's step `step` (from the thread
-        about to send them)."""
-        while True:
-            with self._cv:
-                if not self._held_syncs or self._held_syncs[0][0] > step:
-                    return
-                due, self._version, p, weights = self._held_syncs.popleft()
-            self._send_sync(p, weights, None, due)
-
-    def send_version(self, version: int) -> None:
-        """Send, in order, the held syncs up to the weights after update `version`, waiting for the update that makes
-        them (a partial rollout continuing under newer weights: `trajtune.sources.partial`; from the thread that
-        samples, while the trainer trains). Requires holding (`hold_syncs`)."""
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._dead is not None or self._closed or (self._version or 0) >= version
-                                  or any(v >= version for _, v, _, _ in self._held_syncs))
-                if self._dead is not None:
-                    raise self._dead
-                if self._closed:
-                    raise SamplerDied("the sampler process is closed")
-                if (self._version or 0) >= version:
-                    return
-                due, self._version, p, weights = self._held_syncs.popleft()
-            self._send_sync(p, weights, None, due)
+    def _failed(self) -> BaseException | None:
+        return self._dead or (SamplerDied("the sampler process is closed") if self._closed else None)
 
     def _send_sync(self, p: SyncProbe, weights: dict[str, torch.Tensor] | None, engine, due: int) -> None:
         """Publish `weights` (or the engine's current ones) into the shared copy once the process loaded the last

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import collections
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -40,18 +41,79 @@ class SamplerDied(SyncError):
     """The sampler process exited, was killed, or did not answer within its time limit."""
 
 
-class RolloutsSent:
-    """How a sampler that holds its own weights counts its rollouts (`SamplerProcess`, `VLLMRunner`): an overlapped
-    source checks that its inner source's episodes went through it. The class that mixes it in sets
-    `_rollouts_sent` (under its condition `_cv`)."""
+class HeldSyncs:
+    """How a sampler that holds its own weights (`SamplerProcess`, `VLLMRunner`) serves an overlapped source
+    (`trajtune.sources.overlap`): it counts its rollouts (`rollouts_sent`: the source checks its episodes went
+    through it) and, told to (`hold_syncs`), holds each update's sync -- prepared as the update ends -- until the
+    rollouts it must precede (`send_held`), or until a partial rollout asks for its version (`send_version`).
+    The class that mixes it in sets `_cv` (a `threading.Condition`) and `_rollouts_sent`, calls `_init_holding()`,
+    and sends one held sync in `_send_held(due, item)`; `_failed()` names why no sync can be sent any more."""
 
     _cv: threading.Condition
     _rollouts_sent: int
+
+    def _init_holding(self) -> None:
+        self._hold_until: int | None = None  # holding: the step the next held sync's rollouts wait for
+        self._taken = -1  # holding: the last step the loop took (the checks of syncs due by then are reported)
+        self._held_syncs: collections.deque[tuple[int, int, Any]] = collections.deque()  # (due step, version, item)
+        self._version: int | None = None  # holding: the version of the weights last sent (or started with)
 
     @property
     def rollouts_sent(self) -> int:
         """Rollouts sent so far."""
         return self._rollouts_sent
+
+    @property
+    def holding(self) -> bool:
+        return self._hold_until is not None
+
+    def hold_syncs(self, until_step: int, taken: int) -> None:
+        """From now on hold each update's sync until a rollout of the loop's step `until_step` or later is about to
+        start (`send_held`): how an overlapped source keeps its episodes exactly K updates behind. `taken`: the last
+        step the loop took (`after_update` reports the checks of the syncs due by then, so a step's row does not
+        depend on the threads' timing). Call it before each `after_update` (and `start`)."""
+        with self._cv:
+            self._hold_until, self._taken = until_step, taken
+            if self._version is None:  # the first call: the sampler starts with the weights after `taken`
+                self._version = taken
+
+    def _hold(self, item: Any) -> None:
+        """Hold `item` (a prepared sync of the weights after update taken + 1) until its due step."""
+        with self._cv:
+            assert self._hold_until is not None
+            self._held_syncs.append((self._hold_until, self._taken + 1, item))
+            self._cv.notify_all()
+
+    def send_held(self, step: int) -> None:
+        """Send, in order, the held syncs that must precede the rollouts of the loop's step `step` (from the thread
+        about to start them)."""
+        while True:
+            with self._cv:
+                if not self._held_syncs or self._held_syncs[0][0] > step:
+                    return
+                due, self._version, item = self._held_syncs.popleft()
+            self._send_held(due, item)
+
+    def send_version(self, version: int) -> None:
+        """Send, in order, the held syncs up to the weights after update `version`, waiting for the update that makes
+        them (a partial rollout continuing under newer weights: `trajtune.sources.partial`; from the thread that
+        samples, while the trainer trains)."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._failed() is not None or (self._version or 0) >= version
+                                  or any(v >= version for _, v, _ in self._held_syncs))
+                if (error := self._failed()) is not None:
+                    raise error
+                if (self._version or 0) >= version:
+                    return
+                due, self._version, item = self._held_syncs.popleft()
+            self._send_held(due, item)
+
+    def _send_held(self, due: int, item: Any) -> None:
+        raise NotImplementedError
+
+    def _failed(self) -> BaseException | None:
+        return None
 
 
 @dataclass

@@ -11,7 +11,6 @@ process's are; `trajtune.sources.overlap`).
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
@@ -25,13 +24,13 @@ from ...text.render import RendererProtocol
 from ...trajectory import Owner, Trajectory
 from ..episodes import Limits, run_episodes
 from ..sampling import SamplingConfig
-from ..sync import RolloutsSent
+from ..sync import HeldSyncs
 from .clients import Colocated, Servers, VLLMEngine
 from .sampler import VLLMSampler
 from .weights import AdapterSampler, PreparedSync, WeightSync, lora_rank
 
 
-class VLLMRunner(RolloutsSent):
+class VLLMRunner(HeldSyncs):
     """An `EpisodeRunner` sampling with `sampler` (module docstring): `rollout` runs the episode loop here;
     `after_update(engine)` has `sync` send the trainer's new weights and check them.
 
@@ -51,9 +50,7 @@ class VLLMRunner(RolloutsSent):
         self._rollouts_sent = 0
         self._probe_rows: list[Trajectory] = []
         self._started = False  # the first rollout's sync done
-        self._hold_until: int | None = None  # holding syncs (`hold_syncs`): the step their rollouts wait for
-        self._taken = -1  # holding: the last step the loop took
-        self._held: collections.deque[tuple[int, PreparedSync]] = collections.deque()
+        self._init_holding()
         self._checked: list[tuple[int, dict[str, float]]] = []  # (due step, the sync's metrics), not reported
 
     def rollout(self, envs: Sequence[Env], tasks: Sequence[Any], renderer: RendererProtocol,
@@ -83,11 +80,11 @@ class VLLMRunner(RolloutsSent):
         from ...engine.distributed import barrier
 
         t0 = time.perf_counter()
-        if self._hold_until is not None:
+        if self.holding:
             prepared = self.sync.prepare(engine, self._probe_rows)
+            if prepared is not None:
+                self._hold(prepared)
             with self._cv:
-                if prepared is not None:
-                    self._held.append((self._hold_until, prepared))
                 done = [m for due, m in self._checked if due <= self._taken]
                 self._checked = [(due, m) for due, m in self._checked if due > self._taken]
             out = {k: max(m[k] for m in done if k in m) for k in {k for m in done for k in m}}
@@ -97,22 +94,11 @@ class VLLMRunner(RolloutsSent):
         barrier()
         return {**out, "time/sync_s": time.perf_counter() - t0}
 
-    def hold_syncs(self, until_step: int, taken: int) -> None:
-        """Hold each update's sync until a rollout of the loop's step `until_step` or later is about to start
-        (`trajtune.sources.process.SamplerProcess.hold_syncs`, the same contract). One process (no torchrun)."""
-        self._hold_until, self._taken = until_step, taken
-
-    def send_held(self, step: int) -> None:
-        """Send, in order, the held syncs that must precede the rollouts of the loop's step `step`."""
-        while True:
-            with self._cv:
-                if not self._held or self._held[0][0] > step:
-                    return
-                due, prepared = self._held.popleft()
-            with self._lock:
-                out = self.sync.send(prepared)
-            with self._cv:
-                self._checked.append((due, out))
+    def _send_held(self, due: int, item: PreparedSync) -> None:
+        with self._lock:
+            out = self.sync.send(item)
+        with self._cv:
+            self._checked.append((due, out))
 
     def start(self) -> None:
         """The first sync (idempotent): vLLM gets the trainer's current weights -- a resumed run's, restored --
