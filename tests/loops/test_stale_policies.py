@@ -122,3 +122,60 @@ def test_partial_continues_the_episodes_in_flight_under_the_next_update_and_repe
     assert all(r["staleness/discarded_share"] == 0.0 for r in rows)
     assert [r["staleness/resumed_share"] > 0 for r in rows] == [False] + [True] * 5  # step 0: sampled now
     assert all(r["staleness/max"] <= 2 for r in rows)
+
+
+KILL_AT = """
+import os, signal, sys
+from trajtune.engine.torch_engine import TorchEngine
+step = TorchEngine.optim_step
+def killing(self):
+    if self.step + 1 == int(os.environ["KILL_AT_STEP"]):  # a hard kill in the middle of the run, no clean-up at all
+        os.kill(os.getpid(), signal.SIGKILL)
+    return step(self)
+TorchEngine.optim_step = killing
+from trajtune.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_kill_9_of_a_multi_turn_run_with_partial_rollouts_in_flight_resumes_exactly(tmp_path):
+    """`trajtune run textarena` (multi-turn games, the environments in the trainer's background thread), two steps
+    ahead with partial rollouts (every draw in flight continued under the next update), checkpointing every 2 steps:
+    SIGKILL in the middle of optimizer step 5 leaves the checkpoint of step 4 with the draws of steps 4 and 5 saved
+    half-way through their versions; the same command resumes from it and ends with the uninterrupted run's
+    weights, tensor for tensor, and its rows (the staleness histogram and resumed share included)."""
+    pytest.importorskip("textarena")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from trajtune.cli import main
+
+    sets = ["config.n_train=4", "config.n_eval=2", "config.eval_samples=1", "config.dim=16", "config.n_layers=1",
+            "config.max_turns=3", "config.rl.steps=7", "config.rl.tasks_per_step=2", "config.rl.group_size=2",
+            "config.rl.eval_every=0", "config.rl.tis_cap=2.0", "config.sampling.max_staleness=2",
+            "config.sampling.stale=partial", "config.sampling.tokens_per_update=3", "config.runner.checkpoint_every=2"]
+    args = ["run", "textarena"] + [a for s in sets for a in ("--set", s)]
+    assert main([*args, "--run-dir", str(tmp_path / "straight")]) == 0
+    env = {**os.environ, "KILL_AT_STEP": "5", "PYTHONPATH": os.getcwd()}
+    p = subprocess.run([sys.executable, "-c", KILL_AT, *args, "--run-dir", str(tmp_path / "killed")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == -9, p.stderr[-3000:]
+    assert main([*args, "--run-dir", str(tmp_path / "killed")]) == 0
+
+    def rows(run):
+        out = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [{k: v for k, v in r.items() if k != "time" and not k.startswith("time/")}
+                for r in out if r.get("stage") == "rl" and "train/loss" in r]
+
+    straight, resumed = rows("straight"), rows("killed")
+    assert [r["step"] for r in resumed] == list(range(1, 8))
+    assert [{k: v for k, v in r.items() if not k.startswith("sync/")} for r in resumed] == \
+        [{k: v for k, v in r.items() if not k.startswith("sync/")} for r in straight]
+    assert any(r["staleness/resumed_share"] > 0 for r in straight) and max(r["staleness/max"] for r in straight) == 2
+    a, b = (load_file(str(tmp_path / run / "rl" / "checkpoint" / "model.safetensors"))
+            for run in ("straight", "killed"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -8,7 +8,6 @@ what a TextArena game says to a scripted player (textarena.py and hf_gym.py buil
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,8 +39,7 @@ def train_and_score(ctx: StageContext, model, tok, make_env: Callable[[], Env], 
     engine = engine if engine is not None else ctx.engine(model, config.optim)
     s = config.sampling
     drawn = s.settings()
-    here = dataclasses.replace(s, backend="sampler", max_staleness=0, sampler_process=False, draw=drawn.draw,
-                               share_prompts=drawn.share_prompts, record=False, replay="")
+    here = s.in_trainer(backend="sampler", draw=drawn.draw, share_prompts=drawn.share_prompts)
     seeds = s.own_seeds if episode_seeds is None else episode_seeds  # the evaluation draws as the training does
 
     def source(section: SamplingConfig) -> Source:

@@ -25,7 +25,7 @@ builder (`trajtune.sources.build`) before anything starts. The keys of the secti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
@@ -157,6 +157,14 @@ class SamplingConfig:
     def in_process(self) -> bool:
         """Whether the built-in sampler's episodes run in a sampler process."""
         return bool(self.sampler_process or self.max_staleness)
+
+    def in_trainer(self, **changes: Any) -> "SamplingConfig":
+        """The same sampling on-policy, in the trainer, neither recorded nor replayed (what an evaluation or a probe
+        beside an overlapped run samples with): the fields of where and how far behind it runs at their defaults,
+        then `changes`."""
+        return replace(self, **{**{k: getattr(SamplingConfig, k) for k in (
+            "max_staleness", "stale", "tokens_per_update", "sampler_process", "record", "replay", "sampler_dtype")},
+            **changes})
 
     def settings(self) -> SamplerSettings:
         """How an action is drawn (`SamplerSettings`); the built-in sampler's own options (draw, share_prompts) are

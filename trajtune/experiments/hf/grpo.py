@@ -182,8 +182,7 @@ def here(c: GRPORun) -> GRPORun:
     if s.backend != "vllm" and not s.in_process and not s.record and not s.replay:
         return c
     backend = "sampler" if s.backend == "vllm" else s.backend
-    return replace(c, sampling=replace(s, backend=backend, max_staleness=0, sampler_process=False, record=False,
-                                       replay=""))
+    return replace(c, sampling=s.in_trainer(backend=backend))
 
 
 DIFFICULTY_STREAM = 7
