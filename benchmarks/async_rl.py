@@ -59,12 +59,9 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-warnings.filterwarnings("ignore")
+import torch
 
-import torch  # noqa: E402
-
-from trajtune.runs.hooks import Hook  # noqa: E402
+from trajtune.runs.hooks import Hook
 
 
 def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, list[float]]:
@@ -302,6 +299,8 @@ def main() -> int:
                          "session): start the sampler process in its own session, so it gets a share of its own, "
                          "as it would get a core of its own on an idle machine")
     args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # here, not at import: tests import this module
+    warnings.filterwarnings("ignore")
     if args.quick:
         args.steps, args.repeats, args.weak_steps = 8, 1, 10
     if args.steps < 3 or any(k < 1 for k in args.staleness):
