@@ -1,7 +1,7 @@
 """The K-step pipeline (SamplingConfig.max_staleness = K, trajtune.sources.overlap) vs the synchronous loop: wall
 time per step of the same RL run, for K in {1, 2, 4} against K = 0, with the bound each could reach.
 
-    python benchmarks/async_rl.py                     # both workloads, K 1 2 4, 60 steps, 2 rotating repeats each
+    python benchmarks/async_rl.py                     # both workloads, K 1 2 4, 60 steps, 3 rotating repeats each
     python benchmarks/async_rl.py --quick             # a smoke run (8 steps, 1 repeat): checks it runs
     python benchmarks/async_rl.py --workloads hf --hf-size small --staleness 1 2
 
@@ -284,7 +284,7 @@ def main() -> int:
     ap.add_argument("--staleness", nargs="+", type=int, default=[1, 2, 4],
                     help="the K (max_staleness) of the overlapped runs, each against the synchronous run (K = 0)")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per K (and of the synchronous run)")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per K (and of the synchronous run)")
     ap.add_argument("--weak-steps", type=int, default=60, help="SFT steps of the agent workload's weak base")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 8 steps, 1 repeat, a 10-step weak base (numbers mean nothing)")
