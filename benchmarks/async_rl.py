@@ -64,9 +64,9 @@ import torch
 from trajtune.runs.hooks import Hook
 
 
-def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, list[float]]:
-    """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, each step's
-    collect seconds); the loop is the whole run here."""
+def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, list[dict]]:
+    """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, the steps'
+    metrics rows); the loop is the whole run here."""
     from trajtune.algorithms.rl import train_rl
     from trajtune.engine import make_engine
     from trajtune.experiments.agent import Config as AgentConfig
@@ -87,7 +87,7 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     with source:
         rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=Run("rl_only", hooks=[clock]))
     wall = time.perf_counter() - t0
-    return clock.times, wall, wall, [collect_s(r) for r in rows]
+    return clock.times, wall, wall, rows
 
 
 def weak_base(steps: int) -> dict:
@@ -120,9 +120,9 @@ def hf_files(d: Path, size: str = "tiny") -> Path:
 
 
 def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
-           new_tokens: int = 8) -> tuple[list[float], float, float, list[float]]:
+           new_tokens: int = 8) -> tuple[list[float], float, float, list[dict]]:
     """`trajtune grpo` -> (step end times from metrics.jsonl, seconds of its RL loop (train_rl), seconds of the
-    whole command, each step's collect seconds: sampling + rewards)."""
+    whole command, the steps' metrics rows)."""
     from trajtune.experiments.hf import grpo
     from trajtune.algorithms.rl import RLConfig
     from trajtune.experiments.hf.common import OutputConfig, hf_optim
@@ -154,7 +154,7 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
         grpo.train_rl = train_rl
     wall = time.perf_counter() - t0
     rows = [r for r in read_metrics(out) if r.get("stage") == "grpo"]
-    return [r["time"] for r in rows], loop[0], wall, [collect_s(r) for r in rows]
+    return [r["time"] for r in rows], loop[0], wall, rows
 
 
 def collect_s(row: dict) -> float:
@@ -266,14 +266,16 @@ def load() -> str:
 
 @dataclasses.dataclass
 class Result:
-    """One run: K, its mean s/step after the first step, loop and run seconds, CPU seconds (trainer, sampler),
-    and (synchronous runs) each step's collect and update seconds, steps 2.. (the first holds the start-up)."""
+    """One run: K, its mean s/step after the first step, loop and run seconds, CPU seconds (trainer, sampler), the
+    mean policy tokens per episode (the work: a staler policy may sample longer or shorter episodes), and
+    (synchronous runs) each step's collect and update seconds, steps 2.. (the first holds the start-up)."""
 
     k: int
     step_s: float
     loop_s: float
     run_s: float
     cpu: tuple[float, float]
+    tokens: float
     collect: list[float]
     update: list[float]
 
@@ -335,14 +337,18 @@ def main() -> int:
             for rep in range(args.repeats):
                 for k in ks[rep % len(ks):] + ks[:rep % len(ks)]:  # rotated each repeat: no K always first
                     before, sampler_before, load_run = time.process_time(), sampler_cpu.seconds, os.getloadavg()[0]
-                    times, loop, wall, collect = go(k, rep)
+                    times, loop, wall, rows = go(k, rep)
+                    collect = [collect_s(row) for row in rows]
+                    tokens = statistics.mean(float(row.get("rollout/policy_tokens", "nan")) for row in rows)
                     cpu = (time.process_time() - before, sampler_cpu.seconds - sampler_before)
                     gaps = per_step(times)
                     update = [g - c for g, c in zip(gaps, collect[1:])] if k == 0 else []
-                    r = Result(k, statistics.mean(gaps), loop, wall, cpu, collect[1:] if k == 0 else [], update)
+                    r = Result(k, statistics.mean(gaps), loop, wall, cpu, tokens, collect[1:] if k == 0 else [],
+                               update)
                     results[name][k].append(r)
                     print(f"  {name:<10} K {k}: {r.step_s:.3f} s/step (median {statistics.median(gaps):.3f}), "
                           f"loop {loop:.1f} s, run {wall:.1f} s, CPU s trainer {cpu[0]:.1f} + sampler {cpu[1]:.1f}, "
+                          f"{tokens:.1f} policy tokens / episode, "
                           f"load {load_run:.2f} at its start", flush=True)
     report(results, ks, args.steps, load_start)
     return 0
@@ -359,11 +365,12 @@ def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: in
           "step (update, bookkeeping): perfect overlap = sum(c + u) / max(sum c, sum u); pipeline K = the s/step of "
           "the synchronous loop / that of an ideal K-step pipeline (pace: draw j starts after update j-K-1, update "
           "j after draw j; no overhead, a core each) over the same c and u, measured as the runs are. "
-          "cv: each step's std / mean in the synchronous run.\n")
+          "cv: each step's std / mean in the synchronous run. Tokens: mean policy tokens per episode (a staler policy "
+          "learns differently, so the work per step may differ).\n")
     print("| workload | K (pace) | sync s/step | overlapped s/step | speed-up per step | speed-up loop | "
           "CPU s sync / trainer + sampler | CPU critical path | bound: pipeline K | bound: perfect overlap | "
-          "collect share of a sync step | cv collect / update |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "collect share of a sync step | cv collect / update | tokens / episode sync / K |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, by_k in results.items():
         sync = by_k[0]
         s0, l0 = med([r.step_s for r in sync]), med([r.loop_s for r in sync])
@@ -372,6 +379,7 @@ def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: in
         perfect = med([(c + u) / max(c, u) for c, u in zip(c_total, u_total)])
         share = med([c / (c + u) for c, u in zip(c_total, u_total)])
         cvs = f"{med([cv(r.collect) for r in sync]):.2f} / {med([cv(r.update) for r in sync]):.2f}"
+        tok0 = med([r.tokens for r in sync])
         for k in ks[1:]:
             runs = by_k[k]
             s, lp = med([r.step_s for r in runs]), med([r.loop_s for r in runs])
@@ -379,7 +387,8 @@ def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: in
             pipe = med([pipeline_step_s(r.collect, r.update, 0) / pipeline_step_s(r.collect, r.update, k)
                         for r in sync])
             print(f"| {name} | {k} | {s0:.3f} | {s:.3f} | {s0 / s:.2f}x | {l0 / lp:.2f}x | {cpu0:.1f} / {t:.1f} + "
-                  f"{p:.1f} | {cpu0 / max(t, p, 1e-9):.2f}x | {pipe:.2f}x | {perfect:.2f}x | {share:.0%} | {cvs} |")
+                  f"{p:.1f} | {cpu0 / max(t, p, 1e-9):.2f}x | {pipe:.2f}x | {perfect:.2f}x | {share:.0%} | {cvs} | "
+                  f"{tok0:.1f} / {med([r.tokens for r in runs]):.1f} |")
 
 
 if __name__ == "__main__":
