@@ -64,7 +64,8 @@ import torch
 from trajtune.runs.hooks import Hook
 
 
-def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, list[dict]]:
+def agent_run(weak_state: dict, staleness: int, steps: int,
+              frozen: bool = False) -> tuple[list[float], float, float, list[dict]]:
     """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, the steps'
     metrics rows); the loop is the whole run here."""
     from trajtune.algorithms.rl import train_rl
@@ -79,7 +80,7 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     gym = Gym(c.max_turns, c.max_action_tokens)
     model = new_model(c.seed, gym, c.dim, c.n_layers, c.n_heads)
     model.load_state_dict(weak_state)
-    engine = make_engine(model, c.rl_optim)
+    engine = make_engine(model, dataclasses.replace(c.rl_optim, lr=FROZEN_LR) if frozen else c.rl_optim)
     cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
     source = gym.source(engine, sampling=SamplingConfig(max_staleness=staleness), rl=cfg)
     clock = StepClock()
@@ -120,7 +121,7 @@ def hf_files(d: Path, size: str = "tiny") -> Path:
 
 
 def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
-           new_tokens: int = 8) -> tuple[list[float], float, float, list[dict]]:
+           new_tokens: int = 8, frozen: bool = False) -> tuple[list[float], float, float, list[dict]]:
     """`trajtune grpo` -> (step end times from metrics.jsonl, seconds of its RL loop (train_rl), seconds of the
     whole command, the steps' metrics rows)."""
     from trajtune.experiments.hf import grpo
@@ -135,7 +136,8 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
                                  tis_cap=2.0),
-                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness), optim=hf_optim(),
+                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness),
+                     optim=dataclasses.replace(hf_optim(), lr=FROZEN_LR) if frozen else hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
 
@@ -155,6 +157,11 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
     wall = time.perf_counter() - t0
     rows = [r for r in read_metrics(out) if r.get("stage") == "grpo"]
     return [r["time"] for r in rows], loop[0], wall, rows
+
+
+FROZEN_LR = 1e-30
+"""--frozen's learning rate: float32 weights do not move (an update smaller than their rounding), the update's
+work is all done"""
 
 
 def collect_s(row: dict) -> float:
@@ -296,6 +303,10 @@ def main() -> int:
                     help="the hf workload's completion length (default 8, vs_trl.py's GRPO row). Longer completions "
                          "lengthen both sides, the update's forward and backward as well as the sampling: on the "
                          "small Llama collecting was 32%% of a synchronous step at 32 new tokens, as at 8")
+    ap.add_argument("--frozen", action="store_true",
+                    help=f"learning rate {FROZEN_LR}: the weights do not move, so every K samples the same episodes "
+                         "and does the same work per step; isolates the pipeline from what staleness does to "
+                         "learning (a staler policy learns differently: the agent's episodes grow longer)")
     ap.add_argument("--sampler-session", action="store_true",
                     help="diagnostic for a shared machine with kernel.sched_autogroup_enabled=1 (one CPU share per "
                          "session): start the sampler process in its own session, so it gets a share of its own, "
@@ -317,6 +328,7 @@ def main() -> int:
     groups = autogroup.read_text().strip() if autogroup.exists() else "?"
     load_start = load()
     print(f"{machine()}\nload average {load_start} at the start; sched_autogroup_enabled={groups}"
+          f"{f'; --frozen (lr {FROZEN_LR})' if args.frozen else ''}"
           f"{'; sampler in its own session' if args.sampler_session else ''}", flush=True)
     results: dict[str, dict[int, list[Result]]] = {}
     sampler_cpu = SamplerCPU()
@@ -325,11 +337,11 @@ def main() -> int:
         for workload in args.workloads:
             if workload == "agent":
                 weak = weak_base(args.weak_steps)
-                go = lambda k, rep, n=args.steps: agent_run(weak, k, n)  # noqa: E731
+                go = lambda k, rep, n=args.steps: agent_run(weak, k, n, args.frozen)  # noqa: E731
             else:
                 model = hf_files(d, args.hf_size)
                 go = lambda k, rep, n=args.steps: hf_run(d, model, k, n, d / f"grpo-{k}-{rep}",  # noqa: E731
-                                                         args.hf_new_tokens)
+                                                         args.hf_new_tokens, args.frozen)
             name = workload if workload == "agent" else f"hf ({args.hf_size})"
             results[name] = {k: [] for k in ks}
             for k in (0, ks[-1]):  # untimed: the first run of a process pays one-off costs (imports, first calls)
