@@ -3,6 +3,7 @@ time per step of the same RL run, for K in {1, 2, 4} against K = 0, with the bou
 
     python benchmarks/async_rl.py                     # both workloads, K 1 2 4, 60 steps, 3 rotating repeats each
     python benchmarks/async_rl.py --quick             # a smoke run (8 steps, 1 repeat): checks it runs
+    python benchmarks/async_rl.py --frozen            # equal work for every K (the weights do not move)
     python benchmarks/async_rl.py --workloads hf --hf-size small --staleness 1 2
 
 Workloads:
@@ -43,6 +44,11 @@ time/sampling_s + time/reward_s), u = the rest of its interval (the update and t
 constant step times K = 1 already reaches perfect overlap; the gap between "pipeline 1" and
 "pipeline 4" is what K > 1 can buy from the variation of the step times, the "cv" column (standard
 deviation / mean of c and u per step) says how much they vary.
+
+A staler policy learns differently, so a learning run's work per step may change with K (on the agent
+workload its episodes grow longer): the "tokens" column prints the policy tokens per episode of each
+K, and `--frozen` (learning rate 1e-30: the float32 weights do not move) gives every K the same
+episodes, timing the pipeline on equal work.
 """
 
 from __future__ import annotations
