@@ -1,36 +1,54 @@
-"""Overlapped RL (SamplingConfig.max_staleness = 1, trajtune.sources.overlap) vs the synchronous loop: wall time of the
-same RL run.
+"""The K-step pipeline (SamplingConfig.max_staleness = K, trajtune.sources.overlap) vs the synchronous loop: wall
+time per step of the same RL run, for K in {1, 2, 4} against K = 0, with the bound each could reach.
 
-    python benchmarks/async_rl.py                     # both workloads, 60 steps, 2 alternating repeats each
-    python benchmarks/async_rl.py --workloads agent --steps 16 --repeats 1
+    python benchmarks/async_rl.py                     # both workloads, K 1 2 4, 60 steps, 3 rotating repeats each
+    python benchmarks/async_rl.py --quick             # a smoke run (8 steps, 1 repeat): checks it runs
+    python benchmarks/async_rl.py --frozen            # equal work for every K (the weights do not move)
+    python benchmarks/async_rl.py --workloads hf --hf-size small --staleness 1 2
 
 Workloads:
   agent  the agent experiment's RL-only stage (its RLConfig and rl_optim: REINFORCE, 8 tasks x 8
-         episodes of up to 6 turns on the BugFix gym, length buckets 4) from a weak base SFT'd here on
-         scripted blind + random play (`--weak-steps`), without the stage's evaluations
+         episodes of up to 6 turns on the BugFix gym, length buckets 4: multi-turn episodes of varying
+         length) from a weak base SFT'd here on scripted blind + random play (`--weak-steps`), without
+         the stage's evaluations
   hf     `trajtune grpo` (trajtune.experiments.hf.grpo.run) on a random tiny Llama (--hf-size small: the 3.0M
-         one): 8 prompts x 8
-         completions of up to 8 new tokens (vs_trl.py's GRPO row; --hf-new-tokens), a reward function, the run's
-         files and report
+         one): 8 prompts x 8 completions of up to 8 new tokens (vs_trl.py's GRPO row; --hf-new-tokens), a
+         reward function, the run's files and report
 
-Both loops run with tis_cap 2 (the overlapped loop needs it; on-policy it is a weight ~1). Threads:
-the synchronous run on one torch thread (what the stage runner gives a stage); the overlapped run
-with the trainer on one thread and the sampler process on one (`sampler_threads`), i.e. one core
-each on a 2-core machine. In the overlapped run the episodes (rendering, sampling, decoding, the
-environments) run in the sampler process; the trainer process keeps the collect's bookkeeping
-and, for hf, the batch reward call (its function runs in a reward worker process). Runs alternate
-(sync, async, sync, async ...) so background load hits both alike; the load average is printed
-before and after. s/step is the median interval between consecutive logged steps after the first
-(the first step holds the start-up: the sampler process, the first batch); "loop" is train_rl's
-wall, start-up included; "run" the whole call (for hf: loading the model and data, writing the
-model and report too, the same in both modes), so the whole-run ratios approach the per-step one
-as runs get longer (60 steps by default). CPU seconds are counted per process (the trainer's
-`process_time`, the sampler's from /proc): on a loaded machine (kernel.sched_autogroup_enabled=1
-gives each session one share, however many processes it runs) the wall ratios understate what
-two idle cores give, and "CPU critical path" = sync CPU / max(trainer CPU, sampler CPU) is the
-speed-up an idle 2-core machine would give if each process had a core (pipe latency left out).
-The last columns say how much of a synchronous step is collecting (sampling, environments,
-rewards) and the speed-up that perfect overlap of collecting and training would give.
+Staleness policy: only "pace" exists (step s sampled with the weights after update max(0, s - K), nothing
+discarded); the issue's "discard" and "partial" are not implemented, so there is no policy dimension.
+
+All runs use tis_cap 2 (the overlapped loop needs it; on-policy it is a weight ~1). Threads: the
+synchronous run on one torch thread (what the stage runner gives a stage); the overlapped runs with
+the trainer on one thread and the sampler process on one (`sampler_threads`), i.e. one core each on
+a 2-core machine. In an overlapped run the episodes (rendering, sampling, decoding, the
+environments) run in the sampler process; the trainer process keeps the collect's bookkeeping and,
+for hf, the batch reward call (its function runs in a reward worker process). Each repeat runs
+K = 0 and every K once, the order rotated each repeat, so background load hits all alike; the load
+average is printed at the start, before each run and at the end, with the machine and the commit.
+
+s/step is the mean interval between the ends of consecutive steps after the first (the first holds
+the start-up: the sampler process, the first K + 1 draws): the throughput, which is what a deeper
+pipeline changes when step times vary (a median would hide it); "loop" is train_rl's wall, start-up
+included. CPU seconds are counted per process (the trainer's `process_time`, the sampler's from
+/proc): on a loaded machine (kernel.sched_autogroup_enabled=1 gives each session one share, however
+many processes it runs) the wall ratios understate what two idle cores give, and "CPU critical
+path" = sync CPU / max(trainer CPU, sampler CPU) is the speed-up an idle 2-core machine would give if
+each process had a core (pipe latency left out).
+
+The bounds come from the synchronous runs' own steps (2 .. n): c = the step's collect seconds (its
+time/sampling_s + time/reward_s), u = the rest of its interval (the update and the bookkeeping).
+"Perfect overlap" = sum(c + u) / max(sum c, sum u), what a pipeline of unbounded depth could give;
+"pipeline K" = the synchronous s/step / that of an ideal K-step pipeline over the same c and u
+(`pipeline_step_s`: no overhead, a core each, draw j released by the end of update j-K-1). With
+constant step times K = 1 already reaches perfect overlap; the gap between "pipeline 1" and
+"pipeline 4" is what K > 1 can buy from the variation of the step times, the "cv" column (standard
+deviation / mean of c and u per step) says how much they vary.
+
+A staler policy learns differently, so a learning run's work per step may change with K (on the agent
+workload its episodes grow longer): the "tokens" column prints the policy tokens per episode of each
+K, and `--frozen` (learning rate 1e-30: the float32 weights do not move) gives every K the same
+episodes, timing the pipeline on equal work.
 """
 
 from __future__ import annotations
@@ -45,18 +63,17 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Callable
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-warnings.filterwarnings("ignore")
+import torch
 
-import torch  # noqa: E402
-
-from trajtune.runs.hooks import Hook  # noqa: E402
+from trajtune.runs.hooks import Hook
 
 
-def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float], float, float, float]:
-    """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, collect
-    seconds); the loop is the whole run here."""
+def agent_run(weak_state: dict, staleness: int, steps: int,
+              frozen: bool = False) -> tuple[list[float], float, float, list[dict]]:
+    """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, the steps'
+    metrics rows); the loop is the whole run here."""
     from trajtune.algorithms.rl import train_rl
     from trajtune.engine import make_engine
     from trajtune.experiments.agent import Config as AgentConfig
@@ -69,7 +86,7 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     gym = Gym(c.max_turns, c.max_action_tokens)
     model = new_model(c.seed, gym, c.dim, c.n_layers, c.n_heads)
     model.load_state_dict(weak_state)
-    engine = make_engine(model, c.rl_optim)
+    engine = make_engine(model, dataclasses.replace(c.rl_optim, lr=FROZEN_LR) if frozen else c.rl_optim)
     cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
     source = gym.source(engine, sampling=SamplingConfig(max_staleness=staleness), rl=cfg)
     clock = StepClock()
@@ -77,7 +94,7 @@ def agent_run(weak_state: dict, staleness: int, steps: int) -> tuple[list[float]
     with source:
         rows = train_rl(engine, gym.train, source, cfg, gym.pad_id, run=Run("rl_only", hooks=[clock]))
     wall = time.perf_counter() - t0
-    return clock.times, wall, wall, sum(r["time/sampling_s"] for r in rows)
+    return clock.times, wall, wall, rows
 
 
 def weak_base(steps: int) -> dict:
@@ -110,9 +127,9 @@ def hf_files(d: Path, size: str = "tiny") -> Path:
 
 
 def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
-           new_tokens: int = 8) -> tuple[list[float], float, float, float]:
+           new_tokens: int = 8, frozen: bool = False) -> tuple[list[float], float, float, list[dict]]:
     """`trajtune grpo` -> (step end times from metrics.jsonl, seconds of its RL loop (train_rl), seconds of the
-    whole command, collect seconds: sampling + rewards)."""
+    whole command, the steps' metrics rows)."""
     from trajtune.experiments.hf import grpo
     from trajtune.algorithms.rl import RLConfig
     from trajtune.experiments.hf.common import OutputConfig, hf_optim
@@ -125,7 +142,8 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
                                  tis_cap=2.0),
-                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness), optim=hf_optim(),
+                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness),
+                     optim=dataclasses.replace(hf_optim(), lr=FROZEN_LR) if frozen else hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
 
@@ -143,9 +161,19 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
     finally:
         grpo.train_rl = train_rl
     wall = time.perf_counter() - t0
-    spent = json.loads((out / "grpo" / "results.json").read_text())["time"]
-    return ([r["time"] for r in read_metrics(out) if r.get("stage") == "grpo"], loop[0], wall,
-            spent["sampling_s"] + spent["reward_s"])
+    rows = [r for r in read_metrics(out) if r.get("stage") == "grpo"]
+    return [r["time"] for r in rows], loop[0], wall, rows
+
+
+FROZEN_LR = 1e-30
+"""--frozen's learning rate: float32 weights do not move (an update smaller than their rounding), the update's
+work is all done"""
+
+
+def collect_s(row: dict) -> float:
+    """A step's collect seconds from its metrics row: sampling and environments + reward functions (in an
+    overlapped run: the background's, drawn ahead)."""
+    return float(row.get("time/sampling_s", 0.0)) + float(row.get("time/reward_s", 0.0))
 
 
 class SamplerCPU:
@@ -191,84 +219,194 @@ def per_step(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times[:-1], times[1:])]
 
 
+def pipeline_step_s(collect: list[float], update: list[float], k: int) -> float:
+    """The s/step of a perfect K-step pipeline ("pace", trajtune.sources.overlap) over steps of these collect and
+    update seconds, with no overhead and a core each for the trainer and the sampler process, measured as the
+    runs are (the mean interval between step ends after the first): the draws run in order in the sampler; the
+    draw of step j may start once step j-K's take has happened (the end of update j-K-1: it samples with the
+    weights after update j-K), the first K+1 at once; update j starts when update j-1 has ended and draw j is
+    in. K = 0 is the synchronous loop: the mean of c + u over steps 2.."""
+    drawn: list[float] = []  # end of draw j
+    ended: list[float] = []  # end of update j
+    for j, (c, u) in enumerate(zip(collect, update)):
+        release = (ended[j - k - 1] if j - k - 1 >= 0 else 0.0) if k else (ended[-1] if ended else 0.0)
+        drawn.append(max(drawn[-1] if drawn else 0.0, release) + c)
+        ended.append(max(ended[-1] if ended else 0.0, drawn[j]) + u)
+    return (ended[-1] - ended[0]) / (len(ended) - 1)
+
+
+def cv(xs: list[float]) -> float:
+    """Coefficient of variation (standard deviation / mean) of a step time."""
+    return statistics.pstdev(xs) / statistics.mean(xs) if len(xs) > 1 and statistics.mean(xs) > 0 else 0.0
+
+
+def machine() -> str:
+    """CPU model, thread count, torch and the commit (with '+changes' when tracked files differ from it)."""
+    import platform
+    import subprocess
+
+    model = platform.processor() or "?"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        model = names[0] if names else model
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+        commit += "+changes" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "? (not a git checkout)"
+    return (f"{model}, {os.cpu_count()} CPU threads, torch {torch.__version__}, commit {commit}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+def warm(run: Callable[[], object]) -> None:
+    """Run once untimed, its output hidden (a short run would print as much as a timed one)."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        run()
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f} (1 min) {five:.2f} (5 min)"
+
+
+@dataclasses.dataclass
+class Result:
+    """One run: K, its mean s/step after the first step, loop and run seconds, CPU seconds (trainer, sampler), the
+    mean policy tokens per episode (the work: a staler policy may sample longer or shorter episodes), and
+    (synchronous runs) each step's collect and update seconds, steps 2.. (the first holds the start-up)."""
+
+    k: int
+    step_s: float
+    loop_s: float
+    run_s: float
+    cpu: tuple[float, float]
+    tokens: float
+    collect: list[float]
+    update: list[float]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", nargs="+", default=["agent", "hf"], choices=["agent", "hf"])
+    ap.add_argument("--staleness", nargs="+", type=int, default=[1, 2, 4],
+                    help="the K (max_staleness) of the overlapped runs, each against the synchronous run (K = 0)")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    ap.add_argument("--repeats", type=int, default=2, help="alternating runs per mode")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per K (and of the synchronous run)")
     ap.add_argument("--weak-steps", type=int, default=60, help="SFT steps of the agent workload's weak base")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 8 steps, 1 repeat, a 10-step weak base (numbers mean nothing)")
     ap.add_argument("--hf-size", default="tiny", choices=["tiny", "small"],
                     help="the hf workload's random Llama: tiny (0.10M parameters) or small (3.0M), vs_trl.py's sizes")
     ap.add_argument("--hf-new-tokens", type=int, default=8,
                     help="the hf workload's completion length (default 8, vs_trl.py's GRPO row). Longer completions "
                          "lengthen both sides, the update's forward and backward as well as the sampling: on the "
                          "small Llama collecting was 32%% of a synchronous step at 32 new tokens, as at 8")
+    ap.add_argument("--frozen", action="store_true",
+                    help=f"learning rate {FROZEN_LR}: the weights do not move, so every K samples the same episodes "
+                         "and does the same work per step; isolates the pipeline from what staleness does to "
+                         "learning (a staler policy learns differently: the agent's episodes grow longer)")
     ap.add_argument("--sampler-session", action="store_true",
                     help="diagnostic for a shared machine with kernel.sched_autogroup_enabled=1 (one CPU share per "
                          "session): start the sampler process in its own session, so it gets a share of its own, "
                          "as it would get a core of its own on an idle machine")
     args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # here, not at import: tests import this module
+    warnings.filterwarnings("ignore")
+    if args.quick:
+        args.steps, args.repeats, args.weak_steps = 8, 1, 10
+    if args.steps < 3 or any(k < 1 for k in args.staleness):
+        ap.error("--steps must be >= 3 and every --staleness K >= 1 (K = 0, the synchronous run, always runs)")
+    ks = [0, *sorted(set(args.staleness))]
     if args.sampler_session:
         from trajtune.sources import process as async_sampler
 
         serve_in_own_session.serve, async_sampler._serve = async_sampler._serve, serve_in_own_session
     torch.set_num_threads(1)
-    load_before = os.getloadavg()
     autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
     groups = autogroup.read_text().strip() if autogroup.exists() else "?"
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} (1 min) "
-          f"{load_before[1]:.2f} (5 min) at the start; sched_autogroup_enabled={groups}"
+    load_start = load()
+    print(f"{machine()}\nload average {load_start} at the start; sched_autogroup_enabled={groups}"
+          f"{f'; --frozen (lr {FROZEN_LR})' if args.frozen else ''}"
           f"{'; sampler in its own session' if args.sampler_session else ''}", flush=True)
-    rows, sampler_cpu = [], SamplerCPU()
+    results: dict[str, dict[int, list[Result]]] = {}
+    sampler_cpu = SamplerCPU()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for workload in args.workloads:
             if workload == "agent":
                 weak = weak_base(args.weak_steps)
-                go = lambda s, rep: agent_run(weak, s, args.steps)  # noqa: E731
+                go = lambda k, rep, n=args.steps: agent_run(weak, k, n, args.frozen)  # noqa: E731
             else:
                 model = hf_files(d, args.hf_size)
-                # noqa: E731
-                go = lambda s, rep: hf_run(d, model, s, args.steps, d / f"grpo-{s}-{rep}", args.hf_new_tokens)
-            steps, loops, walls, cpus = ({0: [], 1: []} for _ in range(4))
-            shares = []
+                go = lambda k, rep, n=args.steps: hf_run(d, model, k, n, d / f"grpo-{k}-{rep}",  # noqa: E731
+                                                         args.hf_new_tokens, args.frozen)
+            name = workload if workload == "agent" else f"hf ({args.hf_size})"
+            results[name] = {k: [] for k in ks}
+            for k in (0, ks[-1]):  # untimed: the first run of a process pays one-off costs (imports, first calls)
+                warm(lambda: go(k, "warm-up", 3))
             for rep in range(args.repeats):
-                for staleness in (0, 1):
-                    before, sampler_before = time.process_time(), sampler_cpu.seconds
-                    times, loop, wall, collect_s = go(staleness, rep)
+                for k in ks[rep % len(ks):] + ks[:rep % len(ks)]:  # rotated each repeat: no K always first
+                    before, sampler_before, load_run = time.process_time(), sampler_cpu.seconds, os.getloadavg()[0]
+                    times, loop, wall, rows = go(k, rep)
+                    collect = [collect_s(row) for row in rows]
+                    tokens = statistics.mean(float(row.get("rollout/policy_tokens", "nan")) for row in rows)
                     cpu = (time.process_time() - before, sampler_cpu.seconds - sampler_before)
-                    steps[staleness] += per_step(times)
-                    loops[staleness].append(loop)
-                    walls[staleness].append(wall)
-                    cpus[staleness].append(cpu)
-                    if staleness == 0:  # how much of a synchronous step is collecting (what can overlap)
-                        shares.append(collect_s / args.steps / statistics.median(per_step(times)))
-                    print(f"  {workload:<5} max_staleness {staleness}: {statistics.median(per_step(times)):.3f} "
-                          "s/step, "
-                          f"loop {loop:.1f} s, run {wall:.1f} s, CPU s trainer {cpu[0]:.1f} + sampler {cpu[1]:.1f}",
-                          flush=True)
-            med = lambda xs: statistics.median(xs)  # noqa: E731
-            cpu0 = med([a + b for a, b in cpus[0]])
-            trainer1, sampler1 = med([a for a, _ in cpus[1]]), med([b for _, b in cpus[1]])
-            rows.append((workload, med(steps[0]), med(steps[1]), med(loops[0]), med(loops[1]), med(walls[0]),
-                         med(walls[1]), cpu0, trainer1, sampler1, min(med(shares), 1.0)))
-    load_after = os.getloadavg()
-    print(f"\nload average {load_after[0]:.2f} (1 min) {load_after[1]:.2f} (5 min) at the end; "
-          f"{os.cpu_count()} CPUs")
-    print(f"\n{args.steps} steps per run; per step: median s/step; loop: train_rl's wall (the sampler's start-up "
-          "and first step included); run: the whole command (hf: model and data loading, model and report "
-          "saving too); CPU s: sync = its one process, overlapped = trainer + sampler process; the last-but-two "
-          "column is what an idle 2-core machine would give if each process had a core: sync CPU / max(trainer "
-          "CPU, sampler CPU)\n")
-    print("| workload | sync s/step | overlapped s/step | speed-up per step | sync loop s | overlapped loop s | "
-          "speed-up loop | sync run s | overlapped run s | speed-up run | CPU s sync | CPU s trainer + sampler | "
-          "CPU critical path speed-up | collect share of a sync step | bound 1/max(share, 1-share) |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for w, a, b, la, lb, ra, rb, c0, t1, s1, c in rows:
-        print(f"| {w} | {a:.3f} | {b:.3f} | {a / b:.2f}x | {la:.1f} | {lb:.1f} | {la / lb:.2f}x | {ra:.1f} | "
-              f"{rb:.1f} | {ra / rb:.2f}x | {c0:.1f} | {t1:.1f} + {s1:.1f} | {c0 / max(t1, s1):.2f}x | {c:.0%} | "
-              f"{1 / max(c, 1 - c):.2f}x |")
+                    gaps = per_step(times)
+                    update = [g - c for g, c in zip(gaps, collect[1:])] if k == 0 else []
+                    r = Result(k, statistics.mean(gaps), loop, wall, cpu, tokens, collect[1:] if k == 0 else [],
+                               update)
+                    results[name][k].append(r)
+                    print(f"  {name:<10} K {k}: {r.step_s:.3f} s/step (median {statistics.median(gaps):.3f}), "
+                          f"loop {loop:.1f} s, run {wall:.1f} s, CPU s trainer {cpu[0]:.1f} + sampler {cpu[1]:.1f}, "
+                          f"{tokens:.1f} policy tokens / episode, "
+                          f"load {load_run:.2f} at its start", flush=True)
+    report(results, ks, args.steps, load_start)
     return 0
+
+
+def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: int, load_start: str) -> None:
+    """The table: per workload and K, medians over the repeats."""
+    med = statistics.median
+    print(f"\nload average {load_start} at the start, {load()} at the end")
+    print(f"\n{steps} steps per run, medians over the repeats. s/step: the mean interval between the ends of "
+          "consecutive steps after the first (the first holds the start-up). CPU critical path: sync CPU / max("
+          "trainer CPU, sampler CPU), what an idle machine with a core per process would give. Bound: from the "
+          "synchronous run's own steps 2.., c = collect (sampling, environments, rewards), u = the rest of the "
+          "step (update, bookkeeping): perfect overlap = sum(c + u) / max(sum c, sum u); pipeline K = the s/step of "
+          "the synchronous loop / that of an ideal K-step pipeline (pace: draw j starts after update j-K-1, update "
+          "j after draw j; no overhead, a core each) over the same c and u, measured as the runs are. "
+          "cv: each step's std / mean in the synchronous run. Tokens: mean policy tokens per episode (a staler policy "
+          "learns differently, so the work per step may differ).\n")
+    print("| workload | K (pace) | sync s/step | overlapped s/step | speed-up per step | speed-up loop | "
+          "CPU s sync / trainer + sampler | CPU critical path | bound: pipeline K | bound: perfect overlap | "
+          "collect share of a sync step | cv collect / update | tokens / episode sync / K |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, by_k in results.items():
+        sync = by_k[0]
+        s0, l0 = med([r.step_s for r in sync]), med([r.loop_s for r in sync])
+        cpu0 = med([sum(r.cpu) for r in sync])
+        c_total, u_total = [sum(r.collect) for r in sync], [sum(r.update) for r in sync]
+        perfect = med([(c + u) / max(c, u) for c, u in zip(c_total, u_total)])
+        share = med([c / (c + u) for c, u in zip(c_total, u_total)])
+        cvs = f"{med([cv(r.collect) for r in sync]):.2f} / {med([cv(r.update) for r in sync]):.2f}"
+        tok0 = med([r.tokens for r in sync])
+        for k in ks[1:]:
+            runs = by_k[k]
+            s, lp = med([r.step_s for r in runs]), med([r.loop_s for r in runs])
+            t, p = med([r.cpu[0] for r in runs]), med([r.cpu[1] for r in runs])
+            pipe = med([pipeline_step_s(r.collect, r.update, 0) / pipeline_step_s(r.collect, r.update, k)
+                        for r in sync])
+            print(f"| {name} | {k} | {s0:.3f} | {s:.3f} | {s0 / s:.2f}x | {l0 / lp:.2f}x | {cpu0:.1f} / {t:.1f} + "
+                  f"{p:.1f} | {cpu0 / max(t, p, 1e-9):.2f}x | {pipe:.2f}x | {perfect:.2f}x | {share:.0%} | {cvs} | "
+                  f"{tok0:.1f} / {med([r.tokens for r in runs]):.1f} |")
 
 
 if __name__ == "__main__":
