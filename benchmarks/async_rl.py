@@ -5,6 +5,7 @@ time per step of the same RL run, for K in {1, 2, 4} against K = 0, with the bou
     python benchmarks/async_rl.py --quick             # a smoke run (8 steps, 1 repeat): checks it runs
     python benchmarks/async_rl.py --frozen            # equal work for every K (the weights do not move)
     python benchmarks/async_rl.py --workloads hf --hf-size small --staleness 1 2
+    python benchmarks/async_rl.py --stale pace discard partial --tokens-per-update 16   # the policies side by side
 
 Workloads:
   agent  the agent experiment's RL-only stage (its RLConfig and rl_optim: REINFORCE, 8 tasks x 8
@@ -15,8 +16,11 @@ Workloads:
          one): 8 prompts x 8 completions of up to 8 new tokens (vs_trl.py's GRPO row; --hf-new-tokens), a
          reward function, the run's files and report
 
-Staleness policy: only "pace" exists (step s sampled with the weights after update max(0, s - K), nothing
-discarded); the issue's "discard" and "partial" are not implemented, so there is no policy dimension.
+Stale work (`--stale pace discard partial`, sampling.stale; `--tokens-per-update` the virtual clock of discard and
+partial): each K is run with each policy. pace samples step s with the weights after update max(0, s - K) and
+throws nothing away; discard drops the groups the clock says arrive after their step trains (the step trains on
+fewer episodes: compare the tokens column); partial continues the episodes in flight under the next update (its
+episode loop runs in the trainer's background thread, sampling through the process in cuts).
 
 All runs use tis_cap 2 (the overlapped loop needs it; on-policy it is a weight ~1). Threads: the
 synchronous run on one torch thread (what the stage runner gives a stage); the overlapped runs with
@@ -70,8 +74,8 @@ import torch
 from trajtune.runs.hooks import Hook
 
 
-def agent_run(weak_state: dict, staleness: int, steps: int,
-              frozen: bool = False) -> tuple[list[float], float, float, list[dict]]:
+def agent_run(weak_state: dict, staleness: int, steps: int, frozen: bool = False, stale: str = "pace",
+              tokens_per_update: int = 0) -> tuple[list[float], float, float, list[dict]]:
     """The RL-only stage's loop from the weak base -> (step end times, loop seconds, whole-run seconds, the steps'
     metrics rows); the loop is the whole run here."""
     from trajtune.algorithms.rl import train_rl
@@ -88,7 +92,9 @@ def agent_run(weak_state: dict, staleness: int, steps: int,
     model.load_state_dict(weak_state)
     engine = make_engine(model, dataclasses.replace(c.rl_optim, lr=FROZEN_LR) if frozen else c.rl_optim)
     cfg = dataclasses.replace(c.rl, steps=steps, eval_every=0, tis_cap=2.0)
-    source = gym.source(engine, sampling=SamplingConfig(max_staleness=staleness), rl=cfg)
+    sampling = SamplingConfig(max_staleness=staleness, stale=stale if staleness else "pace",
+                              tokens_per_update=tokens_per_update if staleness and stale != "pace" else 0)
+    source = gym.source(engine, sampling=sampling, rl=cfg)
     clock = StepClock()
     t0 = time.perf_counter()
     with source:
@@ -126,8 +132,8 @@ def hf_files(d: Path, size: str = "tiny") -> Path:
     return model
 
 
-def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
-           new_tokens: int = 8, frozen: bool = False) -> tuple[list[float], float, float, list[dict]]:
+def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path, new_tokens: int = 8, frozen: bool = False,
+           stale: str = "pace", tokens_per_update: int = 0) -> tuple[list[float], float, float, list[dict]]:
     """`trajtune grpo` -> (step end times from metrics.jsonl, seconds of its RL loop (train_rl), seconds of the
     whole command, the steps' metrics rows)."""
     from trajtune.experiments.hf import grpo
@@ -142,7 +148,10 @@ def hf_run(d: Path, model: Path, staleness: int, steps: int, out: Path,
                      reward=[f"{d / 'rewards.py'}:has_answer"],
                      rl=RLConfig(steps=steps, tasks_per_step=8, group_size=8, advantage="grpo", aggregation="sequence",
                                  tis_cap=2.0),
-                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness),
+                     sampling=SamplingConfig(max_new_tokens=new_tokens, max_staleness=staleness,
+                                             stale=stale if staleness else "pace",
+                                             tokens_per_update=tokens_per_update if staleness and stale != "pace"
+                                             else 0),
                      optim=dataclasses.replace(hf_optim(), lr=FROZEN_LR) if frozen else hf_optim(),
                      output=OutputConfig(logging_steps=0))
     loop, train_rl = [], grpo.train_rl
@@ -291,6 +300,7 @@ class Result:
     tokens: float
     collect: list[float]
     update: list[float]
+    dropped: float = 0.0  # the mean share of the sampled episodes discard threw away (staleness/discarded_share)
 
 
 def main() -> int:
@@ -298,6 +308,10 @@ def main() -> int:
     ap.add_argument("--workloads", nargs="+", default=["agent", "hf"], choices=["agent", "hf"])
     ap.add_argument("--staleness", nargs="+", type=int, default=[1, 2, 4],
                     help="the K (max_staleness) of the overlapped runs, each against the synchronous run (K = 0)")
+    ap.add_argument("--stale", nargs="+", default=["pace"], choices=["pace", "discard", "partial"],
+                    help="the stale-work policies (sampling.stale) of the overlapped runs, each K with each")
+    ap.add_argument("--tokens-per-update", type=int, default=16,
+                    help="discard / partial's virtual clock: decode steps of the sampler per update")
     ap.add_argument("--steps", type=int, default=60, help="RL steps per run")
     ap.add_argument("--repeats", type=int, default=3, help="alternating runs per K (and of the synchronous run)")
     ap.add_argument("--weak-steps", type=int, default=60, help="SFT steps of the agent workload's weak base")
@@ -324,7 +338,7 @@ def main() -> int:
         args.steps, args.repeats, args.weak_steps = 8, 1, 10
     if args.steps < 3 or any(k < 1 for k in args.staleness):
         ap.error("--steps must be >= 3 and every --staleness K >= 1 (K = 0, the synchronous run, always runs)")
-    ks = [0, *sorted(set(args.staleness))]
+    ks: list[tuple[int, str]] = [(0, "sync"), *[(k, p) for k in sorted(set(args.staleness)) for p in args.stale]]
     if args.sampler_session:
         from trajtune.sources import process as async_sampler
 
@@ -336,35 +350,38 @@ def main() -> int:
     print(f"{machine()}\nload average {load_start} at the start; sched_autogroup_enabled={groups}"
           f"{f'; --frozen (lr {FROZEN_LR})' if args.frozen else ''}"
           f"{'; sampler in its own session' if args.sampler_session else ''}", flush=True)
-    results: dict[str, dict[int, list[Result]]] = {}
+    results: dict[str, dict[tuple[int, str], list[Result]]] = {}
     sampler_cpu = SamplerCPU()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         for workload in args.workloads:
             if workload == "agent":
                 weak = weak_base(args.weak_steps)
-                go = lambda k, rep, n=args.steps: agent_run(weak, k, n, args.frozen)  # noqa: E731
+                go = lambda v, rep, n=args.steps: agent_run(weak, v[0], n, args.frozen, v[1],  # noqa: E731
+                                                            args.tokens_per_update)
             else:
                 model = hf_files(d, args.hf_size)
-                go = lambda k, rep, n=args.steps: hf_run(d, model, k, n, d / f"grpo-{k}-{rep}",  # noqa: E731
-                                                         args.hf_new_tokens, args.frozen)
+                go = lambda v, rep, n=args.steps: hf_run(d, model, v[0], n,  # noqa: E731
+                                                         d / f"grpo-{v[0]}-{v[1]}-{rep}", args.hf_new_tokens,
+                                                         args.frozen, v[1], args.tokens_per_update)
             name = workload if workload == "agent" else f"hf ({args.hf_size})"
             results[name] = {k: [] for k in ks}
-            for k in (0, ks[-1]):  # untimed: the first run of a process pays one-off costs (imports, first calls)
-                warm(lambda: go(k, "warm-up", 3))
+            for v in (ks[0], ks[-1]):  # untimed: the first run of a process pays one-off costs (imports, first calls)
+                warm(lambda: go(v, "warm-up", 3))
             for rep in range(args.repeats):
-                for k in ks[rep % len(ks):] + ks[:rep % len(ks)]:  # rotated each repeat: no K always first
+                for v in ks[rep % len(ks):] + ks[:rep % len(ks)]:  # rotated each repeat: no K always first
+                    k = v[0]
                     before, sampler_before, load_run = time.process_time(), sampler_cpu.seconds, os.getloadavg()[0]
-                    times, loop, wall, rows = go(k, rep)
+                    times, loop, wall, rows = go(v, rep)
                     collect = [collect_s(row) for row in rows]
                     tokens = statistics.mean(float(row.get("rollout/policy_tokens", "nan")) for row in rows)
                     cpu = (time.process_time() - before, sampler_cpu.seconds - sampler_before)
                     gaps = per_step(times)
                     update = [g - c for g, c in zip(gaps, collect[1:])] if k == 0 else []
                     r = Result(k, statistics.mean(gaps), loop, wall, cpu, tokens, collect[1:] if k == 0 else [],
-                               update)
-                    results[name][k].append(r)
-                    print(f"  {name:<10} K {k}: {r.step_s:.3f} s/step (median {statistics.median(gaps):.3f}), "
+                               update, statistics.mean(row.get("staleness/discarded_share", 0.0) for row in rows))
+                    results[name][v].append(r)
+                    print(f"  {name:<10} K {k} {v[1]}: {r.step_s:.3f} s/step (median {statistics.median(gaps):.3f}), "
                           f"loop {loop:.1f} s, run {wall:.1f} s, CPU s trainer {cpu[0]:.1f} + sampler {cpu[1]:.1f}, "
                           f"{tokens:.1f} policy tokens / episode, "
                           f"load {load_run:.2f} at its start", flush=True)
@@ -372,7 +389,8 @@ def main() -> int:
     return 0
 
 
-def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: int, load_start: str) -> None:
+def report(results: dict[str, dict[tuple[int, str], list[Result]]], ks: list[tuple[int, str]], steps: int,
+           load_start: str) -> None:
     """The table: per workload and K, medians over the repeats."""
     med = statistics.median
     print(f"\nload average {load_start} at the start, {load()} at the end")
@@ -384,13 +402,14 @@ def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: in
           "the synchronous loop / that of an ideal K-step pipeline (pace: draw j starts after update j-K-1, update "
           "j after draw j; no overhead, a core each) over the same c and u, measured as the runs are. "
           "cv: each step's std / mean in the synchronous run. Tokens: mean policy tokens per episode (a staler policy "
-          "learns differently, so the work per step may differ).\n")
-    print("| workload | K (pace) | sync s/step | overlapped s/step | speed-up per step | speed-up loop | "
+          "learns differently, so the work per step may differ; sampled, discarded ones included). Dropped: the mean "
+          "share of the sampled episodes discard threw away (their steps train on fewer).\n")
+    print("| workload | K | stale | sync s/step | overlapped s/step | speed-up per step | speed-up loop | "
           "CPU s sync / trainer + sampler | CPU critical path | bound: pipeline K | bound: perfect overlap | "
-          "collect share of a sync step | cv collect / update | tokens / episode sync / K |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "collect share of a sync step | cv collect / update | tokens / episode sync / K | dropped |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, by_k in results.items():
-        sync = by_k[0]
+        sync = by_k[ks[0]]
         s0, l0 = med([r.step_s for r in sync]), med([r.loop_s for r in sync])
         cpu0 = med([sum(r.cpu) for r in sync])
         c_total, u_total = [sum(r.collect) for r in sync], [sum(r.update) for r in sync]
@@ -398,15 +417,16 @@ def report(results: dict[str, dict[int, list[Result]]], ks: list[int], steps: in
         share = med([c / (c + u) for c, u in zip(c_total, u_total)])
         cvs = f"{med([cv(r.collect) for r in sync]):.2f} / {med([cv(r.update) for r in sync]):.2f}"
         tok0 = med([r.tokens for r in sync])
-        for k in ks[1:]:
-            runs = by_k[k]
+        for v in ks[1:]:
+            k, runs = v[0], by_k[v]
             s, lp = med([r.step_s for r in runs]), med([r.loop_s for r in runs])
             t, p = med([r.cpu[0] for r in runs]), med([r.cpu[1] for r in runs])
             pipe = med([pipeline_step_s(r.collect, r.update, 0) / pipeline_step_s(r.collect, r.update, k)
                         for r in sync])
-            print(f"| {name} | {k} | {s0:.3f} | {s:.3f} | {s0 / s:.2f}x | {l0 / lp:.2f}x | {cpu0:.1f} / {t:.1f} + "
+            print(f"| {name} | {k} | {v[1]} | {s0:.3f} | {s:.3f} | {s0 / s:.2f}x | {l0 / lp:.2f}x | {cpu0:.1f} / "
+                  f"{t:.1f} + "
                   f"{p:.1f} | {cpu0 / max(t, p, 1e-9):.2f}x | {pipe:.2f}x | {perfect:.2f}x | {share:.0%} | {cvs} | "
-                  f"{tok0:.1f} / {med([r.tokens for r in runs]):.1f} |")
+                  f"{tok0:.1f} / {med([r.tokens for r in runs]):.1f} | {med([r.dropped for r in runs]):.0%} |")
 
 
 if __name__ == "__main__":
