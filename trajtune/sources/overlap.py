@@ -60,7 +60,8 @@ def overlapped(engine, overlap: SamplingConfig, build: Callable[[Any], Source], 
                             lambda policy: Scored(EpisodeSource(policy, make_env, renderer), rewards), sampler)
 
     `runner`: a sampler that holds its own weights instead of the sampler process (`trajtune.sources.vllm.VLLMRunner`):
-    every draw goes through it, synced after every update, and for max_staleness 1 it is what `Overlapped` overlaps."""
+    every draw goes through it, synced after every update, and for max_staleness K it is what `Overlapped` overlaps.
+    stale partial: `build` gets a `PartialSampler` over the process (or runner) instead."""
     if runner is None and not overlap.in_process:
         return build(sampler)
     if runner is None:

@@ -198,9 +198,6 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
         raise ValueError(f"{where}: {name('sampler_process')} runs the built-in sampler in a process of its own; "
                          f"{name('backend')} vllm samples in vLLM (drop {name('sampler_process')}; "
                          f"{name('max_staleness')} 1 overlaps vLLM too)")
-    if s.backend == "vllm" and s.stale == "partial":
-        raise ValueError(f"{where}: {name('stale')} partial continues the episodes in flight under newer weights in "
-                         f"the built-in sampler's process; with {name('backend')} vllm use pace or discard")
     if s.backend == "generate" and s.in_process:
         raise ValueError(f"{where}: {name('max_staleness')} {s.max_staleness} / {name('sampler_process')} sample in "
                          f"a separate process with the built-in sampler; {name('backend')} generate samples from the "

@@ -66,6 +66,20 @@ class VLLMRunner(HeldSyncs):
         self.keep_probe_rows(trajs)
         return trajs
 
+    @property
+    def settings(self):
+        return self.sampler.settings
+
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Any, *,
+               max_new_tokens: int | None = None):
+        """One call of vLLM's sampler after the first sync (a partial rollout's cut: `trajtune.sources.partial`,
+        the episode loop in the caller's thread)."""
+        self.start()
+        with self._lock:
+            with self._cv:
+                self._rollouts_sent += 1
+            return self.sampler.sample(prompts, stop_ids, seeds, max_new_tokens=max_new_tokens)
+
     def keep_probe_rows(self, trajs: Sequence[Trajectory]) -> None:
         """The next syncs are checked on the first rows of `trajs` with POLICY tokens."""
         rows = [t for t in trajs if t.count(Owner.POLICY)][: self.PROBE_ROWS]

@@ -30,14 +30,18 @@ class VLLMSampler:
     def settings(self) -> SamplerSettings:
         return self._settings
 
-    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds) -> Samples:
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds, *,
+               max_new_tokens: int | None = None) -> Samples:
+        """`max_new_tokens`: this call's budget instead of the settings' (a partial rollout's cut, resubmitted with
+        the tokens so far in the prompt: `trajtune.sources.partial`)."""
         s = self._settings
         gens = [seeds] * len(prompts) if seeds is None or isinstance(seeds, torch.Generator) else list(seeds)
         if len(gens) != len(prompts):
             raise ValueError(f"sample: {len(gens)} generators for {len(prompts)} prompts")
         row_seeds = [int(torch.randint(0, 2**62, (1,), generator=g)) for g in gens]
         stops = [int(t) for t in stop_ids]
-        requests = [Request(list(p), s.max_new_tokens, seed, 0.0 if s.greedy else s.temperature,
+        budget = s.max_new_tokens if max_new_tokens is None else max_new_tokens
+        requests = [Request(list(p), budget, seed, 0.0 if s.greedy else s.temperature,
                             0 if s.greedy else s.top_k, 1.0 if s.greedy else s.top_p, stops)
                     for p, seed in zip(prompts, row_seeds, strict=True)]
         return self.client.sample(requests) if requests else Samples([], [], [])

@@ -29,7 +29,8 @@ import torch
 from ...config import ConfigError
 from ...engine import Engine
 from ...trajectory import Trajectory, collate
-from ..sampler import Fingerprints, WeightSampler
+from ...engine.decoding import Samples
+from ..sampler import Fingerprints, Seeds, WeightSampler
 from ...metrics import register
 from ..sync import check_sync, sampler_logprobs, tensor_fingerprints
 
@@ -39,7 +40,11 @@ register("time/sync_s", "wall seconds the step's weight sync to vLLM took: write
 
 
 class AdapterSampler(WeightSampler, Protocol):
-    """A `WeightSampler` that also serves a LoRA adapter saved in a directory, and closes (`sampler.VLLMSampler`)."""
+    """A `WeightSampler` that also serves a LoRA adapter saved in a directory, and closes (`sampler.VLLMSampler`);
+    its `sample` also takes a call's own budget (a partial rollout's cut)."""
+
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds, *,
+               max_new_tokens: int | None = None) -> Samples: ...
 
     def load_adapter(self, path: str) -> None: ...
 
