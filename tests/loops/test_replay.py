@@ -24,6 +24,7 @@ from trajtune.trajectory import Trajectory
 
 from test_algorithms import RENDER, TASKS, TOK, engine, verifier
 from test_async_rl import SETTINGS, graded_source
+from test_async_rl import one_thread  # noqa: F401 - autouse: one torch thread
 from test_resume import R, graded, interrupt_at, rows, same_weights, untimed
 
 PAD = TOK.pad_id
@@ -32,14 +33,6 @@ CFG = RLConfig(steps=4, tasks_per_step=2, group_size=4, advantage="grpo", surrog
 """a reduced RL loop: 4 steps of 2 tasks x 4 episodes, two PPO epochs (minibatches shuffled with the draw's
 generator: a replay must hand it back in its recorded state)"""
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Bit for bit across a sampler process needs the same torch thread count in trainer and sampler."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def recorded_run(tmp_path, cfg=CFG, source=None, e=None):

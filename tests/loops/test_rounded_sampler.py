@@ -17,15 +17,9 @@ from trajtune.sources.sampler import Decoder, SamplerSettings
 from trajtune.sources.sampling import SamplingConfig
 from trajtune.sources.serve import round_weights
 
+from test_async_rl import one_thread  # noqa: F401 - autouse: one torch thread
 from test_algorithms import RENDER, TASKS, TOK, engine, verifier
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])

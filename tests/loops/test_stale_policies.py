@@ -14,16 +14,10 @@ from trajtune.trajectory import Outcome
 
 from test_algorithms import engine
 from test_async_rl import graded, graded_source, same_weights, train, untimed
+from test_async_rl import one_thread  # noqa: F401 - autouse: one torch thread
 
 SETTINGS = SamplerSettings(max_new_tokens=4)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def source(e, k, stale, tokens_per_update, spy=None):
