@@ -136,9 +136,9 @@ class SamplingConfig:
         if not self.top_p <= 1.0:
             raise ValueError(f"sampling: top_p must be in (0, 1], got {self.top_p!r}")
         if self.stale != "pace" and not (self.max_staleness >= 1 and self.tokens_per_update >= 1):
-            raise ValueError(f"sampling: stale {self.stale} decides on a virtual clock what a slow rollout's stale "
-                             f"work becomes; it needs max_staleness >= 1 and tokens_per_update >= 1 (decode steps per "
-                             f"update), got {self.max_staleness} and {self.tokens_per_update}")
+            raise ValueError(f"sampling: stale {self.stale} decides on a virtual clock what becomes of a slow "
+                             f"rollout's late work; it needs max_staleness >= 1 and tokens_per_update >= 1 (decode "
+                             f"steps per update), got {self.max_staleness} and {self.tokens_per_update}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"sampling: vllm_gpu_memory_utilization must be in (0, 1], got "
                              f"{self.vllm_gpu_memory_utilization}")
