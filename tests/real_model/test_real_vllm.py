@@ -5,8 +5,9 @@ fixture, tests/real_model/conftest.py). A few steps of each:
 
   * colocated: vLLM's engine beside the trainer, every weight sync checked (sync/logprob_diff within the fp32
     tolerance at every step: the tied embedding / output layer of a real checkpoint reloaded right);
-  * served: a `trajtune vllm-serve` server, the same checks; and overlapped (--max-staleness 1) through it: the
-    first step sampled now, the next ones one update behind (TIS weights off 1);
+  * served: a `trajtune vllm-serve` server, the same checks; and overlapped (--max-staleness 1, 3 steps) through
+    it: the first step sampled now, the next ones one update behind (TIS weights off 1), each update's sync held
+    until the episodes of the step after next and checked in that row (the third);
   * each: a gradient at every step, the policy moved (kl/k3 > 0), and the saved model loads and answers.
 Small on purpose (2 prompts x 4 completions of <= 16 tokens, 2 steps; vLLM's KV cache capped at a few GB).
 """
@@ -42,21 +43,24 @@ def server(real_model, work):
         yield url
 
 
-def grpo(real_model, work, out, *extra, steps=2) -> list[dict]:
+def grpo(real_model, work, out, *extra, steps=2, checked_from=0) -> list[dict]:
     """`trajtune grpo --backend vllm` on the real model, full fine-tuning -> its metrics rows, after the checks
     every vLLM run must pass: a weight sync checked at every step within the fp32 tolerance (1e-3 nats; the run
-    itself stops above it), a gradient at every step, and the policy moved (kl/k3 > 0 at the last step)."""
+    itself stops above it) -- from row `checked_from` on (overlapped K steps ahead, each update's sync is held until
+    the episodes of the step K later and logged in that step's row: rows K + 2 on) --, a gradient at every step, and
+    the policy moved (kl/k3 > 0 at the last step)."""
     assert main(["grpo", "--model", str(real_model), "--data", str(work / "prompts.jsonl"), "--backend", "vllm",
                  "--reward", f"{work / 'rewards.py'}:near_20_chars", "--steps", str(steps), "--prompts-per-step", "2",
                  "--group-size", "4", "--max-new-tokens", "16", "--lr", "1e-5", "--max-length", "128",
                  "--out", str(work / out), *extra]) == 0
     rows = [r for r in read_metrics(work / out) if "rollout/reward" in r]
     assert len(rows) == steps, rows
+    assert ["sync/logprob_diff" in r for r in rows] == [i >= checked_from for i in range(steps)], rows
     for r in rows:
-        assert 0 <= r["sync/logprob_diff"] < 1e-3, r  # the run checks it too: here, that it was checked
+        assert 0 <= r.get("sync/logprob_diff", 0.0) < 1e-3, r  # the run checks it too: here, that it was checked
         assert r["rollout/no_signal_share"] < 1 and r["train/grad_norm"] > 0, r
     assert rows[-1]["kl/k3"] > 0, rows[-1]
-    print(out, "sync/logprob_diff per step:", [f"{r['sync/logprob_diff']:.2g}" for r in rows])
+    print(out, "sync/logprob_diff per step:", [f"{r.get('sync/logprob_diff', float('nan')):.2g}" for r in rows])
     return rows
 
 
@@ -68,7 +72,8 @@ def test_grpo_with_vllm_colocated(real_model, work, capsys):
 def test_grpo_through_a_server_and_overlapped(real_model, work, server, capsys):
     grpo(real_model, work, "served", "--vllm-server", server)
     answers(work / "served" / "model", capsys)
-    ahead = grpo(real_model, work, "overlapped", "--vllm-server", server, "--max-staleness", "1", "--tis-cap", "2")
+    ahead = grpo(real_model, work, "overlapped", "--vllm-server", server, "--max-staleness", "1", "--tis-cap", "2",
+                 steps=3, checked_from=2)
     # the first step sampled now: TIS weights exp(trainer - vLLM log-prob) off 1 only by the two forwards' rounding
     # (sync/logprob_diff: ~3e-5 nats here); the next sampled one update behind: off 1 by what the update moved
     # (1.5e-2 measured at step 2)
