@@ -97,17 +97,24 @@ class HeldSyncs:
     def send_version(self, version: int) -> None:
         """Send, in order, the held syncs up to the weights after update `version`, waiting for the update that makes
         them (a partial rollout continuing under newer weights: `trajtune.sources.partial`; from the thread that
-        samples, while the trainer trains)."""
+        samples, while the trainer trains). Before any `hold_syncs` the sampler holds the trainer's current weights:
+        nothing to send."""
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._failed() is not None or (self._version or 0) >= version
+                if self._version is None:
+                    return
+                self._cv.wait_for(lambda: self._failed() is not None or self._sent(version)
                                   or any(v >= version for _, v, _ in self._held_syncs))
                 if (error := self._failed()) is not None:
                     raise error
-                if (self._version or 0) >= version:
+                if self._sent(version):
                     return
                 due, self._version, item = self._held_syncs.popleft()
             self._send_held(due, item)
+
+    def _sent(self, version: int) -> bool:
+        """The weights after update `version` (or newer) were sent (or started with)."""
+        return self._version is not None and self._version >= version
 
     def _send_held(self, due: int, item: Any) -> None:
         raise NotImplementedError
