@@ -25,6 +25,7 @@ from trajtune.trajectory import Trajectory
 from test_algorithms import RENDER, TASKS, TOK, engine, verifier
 from test_async_rl import SETTINGS, graded_source
 from test_async_rl import one_thread  # noqa: F401 - autouse: one torch thread
+from test_torchrun_recipes import hf_work  # noqa: F401 - a tiny random Qwen2, prompts, a digit reward
 from test_resume import R, graded, interrupt_at, rows, same_weights, untimed
 
 PAD = TOK.pad_id
@@ -203,31 +204,13 @@ def test_the_builder_records_into_the_stage_and_replays_a_run_directory(tmp_path
 
 
 # --- the command -------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def hf_work(tmp_path_factory):
-    """A tiny random Qwen2, three prompts, a reward that counts digits (tests/distributed's hf_work)."""
-    pytest.importorskip("transformers")
-    from trajtune.models.hf_random import make_random_model
-
-    d = tmp_path_factory.mktemp("hf")
-    make_random_model(d / "model", "qwen2", "tiny")
-    with open(d / "prompts.jsonl", "w") as f:
-        for i in range(3):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"what is {i}+5?"}],
-                                "answer": str(i + 5)}) + "\n")
-    (d / "rewards.py").write_text("def digits(prompts, completions, answer, **kw):\n"
-                                  "    return [sum(ch.isdigit() for ch in c[-1]['content']) / 4 "
-                                  "for c in completions]\n")
-    return d
-
-
 def weights(run_dir: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(str(run_dir / "model" / "model.safetensors"))
 
 
-def test_trajtune_replay_reruns_a_recorded_grpo_run_bit_for_bit(hf_work, tmp_path, capsys):
+def test_trajtune_replay_reruns_a_recorded_grpo_run_bit_for_bit(hf_work, tmp_path, capsys):  # noqa: F811
     from trajtune.cli import main
 
     d = hf_work

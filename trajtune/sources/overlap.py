@@ -142,11 +142,13 @@ class Overlapped(Wrapper):
             raise ValueError("Overlapped: the inner source sampled its episodes without the sampler process, from the "
                              "trainer's live weights while they trained; build it with the process as its policy: "
                              "EpisodeSource(process, ...) (or use trajtune.sources.overlap.overlapped)")
+        if self.stale == "partial":  # each token the version of its decode step (`partial.partial_versions`)
+            partial_versions(episodes.trajs, version, min(version + 1, draw.step), self.tokens_per_update)
+            episodes.behind = draw.step - version
+            return episodes
         episodes = self._stamped(episodes, draw.step, version)
         if self.stale == "discard":
             discard_stale(episodes.trajs, episodes.behind, self.tokens_per_update)
-        elif self.stale == "partial":  # each token the version of its decode step (`partial.partial_versions`)
-            partial_versions(episodes.trajs, version, min(version + 1, draw.step), self.tokens_per_update)
         return episodes
 
     @staticmethod

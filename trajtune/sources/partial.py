@@ -33,7 +33,7 @@ import torch
 from ..engine.decoding import Samples
 from ..trajectory import Owner, Trajectory
 from .sampler import SamplerSettings, Seeds
-from .staleness import actions
+from .staleness import lockstep
 
 
 def version_at(decode_step: int, start: int, cap: int, tokens_per_update: int) -> int:
@@ -95,14 +95,7 @@ class PartialSampler:
 def partial_versions(trajs: Sequence[Trajectory], start: int, cap: int, tokens_per_update: int) -> None:
     """Stamp every POLICY token of one draw's episodes with the version that sampled it (`Trajectory.versions`;
     `version_at` of its decode step in the lockstep batch: the clock `PartialSampler` cut by)."""
-    acts = [actions(t) for t in trajs]
-    longest: list[int] = []
-    for a in acts:
-        for k, n in enumerate(a):
-            if k == len(longest):
-                longest.append(0)
-            longest[k] = max(longest[k], n)
-    offsets = [sum(longest[:k]) for k in range(len(longest))]
+    _, offsets = lockstep(trajs)
     for t in trajs:
         versions = [-1] * len(t.ids)
         turn_of: dict[int, int] = {}  # a POLICY turn -> its action index

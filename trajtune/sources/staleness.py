@@ -135,11 +135,10 @@ def actions(t: Trajectory) -> list[int]:
     return [counts[turn] for turn in sorted(counts)]
 
 
-def decode_clock(trajs: Sequence[Trajectory]) -> list[int]:
-    """Per episode of one draw, the decode steps its batch had taken when the episode's last POLICY token was drawn:
-    action k of every episode still running is decoded together, taking as many steps as the longest of them, so
-    an episode's clock is the sum of the longest k-th actions before its last, plus its own last action's length
-    (single-turn: its own length). 0 for an episode without POLICY tokens."""
+def lockstep(trajs: Sequence[Trajectory]) -> tuple[list[list[int]], list[int]]:
+    """One draw's episodes decoded in lockstep: per episode its actions' POLICY token counts (`actions`), and per
+    action index k the decode steps the batch took before action k (action j of every episode still running is
+    decoded together, taking as many steps as the longest of them)."""
     lengths = [actions(t) for t in trajs]
     longest: list[int] = []
     for acts in lengths:
@@ -147,7 +146,18 @@ def decode_clock(trajs: Sequence[Trajectory]) -> list[int]:
             if k == len(longest):
                 longest.append(0)
             longest[k] = max(longest[k], n)
-    return [sum(longest[: len(acts) - 1]) + acts[-1] if acts else 0 for acts in lengths]
+    offsets = [0]
+    for n in longest:
+        offsets.append(offsets[-1] + n)
+    return lengths, offsets
+
+
+def decode_clock(trajs: Sequence[Trajectory]) -> list[int]:
+    """Per episode of one draw, the decode steps its batch had taken when the episode's last POLICY token was drawn
+    (`lockstep`): the steps before its last action plus that action's length (single-turn: its own length). 0 for
+    an episode without POLICY tokens."""
+    lengths, offsets = lockstep(trajs)
+    return [offsets[len(acts) - 1] + acts[-1] if acts else 0 for acts in lengths]
 
 
 def discard_stale(trajs: Sequence[Trajectory], behind: int, tokens_per_update: int) -> int:
