@@ -32,7 +32,7 @@ from typing import Any
 from ..sources.process import SyncError
 from ..checkpoint import CheckpointError
 from ..config import ConfigError, from_dict, load_toml, set_dotted
-from ..engine.distributed import init_distributed, is_main
+from ..engine.distributed import close_distributed, init_distributed, is_main
 from ..experiments import get_experiment
 from ..experiments.base import Call, Experiment
 from ..runs.rundir import RunDir
@@ -256,8 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.recipe, extra = experiment_arguments(sys.argv[1:] if argv is None else argv, args.recipe, extra)
+    code = 1
     try:
-        return args.func(args, extra) if extra else args.func(args)
+        code = args.func(args, extra) if extra else args.func(args)
+        return code
     except ConfigError as e:
         return _fail(f"{e}", 2)
     except (CheckpointError, RunFailed, SyncError) as e:
@@ -271,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         hint = getattr(e, "resume_hint", None) or "run the same command again to resume"
         print(f"trajtune: interrupted{saved}; {hint}", file=sys.stderr)
         return 130
+    finally:
+        close_distributed(failed=code != 0)  # under torchrun: leave the process group while the interpreter lives
 
 
 def _fail(message: str, code: int) -> int:

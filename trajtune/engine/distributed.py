@@ -7,8 +7,8 @@
 `trajtune.engine.make_engine(model, optim)` builds the one engine (`TorchEngine`) with the collective strategy
 (`trajtune.engine.collectives`: one process, DDP or FSDP2) that `make_collective` picks from how the process was
 launched; this module is what the strategies, the loops and the experiments share: joining the process group
-(`init_distributed`), who writes (`is_main`), `barrier`, `broadcast_object`, the device of a rank, the
-split of a list of items over the ranks (`contiguous_rows`, `Shard`, `sharded_map`), and `Ranks`: a
+(`init_distributed`, `close_distributed`), who writes (`is_main`), `barrier`, `broadcast_object`, the device of
+a rank, the split of a list of items over the ranks (`contiguous_rows`, `Shard`, `sharded_map`), and `Ranks`: a
 strategy's rank and its collectives on what is not a parameter (output rows, metrics, non-finite reports).
 
 Sharded rollouts: `sources.episodes.EpisodeSource(..., shard=engine.shard)` runs only this
@@ -55,6 +55,19 @@ def init_distributed(backend: str | None = None) -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def close_distributed(failed: bool = False) -> None:
+    """Leave the process group before the interpreter shuts down (a no-op outside it). Without this, gloo's worker
+    threads may still hold work objects whose tensors are freed during interpreter finalization, which aborts the
+    process (SIGABRT, "terminate called without an active exception") after a run that succeeded. On a failure
+    (`failed`) an NCCL group is not destroyed: its destroy is collective and would wait on ranks that may never
+    come; the process exits and torchrun ends the others."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if failed and dist.get_backend() == "nccl":
+        return
+    dist.destroy_process_group()
 
 
 def is_distributed() -> bool:
