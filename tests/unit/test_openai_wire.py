@@ -277,8 +277,8 @@ def test_a_chat_stream_is_chunks_the_client_reads():
     head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "policy",
             "policy_version": 7}
     assert [c["choices"][0]["delta"] if c["choices"] else None for c in chunks] == [
-        {"role": "assistant", "content": ""},
-        {"content": "", "tool_calls": [{"index": 0, "id": "call_7", "type": "function",
+        {"role": "assistant", "content": None},
+        {"tool_calls": [{"index": 0, "id": "call_7", "type": "function",
                                         "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
         {}, None]
     assert chunks[0]["prompt_token_ids"] == [1, 2, 3, 4] and chunks[1]["choices"][0]["token_ids"] == [10, 11, 12]
@@ -294,7 +294,8 @@ def test_a_chat_stream_is_chunks_the_client_reads():
                         chat_response(parse_chat(chat(stream=True), SERVED, RUN, False),
                                       **{**TURN, "message": {"content": "5"}}))
     assert len(quiet) == 3 and all("usage" not in c for c in quiet)
-    assert quiet[1]["choices"][0]["delta"] == {"content": "5"} and "prompt_token_ids" not in quiet[0]
+    assert [c["choices"][0]["delta"] for c in quiet] == [{"role": "assistant", "content": ""}, {"content": "5"}, {}]
+    assert "prompt_token_ids" not in quiet[0]
 
 
 def test_a_completion_response_and_its_stream():
@@ -347,7 +348,7 @@ def client_for(answer):
     return client
 
 
-def serve(path, body):
+def serve(path, body, reply=REPLY):
     """What the endpoint's server does with these functions, minus sampling: a fixed sampled turn."""
     try:
         if path.endswith("/models"):
@@ -360,7 +361,7 @@ def serve(path, body):
                 return 200, sse(completion_chunks(req, out)), "text/event-stream"
             return 200, json.dumps(out).encode(), "application/json"
         req = parse_chat(body, SERVED, RUN, False)
-        out = chat_response(req, **{**TURN, "response_id": None, "created": None})
+        out = chat_response(req, **{**TURN, "message": reply, "response_id": None, "created": None})
         if req.stream:
             return 200, sse(chat_chunks(req, out)), "text/event-stream"
         return 200, json.dumps(out).encode(), "application/json"
@@ -406,8 +407,11 @@ def test_the_client_reads_a_stream_and_an_error():
     assert chunks[1].choices[0].delta.tool_calls[0].function.arguments == '{"a": 2, "b": 3}'
     with client.chat.completions.stream(model="policy", messages=HISTORY, tools=[TOOL]) as stream:
         final = stream.get_final_completion()
-    assert final.choices[0].message.tool_calls[0].function.name == "add"
+    assert final.choices[0].message.tool_calls[0].function.name == "add" and final.choices[0].message.content is None
     assert final.choices[0].finish_reason == "tool_calls"
+    text = client_for(lambda path, body: serve(path, body, reply={"content": "It is 5."}))
+    with text.chat.completions.stream(model="policy", messages=HISTORY) as stream:
+        assert stream.get_final_completion().choices[0].message.content == "It is 5."
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="policy", messages=HISTORY, n=2)
     assert (info.value.status_code, info.value.param, info.value.type) == (400, "n", "invalid_request_error")

@@ -95,10 +95,12 @@ def chat_chunks(request: ChatRequest, response: Mapping[str, Any]) -> list[dict[
                 "logprobs": extra.pop("logprobs", None), **extra}
         return {**head, "object": "chat.completion.chunk", "choices": [part], **usage}
 
-    first = chunk({"role": "assistant", "content": ""})
+    message = choice["message"]
+    content = message["content"]  # None: a reply of tool calls only (null in every delta, as OpenAI streams it)
+    first = chunk({"role": "assistant", "content": None if content is None else ""})
     if "prompt_token_ids" in response:
         first["prompt_token_ids"] = response["prompt_token_ids"]
-    message, delta = choice["message"], {"content": choice["message"]["content"] or ""}
+    delta: dict[str, Any] = {} if content is None else {"content": content}
     if message.get("tool_calls"):
         delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
     ids = {"token_ids": choice["token_ids"]} if "token_ids" in choice else {}
