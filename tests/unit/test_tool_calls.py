@@ -3,8 +3,9 @@ the chat template, each assistant turn parsed back from the rendered text and re
 same calls -- for every supported template x syntax; and what cannot round-trip is refused or reported.
 
 The templates: hf_random's CHATML_TEMPLATE (renders `tools` and `tool_calls` itself: native `<tool_call>` JSON, and
-with syntax="python" written by trajtune), and SmolLM2-135M-Instruct's plain ChatML (content only: json and python
-written by trajtune). tests/real_model/test_tool_calls_real.py runs the same round trip on the real tokenizer."""
+with syntax="python" written by trajtune), a Qwen2.5-style template (native, "\n" between content and calls, tool
+results grouped in one user turn), and SmolLM2-135M-Instruct's plain ChatML (content only: json and python written by
+trajtune). tests/real_model/test_tool_calls_real.py runs the same round trip on the real tokenizer."""
 
 import json
 import keyword
@@ -23,6 +24,24 @@ SMOLLM2_TEMPLATE = (  # ~/.cache/trajtune/models/gguf-b179c9523d0e6a0f/chat_temp
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
     "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+QWEN25_STYLE = (  # the tool layout of Qwen2.5's template (written short): "\n" before content and before each call
+    "{%- if tools %}{{ '<|im_start|>system\n' }}{% if messages[0].role == 'system' %}{{ messages[0].content }}"
+    "{% else %}{{ 'You are a helpful assistant.' }}{% endif %}{{ '\n\n# Tools\n<tools>' }}"
+    "{% for t in tools %}{{ '\n' + t | tojson }}{% endfor %}{{ '\n</tools><|im_end|>\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{ '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' or (m.role == 'system' and not loop.first) or (m.role == 'assistant' and not m.tool_calls)"
+    " %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+    "{%- elif m.role == 'assistant' %}{{ '<|im_start|>assistant' }}{% if m.content %}{{ '\n' + m.content }}{% endif %}"
+    "{%- for c in m.tool_calls %}{{ '\n<tool_call>\n{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
+    "{{ c.function.arguments | tojson }}{{ '}\n</tool_call>' }}{%- endfor %}{{ '<|im_end|>\n' }}"
+    "{%- elif m.role == 'tool' %}{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}{{ '\n<tool_response>\n' + m.content + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 STOP = "<|im_end|>"
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,6 +141,13 @@ def test_chatml_native_round_trip(chatml):
     fmt = ToolFormat(chatml)
     assert fmt.native and fmt.syntax == "json" and fmt.separator == ""
     _check_property(chatml, fmt)
+
+
+def test_qwen25_style_native_round_trip():
+    tok = train_tokenizer(chat_template=QWEN25_STYLE)
+    fmt = ToolFormat(tok)
+    assert fmt.native and fmt.separator == "\n"
+    _check_property(tok, fmt)
 
 
 def test_chatml_python_round_trip(chatml):
