@@ -4,7 +4,7 @@ by trajtune in json and in python syntax (the property of tests/unit/test_tool_c
 tokenizer); and a rendered calls turn, decoded from its POLICY tokens as a sampler's ids would be, parses back."""
 
 import pytest
-from test_tool_calls import SMOLLM2_TEMPLATE, _check_property
+from test_tool_calls import SMOLLM2_TEMPLATE, check_round_trips
 
 from trajtune.text.chat import ChatRenderer
 from trajtune.text.tool_calls import ToolCall, ToolFormat
@@ -19,7 +19,7 @@ def test_tool_calls_round_trip_on_the_real_template(real_model, syntax):
     assert tok.chat_template == SMOLLM2_TEMPLATE  # the unit tier's copy is the real one
     fmt = ToolFormat(tok, syntax)
     assert not fmt.native
-    _check_property(tok, fmt)
+    check_round_trips(tok, fmt)
     messages, _ = fmt.template_messages(
         [{"role": "user", "content": "2 * 21?"},
          {"role": "assistant", "content": "Let me compute.",

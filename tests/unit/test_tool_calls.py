@@ -128,7 +128,7 @@ def round_trip(tokenizer, fmt: ToolFormat, messages: list[dict], tools, assistan
     assert ChatRenderer(tokenizer, tools=again_tools).text(again) == text
 
 
-def _check_property(tokenizer, fmt: ToolFormat):
+def check_round_trips(tokenizer, fmt: ToolFormat):
     @FAST
     @given(conversations(fmt))
     def check(case):
@@ -140,27 +140,27 @@ def _check_property(tokenizer, fmt: ToolFormat):
 def test_chatml_native_round_trip(chatml):
     fmt = ToolFormat(chatml)
     assert fmt.native and fmt.syntax == "json" and fmt.separator == ""
-    _check_property(chatml, fmt)
+    check_round_trips(chatml, fmt)
 
 
 def test_qwen25_style_native_round_trip():
     tok = train_tokenizer(chat_template=QWEN25_STYLE)
     fmt = ToolFormat(tok)
     assert fmt.native and fmt.separator == "\n"
-    _check_property(tok, fmt)
+    check_round_trips(tok, fmt)
 
 
 def test_chatml_python_round_trip(chatml):
     fmt = ToolFormat(chatml, "python")
     assert not fmt.native
-    _check_property(chatml, fmt)
+    check_round_trips(chatml, fmt)
 
 
 @pytest.mark.parametrize("syntax", ["json", "python"])
 def test_smollm2_round_trip(smollm2, syntax):
     fmt = ToolFormat(smollm2, syntax)
     assert not fmt.native and fmt.syntax == syntax
-    _check_property(smollm2, fmt)
+    check_round_trips(smollm2, fmt)
 
 
 def test_not_native_formats_describe_tools_in_the_first_system_message(smollm2):
