@@ -344,11 +344,12 @@ def _content_owner(role: str) -> Owner:
 
 def _message_key(message: Mapping[str, Any]) -> tuple | str:
     """A message as a cache key: its sorted (field, value) pairs when every value is a str (hashing reuses
-    each string's cached hash), else its JSON (tool calls, lists of content parts: sorted keys)."""
+    each string's cached hash), else their JSON (tool calls, lists of content parts). Only the message's own fields
+    are sorted: the order of keys inside a value (a tool call's arguments) is rendered, so it is part of the key."""
     items = tuple(sorted(message.items()))
     if all(type(v) is str for _, v in items):
         return items
-    return json.dumps(message, sort_keys=True, default=str)
+    return json.dumps(items, default=str)
 
 
 def _remember(cache: dict, key, value) -> None:
