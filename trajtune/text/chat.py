@@ -248,12 +248,16 @@ class ChatRenderer:
             raise TemplateError(f"append_message: role {role!r} (expected system, user or tool)")
         traj, messages = transcript.traj, transcript.messages
         before = self._transcript_text(transcript, len(messages))
+        full = self.text(messages + [dict(message)])
+        if not full.startswith(before):  # the template re-renders earlier turns once this message follows
+            raise TemplateError(f"append_message: the chat template renders the conversation differently once this "
+                                f"{role} message follows (not prefix-preserving here): the tokens so far would no "
+                                "longer be the template's")
         after_stop = bool(messages) and messages[-1]["role"] == "assistant" and transcript.stopped
         transcript.stopped = False
         if after_stop:
             end = self._policy_end(before, len(self._transcript_text(transcript, len(messages) - 1, True)))
             traj.append(self._encode(before[end:]), Owner.TEMPLATE, turn)  # e.g. the "\n" after <|im_end|>
-        full = self.text(messages + [dict(message)])
         n = len(before)
         spans = [(s - n, e - n, o, t) for s, e, o, t in self._content_spans(full, n, message, CONTENT_OWNERS[role],
                                                                             turn)]
