@@ -287,3 +287,32 @@ def test_a_completions_session_extends_by_text_and_by_token_ids(tokenizer):
     assert traj.tokens_of(Owner.POLICY) == first + [stop] + second + [stop] + char_ids(tokenizer, "f") + [stop]
     assert traj.ids[: len(ids)] == ids and traj.owners[: len(prompt_ids)] == [Owner.PROMPT] * len(prompt_ids)
     assert traj.owners[len(ids) - 2: len(ids)] == [Owner.TOOL] * 2
+
+
+def test_trajtune_endpoint_serves_a_model_and_records_its_sessions(model_dir, tmp_path, monkeypatch):
+    from trajtune.cli import build_parser
+    from trajtune.cli.endpoint import cmd_endpoint
+
+    record = tmp_path / "sessions.jsonl"
+    args = build_parser().parse_args(["endpoint", "--model", str(model_dir), "--port", "0", "--max-new-tokens", "5",
+                                      "--record", str(record), "--served-name", "tiny"])
+    ready, stop, box = threading.Event(), threading.Event(), {}
+    start = Endpoint.start
+    monkeypatch.setattr(Endpoint, "start", lambda self: box.setdefault("endpoint", start(self)))  # (its port)
+    thread = threading.Thread(target=lambda: box.setdefault("code", cmd_endpoint(args, ready, stop)))
+    thread.start()
+    try:
+        assert ready.wait(60)
+        client = openai.OpenAI(base_url=box["endpoint"].base_url("s1"), api_key="-")
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                               temperature=0.5, max_tokens=3)  # a standalone server's own settings
+        assert reply.usage.completion_tokens <= 3
+    finally:
+        stop.set()
+        thread.join(30)
+    assert box["code"] == 0
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [r["session"] for r in rows] == ["s1"] and Owner.POLICY in rows[0]["owners"]
+    with pytest.raises(ConfigError, match="exists"):  # a second run never overwrites the first one's record
+        cmd_endpoint(args)
