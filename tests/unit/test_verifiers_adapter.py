@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from trajtune.sources.data import PromptTask
 from trajtune.sources.endpoint.verifiers import (INSTALL, RolloutFailed, VerifiersError, VerifiersTask,
                                                  load_verifiers_env, verifiers_agent, verifiers_tasks)
 
@@ -133,6 +134,12 @@ def test_a_tool_environment_runs_through_the_session_url_and_returns_the_rubric_
     assert play(agent, dict(tasks[0].row), server, "ep-9") == 1.0
     body = server.seen[-1][1]
     assert body["model"] == "other" and body["max_completion_tokens"] == 12 and body["temperature"] == 0.5
+    # a prompt row of `trajtune grpo --data FILE --agent ...`: its prompt and its columns are the row
+    row = PromptTask("r", tasks[1].prompt, {"answer": "5", "info": {"a": 4, "b": 4}})
+    assert play(verifiers_agent(env), row, server, "ep-10") == 1.0
+    assert server.seen[-2][1]["messages"] == [{"role": "user", "content": "What is 4+4? Use the add tool."}]
+    with pytest.raises(VerifiersError, match="is not a VerifiersTask, a dataset row or a prompt row"):
+        play(agent, "4+4", server, "ep-11")
 
 
 @pytest.mark.verifiers

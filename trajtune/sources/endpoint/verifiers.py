@@ -111,7 +111,8 @@ def verifiers_tasks(env: Any, split: str = "train", n: int = -1) -> list[Verifie
 def verifiers_agent(env: Any, *, model: str = "policy", sampling_args: Mapping[str, Any] | None = None,
                     api_key: str = "trajtune") -> Callable[[Any, str, str], Any]:
     """An agent for `AgentSource`: `async def run(task, base_url, session) -> float`, the environment's rollout of
-    `task` (a `VerifiersTask` or a dataset row) against `base_url` as `model`, scored by its rubric.
+    `task` (a `VerifiersTask`, a dataset row or a prompt row: `task_row`) against `base_url` as `model`, scored by
+    its rubric.
     `sampling_args`: what the environment sends with each request (OpenAI's names: max_tokens, temperature...;
     none by default: the run's sampling section decides)."""
     vf = verifiers_module()
@@ -125,9 +126,7 @@ def verifiers_agent(env: Any, *, model: str = "policy", sampling_args: Mapping[s
     policy_errors = (vf.errors.InvalidModelResponseError,)  # an empty or malformed reply: the policy's, scored
 
     async def run(task: Any, base_url: str, session: str) -> float:
-        row = task.row if isinstance(task, VerifiersTask) else task
-        if not isinstance(row, Mapping):
-            raise VerifiersError(f"verifiers agent: task {task!r} is neither a VerifiersTask nor a dataset row")
+        row = task_row(task)
         client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
         try:
             state = await env.rollout(dict(row), vf.OpenAIChatCompletionsClient(client), model, dict(sampling))
@@ -144,6 +143,20 @@ def verifiers_agent(env: Any, *, model: str = "policy", sampling_args: Mapping[s
         return float(state["reward"])
 
     return run
+
+
+def task_row(task: Any) -> Mapping[str, Any]:
+    """The verifiers dataset row a task carries: a `VerifiersTask`'s row, a row itself, or a prompt task of
+    `trajtune grpo --data FILE --agent ...` (`sources.data.PromptTask`: its prompt and its other columns, e.g. the
+    rows an environment's `get_dataset().to_json(FILE)` wrote)."""
+    if isinstance(task, VerifiersTask):
+        return task.row
+    if isinstance(task, Mapping):
+        return task
+    columns = getattr(task, "columns", None)
+    if isinstance(columns, Mapping) and hasattr(task, "prompt"):
+        return {**columns, "prompt": task.prompt}
+    raise VerifiersError(f"verifiers agent: task {task!r} is not a VerifiersTask, a dataset row or a prompt row")
 
 
 class RolloutFailed(RuntimeError):
