@@ -202,6 +202,6 @@ def test_without_verifiers_the_error_says_how_to_install(monkeypatch):
     newer = types.ModuleType("verifiers")
     newer.__version__ = "0.4.0"  # the v1 stack only: no classic Environment
     monkeypatch.setitem(sys.modules, "verifiers", newer)
-    with pytest.raises(VerifiersError, match=r"verifiers 0\.4\.0 is installed.*classic Environment API.*0\.3"):
+    with pytest.raises(VerifiersError, match=r"verifiers 0\.4\.0 is installed.*classic Environment API.*0\.2-0\.3"):
         verifiers_tasks(object())
     assert VerifiersTask("t", {"prompt": [], "answer": "1"}).answer == "1"

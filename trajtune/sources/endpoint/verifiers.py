@@ -1,7 +1,7 @@
 """The verifiers library's environments as black-box agents: their tasks, and an agent that plays one task through the
 endpoint and returns the environment's reward.
 
-verifiers (PrimeIntellect, `pip install 'verifiers>=0.3,<0.4'`) writes an environment as a dataset of rows
+verifiers (PrimeIntellect, `pip install 'verifiers>=0.2,<0.4'`) writes an environment as a dataset of rows
 (`prompt` messages, `answer`, `info`), a rollout that talks to an OpenAI-compatible client (one turn, a tool loop,
 a game) and a rubric that scores the finished rollout. That is exactly an agent program for the endpoint:
 
@@ -21,9 +21,9 @@ is raised, so `AgentSource` makes the episode an ENV_ERROR (out of the loss and 
 score a group of rollouts together (group reward functions) are refused when the agent is made: each endpoint
 episode is scored alone.
 
-The adapter targets the classic `verifiers.Environment` API, which verifiers 0.3.x keeps (0.4 replaced it with
-`verifiers.v1`); verifiers is imported when an adapter function is first called, with one line saying how to install
-it when it is absent or of another API.
+The adapter targets the classic `verifiers.Environment` API (tested with verifiers 0.1.14, 0.2.1 and 0.3.1; 0.4
+replaced it with `verifiers.v1`); verifiers is imported when an adapter function is first called, with one line
+saying how to install it when it is absent or of another API.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-INSTALL = "pip install 'verifiers>=0.3,<0.4'"
+INSTALL = "pip install 'verifiers>=0.2,<0.4'"
 
 
 class VerifiersError(ValueError):
@@ -49,7 +49,7 @@ def verifiers_module() -> Any:
         vf.Environment, vf.OpenAIChatCompletionsClient, vf.load_environment  # noqa: B018 - the classic API
     except AttributeError:
         raise VerifiersError(f"verifiers {version} is installed; the adapter needs the classic Environment API of "
-                             f"verifiers 0.3.x (0.4 moved to verifiers.v1): {INSTALL}") from None
+                             f"verifiers 0.2-0.3 (0.4 moved to verifiers.v1): {INSTALL}") from None
     return vf
 
 
