@@ -12,10 +12,11 @@
     trajtune replay RUN_DIR --out NEW     # train again on the episodes a --record run trained on (bit for bit)
     trajtune decontaminate --train F --eval F   # evaluation rows sharing 8 words / 50 characters with training data
     trajtune models fetch smollm2-135m    # a real model into the cache (--model smollm2-135m then works everywhere)
+    trajtune endpoint --model DIR         # the model behind an OpenAI-compatible endpoint, sessions recorded
 
 This module: run, list and the subcommands' entry; each other command is a module of its own:
-hf.py (sft | rm | dpo | grpo | rft | rm-eval), chat.py, gym.py, view.py, replay.py, decontaminate.py, merge.py,
-models.py, vllm_serve.py.
+hf.py (sft | rm | dpo | grpo | rft | rm-eval), chat.py, endpoint.py, gym.py, view.py, replay.py, decontaminate.py,
+merge.py, models.py, vllm_serve.py.
 """
 
 from __future__ import annotations
@@ -230,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .chat import add_chat_parser  # `trajtune chat --model DIR` (imports torch / transformers only when run)
 
     add_chat_parser(sub)
+    from .endpoint import add_endpoint_parser  # `trajtune endpoint --model DIR`: the OpenAI-compatible endpoint
+
+    add_endpoint_parser(sub)
     from .vllm_serve import add_vllm_serve_parser  # `trajtune vllm-serve --model DIR` (imports vLLM only when run)
 
     add_vllm_serve_parser(sub)

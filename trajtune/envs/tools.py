@@ -7,6 +7,8 @@ truncate what comes back, and score calls against the expected ones.
                                      python 'f("Star Wars", year=1977)' lines (the book's example; literals only,
                                             parsed with `ast`, nothing is evaluated)
                                      -> (calls, errors): a malformed call is an error string, never an exception
+                                     (`ToolCall` and `parse_tool_calls` live in `trajtune.text.tool_calls`, the one
+                                     parser the environments and the OpenAI endpoint share; re-exported here)
     Tool(name, fn, parameters)       a function and its JSON Schema (`parameters`: "properties", "required")
     dispatch(calls, tools, max_chars)
                                      runs each call -> one tool message per call, in order:
@@ -26,24 +28,18 @@ Every call gets an id (`call_<turn>_<i>`, or the one the model wrote) so a reply
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from ..text.tool_calls import ToolCall, parse_tool_calls
 from .base import StepResult
 
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+__all__ = ["Tool", "ToolCall", "ToolEnv", "call_match", "dispatch", "parse_tool_calls", "schema_errors", "truncate"]
+
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
                "null": type(None)}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    name: str
-    arguments: Mapping[str, Any]
-    id: str = ""
 
 
 @dataclass
@@ -58,72 +54,6 @@ class Tool:
         """The OpenAI-style tool entry a chat template takes (`tools=[...]`)."""
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": dict(self.parameters)}}
-
-
-def _from_object(obj: Any, where: str) -> tuple[ToolCall | None, str | None]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None, f"{where}: a call needs a JSON object with a string 'name'"
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):  # OpenAI sends arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError as e:
-            return None, f"{where}: 'arguments' of {obj['name']} is not valid JSON ({e.msg})"
-    if not isinstance(args, dict):
-        return None, f"{where}: 'arguments' of {obj['name']} must be an object"
-    return ToolCall(obj["name"], args, str(obj.get("id", ""))), None
-
-
-def _parse_json(text: str) -> tuple[list[ToolCall], list[str]]:
-    blocks = _BLOCK.findall(text)
-    if not blocks:
-        stripped = text.strip()
-        if not stripped.startswith(("{", "[")):
-            return [], []
-        blocks = [stripped]
-    calls, errors = [], []
-    for i, block in enumerate(blocks):
-        try:
-            obj = json.loads(block)
-        except json.JSONDecodeError as e:
-            errors.append(f"call {i}: not valid JSON ({e.msg} at character {e.pos})")
-            continue
-        for j, item in enumerate(obj if isinstance(obj, list) else [obj]):
-            call, err = _from_object(item, f"call {i}" + (f"[{j}]" if isinstance(obj, list) else ""))
-            calls += [call] if call else []
-            errors += [err] if err else []
-    return calls, errors
-
-
-def _parse_python(text: str) -> tuple[list[ToolCall], list[str]]:
-    calls, errors = [], []
-    for i, line in enumerate(s for s in text.strip().splitlines() if s.strip()):
-        try:
-            node = ast.parse(line.strip(), mode="eval").body
-        except SyntaxError:
-            errors.append(f"line {i}: not a call: {line.strip()[:60]!r}")
-            continue
-        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-            errors.append(f"line {i}: not a call of a named function: {line.strip()[:60]!r}")
-            continue
-        try:
-            args = {f"arg{k}": ast.literal_eval(a) for k, a in enumerate(node.args)}
-            args.update({kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg})
-        except ValueError:
-            errors.append(f"line {i}: {node.func.id}'s arguments must be literals")
-            continue
-        calls.append(ToolCall(node.func.id, args))
-    return calls, errors
-
-
-def parse_tool_calls(text: str, syntax: str = "json") -> tuple[list[ToolCall], list[str]]:
-    """The calls in one assistant turn and the errors of those that did not parse (module docstring). Python
-    syntax names positional arguments arg0, arg1, ... (bind them with the tool's schema order in `dispatch`)."""
-    if syntax == "json":
-        return _parse_json(text)
-    if syntax == "python":
-        return _parse_python(text)
-    raise ValueError(f"parse_tool_calls: syntax must be 'json' or 'python', got {syntax!r}")
 
 
 def schema_errors(arguments: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:

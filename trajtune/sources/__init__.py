@@ -13,9 +13,9 @@
     sync.py        weight syncs and THE sync check of every weight-holding sampler (fingerprints, probe log-probs)
     vllm/          vLLM as the sampler: `VLLMSampler`, `WeightSync`, `VLLMRunner` over a colocated engine or
                    `trajtune vllm-serve` servers (clients.py, sampler.py, weights.py, runner.py)
+    endpoint/      the OpenAI-compatible endpoint agents sample through (openai.py: the requests, responses.py:
+                   the responses, the OpenAI wire format; verifiers.py: the verifiers library's environments as agents)
     vllm_worker.py what vLLM's workers load: the trainer's weights from a file (a worker extension)
-    endpoint/      the OpenAI-compatible endpoint agent programs sample from; verifiers.py: the verifiers
-                   library's environments as agents
     sampling.py    `SamplingConfig`: a run's one sampling section (backend, draw, budget, staleness, vLLM, sync
                    tolerance, timeout) and `check_sampling`, every rule tying them together, once
     build.py       `episode_source`: THE builder of a run's episode source from its sampling section;

@@ -64,6 +64,14 @@ class Draw:
     n: int
     generator: torch.Generator
     step: int = 0
+    version: int | None = None
+    """the weights that sample it, as the count of updates they had (None: the step's own, `step`); an overlapped
+    source draws ahead with older ones (`trajtune.sources.overlap`) and says so here"""
+
+    @property
+    def sampled_by(self) -> int:
+        """The version of the weights that sample this draw (`version`, else `step`)."""
+        return self.step if self.version is None else self.version
 
     def same_as(self, other: "Draw") -> bool:
         """The same step asks for the same episodes (a source that sampled ahead checks what it drew)."""

@@ -41,7 +41,8 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                    model_dir: str | os.PathLike = "", precision: str = "fp32", seed: int = 0,
                    max_model_len: int | None = None, episode_seeds: bool | None = None, sharded: bool = True,
                    greedy: bool = False, name: Callable[[str], str] = lambda n: f"sampling.{n}",
-                   step_timeout_s: float | None = STEP_TIMEOUT_S, stage_dir: str | os.PathLike | None = None) -> Source:
+                   step_timeout_s: float | None = STEP_TIMEOUT_S, stage_dir: str | os.PathLike | None = None,
+                   agent: Any = None, tokenizer: Any = None, template_kwargs: dict | None = None) -> Source:
     """The episode source `sampling` describes (module docstring).
 
     engine:      the trainer's (an `Engine`): samples here, or sends its weights to the sampler that holds its own
@@ -57,6 +58,10 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                  and vLLM; HF generate draws one seed per call); `sharded`: under torchrun each rank samples its
                  share of the episodes (`engine.shard`)
     greedy:      take the argmax instead of drawing (an evaluation's greedy pass; backend sampler or generate)
+    agent, tokenizer, template_kwargs: an agent program instead of the episode loop (`endpoint.agents.AgentConfig`
+                 with its `run` set; the policy's tokenizer, with its chat template and variables): each episode is
+                 its session with an OpenAI-compatible endpoint over the sampler (`trajtune.sources.endpoint`);
+                 make_env and renderer are unused then
     stage_dir:   the directory of the stage whose loop trains on this source: `sampling.record` writes to its
                  recording/, `sampling.replay` of a run directory reads <replay>/<its name>/recording
                  (`record.Recording`, `record.Replayed`); a source the loop does not train on (an evaluation's)
@@ -83,8 +88,19 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
         episode_seeds = sampling.own_seeds
     shard = engine.shard if sharded else None
 
+    if agent is not None and agent.run and sampling.stale == "partial":
+        raise ValueError(f"{where}: {name('stale')} partial cuts the built-in episode loop's lockstep turns; an "
+                         "agent's requests arrive when its program sends them: use pace or discard with an agent")
+
     def build(policy: Any) -> Source:
-        source: Source = EpisodeSource(policy, make_env, renderer, shard=shard, episode_seeds=episode_seeds,
+        if agent is not None and agent.run:  # the agent's sessions with an endpoint over the policy
+            holder = policy if hasattr(policy, "rollout") else None  # a sampler process / vLLM: synced, probed
+            source: Source = agent.source(policy, tokenizer, max_tokens=max_tokens, shard=shard, holder=holder,
+                                          graded=score is not None, template_kwargs=template_kwargs)
+            if measure is not None:
+                source = Measured(source, measure)
+            return score(source) if score is not None else source
+        source = EpisodeSource(policy, make_env, renderer, shard=shard, episode_seeds=episode_seeds,
                                        max_turns=max_turns, max_tokens=max_tokens, step_timeout_s=step_timeout_s)
         if measure is not None:
             source = Measured(source, measure)

@@ -37,6 +37,7 @@ process on-policy, the one-process run bit for bit (with the trainer's thread co
 from __future__ import annotations
 
 import collections
+import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
@@ -137,7 +138,7 @@ class Overlapped(Wrapper):
         if self.partial is not None:  # (one update at most: see trajtune.sources.partial)
             self.partial.begin(version, min(version + 1, draw.step))
         sent = self.process.rollouts_sent
-        episodes = self.inner.take(draw)
+        episodes = self.inner.take(dataclasses.replace(draw, version=version))
         if self.process.rollouts_sent == sent and any(t.count(Owner.POLICY) for t in episodes.trajs):
             raise ValueError("Overlapped: the inner source sampled its episodes without the sampler process, from the "
                              "trainer's live weights while they trained; build it with the process as its policy: "

@@ -106,7 +106,10 @@ class Decoder:
     def settings(self) -> SamplerSettings:
         return self._settings
 
-    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds) -> Samples:
+    def sample(self, prompts: Sequence[Sequence[int]], stop_ids: Sequence[int], seeds: Seeds, *,
+               max_new_tokens: int | None = None) -> Samples:
+        """`max_new_tokens`: this call's token budget instead of the settings' (an endpoint request's `max_tokens`,
+        `trajtune.sources.endpoint`; as `SamplerProcess.sample` and the vLLM samplers take it)."""
         s = self._settings
         kw: dict[str, Any] = {}
         generator = seeds if seeds is None or isinstance(seeds, torch.Generator) else None
@@ -118,8 +121,9 @@ class Decoder:
             kw["share_prompts"] = True
         if s.logprobs != "processed":
             kw["logprobs"] = s.logprobs
-        return self.decode(prompts, s.max_new_tokens, generator, temperature=s.temperature, top_k=s.top_k,
-                           top_p=s.top_p, greedy=s.greedy, stop_ids=stop_ids, **kw)
+        budget = s.max_new_tokens if max_new_tokens is None else max_new_tokens
+        return self.decode(prompts, budget, generator, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                           greedy=s.greedy, stop_ids=stop_ids, **kw)
 
 
 

@@ -248,12 +248,16 @@ class ChatRenderer:
             raise TemplateError(f"append_message: role {role!r} (expected system, user or tool)")
         traj, messages = transcript.traj, transcript.messages
         before = self._transcript_text(transcript, len(messages))
+        full = self.text(messages + [dict(message)])
+        if not full.startswith(before):  # the template re-renders earlier turns once this message follows
+            raise TemplateError(f"append_message: the chat template renders the conversation differently once this "
+                                f"{role} message follows (not prefix-preserving here): the tokens so far would no "
+                                "longer be the template's")
         after_stop = bool(messages) and messages[-1]["role"] == "assistant" and transcript.stopped
         transcript.stopped = False
         if after_stop:
             end = self._policy_end(before, len(self._transcript_text(transcript, len(messages) - 1, True)))
             traj.append(self._encode(before[end:]), Owner.TEMPLATE, turn)  # e.g. the "\n" after <|im_end|>
-        full = self.text(messages + [dict(message)])
         n = len(before)
         spans = [(s - n, e - n, o, t) for s, e, o, t in self._content_spans(full, n, message, CONTENT_OWNERS[role],
                                                                             turn)]
@@ -344,11 +348,12 @@ def _content_owner(role: str) -> Owner:
 
 def _message_key(message: Mapping[str, Any]) -> tuple | str:
     """A message as a cache key: its sorted (field, value) pairs when every value is a str (hashing reuses
-    each string's cached hash), else its JSON (tool calls, lists of content parts: sorted keys)."""
+    each string's cached hash), else their JSON (tool calls, lists of content parts). Only the message's own fields
+    are sorted: the order of keys inside a value (a tool call's arguments) is rendered, so it is part of the key."""
     items = tuple(sorted(message.items()))
     if all(type(v) is str for _, v in items):
         return items
-    return json.dumps(message, sort_keys=True, default=str)
+    return json.dumps(items, default=str)
 
 
 def _remember(cache: dict, key, value) -> None:

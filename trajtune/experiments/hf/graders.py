@@ -190,7 +190,7 @@ def check_graders(config, name: str) -> None:
     for kind in GRADERS.values():
         kind.check(config, name)
     named = [s for key in GRADERS for s in sources(config, key)]
-    if not named:
+    if not named and not getattr(getattr(config, "agent", None), "run", ""):  # (an agent may return the rewards)
         options = ", ".join(f"{flag(key)} {kind.metavar}" for key, kind in GRADERS.items())
         raise ValueError(f"{name}: needs a reward source: {options} ({' / '.join(GRADERS)} in a recipe)")
     if config.reward_weights and len(config.reward_weights) != len(named):

@@ -57,6 +57,7 @@ from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
 from .recipe import preflight, run_method
 from .model import load_engine
+from ...sources.endpoint.agents import AgentConfig
 from ...sources.sampling import SamplingConfig
 from .graders import check_grader_inputs
 from .sampling import PromptRewardRun, check_sampling, prompt_source
@@ -105,6 +106,10 @@ class GRPORun(PromptRewardRun):
     """--difficulty-filter: completions sampled per prompt to measure its solve rate"""
     difficulty_solved_at: float = 1.0
     """--difficulty-filter: a completion solves its prompt when its reward is >= this"""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """--agent FILE.py:FUNCTION: each episode is that agent program's session with an OpenAI-compatible endpoint the
+    run serves over its sampler (trajtune.sources.endpoint: run(task, base_url, session) -> reward, or None for the
+    --reward sources to score its last reply); the prompt rows are its tasks"""
 
     def __post_init__(self) -> None:
         check_run(self, "grpo")

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...config import field_docs
 
-RENAMES = {"model.path": "model"}
+RENAMES = {"model.path": "model", "agent.run": "agent"}
 """leaf path -> option name where the field name alone would be unclear"""
 
 ALIASES = {"lr": ("--learning-rate",), "eval_every": ("--eval-steps",)}

@@ -129,10 +129,12 @@ def prompt_source(ctx, engine, data, config, max_steps: int) -> Source:
 
         rl = getattr(config, "rl", None)
         loop = rl or getattr(config, "rft", None) or config.dpo  # its seed: a colocated vLLM engine's
+        agent = getattr(config, "agent", None)
         return episode_source(config.sampling, engine, SingleTurnEnv, data.renderer, config.METHOD, max_turns=1,
-                              max_tokens=data.limit, pad_id=data.pad_id, score=score, rl=rl,
+                              max_tokens=data.limit, pad_id=data.pad_id, score=score if graders else None, rl=rl,
                               model_dir=config.model.path, precision=config.model.precision, seed=loop.seed,
-                              name=lambda n: flag(f"sampling.{n}"), stage_dir=ctx.dir)
+                              name=lambda n: flag(f"sampling.{n}"), stage_dir=ctx.dir, agent=agent,
+                              tokenizer=data.tokenizer, template_kwargs=data.template_kwargs)
     except BaseException:
         close_graders(graders)
         raise
