@@ -45,3 +45,17 @@ def test_a_verifiers_tool_environment_keeps_the_sampled_ids_and_the_rubric_rewar
         p1, p2 = sampler.prompts
         assert p2[:len(p1) + len(first) + 1] == p1 + first + [stop]  # the second request continues the first
         assert "add" in tokenizer.decode(p1)  # the environment's tool was rendered into the prompt
+
+
+def test_the_endpoints_turn_limit_cuts_a_verifiers_rollout_with_reward_zero(tokenizer):  # noqa: F811
+    env = adding_env(vf)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    first, stop = char_ids(tokenizer, call), tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # one reply allowed: the rollout's second request (after the tool's result) is refused (400 turn_limit), the
+    # adapter raises it, and AgentSource keeps the cut episode (the policy's tokens so far) with reward 0
+    with AgentSource(Scripted([first], stop), tokenizer, verifiers_agent(env), max_turns=1, max_tokens=512) as source:
+        out = source.take(Draw(verifiers_tasks(env)[:1], 1, torch.Generator().manual_seed(0), step=0))
+    (traj,) = out.trajs
+    assert traj.outcome is Outcome.OK and traj.reward == 0.0 and traj.info["stop_reason"] == "max_turns"
+    assert [i for i, o in zip(traj.ids, traj.owners) if o == Owner.POLICY] == first + [stop]
+    assert out.metrics["agent/cut_share"] == 1.0
