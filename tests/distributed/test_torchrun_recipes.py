@@ -196,12 +196,28 @@ def hf_work(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("command", ["sft", "grpo"])
+AGENT = """
+import openai
+
+def run(task, base_url, session):
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    reply = client.chat.completions.create(model="policy", messages=list(task.prompt)).choices[0].message
+    return sum(ch.isdigit() for ch in reply.content or "") / 4
+"""
+
+
+@pytest.mark.parametrize("command", ["sft", "grpo", "agent"])
 def test_a_hugging_face_command_under_torchrun_equals_one_process(command, hf_work, tmp_path):
+    """sft, grpo, and grpo --agent (each rank serves its share of the agents on an endpoint of its own)."""
     d = hf_work
     lr = 3e-3
-    args = [command, "--model", str(d / "model"), "--lr", str(lr), "--steps", "3", "--save-every", "3"]
-    if command == "sft":
+    args = [command.replace("agent", "grpo"), "--model", str(d / "model"), "--lr", str(lr), "--steps", "3",
+            "--save-every", "3"]
+    if command == "agent":
+        (d / "agent.py").write_text(AGENT)
+        args += ["--data", str(d / "prompts.jsonl"), "--agent", f"{d / 'agent.py'}:run", "--prompts-per-step", "3",
+                 "--group-size", "3", "--max-new-tokens", "6"]
+    elif command == "sft":
         args += ["--data", str(d / "chats.jsonl"), "--batch-size", "5", "--length-buckets", "2"]
     else:
         args += ["--data", str(d / "prompts.jsonl"), "--reward", f"{d / 'rewards.py'}:digits",

@@ -225,3 +225,24 @@ def test_an_agent_past_its_time_limit_is_an_env_error(tokenizer):
         release.set()
     assert [t.outcome for t in out.trajs] == [Outcome.ENV_ERROR] * 2
     assert "TimeoutError" in out.trajs[0].info["env_error"]
+
+
+def test_a_failing_sampler_stops_the_run_not_the_agents(tokenizer):
+    """A sampler that fails (a weight sync that did not take) fails the agents' requests with 500, and the source
+    raises that error: the run stops, it does not train on a batch of ENV_ERRORs."""
+    from trajtune.sources.sync import SyncError
+
+    class Broken:
+        settings = SamplerSettings(4)
+
+        def sample(self, prompts, stop_ids, seeds, max_new_tokens=None):
+            raise SyncError("the sampler's weights did not change after a sync")
+
+    def agent(task, base_url, session):
+        client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+        return 1.0
+
+    with AgentSource(Broken(), tokenizer, agent) as source:
+        with pytest.raises(SyncError, match="did not change"):
+            source.take(Draw([Task("t", 0, 0)], 2, torch.Generator().manual_seed(0)))

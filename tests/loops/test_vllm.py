@@ -278,6 +278,38 @@ def test_grpo_through_vllm_learns_the_toy_task_and_overlaps_one_update_behind(wo
     assert all(r["sync/logprob_diff"] < 1e-4 for r in cut if "sync/logprob_diff" in r)
 
 
+AGENT = """
+import openai
+
+def run(task, base_url, session):
+    client = openai.OpenAI(base_url=base_url, api_key="-", max_retries=0)
+    messages = list(task.prompt) if isinstance(task.prompt, list) else [{"role": "user", "content": task.prompt}]
+    text = ""
+    for _ in range(2):
+        reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+        text += reply.content or ""
+        messages += [{"role": "assistant", "content": reply.content}, {"role": "user", "content": "sure?"}]
+    return float(any(ch.isdigit() for ch in text))
+"""
+
+
+def test_an_agent_program_trains_through_vllm_one_update_behind(work, server):
+    """`trajtune grpo --agent`: the agent's requests go to the run's endpoint, which samples with vLLM (served) and
+    keeps vLLM's token ids; overlapped one update behind, every sync checked."""
+    url, _ = server
+    (work / "agent.py").write_text(AGENT)
+    agent = ["--agent", f"{work / 'agent.py'}:run", "--max-turns", "3"]
+    assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), *agent,
+                 "--backend", "vllm", "--vllm-server", url, "--max-staleness", "1", "--tis-cap", "2", "--steps", "4",
+                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--lr", "1e-3",
+                 "--out", str(work / "agent-vllm")]) == 0
+    rows = read_metrics(work / "agent-vllm")
+    assert [r["agent/turns"] for r in rows] == [2.0] * 4 and all(r["agent/error_share"] == 0 for r in rows)
+    assert [r["staleness/max"] for r in rows] == [0, 1, 1, 1]
+    assert ["sync/logprob_diff" in r for r in rows] == [False, False, True, True]
+    assert all(r["sync/logprob_diff"] < 1e-4 for r in rows if "sync/logprob_diff" in r)
+
+
 def test_lora_vllm_serves_the_base_model_and_reloads_the_adapter_after_every_update(work, server, tmp_path,
                                                                                   monkeypatch, capsys):
     url, _ = server

@@ -67,7 +67,8 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
                  (`record.Recording`, `record.Replayed`); a source the loop does not train on (an evaluation's)
                  is built from a section without record / replay
     """
-    check_sampling(sampling, where, rl=rl, sharded=engine.shard is not None, name=name)
+    check_sampling(sampling, where, rl=rl, sharded=engine.shard is not None, name=name,
+                   agent=agent is not None and bool(agent.run))
     if sampling.replay:  # the recorded episodes, nothing sampled
         return Replayed(find_recording(sampling.replay, None if stage_dir is None else Path(stage_dir).name))
     if sampling.record and stage_dir is None:
@@ -88,9 +89,6 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
         episode_seeds = sampling.own_seeds
     shard = engine.shard if sharded else None
 
-    if agent is not None and agent.run and sampling.stale == "partial":
-        raise ValueError(f"{where}: {name('stale')} partial cuts the built-in episode loop's lockstep turns; an "
-                         "agent's requests arrive when its program sends them: use pace or discard with an agent")
 
     def build(policy: Any) -> Source:
         if agent is not None and agent.run:  # the agent's sessions with an endpoint over the policy

@@ -181,9 +181,10 @@ class SamplingConfig:
 
 def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bool = False,
                    backends: tuple[str, ...] = ("sampler", "generate", "vllm"), reads: tuple[str, ...] | None = None,
-                   name: Callable[[str], str] = lambda n: f"sampling.{n}") -> None:
+                   name: Callable[[str], str] = lambda n: f"sampling.{n}", agent: bool = False) -> None:
     """THE rules of a sampling section that cannot run (module docstring), each once. `where`: the config's name
     in the messages; `rl`: the RL loop's config (its tis_cap), if the run has one; `sharded`: under torchrun;
+    `agent`: the episodes are an agent program's sessions with the endpoint (`trajtune.sources.endpoint`);
     `backends`: those the run can use; `reads`: the only fields the run reads (None: all), the others must stay at
     their defaults; `name(field)`: how the messages spell a field (a flag, or its key)."""
     if reads is not None:
@@ -194,6 +195,9 @@ def check_sampling(s: SamplingConfig, where: str, *, rl: Any = None, sharded: bo
                              f"own way and reads only {', '.join(name(n) for n in reads)} of the sampling section")
     if s.backend not in backends:
         raise ValueError(f"{where}: {name('backend')} {s.backend} is not one of this run's: {', '.join(backends)}")
+    if agent and s.stale == "partial":
+        raise ValueError(f"{where}: {name('stale')} partial cuts the built-in episode loop's lockstep turns; an "
+                         "agent's requests arrive when its program sends them: use pace or discard with an agent")
     if s.backend == "vllm" and s.sampler_process:
         raise ValueError(f"{where}: {name('sampler_process')} runs the built-in sampler in a process of its own; "
                          f"{name('backend')} vllm samples in vLLM (drop {name('sampler_process')}; "

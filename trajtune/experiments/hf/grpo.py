@@ -57,7 +57,7 @@ from ...metrics import register
 from .common import announce, check_run, finish, hf_optim, OutputConfig, stage_run
 from .recipe import preflight, run_method
 from .model import load_engine
-from ...sources.endpoint.agents import AgentConfig
+from ...sources.endpoint.agents import AgentConfig, load_agent
 from ...sources.sampling import SamplingConfig
 from .graders import check_grader_inputs
 from .sampling import PromptRewardRun, check_sampling, prompt_source
@@ -142,6 +142,8 @@ Config = GRPORun
 def prepare(config: GRPORun, run_dir: Path) -> Prepared:
     prepared = prompt_data(config)
     check_grader_inputs(config, prepared.items)  # imports, columns, the reward model's files: before the model loads
+    if config.agent.run:
+        load_agent(config.agent.run)  # the agent imports and takes (task, base_url, session): before the model loads
     if config.ptx_data:
         ptx_trajectories(config, prepared)  # its rows parse and fit, before the model loads
     if config.gold_reward:  # the gold functions import and find their columns in the probe's prompts

@@ -105,7 +105,8 @@ def check_sampling(config, name: str, backends: tuple[str, ...] = ("sampler", "g
     if rl is None and config.sampling.in_process:
         raise ValueError(f"{name}: {flag('sampling.max_staleness')} / {flag('sampling.sampler_process')} are grpo's "
                          f"(an RL loop with --tis-cap); {name} samples on-policy, in the trainer")
-    check_section(config.sampling, name, rl=rl, backends=backends, name=lambda n: flag(f"sampling.{n}"))
+    check_section(config.sampling, name, rl=rl, backends=backends, name=lambda n: flag(f"sampling.{n}"),
+                  agent=bool(getattr(getattr(config, "agent", None), "run", "")))
     check_graders(config, name)
     if config.sampling.max_new_tokens >= config.model.max_length:
         raise ValueError(f"{name}: --max-new-tokens {config.sampling.max_new_tokens} leaves no room for a prompt "

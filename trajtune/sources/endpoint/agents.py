@@ -52,7 +52,8 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from ...config import check_choices
+from ...config import ConfigError, check_choices
+from ...metrics import register
 from ...seeding import episode_seed
 from ...trajectory import Outcome, Trajectory
 from ..base import Draw, Episodes, Schedule
@@ -62,11 +63,21 @@ from .server import Endpoint
 
 log = logging.getLogger("trajtune.sources.endpoint.agents")
 
+register("agent/turns", "an agent run (--agent): model replies per episode, mean over the step's episodes")
+register("agent/error_share", "an agent run: share of episodes whose agent raised or ran past --agent-timeout "
+         "(ENV_ERROR: out of the loss and the group baseline)")
+register("agent/cut_share", "an agent run: share of episodes cut at --max-turns replies or at the length budget "
+         "(the next request refused)")
+register("agent/edited_share", "an agent run: share of episodes whose agent sent a history that did not extend the "
+         "recorded one (the episode is the stretch before it: trajtune.sources.endpoint.sessions)")
+register("agent/invalid_tool_calls", "an agent run: replies whose tool calls did not parse in the model's format "
+         "(returned to the agent as text)")
+
 Agent = Callable[[Any, str, str], Any]
 """run(task, base_url, session) -> reward (float) or None; sync or async"""
 
 
-class AgentError(ValueError):
+class AgentError(ConfigError):
     """An agent that cannot be loaded or called (a bad `--agent FILE:FUNCTION`)."""
 
 
