@@ -98,3 +98,10 @@ def test_agent_refusals_are_one_line(work, tmp_path, capsys):
                 "--stale", "partial", "--tokens-per-update", "4")
     err = capsys.readouterr().err
     assert code == 2 and "partial" in err and "agent" in err and err.count("\n") == 1
+
+
+def test_hf_generate_serves_an_agent_too(work, tmp_path):
+    """--backend generate draws one stream per call (no per-row generators): the endpoint gives it one."""
+    out = tmp_path / "g"
+    assert grpo(work, out, "--agent", f"{work / 'agent.py'}:run", "--backend", "generate") == 0
+    assert all(r["agent/turns"] == 2 and r["agent/error_share"] == 0 for r in rows(out))

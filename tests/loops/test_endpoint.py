@@ -246,3 +246,44 @@ def test_a_failing_sampler_stops_the_run_not_the_agents(tokenizer):
     with AgentSource(Broken(), tokenizer, agent) as source:
         with pytest.raises(SyncError, match="did not change"):
             source.take(Draw([Task("t", 0, 0)], 2, torch.Generator().manual_seed(0)))
+
+
+def test_an_async_agent_streaming_through_the_async_client(tokenizer, engine):
+    sampler = engine_sampler(engine, SamplerSettings(6), pad_id=tokenizer.pad_token_id)
+    texts = {}
+
+    async def agent(task, base_url, session):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="-", max_retries=0)
+        stream = await client.chat.completions.create(model="policy", stream=True,
+                                                      messages=[{"role": "user", "content": task.name}])
+        texts[session] = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        return 0.5
+
+    with AgentSource(sampler, tokenizer, agent) as source:
+        out = source.take(Draw([Task("a", 0, 0), Task("b", 0, 0)], 2, torch.Generator().manual_seed(1), step=3))
+    assert [t.outcome for t in out.trajs] == [Outcome.OK] * 4 and [t.reward for t in out.trajs] == [0.5] * 4
+    for t in out.trajs:  # what the agent read is what was sampled (without the stop token)
+        assert t.info["actions"] == [texts[t.info["session"]]]
+        assert {v for v, o in zip(t.versions, t.owners) if o == Owner.POLICY} == {3}
+
+
+def test_a_completions_session_extends_by_text_and_by_token_ids(tokenizer):
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    first, second = char_ids(tokenizer, "abc"), char_ids(tokenizer, "de")
+    sampler = Scripted([first, second, char_ids(tokenizer, "f")], stop)
+    with Endpoint(sampler, tokenizer) as endpoint:
+        endpoint.open("c")
+        client = openai.OpenAI(base_url=endpoint.base_url("c"), api_key="-")
+        r1 = client.completions.create(model="policy", prompt="Q: hi", extra_body={"return_token_ids": True})
+        assert r1.choices[0].text == "abc"
+        prompt_ids = tokenizer("Q: hi", add_special_tokens=False)["input_ids"]
+        # by text: the recorded text (prompt + reply, stop token included) + new text; only the new text is tokenized
+        client.completions.create(model="policy", prompt="Q: hi" + "abc<|im_end|>" + " more")
+        assert sampler.prompts[1][: len(prompt_ids) + 4] == prompt_ids + first + [stop]
+        # by ids: the recorded ids + new ids
+        ids = sampler.prompts[1] + second + [stop] + [7, 8]
+        client.completions.create(model="policy", prompt=ids)
+        traj = endpoint.trajectory(endpoint.finish("c"))
+    assert traj.tokens_of(Owner.POLICY) == first + [stop] + second + [stop] + char_ids(tokenizer, "f") + [stop]
+    assert traj.ids[: len(ids)] == ids and traj.owners[: len(prompt_ids)] == [Owner.PROMPT] * len(prompt_ids)
+    assert traj.owners[len(ids) - 2: len(ids)] == [Owner.TOOL] * 2

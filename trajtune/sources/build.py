@@ -94,7 +94,8 @@ def episode_source(sampling: SamplingConfig, engine: Any, make_env: Callable[[],
         if agent is not None and agent.run:  # the agent's sessions with an endpoint over the policy
             holder = policy if hasattr(policy, "rollout") else None  # a sampler process / vLLM: synced, probed
             source: Source = agent.source(policy, tokenizer, max_tokens=max_tokens, shard=shard, holder=holder,
-                                          graded=score is not None, template_kwargs=template_kwargs)
+                                          graded=score is not None, template_kwargs=template_kwargs,
+                                          row_seeds=sampling.own_seeds)
             if measure is not None:
                 source = Measured(source, measure)
             return score(source) if score is not None else source

@@ -145,13 +145,13 @@ class AgentConfig:
                              f"{self.max_turns}, {self.agent_timeout}, {self.agent_concurrency}")
 
     def source(self, sampler: Sampler, tokenizer: Any, *, max_tokens: int, shard: Any = None, holder: Any = None,
-               graded: bool = False, template_kwargs: dict | None = None) -> "AgentSource":
+               graded: bool = False, template_kwargs: dict | None = None, row_seeds: bool = True) -> "AgentSource":
         """The AgentSource this section describes, over `sampler`."""
         return AgentSource(sampler, tokenizer, load_agent(self.run), max_turns=self.max_turns, max_tokens=max_tokens,
                            timeout_s=self.agent_timeout, concurrency=self.agent_concurrency, shard=shard,
                            holder=holder, graded=graded, host=self.endpoint_host, port=self.endpoint_port,
                            public_url=self.endpoint_url, tool_syntax=self.tool_syntax or None,
-                           template_kwargs=template_kwargs)
+                           template_kwargs=template_kwargs, row_seeds=row_seeds)
 
 
 class AgentSource:

@@ -19,7 +19,7 @@ by one thread: a batch goes as soon as every open session has a request waiting 
 episode loop), or `batch_wait_s` after its first request (an agent busy elsewhere does not hold the others up).
 Each session samples from its own generator (`Session.seed`), continued across its requests, so its tokens do not
 depend on which other requests shared its batch nor on the threads' timing (with the built-in sampler and vLLM;
-Hugging Face `generate` draws one stream per call).
+Hugging Face `generate` draws one stream per call: `row_seeds=False`).
 
 Every answer carries `policy_version` (the version of the weights that sampled it) and, when asked
 (`return_token_ids`), the prompt's and the reply's token ids, as vLLM's server does. A sampler that fails (a sync
@@ -63,8 +63,10 @@ class Batcher:
     send a request (a batch goes at once when that many are waiting)."""
 
     def __init__(self, sampler: Sampler, stop_ids: Sequence[int], live: Callable[[], int],
-                 flexible: Callable[[SamplerSettings], Sampler] | None = None, batch_wait_s: float = 0.05):
+                 flexible: Callable[[SamplerSettings], Sampler] | None = None, batch_wait_s: float = 0.05,
+                 row_seeds: bool = True):
         self.sampler, self.stop_ids, self.live, self.flexible = sampler, list(stop_ids), live, flexible
+        self.row_seeds = row_seeds  # the sampler draws each row from its own generator (else one per call)
         self.batch_wait_s = batch_wait_s
         self._queue: list[_Pending] = []
         self._cv = threading.Condition()
@@ -110,7 +112,8 @@ class Batcher:
         for (settings, budget), rows in groups.items():
             try:
                 sampler = self.sampler if self.flexible is None else self.flexible(settings)
-                seeds = [p.generator for p in rows] if all(p.generator is not None for p in rows) else None
+                gens = [p.generator for p in rows]
+                seeds = (gens if self.row_seeds else gens[0]) if all(g is not None for g in gens) else None
                 out: Samples = sampler.sample([p.prompt for p in rows], self.stop_ids, seeds,  # type: ignore[call-arg]
                                               max_new_tokens=budget)
                 self.batches += 1
@@ -145,18 +148,21 @@ class Endpoint:
     host, port: where it listens (port 0: a free one); `public_url`: the URL agents are given, when they reach it
                 by another name (another machine: host "0.0.0.0")
     open_sessions: a request naming an unknown session opens it (a standalone server); else it is refused
+    row_seeds:  the sampler takes one generator per row (the built-in sampler, vLLM); False (Hugging Face generate):
+                one per call, the first row's session's, so the samples depend on the batch
     """
 
     def __init__(self, sampler: Sampler, tokenizer: Any, *, served: Sequence[str] = ("policy",),
                  fmt: ToolFormat | None = None, host: str = "127.0.0.1", port: int = 0, public_url: str = "",
                  flexible: Callable[[SamplerSettings], Sampler] | None = None, batch_wait_s: float = 0.05,
-                 open_sessions: bool = False, template_kwargs: dict | None = None, tool_syntax: str | None = None):
+                 open_sessions: bool = False, template_kwargs: dict | None = None, tool_syntax: str | None = None,
+                 row_seeds: bool = True):
         self.sampler, self.served, self.flexible = sampler, list(served), flexible
         self.host, self.port, self.public_url, self.open_sessions = host, port, public_url, open_sessions
         self.fmt = fmt or ToolFormat(tokenizer, tool_syntax)
         self.chats = Chats(tokenizer, self.fmt, template_kwargs)
         self.completions = Completions(tokenizer, self.chats.stop_ids)
-        self.batch_wait_s = batch_wait_s
+        self.batch_wait_s, self.row_seeds = batch_wait_s, row_seeds
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -178,7 +184,8 @@ class Endpoint:
             raise
         server.daemon_threads = True
         self._server, self.port = server, server.server_address[1]
-        self.batcher = Batcher(self.sampler, self.chats.stop_ids, self._live, self.flexible, self.batch_wait_s)
+        self.batcher = Batcher(self.sampler, self.chats.stop_ids, self._live, self.flexible, self.batch_wait_s,
+                               self.row_seeds)
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="trajtune-endpoint", daemon=True)
         self._thread.start()
