@@ -14,7 +14,7 @@
     vllm/          vLLM as the sampler: `VLLMSampler`, `WeightSync`, `VLLMRunner` over a colocated engine or
                    `trajtune vllm-serve` servers (clients.py, sampler.py, weights.py, runner.py)
     endpoint/      the OpenAI-compatible endpoint agents sample through (openai.py: the requests, responses.py:
-                   the responses, the OpenAI wire format)
+                   the responses, the OpenAI wire format; verifiers.py: the verifiers library's environments as agents)
     vllm_worker.py what vLLM's workers load: the trainer's weights from a file (a worker extension)
     sampling.py    `SamplingConfig`: a run's one sampling section (backend, draw, budget, staleness, vLLM, sync
                    tolerance, timeout) and `check_sampling`, every rule tying them together, once
