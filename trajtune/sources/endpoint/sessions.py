@@ -128,9 +128,10 @@ class Session:
     def check_budget(self, prompt: Sequence[int], max_new_tokens: int) -> None:
         if self.max_tokens and len(prompt) + max_new_tokens > self.max_tokens:
             self.stop_reason = self.stop_reason or "token_budget"
-            raise APIError(400, f"this request's prompt is {len(prompt)} tokens and a reply may take "
-                           f"{max_new_tokens}: more than the episode's budget of {self.max_tokens} tokens",
-                           param="messages", code="context_length_exceeded")
+            raise APIError(400, f"This model's maximum context length is {self.max_tokens} tokens (the episode's "
+                           f"budget). However, you requested {len(prompt) + max_new_tokens} tokens ({len(prompt)} in "
+                           f"the messages, {max_new_tokens} in the completion)", param="messages",
+                           code="context_length_exceeded")
 
     def edit(self) -> None:
         """The agent's history stopped extending the record at this turn (module docstring)."""
