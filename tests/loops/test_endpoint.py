@@ -316,3 +316,17 @@ def test_trajtune_endpoint_serves_a_model_and_records_its_sessions(model_dir, tm
     assert [r["session"] for r in rows] == ["s1"] and Owner.POLICY in rows[0]["owners"]
     with pytest.raises(ConfigError, match="exists"):  # a second run never overwrites the first one's record
         cmd_endpoint(args)
+
+
+def test_each_agents_time_limit_runs_from_its_own_start(tokenizer):
+    """concurrency 1: the second agent starts when the first ends, and its 0.5 s run from then (a limit shared from
+    the draw's start would cut it)."""
+    import time
+
+    def steady(task, base_url, session):
+        time.sleep(0.35)
+        return 1.0
+
+    with AgentSource(Scripted([], 0), tokenizer, steady, timeout_s=0.5, concurrency=1) as source:
+        out = source.take(Draw([Task("t", 0, 0)], 2, torch.Generator().manual_seed(0)))
+    assert [t.outcome for t in out.trajs] == [Outcome.OK] * 2

@@ -70,7 +70,7 @@ def cmd_endpoint(args, ready: threading.Event | None = None, stop: threading.Eve
     except KeyboardInterrupt:
         print(file=sys.stderr)
     finally:
-        sessions = [endpoint.finish(sid) for sid in list(endpoint.sessions)]
+        sessions = [s for s in map(endpoint.finish, list(endpoint.sessions)) if s is not None]
         endpoint.close()
         if record is not None:
             from ..runs.resume import trajectories_to_json

@@ -169,7 +169,6 @@ class AgentSource:
         self.concurrency, self.shard, self.holder, self.max_fault_share = concurrency, shard, holder, max_fault_share
         self.endpoint = Endpoint(sampler, tokenizer, served=served, **endpoint)
         self.is_async = inspect.iscoroutinefunction(agent)
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     def take(self, draw: Draw, ahead: Schedule | None = None) -> Episodes:
         t0 = time.perf_counter()
@@ -206,19 +205,35 @@ class AgentSource:
                 for s, task, group, result in zip(sessions, tasks, groups, results, strict=True)]
 
     def _run_threads(self, calls: list[tuple]) -> list[tuple]:
-        if self._pool is None:
-            n = self.concurrency or max(1, len(calls))
-            self._pool = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix="trajtune-agent")
-        futures = [self._pool.submit(self._call, *c) for c in calls]
-        deadline = time.monotonic() + self.timeout_s if self.timeout_s else math.inf
-        results = []
-        for (_, _, sid), f in zip(calls, futures, strict=True):
-            try:
-                results.append(f.result(timeout=max(0.0, deadline - time.monotonic()) if self.timeout_s else None))
-            except concurrent.futures.TimeoutError:
-                results.append(("timeout", None))
-                self._close(sid, "time_limit")
-        return results
+        """Every call in a thread (`concurrency` at once), each timed from its own start; one past `timeout_s` is
+        answered "timeout" and its session closed (the thread itself cannot be stopped: it ends in the background,
+        in a pool of this draw's own, so it never holds up a later draw)."""
+        pool = concurrent.futures.ThreadPoolExecutor(self.concurrency or max(1, len(calls)),
+                                                     thread_name_prefix="trajtune-agent")
+        started: dict[str, float] = {}
+
+        def call(task: Any, base_url: str, sid: str) -> tuple:
+            started[sid] = time.monotonic()
+            return self._call(task, base_url, sid)
+
+        try:
+            futures = {pool.submit(call, *c): i for i, c in enumerate(calls)}
+            results: list[tuple | None] = [None] * len(calls)
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.05 if self.timeout_s else None)
+                for f in done:
+                    results[futures[f]] = f.result()
+                now = time.monotonic()
+                for f in list(pending):
+                    sid = calls[futures[f]][2]
+                    if self.timeout_s and sid in started and now - started[sid] > self.timeout_s:
+                        pending.discard(f)
+                        results[futures[f]] = ("timeout", None)
+                        self._close(sid, "time_limit")
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        return [r for r in results if r is not None]
 
     def _call(self, task: Any, base_url: str, sid: str) -> tuple:
         try:
@@ -258,9 +273,7 @@ class AgentSource:
         return box[0]
 
     def _close(self, sid: str, reason: str | None) -> None:
-        session = self.endpoint.sessions.get(sid)
-        if session is not None:
-            self.endpoint.finish(sid, reason)
+        self.endpoint.finish(sid, reason)  # (a second close of the same session, its agent ending late: nothing)
 
     def _episode(self, session: Any, task: Any, group: int, result: tuple) -> Trajectory:
         traj = self.endpoint.trajectory(session)
@@ -314,9 +327,6 @@ class AgentSource:
 
     def close(self) -> None:
         self.endpoint.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
         if self.holder is not None and hasattr(self.holder, "close"):
             self.holder.close()
 

@@ -5,7 +5,7 @@
     session = endpoint.open("ep-0", seed=1234, version=3, max_turns=6, max_tokens=2048)
     client = openai.OpenAI(base_url=endpoint.base_url("ep-0"), api_key="-")   # .../s/ep-0/v1
     ... the agent talks ...
-    traj = endpoint.finish("ep-0")                                  # the episode, tokens exactly as sampled
+    traj = endpoint.trajectory(endpoint.finish("ep-0"))             # the episode, tokens exactly as sampled
     endpoint.close()
 
 Routes (HTTP/1.1, JSON): `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, each also under
@@ -228,10 +228,13 @@ class Endpoint:
             s = self.sessions[session] = Session(session, seed, version, max_turns, max_tokens, task)
         return s
 
-    def finish(self, session: str, stop_reason: str | None = None) -> Session:
-        """Close a session (later requests are refused) -> it, its episode recorded (`trajectory`)."""
+    def finish(self, session: str, stop_reason: str | None = None) -> Session | None:
+        """Close a session (later requests are refused) -> it, its episode recorded (`trajectory`); None when it
+        was closed already."""
         with self._lock:
-            s = self.sessions.pop(session)
+            s = self.sessions.pop(session, None)
+        if s is None:
+            return None
         s.closed = True
         if stop_reason and s.stop_reason is None:
             s.stop_reason = stop_reason
