@@ -30,6 +30,7 @@ are daemons, so the endpoint never outlives its process.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import threading
@@ -38,7 +39,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from ...config import ConfigError
 from ...engine.decoding import Samples
@@ -275,23 +276,24 @@ class Endpoint:
         assert self.batcher is not None
         return self.batcher.submit(prompt, settings.max_new_tokens, session.generator, settings).result()
 
-    def _hold(self, sid: str | None) -> Session:
+    @contextlib.contextmanager
+    def _held(self, sid: str | None) -> Iterator[Session]:
+        """The session of a request, one request at a time (a second one meanwhile: 409), open (else 400)."""
         session = self._session(sid)
         if not session.lock.acquire(blocking=False):
             raise APIError(409, f"session {session.id!r} has a request in progress; send one at a time",
                            code="session_busy")
         try:
             session.check_open(0)
-        except APIError:
+            yield session
+        finally:
+            session.requests += 1
             session.lock.release()
-            raise
-        return session
 
     def chat(self, sid: str | None, body: Any) -> dict | list[dict]:
         """A chat completion for session `sid` (its episode recorded: `sessions.Chats`)."""
         req = parse_chat(body, self.served, self.sampler.settings, self.flexible is not None)
-        session = self._hold(sid)
-        try:
+        with self._held(sid) as session:
             prompt = self.chats.prompt(session, req.messages, req.tools or None)
             tokens, logprobs, stopped = self._sample(session, prompt, req.settings)
             turn = session.turns
@@ -299,17 +301,13 @@ class Endpoint:
             out = chat_response(req, message=reply.message, prompt_ids=prompt, token_ids=tokens, logprobs=logprobs,
                                 token_texts=self.completions.token_texts(tokens), stopped=stopped,
                                 policy_version=session.version, response_id=f"chatcmpl-{session.id}-{turn}")
-            return chat_chunks(req, out) if req.stream else out
-        finally:
-            session.requests += 1
-            session.lock.release()
+        return chat_chunks(req, out) if req.stream else out
 
     def complete(self, sid: str | None, body: Any) -> dict | list[dict]:
         """A text completion for session `sid` (its episode recorded: `sessions.Completions`)."""
         req = parse_completion(body, self.served, self.sampler.settings, self.flexible is not None,
                                vocab_size=self.completions.vocab_size)
-        session = self._hold(sid)
-        try:
+        with self._held(sid) as session:
             prompt = self.completions.prompt(session, req.prompt)
             tokens, logprobs, stopped = self._sample(session, prompt, req.settings)
             turn = session.turns
@@ -317,10 +315,7 @@ class Endpoint:
             out = completion_response(req, text=text, prompt_ids=prompt, token_ids=tokens, logprobs=logprobs,
                                       token_texts=self.completions.token_texts(tokens), stopped=stopped,
                                       policy_version=session.version, response_id=f"cmpl-{session.id}-{turn}")
-            return completion_chunks(req, out) if req.stream else out
-        finally:
-            session.requests += 1
-            session.lock.release()
+        return completion_chunks(req, out) if req.stream else out
 
 
 def _route(path: str, headers: Any) -> tuple[str | None, str]:
