@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import socket
 import threading
 import time
 import uuid
@@ -176,8 +177,12 @@ class Endpoint:
     def start(self) -> "Endpoint":
         if self._server is not None:
             return self
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"endpoint: port {self.port} is not a TCP port (0-65535; 0: a free one)")
         try:
             server = ThreadingHTTPServer((self.host, self.port), _handler(self))
+        except socket.gaierror as e:
+            raise ConfigError(f"endpoint: cannot listen on host {self.host!r}: {e.strerror}") from None
         except OSError as e:
             if e.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
                 raise ConfigError(f"endpoint: cannot listen on {self.host}:{self.port}: {e.strerror} (choose another "
