@@ -308,6 +308,13 @@ def test_an_agent_program_trains_through_vllm_one_update_behind(work, server):
     assert [r["staleness/max"] for r in rows] == [0, 1, 1, 1]
     assert ["sync/logprob_diff" in r for r in rows] == [False, False, True, True]
     assert all(r["sync/logprob_diff"] < 1e-4 for r in rows if "sync/logprob_diff" in r)
+    # colocated: the run's own vLLM engine behind the endpoint, synced after every update
+    assert main(["grpo", "--model", str(work / "model"), "--data", str(work / "prompts.jsonl"), *agent,
+                 "--backend", "vllm", "--vllm-gpu-memory-utilization", "0.15", "--steps", "2",
+                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--lr", "1e-3",
+                 "--out", str(work / "agent-colocated")]) == 0
+    rows = read_metrics(work / "agent-colocated")
+    assert [r["agent/turns"] for r in rows] == [2.0] * 2 and all(r["sync/logprob_diff"] < 1e-4 for r in rows)
 
 
 def test_lora_vllm_serves_the_base_model_and_reloads_the_adapter_after_every_update(work, server, tmp_path,
