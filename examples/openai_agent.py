@@ -3,12 +3,12 @@ addition problem of the arithmetic gym (`trajtune.envs.arithmetic`), calls an `a
 answers with a number.
 
     # the agent against any OpenAI-compatible server (here trajtune's own, over a model folder):
-    trajtune endpoint --model runs/agent-sft/model --port 8000 &
+    trajtune endpoint --model runs/agent-learns/sft/model --port 8000 --served-name policy &
     python examples/openai_agent.py --base-url http://127.0.0.1:8000/v1 --tasks 4
 
     # RL of the agent: the rows of tasks.jsonl are the tasks ('prompt', 'answer'), the agent returns the reward
-    trajtune grpo --model runs/agent-sft/model --data tasks.jsonl --agent examples/openai_agent.py:run \\
-        --max-turns 4 --max-new-tokens 48 --out runs/agent-grpo
+    trajtune grpo --model runs/agent-learns/sft/model --data runs/agent-learns/tasks.jsonl \\
+        --agent examples/openai_agent.py:run --max-turns 4 --max-new-tokens 40 --out runs/agent-grpo
 
     # the whole story on a tiny model (make, SFT on demonstrations, measure, GRPO, measure): ~5 min on 2 CPU cores
     python examples/agent_learns.py
@@ -17,15 +17,16 @@ Nothing here is trajtune's: it is the loop an agent written for any OpenAI-compa
 `base_url` per episode (the session is in the URL, so every request of the episode lands in one recorded trajectory)
 and trains on the tokens the model sampled; the tool's results are the agent's, so the trainer never trains on them.
 
-The reward: 1.0 when the final reply (the first one without tool calls) is the sum, else 0.0. It is not shaped: a
-correct tool call earns nothing by itself; the policy learns to call the tool because answering from the tool's
-result is how it gets the sum right.
+The reward: 1.0 when the final reply (the first one without tool calls) says the sum -- its last integer is the sum,
+so "68" and "23 + 45 = 68." both count -- else 0.0. It is not shaped: a correct tool call earns nothing by itself; a
+policy learns to call the tool because answering from the tool's result is how it gets the sum right.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import openai
 
@@ -73,6 +74,12 @@ def solve(client: openai.OpenAI, prompt: str) -> tuple[str, list[dict]]:
     return "", messages
 
 
+def answer_of(reply: str) -> str:
+    """The number a final reply gives: its last integer ("" where it has none)."""
+    numbers = re.findall(r"-?\d+", reply)
+    return numbers[-1] if numbers else ""
+
+
 def run(task, base_url: str, session: str) -> float:
     """One episode for `trajtune grpo --agent examples/openai_agent.py:run`: task is a row of the data ('prompt' and
     'answer' columns), base_url the endpoint of this episode; returns the reward."""
@@ -83,7 +90,7 @@ def run(task, base_url: str, session: str) -> float:
         if e.code in ("turn_limit", "context_length_exceeded"):
             return 0.0
         raise
-    return float(answer == str(task.columns["answer"]))
+    return float(answer_of(answer) == str(task.columns["answer"]))
 
 
 def task_row(a: int, b: int) -> dict:
@@ -103,4 +110,4 @@ if __name__ == "__main__":
         row = task_row(t.a, t.b)
         answer, conversation = solve(client, row["prompt"])
         print(json.dumps(conversation))
-        print(f"{row['prompt']} -> {answer!r}: {'solved' if answer == row['answer'] else 'not solved'}")
+        print(f"{row['prompt']} -> {answer!r}: {'solved' if answer_of(answer) == row['answer'] else 'not solved'}")

@@ -57,6 +57,7 @@ def task(a, b):
     (['<tool_call>{"name": "add", "arguments": {"a": 23, "b": 45}}</tool_call>', "68"], 1.0),
     (['<tool_call>{"name": "add", "arguments": {"a": 23, "b": 44}}</tool_call>', "67"], 0.0),  # a wrong call
     (["68"], 1.0),  # no tool: the answer is what counts (the reward is not shaped)
+    (["23 + 45 = 68."], 1.0), (["68 is 23 + 45"], 0.0),  # the reply's last integer is its answer
     (['<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>', "68"], 1.0),  # the tool's error text back
 ])
 def test_the_agent_loop_through_the_endpoint(tokenizer, replies, reward):
