@@ -134,9 +134,9 @@ def paired_se(before: list[float], after: list[float]) -> float:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "agent-learns")
-    ap.add_argument("--model", default="", help="train this model instead (a folder or a catalog name, e.g. "
-                    "smollm2-135m): no make, no SFT; its template's own tool format (or trajtune's, written into the "
-                    "content)")
+    ap.add_argument("--model", default="", help="start from this model instead of a random one (a folder or a catalog "
+                    "name, e.g. smollm2-135m; its template's tool format, or trajtune's written into the content); "
+                    "--sft-steps 0: no SFT")
     ap.add_argument("--size", default="tiny", choices=("tiny", "small"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demos", type=int, default=2000, help="SFT demonstrations (training problems)")
@@ -165,10 +165,11 @@ def main(argv: list[str] | None = None) -> dict:
 
         start = resolve_model(args.model)
     else:
-        base = make_model(out / "base", args.size, args.seed)
+        start = make_model(out / "base", args.size, args.seed)
+    if args.sft_steps:
         calls = [int((i + 1) * args.tool_share) > int(i * args.tool_share) for i in range(args.demos)]  # interleaved
         sft_data = write_jsonl(out / "sft.jsonl", [demonstration(t.a, t.b, c) for t, c in zip(train, calls)])
-        trajtune("sft", "--model", str(base), "--data", str(sft_data), "--steps", str(args.sft_steps),
+        trajtune("sft", "--model", args.model or str(start), "--data", str(sft_data), "--steps", str(args.sft_steps),
                  "--lr", str(args.sft_lr), "--seed", str(args.seed), "--out", str(out / "sft"), "--overwrite",
                  log=log)
         start = out / "sft" / "model"
@@ -178,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"({before['episodes']} episodes; a tool called in {before['tool_called']:.2f})", flush=True)
     result = {"before": before, "commands": log}
     if args.grpo_steps:
-        trajtune("grpo", "--model", args.model or str(start), "--data", str(rl_data),
+        grpo_from = args.model if args.model and not args.sft_steps else str(start)
+        trajtune("grpo", "--model", grpo_from, "--data", str(rl_data),
                  "--agent", f"{AGENT.relative_to(ROOT)}:run", "--steps", str(args.grpo_steps),
                  "--tasks-per-step", str(args.tasks_per_step), "--group-size", str(args.group_size),
                  "--lr", str(args.grpo_lr), "--max-new-tokens", str(args.max_new_tokens),

@@ -84,10 +84,11 @@ def test_the_agent_gives_up_at_the_turn_limit(tokenizer):
     assert traj.reward == 0.0 and traj.outcome == Outcome.OK and traj.info["stop_reason"] == "max_turns"
 
 
-@pytest.mark.slow  # ~1 min: a short SFT, two measurements and two GRPO steps through the CLI
+@pytest.mark.slow  # ~30 s: a short SFT, two measurements and two GRPO steps through the CLI
 def test_the_learning_script_end_to_end_reduced(tmp_path):
-    out = agent_learns.main(["--out", str(tmp_path), "--sft-steps", "300", "--demos", "256", "--heldout", "8",
-                             "--samples", "2", "--grpo-steps", "2", "--tasks-per-step", "2", "--group-size", "4"])
+    out = agent_learns.main(["--out", str(tmp_path), "--sft-steps", "300", "--demos", "512", "--tool-share", "1",
+                             "--heldout", "8", "--samples", "2", "--grpo-steps", "2", "--tasks-per-step", "2",
+                             "--group-size", "4"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["before"]["episodes"] == summary["after"]["episodes"] == 16
     assert summary["before"]["tool_called"] > 0.5  # SFT taught the call format
