@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--demos", type=int, default=2000, help="SFT demonstrations (training problems)")
     ap.add_argument("--tool-share", type=float, default=0.5, help="demonstrations that call the tool (the rest guess)")
-    ap.add_argument("--sft-steps", type=int, default=2000)
+    ap.add_argument("--sft-steps", type=int, default=4000)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
     ap.add_argument("--grpo-steps", type=int, default=30)
     ap.add_argument("--grpo-lr", type=float, default=5e-4)
