@@ -209,3 +209,36 @@ def test_assistant_turns_in_a_prompt_are_context(renderer, tmp_path):
     only_context = {"prompt": prompt + good, "completion": [{"role": "user", "content": "thanks"}]}
     with pytest.raises(D.DataError, match=r"s2\.jsonl:1: field 'completion' has no assistant message to train on"):
         D.sft_trajectories(D.read_rows(_jsonl(tmp_path / "s2.jsonl", [only_context])), renderer)
+
+
+ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+PLAIN_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["native", "plain"])
+def test_a_tools_column_renders_as_the_endpoint_renders_the_request(tmp_path, template):
+    from trajtune.text.tool_calls import ToolFormat
+
+    tok = train_tokenizer() if template == "native" else train_tokenizer(chat_template=PLAIN_TEMPLATE)
+    call = {"id": "c0", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    messages = [{"role": "user", "content": "2 + 3?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c0", "content": "5"}, {"role": "assistant", "content": "5"}]
+    [traj] = D.sft_trajectories(D.read_rows(_jsonl(tmp_path / "d.jsonl", [
+        {"messages": messages, "tools": [ADD_TOOL]}])), ChatRenderer(tok))
+    converted, tools = ToolFormat(tok).template_messages(messages, [ADD_TOOL])  # what the endpoint sends
+    assert tok.decode(traj.ids) == tok.apply_chat_template(converted, tools=tools, tokenize=False)
+    said = tok.decode(traj.tokens_of(Owner.POLICY))
+    assert said == '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call><|im_end|>5<|im_end|>'
+    assert tok.decode(traj.tokens_of(Owner.TOOL)) == "5"
+    first = traj.owners.index(Owner.POLICY)
+    assert '"description": "a + b"' in tok.decode(traj.ids[:first])  # the tool described in the prompt
+
+
+def test_a_bad_tools_column_names_the_row(renderer, tmp_path):
+    path = _jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "user", "content": "x"},
+                                                       {"role": "assistant", "content": "y"}],
+                                          "tools": [{"type": "function", "function": {}}]}])
+    with pytest.raises(D.DataError, match=r"d.jsonl:1: tools\[0\]"):
+        D.sft_trajectories(D.read_rows(path), renderer)

@@ -5,9 +5,9 @@
 
 The same endpoint an RL run serves its agents (`trajtune grpo --agent FILE.py:FUNCTION`, `trajtune.sources.endpoint`),
 standing alone: for agents on another machine, for trying an agent against a model before training it, or to collect
-episodes. Any OpenAI client works with base URL `http://HOST:PORT/v1` (model name: --served-name, default the model
-directory's name). A request's temperature, top-p and max_tokens are its own (an RL run's endpoint fixes them to the
-run's). Requests are grouped into sessions by the base URL `http://HOST:PORT/s/<session>/v1` (or the header
+episodes. Any OpenAI client works with base URL `http://HOST:PORT/v1` (model name: --served-name, default "policy",
+the name an RL run's endpoint serves, so an agent written for `trajtune grpo --agent` runs against it unchanged). A
+request's temperature, top-p and max_tokens are its own (an RL run's endpoint fixes them to the run's). Requests are grouped into sessions by the base URL `http://HOST:PORT/s/<session>/v1` (or the header
 X-Session-Id); with --record each session's episode -- prompt and sampled token ids exactly as sampled, their
 log-probs and owners -- is one JSON line of FILE when the endpoint stops (the trajectory fields of
 `trajtune.trajectory.Trajectory`). A port in use is one line; Ctrl-C stops it.
@@ -33,7 +33,8 @@ def add_endpoint_parser(subparsers) -> None:
                    "or a catalog name (smollm2-135m)")
     p.add_argument("--host", default="127.0.0.1", help="where to listen (default 127.0.0.1; 0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
-    p.add_argument("--served-name", default="", help="the model name clients ask for (default: the model folder's)")
+    p.add_argument("--served-name", default="policy", help="the model name clients ask for (default policy: the name "
+                   "an RL run's endpoint serves its agents)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="the most tokens one reply may take (default 256)")
     p.add_argument("--backend", choices=("sampler", "generate", "vllm"), default="sampler",
                    help="trajtune's KV-cached sampler, HF generate or vLLM (default sampler)")
@@ -56,7 +57,7 @@ def cmd_endpoint(args, ready: threading.Event | None = None, stop: threading.Eve
     if record is not None and record.exists():
         raise ConfigError(f"--record {record}: the file exists (a run never overwrites another's output)")
     chat = load_chat(args.model, Settings(args.max_new_tokens, backend=args.backend, device=args.device))
-    name = args.served_name or Path(args.model.rstrip("/")).name
+    name = args.served_name
     settings = SamplerSettings(args.max_new_tokens)
     endpoint = Endpoint(chat.make_sampler(settings), chat.renderer.tokenizer, served=[name], host=args.host,
                         port=args.port, flexible=chat.make_sampler, open_sessions=True, tool_syntax=args.tool_syntax)

@@ -30,6 +30,12 @@ preference row without `prompt` has an implicit prompt: `chosen` and `rejected`
 are whole conversations that share every message but the last assistant turn(s).
 Everything is rendered by `ChatRenderer`, the model's own chat template.
 
+A conversation may use OpenAI tool calling, as TRL's tool-calling datasets do: assistant messages with
+`tool_calls` (`{"type": "function", "function": {"name", "arguments"}}`), `tool` messages, and a `tools` column (the
+function tools, OpenAI's schema). A row with `tools` is rendered as the endpoint renders an agent's request
+(`trajtune.text.tool_calls.ToolFormat`): the calls in the model's own format, the tools in its template's place (or
+described in the system message where the template has none), so demonstrations and RL see the same prompts.
+
 What is trained (TRL's convention): every assistant turn of a `messages` row; of a
 `completion` or preference row only the completion. Assistant turns inside a
 conversational `prompt` (an earlier answer the user corrects, few-shot examples)
@@ -49,12 +55,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..text.chat import ChatRenderer, TemplateError
 from ..text.render import TrainOn, select_turns
+from ..text.tool_calls import ToolFormat
 from ..trajectory import Trajectory
 
 FORMATS = ("messages", "completion", "preference", "prompt")
@@ -299,11 +307,36 @@ def _message_list(row: Row) -> list[dict]:
 
 
 def render_row(renderer: ChatRenderer, row: Row, messages: list[dict], context: int = 0) -> list[Trajectory]:
-    """Render a row's conversation; the first `context` messages are its prompt (never trained)."""
+    """Render a row's conversation; the first `context` messages are its prompt (never trained). A row with a
+    `tools` column is rendered as the endpoint renders an OpenAI request (`tool_renderer`)."""
+    if row.data.get("tools") is not None:
+        renderer, messages = tool_renderer(renderer, row, messages)
     try:
         return renderer.render_samples(messages, info={"source": row.where}, context=context)
     except TemplateError as e:
         raise DataError(f"{row.where}: {e}") from e
+
+
+_TOOL_RENDERERS: "weakref.WeakKeyDictionary[ChatRenderer, dict]" = weakref.WeakKeyDictionary()
+
+
+def tool_renderer(renderer: ChatRenderer, row: Row, messages: list[dict]) -> tuple[ChatRenderer, list[dict]]:
+    """(the renderer, the messages) of a row with a `tools` column (OpenAI function tools, TRL's column): the
+    messages' OpenAI `tool_calls` and the tools go through `ToolFormat.template_messages`, as the endpoint sends an
+    agent's request to the template -- a native template reads the tools, others get them described in the system
+    message and the calls written into the content -- so SFT on demonstrations sees the prompts RL will."""
+    cache = _TOOL_RENDERERS.setdefault(renderer, {})
+    try:
+        if "format" not in cache:
+            cache["format"] = ToolFormat(renderer.tokenizer)
+        converted, tools = cache["format"].template_messages(messages, row.data["tools"])
+    except ValueError as e:
+        raise DataError(f"{row.where}: {e}") from None
+    key = json.dumps(tools, sort_keys=True)
+    if key not in cache:
+        cache[key] = ChatRenderer(renderer.tokenizer, tools=tools, stop_ids=renderer.stop_ids,
+                                  template_kwargs=renderer.template_kwargs)
+    return cache[key], converted
 
 
 # --- the formats ----------------------------------------------------------------------

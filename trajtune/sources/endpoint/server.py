@@ -180,7 +180,7 @@ class Endpoint:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"endpoint: port {self.port} is not a TCP port (0-65535; 0: a free one)")
         try:
-            server = ThreadingHTTPServer((self.host, self.port), _handler(self))
+            server = _Server((self.host, self.port), _handler(self))
         except socket.gaierror as e:
             raise ConfigError(f"endpoint: cannot listen on host {self.host!r}: {e.strerror}") from None
         except OSError as e:
@@ -188,7 +188,6 @@ class Endpoint:
                 raise ConfigError(f"endpoint: cannot listen on {self.host}:{self.port}: {e.strerror} (choose another "
                                   "port, or 0 for a free one)") from None
             raise
-        server.daemon_threads = True
         self._server, self.port = server, server.server_address[1]
         self.batcher = Batcher(self.sampler, self.chats.stop_ids, self._live, self.flexible, self.batch_wait_s,
                                self.row_seeds)
@@ -321,6 +320,14 @@ class Endpoint:
                                       token_texts=self.completions.token_texts(tokens), stopped=stopped,
                                       policy_version=session.version, response_id=f"cmpl-{session.id}-{turn}")
         return completion_chunks(req, out) if req.stream else out
+
+
+class _Server(ThreadingHTTPServer):
+    """`ThreadingHTTPServer` with a listen backlog for hundreds of agents connecting at once (socketserver's default,
+    5, resets and times out connections when a step's agents start together)."""
+
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _route(path: str, headers: Any) -> tuple[str | None, str]:
