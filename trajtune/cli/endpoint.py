@@ -5,12 +5,13 @@
 
 The same endpoint an RL run serves its agents (`trajtune grpo --agent FILE.py:FUNCTION`, `trajtune.sources.endpoint`),
 standing alone: for agents on another machine, for trying an agent against a model before training it, or to collect
-episodes. Any OpenAI client works with base URL `http://HOST:PORT/v1` (model name: --served-name, default "policy",
-the name an RL run's endpoint serves, so an agent written for `trajtune grpo --agent` runs against it unchanged). A
-request's temperature, top-p and max_tokens are its own (an RL run's endpoint fixes them to the run's). Requests are grouped into sessions by the base URL `http://HOST:PORT/s/<session>/v1` (or the header
-X-Session-Id); with --record each session's episode -- prompt and sampled token ids exactly as sampled, their
-log-probs and owners -- is one JSON line of FILE when the endpoint stops (the trajectory fields of
-`trajtune.trajectory.Trajectory`). A port in use is one line; Ctrl-C stops it.
+episodes. Any OpenAI client works with base URL `http://HOST:PORT/v1` (model name: --served-name, default "policy", the
+name an RL run's endpoint serves, so an agent written for `trajtune grpo --agent` runs against it unchanged). A
+request's temperature, top-p and max_tokens are its own (an RL run's endpoint fixes them to the run's). Requests are
+grouped into sessions by the base URL `http://HOST:PORT/s/<session>/v1` (or the header X-Session-Id); with --record each
+session's episode -- prompt and sampled token ids exactly as sampled, their log-probs and owners -- is one JSON line of
+FILE when the endpoint stops (the trajectory fields of `trajtune.trajectory.Trajectory`). A port in use is one line;
+Ctrl-C stops it.
 """
 
 from __future__ import annotations
