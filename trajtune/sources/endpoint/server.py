@@ -257,7 +257,7 @@ class Endpoint:
 
     def _live(self) -> int:
         with self._lock:
-            return sum(not s.closed for s in self.sessions.values())
+            return len(self.sessions)  # (`finish` removes a session as it closes it)
 
     def _session(self, sid: str | None) -> Session:
         with self._lock:
@@ -288,7 +288,7 @@ class Endpoint:
             raise APIError(409, f"session {session.id!r} has a request in progress; send one at a time",
                            code="session_busy")
         try:
-            session.check_open(0)
+            session.check_open()
             yield session
         finally:
             session.requests += 1

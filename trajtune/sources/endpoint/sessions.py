@@ -115,7 +115,7 @@ class Session:
     def recording(self) -> bool:
         return self.edited_at is None
 
-    def check_open(self, max_new_tokens: int) -> None:
+    def check_open(self) -> None:
         """Refuse a request past the session's turn limit, or after it ended (APIError 400)."""
         if self.closed:
             raise APIError(400, f"session {self.id!r} is over (its episode ended: {self.stop_reason or 'closed'}); "
