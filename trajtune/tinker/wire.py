@@ -24,6 +24,9 @@ from google.protobuf.message import DecodeError
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 MAX_BODY_BYTES = 1 << 30  # a zstd body may not inflate past this (1 GiB)
+TEXT_ONLY = "trajtune trains and samples text models"  # why images and audio are refused (requests.REFUSED)
+NO_STABILITY = ("trajtune keeps no sampler stability records (StableReinforce); use importance_sampling, ppo or "
+                "cispo")
 
 
 class WireError(ValueError):
@@ -143,7 +146,7 @@ def _build() -> dict[str, type]:
 
 
 _PB = _build()
-_DTYPES: dict[int, np.dtype] = {1: np.dtype("<f4"), 2: np.dtype("<i8")}  # DTYPE_FLOAT32, DTYPE_INT64: what the public wire carries
+_DTYPES: dict[int, np.dtype] = {1: np.dtype("<f4"), 2: np.dtype("<i8")}  # FLOAT32, INT64: the public wire
 _DTYPE_NAMES = dict(enumerate(_ENUMS["DType"]))
 
 
@@ -219,8 +222,7 @@ def _sparse(csr, dtype: np.dtype, shape: list[int], where: str) -> np.ndarray:
 def _datum(d, i: int) -> Datum:
     where = f"data[{i}]"
     if len(d.model_input_spans) or len(d.loss_fn_input_spans):
-        raise Unsupported(f"{where}: provenance spans (Datum.with_provenance, for stable_reinforce) are not "
-                          "supported: trajtune records no sampler stability information")
+        raise Unsupported(f"{where}: provenance spans (Datum.with_provenance) are not supported: {NO_STABILITY}")
     pieces = []
     for j, chunk in enumerate(d.model_input):
         kind = chunk.WhichOneof("chunk")
@@ -231,7 +233,7 @@ def _datum(d, i: int) -> Datum:
             pieces.append(tokens)
         elif kind in ("image", "dmel"):
             what = "image chunks" if kind == "image" else "audio (dmel) chunks"
-            raise Unsupported(f"{where}.model_input[{j}]: {what} are not supported: trajtune trains text models")
+            raise Unsupported(f"{where}.model_input[{j}]: {what} are not supported: {TEXT_ONLY}")
         else:
             raise WireError(f"{where}.model_input[{j}]: an empty chunk (none of encoded_text, image, dmel)")
     tokens = np.concatenate(pieces).tolist() if pieces else []
