@@ -164,7 +164,7 @@ class TrainedModel:
     def __init__(self, spec: ModelSpec, home: Path, *, device: str = "cpu", sampler: str = "own",
                  tolerance: float = 1e-3) -> None:
         from ..models.hf import LoraSettings, load_policy, load_tokenizer
-        from .sampling import Snapshots
+        from .sampling import SamplerWeights
 
         self.spec, self.home = spec, home
         self.folder = resolve_base(spec.base_model, home)
@@ -185,8 +185,9 @@ class TrainedModel:
         self.engine: TorchEngine = make_engine(policy, OptimConfig(lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
                                                                    grad_clip=0.0), device=device)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
-        self.snapshots = Snapshots(self.engine, pad_id=self.pad_id, decode=self.decode, tolerance=tolerance,
-                                   backend=sampler, model_dir=self.folder, seed=spec.seed)
+        # a full fine-tune's snapshot is every weight: keep fewer of them in memory than of LoRA adapters
+        self.snapshots = SamplerWeights(self.engine, pad_id=self.pad_id, decode=self.decode, tolerance=tolerance,
+                                        backend=sampler, keep=8 if spec.lora_rank else 2, seed=spec.seed)
         self.sequencer = Sequencer(spec.model_id)
         self.probe: list[list[int]] = []
         self.lock = threading.Lock()

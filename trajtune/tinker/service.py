@@ -31,11 +31,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ..checkpoint import CheckpointError
 from ..sources.sync import SyncError
 from .futures import Futures, Result
 from .models import TINY, ModelError, ModelSpec, TrainedModel, safe_name
 from .registry import Registry
-from .wire import Unsupported, WireError
+from .wire import WireError
 
 log = logging.getLogger("trajtune.tinker")
 
@@ -252,8 +253,9 @@ class TinkerService:
         model_id = f"{r.session_id}:train:{r.model_seq_id}"
         if self.registry.model(model_id) is not None:
             raise HTTPError(409, f"model {model_id} exists (model_seq_id {r.model_seq_id} was used in this session)")
-        spec = ModelSpec(model_id, r.base_model, r.lora_rank, r.train_mlp, r.train_attn, r.train_unembed,
-                         r.seed if r.seed is not None else 0)
+        lora = r.lora
+        spec = ModelSpec(model_id, r.base_model, lora.rank, lora.train_mlp, lora.train_attn, lora.train_unembed,
+                         lora.seed if lora.seed is not None else 0)
 
         def work() -> Result:
             model = self._new_model(spec)
@@ -278,7 +280,7 @@ class TinkerService:
     # --- training -------------------------------------------------------------------------------------------
     def forward_backward(self, headers: dict, body: bytes) -> Reply:
         from .losses import forward_backward
-        from .wire import decode_forward_backward, encode_forward_backward_output, output_json
+        from .wire import decode_forward_backward, encode_forward_backward_output
 
         req = decode_forward_backward(body, headers.get("content-encoding"))
         model = self.model(req.model_id)
@@ -291,7 +293,7 @@ class TinkerService:
                 model.probe = [list(d.tokens) for d in req.data[:2]]
             kind = f"{req.loss_fn}_output"
             return Result(proto=encode_forward_backward_output(outputs, metrics, kind),
-                          json=output_json(outputs, metrics, kind))
+                          json=_output_json(outputs, metrics, kind))
 
         return self._submit(work, model=model, seq_id=req.seq_id, model_id=req.model_id)
 
@@ -304,9 +306,10 @@ class TinkerService:
         def work() -> Result:
             self._training(model)
             engine = model.engine
-            engine.optim_config = replace(engine.optim_config, beta1=r.beta1, beta2=r.beta2, eps=r.eps,
-                                          weight_decay=r.weight_decay, grad_clip=r.grad_clip_norm)
-            m = engine.optim_step(lr=r.learning_rate)
+            a = r.adam
+            engine.optim_config = replace(engine.optim_config, beta1=a.beta1, beta2=a.beta2, eps=a.eps,
+                                          weight_decay=a.weight_decay, grad_clip=a.grad_clip_norm)
+            m = engine.optim_step(lr=a.learning_rate)
             self.registry.set_step(r.model_id, engine.step)
             return Result(json={"type": "optim_step", "metrics": {"grad_norm:mean": m["grad_norm"],
                                                                   "learning_rate:mean": m["lr"],
@@ -348,8 +351,8 @@ class TinkerService:
                 with self._lock:
                     self.samplers[sid] = {"model": r.model_id, "key": sid, "model_path": None}
                 return Result(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
-            file = model.checkpoints / "sampler_weights" / f"{r.path}.safetensors"
-            model.snapshots.save(r.path, model.probe)
+            file = model.checkpoints / "sampler_weights" / r.path
+            model.snapshots.save(r.path, model.probe, named=True)
             file.parent.mkdir(parents=True, exist_ok=True)
             model.snapshots.write(r.path, file)
             path = f"tinker://{r.model_id}/sampler_weights/{r.path}"
@@ -359,13 +362,10 @@ class TinkerService:
         return self._submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
 
     def load_weights(self, headers: dict, body: dict) -> Reply:
-        from .requests import parse_request, parse_tinker_path
+        from .requests import parse_request
 
         r = parse_request("load_weights", body)
-        run, kind, name = parse_tinker_path(r.path)
-        if kind != "weights":
-            raise HTTPError(400, f"load_weights: path {r.path!r} names sampler weights; a training state is "
-                                 "tinker://<model>/weights/<name> (save_state's)")
+        run, name = r.checkpoint.training_run_id, r.checkpoint.name
         source = self.registry.model(run)
         folder = self.home / "checkpoints" / safe_name(run) / "weights" / name
         if source is None or not (folder / "engine.json").exists():
@@ -400,29 +400,59 @@ class TinkerService:
 
         r = parse_request("create_sampling_session", body)
         sid = f"{r.session_id}:sampler:{r.sampling_session_seq_id}"
+        entry = self._sampler_entry(r.model_path, r.base_model)
         with self._lock:
-            self.samplers[sid] = self._sampler_entry(r.model_path, r.base_model)
+            self.samplers[sid] = entry
         return Reply.json({"type": "create_sampling_session", "sampling_session_id": sid})
 
     def _sampler_entry(self, model_path: str | None, base_model: str | None) -> dict:
+        """{"model", "key", "model_path"}: what a sampling session samples with -- a base model's weights, named
+        sampler weights (read from their file after a restart), or a training state's weights."""
         if model_path is None:
             assert base_model is not None
             model_id = f"base:{base_model}"
-            with self._lock:
-                if model_id not in self.models:
-                    try:
-                        self.models[model_id] = self._new_model(ModelSpec(model_id, base_model, lora_rank=0))
-                    except ModelError as e:
-                        raise HTTPError(400, str(e)) from None
-            return {"model": model_id, "key": None, "model_path": None, "base_model": base_model}
+            self._extra_model(model_id, lambda: self._new_model(ModelSpec(model_id, base_model, lora_rank=0)))
+            return {"model": model_id, "key": None, "model_path": None}
+        from .requests import parse_tinker_path
+
+        run, kind, name = parse_tinker_path(model_path, "create_sampling_session", "model_path")
+        if kind == "weights":  # a training state: its weights on a sampling-only copy of the model
+            folder = self.home / "checkpoints" / safe_name(run) / "weights" / name
+            source = self.registry.model(run)
+            if source is None or not (folder / "engine.json").exists():
+                raise HTTPError(404, f"no checkpoint {model_path} on this server")
+            model_id = f"state:{model_path}"
+
+            def make() -> TrainedModel:
+                model = self._new_model(replace(ModelSpec(**source["spec"]), model_id=model_id))
+                _load(model, folder, optimizer=False)
+                model.snapshots.save(name, [], named=True)
+                return model
+
+            self._extra_model(model_id, make)
+            return {"model": model_id, "key": name, "model_path": model_path}
         entry = self.registry.sampler(model_path)
         if entry is None:
             raise HTTPError(404, f"no sampler weights {model_path} on this server (save_weights_for_sampler(name) "
                                  "makes them)")
         model = self.model(entry["model"])
-        if not model.snapshots.has(entry["key"]):
+        if entry["key"] not in model.snapshots.keys():
             model.snapshots.read(entry["key"], Path(entry["file"]))
         return {"model": entry["model"], "key": entry["key"], "model_path": model_path}
+
+    def _extra_model(self, model_id: str, make: Callable[[], TrainedModel]) -> None:
+        """A model only sampled from (a base model, a training state), made once."""
+        with self._lock:
+            lock = self._loading.setdefault(model_id, threading.Lock())
+        with lock:
+            if model_id in self.models:
+                return
+            try:
+                model = make()
+            except ModelError as e:
+                raise HTTPError(400, str(e)) from None
+            with self._lock:
+                self.models[model_id] = model
 
     def get_sampler(self, sid: str) -> Reply:
         with self._lock:
@@ -438,25 +468,24 @@ class TinkerService:
         from .wire import encode_sample_response
 
         r = parse_request("asample", body)
-        if r.sampling_session_id is not None:
-            with self._lock:
-                entry = self.samplers.get(r.sampling_session_id)
-            if entry is None:
-                raise HTTPError(404, f"no sampling session {r.sampling_session_id} on this server (its weights were "
-                                     "in memory only and the server restarted, or it never existed): "
-                                     "save_weights_for_sampler(name) keeps sampler weights across restarts")
-        else:
-            entry = self._sampler_entry(r.model_path, r.base_model)
+        with self._lock:
+            entry = self.samplers.get(r.sampling_session_id)
+        if entry is None:
+            raise HTTPError(404, f"no sampling session {r.sampling_session_id} on this server (its weights were in "
+                                 "memory only and the server restarted, or it never existed): "
+                                 "save_weights_for_sampler(name) keeps sampler weights across restarts")
         model = self.model(entry["model"])
-        key = entry["key"]
-        eos = model.tokenizer.eos_token_id
+        key, p = entry["key"], r.params
+        stop = p.stop or ()
+        stop_ids = [int(t) for t in stop if isinstance(t, int)]
+        stop_strings = [t for t in stop if isinstance(t, str)]
+        if model.tokenizer.eos_token_id is not None:  # the model's end of sequence always ends a sample (as vLLM)
+            stop_ids.append(int(model.tokenizer.eos_token_id))
 
         def work() -> Result:
-            p = r.sampling_params
-            stop_ids = [int(s) for s in p.stop_ids] + ([int(eos)] if eos is not None else [])
             seqs = model.snapshots.sample(key, r.prompt, r.num_samples, max_tokens=p.max_tokens,
                                           temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p,
-                                          stop_ids=stop_ids, stop_strings=list(p.stop_strings), seed=p.seed)
+                                          stop_ids=stop_ids, stop_strings=stop_strings, seed=p.seed)
             prompt_lps = model.snapshots.prompt_logprobs(key, r.prompt) if r.prompt_logprobs else None
             return Result(proto=encode_sample_response(seqs, prompt_lps),
                           json={"type": "sample", "sequences": [{"tokens": t, "logprobs": lp,
@@ -484,16 +513,26 @@ def _attempt(work: Callable[[], Result]) -> Result:
     """work() as a future's result: a refused or bad request is the user's error, anything else ours (logged)."""
     try:
         return work()
-    except (WireError, ModelError, Restored, KeyError) as e:
+    except (WireError, ModelError, Restored, ValueError, LookupError, CheckpointError) as e:
+        # a bad or refused request, a missing checkpoint or snapshot, a value the engine refuses: the user's
         return Result(error=str(e.args[0]) if isinstance(e, KeyError) else str(e), category="user")
-    except Unsupported as e:  # pragma: no cover - a WireError, kept for the reader
-        return Result(error=str(e), category="user")
     except SyncError as e:
         return Result(error=f"sampler weights: {e}", category="server")
     except Exception as e:  # noqa: BLE001 - our bug: the future fails, the server stays up
         log.exception("tinker: a request failed")
         return Result(error=f"internal error: {type(e).__name__}: {e} (the server's log has the traceback)",
                       category="server")
+
+
+def _output_json(outputs: list[dict], metrics: dict[str, float], kind: str) -> dict:
+    """A forward_backward result as the protocol's JSON (TensorData per output), for clients that do not read
+    protobuf (curl, older SDKs); the tinker 0.38 client asks for the protobuf."""
+    def tensor(a) -> dict:
+        return {"data": a.reshape(-1).tolist(), "dtype": "int64" if a.dtype.kind in "iu" else "float32",
+                "shape": list(a.shape)}
+
+    return {"loss_fn_output_type": kind, "loss_fn_outputs": [{k: tensor(v) for k, v in o.items()} for o in outputs],
+            "metrics": metrics}
 
 
 def _json(body: bytes) -> Any:
