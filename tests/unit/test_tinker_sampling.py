@@ -1,6 +1,8 @@
 """trajtune.tinker.sampling: sampler weight snapshots of a trained model, checked at every save, sampled with
 Tinker's sampling parameters (a tiny random HF Llama, full fine-tune and LoRA)."""
 
+import threading
+
 import pytest
 import torch
 
@@ -216,3 +218,17 @@ def test_bad_requests_are_one_clear_error(model_dir):
         weights.sample(None, [10**6], 1, max_tokens=2, temperature=1.0)
     with pytest.raises(ValueError, match="temperature"):
         draw(weights, None, temperature=-1.0)
+
+
+def test_samples_in_other_threads_never_see_a_half_loaded_copy(model_dir):
+    engine, weights, _ = make(model_dir)
+    weights.save("a", [])
+    want = draw(weights, "a", n=2)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(draw(weights, "a", n=2) for _ in range(4)))
+    reader.start()
+    for k in range(3):  # the trainer's thread: train, save (each save loads its snapshot into the copy)
+        train_step(engine)
+        weights.save(f"s{k}", [])
+    reader.join()
+    assert got == [want] * 4
