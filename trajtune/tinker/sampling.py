@@ -36,7 +36,7 @@ import copy
 import math
 import threading
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
@@ -44,10 +44,13 @@ from .. import seeding
 from ..checkpoint import CheckpointError, atomic_dir, load_tensors, read_json, save_tensors, write_json
 from ..engine import Engine
 from ..engine.decoding import sample as decode_sample
-from ..sources.sync import (SyncError, check_sync, probe as sync_probe, sampler_logprobs, tensor_fingerprints,
-                            weight_fingerprints)
+from ..engine.decoding import Samples
+from ..sources.sync import (SyncError, SyncProbe, check_sync, probe as sync_probe, sampler_logprobs,
+                            tensor_fingerprints, weight_fingerprints)
 from ..trajectory import Owner, Trajectory, collate
 
+TOLERANCE = "the sampler weights' tolerance"
+"""how a failed check names the tolerance"""
 PROBE_ROWS = 4
 """the probe rows a save's check reads (the first of those given)"""
 FIXED_PROBE_LENGTH = 16
@@ -77,15 +80,18 @@ class SamplerWeights:
     pad_id:    the tokenizer's padding id (the probe rows' padding)
     decode:    token ids -> text (the tokenizer's `decode`): what stop strings are looked for in
     tolerance: the largest |sampler - trainer| temperature-1 log-prob a save's check accepts (nats)
-    backend:   "own" (trajtune's KV-cached sampler on a copy of the policy)
+    backend:   "own" (trajtune's KV-cached sampler on a copy of the policy: `OwnSampler`) or "vllm" (a colocated
+               vLLM engine started from `model_dir`, the base model's directory: `VLLMBackend`)
     keep:      unnamed snapshots kept in memory (the newest)
     seed:      where a sample call without a seed draws from: `seeding.derive(seed, k)` for its k-th call
     """
 
     def __init__(self, engine: Engine, *, pad_id: int, decode: Callable[[list[int]], str], tolerance: float,
-                 backend: Literal["own"] = "own", keep: int = 8, seed: int = 0):
-        if backend != "own":
-            raise ValueError(f"SamplerWeights: backend={backend!r}; this version samples with 'own' only")
+                 backend: Literal["own", "vllm"] = "own", model_dir: str | Path | None = None, keep: int = 8,
+                 seed: int = 0):
+        if backend not in ("own", "vllm") or (backend == "vllm") != (model_dir is not None):
+            raise ValueError(f"SamplerWeights: backend={backend!r} (model_dir={model_dir!r}); choose 'own', or "
+                             "'vllm' with the base model's directory as model_dir")
         if keep < 1:
             raise ValueError(f"SamplerWeights: keep must be >= 1, got {keep}")
         if not tolerance >= 0:
@@ -103,9 +109,10 @@ class SamplerWeights:
         self._named: dict[str, Snapshot] = {}
         self._steps: dict[str | None, int] = {None: engine.step}  # the optimizer step each snapshot is of
         self._gone: dict[str, str] = {}  # key -> why it is no longer held
-        self._copy: torch.nn.Module | None = None  # the sampler's copy of the policy (made when first needed)
-        self._params: dict[str, torch.nn.Parameter] = {}  # its parameters by name
-        self._loaded: object = _NOTHING  # the key whose snapshot the copy holds
+        self._loaded: object = _NOTHING  # the key whose snapshot the sampler holds
+        self._sampler: OwnSampler | VLLMBackend = (
+            OwnSampler(engine) if model_dir is None
+            else VLLMBackend(engine, model_dir, tolerance, seed=seed, max_len=self.max_len))
 
     # --- snapshots -------------------------------------------------------------------------------------------------
     @property
@@ -137,20 +144,16 @@ class SamplerWeights:
         named: kept until `forget` (else one of the newest `keep` unnamed snapshots)
         -> {"sync/logprob_diff": max, "sync/logprob_diff_mean": mean} |sampler - trainer| log-prob; raises
            `SyncError` naming what differs (the snapshot is then not kept)."""
-        batch = collate([Trajectory(ids=r, owners=[int(Owner.POLICY)] * len(r), turns=[0] * len(r))
-                         for r in self._probe_rows(probe)], self.pad_id, temperature=1.0)
+        rows = self._probe_rows(probe)
+        batch = collate([Trajectory(ids=r, owners=[int(Owner.POLICY)] * len(r), turns=[0] * len(r)) for r in rows],
+                        self.pad_id, temperature=1.0)
         trainer = sync_probe(self.engine, batch)  # the trainer's log-probs [b, T-1] and fingerprints
         with self.engine.policy_weights() as policy:
             snap = _trainable(policy, self._names)
         with self._lock:
             self._store(key, snap, named, self.engine.step)
             try:
-                model = self._load(key)
-                loaded = weight_fingerprints(model)
-                theirs = sampler_logprobs(model, trainer.ids, trainer.mask, self.engine.autocast)  # [b, T-1]
-                worst, mean = check_sync(trainer.step, trainer.fingerprints, [loaded], trainer.logprobs, theirs,
-                                         trainer.action_mask, self.tolerance, sampler="the sampler's copy",
-                                         option="the sampler weights' tolerance")
+                worst, mean = self._load(key, (rows, trainer))
             except BaseException:
                 self.forget(key)
                 self._gone.pop(key, None)
@@ -197,10 +200,8 @@ class SamplerWeights:
         with self._lock:
             self._store(key, snap, True, step)
             try:
-                loaded = weight_fingerprints(self._load(key))
-                none = torch.zeros(0)
-                check_sync(step, tensor_fingerprints(snap), [loaded], none, none, none.bool(), self.tolerance,
-                           sampler="the sampler's copy", option="the sampler weights' tolerance")
+                self._load(key, None)
+                self._sampler.check_file(snap, step, self.tolerance)
             except BaseException:
                 self.forget(key)
                 self._gone.pop(key, None)
@@ -233,13 +234,11 @@ class SamplerWeights:
         with self._lock:
             if seed is None:
                 seed, self._calls = seeding.derive(self.seed, self._calls), self._calls + 1
-            model = self._load(key)
-            device = next(model.parameters()).device
-            generator = torch.Generator(device).manual_seed(seed % 2**64)
-            out = decode_sample(model, [list(prompt)] * num_samples, max_tokens, generator,
-                                temperature=1.0 if greedy else float(temperature), top_k=max(int(top_k), 0),
-                                top_p=float(top_p), greedy=greedy, stop_ids=[int(t) for t in stop_ids],
-                                pad_id=self.pad_id, share_prompts=num_samples > 1)
+            self._load(key)
+            out = self._sampler.sample([list(prompt)] * num_samples, max_tokens, seed % 2**64,
+                                       temperature=1.0 if greedy else float(temperature), top_k=max(int(top_k), 0),
+                                       top_p=float(top_p), greedy=greedy, stop_ids=[int(t) for t in stop_ids],
+                                       pad_id=self.pad_id)
         return [self._cut(t, lp, s, stop_strings) for t, lp, s in zip(out.tokens, out.logprobs, out.stopped,
                                                                          strict=True)]
 
@@ -249,11 +248,15 @@ class SamplerWeights:
         self._check_request(prompt, 0)
         if len(prompt) == 1:
             return [None]
-        ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, L]
         with self._lock:
-            logp = sampler_logprobs(self._load(key), ids, torch.ones_like(ids, dtype=torch.bool),
-                                    self.engine.autocast)  # [1, L-1]
-        return [None, *logp[0].tolist()]
+            self._load(key)
+            return [None, *self._sampler.logprobs([int(t) for t in prompt])]
+
+    def close(self) -> None:
+        """Stop the sampler (vLLM's engine, its weights directory); the snapshots stay readable."""
+        with self._lock:
+            self._sampler.close()
+            self._loaded = _NOTHING
 
     # --- inside ---------------------------------------------------------------------------------------------------
     def _store(self, key: str, snap: Snapshot, named: bool, step: int) -> None:
@@ -274,21 +277,17 @@ class SamplerWeights:
             self._gone[old] = (f"the sampler weights {old!r} were evicted: only the newest {self.keep} unnamed "
                                "snapshots are kept (save named weights to sample an older one)")
 
-    def _load(self, key: str | None) -> torch.nn.Module:
-        """The sampler's copy holding snapshot `key` (under the lock; loaded unless it holds it already)."""
+    def _load(self, key: str | None, check: tuple[list[list[int]], SyncProbe] | None = None) -> tuple[float, float]:
+        """The sampler holding snapshot `key` (under the lock; loaded unless it holds it already). check: a save's
+        (probe rows, the trainer's side): the full check; None: what the sampler checks at every load (vLLM: the
+        fingerprints; own: nothing more than the save's check) -> (max, mean) log-prob difference (0, 0 unchecked)."""
         snap = self.snapshot(key)
-        if self._copy is None:
-            with self.engine.policy_weights() as policy:
-                model = copy.deepcopy(policy)
-            model.eval()
-            model.requires_grad_(False)
-            self._copy, self._params = model, dict(model.named_parameters())
-            self._loaded = _NOTHING
-        if self._loaded != key:
-            self._loaded = _NOTHING  # (a load that fails half way leaves the copy holding nothing known)
-            copy_into(self._params, snap)
-            self._loaded = key
-        return self._copy
+        if self._loaded == key and check is None:
+            return 0.0, 0.0
+        self._loaded = _NOTHING  # (a load that fails half way leaves the sampler holding nothing known)
+        diff = self._sampler.load(snap, self._steps.get(key, -1), check, self.tolerance)
+        self._loaded = key
+        return diff
 
     def _check_request(self, prompt: Sequence[int], max_tokens: int) -> None:
         """A prompt and token budget the model can take, else ValueError naming the field."""
@@ -320,6 +319,151 @@ class SamplerWeights:
                 if any(s in self.decode(tokens[:n]) for s in stop_strings):
                     return tokens[:n], logprobs[:n], True
         return tokens, logprobs, stopped
+
+
+class OwnSampler:
+    """trajtune's KV-cached sampler (`decoding.sample`) on one deep copy of the policy (made when first needed, in
+    eval mode, on the trainer's device): a snapshot is loaded by `copy_into` its parameters."""
+
+    NAME = "the sampler's copy"
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.model: torch.nn.Module | None = None
+        self.params: dict[str, torch.nn.Parameter] = {}  # the copy's parameters by name
+
+    def _model(self) -> torch.nn.Module:
+        if self.model is None:
+            with self.engine.policy_weights() as policy:
+                model = copy.deepcopy(policy)
+            model.eval()
+            model.requires_grad_(False)
+            self.model, self.params = model, dict(model.named_parameters())
+        return self.model
+
+    def load(self, snap: Snapshot, step: int, check: tuple[list[list[int]], SyncProbe] | None,
+             tolerance: float) -> tuple[float, float]:
+        """Copy `snap` in; check (a save's probe rows and trainer side): every tensor's fingerprint is the
+        trainer's and the copy's log-probs of the probe rows are its within `tolerance` -> (max, mean) difference."""
+        model = self._model()
+        copy_into(self.params, snap)
+        if check is not None:
+            p = check[1]
+            theirs = sampler_logprobs(model, p.ids, p.mask, self.engine.autocast)  # [b, T-1]
+            return check_sync(p.step, p.fingerprints, [weight_fingerprints(model)], p.logprobs, theirs,
+                              p.action_mask, tolerance, sampler=self.NAME, option=TOLERANCE)
+        return 0.0, 0.0
+
+    def check_file(self, snap: Snapshot, step: int, tolerance: float) -> None:
+        """After loading `snap` read from a file: the copy's fingerprints are the file's tensors'."""
+        none = torch.zeros(0)
+        check_sync(step, tensor_fingerprints(snap), [weight_fingerprints(self._model())], none, none, none.bool(),
+                   tolerance, sampler=self.NAME, option=TOLERANCE)
+
+    def sample(self, prompts: list[list[int]], max_tokens: int, seed: int, **kw) -> Samples:
+        """`decoding.sample` of `prompts` with one generator seeded `seed` (on the copy's device); kw: its options."""
+        model = self._model()
+        generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
+        return decode_sample(model, prompts, max_tokens, generator, share_prompts=len(prompts) > 1, **kw)
+
+    def logprobs(self, row: list[int]) -> list[float]:
+        """log p(row[t] | row[:t]) for t >= 1, temperature 1 -> [len(row) - 1]."""
+        ids = torch.tensor([row], dtype=torch.long)  # [1, L]
+        return sampler_logprobs(self._model(), ids, torch.ones_like(ids, dtype=torch.bool),
+                                self.engine.autocast)[0].tolist()
+
+    def close(self) -> None:
+        self.model, self.params = None, {}
+
+
+class VLLMBackend:
+    """A colocated vLLM engine (`sources.vllm.Colocated`, started from the base model's directory when first
+    needed) synced and checked as the RL loop's (`sources.vllm.WeightSync.send`): a full fine-tune's snapshot is
+    written as the weights file vLLM loads (checkpoint names, a tied output layer as its own tensor) and every
+    tensor's fingerprint checked; a LoRA snapshot is written as a peft adapter directory vLLM serves on the base
+    model (no fingerprints: the log-prob check of a save is its check). A save also checks vLLM's temperature-1
+    log-probs of the probe rows against the trainer's."""
+
+    NAME = "vLLM"
+
+    def __init__(self, engine: Engine, model_dir: str | Path, tolerance: float, *, seed: int, max_len: int | None):
+        from ..sources.vllm.weights import lora_rank
+
+        self.engine, self.model_dir, self.tolerance, self.seed, self.max_len = (engine, model_dir, tolerance, seed,
+                                                                               max_len)
+        self._client: Any = None
+        self._sync: Any = None
+        self._adapters = 0  # adapter directories written
+        with engine.policy_weights() as policy:
+            self.lora = lora_rank(policy)
+            model = getattr(policy, "model")
+            self._peft = model if self.lora else None
+            self.dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
+            names = {id(p): f"model.{n}" for n, p in model.named_parameters()}  # the HFPolicy's names
+            self._checkpoint = {k: names[id(v)] for k, v in model.state_dict(keep_vars=True).items()
+                                if id(v) in names}  # checkpoint name -> parameter name (a tied layer: twice)
+
+    def _started(self) -> tuple[Any, Any]:
+        if self._client is None:
+            from ..sources.vllm import Colocated, VLLMSampler as Sampler, WeightSync
+
+            self._client = Sampler(Colocated(self.model_dir, dtype=self.dtype, max_model_len=self.max_len,
+                                             seed=self.seed, lora_rank=self.lora))
+            self._sync = WeightSync(self._client, self.tolerance)
+        return self._client, self._sync
+
+    def load(self, snap: Snapshot, step: int, check: tuple[list[list[int]], SyncProbe] | None,
+             tolerance: float) -> tuple[float, float]:
+        """Send `snap` to vLLM and check it (class docstring) -> (max, mean) log-prob difference ((0, 0) without
+        probe rows: a switch of snapshot, a read)."""
+        from ..sources.vllm.weights import PreparedSync
+
+        client, sync = self._started()
+        state: dict[str, torch.Tensor] = {}
+        adapter = None
+        if self._peft is None:
+            seen: set[str] = set()
+            for k, n in self._checkpoint.items():  # every name its own tensor (safetensors refuses shared ones)
+                state[k] = snap[n] if n not in seen else snap[n].clone()
+                seen.add(n)
+        else:
+            from peft import get_peft_model_state_dict
+
+            self._adapters += 1
+            adapter = sync.weights_dir / f"adapter-{self._adapters}"
+            adapter.mkdir()
+            tensors = get_peft_model_state_dict(self._peft, state_dict={k.removeprefix("model."): v
+                                                                        for k, v in snap.items()})
+            save_tensors(tensors, adapter / "adapter_model.safetensors")
+            self._peft.peft_config["default"].save_pretrained(str(adapter))
+        rows, p = check if check is not None else ([], None)
+        metrics = sync.send(PreparedSync(step, state, self._peft is None, adapter,
+                                         [Trajectory(ids=r, owners=[int(Owner.POLICY)] * len(r), turns=[0] * len(r))
+                                          for r in rows], None if p is None else p.logprobs,
+                                         None if p is None else p.action_mask))
+        return metrics.get("sync/logprob_diff", 0.0), metrics.get("sync/logprob_diff_mean", 0.0)
+
+    def check_file(self, snap: Snapshot, step: int, tolerance: float) -> None:
+        """(`load` checked the fingerprints of what vLLM loaded against what was written)"""
+
+    def sample(self, prompts: list[list[int]], max_tokens: int, seed: int, *, temperature: float, top_k: int,
+               top_p: float, greedy: bool, stop_ids: list[int], pad_id: int) -> Samples:
+        """vLLM's samples, one request per row, each seeded by one draw of the generator seeded `seed`."""
+        from ..sources.sampler import SamplerSettings
+
+        client, _ = self._started()
+        settings = SamplerSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   greedy=greedy)
+        return type(client)(client.client, settings).sample(prompts, stop_ids, torch.Generator().manual_seed(seed))
+
+    def logprobs(self, row: list[int]) -> list[float]:
+        return self._started()[0].logprobs([row])[0]
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._sync.close()
+            self._client = self._sync = None
 
 
 _NOTHING = object()
