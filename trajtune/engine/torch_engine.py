@@ -22,7 +22,7 @@ import torch
 from ..checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
 from ..logprobs import SharedPrefix, TokenHead
 from ..metrics import combine_metric
-from ..trajectory import Batch, length_buckets, micro_batches, row_units, split_units
+from ..trajectory import TARGETS, Batch, length_buckets, micro_batches, row_units, split_units
 from . import decoding, generate
 from .decoding import Samples
 from .collectives import SingleProcess, Strategy, make_collective
@@ -139,7 +139,8 @@ class TorchEngine:
         actions_only = self.head_positions == "actions" and positions == "actions" and not logits
         keep = batch.action_mask != 0 if actions_only else None  # [B, T-1] the positions the reader reads
         head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits, keep=keep,
-                         temperature=batch.temperature)  # the policy the batch was sampled from
+                         temperature=batch.temperature,  # the policy the batch was sampled from
+                         targets=batch.extras.get(TARGETS))  # the tokens the log-probs are of (None: ids[:, 1:])
         kw: dict[str, Any] = {"head": head} if self._takes_head else {}
         if self._packs:  # rows that share a prompt (a DPO pair, a GRPO group): the prompt once
             units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, row_units(batch))
