@@ -91,6 +91,7 @@ class TinkerService:
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tinker-load")  # create / load models
         self._sample = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-sample")
         self._counter = 0
+        self.closed = False
         self.routes: dict[tuple[str, str], Callable[[dict, Any], Reply]] = {
             ("POST", "client/config"): lambda h, b: Reply.json(CLIENT_CONFIG),
             ("POST", "client/dynamic_config"): lambda h, b: Reply.json({}),
@@ -117,6 +118,8 @@ class TinkerService:
         route = path.split("?", 1)[0]
         route = route[len(PREFIX):] if route.startswith(PREFIX) else route.lstrip("/")
         headers = {k.lower(): v for k, v in headers.items()}
+        if self.closed:
+            return Reply.json({"detail": "the Tinker server is stopping"}, 503)  # the client retries: a restart
         try:
             if method == "POST" and route.startswith("sessions/") and route.endswith("/finish"):
                 return self.finish_session(route.split("/")[1], _json(body))
@@ -136,6 +139,7 @@ class TinkerService:
             return Reply.json({"detail": f"internal error: {type(e).__name__}: {e}"}, 500)
 
     def close(self) -> None:
+        self.closed = True
         for model in list(self.models.values()):
             model.close()
         self._work.shutdown(wait=False, cancel_futures=True)
