@@ -48,14 +48,17 @@ def sl_datum(g: np.random.Generator, V: int, prompt: int, completion: int, negat
     return Datum(full[:-1].tolist(), {"target_tokens": full[1:].astype(np.int64), "weights": weights})
 
 
-def rl_datums(model, seed: int = 0) -> list[Datum]:
+def rl_datums(model, seed: int = 0, group: bool = False) -> list[Datum]:
     """The cookbook's RL datums (rl_loop.py): model_input = prompt + sampled[:-1]; target 0, logprobs 0, advantages 0
-    at the prompt's positions; the sampler's log-probs near the learner's (ratios inside and outside [0.8, 1.2])."""
+    at the prompt's positions; the sampler's log-probs near the learner's (ratios inside and outside [0.8, 1.2]).
+    group: one prompt for every datum (a GRPO group: the engine runs the shared prompt once, `SharedPrefix`)."""
     g = np.random.default_rng(seed)
     V = model.model.get_output_embeddings().weight.shape[0]
-    out = []
-    for P, S, A in ((4, 5, 1.5), (3, 7, -0.75), (6, 2, 0.5)):
-        prompt, sampled = g.integers(1, V, P).tolist(), g.integers(1, V, S).tolist()
+    out, shared = [], g.integers(1, V, 6).tolist()
+    shapes = ((6, 5, 1.5), (6, 7, -0.75), (6, 2, 0.5), (6, 4, -1.25)) if group else ((4, 5, 1.5), (3, 7, -0.75),
+                                                                                      (6, 2, 0.5))
+    for P, S, A in shapes:
+        prompt, sampled = shared if group else g.integers(1, V, P).tolist(), g.integers(1, V, S).tolist()
         d = Datum(prompt + sampled[:-1], {"target_tokens": np.array([0] * (P - 1) + sampled, np.int64)})
         with torch.no_grad():
             lp = learner_logprobs(model, d).numpy()
@@ -110,7 +113,7 @@ def assert_close_lists(got, want):
 
 CASES = [("cross_entropy", {}), ("importance_sampling", {}), ("ppo", {}),
          ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}), ("cispo", {}), ("dro", {"beta": 0.3}),
-         ("gspo", {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05})]
+         ("gspo", {}), ("gspo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.4})]
 
 
 @pytest.mark.parametrize("loss_fn,config", CASES)
@@ -153,6 +156,20 @@ def test_micro_batches_and_buckets_accumulate_the_same_sum(policy, micro, bucket
     assert metrics["loss:sum"] == pytest.approx(want.item(), rel=1e-5, abs=1e-5)
     assert_close_lists(grads(engine.model), grads(ref))
     with torch.no_grad():  # each row put back in its place
+        for out, d in zip(outputs, data, strict=True):
+            assert np.allclose(out["logprobs"], learner_logprobs(ref, d).numpy(), atol=ATOL)
+
+
+def test_a_group_sharing_its_prompt_runs_the_prompt_once_with_the_same_sum(policy, engine):
+    ref = copy.deepcopy(policy)
+    data = for_loss(rl_datums(ref, seed=6, group=True), "gspo")
+    assert engine._packs  # the tiny Llama (SDPA) packs rows that share a prefix: the targets must survive it
+    outputs, metrics = forward_backward(engine, data, "gspo", None, False, vocab(engine))
+    want = direct_loss(ref, data, "gspo", {})
+    want.backward()
+    assert metrics["loss:sum"] == pytest.approx(want.item(), rel=1e-5, abs=1e-5)
+    assert_close_lists(grads(engine.model), grads(ref))
+    with torch.no_grad():
         for out, d in zip(outputs, data, strict=True):
             assert np.allclose(out["logprobs"], learner_logprobs(ref, d).numpy(), atol=ATOL)
 
