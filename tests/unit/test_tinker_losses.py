@@ -14,7 +14,8 @@ from trajtune.engine import TorchEngine
 from trajtune.engine.optim import OptimConfig
 from trajtune.models.hf import load_policy
 from trajtune.models.hf_random import make_random_model
-from trajtune.tinker.losses import LOSSES, Datum, Unsupported, WireError, forward_backward
+from trajtune.tinker.losses import LOSSES, forward_backward
+from trajtune.tinker.wire import Datum, Unsupported, WireError
 
 ATOL, RTOL = 1e-5, 1e-4
 
