@@ -79,7 +79,7 @@ def test_sampled_logprobs_are_the_trainers_after_each_sampler_save(client):
     data = [sl_datum(r, 4) for r in rows(seed=1)]
     tc.forward_backward(data, "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    sc = tc.save_weights_and_get_sampling_client()
+    sc = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(rows(1, 5, seed=2)[0])
     out = sc.sample(prompt=prompt, num_samples=3, sampling_params=types.SamplingParams(max_tokens=6, seed=7)).result()
     assert len(out.sequences) == 3
@@ -233,3 +233,37 @@ def test_forward_backward_custom_gives_the_builtin_losss_gradient(client):
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = [tc.forward(data, "cross_entropy").result().metrics["loss:sum"] for tc in (custom, builtin)]
     assert after[0] == pytest.approx(after[1], rel=1e-5) and after[0] < ref.metrics["loss:sum"]
+
+
+def test_the_async_calls_work_as_the_cookbooks_async_loops_use_them(client):
+    import asyncio
+
+    async def run():
+        tc = await client.create_lora_training_client_async(base_model=MODEL, rank=4)
+        data = [sl_datum(r, 3) for r in rows(2, seed=8)]
+        fb = await (await tc.forward_backward_async(data, "cross_entropy"))
+        await (await tc.optim_step_async(types.AdamParams(learning_rate=1e-2)))
+        sc = await tc.save_weights_and_get_sampling_client()
+        out = await sc.sample(prompt=types.ModelInput.from_ints([5, 6, 7]), num_samples=2,
+                              sampling_params=types.SamplingParams(max_tokens=4, seed=1))
+        return fb.metrics["loss:sum"], [len(s.tokens) for s in out.sequences]
+
+    loss, lengths = asyncio.run(run())
+    assert loss > 0 and len(lengths) == 2 and all(1 <= n <= 4 for n in lengths)
+
+
+def test_a_sampler_save_whose_sync_does_not_take_fails_with_the_check(client, monkeypatch):
+    """The sync check runs at every sampler save: a copy that loads nothing is caught and named."""
+    from trajtune.tinker import sampling
+
+    tc = client.create_lora_training_client(base_model=MODEL, rank=4).result()
+    data = [sl_datum(r, 3) for r in rows(2, seed=9)]
+    for broken in (False, True):
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        if not broken:
+            tc.save_weights_and_get_sampling_client().result()  # checked, and it holds
+            continue
+        monkeypatch.setattr(sampling, "copy_into", lambda params, snap: None)  # a load that silently does nothing
+        with pytest.raises(tinker.RequestFailedError, match="weight sync check failed"):
+            tc.save_weights_and_get_sampling_client().result()

@@ -184,7 +184,8 @@ class TrainedModel:
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         # a full fine-tune's snapshot is every weight: keep fewer of them in memory than of LoRA adapters
         self.snapshots = SamplerWeights(self.engine, pad_id=self.pad_id, decode=self.decode, tolerance=tolerance,
-                                        backend="vllm" if sampler == "vllm" else "own", model_dir=self.folder if sampler == "vllm" else None,
+                                        backend="vllm" if sampler == "vllm" else "own",
+                                        model_dir=self.folder if sampler == "vllm" else None,
                                         keep=8 if spec.lora_rank else 2, seed=spec.seed)
         self.sequencer = Sequencer(spec.model_id)
         self.probe: list[list[int]] = []
