@@ -267,3 +267,26 @@ def test_a_sampler_save_whose_sync_does_not_take_fails_with_the_check(client, mo
         monkeypatch.setattr(sampling, "copy_into", lambda params, snap: None)  # a load that silently does nothing
         with pytest.raises(tinker.RequestFailedError, match="weight sync check failed"):
             tc.save_weights_and_get_sampling_client().result()
+
+
+def test_the_tinker_serve_command_serves_until_stopped(tmp_path, capsys):
+    import re
+    import threading
+
+    from trajtune.cli import build_parser
+    from trajtune.cli.tinker import cmd_tinker_serve
+
+    args = build_parser().parse_args(["tinker-serve", "--home", str(tmp_path / "home"), "--port", "0"])
+    ready, stop = threading.Event(), threading.Event()
+    thread = threading.Thread(target=cmd_tinker_serve, args=(args, ready, stop))
+    thread.start()
+    try:
+        assert ready.wait(60)
+        url = re.search(r"tinker-serve: (http://\S+) \(home", capsys.readouterr().out).group(1)
+        names = [m.model_name for m in tinker.ServiceClient(base_url=url, api_key="tml-x")
+                 .get_server_capabilities().supported_models]
+        assert {"tiny-llama", "tiny-qwen2", "smollm2-135m"} <= set(names)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive() and (tmp_path / "home" / "tinker.json").exists()

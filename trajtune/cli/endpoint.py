@@ -65,12 +65,8 @@ def cmd_endpoint(args, ready: threading.Event | None = None, stop: threading.Eve
     endpoint.start()
     print(f"trajtune endpoint: {args.model} as {name!r} at {endpoint.base_url()} (sessions: "
           f"{endpoint.url}/s/<session>/v1); Ctrl-C stops it", flush=True)
-    if ready is not None:
-        ready.set()
     try:
-        (stop or threading.Event()).wait()
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
+        wait_for_stop(ready, stop)
     finally:
         sessions = [s for s in map(endpoint.finish, list(endpoint.sessions)) if s is not None]
         endpoint.close()
@@ -82,3 +78,13 @@ def cmd_endpoint(args, ready: threading.Event | None = None, stop: threading.Eve
                                       for s, row in zip(sessions, rows, strict=True)))
             print(f"trajtune endpoint: {len(rows)} session(s) written to {record}", flush=True)
     return 0
+
+
+def wait_for_stop(ready: threading.Event | None, stop: threading.Event | None) -> None:
+    """A server command's foreground: set `ready` (tests wait on it), then block until `stop` is set or Ctrl-C."""
+    if ready is not None:
+        ready.set()
+    try:
+        (stop or threading.Event()).wait()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)

@@ -15,7 +15,6 @@ What is refused, and why: docs/tinker.md. Ctrl-C stops it.
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 
 from ..config import ConfigError
@@ -45,6 +44,7 @@ def cmd_tinker_serve(args, ready: threading.Event | None = None, stop: threading
     from ..tinker.server import TinkerServer
     from ..tinker.service import TinkerService
     from .chat import check_device
+    from .endpoint import wait_for_stop
 
     if not args.sync_tolerance > 0:
         raise ConfigError(f"--sync-tolerance must be > 0, got {args.sync_tolerance}")
@@ -64,12 +64,8 @@ def cmd_tinker_serve(args, ready: threading.Event | None = None, stop: threading
     server = TinkerServer(service, args.host, args.port, api_key=args.api_key)
     print(f"trajtune tinker-serve: {server.url} (home {args.home}); clients: TINKER_BASE_URL={server.url} "
           "TINKER_API_KEY=tml-local; Ctrl-C stops it", flush=True)
-    if ready is not None:
-        ready.set()
     try:
-        (stop or threading.Event()).wait()
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
+        wait_for_stop(ready, stop)
     finally:
         server.close()
     return 0
