@@ -118,7 +118,7 @@ def connect(s: Settings):
     if s.home:
         from trajtune.tinker.local import service_client
 
-        return service_client(home=s.home)
+        return service_client(s.home)
     return tinker.ServiceClient(base_url=s.base_url, api_key=os.environ.get("TINKER_API_KEY", "tml-local"))
 
 
