@@ -15,6 +15,7 @@ The package, lowest layer first (docs/code.md has a line per module; each packag
     evaluation.py      pass@k and friends, multiple choice, score_policy
     overoptimization.py the over-optimization probe (proxy, gold, KL)
     algorithms/        one training loop per algorithm
+    tinker/            the Tinker training API over the engine (trajtune tinker-serve, in-process clients)
     runs/              what a run does around its loops: Run, hooks, resume, stages, run directory, reports, view
     experiments/       runnable compositions as stages (the recipes' experiments)
     recipes/           the built-in TOML recipes

@@ -1,7 +1,7 @@
 """Per-token log-probabilities, entropy and masked loss aggregation.
 
-Conventions (RLHF book, "Implementation"; checklist 0.3): the log-prob of token
-t+1 comes from `log_softmax(logits[:, t])` gathered at `ids[:, t+1]`, so every
+Conventions (RLHF book, "Implementation"; checklist 0.3): the log-prob of token t+1 comes from
+`log_softmax(logits[:, t])` gathered at `ids[:, t+1]` (or at a given target: `TokenHead.targets`), so every
 per-token tensor here has length T-1 and lines up with `Batch.action_mask`.
 """
 
@@ -36,8 +36,8 @@ come from the heap, which glibc still hands back to the kernel at times: fp32 sl
 class HeadOutput:
     """What a model's output layer returns for a `TokenHead`.
 
-    logprobs [B, T-1]         log pi(ids[:, t+1] | ids[:, :t+1]) (pi = softmax(logits / `TokenHead.temperature`))
-                              at the positions asked for (`TokenHead.keep`;
+    logprobs [B, T-1]         log pi(y_t | ids[:, :t+1]), y = `TokenHead.targets` (default ids[:, 1:]; pi =
+                              softmax(logits / `TokenHead.temperature`)) at the positions asked for (`TokenHead.keep`;
                               every position without it), exactly 0.0 at the others (no gradient there)
     entropy  [B, T-1] | None  entropy (nats) of the next-token distribution at t, if asked for (0.0 where
                               not kept, like the log-probs)
@@ -53,22 +53,21 @@ class HeadOutput:
 class TokenHead:
     """A request to a model's output layer: the per-token statistics of `ids` instead of logits [B, T, V].
 
-    A model that supports it takes `head=TokenHead(...)` in its forward and returns
-    `head(hidden, weight, bias, project)` (plus its values with `return_values=True`), where
-    hidden [B, T, D] are its final hidden states, weight [V, D] / bias [V] | None its output
-    layer and `project(hidden) -> logits` the layer itself (the unchunked path calls exactly it).
+    A model that supports it takes `head=TokenHead(...)` in its forward and returns `head(hidden, weight, bias,
+    project)` (plus its values with `return_values=True`), where hidden [B, T, D] are its final hidden states,
+    weight [V, D] / bias [V] | None its output layer and `project(hidden) -> logits` the layer itself (the
+    unchunked path calls exactly it).
 
-    ids [B, T] long: the tokens whose log-probs are wanted (targets are ids[:, 1:]).
-    chunk: positions per slice of the output layer. The logits of at most `chunk` positions
-      exist at once, forward and backward (the backward recomputes each slice: one more matmul
-      of the output layer), so memory grows with the chunk, not with B x T x V. -1 (auto): the
-      whole logits while B x T x V <= `AUTO_WHOLE_LOGITS` (a small vocabulary: no recompute),
-      else slices of max(`AUTO_CHUNK_LOGITS` / V, D) positions; 0: never chunk (the whole [B, T, V]
-      logits, as before). A batch that fits in one slice takes the unchunked path (the same
-      floats as chunk=0).
+    ids [B, T] long: the tokens whose log-probs are wanted (targets are ids[:, 1:], unless `targets`).
+    chunk: positions per slice of the output layer. The logits of at most `chunk` positions exist at once, forward
+      and backward (the backward recomputes each slice: one more matmul of the output layer), so memory grows with
+      the chunk, not with B x T x V. -1 (auto): the whole logits while B x T x V <= `AUTO_WHOLE_LOGITS` (a small
+      vocabulary: no recompute), else slices of max(`AUTO_CHUNK_LOGITS` / V, D) positions; 0: never chunk (the
+      whole [B, T, V] logits, as before). A batch that fits in one slice takes the unchunked path (the same floats
+      as chunk=0).
     entropy: also return the entropy [B, T-1].
-    logits: also return the whole logits [B, T, V] (full-vocabulary losses such as distillation
-      to a teacher's logits); implies no chunking.
+    logits: also return the whole logits [B, T, V] (full-vocabulary losses such as distillation to a teacher's
+      logits); implies no chunking.
     keep [B, T-1] bool | None: the positions whose statistics are wanted (a loss that reads only the POLICY
       tokens: `Batch.action_mask != 0`). The output layer then runs on those positions' hidden states only
       ([K, D] gathered, K = keep.sum(); whole or in chunks of K), and the log-probs / entropy are 0.0 at the
@@ -79,6 +78,9 @@ class TokenHead:
       (`Batch.temperature`): every log-prob, entropy and logits returned is of logits / temperature (the
       chunked path scales the output layer's weight and bias, differentiably). 1.0: the logits as they are
       (no division: the same floats as without the option).
+    targets [B, T-1] long | None: the token whose log-prob position t gives, in place of ids[:, t+1] (a Tinker
+      datum's target_tokens: a prompt position may target token 0); every path gathers at them. None: ids[:, 1:]
+      (the same floats as without the option).
     """
 
     ids: torch.Tensor
@@ -87,13 +89,18 @@ class TokenHead:
     logits: bool = False
     keep: torch.Tensor | None = None
     temperature: float = 1.0
+    targets: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise ValueError(f"TokenHead: temperature must be a finite number > 0, got {self.temperature!r}")
+        B, T = self.ids.shape
+        y = self.targets
+        if y is not None and (y.dtype != torch.long or tuple(y.shape) != (B, T - 1)):
+            raise ValueError(f"TokenHead: targets must be long [B, T-1] = [{B}, {T - 1}], got {y.dtype} "
+                             f"{tuple(y.shape)}")
         if self.keep is None:
             return
-        B, T = self.ids.shape
         if self.keep.dtype != torch.bool or tuple(self.keep.shape) != (B, T - 1):
             raise ValueError(f"TokenHead: keep must be a bool mask [B, T-1] = [{B}, {T - 1}] of the positions "
                              f"wanted, got {self.keep.dtype} {tuple(self.keep.shape)}")
@@ -132,7 +139,7 @@ class TokenHead:
             z = logits.reshape(-1, logits.shape[-1]).index_select(0, rows)  # [K, V]
             return self._placed(rows, *_row_stats(z, self._targets(rows), self.entropy))
         ent = entropy_from_logits(logits[:, :-1]) if self.entropy else None
-        return HeadOutput(token_log_probs(logits, self.ids), ent, logits if self.logits else None)
+        return HeadOutput(token_log_probs(logits, self.ids, self.targets), ent, logits if self.logits else None)
 
     def _scaled(self, x: torch.Tensor) -> torch.Tensor:
         """logits (or an output layer's weight / bias) / temperature; x itself at temperature 1."""
@@ -143,9 +150,13 @@ class TokenHead:
         """The output layer of logits / temperature: (weight / T, bias / T | None); differentiable."""
         return self._scaled(weight), None if bias is None else self._scaled(bias)
 
+    def next_tokens(self) -> torch.Tensor:
+        """[B, T-1] long: the token each position's log-prob is of (`targets`, else ids[:, 1:])."""
+        return self.ids[:, 1:] if self.targets is None else self.targets
+
     def _targets(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [K] (indices b * T + t) -> the predicted tokens ids[b, t + 1] [K]."""
-        return self.ids.reshape(-1).index_select(0, rows + 1)
+        """rows [K] (indices b * T + t) -> the predicted tokens [K] (`next_tokens()[b, t]`)."""
+        return self.next_tokens().reshape(-1).index_select(0, rows - rows // self.ids.shape[1])
 
     def _placed(self, rows: torch.Tensor, lp: torch.Tensor, ent: torch.Tensor | None) -> HeadOutput:
         """Per-kept-position lp [K] / ent [K] | None -> [B, T-1], 0.0 at the positions not kept."""
@@ -175,7 +186,7 @@ class TokenHead:
         if not chunk:
             return self.of_logits(project(hidden))  # divided by the temperature there
         h = hidden[:, :-1].reshape(B * (T - 1), hidden.shape[-1])  # [N, D]
-        targets = self.ids[:, 1:].reshape(-1)  # [N]
+        targets = self.next_tokens().reshape(-1)  # [N]
         lp, ent = _ChunkedHead.apply(h, *self._scaled_layer(weight, bias), targets, chunk, self.entropy)
         return HeadOutput(lp.view(B, T - 1), ent.view(B, T - 1) if self.entropy else None)
 
@@ -297,8 +308,7 @@ def _amp_state(device_type: str) -> torch.dtype | None:
 
 
 class _ChunkedHead(torch.autograd.Function):
-    """Token log-probs (and entropy) through an output layer, `chunk` positions at a time.
-
+    """Token log-probs (and entropy) through an output layer, `chunk` positions at a time:
     forward(h [N, D], weight [V, D], bias [V] | None, targets [N] long, chunk, entropy) ->
     (logprobs [N], entropy [N] or [0]). Saves only its inputs and the logsumexp [N]; the backward
     recomputes each slice's logits [chunk, V] and forms d/dz directly:
@@ -403,17 +413,13 @@ def _logsumexp_rows(z: torch.Tensor, tmp: torch.Tensor) -> torch.Tensor:
     return torch.sub(z, m, out=tmp).exp_().sum(-1).log_() + m.squeeze(-1)
 
 
-def token_log_probs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each next token.
-
-    logits [B, T, V] (float), ids [B, T] (long) -> [B, T-1]: entry t is
-    log pi(ids[:, t+1] | ids[:, :t+1]). Computed as gathered logit minus
-    logsumexp (numerically stable, no [B, T, V] log-softmax kept for backward).
-    """
-    assert logits.dim() == 3 and ids.dim() == 2 and logits.shape[:2] == ids.shape, (
+def token_log_probs(logits: torch.Tensor, ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """Log-probability of each next token: logits [B, T, V] (float), ids [B, T] (long), targets [B, T-1] long |
+    None (default ids[:, 1:]) -> [B, T-1], entry t log pi(targets[:, t] | ids[:, :t+1]). Computed as gathered
+    logit minus logsumexp (numerically stable, no [B, T, V] log-softmax kept for backward)."""
+    assert logits.dim() == 3 and ids.dim() == 2 and logits.shape[:2] == ids.shape, \
         f"token_log_probs: logits {tuple(logits.shape)} and ids {tuple(ids.shape)}"
-    )
-    return _row_stats(logits[:, :-1], ids[:, 1:], entropy=False)[0]  # [B, T-1]
+    return _row_stats(logits[:, :-1], ids[:, 1:] if targets is None else targets, entropy=False)[0]  # [B, T-1]
 
 
 def _row_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -427,19 +433,17 @@ def _row_stats(z: torch.Tensor, targets: torch.Tensor, entropy: bool) -> tuple[t
 def sequence_log_probs(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Per-token log-probs of `ids` under `model`.
 
-    model: callable `(ids [B,T], attention_mask [B,T] | None) -> logits [B,T,V]`.
-    ids [B, T], attention_mask [B, T] (bool, True on real tokens) -> [B, T-1].
-    Positions whose target is padding hold meaningless values: multiply by a mask.
+    model: callable `(ids [B,T], attention_mask [B,T] | None) -> logits [B,T,V]`. ids [B, T], attention_mask
+    [B, T] (bool, True on real tokens) -> [B, T-1]. Positions whose target is padding hold meaningless values:
+    multiply by a mask.
     """
     logits = model(ids, attention_mask=attention_mask)
     return token_log_probs(logits, ids)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position.
-
-    logits [..., V] -> [...] in nats: H = logsumexp(z) - sum softmax(z) * z.
-    """
+    """Entropy of the categorical distribution at each position: logits [..., V] -> [...] in nats,
+    H = logsumexp(z) - sum softmax(z) * z."""
     logits = logits.float()
     logz = torch.logsumexp(logits, dim=-1)
     p = torch.softmax(logits, dim=-1)
@@ -451,12 +455,8 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def aggregate(
-    per_token: torch.Tensor,
-    mask: torch.Tensor,
-    mode: Aggregation = "token",
-    constant: float | None = None,
-) -> torch.Tensor:
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: Aggregation = "token",
+              constant: float | None = None) -> torch.Tensor:
     """Reduce a per-token loss to a scalar: the three strategies of the RLHF book,
     "Loss Aggregation Tradeoffs" (checklist 6.13).
 

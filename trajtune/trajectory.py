@@ -20,6 +20,10 @@ import torch
 
 from .objectives.inputs import PGInputs, PreferenceInputs
 
+TARGETS = "targets"
+"""`Batch.extras` key of the tokens the log-probs are of, [B, T-1] long: position t's log-prob is of
+extras[TARGETS][:, t] instead of ids[:, t+1] (`logprobs.TokenHead.targets`; a Tinker datum's target_tokens)."""
+
 
 class Owner(IntEnum):
     """Who produced a token. Only POLICY tokens are trained on."""
@@ -179,7 +183,8 @@ class Batch:
     extras         name -> [B] or [B, T-1, ...]  the other methods' per-row step tensors, an open set named by the
                                     loop that computes them and the loss that reads them (reward models: margin,
                                     group, rank, weight, token_labels; distillation: teacher_logits, top_ids,
-                                    teacher_top; iw-SFT: q_logp, ref_logp)
+                                    teacher_top; iw-SFT: q_logp, ref_logp); `TARGETS` [B, T-1] long: the tokens
+                                    the engine's log-probs are of, in place of ids[:, 1:] (Tinker's target_tokens)
     `pg`, `pref` and `extras` are sliced with the rows by `select` and cut with the columns by `trim`, so a loss is
     a pure function of (output, batch).
     """

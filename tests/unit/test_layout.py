@@ -35,7 +35,7 @@ LAYERS = [
     ["models", "envs"],
     ["engine", "runs.resume", "runs.recorder", "runs.hooks"],
     ["sources", "evaluation", "overoptimization", "runs.loop"],
-    ["algorithms"],
+    ["algorithms", "tinker"],
     ["runs.stages", "runs.rundir", "runs"],
     ["experiments"],
     ["cli", "__main__"],

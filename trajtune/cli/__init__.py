@@ -13,10 +13,11 @@
     trajtune decontaminate --train F --eval F   # evaluation rows sharing 8 words / 50 characters with training data
     trajtune models fetch smollm2-135m    # a real model into the cache (--model smollm2-135m then works everywhere)
     trajtune endpoint --model DIR         # the model behind an OpenAI-compatible endpoint, sessions recorded
+    trajtune tinker-serve                 # the Tinker training API: tinker scripts and tinker-cookbook run here
 
 This module: run, list and the subcommands' entry; each other command is a module of its own:
 hf.py (sft | rm | dpo | grpo | rft | rm-eval), chat.py, endpoint.py, gym.py, view.py, replay.py, decontaminate.py,
-merge.py, models.py, vllm_serve.py.
+merge.py, models.py, vllm_serve.py, tinker.py.
 """
 
 from __future__ import annotations
@@ -243,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .models import add_models_parser  # `trajtune models list|fetch`: the catalog (smollm2-135m) and the cache
 
     add_models_parser(sub)
+    from .tinker import add_tinker_parser  # `trajtune tinker-serve`: the Tinker training API (tinker, the cookbook)
+
+    add_tinker_parser(sub)
     return p
 
 

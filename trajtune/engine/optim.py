@@ -21,6 +21,8 @@ class OptimConfig:
     """Adam first-moment decay"""
     beta2: float = 0.95
     """Adam second-moment decay"""
+    eps: float = 1e-8
+    """Adam's epsilon (torch's default; the Tinker API's default is 1e-12, and its clients send theirs)"""
     grad_clip: float = 1.0
     """clip the global gradient norm to this value (0 disables)"""
     warmup_steps: int = 0
@@ -42,6 +44,8 @@ class OptimConfig:
         check_choices(self)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"lr must be positive and finite, got {self.lr}")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ValueError(f"eps must be positive and finite, got {self.eps}")
         for name in ("weight_decay", "grad_clip", "warmup_steps", "decay_steps"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):

@@ -27,7 +27,8 @@ class ForwardOutput:
     """What a loss function sees. The whole logits are never computed unless asked for: the log-probs
     (and entropy) come from the output layer in chunks of positions (`trajtune.logprobs.TokenHead`).
 
-    logprobs [B, T-1]          log pi(ids[:, t+1] | ids[:, :t+1]) at the positions the forward was asked for:
+    logprobs [B, T-1]          log pi(ids[:, t+1] | ids[:, :t+1]) (of `batch.extras[trajectory.TARGETS][:, t]`
+                               where the batch has them) at the positions the forward was asked for:
                                with the engine's head_positions="actions" and a reader that reads only the
                                POLICY tokens (`Loss.positions` / `forward(positions=)` = "actions"), the
                                positions where `batch.action_mask` is nonzero, and exactly 0.0 at the others;

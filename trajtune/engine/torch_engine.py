@@ -22,7 +22,7 @@ import torch
 from ..checkpoint import atomic_dir, load_tensors, read_json, save_model_weights, save_tensors
 from ..logprobs import SharedPrefix, TokenHead
 from ..metrics import combine_metric
-from ..trajectory import Batch, length_buckets, micro_batches, row_units, split_units
+from ..trajectory import TARGETS, Batch, length_buckets, micro_batches, row_units, split_units
 from . import decoding, generate
 from .decoding import Samples
 from .collectives import SingleProcess, Strategy, make_collective
@@ -126,8 +126,9 @@ class TorchEngine:
         if self._optimizer is None:
             c = self.optim_config
             params = [p for p in self.model.parameters() if p.requires_grad]
-            self._optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay,
-                                                foreach=None if c.fused else True, fused=c.fused or None)
+            self._optimizer = torch.optim.AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), eps=c.eps,
+                                                weight_decay=c.weight_decay, foreach=None if c.fused else True,
+                                                fused=c.fused or None)
         return self._optimizer
 
     # --- the forward pass (the one place a model is called on a batch) --------------------
@@ -138,7 +139,8 @@ class TorchEngine:
         actions_only = self.head_positions == "actions" and positions == "actions" and not logits
         keep = batch.action_mask != 0 if actions_only else None  # [B, T-1] the positions the reader reads
         head = TokenHead(batch.ids, self.logits_chunk, entropy=entropy, logits=logits, keep=keep,
-                         temperature=batch.temperature)  # the policy the batch was sampled from
+                         temperature=batch.temperature,  # the policy the batch was sampled from
+                         targets=batch.extras.get(TARGETS))  # the tokens the log-probs are of (None: ids[:, 1:])
         kw: dict[str, Any] = {"head": head} if self._takes_head else {}
         if self._packs:  # rows that share a prompt (a DPO pair, a GRPO group): the prompt once
             units = SharedPrefix.prompt_units(batch.ids, batch.attention_mask, batch.action_mask, row_units(batch))
@@ -243,8 +245,12 @@ class TorchEngine:
         zero = sum(x.float().sum() * 0.0 for x in (out.logprobs, out.values, out.entropy, out.logits) if x is not None)
         cast(torch.Tensor, zero).backward()
 
-    def optim_step(self) -> dict:
+    def optim_step(self, lr: float | None = None) -> dict:
         """Clip gradients, step the optimizer with this step's learning rate, zero gradients.
+
+        lr: this step's learning rate instead of the schedule's (`OptimConfig.lr_at`), for a client that sends one
+        with every step (the Tinker service, `trajtune.tinker`); 0 is allowed there (AdamW's moments still move).
+        `optim_config`'s betas, eps and weight decay are read at every step, so a new config takes effect at once.
 
         A NaN or Inf gradient, or a NaN / Inf loss since the last step on any rank (whose gradient may
         look finite: a NaN that entered without touching a weight), never reaches the weights: the step
@@ -253,9 +259,9 @@ class TorchEngine:
         or, with `OptimConfig.on_nonfinite = "stop"`, `NonFiniteError` is raised with the same message.
         """
         c = self.optim_config
-        lr = c.lr_at(self.step)
+        lr = c.lr_at(self.step) if lr is None else lr
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group.update(lr=lr, betas=(c.beta1, c.beta2), eps=c.eps, weight_decay=c.weight_decay)
         params = [p for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, c.grad_clip if c.grad_clip > 0 else float("inf"))
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm

@@ -26,7 +26,7 @@ from .corrections import Correction, active_correction, check_correction
 from .kl import KLEstimator
 
 Surrogate = Literal["reinforce", "ppo", "cispo", "topr", "sapo"]
-RatioLevel = Literal["token", "sequence"]
+RatioLevel = Literal["token", "sequence", "sequence_token"]
 
 
 class RowTensors:
@@ -75,6 +75,8 @@ class PGInputs(RowTensors):
     old_values    [B, T-1] or None  the critic's predictions at scoring time (value clipping)
     staleness     [B, T-1] long or None  per token, how many updates its sampler was behind the trained policy (< 0:
                   unknown); given, the correction's metrics split its cut shares into fresh and stale tokens
+    ratio_mask    [B, T-1] or None  the tokens a sequence-level ratio averages over (PGOptions.ratio_level
+                  "sequence" / "sequence_token"; Tinker's sequence_ratio_mask); None: the loss's mask
     """
 
     advantages: torch.Tensor
@@ -84,6 +86,7 @@ class PGInputs(RowTensors):
     returns: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     staleness: torch.Tensor | None = None
+    ratio_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ class PGOptions:
     """The policy-gradient loss's settings (what each does: `policy_gradient.policy_gradient_loss`).
 
     surrogate     "reinforce", "ppo", "cispo", "topr" or "sapo"
-    ratio_level   "token" or "sequence" (GSPO)
+    ratio_level   "token", "sequence" (GSPO) or "sequence_token" (GSPO-token)
     eps_low, eps_high  the clip range of PPO / CISPO ratios; dual_clip: c > 1 caps the loss of A < 0 tokens at -c A
     correction    the train-inference mismatch correction against PGInputs.sampler_logp (`corrections`: "tis",
                   "tis_seq", "mis_token", "mis_seq", "mis_geo", "mis_veto", "icepop", "decoupled"; "none": off)

@@ -8,6 +8,7 @@
 | GRPO / Dr. GRPO   | group_advantages(..., std_normalize)  | surrogate="ppo", kl_coef>0 for GRPO's KL term |
 | PPO               | gae(...) with a value head            | surrogate="ppo" (+ dual_clip), value_loss     |
 | GSPO              | group_advantages(...)                 | surrogate="ppo", ratio_level="sequence"       |
+| GSPO-token        | any, per token                        | surrogate="ppo", ratio_level="sequence_token" |
 | CISPO             | group_advantages(...)                 | surrogate="cispo", eps_high > eps_low         |
 | TOPR              | any (its sign splits the episodes)    | surrogate="topr"                              |
 | + stale sampler   | any                                   | inputs.sampler_logp, correction (TIS, MIS ...)|
@@ -39,23 +40,33 @@ from .sft import weighted_nll
 
 
 def log_importance_ratio(
-    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: RatioLevel = "token"
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, level: RatioLevel = "token",
+    ratio_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """log rho, with the gradient flowing through `logp` (0 off the mask, so rho = 1 there).
 
-    logp, old_logp, mask [B, T-1] -> [B, T-1]
+    logp, old_logp, mask [B, T-1], ratio_mask [B, T-1] | None (the tokens a sequence ratio averages over, M_i;
+    None: the mask) -> [B, T-1]
     "token":    log rho_t = log pi(a_t) - log pi_old(a_t)            (PPO / GRPO / CISPO)
-    "sequence": log rho_i = (1/|a_i|) sum_t (log pi - log pi_old),    (GSPO, book eq. GSPO_ratio)
+    "sequence": log rho_i = (1/|M_i|) sum_{t in M_i} (log pi - log pi_old)   (GSPO, book eq. GSPO_ratio)
                 the length-normalised sequence ratio, broadcast to every token of row i
+    "sequence_token": log rho_it = sg(log rho_i) + log pi(a_t) - sg(log pi(a_t))   (GSPO-token: Zheng et al. 2025,
+                "Group Sequence Policy Optimization", eq. 13-14; Tinker's "gspo") -- every token carries the
+                sequence ratio's value and the gradient of its own log-prob: d rho_it / d log pi(a_t) = sg(rho_i)
+    A row with an empty M_i has log rho_i = 0 (rho_i = 1).
     """
     diff = masked_log_ratio(logp, old_logp, mask)  # [B, T-1], 0 off the mask
     if level == "token":
         return diff
-    if level == "sequence":
-        m = mask.to(logp.dtype)
-        seq = (diff * m).sum(-1) / m.sum(-1).clamp(min=1)  # [B]
-        return seq[:, None].expand_as(diff)
-    raise ValueError(f"unknown ratio level {level!r}; choose 'token' or 'sequence'")
+    if level in ("sequence", "sequence_token"):
+        m = (mask if ratio_mask is None else ratio_mask).to(logp.dtype)
+        d = diff if ratio_mask is None else logp - old_logp.detach()  # the mean over M_i, not the mask
+        seq = (d * m).sum(-1) / m.sum(-1).clamp(min=1)  # [B]
+        if level == "sequence":
+            return seq[:, None].expand_as(diff)
+        tok = seq.detach()[:, None] + (logp - logp.detach())  # [B, T-1]: the value of seq, the gradient of logp
+        return torch.where(mask > 0, tok, torch.zeros_like(tok))
+    raise ValueError(f"unknown ratio level {level!r}; choose 'token', 'sequence' or 'sequence_token'")
 
 
 def _surrogate(
@@ -159,8 +170,10 @@ def policy_gradient_loss(
                       rho_i the sequence ratio (needs ratio_level "token"; eps_* unused)
              "sapo":  -gate(rho) A, gate = sigmoid(t (rho - 1)) 4 / t, t = sapo_tau[0] where A > 0 and
                       sapo_tau[1] where A <= 0 (a smooth gate, no hard clip; eps_* unused);
-             ratio_level "token" or "sequence" (GSPO's length-normalised sequence ratio); kl_coef, kl_estimator;
-             entropy_coef; aggregation, constant: how per-token losses become a scalar (logprobs.aggregate)
+             ratio_level "token", "sequence" (GSPO's length-normalised sequence ratio, over inputs.ratio_mask when
+             given) or "sequence_token" (GSPO-token: its value per token, each token's own gradient);
+             kl_coef, kl_estimator; entropy_coef; aggregation, constant: how per-token losses become a scalar
+             (logprobs.aggregate)
     entropy  [B, T-1] or None  the policy's entropy per token (the bonus: - entropy_coef x entropy)
     returns (loss [], metrics): pg/loss, pg/advantage_mean, pg/ratio_mean, pg/ratio_max,
         pg/approx_kl (k2 against pi_old), pg/clip_frac, [the correction's: pg/tis_weight_mean,
@@ -176,9 +189,9 @@ def policy_gradient_loss(
     log_ratio = None
     if old_logp is not None:
         expect_like("old_logp", old_logp, "logp", logp)
-        log_ratio = log_importance_ratio(logp, old_logp, mask, o.ratio_level)
+        log_ratio = log_importance_ratio(logp, old_logp, mask, o.ratio_level, inputs.ratio_mask)
     elif o.surrogate != "reinforce":  # pi_old = pi: ratio 1, same gradient as REINFORCE
-        log_ratio = log_importance_ratio(logp, logp.detach(), mask, o.ratio_level)
+        log_ratio = log_importance_ratio(logp, logp.detach(), mask, o.ratio_level, inputs.ratio_mask)
     per_tok, clipped = _surrogate(logp, adv, log_ratio, mask, o.surrogate, o.eps_low, o.eps_high, o.dual_clip,
                                   o.sapo_tau)
     metrics: dict[str, torch.Tensor] = {}

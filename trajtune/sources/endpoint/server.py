@@ -177,17 +177,7 @@ class Endpoint:
     def start(self) -> "Endpoint":
         if self._server is not None:
             return self
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"endpoint: port {self.port} is not a TCP port (0-65535; 0: a free one)")
-        try:
-            server = _Server((self.host, self.port), _handler(self))
-        except socket.gaierror as e:
-            raise ConfigError(f"endpoint: cannot listen on host {self.host!r}: {e.strerror}") from None
-        except OSError as e:
-            if e.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
-                raise ConfigError(f"endpoint: cannot listen on {self.host}:{self.port}: {e.strerror} (choose another "
-                                  "port, or 0 for a free one)") from None
-            raise
+        server = listen(self.host, self.port, _handler(self), "endpoint")
         self._server, self.port = server, server.server_address[1]
         self.batcher = Batcher(self.sampler, self.chats.stop_ids, self._live, self.flexible, self.batch_wait_s,
                                self.row_seeds)
@@ -330,6 +320,23 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
+def listen(host: str, port: int, handler: type[BaseHTTPRequestHandler], what: str) -> ThreadingHTTPServer:
+    """A threading HTTP server bound to host:port (0: a free port; read it from `server_address`), its handler's
+    threads daemons; a port in use, a port out of range or a host that does not resolve is one `ConfigError` line
+    starting with `what` (this endpoint's, the Tinker server's: `trajtune.tinker.server`)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{what}: port {port} is not a TCP port (0-65535; 0: a free one)")
+    try:
+        return _Server((host, port), handler)
+    except socket.gaierror as e:
+        raise ConfigError(f"{what}: cannot listen on host {host!r}: {e.strerror}") from None
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+            raise ConfigError(f"{what}: cannot listen on {host}:{port}: {e.strerror} (choose another port, or 0 for a "
+                              "free one)") from None
+        raise
+
+
 def _route(path: str, headers: Any) -> tuple[str | None, str]:
     """(session id or None, the route under /v1) of a request path."""
     path = path.split("?", 1)[0].rstrip("/")
@@ -346,6 +353,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
     class Requests(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "trajtune-endpoint"
+        disable_nagle_algorithm = True  # a reply is one small write: Nagle + delayed ACK would hold it ~40 ms
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: the run logs what matters
             pass
