@@ -58,7 +58,7 @@ def nll(fb, data) -> float:
 
 
 def test_the_client_trains_a_lora_model_and_its_loss_falls(client):
-    tc = client.create_lora_training_client(base_model=MODEL, rank=8)
+    tc = client.create_lora_training_client(base_model=MODEL, rank=8).result()
     info = tc.get_info()
     assert info.model_data.model_name == MODEL and info.is_lora and info.lora_rank == 8
     tokenizer = tc.get_tokenizer()  # a local folder: the client loads it with transformers
@@ -75,7 +75,7 @@ def test_the_client_trains_a_lora_model_and_its_loss_falls(client):
 
 
 def test_sampled_logprobs_are_the_trainers_after_each_sampler_save(client):
-    tc = client.create_lora_training_client(base_model=MODEL, rank=4)
+    tc = client.create_lora_training_client(base_model=MODEL, rank=4).result()
     data = [sl_datum(r, 4) for r in rows(seed=1)]
     tc.forward_backward(data, "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -98,14 +98,14 @@ def test_sampled_logprobs_are_the_trainers_after_each_sampler_save(client):
 
 
 def test_state_saved_and_loaded_into_a_new_client_goes_on_identically(client):
-    tc = client.create_lora_training_client(base_model=MODEL, rank=4)
+    tc = client.create_lora_training_client(base_model=MODEL, rank=4).result()
     data = [sl_datum(r, 3) for r in rows(seed=3)]
     adam = types.AdamParams(learning_rate=5e-3)
     tc.forward_backward(data, "cross_entropy").result()
     tc.optim_step(adam).result()
     path = tc.save_state("ckpt").result().path
     assert path.startswith("tinker://") and path.endswith("/weights/ckpt")
-    tc2 = client.create_training_client_from_state_with_optimizer(path)
+    tc2 = client.create_training_client_from_state_with_optimizer(path).result()
     for t in (tc, tc2):
         t.forward_backward(data, "cross_entropy").result()
         t.optim_step(adam).result()
@@ -115,7 +115,7 @@ def test_state_saved_and_loaded_into_a_new_client_goes_on_identically(client):
 
 
 def test_a_refused_feature_is_the_clients_error_and_the_model_goes_on(client):
-    tc = client.create_lora_training_client(base_model=MODEL, rank=4)
+    tc = client.create_lora_training_client(base_model=MODEL, rank=4).result()
     data = [sl_datum(r, 3) for r in rows(2, seed=4)]
     with pytest.raises((tinker.BadRequestError, tinker.RequestFailedError), match="stable_reinforce"):
         tc.forward_backward(data, "stable_reinforce").result()
@@ -128,7 +128,7 @@ def test_a_refused_feature_is_the_clients_error_and_the_model_goes_on(client):
 
 def test_two_clients_on_one_server_do_not_mix_their_models(home):
     def train(svc_client, seeds, steps=3):
-        tcs = [svc_client.create_lora_training_client(base_model=MODEL, rank=4, seed=0) for _ in seeds]
+        tcs = [svc_client.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result() for _ in seeds]
         out = [[] for _ in seeds]
         for _ in range(steps):  # interleaved: step of model A, step of model B ...
             for i, (tc, s) in enumerate(zip(tcs, seeds, strict=True)):
@@ -147,7 +147,7 @@ def test_over_http_the_same_numbers_as_in_process(home):
     data = [sl_datum(r, 3) for r in rows(seed=5)]
 
     def run(c):
-        tc = c.create_lora_training_client(base_model=MODEL, rank=4, seed=1)
+        tc = c.create_lora_training_client(base_model=MODEL, rank=4, seed=1).result()
         fb = tc.forward_backward(data, "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         return fb.metrics["loss:sum"], tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
@@ -191,7 +191,7 @@ def test_a_restarted_server_goes_on_from_the_last_saved_state(tmp_path):
     server = TinkerServer(TinkerService(home, poll_s=5.0), port=0)
     port = server.port
     client = tinker.ServiceClient(base_url=server.url, api_key="tml-test")
-    tc = client.create_lora_training_client(base_model=MODEL, rank=4)
+    tc = client.create_lora_training_client(base_model=MODEL, rank=4).result()
     tc.forward_backward(data, "cross_entropy").result()
     tc.optim_step(adam).result()
     path = tc.save_state("saved").result().path
@@ -203,7 +203,7 @@ def test_a_restarted_server_goes_on_from_the_last_saved_state(tmp_path):
         with pytest.raises(tinker.RequestFailedError, match="restarted.*saved.*1 step"):
             tc.forward(data, "cross_entropy").result()  # said once, with what was lost
         assert tc.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(at_save, abs=1e-6)
-        again = client.create_training_client_from_state_with_optimizer(path)
+        again = client.create_training_client_from_state_with_optimizer(path).result()
         assert again.forward(data, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(at_save, abs=1e-6)
 
 

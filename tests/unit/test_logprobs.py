@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from trajtune.logprobs import aggregate, entropy_from_logits, sequence_log_probs, token_log_probs
+from trajtune.logprobs import TokenHead, aggregate, entropy_from_logits, sequence_log_probs, token_log_probs
 
 
 def test_token_log_probs_match_log_softmax_and_are_stable():
@@ -58,3 +58,59 @@ def test_aggregation_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown aggregation"):
         aggregate(LOSSES, MASK, "mean")
     assert aggregate(LOSSES, torch.zeros_like(MASK), "token").item() == 0.0
+
+
+# --- TokenHead.targets: position t's log-prob of any token (a Tinker datum's target_tokens) -------------------------
+def _head_inputs(seed=0, B=3, T=7, D=16, V=50):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, T, D, generator=g, requires_grad=True)  # [B, T, D]
+    w = torch.randn(V, D, generator=g).requires_grad_()  # [V, D]
+    b = torch.randn(V, generator=g).requires_grad_()  # [V]
+    ids = torch.randint(0, V, (B, T), generator=g)
+    targets = torch.randint(0, V, (B, T - 1), generator=g)
+    targets[:, :2] = 0  # a prompt's positions target token 0, as the Tinker cookbook's RL datums do
+    keep = torch.rand(B, T - 1, generator=g) > 0.4
+    return h, w, b, ids, targets, keep
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+@pytest.mark.parametrize("with_keep", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_head_targets_equal_to_the_next_ids_give_the_same_floats(chunk, with_keep, temperature):
+    h, w, b, ids, _, keep = _head_inputs()
+    kw = dict(entropy=True, keep=keep if with_keep else None, temperature=temperature)
+    plain = TokenHead(ids, chunk, **kw)(h, w, b, lambda x: x @ w.T + b)
+    given = TokenHead(ids, chunk, targets=ids[:, 1:].clone(), **kw)(h, w, b, lambda x: x @ w.T + b)
+    assert torch.equal(plain.logprobs, given.logprobs) and torch.equal(plain.entropy, given.entropy)
+    logits = h @ w.T + b
+    assert torch.equal(TokenHead(ids, **kw).of_logits(logits).logprobs,
+                       TokenHead(ids, targets=ids[:, 1:].clone(), **kw).of_logits(logits).logprobs)
+    assert torch.equal(token_log_probs(logits, ids), token_log_probs(logits, ids, ids[:, 1:].clone()))
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 4])
+@pytest.mark.parametrize("with_keep", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_head_targets_gather_full_log_softmax_with_gradients(chunk, with_keep, temperature):
+    h, w, b, ids, targets, keep = _head_inputs(seed=1)
+    up = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))  # an upstream gradient [B, T-1]
+    where = keep if with_keep else torch.ones_like(keep)
+    head = TokenHead(ids, chunk, keep=keep if with_keep else None, temperature=temperature, targets=targets)
+    out = head(h, w, b, lambda x: x @ w.T + b)
+    got = torch.autograd.grad((out.logprobs * up).sum(), (h, w, b))
+    full = torch.log_softmax((h @ w.T + b)[:, :-1] / temperature, -1)  # [B, T-1, V]
+    want = torch.where(where, full.gather(-1, targets[..., None]).squeeze(-1), 0.0)  # [B, T-1]
+    assert torch.allclose(out.logprobs, want, atol=1e-5) and (out.logprobs[~where] == 0).all()
+    for x, y in zip(got, torch.autograd.grad((want * up).sum(), (h, w, b)), strict=True):
+        assert torch.allclose(x, y, atol=1e-5), float((x - y).abs().max())
+    whole = TokenHead(ids, keep=keep if with_keep else None, temperature=temperature, targets=targets)
+    assert torch.allclose(whole.of_logits(h @ w.T + b).logprobs, want, atol=1e-5)
+
+
+def test_token_head_refuses_targets_of_the_wrong_shape_or_dtype():
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="targets must be long"):
+        TokenHead(ids, targets=torch.zeros(2, 5, dtype=torch.long))  # [B, T], not [B, T-1]
+    with pytest.raises(ValueError, match="targets must be long"):
+        TokenHead(ids, targets=torch.zeros(2, 4))  # float
+

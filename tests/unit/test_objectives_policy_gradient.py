@@ -66,6 +66,33 @@ def test_cispo_keeps_every_tokens_gradient_with_a_clipped_weight():
     assert grad == pytest.approx(-2.2) and m["pg/clip_frac"].item() == 0.0
 
 
+def test_gspo_token_has_the_sequence_ratios_value_and_each_tokens_gradient():
+    """GSPO-token (Zheng et al. 2025, eqs. 13-14): rho_it = sg(rho_i) pi_t / sg(pi_t). Its value is the sequence
+    ratio rho_i = exp(mean over M_i of (log pi - log pi_old)); d rho_it / d log pi_t = sg(rho_i), where the token
+    level's d rho_t / d log pi_t = rho_t: the gradient of the token level's times sg(rho_i) / rho_t."""
+    logp = torch.tensor([[-0.2, -1.0, -0.5, -3.0], [-0.3, -0.7, -2.0, -0.1]], requires_grad=True)
+    old = torch.tensor([[-0.5, -0.8, -0.4, 0.0], [-0.1, -0.9, -1.0, -0.4]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    ratio_mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 1.0]])  # M_i: not the loss's mask
+    seq = ((logp - old) * ratio_mask).sum(-1) / ratio_mask.sum(-1)  # [B]: log rho_i
+    lr = log_importance_ratio(logp, old, mask, "sequence_token", ratio_mask)
+    assert torch.allclose(lr, torch.where(mask > 0, seq[:, None], 0.0).detach(), atol=1e-6)
+    up = torch.tensor([[1.0, -2.0, 0.5, 3.0], [0.3, 1.0, -1.0, 2.0]])  # d loss / d rho per token
+    g_seq_tok, = torch.autograd.grad((lr.exp() * up * mask).sum(), logp)
+    tok = log_importance_ratio(logp, old, mask, "token")
+    g_tok, = torch.autograd.grad((tok.exp() * up * mask).sum(), logp)
+    expected = g_tok * seq.detach().exp()[:, None] / tok.detach().exp()  # the token level's x sg(rho_i) / rho_t
+    assert torch.allclose(g_seq_tok, expected, atol=1e-6) and g_seq_tok[0, 3] == 0  # nothing off the mask
+    # in the PPO surrogate: the loss of GSPO's value, with per-token advantages
+    adv = torch.tensor([[1.0, -1.0, 2.0, 0.0], [0.5, 0.5, -1.0, 1.0]])
+    loss, m = policy_gradient_loss(logp, mask, PGInputs(adv, old, ratio_mask=ratio_mask),
+                                   PGOptions(surrogate="ppo", ratio_level="sequence_token", aggregation="constant",
+                                             constant=1.0, eps_low=10.0, eps_high=10.0))  # a clip that never bites
+    rho = seq.detach().exp()[:, None]
+    assert loss.item() == pytest.approx(float(-(rho * adv * mask).sum(-1).mean()), abs=1e-6)
+    assert m["pg/ratio_mean"].item() == pytest.approx(float((rho * mask).sum() / mask.sum()), abs=1e-6)
+
+
 def test_gspo_uses_the_length_normalised_sequence_ratio():
     old = torch.zeros(1, 4)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])

@@ -217,6 +217,7 @@ def test_a_refused_feature_says_why(route, body, feature):
 def test_refused_is_one_list_that_every_refusal_uses():
     assert len(rq.REFUSED) == len(dict(rq.REFUSED))
     used = {feature for _, _, feature in REFUSALS} | {rq.SPANS}  # spans: refused by wire (test_tinker_wire.py)
+    used |= {f"forward_backward(loss_fn={name!r})" for name in rq.REFUSED_LOSSES}  # by losses (test_tinker_losses.py)
     assert used == set(dict(rq.REFUSED))
 
 

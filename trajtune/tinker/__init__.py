@@ -10,8 +10,9 @@ tinker-cookbook recipe runs against a CPU, a GPU or torchrun's engine with trajt
     wire.py      the protocol's protobuf messages (forward_backward in and out, sample responses), built in code
     requests.py  every JSON request parsed and checked, the field named; what trajtune refuses (REFUSED)
     losses.py    Tinker's losses (sums over tokens) over trajtune's objectives; datums -> Batch; forward_backward
+    samplers.py  the sampling routes: sampling sessions (saved weights, a base model, a training state), asample
     sampling.py  a model's sampler weights: snapshots, the sync check at each save, sampling with Tinker's parameters
     models.py    one trained model: base model names, LoRA with Tinker's conventions, its engine, its request order
     registry.py  what survives a restart: sessions, models (spec, steps, last saved state), named sampler weights
-    futures.py   the protocol's futures: request ids, results, the long poll of retrieve_future
+    futures.py   replies, refusals (HTTPError), the protocol's futures: request ids, results, retrieve_future's long poll
 """

@@ -1,4 +1,5 @@
-"""The Tinker protocol's futures: every call but a few returns `{"request_id": ...}` at once, and the client fetches the
+"""The Tinker protocol's replies and futures: `Reply` (what a route answers), `HTTPError` (a refusal with its status),
+and the futures: every call but a few returns `{"request_id": ...}` at once, and the client fetches the
 result with `POST /api/v1/retrieve_future`, which this module answers by long-polling.
 
     futures = Futures(boot="b1f3")
@@ -13,9 +14,47 @@ and lost the request, rather than that it never existed. Finished results are ke
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @staticmethod
+    def json(data: Any, status: int = 200) -> "Reply":
+        return Reply(status, json.dumps(data).encode())
+
+
+class HTTPError(Exception):
+    """A request answered with `status` and {"detail": message}."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def json_body(body: bytes) -> Any:
+    """A JSON request body (empty: {}); HTTPError 400 when it does not parse."""
+    if not body:
+        return {}
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise HTTPError(400, f"the request body is not JSON ({e})") from None
+
+
+def field_of(body: Any, name: str, kind: type) -> Any:
+    """body[name], of type `kind`; HTTPError 400 naming it otherwise (the few routes with no dataclass)."""
+    if not isinstance(body, dict) or not isinstance(body.get(name), kind):
+        raise HTTPError(400, f"the request needs {name!r} ({kind.__name__})")
+    return body[name]
 
 
 @dataclass

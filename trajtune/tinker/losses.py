@@ -49,21 +49,8 @@ from ..objectives.inputs import PGInputs, PGOptions, Surrogate
 from ..objectives.policy_gradient import policy_gradient_loss
 from ..objectives.sft import weighted_sft_loss
 from ..trajectory import TARGETS, Batch, Owner
-
-
-class WireError(ValueError):
-    """A request that does not parse or has a bad field; str(e) names the field (e.g. "data[3].loss_fn_inputs
-    ['weights']: shape (7,) but the datum has 8 tokens"). The service answers it with HTTP 400 {"detail": str(e)}."""
-
-
-class Unsupported(WireError):
-    """A feature of the protocol trajtune refuses (image chunks, stable_reinforce ...); str(e) says what and why."""
-
-
-@dataclass
-class Datum:
-    tokens: list[int]  # model_input: the encoded_text chunks' tokens, concatenated (N)
-    inputs: dict[str, np.ndarray]  # loss_fn_inputs: name -> array, int64 or float32, shape (N,) or (N, ...)
+from .requests import REFUSED_LOSSES
+from .wire import Datum, Unsupported, WireError
 
 
 WEIGHTS = "weights"
@@ -95,20 +82,10 @@ LOSSES: dict[str, LossSpec] = {
 }
 """The losses trajtune computes, by Tinker's name."""
 
-REFUSED = {
-    "stable_reinforce": "it needs the stability data a Tinker server records while sampling "
-                        "(record_stability_info, provenance spans); trajtune's sampler records none: use "
-                        "importance_sampling, ppo, cispo or gspo",
-    "custom": "server-side custom losses (create_custom_loss) run code traced on the server; use "
-              "forward_backward_custom, which needs only cross_entropy",
-}
-"""Tinker's losses trajtune refuses -> why."""
-
-
 def loss_spec(loss_fn: str) -> LossSpec:
     """The `LossSpec` of a Tinker loss name; `Unsupported` for the refused ones, `WireError` for unknown ones."""
-    if loss_fn in REFUSED:
-        raise Unsupported(f"loss_fn: {loss_fn!r} is not supported: {REFUSED[loss_fn]}")
+    if loss_fn in REFUSED_LOSSES:
+        raise Unsupported(f"loss_fn: {loss_fn!r} is not supported: {REFUSED_LOSSES[loss_fn]}")
     if loss_fn not in LOSSES:
         raise WireError(f"loss_fn: unknown loss {loss_fn!r}; trajtune supports {', '.join(LOSSES)}")
     return LOSSES[loss_fn]

@@ -187,10 +187,21 @@ class TrainedModel:
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         # a full fine-tune's snapshot is every weight: keep fewer of them in memory than of LoRA adapters
         self.snapshots = SamplerWeights(self.engine, pad_id=self.pad_id, decode=self.decode, tolerance=tolerance,
-                                        backend=sampler, keep=8 if spec.lora_rank else 2, seed=spec.seed)
+                                        backend=sampler, model_dir=self.folder if sampler == "vllm" else None,
+                                        keep=8 if spec.lora_rank else 2, seed=spec.seed)
         self.sequencer = Sequencer(spec.model_id)
         self.probe: list[list[int]] = []
         self.lock = threading.Lock()
+
+    def load_state(self, folder: Path, optimizer: bool = True) -> None:
+        """A save_state folder into this model: weights and optimizer step, and the AdamW state when `optimizer`."""
+        if optimizer:
+            self.engine.load_state(folder)
+            return
+        from ..checkpoint import read_json
+
+        self.engine.collective.layout.load_weights(self.engine.model, folder / "model.safetensors")
+        self.engine.step = int(read_json(folder / "engine.json")["step"])
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)

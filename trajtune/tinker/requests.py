@@ -32,7 +32,16 @@ TOPK = "sample(topk_prompt_logprobs>0, topk_sample_logprobs>0)"
 ALT_TOKENS = "sample(prompt_alt_tokens_k>0)"
 TARGET = "sample(target_prompt_logprobs=...)"
 LAST_N = "sample(prompt_logprobs_last_n=...)"
+REFUSED_LOSSES = {
+    "stable_reinforce": "it needs the stability data a Tinker server records while sampling "
+                        "(record_stability_info, provenance spans); trajtune's sampler records none: use "
+                        "importance_sampling, ppo, cispo or gspo",
+    "custom": "server-side custom losses (create_custom_loss) run code traced on the server; use "
+              "forward_backward_custom, which needs only cross_entropy",
+}
+"""Tinker's losses trajtune refuses -> why (`losses.loss_spec` raises them)."""
 REFUSED: list[tuple[str, str]] = [
+    *((f"forward_backward(loss_fn={name!r})", why) for name, why in REFUSED_LOSSES.items()),
     (IMAGES, TEXT_ONLY), (AUDIO, TEXT_ONLY), (SPANS, NO_STABILITY), (STABILITY, NO_STABILITY),
     (DIMUON, "trajtune's engine trains with AdamW"),
     (INFLIGHT, "trajtune's sampler weights are snapshots, each checked against the trainer's log-probs when saved; "

@@ -14,12 +14,15 @@ is taken when the object is made: make it before the first optimizer step (or st
 per RL step) are kept in memory, the newest `keep`; a named one until `forget`. Sampling an evicted or unknown key
 raises `MissingSnapshot`.
 
-The sampler's copy: one deep copy of the policy, made when first needed, in eval mode on the trainer's device; it
-samples with a snapshot's tensors copied into its parameters (`copy_`; the copy's other tensors are the frozen
-base's). Every `save` checks it with the library's one sync check (`trajtune.sources.sync.check_sync`): the
-fingerprints of every tensor the copy holds equal the trainer's, and its temperature-1 log-probs of the probe rows
-(`sampler_logprobs`) equal the trainer's `engine.forward` within `tolerance` (max over every predicted token);
-a failure is a `SyncError` naming what differs, and the snapshot is not kept.
+The sampler holds one snapshot at a time, loaded when a call asks for another. backend "own" (`OwnSampler`): one
+deep copy of the policy, made when first needed, in eval mode on the trainer's device, sampling with trajtune's
+KV-cached sampler; a snapshot's tensors are copied into its parameters (`copy_`; its other tensors are the frozen
+base's). backend "vllm" (`VLLMBackend`): a colocated vLLM engine started from the base model's directory, loaded
+and checked as the RL loop's vLLM is (`trajtune.sources.vllm.WeightSync`). Every `save` checks the load with the
+library's one sync check (`trajtune.sources.sync.check_sync`): the fingerprints of the tensors the sampler loaded
+equal the trainer's (own) or the file's it was sent (vLLM, full weights), and its temperature-1 log-probs of the
+probe rows equal the trainer's `engine.forward` within `tolerance` (max over every predicted token); a failure is
+a `SyncError` naming what differs, and the snapshot is not kept.
 
 Log-probs returned by `sample` are of the distribution drawn from: the model's logits / temperature, truncated by
 top-k / top-p and renormalised (`trajtune.engine.decoding.Samples`, "processed"); at temperature 1 without a filter

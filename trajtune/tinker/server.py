@@ -11,6 +11,8 @@ The API key the client sends (`X-API-Key`) is not checked unless `api_key` is gi
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -25,6 +27,8 @@ class TinkerServer:
     def __init__(self, service: TinkerService, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None) -> None:
         self.service, self.host, self.api_key = service, host, api_key
+        self.connections: set[socket.socket] = set()  # open keep-alive connections: closed with the server
+        self._lock = threading.Lock()
         self._server = listen(host, port, _handler(self), "tinker-serve")
         self.port = int(self._server.server_address[1])
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -37,8 +41,14 @@ class TinkerServer:
         return f"http://{host}:{self.port}"
 
     def close(self) -> None:
+        """Stop listening, cut the open connections (a client's next request reconnects: to a restarted server, if
+        one listens), then close the service."""
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            for conn in list(self.connections):
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
         self.service.close()
 
     def __enter__(self) -> "TinkerServer":
@@ -56,6 +66,16 @@ def _handler(server: TinkerServer) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet; failures are logged
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            with server._lock:
+                server.connections.add(self.connection)
+
+        def finish(self) -> None:
+            with server._lock:
+                server.connections.discard(self.connection)
+            super().finish()
 
         def _send(self, reply: Reply) -> None:
             self.send_response(reply.status)

@@ -22,20 +22,20 @@ fault, "server" for ours, with the traceback in the server's log). No request ca
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 from ..checkpoint import CheckpointError
 from ..sources.sync import SyncError
-from .futures import Futures, Result
+from .futures import Futures, HTTPError, Reply, Result, field_of, json_body
 from .models import TINY, ModelError, ModelSpec, TrainedModel, safe_name
 from .registry import Registry
+from .samplers import SamplingRoutes
 from .wire import WireError
 
 log = logging.getLogger("trajtune.tinker")
@@ -47,25 +47,6 @@ CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "pa
                  "sample_join_sampling_session": False, "custom_loss_server_side": False}
 """client/config: the client's feature flags (the httpx transport, so the in-process mode reaches every request;
 a large forward_backward's chunks sent in order; no zstd; none of the server-side extensions trajtune lacks)"""
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: str = "application/json"
-
-    @staticmethod
-    def json(data: Any, status: int = 200) -> "Reply":
-        return Reply(status, json.dumps(data).encode())
-
-
-class HTTPError(Exception):
-    """A request answered with `status` and {"detail": message}."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Restored(Exception):
@@ -84,13 +65,13 @@ class TinkerService:
         self.registry = Registry(self.home / "tinker.json")
         self.futures = Futures(boot=f"b{self.registry.boot}")
         self.models: dict[str, TrainedModel] = {}
-        self.samplers: dict[str, dict] = {}  # sampling session id -> {"model": model id, "key": snapshot key | None}
         self._restored: dict[str, str] = {}  # model id -> the message its next training request fails with
-        self._lock = threading.RLock()
-        self._loading: dict[str, threading.Lock] = {}
+        self.lock = threading.RLock()
+        self.loading: dict[str, threading.Lock] = {}
         self._work = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tinker-load")  # create / load models
-        self._sample = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-sample")
+        self.sampling = SamplingRoutes(self)
         self._counter = 0
+        self.closed = False
         self.routes: dict[tuple[str, str], Callable[[dict, Any], Reply]] = {
             ("POST", "client/config"): lambda h, b: Reply.json(CLIENT_CONFIG),
             ("POST", "client/dynamic_config"): lambda h, b: Reply.json({}),
@@ -106,8 +87,8 @@ class TinkerService:
             ("POST", "save_weights"): self.save_weights,
             ("POST", "save_weights_for_sampler"): self.save_weights_for_sampler,
             ("POST", "load_weights"): self.load_weights,
-            ("POST", "create_sampling_session"): self.create_sampling_session,
-            ("POST", "asample"): self.asample,
+            ("POST", "create_sampling_session"): self.sampling.create_sampling_session,
+            ("POST", "asample"): self.sampling.asample,
             ("POST", "retrieve_future"): self.retrieve_future,
         }
 
@@ -117,16 +98,18 @@ class TinkerService:
         route = path.split("?", 1)[0]
         route = route[len(PREFIX):] if route.startswith(PREFIX) else route.lstrip("/")
         headers = {k.lower(): v for k, v in headers.items()}
+        if self.closed:
+            return Reply.json({"detail": "the Tinker server is stopping"}, 503)  # the client retries: a restart
         try:
             if method == "POST" and route.startswith("sessions/") and route.endswith("/finish"):
-                return self.finish_session(route.split("/")[1], _json(body))
+                return self.finish_session(route.split("/")[1], json_body(body))
             if method == "GET" and route.startswith("samplers/"):
-                return self.get_sampler(route.split("/", 1)[1])
+                return self.sampling.get_sampler(route.split("/", 1)[1])
             handler = self.routes.get((method, route))
             if handler is None:
                 raise HTTPError(404, f"trajtune's Tinker server does not serve {method} {path} (what it serves and "
                                      "what it refuses: docs/tinker.md)")
-            return handler(headers, body if route == "forward_backward" else _json(body))
+            return handler(headers, body if route == "forward_backward" else json_body(body))
         except HTTPError as e:
             return Reply.json({"detail": str(e)}, e.status)
         except WireError as e:  # Unsupported included: the request names a feature trajtune refuses
@@ -136,13 +119,14 @@ class TinkerService:
             return Reply.json({"detail": f"internal error: {type(e).__name__}: {e}"}, 500)
 
     def close(self) -> None:
+        self.closed = True
         for model in list(self.models.values()):
             model.close()
         self._work.shutdown(wait=False, cancel_futures=True)
-        self._sample.shutdown(wait=False, cancel_futures=True)
+        self.sampling.close()
 
     # --- futures --------------------------------------------------------------------------------------------
-    def _submit(self, work: Callable[[], Result], *, model: TrainedModel | None = None, seq_id: int | None = None,
+    def submit(self, work: Callable[[], Result], *, model: TrainedModel | None = None, seq_id: int | None = None,
                 pool: ThreadPoolExecutor | None = None, **extra: Any) -> Reply:
         """Run `work` as a future -> the submit reply {"request_id", **extra}. On a model: in its seq_id order."""
         rid = self.futures.new()
@@ -160,7 +144,7 @@ class TinkerService:
         return Reply.json({"request_id": rid, **extra})
 
     def retrieve_future(self, headers: dict, body: dict) -> Reply:
-        rid = _field(body, "request_id", str)
+        rid = field_of(body, "request_id", str)
         try:
             result = self.futures.wait(rid, self.poll_s)
         except KeyError as e:
@@ -182,7 +166,7 @@ class TinkerService:
         return Reply.json({"type": "create_session", "session_id": sid})
 
     def heartbeat(self, headers: dict, body: dict) -> Reply:
-        sid = _field(body, "session_id", str)
+        sid = field_of(body, "session_id", str)
         if self.registry.session(sid) is None:
             raise HTTPError(404, f"no session {sid} on this server")
         return Reply.json({"type": "session_heartbeat"})
@@ -191,7 +175,7 @@ class TinkerService:
         """The client closed: its models leave memory (their saved states stay; a later request restores them)."""
         reason = str((body.get("reason") or {}).get("type", "")) if isinstance(body.get("reason"), dict) else ""
         for model_id in self.registry.finish_session(sid, reason):
-            with self._lock:
+            with self.lock:
                 model = self.models.pop(model_id, None)
             if model is not None:
                 model.close()
@@ -205,24 +189,24 @@ class TinkerService:
                                                 for n in names]})
 
     # --- models ---------------------------------------------------------------------------------------------
-    def _new_model(self, spec: ModelSpec) -> TrainedModel:
+    def new_model(self, spec: ModelSpec) -> TrainedModel:
         return TrainedModel(spec, self.home, device=self.device, sampler=self.sampler, tolerance=self.tolerance)
 
     def model(self, model_id: str) -> TrainedModel:
         """The model `model_id`, restored from the registry after a restart (from its last saved state)."""
-        with self._lock:
+        with self.lock:
             if model_id in self.models:
                 return self.models[model_id]
-            lock = self._loading.setdefault(model_id, threading.Lock())
+            lock = self.loading.setdefault(model_id, threading.Lock())
         with lock:
-            with self._lock:
+            with self.lock:
                 if model_id in self.models:
                     return self.models[model_id]
             entry = self.registry.model(model_id)
             if entry is None:
                 raise HTTPError(404, f"no model {model_id} on this server (create it with "
                                      "create_lora_training_client, or load a checkpoint)")
-            model = self._new_model(ModelSpec(**entry["spec"]))
+            model = self.new_model(ModelSpec(**entry["spec"]))
             state = entry.get("state")
             if state is not None:
                 model.engine.load_state(state["dir"])
@@ -234,7 +218,7 @@ class TinkerService:
                     f"{model.engine.step}; the {lost} step(s) after it were lost. Continue from there with "
                     "create_training_client_from_state_with_optimizer(path), or call again to train on from here")
                 self.registry.set_step(model_id, model.engine.step)
-            with self._lock:
+            with self.lock:
                 self.models[model_id] = model
             return model
 
@@ -258,16 +242,16 @@ class TinkerService:
                          lora.seed if lora.seed is not None else 0)
 
         def work() -> Result:
-            model = self._new_model(spec)
-            with self._lock:
+            model = self.new_model(spec)
+            with self.lock:
                 self.models[model_id] = model
             self.registry.add_model(spec.to_json())
             return Result(json={"type": "create_model", "model_id": model_id})
 
-        return self._submit(work, model_id=model_id)
+        return self.submit(work, model_id=model_id)
 
     def get_info(self, headers: dict, body: dict) -> Reply:
-        model_id = _field(body, "model_id", str)
+        model_id = field_of(body, "model_id", str)
         model = self.model(model_id)
         spec = model.spec
         arch = getattr(getattr(model.engine.model, "base_config", None), "model_type", None)
@@ -288,14 +272,14 @@ class TinkerService:
         def work() -> Result:
             self._training(model)
             outputs, metrics = forward_backward(model.engine, req.data, req.loss_fn, req.loss_fn_config,
-                                                req.forward_only, model.vocab)
+                                                req.forward_only, model.vocab, context=model.context or None)
             if not req.forward_only:
                 model.probe = [list(d.tokens) for d in req.data[:2]]
             kind = f"{req.loss_fn}_output"
             return Result(proto=encode_forward_backward_output(outputs, metrics, kind),
                           json=_output_json(outputs, metrics, kind))
 
-        return self._submit(work, model=model, seq_id=req.seq_id, model_id=req.model_id)
+        return self.submit(work, model=model, seq_id=req.seq_id, model_id=req.model_id)
 
     def optim_step(self, headers: dict, body: dict) -> Reply:
         from .requests import parse_request
@@ -315,7 +299,7 @@ class TinkerService:
                                                                   "learning_rate:mean": m["lr"],
                                                                   "skipped:sum": m["skipped"]}})
 
-        return self._submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
+        return self.submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
 
     def save_weights(self, headers: dict, body: dict) -> Reply:
         from .requests import parse_request
@@ -334,7 +318,7 @@ class TinkerService:
             self.registry.set_state(r.model_id, {"path": path, "dir": str(folder), "step": model.engine.step})
             return Result(json={"type": "save_weights", "path": path})
 
-        return self._submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
+        return self.submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
 
     def save_weights_for_sampler(self, headers: dict, body: dict) -> Reply:
         from .requests import parse_request
@@ -344,12 +328,11 @@ class TinkerService:
 
         def work() -> Result:
             if r.path is None:  # save_weights_and_get_sampling_client: a sampling session on a snapshot in memory
-                with self._lock:
+                with self.lock:
                     self._counter += 1
                     sid = f"{r.model_id}:sample:{self._counter}"
                 model.snapshots.save(sid, model.probe)
-                with self._lock:
-                    self.samplers[sid] = {"model": r.model_id, "key": sid, "model_path": None}
+                self.sampling.add(sid, {"model": r.model_id, "key": sid, "model_path": None})
                 return Result(json={"type": "save_weights_for_sampler", "sampling_session_id": sid})
             file = model.checkpoints / "sampler_weights" / r.path
             model.snapshots.save(r.path, model.probe, named=True)
@@ -359,7 +342,7 @@ class TinkerService:
             self.registry.add_sampler(path, {"model": r.model_id, "key": r.path, "file": str(file)})
             return Result(json={"type": "save_weights_for_sampler", "path": path})
 
-        return self._submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
+        return self.submit(work, model=model, seq_id=r.seq_id, model_id=r.model_id)
 
     def load_weights(self, headers: dict, body: dict) -> Reply:
         from .requests import parse_request
@@ -374,140 +357,25 @@ class TinkerService:
             model = self.model(r.model_id)
 
             def load_here() -> Result:
-                _load(model, folder, r.optimizer)
+                model.load_state(folder, r.optimizer)
                 self.registry.set_step(model.spec.model_id, model.engine.step)
                 return Result(json={"type": "load_weights", "path": r.path, "model_id": r.model_id})
 
-            return self._submit(load_here, model=model, seq_id=r.seq_id, model_id=r.model_id)
+            return self.submit(load_here, model=model, seq_id=r.seq_id, model_id=r.model_id)
         model_id = f"{r.session_id}:train:{r.model_seq_id}"
         if self.registry.model(model_id) is not None:
             raise HTTPError(409, f"model {model_id} exists (model_seq_id {r.model_seq_id} was used in this session)")
         spec = replace(ModelSpec(**source["spec"]), model_id=model_id)
 
         def work() -> Result:
-            model = self._new_model(spec)
-            _load(model, folder, r.optimizer)
-            with self._lock:
+            model = self.new_model(spec)
+            model.load_state(folder, r.optimizer)
+            with self.lock:
                 self.models[model_id] = model
             self.registry.add_model(spec.to_json(), step=model.engine.step)
             return Result(json={"type": "load_weights", "path": r.path, "model_id": model_id})
 
-        return self._submit(work, model_id=model_id)
-
-    # --- sampling -------------------------------------------------------------------------------------------
-    def create_sampling_session(self, headers: dict, body: dict) -> Reply:
-        from .requests import parse_request
-
-        r = parse_request("create_sampling_session", body)
-        sid = f"{r.session_id}:sampler:{r.sampling_session_seq_id}"
-        entry = self._sampler_entry(r.model_path, r.base_model)
-        with self._lock:
-            self.samplers[sid] = entry
-        return Reply.json({"type": "create_sampling_session", "sampling_session_id": sid})
-
-    def _sampler_entry(self, model_path: str | None, base_model: str | None) -> dict:
-        """{"model", "key", "model_path"}: what a sampling session samples with -- a base model's weights, named
-        sampler weights (read from their file after a restart), or a training state's weights."""
-        if model_path is None:
-            assert base_model is not None
-            model_id = f"base:{base_model}"
-            self._extra_model(model_id, lambda: self._new_model(ModelSpec(model_id, base_model, lora_rank=0)))
-            return {"model": model_id, "key": None, "model_path": None}
-        from .requests import parse_tinker_path
-
-        run, kind, name = parse_tinker_path(model_path, "create_sampling_session", "model_path")
-        if kind == "weights":  # a training state: its weights on a sampling-only copy of the model
-            folder = self.home / "checkpoints" / safe_name(run) / "weights" / name
-            source = self.registry.model(run)
-            if source is None or not (folder / "engine.json").exists():
-                raise HTTPError(404, f"no checkpoint {model_path} on this server")
-            model_id = f"state:{model_path}"
-
-            def make() -> TrainedModel:
-                model = self._new_model(replace(ModelSpec(**source["spec"]), model_id=model_id))
-                _load(model, folder, optimizer=False)
-                model.snapshots.save(name, [], named=True)
-                return model
-
-            self._extra_model(model_id, make)
-            return {"model": model_id, "key": name, "model_path": model_path}
-        entry = self.registry.sampler(model_path)
-        if entry is None:
-            raise HTTPError(404, f"no sampler weights {model_path} on this server (save_weights_for_sampler(name) "
-                                 "makes them)")
-        model = self.model(entry["model"])
-        if entry["key"] not in model.snapshots.keys():
-            model.snapshots.read(entry["key"], Path(entry["file"]))
-        return {"model": entry["model"], "key": entry["key"], "model_path": model_path}
-
-    def _extra_model(self, model_id: str, make: Callable[[], TrainedModel]) -> None:
-        """A model only sampled from (a base model, a training state), made once."""
-        with self._lock:
-            lock = self._loading.setdefault(model_id, threading.Lock())
-        with lock:
-            if model_id in self.models:
-                return
-            try:
-                model = make()
-            except ModelError as e:
-                raise HTTPError(400, str(e)) from None
-            with self._lock:
-                self.models[model_id] = model
-
-    def get_sampler(self, sid: str) -> Reply:
-        with self._lock:
-            entry = self.samplers.get(sid)
-        if entry is None:
-            raise HTTPError(404, f"no sampling session {sid} on this server")
-        model = self.model(entry["model"])
-        return Reply.json({"sampler_id": sid, "base_model": model.spec.base_model,
-                           "model_path": entry.get("model_path")})
-
-    def asample(self, headers: dict, body: dict) -> Reply:
-        from .requests import parse_request
-        from .wire import encode_sample_response
-
-        r = parse_request("asample", body)
-        with self._lock:
-            entry = self.samplers.get(r.sampling_session_id)
-        if entry is None:
-            raise HTTPError(404, f"no sampling session {r.sampling_session_id} on this server (its weights were in "
-                                 "memory only and the server restarted, or it never existed): "
-                                 "save_weights_for_sampler(name) keeps sampler weights across restarts")
-        model = self.model(entry["model"])
-        key, p = entry["key"], r.params
-        stop = p.stop or ()
-        stop_ids = [int(t) for t in stop if isinstance(t, int)]
-        stop_strings = [t for t in stop if isinstance(t, str)]
-        if model.tokenizer.eos_token_id is not None:  # the model's end of sequence always ends a sample (as vLLM)
-            stop_ids.append(int(model.tokenizer.eos_token_id))
-
-        def work() -> Result:
-            seqs = model.snapshots.sample(key, r.prompt, r.num_samples, max_tokens=p.max_tokens,
-                                          temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p,
-                                          stop_ids=stop_ids, stop_strings=stop_strings, seed=p.seed)
-            prompt_lps = model.snapshots.prompt_logprobs(key, r.prompt) if r.prompt_logprobs else None
-            return Result(proto=encode_sample_response(seqs, prompt_lps),
-                          json={"type": "sample", "sequences": [{"tokens": t, "logprobs": lp,
-                                                                 "stop_reason": "stop" if s else "length"}
-                                                                for t, lp, s in seqs],
-                                "prompt_logprobs": prompt_lps})
-
-        reply = self._submit(work, pool=self._sample)
-        rid = json.loads(reply.body)["request_id"]
-        return Reply.json({"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(r.num_samples)]})
-
-
-def _load(model: TrainedModel, folder: Path, optimizer: bool) -> None:
-    """A save_state folder into `model`: weights and step, and the AdamW state when `optimizer`."""
-    if optimizer:
-        model.engine.load_state(folder)
-        return
-    from ..checkpoint import read_json
-
-    model.engine.collective.layout.load_weights(model.engine.model, folder / "model.safetensors")
-    model.engine.step = int(read_json(folder / "engine.json")["step"])
-
+        return self.submit(work, model_id=model_id)
 
 def _attempt(work: Callable[[], Result]) -> Result:
     """work() as a future's result: a refused or bad request is the user's error, anything else ours (logged)."""
@@ -533,18 +401,3 @@ def _output_json(outputs: list[dict], metrics: dict[str, float], kind: str) -> d
 
     return {"loss_fn_output_type": kind, "loss_fn_outputs": [{k: tensor(v) for k, v in o.items()} for o in outputs],
             "metrics": metrics}
-
-
-def _json(body: bytes) -> Any:
-    if not body:
-        return {}
-    try:
-        return json.loads(body)
-    except ValueError as e:
-        raise HTTPError(400, f"the request body is not JSON ({e})") from None
-
-
-def _field(body: Any, name: str, kind: type) -> Any:
-    if not isinstance(body, dict) or not isinstance(body.get(name), kind):
-        raise HTTPError(400, f"the request needs {name!r} ({kind.__name__})")
-    return body[name]
