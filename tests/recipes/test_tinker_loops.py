@@ -12,7 +12,6 @@ import contextlib
 import importlib.util
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ def tinker_serve(home: Path):
         assert url, f"tinker-serve did not print its address: {first}"
         yield url.group(0)
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.terminate()  # SIGTERM: a background job of a non-interactive shell (CI) ignores SIGINT
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
