@@ -30,7 +30,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -78,7 +77,7 @@ def serve(home: Path):
 
 
 def stop(proc) -> None:
-    proc.send_signal(signal.SIGINT)
+    proc.terminate()  # SIGTERM: started from a non-interactive shell's background job, SIGINT is ignored
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
