@@ -213,3 +213,23 @@ def test_the_in_process_mode_patches_a_client_symbol_that_exists():
 
     assert "base_url" in _base_client.AsyncAPIClient.__init__.__code__.co_varnames
     assert issubclass(_base_client.AsyncHttpxClientWrapper, __import__("httpx").AsyncClient)
+
+
+def test_forward_backward_custom_gives_the_builtin_losss_gradient(client):
+    """The client's forward_backward_custom (its loss on the client, its gradient sent back as cross_entropy
+    weights): a custom loss written as the weighted NLL trains exactly as the built-in cross_entropy does."""
+    data = [sl_datum(r, 3) for r in rows(2, seed=7)]
+
+    def nll_fn(batch, logprobs_list):
+        loss = sum(-(lp * d.loss_fn_inputs["weights"].to_torch()).sum() for lp, d in zip(logprobs_list, batch,
+                                                                                       strict=True))
+        return loss, {"custom_nll": float(loss)}
+
+    custom, builtin = (client.create_lora_training_client(base_model=MODEL, rank=4, seed=3).result() for _ in "ab")
+    out = custom.forward_backward_custom(data, nll_fn).result()
+    ref = builtin.forward_backward(data, "cross_entropy").result()
+    assert out.metrics["loss:sum"] == pytest.approx(ref.metrics["loss:sum"], rel=1e-5)
+    for tc in (custom, builtin):
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = [tc.forward(data, "cross_entropy").result().metrics["loss:sum"] for tc in (custom, builtin)]
+    assert after[0] == pytest.approx(after[1], rel=1e-5) and after[0] < ref.metrics["loss:sum"]

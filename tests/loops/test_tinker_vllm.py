@@ -111,3 +111,30 @@ def test_lora_adapters_served_on_the_base_model(model_dir):
             assert float((want - torch.tensor(lps)).abs().max()) < TOLERANCE
     finally:
         weights.close()
+
+
+def test_the_tinker_client_samples_through_vllm_with_the_trainers_logprobs(model_dir, tmp_path):
+    """`trajtune tinker-serve --sampler vllm` as a client sees it: a full fine-tune of a local folder trained one
+    step, its sampler weights saved (vLLM loads them, the save is checked), sampled, and the log-probs vLLM returns
+    are the trainer's `forward` of the same tokens."""
+    pytest.importorskip("tinker", reason="the tinker client is not installed (pip install -e '.[tinker]')")
+    from tinker import types
+
+    from trajtune.tinker.local import service_client
+    from trajtune.tinker.service import TinkerService
+
+    client = service_client(TinkerService(tmp_path / "home", sampler="vllm", poll_s=5.0))
+    tc = client.create_lora_training_client(base_model=str(model_dir), rank=0).result()
+    datum = types.Datum(model_input=types.ModelInput.from_ints(ROWS[0][:-1]),
+                        loss_fn_inputs={"target_tokens": ROWS[0][1:], "weights": [1.0] * (len(ROWS[0]) - 1)})
+    tc.forward_backward([datum], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    sc = tc.save_weights_and_get_sampling_client()
+    out = sc.sample(prompt=types.ModelInput.from_ints(PROMPT), num_samples=2,
+                    sampling_params=types.SamplingParams(max_tokens=6, seed=3)).result()
+    for seq in out.sequences:
+        full = PROMPT + list(seq.tokens)
+        d = types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                        loss_fn_inputs={"target_tokens": full[1:], "weights": [0.0] * (len(full) - 1)})
+        learner = tc.forward([d], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_torch()
+        assert torch.allclose(learner[-len(seq.tokens):], torch.tensor(seq.logprobs), atol=1e-3)

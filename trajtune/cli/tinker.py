@@ -50,9 +50,17 @@ def cmd_tinker_serve(args, ready: threading.Event | None = None, stop: threading
         raise ConfigError(f"--sync-tolerance must be > 0, got {args.sync_tolerance}")
     check_device(args.device)
     try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # no "Loading weights" bars in the server's log at every new model
+    except ImportError:  # pragma: no cover
+        pass
+    try:
         service = TinkerService(args.home, device=args.device, sampler=args.sampler, tolerance=args.sync_tolerance)
     except ValueError as e:  # a registry that does not read
         raise ConfigError(str(e)) from None
+    except OSError as e:  # a home that cannot be made or written
+        raise ConfigError(f"--home {args.home}: cannot write the server's registry there ({e.strerror or e})") from None
     server = TinkerServer(service, args.host, args.port, api_key=args.api_key)
     print(f"trajtune tinker-serve: {server.url} (home {args.home}); clients: TINKER_BASE_URL={server.url} "
           "TINKER_API_KEY=tml-local; Ctrl-C stops it", flush=True)

@@ -14,5 +14,5 @@ tinker-cookbook recipe runs against a CPU, a GPU or torchrun's engine with trajt
     sampling.py  a model's sampler weights: snapshots, the sync check at each save, sampling with Tinker's parameters
     models.py    one trained model: base model names, LoRA with Tinker's conventions, its engine, its request order
     registry.py  what survives a restart: sessions, models (spec, steps, last saved state), named sampler weights
-    futures.py   replies, refusals (HTTPError), the protocol's futures: request ids, results, retrieve_future's long poll
+    futures.py   replies, refusals (HTTPError), the protocol's futures: ids, results, retrieve_future's long poll
 """

@@ -14,11 +14,19 @@ and lost the request, rather than that it never existed. Finished results are ke
 from __future__ import annotations
 
 import itertools
+import logging
 import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from ..checkpoint import CheckpointError
+from ..sources.sync import SyncError
+from .models import ModelError
+from .wire import WireError
+
+log = logging.getLogger("trajtune.tinker")
 
 
 @dataclass
@@ -55,6 +63,10 @@ def field_of(body: Any, name: str, kind: type) -> Any:
     if not isinstance(body, dict) or not isinstance(body.get(name), kind):
         raise HTTPError(400, f"the request needs {name!r} ({kind.__name__})")
     return body[name]
+
+
+class Restored(Exception):
+    """A model restored after a restart lost steps: its next training request fails once with this message."""
 
 
 @dataclass
@@ -130,3 +142,24 @@ class Futures:
                and now - e.done_at > (self.keep_s if e.fetched else 10 * self.keep_s)]
         for rid in old:
             del self._entries[rid]
+
+
+def attempt(work: Callable[[], Result | None]) -> Result:
+    """work() as a future's result (None: a plain success, `Result()`), or its exception's (`failure`)."""
+    try:
+        return work() or Result()
+    except Exception as e:  # noqa: BLE001 - sorted by `failure`; the server stays up
+        return failure(e)
+
+
+def failure(e: Exception) -> Result:
+    """An exception as a failed future: a refused or bad request (a missing checkpoint or snapshot, a value the engine
+    refuses) is the user's error; a sync check that failed, or anything else (our bug, logged with its traceback),
+    the server's."""
+    if isinstance(e, (WireError, ModelError, Restored, ValueError, LookupError, CheckpointError)):
+        return Result(error=str(e.args[0]) if isinstance(e, KeyError) else str(e), category="user")
+    if isinstance(e, SyncError):
+        return Result(error=f"sampler weights: {e}", category="server")
+    log.error("tinker: a request failed", exc_info=e)
+    return Result(error=f"internal error: {type(e).__name__}: {e} (the server's log has the traceback)",
+                  category="server")

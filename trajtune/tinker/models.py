@@ -67,9 +67,7 @@ def resolve_base(name: str, home: Path) -> Path:
     try:
         return check_model_dir(name)
     except ModelPathError as e:
-        raise ModelError(f"base_model {name!r}: {e} (trajtune's Tinker server takes a built-in tiny model "
-                         f"({', '.join(TINY)}), a local Hugging Face folder, a .gguf file, a catalog name such as "
-                         "smollm2-135m, or a hub id already in the local cache)") from None
+        raise ModelError(f"base_model {name!r}: {e}; or a built-in tiny model: {', '.join(TINY)}") from None
 
 
 @dataclass(frozen=True)
@@ -179,15 +177,14 @@ class TrainedModel:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             policy = load_policy(self.folder, lora=lora)
-        self.vocab = int(policy.model.get_output_embeddings().weight.shape[0]) if hasattr(
-            policy.model, "get_output_embeddings") else int(self.tokenizer.vocab_size)
+        self.vocab = int(policy.base_config.vocab_size)  # the ids the model has rows for
         self.context = int(getattr(policy, "max_len", 0) or 0)
         self.engine: TorchEngine = make_engine(policy, OptimConfig(lr=1e-4, beta1=0.9, beta2=0.95, eps=1e-12,
                                                                    grad_clip=0.0), device=device)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         # a full fine-tune's snapshot is every weight: keep fewer of them in memory than of LoRA adapters
         self.snapshots = SamplerWeights(self.engine, pad_id=self.pad_id, decode=self.decode, tolerance=tolerance,
-                                        backend=sampler, model_dir=self.folder if sampler == "vllm" else None,
+                                        backend="vllm" if sampler == "vllm" else "own", model_dir=self.folder if sampler == "vllm" else None,
                                         keep=8 if spec.lora_rank else 2, seed=spec.seed)
         self.sequencer = Sequencer(spec.model_id)
         self.probe: list[list[int]] = []

@@ -4,21 +4,22 @@ A sampling session samples with one of: the sampler weights a training client sa
 client`: an unnamed snapshot in memory; `save_weights_for_sampler(name)`: named, on disk, read back after a restart),
 a base model untrained (`create_sampling_client(base_model=...)`), or a training state's weights
 (`create_sampling_client(model_path="tinker://.../weights/NAME")`, on a copy of the model that only samples).
-Sampling runs on one thread of its own (`pool`), beside the models' training threads; each request's `num_samples`
-continuations are one call of the sampler (`sampling.SamplerWeights.sample`). The model's end-of-sequence token always
+Sampling runs on one thread of its own, beside the models' training threads: the requests waiting when it is free
+(the prompts a client sends together: an RL step's batch) are grouped by model, weights and parameters, and each group
+is one call of the sampler (`sampling.SamplerWeights.sample_many`: each request's rows drawn from its own seeded
+streams, so a request's samples do not depend on its group). The model's end-of-sequence token always
 ends a sample, besides the request's stop tokens and strings (as vLLM does).
 """
 
 from __future__ import annotations
 
-import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .futures import HTTPError, Reply, Result
+from .futures import HTTPError, Reply, Result, attempt, failure
 from .models import ModelError, ModelSpec, TrainedModel, safe_name
 
 if TYPE_CHECKING:
@@ -31,14 +32,21 @@ class SamplingRoutes:
     def __init__(self, service: "TinkerService") -> None:
         self.service = service
         self.samplers: dict[str, dict] = {}  # sampling session id -> {"model", "key" (None: base), "model_path"}
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-sample")
+        self.gather_s = 0.005
+        self._queue: list[_Ask] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="tinker-sample", daemon=True)
+        self._thread.start()
 
     def add(self, sid: str, entry: dict) -> None:
         with self.service.lock:
             self.samplers[sid] = entry
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
 
     def create_sampling_session(self, headers: dict, body: dict) -> Reply:
         from .requests import parse_request
@@ -110,7 +118,6 @@ class SamplingRoutes:
 
     def asample(self, headers: dict, body: dict) -> Reply:
         from .requests import parse_request
-        from .wire import encode_sample_response
 
         r = parse_request("asample", body)
         with self.service.lock:
@@ -120,24 +127,84 @@ class SamplingRoutes:
                                  "memory only and the server restarted, or it never existed): "
                                  "save_weights_for_sampler(name) keeps sampler weights across restarts")
         model = self.service.model(entry["model"])
-        key, p = entry["key"], r.params
+        p = r.params
         stop = p.stop or ()
         stop_ids = [int(t) for t in stop if isinstance(t, int)]
-        stop_strings = [t for t in stop if isinstance(t, str)]
         if model.tokenizer.eos_token_id is not None:  # the model's end of sequence always ends a sample (as vLLM)
             stop_ids.append(int(model.tokenizer.eos_token_id))
-
-        def work() -> Result:
-            seqs = model.snapshots.sample(key, r.prompt, r.num_samples, max_tokens=p.max_tokens,
-                                          temperature=p.temperature, top_k=max(p.top_k, 0), top_p=p.top_p,
-                                          stop_ids=stop_ids, stop_strings=stop_strings, seed=p.seed)
-            prompt_lps = model.snapshots.prompt_logprobs(key, r.prompt) if r.prompt_logprobs else None
-            return Result(proto=encode_sample_response(seqs, prompt_lps),
-                          json={"type": "sample", "sequences": [{"tokens": t, "logprobs": lp,
-                                                                 "stop_reason": "stop" if s else "length"}
-                                                                for t, lp, s in seqs],
-                                "prompt_logprobs": prompt_lps})
-
-        reply = self.service.submit(work, pool=self.pool)
-        rid = json.loads(reply.body)["request_id"]
+        rid = self.service.futures.new()
+        params = (p.max_tokens, p.temperature, max(p.top_k, 0), p.top_p, tuple(stop_ids),
+                  tuple(t for t in stop if isinstance(t, str)))
+        with self._cond:
+            self._queue.append(_Ask(rid, model, entry["key"], list(r.prompt), r.num_samples, p.seed,
+                                    r.prompt_logprobs, params))
+            self._cond.notify()
         return Reply.json({"request_id": rid, "sample_sequence_ids": [f"{rid}:{i}" for i in range(r.num_samples)]})
+
+    def _run(self) -> None:
+        """The sampling thread: every request queued, grouped by model, weights and parameters, one call per group."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+            time.sleep(self.gather_s)  # the requests a client sends together (a batch of prompts) arrive together
+            with self._cond:
+                asks, self._queue = self._queue, []
+            groups: dict[tuple, list[_Ask]] = {}
+            for ask in asks:
+                groups.setdefault((id(ask.model), ask.key, ask.params), []).append(ask)
+            for group in groups.values():
+                try:
+                    self._answer(group)
+                except Exception as e:  # noqa: BLE001 - our bug: the group's futures fail, the thread lives on
+                    gone = failure(e)
+                    for ask in group:
+                        self.service.futures.finish(ask.rid, gone)
+
+    def _answer(self, asks: list["_Ask"]) -> None:
+        """Sample a group of requests in one call; each request's future gets its own answer or its own error."""
+        from .wire import encode_sample_response
+
+        model, key = asks[0].model, asks[0].key
+        max_tokens, temperature, top_k, top_p, stop_ids, stop_strings = asks[0].params
+        valid = []
+        for ask in asks:  # a bad prompt fails its own request, not the group's
+            failed = attempt(lambda: model.snapshots.check_request(ask.prompt, max_tokens, ask.n))  # noqa: B023
+            if failed.error is not None:
+                self.service.futures.finish(ask.rid, failed)
+            else:
+                valid.append(ask)
+        outs: list = []
+        failed = attempt(lambda: outs.extend(model.snapshots.sample_many(
+            key, [(a.prompt, a.n, a.seed) for a in valid], max_tokens=max_tokens, temperature=temperature,
+            top_k=top_k, top_p=top_p, stop_ids=stop_ids, stop_strings=stop_strings)))
+        for i, ask in enumerate(valid):
+            if failed.error is not None:
+                self.service.futures.finish(ask.rid, failed)
+                continue
+            seqs = outs[i]
+
+            def result(ask: _Ask = ask, seqs: list = seqs) -> Result:
+                lps = model.snapshots.prompt_logprobs(key, ask.prompt) if ask.prompt_logprobs else None
+                return Result(proto=encode_sample_response(seqs, lps),
+                              json={"type": "sample", "prompt_logprobs": lps,
+                                    "sequences": [{"tokens": t, "logprobs": lp, "stop_reason": "stop" if s else
+                                                   "length"} for t, lp, s in seqs]})
+
+            self.service.futures.finish(ask.rid, attempt(result))
+
+
+@dataclass
+class _Ask:
+    """One asample request waiting for the sampling thread."""
+
+    rid: str
+    model: TrainedModel
+    key: str | None
+    prompt: list[int]
+    n: int
+    seed: int | None
+    prompt_logprobs: bool
+    params: tuple  # (max_tokens, temperature, top_k, top_p, stop ids, stop strings): what a group shares

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import math
 import threading
 from pathlib import Path
@@ -48,7 +49,7 @@ from ..checkpoint import CheckpointError, atomic_dir, load_tensors, read_json, s
 from ..engine import Engine
 from ..engine.decoding import sample as decode_sample
 from ..engine.decoding import Samples
-from ..sources.sync import (SyncError, SyncProbe, check_sync, probe as sync_probe, sampler_logprobs,
+from ..sources.sync import (SyncProbe, check_sync, probe as sync_probe, sampler_logprobs,
                             tensor_fingerprints, weight_fingerprints)
 from ..trajectory import Owner, Trajectory, collate
 
@@ -66,9 +67,6 @@ Snapshot = dict[str, torch.Tensor]
 """parameter name -> a CPU copy of it (the trainable parameters only)"""
 Sequenced = tuple[list[int], list[float], bool]
 """one sample: (new token ids, their log-probs, stopped: it ended at a stop token or stop string)"""
-
-__all__ = ["MissingSnapshot", "SamplerWeights", "SyncError"]
-
 
 class MissingSnapshot(LookupError):
     """A snapshot key that is not held: evicted (an unnamed snapshot older than the newest `keep`), forgotten, or
@@ -219,36 +217,47 @@ class SamplerWeights:
         temperature 0: greedy; top_k 0 (or negative): off; top_p 1: off. Each continuation ends at its first stop
         token (included, stopped=True), at the first token whose decoded text (of the continuation so far)
         contains a stop string (that token included, stopped=True), or after `max_tokens` (stopped=False).
-        Stop strings are looked for after sampling: a row samples on to its stop token or `max_tokens` and is cut
-        then (the compute past the cut is wasted; the result is exactly the stop-at-the-string one).
-        seed: one generator for the call (the same seed and weights, the same samples); None: the k-th unseeded
-        call draws from `seeding.derive(self.seed, k)`.
+        Stop strings are looked for after sampling (the compute past the cut is wasted, the result exact).
+        seed: the call's seed; its i-th continuation draws from its own stream `seeding.derive(seed, i)`, so the same
+        seed and weights give the same samples whatever else is sampled with them (`sample_many`); None: the k-th
+        unseeded request draws from `seeding.derive(self.seed, k)`.
         -> num_samples x (tokens [n], log-probs [n] of the distribution drawn from, stopped)."""
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        self._check_request(prompt, max_tokens)
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        if not (temperature >= 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        return self.sample_many(key, [(prompt, num_samples, seed)], max_tokens=max_tokens, temperature=temperature,
+                                top_k=top_k, top_p=top_p, stop_ids=stop_ids, stop_strings=stop_strings)[0]
+
+    def sample_many(self, key: str | None, requests: Sequence[tuple[Sequence[int], int, int | None]], *,
+                    max_tokens: int, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                    stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = ()) -> list[list[Sequenced]]:
+        """Several requests (prompt, num_samples, seed) with the same parameters, sampled in one call of the sampler
+        (its rows batched: on a CPU 8 requests of 4 continuations were ~7x faster as one call than as eight) ->
+        per request what `sample` returns for it alone, the same tokens (each row its own seeded stream)."""
+        for prompt, n, _ in requests:
+            self.check_request(prompt, max_tokens, n)
+        if max_tokens < 1 or not (temperature >= 0 and math.isfinite(temperature)) or not 0 < top_p <= 1:
+            raise ValueError("max_tokens must be >= 1, temperature a finite number >= 0 and top_p in (0, 1]; got "
+                             f"{max_tokens}, {temperature}, {top_p}")
         greedy = temperature == 0
         with self._lock:
-            if seed is None:
-                seed, self._calls = seeding.derive(self.seed, self._calls), self._calls + 1
+            rows: list[list[int]] = []
+            seeds: list[int] = []
+            for prompt, n, seed in requests:
+                if seed is None:
+                    seed, self._calls = seeding.derive(self.seed, self._calls), self._calls + 1
+                rows += [list(prompt)] * n
+                seeds += [seeding.derive(seed % 2**63, i) for i in range(n)]
             self._load(key)
-            out = self._sampler.sample([list(prompt)] * num_samples, max_tokens, seed % 2**64,
-                                       temperature=1.0 if greedy else float(temperature), top_k=max(int(top_k), 0),
-                                       top_p=float(top_p), greedy=greedy, stop_ids=[int(t) for t in stop_ids],
-                                       pad_id=self.pad_id)
-        return [self._cut(t, lp, s, stop_strings) for t, lp, s in zip(out.tokens, out.logprobs, out.stopped,
-                                                                         strict=True)]
+            out = self._sampler.sample(rows, max_tokens, seeds, temperature=1.0 if greedy else float(temperature),
+                                       top_k=max(int(top_k), 0), top_p=float(top_p), greedy=greedy,
+                                       stop_ids=[int(t) for t in stop_ids], pad_id=self.pad_id)
+        cut = [self._cut(t, lp, s, stop_strings) for t, lp, s in zip(out.tokens, out.logprobs, out.stopped,
+                                                                        strict=True)]
+        ends = [0, *itertools.accumulate(n for _, n, _ in requests)]
+        return [cut[a:b] for a, b in itertools.pairwise(ends)]
 
     def prompt_logprobs(self, key: str | None, prompt: Sequence[int]) -> list[float | None]:
         """[None] + log p(prompt[t] | prompt[:t]) for t >= 1 at temperature 1 with snapshot `key`'s weights (None:
         the base model's): what `SamplingClient.compute_logprobs` returns. -> len(prompt) entries."""
-        self._check_request(prompt, 0)
+        self.check_request(prompt, 0)
         if len(prompt) == 1:
             return [None]
         with self._lock:
@@ -292,8 +301,10 @@ class SamplerWeights:
         self._loaded = key
         return diff
 
-    def _check_request(self, prompt: Sequence[int], max_tokens: int) -> None:
-        """A prompt and token budget the model can take, else ValueError naming the field."""
+    def check_request(self, prompt: Sequence[int], max_tokens: int, num_samples: int = 1) -> None:
+        """A prompt, token budget and sample count the model can take, else ValueError naming the field."""
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         if len(prompt) == 0:
             raise ValueError("prompt: empty (it needs at least one token)")
         if self._vocab is not None and not all(0 <= int(t) < self._vocab for t in prompt):
@@ -363,11 +374,11 @@ class OwnSampler:
         check_sync(step, tensor_fingerprints(snap), [weight_fingerprints(self._model())], none, none, none.bool(),
                    tolerance, sampler=self.NAME, option=TOLERANCE)
 
-    def sample(self, prompts: list[list[int]], max_tokens: int, seed: int, **kw) -> Samples:
-        """`decoding.sample` of `prompts` with one generator seeded `seed` (on the copy's device); kw: its options."""
-        model = self._model()
-        generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
-        return decode_sample(model, prompts, max_tokens, generator, share_prompts=len(prompts) > 1, **kw)
+    def sample(self, prompts: list[list[int]], max_tokens: int, seeds: list[int], **kw) -> Samples:
+        """`decoding.sample` of `prompts`, row i drawing from its own generator seeded `seeds[i]`; kw: its options."""
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        return decode_sample(self._model(), prompts, max_tokens, None, generators=generators,
+                             share_prompts=len(prompts) > 1, **kw)
 
     def logprobs(self, row: list[int]) -> list[float]:
         """log p(row[t] | row[:t]) for t >= 1, temperature 1 -> [len(row) - 1]."""
@@ -449,15 +460,16 @@ class VLLMBackend:
     def check_file(self, snap: Snapshot, step: int, tolerance: float) -> None:
         """(`load` checked the fingerprints of what vLLM loaded against what was written)"""
 
-    def sample(self, prompts: list[list[int]], max_tokens: int, seed: int, *, temperature: float, top_k: int,
+    def sample(self, prompts: list[list[int]], max_tokens: int, seeds: list[int], *, temperature: float, top_k: int,
                top_p: float, greedy: bool, stop_ids: list[int], pad_id: int) -> Samples:
-        """vLLM's samples, one request per row, each seeded by one draw of the generator seeded `seed`."""
+        """vLLM's samples, one request per row, row i seeded by one draw of a generator seeded `seeds[i]`."""
         from ..sources.sampler import SamplerSettings
 
         client, _ = self._started()
         settings = SamplerSettings(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                    greedy=greedy)
-        return type(client)(client.client, settings).sample(prompts, stop_ids, torch.Generator().manual_seed(seed))
+        return type(client)(client.client, settings).sample(prompts, stop_ids,
+                                                             [torch.Generator().manual_seed(s) for s in seeds])
 
     def logprobs(self, row: list[int]) -> list[float]:
         return self._started()[0].logprobs([row])[0]

@@ -30,9 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checkpoint import CheckpointError
-from ..sources.sync import SyncError
-from .futures import Futures, HTTPError, Reply, Result, field_of, json_body
+from .futures import Futures, HTTPError, Reply, Restored, Result, attempt, field_of, json_body
 from .models import TINY, ModelError, ModelSpec, TrainedModel, safe_name
 from .registry import Registry
 from .samplers import SamplingRoutes
@@ -47,10 +45,6 @@ CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "pa
                  "sample_join_sampling_session": False, "custom_loss_server_side": False}
 """client/config: the client's feature flags (the httpx transport, so the in-process mode reaches every request;
 a large forward_backward's chunks sent in order; no zstd; none of the server-side extensions trajtune lacks)"""
-
-
-class Restored(Exception):
-    """A model restored after a restart lost steps: its next training request fails once with this message."""
 
 
 class TinkerService:
@@ -132,7 +126,7 @@ class TinkerService:
         rid = self.futures.new()
 
         def run() -> None:
-            self.futures.finish(rid, _attempt(work))
+            self.futures.finish(rid, attempt(work))
 
         if model is not None:
             try:
@@ -376,21 +370,6 @@ class TinkerService:
             return Result(json={"type": "load_weights", "path": r.path, "model_id": model_id})
 
         return self.submit(work, model_id=model_id)
-
-def _attempt(work: Callable[[], Result]) -> Result:
-    """work() as a future's result: a refused or bad request is the user's error, anything else ours (logged)."""
-    try:
-        return work()
-    except (WireError, ModelError, Restored, ValueError, LookupError, CheckpointError) as e:
-        # a bad or refused request, a missing checkpoint or snapshot, a value the engine refuses: the user's
-        return Result(error=str(e.args[0]) if isinstance(e, KeyError) else str(e), category="user")
-    except SyncError as e:
-        return Result(error=f"sampler weights: {e}", category="server")
-    except Exception as e:  # noqa: BLE001 - our bug: the future fails, the server stays up
-        log.exception("tinker: a request failed")
-        return Result(error=f"internal error: {type(e).__name__}: {e} (the server's log has the traceback)",
-                      category="server")
-
 
 def _output_json(outputs: list[dict], metrics: dict[str, float], kind: str) -> dict:
     """A forward_backward result as the protocol's JSON (TensorData per output), for clients that do not read
