@@ -102,7 +102,7 @@ def test_sl_loop_over_http_gives_the_in_process_numbers(tmp_path):
 def test_rl_loop_in_process_the_reward_rises(tmp_path):
     rl = load("tinker_rl_loop")
     out = rl.main(rl.Settings(), in_process(tmp_path), verbose=False)  # tiny-llama, sevens, 30 steps, lr 3e-3
-    # measured, seeds 0 / 1 / 2: evaluation reward 0.000 -> 0.891, 0.000 -> 0.990, 0.000 -> 0.979
+    # measured, seeds 0 / 1 / 2: evaluation reward 0.004 -> 0.957, 0.004 -> 0.990, 0.004 -> 0.990
     assert out["after"] > out["before"] + 0.5
     history = out["history"]
     assert len(history) == 30 and sum(row["datums"] > 0 for row in history) >= 15  # groups with signal get trained
