@@ -2,7 +2,7 @@
 Tinker server, trajtune's by default.
 
     trajtune tinker-serve --home runs/tinker --port 8000 &             # in another shell (docs/tinker.md)
-    TINKER_API_KEY=tml-local python examples/tinker_rl_loop.py        # tiny-llama, task sevens, 30 steps
+    TINKER_API_KEY=tml-local python examples/tinker_rl_loop.py        # tiny-llama, task sevens, 30 steps: ~10 s
     python examples/tinker_rl_loop.py --home runs/tinker              # in-process: the same client objects, no HTTP
     python examples/tinker_rl_loop.py --model smollm2-135m --task add --steps 8 --lr 1e-4
 

@@ -2,7 +2,7 @@
 local dataset: run it against any Tinker server, trajtune's by default.
 
     trajtune tinker-serve --home runs/tinker --port 8000 &             # in another shell (docs/tinker.md)
-    TINKER_API_KEY=tml-local python examples/tinker_sl_loop.py        # tiny-llama, 30 steps; ~1 min on 2 cores
+    TINKER_API_KEY=tml-local python examples/tinker_sl_loop.py        # tiny-llama, 30 steps: a few seconds
     python examples/tinker_sl_loop.py --home runs/tinker              # in-process: the same client objects, no HTTP
     python examples/tinker_sl_loop.py --model smollm2-135m --steps 8 --rank 32 --lr 1e-4
 
