@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -81,10 +82,14 @@ def cmd_endpoint(args, ready: threading.Event | None = None, stop: threading.Eve
 
 
 def wait_for_stop(ready: threading.Event | None, stop: threading.Event | None) -> None:
-    """A server command's foreground: set `ready` (tests wait on it), then block until `stop` is set or Ctrl-C."""
+    """A server command's foreground: set `ready` (tests wait on it), then block until `stop` is set, Ctrl-C or
+    SIGTERM (a server started in the background of a script, which ignores SIGINT, stops cleanly with `kill`)."""
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if ready is not None:
         ready.set()
     try:
-        (stop or threading.Event()).wait()
+        stop.wait()
     except KeyboardInterrupt:
         print(file=sys.stderr)
